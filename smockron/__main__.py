@@ -1,0 +1,3 @@
+from smockron.cli import main
+
+main()

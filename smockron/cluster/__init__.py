@@ -1,0 +1,1 @@
+"""The Gubernator-compatible cluster: gRPC and HTTP APIs, ring, batching, GLOBAL, discovery."""

@@ -1,0 +1,59 @@
+"""A token bucket with continuous refill, the primitive behind several front ends.
+
+DThrottle's "leaky bucket" and Gubernator's LEAKY_BUCKET are both this: a capacity
+(``burst``), a refill rate, and requests that take tokens. The balance may go below
+zero when hits reported by peers are subtracted (DThrottle), which then delays refill.
+Times are in seconds or milliseconds as long as ``rate`` uses the same unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Bucket:
+    """``tokens`` as of ``updated``; refill at ``rate`` per time unit up to ``burst``."""
+
+    burst: float
+    rate: float
+    tokens: float
+    updated: float
+
+    @classmethod
+    def full(cls, burst: float, rate: float, now: float) -> Bucket:
+        return cls(burst, rate, float(burst), now)
+
+    def refill(self, now: float) -> float:
+        """Bring the balance up to ``now`` and return it. A clock going back refills nothing."""
+        if now > self.updated:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+            self.updated = now
+        return self.tokens
+
+    def try_take(self, now: float, n: float = 1.0) -> bool:
+        """Take ``n`` tokens if the balance is positive; a refusal costs nothing."""
+        if self.refill(now) > 0:
+            self.tokens -= n
+            return True
+        return False
+
+    def try_take_whole(self, now: float, n: float = 1.0) -> bool:
+        """Take ``n`` tokens only if at least ``n`` are there (all or nothing)."""
+        if self.refill(now) >= n:
+            self.tokens -= n
+            return True
+        return False
+
+    def subtract(self, now: float, n: float) -> None:
+        """Remove ``n`` tokens unconditionally; the balance may go negative."""
+        self.refill(now)
+        self.tokens -= n
+
+    def is_full(self, now: float) -> bool:
+        return self.refill(now) >= self.burst
+
+    def time_until(self, now: float, n: float = 1.0) -> float:
+        """How long until ``n`` tokens are available (0 when they are now)."""
+        missing = n - self.refill(now)
+        return missing / self.rate if missing > 0 else 0.0

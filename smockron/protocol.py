@@ -1,0 +1,192 @@
+"""The Smockron wire codec: accounting and control messages as ZeroMQ frames.
+
+Accounting (gatekeeper PUB -> master SUB, tcp:10004)::
+
+    domain\\0 | ACCEPTED|DELAYED|REJECTED | identifier | receive ms | delayed ms or b"" | [loginfo]
+
+Control (master PUB -> gatekeeper SUB, tcp:10005)::
+
+    domain\\0 | DELAY_UNTIL | identifier | timestamp ms
+
+Timestamps are milliseconds since 1970 in ASCII decimal. Identifiers are opaque bytes.
+Pure code: no sockets here, only frames in and out. Every malformed message raises
+:class:`~smockron.errors.ProtocolError` whose ``reason`` is a stable metric label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from smockron.errors import ProtocolError
+
+ACCEPTED: Final = b"ACCEPTED"
+DELAYED: Final = b"DELAYED"
+REJECTED: Final = b"REJECTED"
+DELAY_UNTIL: Final = b"DELAY_UNTIL"
+
+STATUSES: Final = frozenset({ACCEPTED, DELAYED, REJECTED})
+
+
+class Status(Enum):
+    ACCEPTED = ACCEPTED
+    DELAYED = DELAYED
+    REJECTED = REJECTED
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what a decoder accepts; anything larger is hostile or broken."""
+
+    max_domain: int = 256
+    max_identifier: int = 1024
+    max_loginfo: int = 8192
+    max_timestamp_ms: int = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+    max_timestamp_digits: int = 16
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """One accounting message. ``domain`` is without its trailing NUL."""
+
+    domain: bytes
+    status: bytes
+    identifier: bytes
+    received_ms: int
+    delayed_ms: int | None = None
+    loginfo: bytes | None = None
+
+    @property
+    def effective_ms(self) -> int:
+        """The timestamp the history records: delayed time if delayed, else receive time."""
+        return self.delayed_ms if self.delayed_ms is not None else self.received_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """One control message (only DELAY_UNTIL exists). ``domain`` is without its NUL."""
+
+    domain: bytes
+    identifier: bytes
+    until_ms: int
+    command: bytes = DELAY_UNTIL
+
+
+def topic(domain: bytes | str) -> bytes:
+    """The pub/sub topic for a domain: its bytes plus a trailing NUL."""
+    raw = domain.encode() if isinstance(domain, str) else domain
+    if b"\0" in raw:
+        raise ProtocolError("domain_nul", f"domain {raw!r} contains a NUL byte")
+    return raw + b"\0"
+
+
+def encode_accounting(
+    domain: bytes | str,
+    status: bytes,
+    identifier: bytes,
+    received_ms: int,
+    delayed_ms: int | None = None,
+    loginfo: bytes | None = None,
+) -> list[bytes]:
+    """Frames for one accounting message."""
+    if status not in STATUSES:
+        raise ProtocolError("bad_status", f"unknown status {status!r}")
+    if (status == DELAYED) != (delayed_ms is not None):
+        raise ProtocolError("delayed_ts", "a delayed timestamp goes with DELAYED and only DELAYED")
+    frames = [
+        topic(domain),
+        status,
+        identifier,
+        b"%d" % received_ms,
+        b"" if delayed_ms is None else b"%d" % delayed_ms,
+    ]
+    if loginfo is not None:
+        frames.append(loginfo)
+    return frames
+
+
+def encode_control(domain: bytes | str, identifier: bytes, until_ms: int) -> list[bytes]:
+    """Frames for one DELAY_UNTIL control message."""
+    return [topic(domain), DELAY_UNTIL, identifier, b"%d" % until_ms]
+
+
+def decode_domain(frame: bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Strip and check the trailing NUL of a domain frame."""
+    if not frame.endswith(b"\0"):
+        raise ProtocolError("domain_nul", f"domain frame {frame[:64]!r} lacks its trailing NUL")
+    domain = frame[:-1]
+    if not domain:
+        raise ProtocolError("domain_empty", "empty domain")
+    if len(domain) > limits.max_domain:
+        raise ProtocolError("oversized", f"domain of {len(domain)} bytes > {limits.max_domain}")
+    if b"\0" in domain:
+        raise ProtocolError("domain_nul", f"domain {domain[:64]!r} contains a NUL byte")
+    return domain
+
+
+def decode_timestamp(frame: bytes, what: str, limits: Limits = DEFAULT_LIMITS) -> int:
+    """ASCII decimal milliseconds, nothing else: no sign, spaces, or exponent."""
+    if not frame:
+        raise ProtocolError("bad_timestamp", f"empty {what}")
+    if len(frame) > limits.max_timestamp_digits:
+        raise ProtocolError("bad_timestamp", f"{what} {frame[:32]!r} is too long")
+    if not frame.isdigit():  # bytes.isdigit is ASCII-only
+        raise ProtocolError("bad_timestamp", f"{what} {frame[:32]!r} is not ASCII decimal")
+    value = int(frame)
+    if value > limits.max_timestamp_ms:
+        raise ProtocolError("bad_timestamp", f"{what} {value} is past year 9999")
+    return value
+
+
+def decode_accounting(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> Accounting:
+    """Decode and validate the frames of one accounting message."""
+    n = len(frames)
+    if n != 5 and n != 6:
+        raise ProtocolError("frame_count", f"accounting message has {n} frames, expected 5 or 6")
+    domain_f, status, identifier, received_f, delayed_f = frames[:5]
+    domain = decode_domain(domain_f, limits)
+    if status not in STATUSES:
+        raise ProtocolError("bad_status", f"unknown status {status[:32]!r}")
+    if len(identifier) > limits.max_identifier:
+        raise ProtocolError(
+            "oversized", f"identifier of {len(identifier)} bytes > {limits.max_identifier}"
+        )
+    received = decode_timestamp(received_f, "receive timestamp", limits)
+    delayed: int | None = None
+    if status == DELAYED:
+        if not delayed_f:
+            raise ProtocolError("delayed_ts", "DELAYED message without a delayed timestamp")
+        delayed = decode_timestamp(delayed_f, "delayed timestamp", limits)
+    elif delayed_f:
+        raise ProtocolError("delayed_ts", f"{status.decode()} message with a delayed timestamp")
+    loginfo: bytes | None = None
+    if n == 6:
+        loginfo = frames[5]
+        if len(loginfo) > limits.max_loginfo:
+            raise ProtocolError(
+                "oversized", f"loginfo of {len(loginfo)} bytes > {limits.max_loginfo}"
+            )
+    return Accounting(domain, status, identifier, received, delayed, loginfo)
+
+
+def decode_control(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> Control:
+    """Decode and validate the frames of one control message."""
+    if len(frames) < 3:
+        raise ProtocolError("frame_count", f"control message has {len(frames)} frames, expected 4")
+    domain = decode_domain(frames[0], limits)
+    command = frames[1]
+    if command != DELAY_UNTIL:
+        raise ProtocolError("bad_command", f"unknown command {command[:32]!r}")
+    if len(frames) != 4:
+        raise ProtocolError("frame_count", f"DELAY_UNTIL has {len(frames)} frames, expected 4")
+    identifier = frames[2]
+    if len(identifier) > limits.max_identifier:
+        raise ProtocolError(
+            "oversized", f"identifier of {len(identifier)} bytes > {limits.max_identifier}"
+        )
+    until = decode_timestamp(frames[3], "DELAY_UNTIL timestamp", limits)
+    return Control(domain, identifier, until)

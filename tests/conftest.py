@@ -1,0 +1,32 @@
+"""Fixtures shared by every test: free ports, real servers, the CLI as a subprocess.
+
+Servers (redis-server, etcd) are started by the fixtures on free loopback ports so that
+tests can stop and restart them; nothing here talks to anything but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support import EtcdServer, RedisServer, start_etcd, start_redis
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A fresh redis-server on a free port; ``.restart()`` keeps its data (AOF on)."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    server = start_etcd(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server
+    finally:
+        server.stop()

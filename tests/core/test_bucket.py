@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from smockron.core.bucket import Bucket
+
+
+def test_refill_caps_at_burst() -> None:
+    b = Bucket.full(10, 1.0, now=0.0)
+    for _ in range(10):
+        assert b.try_take(0.0)
+    assert not b.try_take(0.0)
+    assert b.refill(3.5) == pytest.approx(3.5)
+    assert b.refill(100.0) == 10
+
+
+def test_ok_while_positive_and_refusal_is_free() -> None:
+    b = Bucket(10, 1.0, tokens=0.5, updated=0.0)
+    assert b.try_take(0.0)  # 0.5 > 0: served, goes to -0.5
+    assert b.tokens == -0.5
+    assert not b.try_take(0.0)
+    assert b.tokens == -0.5
+
+
+def test_subtract_goes_negative_and_delays_refill() -> None:
+    b = Bucket(10, 1.0, tokens=0.0, updated=0.0)
+    b.subtract(5.0, 8)  # refilled to 5, minus 8
+    assert b.tokens == pytest.approx(-3)
+    assert b.time_until(5.0) == pytest.approx(4.0)
+
+
+def test_clock_going_back_refills_nothing() -> None:
+    b = Bucket(10, 1.0, tokens=2.0, updated=5.0)
+    assert b.refill(1.0) == 2.0
+    assert b.updated == 5.0
+
+
+@given(st.lists(st.tuples(st.floats(0, 10), st.booleans()), max_size=80))
+def test_tokens_never_exceed_burst(steps: list[tuple[float, bool]]) -> None:
+    b = Bucket.full(5, 2.0, 0.0)
+    now = 0.0
+    for gap, take in steps:
+        now += gap
+        if take:
+            b.try_take(now)
+        assert b.tokens <= 5

@@ -1,0 +1,233 @@
+"""Helpers for tests: free ports, waiting for servers, real server processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Poll ``predicate`` until true; fail the test with a clear message on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+        return True
+    return False
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    wait_for(lambda: port_open(port), timeout)
+
+
+def smockron_env() -> dict[str, str]:
+    """Environment for a CLI subprocess that imports this checkout's smockron."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+@dataclass
+class Proc:
+    """A CLI subprocess whose output goes to a log file shown when a test fails."""
+
+    args: Sequence[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            list(self.args),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=smockron_env(),
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout)
+        self._log.close()
+        return int(self.popen.returncode)
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+
+def run_smockron(args: Sequence[str], log_path: Path) -> Proc:
+    """Start ``python -m smockron ARGS`` as a subprocess."""
+    return Proc([sys.executable, "-m", "smockron", *args], log_path)
+
+
+@contextlib.contextmanager
+def smockron_proc(args: Sequence[str], log_path: Path) -> Iterator[Proc]:
+    proc = run_smockron(args, log_path)
+    try:
+        yield proc
+    except BaseException:
+        print(f"--- log of smockron {' '.join(args)} ---\n{proc.log()}")
+        raise
+    finally:
+        proc.stop()
+
+
+def _require(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise RuntimeError(f"{binary} is not installed; run scripts/test, which installs it")
+    return path
+
+
+@dataclass
+class RedisServer:
+    port: int
+    workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                _require("redis-server"),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.workdir),
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def start_redis(workdir: Path) -> RedisServer:
+    server = RedisServer(free_port(), workdir)
+    server.start()
+    return server
+
+
+@dataclass
+class EtcdServer:
+    client_port: int
+    peer_port: int
+    workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> None:
+        url = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.proc = subprocess.Popen(
+            [
+                _require("etcd"),
+                "--name",
+                "test",
+                "--data-dir",
+                str(self.workdir / "data"),
+                "--listen-client-urls",
+                url,
+                "--advertise-client-urls",
+                url,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"test={peer}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.client_port, 30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+
+def start_etcd(workdir: Path) -> EtcdServer:
+    client, peer = free_ports(2)
+    server = EtcdServer(client, peer, workdir)
+    server.start()
+    return server
