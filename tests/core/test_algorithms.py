@@ -452,3 +452,43 @@ def test_state_past_expire_at_behaves_like_no_state(
     later = max(now, expire_at(k.state))
     params = LimitParams(1, limit, duration, 0, algorithm)
     assert check(k.state, params, later)[1] == check(None, params, later)[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    now=st.integers(-(10**12), 4 * 10**12),
+    interval=st.integers(0, 5),
+)
+def test_calendar_window_properties(now: int, interval: int) -> None:
+    start, end = calendar.window(now, interval)
+    assert start <= now < end
+    assert calendar.window(end, interval)[0] == end  # windows tile the time line
+    assert calendar.window(start - 1, interval)[1] == start
+    begin = datetime.fromtimestamp(start / 1000, UTC)
+    zero = {"second": 0, "microsecond": 0}
+    expected = {
+        0: zero,
+        1: {**zero, "minute": 0},
+        2: {**zero, "minute": 0, "hour": 0},
+        3: {**zero, "minute": 0, "hour": 0},
+        4: {**zero, "minute": 0, "hour": 0, "day": 1},
+        5: {**zero, "minute": 0, "hour": 0, "day": 1, "month": 1},
+    }[interval]
+    assert all(getattr(begin, name) == value for name, value in expected.items())
+    if interval == 3:
+        assert begin.weekday() == 0 and end - start == 7 * 86_400_000
+
+
+def test_sliding_window_gregorian_months_of_different_lengths() -> None:
+    k = Key()
+
+    def month(now: int, hits: int) -> Verdict:
+        return k.hit(now, hits, limit=31, duration=4, algorithm=SW, behavior=GREG)
+
+    # 31 hits in January fill it; on 1 March 00:00 (Feb has 29 days in 2024) the previous
+    # window is February, which is empty.
+    assert month(ms(2024, 1, 20), 31) == Verdict(False, 31, 0, ms(2024, 3, 1))
+    # Halfway through February (14.5 of 29 days), January's 31 weigh 15.5: 15 left.
+    assert month(ms(2024, 2, 15, 12), 0) == Verdict(False, 31, 15, ms(2024, 3, 1))
+    assert month(ms(2024, 2, 15, 12), 16).over_limit
+    assert month(ms(2024, 3, 1), 0) == Verdict(False, 31, 31, ms(2024, 3, 1))
