@@ -9,8 +9,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
-from smockron.cluster.envoy import EnvoyConfig, RateLimitServicer, add_to_server, load_config
+from smockron.cluster.envoy import (
+    EnvoyConfig,
+    EnvoyStatsCollector,
+    RateLimitServicer,
+    add_to_server,
+    load_config,
+)
 from smockron.cluster.envoy.pb import ratelimit_pb2, ratelimit_unit_pb2, rls_pb2, rls_pb2_grpc
 from smockron.cluster.local import LocalLimiter
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
@@ -193,6 +200,10 @@ async def test_invalid_and_malformed_requests_are_rejected_and_counted(env: Env)
             await raw(garbage, timeout=5)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert env.servicer.stats.invalid == 5
+    registry = CollectorRegistry()
+    registry.register(EnvoyStatsCollector(env.servicer.stats))
+    assert registry.get_sample_value("smockron_envoy_invalid_total") == 5
+    assert registry.get_sample_value("smockron_envoy_calls_total") == 5
     # Still serving.
     assert (await ask(env, desc(("generic_key", "slowpath")))).overall_code == OK
 

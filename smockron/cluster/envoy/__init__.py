@@ -8,11 +8,17 @@ Protobuf modules are generated into ``pb/`` by ``generate.sh``.
 from __future__ import annotations
 
 from smockron.cluster.envoy.config import EnvoyConfig, Limit, load_config, parse_domain
-from smockron.cluster.envoy.service import EnvoyStats, RateLimitServicer, add_to_server
+from smockron.cluster.envoy.service import (
+    EnvoyStats,
+    EnvoyStatsCollector,
+    RateLimitServicer,
+    add_to_server,
+)
 
 __all__ = [
     "EnvoyConfig",
     "EnvoyStats",
+    "EnvoyStatsCollector",
     "Limit",
     "RateLimitServicer",
     "add_to_server",

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import quote
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from smockron.cluster.envoy.config import UNIT_NAME, UNIT_NUMBER, EnvoyConfig, Limit
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
@@ -54,6 +56,25 @@ class EnvoyStats:
     shadow_over_limit: int = 0
     invalid: int = 0
     limiter_errors: int = 0
+
+
+class EnvoyStatsCollector(Collector):
+    """Exports an EnvoyStats as Prometheus counters ``smockron_envoy_<field>_total``.
+
+    Register it on the registry behind ``/metrics``:
+    ``REGISTRY.register(EnvoyStatsCollector(servicer.stats))``.
+    """
+
+    def __init__(self, stats: EnvoyStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        for name in EnvoyStats.__slots__:
+            yield CounterMetricFamily(
+                f"smockron_envoy_{name}",
+                f"Envoy rate limit service: {name.replace('_', ' ')}",
+                value=getattr(self.stats, name),
+            )
 
 
 class _LogLimiter:
