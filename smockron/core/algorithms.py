@@ -52,6 +52,9 @@ class Behavior(IntFlag):
     DRAIN_OVER_LIMIT = 32
 
 
+MAX_HISTORY_BURST = 10_000
+"""SMOCKRON_HISTORY stores up to ``burst`` timestamps per key and scans them per check."""
+
 _ALGORITHMS = frozenset(int(a) for a in Algorithm)
 # Plain ints: IntFlag arithmetic costs a microsecond per operation on the hot path.
 _GREGORIAN = int(Behavior.DURATION_IS_GREGORIAN)
@@ -182,6 +185,11 @@ def _validate(p: LimitParams) -> None:
             raise InvalidParams("SMOCKRON_HISTORY does not support DURATION_IS_GREGORIAN")
     elif p.duration <= 0:
         raise InvalidParams(f"duration must be > 0 ms, got {p.duration}")
+    if p.algorithm == Algorithm.SMOCKRON_HISTORY and (p.burst or p.limit) > MAX_HISTORY_BURST:
+        raise InvalidParams(
+            f"SMOCKRON_HISTORY keeps one timestamp per request of the burst: burst (or limit) "
+            f"must be <= {MAX_HISTORY_BURST}, got {p.burst or p.limit}"
+        )
 
 
 def _window(p: LimitParams, now: int, start: int) -> tuple[int, int]:

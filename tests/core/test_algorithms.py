@@ -252,6 +252,8 @@ def test_history_drain_records_delayed_timestamp() -> None:
         (LimitParams(1, 10, 1000, algorithm=9), "invalid rate limit algorithm"),  # type: ignore[arg-type]
         (LimitParams(1, 10, 6, behavior=GREG), "not a valid gregorian interval"),
         (LimitParams(1, 10, 1, algorithm=SH, behavior=GREG), "does not support"),
+        (LimitParams(1, 10_001, 1000, algorithm=SH), "must be <= 10000, got 10001"),
+        (LimitParams(1, 10, 1000, burst=20_000, algorithm=SH), "got 20000"),
     ],
 )
 def test_invalid_params(params: LimitParams, message: str) -> None:
