@@ -83,6 +83,12 @@ def test_matching(
     assert config.find("mongo_cps", entries) == expected
 
 
+def test_single_path_or_directory(tmp_path: Path) -> None:
+    (tmp_path / "edge.yml").write_text(OTHER)
+    assert list(load_config(str(tmp_path / "edge.yml")).domains) == ["edge"]
+    assert list(load_config(tmp_path).domains) == ["edge"]
+
+
 def test_unknown_domain_has_no_limits(config: EnvoyConfig) -> None:
     assert config.find("nope", [("database", "users")]) is None
 

@@ -111,8 +111,10 @@ class EnvoyConfig:
         return None if node is None or not entries else node.limit
 
 
-def load_config(paths: Iterable[str | Path]) -> EnvoyConfig:
-    """Read several YAML files (a directory means its ``*.yaml`` and ``*.yml`` files)."""
+def load_config(paths: str | Path | Iterable[str | Path]) -> EnvoyConfig:
+    """Read one or several YAML files; a directory means its ``*.yaml`` and ``*.yml`` files."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
     config = EnvoyConfig()
     for path in _expand(paths):
         try:
