@@ -200,6 +200,23 @@ def test_leaky_bucket_gregorian_rate_uses_calendar_length() -> None:
     assert v.remaining == 24
 
 
+def test_leaky_bucket_gregorian_month_rate_uses_true_month_length() -> None:
+    k = Key()
+    # 29 per month in February 2024 (29 days): one token per day.
+    feb1 = ms(2024, 2, 1)
+    v = k.hit(feb1, hits=29, limit=29, duration=4, algorithm=LB, behavior=GREG)
+    assert v == Verdict(False, 29, 0, ms(2024, 3, 1))
+    v = k.hit(feb1 + 86_400_000 - 1, hits=1, limit=29, duration=4, algorithm=LB, behavior=GREG)
+    assert v.over_limit
+    v = k.hit(feb1 + 3 * 86_400_000, hits=0, limit=29, duration=4, algorithm=LB, behavior=GREG)
+    assert v.remaining == 3
+    # A year: 366 per year in 2024 is one per day too.
+    y = Key()
+    y.hit(ms(2024, 6, 1), hits=366, limit=366, duration=5, algorithm=LB, behavior=GREG)
+    v = y.hit(ms(2024, 6, 3), hits=0, limit=366, duration=5, algorithm=LB, behavior=GREG)
+    assert v.remaining == 2 and v.reset_time == ms(2025, 1, 1)
+
+
 # -- sliding window ----------------------------------------------------------------------
 
 
