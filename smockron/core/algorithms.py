@@ -18,7 +18,9 @@ Shared rules: ``hits == 0`` is a query that consumes nothing; negative hits give
 back (never above the maximum); a request whose hits do not fit is OVER_LIMIT and
 consumes nothing unless DRAIN_OVER_LIMIT, which empties what is left. Status belongs to
 the request, not to the key: a later request that fits is UNDER_LIMIT (a query reports
-OVER_LIMIT only while nothing at all is left). ``reset_time`` is when the key is back at
+OVER_LIMIT only while nothing at all is left). RESET_REMAINING on a known key refills it
+and, as in Gubernator, does not count that request's hits, except in the leaky bucket,
+which (again as Gubernator) applies them after the refill. ``reset_time`` is when the key is back at
 its full allowance. docs/algorithms.md lists every difference from Gubernator.
 """
 
@@ -216,6 +218,7 @@ def _token_bucket(
     s: TokenBucketState | None, p: LimitParams, now: int
 ) -> tuple[TokenBucketState, Verdict]:
     gregorian = bool(int(p.behavior) & _GREGORIAN)
+    hits, reset = p.hits, False
     if s is None or now >= s.end:
         start, end = _window(p, now, now)
         remaining = p.limit
@@ -228,9 +231,8 @@ def _token_bucket(
             if end <= now:
                 start, end, remaining = now, now + p.duration, p.limit
         if int(p.behavior) & _RESET:
-            remaining = p.limit
-    hits = p.hits
-    over = _status(hits, remaining)
+            remaining, hits, reset = p.limit, 0, True
+    over = not reset and _status(hits, remaining)
     if hits > 0 and over:
         if int(p.behavior) & _DRAIN:
             remaining = 0
@@ -317,13 +319,13 @@ def _sliding(
             previous, current = s.previous, s.current
         elif s.end == start:
             previous = s.current
-    if int(p.behavior) & _RESET:
-        previous = current = 0
+    hits, reset = p.hits, s is not None and bool(int(p.behavior) & _RESET)
+    if reset:
+        previous = current = hits = 0
     length = end - start
     budget = p.limit * length - previous * (end - now) - current * length
     available = max(0, budget // length)
-    hits = p.hits
-    over = _status(hits, available)
+    over = not reset and _status(hits, available)
     if hits > 0 and over:
         if int(p.behavior) & _DRAIN:
             current = max(current, p.limit)
@@ -358,12 +360,13 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
         return state, Verdict(p.hits >= 0, p.limit, 0, now)
     rule = _rule(p.limit, p.duration, burst)
     log: history.History = list(s.history) if s is not None else []
-    if int(p.behavior) & _RESET:
+    hits, reset = p.hits, s is not None and bool(int(p.behavior) & _RESET)
+    if reset:
         log.clear()
+        hits = 0
     del log[: max(0, len(log) - burst)]
     available = burst - _recent(log, now, rule)
-    hits = p.hits
-    over = _status(hits, available)
+    over = not reset and _status(hits, available)
     if hits > 0 and over:
         if int(p.behavior) & _DRAIN:
             for _ in range(min(hits, burst)):
@@ -376,8 +379,8 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
         del log[max(0, len(log) + hits) :]
     state = HistoryState(p.limit, p.duration, burst, tuple(log))
     remaining = burst - _recent(log, now, rule)
-    reset = _ceil(history.expires_at(log, rule)) if log else now
-    return state, Verdict(over, p.limit, remaining, max(now, reset))
+    full_at = _ceil(history.expires_at(log, rule)) if log else now
+    return state, Verdict(over, p.limit, remaining, max(now, full_at))
 
 
 @lru_cache(maxsize=1024)

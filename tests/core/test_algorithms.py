@@ -108,10 +108,21 @@ def test_token_bucket_limit_change_moves_remaining_by_difference() -> None:
     assert k.hit(T0 + 3, hits=0, limit=2) == Verdict(True, 2, 0, T0 + 1000)
 
 
-def test_token_bucket_reset_remaining_then_applies_hits() -> None:
+def test_reset_remaining_refills_without_counting_the_request() -> None:
+    # Gubernator's functional test: 99, 98, RESET -> 100, then 99.
+    for algorithm in (TB, SW, SH):
+        k = Key()
+        seq = [k.hit(T0 + i, limit=100, algorithm=algorithm) for i in range(2)]
+        assert [v.remaining for v in seq] == [99, 98]
+        v = k.hit(T0 + 2, limit=100, algorithm=algorithm, behavior=RESET)
+        assert (v.over_limit, v.remaining) == (False, 100), algorithm
+        assert k.hit(T0 + 3, limit=100, algorithm=algorithm).remaining == 99
+    # On a key never seen there is nothing to reset: the hit counts.
+    assert Key().hit(T0, limit=100, behavior=RESET).remaining == 99
+    # The leaky bucket refills, then applies the hits (Gubernator's leaky bucket does too).
     k = Key()
-    k.hit(T0, hits=10)
-    assert k.hit(T0 + 5, hits=1, behavior=RESET) == Verdict(False, 10, 9, T0 + 1000)
+    k.hit(T0, hits=10, algorithm=LB)
+    assert k.hit(T0 + 1, hits=3, algorithm=LB, behavior=RESET) == Verdict(False, 10, 7, T0 + 301)
 
 
 def test_token_bucket_duration_change() -> None:
