@@ -56,6 +56,7 @@ class EnvoyStats:
     shadow_over_limit: int = 0
     invalid: int = 0
     limiter_errors: int = 0
+    config_errors: int = 0
 
 
 class EnvoyStatsCollector(Collector):
