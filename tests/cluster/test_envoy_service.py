@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -234,3 +235,17 @@ async def test_limiter_failure_is_unavailable_and_item_error_fails_open(
         r = await ask(e, desc(("generic_key", "slowpath")))
         assert r.overall_code == OK and r.statuses[0].current_limit.requests_per_unit == 3
         assert e.servicer.stats.limiter_errors == 1
+
+
+async def test_concurrent_calls_never_over_admit(tmp_path: Path) -> None:
+    (tmp_path / "burst.yaml").write_text(
+        "domain: burst\ndescriptors:\n"
+        "  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n"
+    )
+    clock = Clock()
+    async for e in serve(LocalLimiter(clock=clock), load_config(tmp_path / "burst.yaml"), clock):
+        calls = [ask(e, desc(("user", "u1")), domain="burst") for _ in range(200)]
+        results = await asyncio.wait_for(asyncio.gather(*calls), timeout=30)
+        codes = [r.overall_code for r in results]
+        assert codes.count(OK) == 50 and codes.count(OVER) == 150
+        assert e.servicer.stats.over_limit == 150
