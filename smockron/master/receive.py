@@ -43,9 +43,31 @@ def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
     return out
 
 
+def _loaded_libzmq() -> str | None:
+    """The path of the libzmq that pyzmq loaded (Linux: from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").partition("/")[2]
+                name = path.rpartition("/")[2]
+                if name.startswith("libzmq") and ".so" in name:
+                    return "/" + path
+    except OSError:
+        pass
+    return None
+
+
 def _load_compiled() -> Drain | None:
+    """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used)."""
     try:
         from smockron.master import _fastrecv  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    path = _loaded_libzmq()
+    if path is None:
+        return None
+    try:
+        _fastrecv.bind(path, zmq.ZMQError)
     except ImportError:
         return None
     drain: Drain = _fastrecv.drain
