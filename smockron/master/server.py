@@ -191,21 +191,18 @@ class Master:
         store = self.store
         assert isinstance(store, RedisStore)
         decoded = self.engine.decode(batch)
+        store.tick(time.time() * 1000.0)
         try:
             await store.load(self.engine.touched(decoded))
-        except Exception as exc:  # Redis down: fail permissive, count and go on
-            store.discard()
-            self._count_dropped([[d[0].topic] for d in decoded])
-            self.malformed_log.warning("redis unavailable, batch dropped: %s", exc)
-            return
+        except Exception as exc:  # Redis down: go on from memory (fail permissive)
+            store.report(exc, "read")
         now = time.time() * 1000.0
         store.tick(now)
         self._publish(self.engine.apply(decoded, now))
         try:
-            await store.flush()
+            await store.flush(wait=False)
         except Exception as exc:
-            store.discard()
-            self.malformed_log.warning("redis write failed: %s", exc)
+            store.report(exc, "write")
 
     def _publish(self, controls: list[list[bytes]]) -> None:
         send = self.pub.send_multipart
