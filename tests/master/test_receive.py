@@ -1,0 +1,77 @@
+"""Both receive loops (compiled and pure Python) drain the same messages the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from smockron.master.receive import MAX_FRAMES, Drain, drain_compiled, drain_python, wait_readable
+from tests.support import wait_for
+
+LOOPS = [pytest.param(drain_python, id="python")]
+if drain_compiled is not None:
+    LOOPS.append(pytest.param(drain_compiled, id="compiled"))
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        yield push, pull
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("drain", LOOPS)
+def test_drains_batches_without_blocking(
+    drain: Drain, pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    push, pull = pair
+    assert drain(pull, 10) == []
+    messages = [
+        [b"api\0", b"ACCEPTED", b"id", b"1", b""],
+        [b""],
+        [b"x" * 70_000],
+        [b"f%d" % i for i in range(40)],  # more than MAX_FRAMES: the rest is discarded
+        [b"api\0", b"ACCEPTED", b"\x00\xff", b"2", b"", b"loginfo"],
+    ]
+    for m in messages:
+        push.send_multipart(m)
+    got: list[list[bytes]] = []
+
+    def received_all() -> bool:
+        batch = drain(pull, 2)
+        assert len(batch) <= 2
+        got.extend(batch)
+        return len(got) == len(messages)
+
+    wait_for(received_all)
+    assert got[:3] == messages[:3]
+    assert got[3] == messages[3][:MAX_FRAMES]
+    assert got[4] == messages[4]
+
+
+@pytest.mark.parametrize("drain", LOOPS)
+def test_closed_socket_raises(drain: Drain) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.close()
+    ctx.term()
+    with pytest.raises((zmq.ZMQError, ValueError)):
+        drain(sock, 1)
+
+
+async def test_wait_readable(pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
+    push, pull = pair
+    await wait_readable(pull, 0.05)  # times out quietly
+    push.send(b"x")
+    await wait_readable(pull, 5.0)
+    assert drain_python(pull, 5) == [[b"x"]]
