@@ -18,7 +18,7 @@ PROTOS = ["gubernator.proto", "peers.proto"]
 
 
 def main() -> int:
-    from grpc_tools import protoc  # build-time only dependency
+    from grpc_tools import protoc  # type: ignore[import-untyped]  # build-time only
 
     args = [
         "protoc",
@@ -34,9 +34,8 @@ def main() -> int:
     for path in OUT.glob("*_pb2*.py*"):
         text = path.read_text()
         fixed = re.sub(
-            r"^import (\w+_pb2) as", r"from smockron.cluster.pb import \1 as", text, flags=re.M
+            r"^import (\w+_pb2)\b", r"from smockron.cluster.pb import \1", text, flags=re.M
         )
-        fixed = re.sub(r"^import (\w+_pb2)$", r"from smockron.cluster.pb import \1", fixed, flags=re.M)
         if fixed != text:
             path.write_text(fixed)
     (OUT / "__init__.py").write_text('"""Generated protobuf/gRPC modules; see ../proto/."""\n')
