@@ -1,0 +1,91 @@
+"""Conversion between the generated protobuf messages and smockron.cluster.model types.
+
+The one place that knows both shapes, so the gRPC servicers, the HTTP gateway, the peer
+client and the Python client library never hand-copy fields. Unknown algorithm values
+raise ValueError (the caller turns it into that item's ``error``); behavior is a set of
+flags, so unknown bits are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from smockron.cluster.model import (
+    Algorithm,
+    Behavior,
+    RateLimitRequest,
+    RateLimitResponse,
+    Status,
+)
+from smockron.cluster.pb import gubernator_pb2 as pb
+
+_ALGORITHMS = {int(a): a for a in Algorithm}
+
+
+def algorithm_from_int(value: int) -> Algorithm:
+    try:
+        return _ALGORITHMS[value]
+    except KeyError:
+        raise ValueError(
+            f"invalid rate limit algorithm '{value}'; known: "
+            + ", ".join(f"{a.name}={a.value}" for a in Algorithm)
+        ) from None
+
+
+def request_from_pb(msg: pb.RateLimitReq) -> RateLimitRequest:
+    """A model request; ValueError for an algorithm this node does not implement."""
+    return RateLimitRequest(
+        name=msg.name,
+        unique_key=msg.unique_key,
+        hits=msg.hits,
+        limit=msg.limit,
+        duration=msg.duration,
+        algorithm=algorithm_from_int(msg.algorithm),
+        behavior=Behavior(msg.behavior),
+        burst=msg.burst,
+        metadata=dict(msg.metadata),
+        created_at=msg.created_at if msg.HasField("created_at") else None,
+    )
+
+
+def request_to_pb(req: RateLimitRequest) -> pb.RateLimitReq:
+    msg = pb.RateLimitReq(
+        name=req.name,
+        unique_key=req.unique_key,
+        hits=req.hits,
+        limit=req.limit,
+        duration=req.duration,
+        algorithm=int(req.algorithm),  # type: ignore[arg-type]
+        behavior=int(req.behavior),  # type: ignore[arg-type]
+        burst=req.burst,
+        metadata=req.metadata,
+    )
+    if req.created_at is not None:
+        msg.created_at = req.created_at
+    return msg
+
+
+def response_to_pb(resp: RateLimitResponse) -> pb.RateLimitResp:
+    return pb.RateLimitResp(
+        status=int(resp.status),  # type: ignore[arg-type]
+        limit=resp.limit,
+        remaining=resp.remaining,
+        reset_time=resp.reset_time,
+        error=resp.error,
+        metadata=resp.metadata,
+    )
+
+
+def response_from_pb(msg: pb.RateLimitResp) -> RateLimitResponse:
+    return RateLimitResponse(
+        status=Status.OVER_LIMIT if msg.status == pb.OVER_LIMIT else Status.UNDER_LIMIT,
+        limit=msg.limit,
+        remaining=msg.remaining,
+        reset_time=msg.reset_time,
+        error=msg.error,
+        metadata=dict(msg.metadata),
+    )
+
+
+def responses_to_pb(resps: Iterable[RateLimitResponse]) -> list[pb.RateLimitResp]:
+    return [response_to_pb(r) for r in resps]
