@@ -8,6 +8,7 @@ etcd or Kubernetes client.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from smockron.cluster.discovery.base import Discovery, OnChange, PeerInfo
@@ -22,7 +23,14 @@ MECHANISMS: dict[str, str] = {
     "k8s": "smockron.cluster.discovery.kubernetes:KubernetesDiscovery",
 }
 
-__all__ = ["MECHANISMS", "Discovery", "OnChange", "PeerInfo", "make_discovery"]
+__all__ = [
+    "MECHANISMS",
+    "Discovery",
+    "OnChange",
+    "PeerInfo",
+    "make_discovery",
+    "options_from_env",
+]
 
 
 def make_discovery(kind: str, **options: Any) -> Discovery:
@@ -38,3 +46,66 @@ def make_discovery(kind: str, **options: Any) -> Discovery:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad options for {kind} discovery: {exc}") from exc
     return discovery
+
+
+def options_from_env(
+    environ: Mapping[str, str], advertise: PeerInfo
+) -> tuple[str, dict[str, Any]] | None:
+    """Gubernator's ``GUBER_*`` discovery variables -> ``(kind, options)`` for make_discovery.
+
+    None when ``GUBER_PEER_DISCOVERY_TYPE`` is unset or ``none``; ``member-list`` (gossip,
+    which smockron does not implement) is a ConfigError naming the alternatives.
+    """
+    kind = environ.get("GUBER_PEER_DISCOVERY_TYPE", "").strip().lower()
+    if kind in ("", "none"):
+        return None
+    if kind == "etcd":
+        return "etcd", _etcd_env(environ, advertise)
+    if kind == "dns":
+        return "dns", {
+            "fqdn": _required(environ, "GUBER_DNS_FQDN"),
+            "advertise": advertise,
+            "resolv_conf": environ.get("GUBER_RESOLV_CONF", "/etc/resolv.conf"),
+        }
+    if kind == "k8s":
+        return "k8s", _k8s_env(environ)
+    choices = "etcd, dns, k8s, none (or smockron's --peers static list)"
+    raise ConfigError(f"GUBER_PEER_DISCOVERY_TYPE={kind!r} is not supported; choices are {choices}")
+
+
+def _required(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{name} must be set for this peer discovery type")
+    return value
+
+
+def _etcd_env(environ: Mapping[str, str], advertise: PeerInfo) -> dict[str, Any]:
+    grpc_address = environ.get("GUBER_ETCD_ADVERTISE_ADDRESS") or advertise.grpc_address
+    data_center = environ.get("GUBER_ETCD_DATA_CENTER", advertise.data_center)
+    options: dict[str, Any] = {
+        "advertise": PeerInfo(grpc_address, advertise.http_address, data_center),
+        "endpoints": environ.get("GUBER_ETCD_ENDPOINTS", "localhost:2379"),
+        "key_prefix": environ.get("GUBER_ETCD_KEY_PREFIX", "/gubernator-peers"),
+    }
+    if environ.get("GUBER_ETCD_USER"):
+        options["username"] = environ["GUBER_ETCD_USER"]
+        options["password"] = environ.get("GUBER_ETCD_PASSWORD", "")
+    return options
+
+
+def _k8s_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    mechanism = environ.get("GUBER_K8S_WATCH_MECHANISM", "endpointslices").lower()
+    if mechanism not in ("", "endpoints", "endpointslices"):
+        raise ConfigError(
+            f"GUBER_K8S_WATCH_MECHANISM={mechanism!r}: only endpointslices is supported"
+        )
+    port = environ.get("GUBER_K8S_POD_PORT", "1051")
+    if not port.isdigit():
+        raise ConfigError(f"GUBER_K8S_POD_PORT={port!r} is not a port number")
+    return {
+        "namespace": environ.get("GUBER_K8S_NAMESPACE", "default"),
+        "selector": _required(environ, "GUBER_K8S_ENDPOINTS_SELECTOR"),
+        "pod_ip": environ.get("GUBER_K8S_POD_IP", ""),
+        "pod_port": int(port),
+    }
