@@ -1,8 +1,9 @@
 """The Gubernator-compatible rate-limit algorithms, as pure functions.
 
 ``check(state, params, now_ms) -> (new_state, verdict)``: the state is an opaque value
-(``None`` for a key never seen), never mutated, so the caller may keep it, copy it to a
-peer (GLOBAL) or drop it after ``expire_at(state)``. Four algorithms:
+(``None`` for a key never seen). ``check`` never mutates its input state (the dataclasses
+are not frozen only because frozen ones cost a microsecond per check), so the caller may
+keep it, copy it to a peer (GLOBAL) or drop it after ``expire_at(state)``. Four algorithms:
 
 * TOKEN_BUCKET (0): Gubernator's, which is a fixed window: ``limit`` hits per window of
   ``duration`` ms starting at the first hit; remaining returns to ``limit`` when it ends.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
+from functools import lru_cache
 from typing import TypeAlias
 
 from smockron.core import calendar, history
@@ -50,11 +52,18 @@ class Behavior(IntFlag):
     DRAIN_OVER_LIMIT = 32
 
 
+_ALGORITHMS = frozenset(int(a) for a in Algorithm)
+# Plain ints: IntFlag arithmetic costs a microsecond per operation on the hot path.
+_GREGORIAN = int(Behavior.DURATION_IS_GREGORIAN)
+_RESET = int(Behavior.RESET_REMAINING)
+_DRAIN = int(Behavior.DRAIN_OVER_LIMIT)
+
+
 class InvalidParams(SmockronError, ValueError):
     """Parameters no algorithm can apply; the message becomes the item's ``error``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LimitParams:
     hits: int
     limit: int
@@ -64,7 +73,7 @@ class LimitParams:
     behavior: Behavior = Behavior.BATCHING
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Verdict:
     over_limit: bool
     limit: int
@@ -72,7 +81,7 @@ class Verdict:
     reset_time: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenBucketState:
     limit: int
     duration: int
@@ -84,7 +93,7 @@ class TokenBucketState:
     """When it ends (exclusive): remaining is back to ``limit`` from here on."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LeakyBucketState:
     limit: int
     duration: int
@@ -99,7 +108,7 @@ class LeakyBucketState:
     """For calendar windows, where the bucket is reset to full."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlidingWindowState:
     duration: int
     gregorian: bool
@@ -112,7 +121,7 @@ class SlidingWindowState:
     """Hits counted in ``[start, end)``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HistoryState:
     limit: int
     duration: int
@@ -150,23 +159,20 @@ def expire_at(state: State) -> int:
         return _sliding_full_at(state)
     if not state.history:
         return 0
-    rule = Rule(state.limit * 1000.0 / state.duration, state.burst)
-    return _ceil(history.expires_at(state.history, rule))
+    return _ceil(history.expires_at(state.history, _rule(state.limit, state.duration, state.burst)))
 
 
 # -- validation ---------------------------------------------------------------------------
 
 
 def _validate(p: LimitParams) -> None:
-    try:
-        Algorithm(p.algorithm)
-    except ValueError:
-        raise InvalidParams(f"invalid rate limit algorithm '{p.algorithm}'") from None
+    if p.algorithm not in _ALGORITHMS:
+        raise InvalidParams(f"invalid rate limit algorithm '{int(p.algorithm)}'")
     if p.limit < 0:
         raise InvalidParams(f"limit must be >= 0, got {p.limit}")
     if p.burst < 0:
         raise InvalidParams(f"burst must be >= 0, got {p.burst}")
-    if p.behavior & Behavior.DURATION_IS_GREGORIAN:
+    if int(p.behavior) & _GREGORIAN:
         if not calendar.is_gregorian(p.duration):
             raise InvalidParams(
                 "behavior DURATION_IS_GREGORIAN is set; but duration "
@@ -180,7 +186,7 @@ def _validate(p: LimitParams) -> None:
 
 def _window(p: LimitParams, now: int, start: int) -> tuple[int, int]:
     """The window a fresh key (or a changed duration) gets: calendar, or from ``start``."""
-    if p.behavior & Behavior.DURATION_IS_GREGORIAN:
+    if int(p.behavior) & _GREGORIAN:
         return calendar.window(now, p.duration)
     return start, start + p.duration
 
@@ -201,7 +207,7 @@ def _ceil(x: float) -> int:
 def _token_bucket(
     s: TokenBucketState | None, p: LimitParams, now: int
 ) -> tuple[TokenBucketState, Verdict]:
-    gregorian = bool(p.behavior & Behavior.DURATION_IS_GREGORIAN)
+    gregorian = bool(int(p.behavior) & _GREGORIAN)
     if s is None or now >= s.end:
         start, end = _window(p, now, now)
         remaining = p.limit
@@ -213,12 +219,12 @@ def _token_bucket(
             start, end = _window(p, now, start)
             if end <= now:
                 start, end, remaining = now, now + p.duration, p.limit
-        if p.behavior & Behavior.RESET_REMAINING:
+        if int(p.behavior) & _RESET:
             remaining = p.limit
     hits = p.hits
     over = _status(hits, remaining)
     if hits > 0 and over:
-        if p.behavior & Behavior.DRAIN_OVER_LIMIT:
+        if int(p.behavior) & _DRAIN:
             remaining = 0
     elif hits:
         remaining = min(p.limit, remaining - hits)
@@ -232,7 +238,7 @@ def _token_bucket(
 def _leaky_bucket(
     s: LeakyBucketState | None, p: LimitParams, now: int
 ) -> tuple[LeakyBucketState, Verdict]:
-    gregorian = bool(p.behavior & Behavior.DURATION_IS_GREGORIAN)
+    gregorian = bool(int(p.behavior) & _GREGORIAN)
     burst = p.burst or p.limit
     window_end: int | None = None
     period = p.duration
@@ -251,12 +257,12 @@ def _leaky_bucket(
         if burst != s.burst:
             level += (burst - s.burst) * period
         level = max(0, min(burst * period, level))
-        if p.behavior & Behavior.RESET_REMAINING:
+        if int(p.behavior) & _RESET:
             level = burst * period
     hits = p.hits
     over = _status(hits, level // period)
     if hits > 0 and over:
-        if p.behavior & Behavior.DRAIN_OVER_LIMIT:
+        if int(p.behavior) & _DRAIN:
             level = 0
     elif hits:
         level = min(burst * period, level - hits * period)
@@ -289,7 +295,7 @@ def _sliding(
     estimate at ``now`` is ``q * (end - now) / (end - start) + c``; a request fits when
     estimate + hits <= limit, and remaining is ``floor(limit - estimate)``. All integer.
     """
-    gregorian = bool(p.behavior & Behavior.DURATION_IS_GREGORIAN)
+    gregorian = bool(int(p.behavior) & _GREGORIAN)
     if s is not None:
         now = max(now, s.start)  # a clock going back does not lose the current window
     if gregorian:
@@ -303,7 +309,7 @@ def _sliding(
             previous, current = s.previous, s.current
         elif s.end == start:
             previous = s.current
-    if p.behavior & Behavior.RESET_REMAINING:
+    if int(p.behavior) & _RESET:
         previous = current = 0
     length = end - start
     budget = p.limit * length - previous * (end - now) - current * length
@@ -311,7 +317,7 @@ def _sliding(
     hits = p.hits
     over = _status(hits, available)
     if hits > 0 and over:
-        if p.behavior & Behavior.DRAIN_OVER_LIMIT:
+        if int(p.behavior) & _DRAIN:
             current = max(current, p.limit)
     elif hits:
         current = max(0, current + hits)
@@ -342,16 +348,16 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
     if burst <= 0 or p.limit <= 0:
         state = HistoryState(p.limit, p.duration, burst, ())
         return state, Verdict(p.hits >= 0, p.limit, 0, now)
-    rule = Rule(p.limit * 1000.0 / p.duration, burst)
+    rule = _rule(p.limit, p.duration, burst)
     log: history.History = list(s.history) if s is not None else []
-    if p.behavior & Behavior.RESET_REMAINING:
+    if int(p.behavior) & _RESET:
         log.clear()
     del log[: max(0, len(log) - burst)]
     available = burst - _recent(log, now, rule)
     hits = p.hits
     over = _status(hits, available)
     if hits > 0 and over:
-        if p.behavior & Behavior.DRAIN_OVER_LIMIT:
+        if int(p.behavior) & _DRAIN:
             for _ in range(min(hits, burst)):
                 delayed = history.next_allowed(log, now, rule)
                 history.record(log, float(now) if delayed is None else delayed, rule)
@@ -362,7 +368,14 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
         del log[max(0, len(log) + hits) :]
     state = HistoryState(p.limit, p.duration, burst, tuple(log))
     remaining = burst - _recent(log, now, rule)
-    return state, Verdict(over, p.limit, remaining, max(now, expire_at(state)))
+    reset = _ceil(history.expires_at(log, rule)) if log else now
+    return state, Verdict(over, p.limit, remaining, max(now, reset))
+
+
+@lru_cache(maxsize=1024)
+def _rule(limit: int, duration: int, burst: int) -> Rule:
+    """The seed's rule for these params (rate per second), built once per distinct config."""
+    return Rule(limit * 1000.0 / duration, burst)
 
 
 def _recent(log: history.History, now: int, rule: Rule) -> int:

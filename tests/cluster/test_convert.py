@@ -40,7 +40,7 @@ def test_wire_numbers_match_gubernator() -> None:
         "metadata": 6,
     }
     assert {v.name: v.number for v in pb.Behavior.DESCRIPTOR.values} == {
-        b.name: b.value for b in Behavior
+        name: b.value for name, b in Behavior.__members__.items()
     }
     assert {v.name: v.number for v in pb.Algorithm.DESCRIPTOR.values} == {
         a.name: a.value for a in Algorithm

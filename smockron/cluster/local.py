@@ -1,0 +1,126 @@
+"""The limiter a single node runs: algorithms.check over a bounded in-memory cache.
+
+This is the owner's side of Gubernator's ``getLocalRateLimit``: it validates each item on
+its own (a bad item gets an ``error``, the others are still answered), keys the state by
+``name + "_" + unique_key``, and forgets a key when its state expires or when the cache is
+full (least recently used first). The request's ``created_at``, when set, is the clock
+for that item, as in Gubernator v2, so a forwarded request is judged at the time it was
+made. The cluster builds forwarding, batching and GLOBAL replication on top of it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
+from smockron.core.algorithms import InvalidParams, LimitParams, State, check, expire_at
+
+Clock = Callable[[], int]
+
+_SWEEP_PER_CALL = 8
+"""Expired keys removed from the cold end of the cache per call, so memory follows load."""
+
+
+def epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class LocalLimiter:
+    """Rate limits kept in this process; implements the ``RateLimiter`` protocol."""
+
+    def __init__(self, clock: Clock = epoch_ms, max_keys: int = 1_000_000) -> None:
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
+        self._clock = clock
+        self._max_keys = max_keys
+        self._cache: OrderedDict[str, tuple[State, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    @property
+    def max_keys(self) -> int:
+        return self._max_keys
+
+    async def get_rate_limits(
+        self, requests: Sequence[RateLimitRequest]
+    ) -> list[RateLimitResponse]:
+        return self.check(requests)
+
+    def check(
+        self, requests: Sequence[RateLimitRequest], now_ms: int | None = None
+    ) -> list[RateLimitResponse]:
+        """Answer every request in order; ``now_ms`` overrides the clock (tests, replay)."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            responses = [self._check_one(req, now) for req in requests]
+            self._sweep(now)
+        return responses
+
+    def get_state(self, hash_key: str, now_ms: int | None = None) -> State | None:
+        """The live state of a key (for GLOBAL broadcasts), or None."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            entry = self._cache.get(hash_key)
+            if entry is None or now >= entry[1]:
+                return None
+            return entry[0]
+
+    def set_state(self, hash_key: str, state: State) -> None:
+        """Install a state the owner computed (GLOBAL): later checks continue from it."""
+        with self._lock:
+            self._store(hash_key, state)
+
+    def _check_one(self, req: RateLimitRequest, now: int) -> RateLimitResponse:
+        error = _invalid(req)
+        if error:
+            return RateLimitResponse(error=error)
+        if req.created_at:
+            now = req.created_at
+        key = req.hash_key
+        entry = self._cache.get(key)
+        state = None if entry is None or now >= entry[1] else entry[0]
+        params = LimitParams(
+            req.hits, req.limit, req.duration, req.burst, req.algorithm, req.behavior
+        )
+        try:
+            state, verdict = check(state, params, now)
+        except InvalidParams as exc:
+            return RateLimitResponse(error=str(exc))
+        self._store(key, state)
+        return RateLimitResponse(
+            status=Status.OVER_LIMIT if verdict.over_limit else Status.UNDER_LIMIT,
+            limit=verdict.limit,
+            remaining=verdict.remaining,
+            reset_time=verdict.reset_time,
+        )
+
+    def _store(self, key: str, state: State) -> None:
+        cache = self._cache
+        cache[key] = (state, expire_at(state))
+        cache.move_to_end(key)
+        while len(cache) > self._max_keys:
+            cache.popitem(last=False)
+
+    def _sweep(self, now: int) -> None:
+        cache = self._cache
+        for _ in range(_SWEEP_PER_CALL):
+            if not cache:
+                return
+            key, (_, expires) = next(iter(cache.items()))
+            if now < expires:
+                return
+            del cache[key]
+
+
+def _invalid(req: RateLimitRequest) -> str:
+    """Gubernator's per-item checks, with its messages, before any algorithm runs."""
+    if not req.unique_key:
+        return "field 'unique_key' cannot be empty"
+    if not req.name:
+        return "field 'namespace' cannot be empty"
+    return ""

@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from smockron.cluster.local import LocalLimiter, epoch_ms
+from smockron.cluster.model import (
+    Algorithm,
+    Behavior,
+    RateLimitRequest,
+    RateLimitResponse,
+    Status,
+)
+
+T0 = 1_700_000_000_000
+OVER, UNDER = Status.OVER_LIMIT, Status.UNDER_LIMIT
+
+
+class FakeClock:
+    def __init__(self, now: int = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def req(
+    key: str = "acct:1",
+    hits: int = 1,
+    limit: int = 3,
+    duration: int = 1000,
+    algorithm: int = Algorithm.TOKEN_BUCKET,
+    behavior: Behavior = Behavior.BATCHING,
+    created_at: int | None = None,
+) -> RateLimitRequest:
+    return RateLimitRequest(
+        name="requests",
+        unique_key=key,
+        hits=hits,
+        limit=limit,
+        duration=duration,
+        algorithm=algorithm,  # type: ignore[arg-type]  # bad values on purpose
+        behavior=behavior,
+        created_at=created_at,
+    )
+
+
+def test_token_bucket_through_the_limiter_with_injected_clock() -> None:
+    clock = FakeClock()
+    lim = LocalLimiter(clock=clock)
+    got = [lim.check([req()])[0] for _ in range(4)]
+    assert [r.status for r in got] == [UNDER, UNDER, UNDER, OVER]
+    assert [r.remaining for r in got] == [2, 1, 0, 0]
+    assert all(r.reset_time == T0 + 1000 and r.limit == 3 and r.error == "" for r in got)
+    clock.now = T0 + 1000
+    assert lim.check([req()])[0] == RateLimitResponse(UNDER, 3, 2, T0 + 2000)
+
+
+def test_bad_items_get_their_own_error_and_order_is_kept() -> None:
+    lim = LocalLimiter(clock=FakeClock())
+    batch = [
+        req("a"),
+        req(""),
+        RateLimitRequest(name="", unique_key="x", hits=1, limit=1, duration=10),
+        req("b", limit=-1),
+        req("c", duration=-5),
+        req("d", algorithm=7),
+        req("e", duration=9, behavior=Behavior.DURATION_IS_GREGORIAN),
+        req("a"),
+    ]
+    out = lim.check(batch)
+    assert [r.error for r in out] == [
+        "",
+        "field 'unique_key' cannot be empty",
+        "field 'namespace' cannot be empty",
+        "limit must be >= 0, got -1",
+        "duration must be > 0 ms, got -5",
+        "invalid rate limit algorithm '7'",
+        "behavior DURATION_IS_GREGORIAN is set; but duration 9 is not a valid gregorian"
+        " interval (0..5)",
+        "",
+    ]
+    assert (out[0].remaining, out[7].remaining) == (2, 1)
+    assert len(lim) == 1
+
+
+def test_name_and_unique_key_form_the_key() -> None:
+    lim = LocalLimiter(clock=FakeClock())
+    a = RateLimitRequest(name="x", unique_key="1", hits=1, limit=5, duration=100)
+    b = RateLimitRequest(name="y", unique_key="1", hits=1, limit=5, duration=100)
+    assert [r.remaining for r in lim.check([a, a, b])] == [4, 3, 4]
+
+
+def test_created_at_is_the_clock_for_that_item() -> None:
+    lim = LocalLimiter(clock=FakeClock(T0 + 50_000))
+    first = lim.check([req(created_at=T0)])[0]
+    assert first.reset_time == T0 + 1000
+    # Without created_at the limiter's clock applies: that window is long over.
+    assert lim.check([req()])[0].reset_time == T0 + 51_000
+
+
+def test_now_ms_overrides_the_clock() -> None:
+    lim = LocalLimiter(clock=FakeClock())
+    assert lim.check([req()], now_ms=T0 + 5)[0].reset_time == T0 + 1005
+
+
+def test_expired_keys_are_swept() -> None:
+    clock = FakeClock()
+    lim = LocalLimiter(clock=clock)
+    lim.check([req(f"k{i}", duration=100) for i in range(5)])
+    assert len(lim) == 5
+    clock.now = T0 + 100
+    lim.check([])
+    assert len(lim) == 0
+
+
+def test_lru_bound_evicts_least_recently_used() -> None:
+    clock = FakeClock()
+    lim = LocalLimiter(clock=clock, max_keys=3)
+    for key in ["a", "b", "c"]:
+        lim.check([req(key, hits=3)])
+    lim.check([req("a", hits=0)])  # touch a: b is now the coldest
+    lim.check([req("d", hits=3)])
+    assert len(lim) == 3
+    assert lim.get_state("requests_b") is None
+    assert lim.check([req("b", hits=0)])[0].remaining == 3  # forgotten: full again
+    assert lim.check([req("a", hits=0)])[0].remaining == 0
+
+
+def test_get_and_set_state_replicate_a_key() -> None:
+    clock = FakeClock()
+    owner, replica = LocalLimiter(clock=clock), LocalLimiter(clock=clock)
+    owner.check([req(hits=2, algorithm=Algorithm.LEAKY_BUCKET)])
+    state = owner.get_state("requests_acct:1")
+    assert state is not None
+    replica.set_state("requests_acct:1", state)
+    got = replica.check([req(hits=0, algorithm=Algorithm.LEAKY_BUCKET)])[0]
+    assert (got.status, got.remaining) == (UNDER, 1)
+    clock.now = T0 + 10_000
+    assert owner.get_state("requests_acct:1") is None
+
+
+async def test_get_rate_limits_is_the_async_face() -> None:
+    lim = LocalLimiter(clock=FakeClock())
+    out = await lim.get_rate_limits([req(hits=4), req(hits=3)])
+    assert [(r.status, r.remaining) for r in out] == [(OVER, 3), (UNDER, 0)]
+
+
+def test_threads_never_over_admit() -> None:
+    lim = LocalLimiter()
+    admitted: list[int] = []
+
+    def worker() -> None:
+        ok = sum(
+            lim.check([req("shared", limit=500, duration=60_000)])[0].status == UNDER
+            for _ in range(300)
+        )
+        admitted.append(ok)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sum(admitted) == 500
+
+
+def test_invalid_max_keys_and_clock() -> None:
+    with pytest.raises(ValueError, match="max_keys"):
+        LocalLimiter(max_keys=0)
+    assert abs(epoch_ms() - LocalLimiter()._clock()) < 1000
