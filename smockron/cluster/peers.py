@@ -57,9 +57,7 @@ class PeerClient:
         self, requests: Sequence[RateLimitRequest]
     ) -> list[RateLimitResponse]:
         """One GetPeerRateLimits call; raises grpc.aio.AioRpcError on failure."""
-        msg = peers_pb2.GetPeerRateLimitsReq(
-            requests=[convert.request_to_pb(r) for r in requests]
-        )
+        msg = peers_pb2.GetPeerRateLimitsReq(requests=[convert.request_to_pb(r) for r in requests])
         try:
             resp = await self._peers.GetPeerRateLimits(msg, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:

@@ -1,0 +1,137 @@
+"""The HTTP/JSON gateway, shaped like Gubernator's grpc-gateway.
+
+Output: snake_case field names, zero values present, int64 as strings, enums by name
+(``google.protobuf.json_format``). Input: camelCase or snake_case, numbers or strings,
+enum names or numbers; unknown fields are ignored like grpc-gateway does. Errors use
+grpc-gateway's body ``{"code": <grpc code>, "message": ..., "details": []}``. Malformed
+input gets a 400 that says what is wrong, a counter, and a rate-limited log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from google.protobuf import json_format
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+from smockron.cluster.node import MAX_BATCH, Node
+from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.cluster.service import TOO_MANY, answer, health_pb
+
+log = logging.getLogger("smockron.cluster.http")
+
+MALFORMED = Counter(
+    "smockron_cluster_http_malformed_total",
+    "HTTP requests rejected as malformed (bad HTTP, bad JSON, bad fields).",
+    ["reason"],
+)
+MAX_BODY = 4 * 1024 * 1024
+_INVALID_ARGUMENT = 3
+_OUT_OF_RANGE = 11
+_NODE: web.AppKey[Node] = web.AppKey("node", Node)
+
+
+class RateLimitedLog:
+    """At most one line per ``interval`` seconds, saying how many were suppressed."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 1.0) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._last = 0.0
+        self._suppressed = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last < self._interval:
+            self._suppressed += 1
+            return
+        extra = f" ({self._suppressed} similar suppressed)" if self._suppressed else ""
+        self._last, self._suppressed = now, 0
+        self._logger.warning(msg + extra, *args)
+
+
+_bad_input_log = RateLimitedLog(log)
+
+
+class _HttpParserErrors(logging.Filter):
+    """Counts and throttles aiohttp's own log lines for bytes that are not HTTP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._limiter = RateLimitedLog(log)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None and "Error handling request" not in record.getMessage():
+            return True
+        MALFORMED.labels("bad_http").inc()
+        exc = record.exc_info[1] if record.exc_info else None
+        self._limiter.warning("malformed HTTP from a client: %s", exc or record.getMessage())
+        return False
+
+
+_parser_filter = _HttpParserErrors()
+
+
+def _error(status: int, code: int, message: str) -> web.Response:
+    return web.json_response({"code": code, "message": message, "details": []}, status=status)
+
+
+def _bad_request(reason: str, message: str) -> web.Response:
+    MALFORMED.labels(reason).inc()
+    _bad_input_log.warning("bad request (%s): %s", reason, message)
+    return _error(400, _INVALID_ARGUMENT, message)
+
+
+def _to_json(msg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json_format.MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return out
+
+
+async def get_rate_limits(request: web.Request) -> web.Response:
+    body = await request.read()
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return _bad_request("bad_json", f"request body is not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return _bad_request("bad_json", "request body must be a JSON object with 'requests'")
+    msg = pb.GetRateLimitsReq()
+    try:
+        json_format.ParseDict(data, msg, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        return _bad_request("bad_fields", f"invalid GetRateLimitsReq: {exc}")
+    if len(msg.requests) > MAX_BATCH:
+        return _error(400, _OUT_OF_RANGE, TOO_MANY)
+    resps = await answer(request.app[_NODE], msg.requests)
+    return web.json_response(_to_json(pb.GetRateLimitsResp(responses=resps)))
+
+
+async def health_check(request: web.Request) -> web.Response:
+    return web.json_response(_to_json(health_pb(request.app[_NODE])))
+
+
+async def live_check(request: web.Request) -> web.Response:
+    return web.json_response({})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(node: Node) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[_NODE] = node
+    app.router.add_post("/v1/GetRateLimits", get_rate_limits)
+    app.router.add_get("/v1/HealthCheck", health_check)
+    app.router.add_get("/v1/LiveCheck", live_check)
+    app.router.add_get("/metrics", metrics)
+    server_log = logging.getLogger("aiohttp.server")
+    if _parser_filter not in server_log.filters:
+        server_log.addFilter(_parser_filter)
+    return app
