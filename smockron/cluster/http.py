@@ -63,13 +63,15 @@ class _HttpParserErrors(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self._limiter = RateLimitedLog(log)
+        self.pass_level = logging.INFO
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info is None and "Error handling request" not in record.getMessage():
-            return True
+        if not record.getMessage().startswith("Error handling request"):
+            return record.levelno >= self.pass_level
         MALFORMED.labels("bad_http").inc()
         exc = record.exc_info[1] if record.exc_info else None
-        self._limiter.warning("malformed HTTP from a client: %s", exc or record.getMessage())
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        self._limiter.warning("malformed HTTP from %s: %s", remote, exc)
         return False
 
 
@@ -133,5 +135,9 @@ def make_app(node: Node) -> web.Application:
     app.router.add_get("/metrics", metrics)
     server_log = logging.getLogger("aiohttp.server")
     if _parser_filter not in server_log.filters:
+        # aiohttp logs non-HTTP bytes at DEBUG; let those reach the filter, which counts
+        # them, and keep passing what the logger passed before.
+        _parser_filter.pass_level = server_log.getEffectiveLevel()
+        server_log.setLevel(logging.DEBUG)
         server_log.addFilter(_parser_filter)
     return app
