@@ -88,6 +88,23 @@ def _bad_request(reason: str, message: str) -> web.Response:
     return _error(400, _INVALID_ARGUMENT, message)
 
 
+_ENUMS = {"algorithm": pb.Algorithm, "behavior": pb.Behavior}
+
+
+def _check_enum_names(items: object) -> None:
+    """Reject unknown enum names, which ignore_unknown_fields would silently zero."""
+    if not isinstance(items, list):
+        return
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        for field, enum in _ENUMS.items():
+            value = item.get(field)
+            if isinstance(value, str) and value not in list(enum.keys()):
+                names = ", ".join(enum.keys())
+                raise ValueError(f"requests[{i}].{field}: unknown value {value!r} ({names})")
+
+
 def _to_json(msg: Any) -> dict[str, Any]:
     out: dict[str, Any] = json_format.MessageToDict(
         msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -105,6 +122,7 @@ async def get_rate_limits(request: web.Request) -> web.Response:
         return _bad_request("bad_json", "request body must be a JSON object with 'requests'")
     msg = pb.GetRateLimitsReq()
     try:
+        _check_enum_names(data.get("requests"))
         json_format.ParseDict(data, msg, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError) as exc:
         return _bad_request("bad_fields", f"invalid GetRateLimitsReq: {exc}")
