@@ -15,10 +15,12 @@ from dataclasses import replace
 from typing import Any
 
 import click
+import grpc
 
 from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
+from smockron.cluster.node import Node
 from smockron.cluster.server import ClusterServer, Extension
 from smockron.errors import ConfigError
 
@@ -71,13 +73,14 @@ def build_discovery(config: ClusterConfig, env: dict[str, str]) -> Discovery:
 
 
 def _extensions(config: ClusterConfig) -> tuple[Extension, ...]:
+    """The Envoy RLS front on the same gRPC server, when an Envoy config is given."""
     if not config.envoy_config:
         return ()
-    from smockron.cluster import envoy  # type: ignore[attr-defined]
+    from smockron.cluster import envoy
 
     loaded = envoy.load_config(config.envoy_config)
 
-    def add_envoy(server: Any, node: Any) -> None:
+    def add_envoy(server: grpc.aio.Server, node: Node) -> None:
         envoy.add_to_server(server, node, loaded)
 
     return (add_envoy,)
@@ -144,7 +147,11 @@ async def serve(server: ClusterServer) -> None:
     help="[GUBER_GLOBAL_TIMEOUT; 500ms]",
 )
 @click.option("--cache-size", type=int, help="max rate limits kept [GUBER_CACHE_SIZE; 50000]")
-@click.option("--envoy-config", help="envoyproxy/ratelimit YAML: also serve Envoy's RLS")
+@click.option(
+    "--envoy-config",
+    help="envoyproxy/ratelimit YAML file or directory: also serve "
+    "envoy.service.ratelimit.v3.RateLimitService on the gRPC port",
+)
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""
     env = dict(os.environ)

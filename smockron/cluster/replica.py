@@ -93,9 +93,8 @@ class ReplicaCache:
             base, reset_time = item.remaining + (req.limit - item.limit), item.reset_time
         available = max(base - item.pending, 0)
         hits = req.hits
-        if hits == 0:
-            status = Status.OVER_LIMIT if available == 0 else Status.UNDER_LIMIT
-            return RateLimitResponse(status, req.limit, available, reset_time), 0
+        if hits == 0:  # a query is always UNDER_LIMIT, as on the owner
+            return RateLimitResponse(Status.UNDER_LIMIT, req.limit, available, reset_time), 0
         if hits > available:
             taken = available if req.behavior & Behavior.DRAIN_OVER_LIMIT else 0
             item.pending += taken

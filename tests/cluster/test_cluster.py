@@ -30,9 +30,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def start_cluster(tmp: Path, *extra: str) -> Iterator[Cluster]:
-    ports = free_ports(6)
-    grpc_ports, http_ports = ports[:3], ports[3:]
+def start_cluster(tmp: Path, *extra: str, nodes: int = 3) -> Iterator[Cluster]:
+    ports = free_ports(2 * nodes)
+    grpc_ports, http_ports = ports[:nodes], ports[nodes:]
     addresses = [f"127.0.0.1:{p}" for p in grpc_ports]
     peers = ",".join(addresses)
     procs: list[Proc] = []
