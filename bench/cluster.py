@@ -11,7 +11,10 @@ so client cost is included). Prints medians of ``--runs`` runs:
    (the gRPC stack's own ceiling on this machine);
 2. the same through a non-owner of a 3-node cluster (every check forwarded, BATCHING);
 3. p50/p99 latency of single-check calls sent open-loop at 500 and 2,000 calls/s;
-4. HTTP/JSON checks/s (100 per POST) and single-check calls/s.
+4. HTTP/JSON checks/s (100 per POST) and single-check calls/s;
+5. GLOBAL accuracy: 3 nodes, single hits round-robin at 5x the limit (limit 100, 500 calls
+   at 500 calls/s, one window), admitted vs the exact oracle (= limit), next to the same
+   load without GLOBAL (forwarded to the owner: exact).
 Goals (issue 5): >= 20,000 checks/s per node via gRPC; p99 < 1 ms at 2,000 calls/s.
 """
 
@@ -177,6 +180,39 @@ async def http_throughput(port: int, batch: int, seconds: float) -> float:
         return await closed_loop(call, seconds)
 
 
+async def round_robin(
+    addrs: list[str], key: str, limit: int, total: int, rate: float, behavior: int
+) -> int:
+    """Single hits to ``addrs`` in turn at ``rate``/s; how many were admitted."""
+    channels = [grpc.aio.insecure_channel(a) for a in addrs]
+    stubs: list[Any] = [gubernator_pb2_grpc.V1Stub(c) for c in channels]  # type: ignore[no-untyped-call]
+    msg = pb.GetRateLimitsReq(
+        requests=[
+            pb.RateLimitReq(
+                name="acc",
+                unique_key=key,
+                hits=1,
+                limit=limit,
+                duration=60_000,
+                behavior=behavior,  # type: ignore[arg-type]
+            )
+        ]
+    )
+    admitted = 0
+    try:
+        start = time.perf_counter()
+        for i in range(total):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            resp = await stubs[i % len(stubs)].GetRateLimits(msg, timeout=5)
+            admitted += resp.responses[0].status == pb.UNDER_LIMIT
+    finally:
+        for c in channels:
+            await c.close(None)
+    return admitted
+
+
 def local_ceiling() -> float:
     limiter = LocalLimiter()
     reqs = [RateLimitRequest("b", f"k{i}", 1, 10**9, 60_000) for i in range(BATCH)]
@@ -231,6 +267,16 @@ async def main(seconds: float, runs: int) -> None:
             )
             print(f"gRPC, 3 nodes, all forwarded, {BATCH}/call:  {fwd:10,.0f} checks/s "
                   f"({fwd / single:.2f}x single node)")  # fmt: skip
+            for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
+                got = [
+                    await round_robin(addrs, f"acc-{label}-{r}", 100, 500, 500.0, behavior)
+                    for r in range(runs)
+                ]
+                over = median([g - 100 for g in got])
+                print(
+                    f"accuracy {label:9}, 5x limit round-robin: admitted {got} of 500, "
+                    f"oracle 100, median over-admission {over:.0f} ({over / 100:.0%})"
+                )
 
 
 if __name__ == "__main__":
