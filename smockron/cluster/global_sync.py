@@ -51,8 +51,10 @@ class GlobalSync:
         peers: Callable[[], list[PeerClient]],
         sync_wait_ms: float = 100.0,
         batch_limit: int = 1000,
+        timeout_ms: float = 500.0,
         clock: Callable[[], int],
     ) -> None:
+        self._timeout_ms = timeout_ms
         self._limiter = limiter
         self._replicas = replicas
         self._owner_of = owner_of
@@ -127,7 +129,9 @@ class GlobalSync:
         for start in range(0, len(reqs), self._limit):
             chunk = reqs[start : start + self._limit]
             try:
-                resps: Sequence[RateLimitResponse | None] = await peer.get_peer_rate_limits(chunk)
+                resps: Sequence[RateLimitResponse | None] = await peer.get_peer_rate_limits(
+                    chunk, self._timeout_ms
+                )
                 self.hits_sent += len(chunk)
             except Exception as exc:
                 log.warning("GLOBAL hits to %s lost: %s", peer.address, exc)
@@ -157,7 +161,11 @@ class GlobalSync:
             return
         chunks = [updates[i : i + self._limit] for i in range(0, len(updates), self._limit)]
         results = await asyncio.gather(
-            *(peer.update_peer_globals(chunk) for peer in peers for chunk in chunks),
+            *(
+                peer.update_peer_globals(chunk, self._timeout_ms)
+                for peer in peers
+                for chunk in chunks
+            ),
             return_exceptions=True,
         )
         self.broadcasts_sent += sum(1 for r in results if not isinstance(r, BaseException))

@@ -59,6 +59,7 @@ class Node:
             peers=lambda: list(self.clients.values()),
             sync_wait_ms=config.global_sync_wait_ms,
             batch_limit=config.global_batch_limit,
+            timeout_ms=config.global_timeout_ms,
             clock=self._clock,
         )
         self._probe_task: asyncio.Task[None] | None = None
