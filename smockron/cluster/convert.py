@@ -69,11 +69,14 @@ def request_to_pb(req: RateLimitRequest) -> pb.RateLimitReq:
         hits=req.hits,
         limit=req.limit,
         duration=req.duration,
-        algorithm=int(req.algorithm),  # type: ignore[arg-type]
-        behavior=int(req.behavior),  # type: ignore[arg-type]
+        algorithm=req.algorithm.value,  # type: ignore[arg-type]
+        behavior=req.behavior.value,  # type: ignore[arg-type]
         burst=req.burst,
-        metadata=req.metadata,
     )
+    if req.metadata:
+        md = msg.metadata
+        for key, value in req.metadata.items():
+            md[key] = value
     if req.created_at is not None:
         msg.created_at = req.created_at
     return msg
@@ -104,7 +107,7 @@ def response_from_pb(msg: pb.RateLimitResp) -> RateLimitResponse:
         remaining=msg.remaining,
         reset_time=msg.reset_time,
         error=msg.error,
-        metadata=dict(msg.metadata),
+        metadata=dict(msg.metadata) if msg.metadata else {},
     )
 
 

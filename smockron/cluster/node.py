@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from prometheus_client import Counter
 
 from smockron.cluster.config import ClusterConfig
+from smockron.cluster.convert import algorithm_from_int
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.global_sync import GlobalSync
 from smockron.cluster.local import LocalLimiter, epoch_ms
@@ -176,8 +177,6 @@ class Node:
 
     def update_globals(self, updates: Iterable[tuple[str, RateLimitResponse, int, int]]) -> None:
         """UpdatePeerGlobals: the owner's current state of GLOBAL keys."""
-        from smockron.cluster.convert import algorithm_from_int
-
         for key, resp, algorithm, duration in updates:
             try:
                 self.replicas.install(key, resp, algorithm_from_int(algorithm), duration)
@@ -211,29 +210,27 @@ class Node:
         unbatched: dict[str, list[int]],
     ) -> None:
         failed: list[int] = []
-
-        async def batched(i: int, client: PeerClient, fut: Pending) -> None:
-            try:
-                results[i] = await fut
-            except Exception:
+        direct = [(self.clients[addr], idx) for addr, idx in unbatched.items()]
+        batched, sent = await asyncio.gather(
+            asyncio.gather(*(fut for _, _, fut in waits), return_exceptions=True),
+            asyncio.gather(
+                *(c.get_peer_rate_limits([requests[i] for i in idx]) for c, idx in direct),
+                return_exceptions=True,
+            ),
+        )
+        for (i, client, _), outcome in zip(waits, batched, strict=True):
+            if isinstance(outcome, BaseException):
                 self._peer_failed(client)
                 failed.append(i)
-
-        async def direct(addr: str, idx: list[int]) -> None:
-            client = self.clients[addr]
-            try:
-                resps = await client.get_peer_rate_limits([requests[i] for i in idx])
-            except Exception:
+            else:
+                results[i] = outcome
+        for (client, idx), result in zip(direct, sent, strict=True):
+            if isinstance(result, BaseException):
                 self._peer_failed(client)
                 failed.extend(idx)
-                return
-            for i, resp in zip(idx, resps, strict=True):
-                results[i] = resp
-
-        await asyncio.gather(
-            *(batched(i, c, f) for i, c, f in waits),
-            *(direct(a, idx) for a, idx in unbatched.items()),
-        )
+            else:
+                for i, resp in zip(idx, result, strict=True):
+                    results[i] = resp
         for i, _, _ in waits:
             self._after_forward(requests[i], results[i])
         for idx in unbatched.values():
