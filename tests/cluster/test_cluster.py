@@ -182,7 +182,10 @@ async def test_killing_the_owner_under_load(tmp_path: Path) -> None:
     with start_cluster(tmp_path) as cluster:
         ring = HashRing(cluster.addresses)
         victim = cluster.addresses[0]
-        keys = [k for k in (f"load-{i}" for i in range(200)) if ring.owner(f"t_{k}") == victim][:10]
+        keys = [k for k in (f"load-{i}" for i in range(20_000)) if ring.owner(f"t_{k}") == victim][
+            :10
+        ]
+        assert len(keys) == 10
         survivors = cluster.addresses[1:]
         channels = [grpc.aio.insecure_channel(a) for a in survivors]
         stubs = [cluster.stub(c) for c in channels]
