@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 from aiohttp import web
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
+from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.service import TOO_MANY, answer, health_pb
@@ -33,25 +33,6 @@ MAX_BODY = 4 * 1024 * 1024
 _INVALID_ARGUMENT = 3
 _OUT_OF_RANGE = 11
 _NODE: web.AppKey[Node] = web.AppKey("node", Node)
-
-
-class RateLimitedLog:
-    """At most one line per ``interval`` seconds, saying how many were suppressed."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 1.0) -> None:
-        self._logger = logger
-        self._interval = interval
-        self._last = 0.0
-        self._suppressed = 0
-
-    def warning(self, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last < self._interval:
-            self._suppressed += 1
-            return
-        extra = f" ({self._suppressed} similar suppressed)" if self._suppressed else ""
-        self._last, self._suppressed = now, 0
-        self._logger.warning(msg + extra, *args)
 
 
 _bad_input_log = RateLimitedLog(log)

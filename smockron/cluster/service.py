@@ -7,17 +7,28 @@ call with OUT_OF_RANGE and Gubernator's message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
+from prometheus_client import Counter
 
 from smockron.cluster import convert
+from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
 
+log = logging.getLogger("smockron.cluster.grpc")
+_bad_log = RateLimitedLog(log)
+MALFORMED = Counter(
+    "smockron_cluster_grpc_malformed_total",
+    "gRPC calls whose request bytes did not decode, by method.",
+    ["method"],
+)
 TOO_MANY = f"Requests.RateLimits list too large; max size is '{MAX_BATCH}'"
 
 
@@ -57,6 +68,8 @@ class V1Servicer(gubernator_pb2_grpc.V1Servicer):  # type: ignore[misc]
     async def GetRateLimits(
         self, request: pb.GetRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetRateLimitsResp:
+        if request is None:
+            await _reject(context, "GetRateLimits")
         if len(request.requests) > MAX_BATCH:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, TOO_MANY)
         return pb.GetRateLimitsResp(responses=await answer(self._node, request.requests))
@@ -79,6 +92,8 @@ class PeersV1Servicer(peers_pb2_grpc.PeersV1Servicer):  # type: ignore[misc]
     async def GetPeerRateLimits(
         self, request: peers_pb2.GetPeerRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peers_pb2.GetPeerRateLimitsResp:
+        if request is None:
+            await _reject(context, "GetPeerRateLimits")
         if len(request.requests) > MAX_BATCH:
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,
@@ -90,6 +105,8 @@ class PeersV1Servicer(peers_pb2_grpc.PeersV1Servicer):  # type: ignore[misc]
     async def UpdatePeerGlobals(
         self, request: peers_pb2.UpdatePeerGlobalsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peers_pb2.UpdatePeerGlobalsResp:
+        if request is None:
+            await _reject(context, "UpdatePeerGlobals")
         self._node.update_globals(
             (g.key, convert.response_from_pb(g.status), g.algorithm, g.duration)
             for g in request.globals
@@ -104,6 +121,57 @@ def health_pb(node: Node) -> pb.HealthCheckResp:
     )
 
 
+async def _reject(context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
+    MALFORMED.labels(method).inc()
+    peer = context.peer()
+    _bad_log.warning("%s from %s: request bytes do not decode", method, peer)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method} request")
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    """A deserializer that yields None for bad bytes, so the servicer counts and rejects them
+    (grpc's own path logs a traceback per call)."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError:
+            return None
+
+    return parse
+
+
+def _handler(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler[Any, Any]:
+    return grpc.unary_unary_rpc_method_handler(
+        method,
+        request_deserializer=_lenient(request),
+        response_serializer=response.SerializeToString,
+    )
+
+
 def add_to_server(server: grpc.aio.Server, node: Node) -> None:
-    gubernator_pb2_grpc.add_V1Servicer_to_server(V1Servicer(node), server)  # type: ignore[no-untyped-call]
-    peers_pb2_grpc.add_PeersV1Servicer_to_server(PeersV1Servicer(node), server)  # type: ignore[no-untyped-call]
+    """Register V1 and PeersV1 by hand (same names as the generated helpers)."""
+    v1, peers = V1Servicer(node), PeersV1Servicer(node)
+    v1_methods = {
+        "GetRateLimits": _handler(v1.GetRateLimits, pb.GetRateLimitsReq, pb.GetRateLimitsResp),
+        "HealthCheck": _handler(v1.HealthCheck, pb.HealthCheckReq, pb.HealthCheckResp),
+        "LiveCheck": _handler(v1.LiveCheck, pb.LiveCheckReq, pb.LiveCheckResp),
+    }
+    peer_methods = {
+        "GetPeerRateLimits": _handler(
+            peers.GetPeerRateLimits,
+            peers_pb2.GetPeerRateLimitsReq,
+            peers_pb2.GetPeerRateLimitsResp,
+        ),
+        "UpdatePeerGlobals": _handler(
+            peers.UpdatePeerGlobals,
+            peers_pb2.UpdatePeerGlobalsReq,
+            peers_pb2.UpdatePeerGlobalsResp,
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler("pb.gubernator.V1", v1_methods),
+            grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods),
+        )
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -204,3 +205,31 @@ async def test_garbage_bytes_on_http_port(node: Node) -> None:
     assert status == 200
     async with aiohttp.ClientSession() as session, session.get(f"{node.http}/metrics") as resp:
         assert 'smockron_cluster_http_malformed_total{reason="bad_http"}' in await resp.text()
+
+
+async def test_garbage_on_grpc_port(node: Node) -> None:
+    host, port = node.grpc_address.split(":")
+    for garbage in (b"GET / HTTP/1.1\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 64):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(garbage)
+        await writer.drain()
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            await asyncio.wait_for(reader.read(4096), 2)
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    # a well-framed call whose body is not a GetRateLimitsReq
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        raw = channel.unary_unary(
+            "/pb.gubernator.V1/GetRateLimits",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await raw(b"\x0a\xff\xff\xff\xff\x0f garbage", timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    req = pb.RateLimitReq(name="g", unique_key="after", hits=1, limit=2, duration=9000)
+    resp = await node.stub.GetRateLimits(pb.GetRateLimitsReq(requests=[req]))
+    assert resp.responses[0].remaining == 1
+    async with aiohttp.ClientSession() as session, session.get(f"{node.http}/metrics") as mresp:
+        assert 'smockron_cluster_grpc_malformed_total{method="GetRateLimits"}' in await mresp.text()
