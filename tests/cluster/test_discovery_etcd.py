@@ -162,3 +162,33 @@ async def test_etcd_down_at_start_serves_alone_then_joins(
         await disc.stop()
     finally:
         server.stop()
+
+
+async def test_sees_a_gubernator_registration(etcd_server: EtcdServer, raw: aetcd.Client) -> None:
+    disc = node(etcd_server, 1)
+    rec = Recorder()
+    await disc.start(rec)
+    # exactly what a Gubernator node writes under the default prefix
+    value = b'{"data-center":"","http-address":"10.0.0.5:1050","grpc-address":"10.0.0.5:1051"}'
+    lease = await raw.lease(5)
+    await raw.put(f"{PREFIX}10.0.0.5:1050".encode(), value, lease=lease)
+    await rec.wait_for({"127.0.0.1:1051", "10.0.0.5:1051"})
+    assert PeerInfo("10.0.0.5:1051", "10.0.0.5:1050") in rec.lists[-1]
+    await lease.revoke()  # the Gubernator node's lease ends: it leaves
+    await rec.wait_for({"127.0.0.1:1051"})
+    await disc.stop()
+
+
+async def test_dead_endpoint_is_skipped(etcd_server: EtcdServer) -> None:
+    me = PeerInfo("127.0.0.1:1051", "127.0.0.1:1050")
+    endpoints = f"127.0.0.1:{free_ports(1)[0]},{etcd_server.endpoint}"
+    disc = EtcdDiscovery(me, endpoints, lease_ttl=2, backoff=0.1, timeout=1.0)
+    rec = Recorder()
+    await disc.start(rec)
+    await rec.wait_for({"127.0.0.1:1051"})
+    for _ in range(100):
+        if disc.registrations:
+            break
+        await asyncio.sleep(0.05)
+    assert disc.registrations == 1
+    await disc.stop()
