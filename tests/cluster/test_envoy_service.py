@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,9 +72,11 @@ def config(tmp_path: Path) -> EnvoyConfig:
     return load_config([tmp_path / "edge.yaml"])
 
 
-async def serve(limiter: object, config: EnvoyConfig, clock: Clock) -> AsyncIterator[Env]:
+async def serve(
+    limiter: object, config: EnvoyConfig, clock: Clock, headers: bool = False
+) -> AsyncIterator[Env]:
     server = grpc.aio.server()
-    servicer = add_to_server(server, limiter, config, clock)  # type: ignore[arg-type]
+    servicer = add_to_server(server, limiter, config, clock, response_headers=headers)  # type: ignore[arg-type]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -234,3 +237,39 @@ async def test_limiter_failure_is_unavailable_and_item_error_fails_open(
         r = await ask(e, desc(("generic_key", "slowpath")))
         assert r.overall_code == OK and r.statuses[0].current_limit.requests_per_unit == 3
         assert e.servicer.stats.limiter_errors == 1
+
+
+async def test_concurrent_calls_never_over_admit(tmp_path: Path) -> None:
+    (tmp_path / "burst.yaml").write_text(
+        "domain: burst\ndescriptors:\n"
+        "  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n"
+    )
+    clock = Clock()
+    async for e in serve(LocalLimiter(clock=clock), load_config(tmp_path / "burst.yaml"), clock):
+        calls = [ask(e, desc(("user", "u1")), domain="burst") for _ in range(200)]
+        results = await asyncio.wait_for(asyncio.gather(*calls), timeout=30)
+        codes = [r.overall_code for r in results]
+        assert codes.count(OK) == 50 and codes.count(OVER) == 150
+        assert e.servicer.stats.over_limit == 150
+
+
+async def test_rate_limit_response_headers(config: EnvoyConfig) -> None:
+    clock = Clock()
+    async for e in serve(LocalLimiter(clock=clock), config, clock, headers=True):
+        slow, fast = desc(("generic_key", "slowpath")), desc(("generic_key", "fastpath"))
+        r = await ask(e, fast, slow)
+        headers = [(h.key, h.value) for h in r.response_headers_to_add]
+        # The slow limit (2 left of 3 per minute, 30 s to go) is the most constraining.
+        assert headers == [
+            ("x-ratelimit-limit", "3, 3;w=60"),
+            ("x-ratelimit-remaining", "2"),
+            ("x-ratelimit-reset", "30"),
+        ]
+        clock.now += 400  # 29.6 s left: rounded up
+        r = await ask(e, slow)
+        assert [h.value for h in r.response_headers_to_add] == ["3, 3;w=60", "1", "30"]
+        assert not (await ask(e, desc(("nothing", "x")))).response_headers_to_add
+
+
+async def test_no_headers_unless_enabled(env: Env) -> None:
+    assert not (await ask(env, desc(("generic_key", "slowpath")))).response_headers_to_add

@@ -634,23 +634,60 @@ def test_history_oracle(limit: int, duration: int, burst: int, seq: list[tuple[i
         assert v.reset_time == max(now, ceil(max(accepted[-b:]) + window) if accepted else 0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     algorithm=st.sampled_from([TB, LB, SW, SH]),
     limit=st.integers(1, 10),
+    burst=st.integers(0, 12),
     duration=durations,
-    seq=steps,
+    seq=st.lists(
+        st.tuples(
+            st.integers(0, 400),
+            st.integers(-3, 12),
+            st.sampled_from([Behavior.BATCHING, DRAIN, RESET]),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    final_hits=st.integers(0, 12),
 )
 def test_state_past_expire_at_behaves_like_no_state(
-    algorithm: Algorithm, limit: int, duration: int, seq: list[tuple[int, int]]
+    algorithm: Algorithm,
+    limit: int,
+    burst: int,
+    duration: int,
+    seq: list[tuple[int, int, Behavior]],
+    final_hits: int,
+) -> None:
+    """What LocalLimiter relies on to drop keys: after expire_at, the state is inert."""
+    k, now = Key(), T0
+    for dt, hits, behavior in seq:
+        now += dt
+        k.hit(now, hits, limit, duration, algorithm, behavior, burst)
+    assert k.state is not None
+    later = max(now, expire_at(k.state))
+    params = LimitParams(final_hits, limit, duration, burst, algorithm)
+    assert check(k.state, params, later)[1] == check(None, params, later)[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    algorithm=st.sampled_from([TB, LB, SW]),
+    interval=st.integers(0, 2),
+    seq=st.lists(
+        st.tuples(st.integers(0, 1_800_000), st.integers(-2, 30)), min_size=1, max_size=20
+    ),
+)
+def test_calendar_state_past_expire_at_behaves_like_no_state(
+    algorithm: Algorithm, interval: int, seq: list[tuple[int, int]]
 ) -> None:
     k, now = Key(), T0
     for dt, hits in seq:
         now += dt
-        k.hit(now, hits, limit, duration, algorithm)
+        k.hit(now, hits, 20, interval, algorithm, GREG)
     assert k.state is not None
     later = max(now, expire_at(k.state))
-    params = LimitParams(1, limit, duration, 0, algorithm)
+    params = LimitParams(1, 20, interval, 0, algorithm, GREG)
     assert check(k.state, params, later)[1] == check(None, params, later)[1]
 
 

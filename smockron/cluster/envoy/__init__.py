@@ -8,6 +8,7 @@ Protobuf modules are generated into ``pb/`` by ``generate.sh``.
 from __future__ import annotations
 
 from smockron.cluster.envoy.config import EnvoyConfig, Limit, load_config, parse_domain
+from smockron.cluster.envoy.reload import ConfigReloader
 from smockron.cluster.envoy.service import (
     EnvoyStats,
     EnvoyStatsCollector,
@@ -16,6 +17,7 @@ from smockron.cluster.envoy.service import (
 )
 
 __all__ = [
+    "ConfigReloader",
     "EnvoyConfig",
     "EnvoyStats",
     "EnvoyStatsCollector",

@@ -116,7 +116,7 @@ def load_config(paths: str | Path | Iterable[str | Path]) -> EnvoyConfig:
     if isinstance(paths, str | Path):
         paths = [paths]
     config = EnvoyConfig()
-    for path in _expand(paths):
+    for path in expand_paths(paths):
         try:
             document = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
@@ -148,7 +148,8 @@ def _list(mapping: Mapping[str, Any], key: str) -> Any:
     return [] if value is None else value
 
 
-def _expand(paths: Iterable[str | Path]) -> list[Path]:
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """The files a list of paths names: a directory stands for its YAML files, sorted."""
     files: list[Path] = []
     for item in paths:
         path = Path(item)

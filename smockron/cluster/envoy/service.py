@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from smockron.cluster.envoy.config import UNIT_NAME, UNIT_NUMBER, EnvoyConfig, Limit
+from smockron.cluster.envoy.headers import rate_limit_headers
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
 from smockron.cluster.local import epoch_ms
 from smockron.cluster.model import (
@@ -56,6 +57,7 @@ class EnvoyStats:
     shadow_over_limit: int = 0
     invalid: int = 0
     limiter_errors: int = 0
+    config_errors: int = 0
 
 
 class EnvoyStatsCollector(Collector):
@@ -93,10 +95,16 @@ class _LogLimiter:
 
 class RateLimitServicer:
     def __init__(
-        self, limiter: RateLimiter, config: EnvoyConfig, clock: Callable[[], int] = epoch_ms
+        self,
+        limiter: RateLimiter,
+        config: EnvoyConfig,
+        clock: Callable[[], int] = epoch_ms,
+        *,
+        response_headers: bool = False,
     ) -> None:
         self.limiter = limiter
         self.config = config
+        self.response_headers = response_headers
         self.stats = EnvoyStats()
         self._clock = clock
         self._log = _LogLimiter()
@@ -139,6 +147,9 @@ class RateLimitServicer:
             self._fill(status, limit, next(answers), now)
             if status.code == OVER_LIMIT:
                 response.overall_code = OVER_LIMIT
+        if self.response_headers:
+            for name, value in rate_limit_headers(response.statuses):
+                response.response_headers_to_add.add(key=name, value=value)
         return response
 
     def _limit_for(
@@ -210,13 +221,18 @@ def add_to_server(
     limiter: RateLimiter,
     config: EnvoyConfig,
     clock: Callable[[], int] = epoch_ms,
+    *,
+    response_headers: bool = False,
 ) -> RateLimitServicer:
     """Serve ShouldRateLimit on ``server``; the servicer is returned for its stats/config.
+
+    ``response_headers=True`` adds ``x-ratelimit-limit``, ``-remaining`` and ``-reset`` to
+    ``response_headers_to_add`` (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
 
     The handler is registered by hand (not with the generated helper) so that bytes that do
     not decode reach the servicer as None and are counted and logged like other bad input.
     """
-    servicer = RateLimitServicer(limiter, config, clock)
+    servicer = RateLimitServicer(limiter, config, clock, response_headers=response_headers)
     method = grpc.unary_unary_rpc_method_handler(
         servicer.ShouldRateLimit,
         request_deserializer=_parse_request,
