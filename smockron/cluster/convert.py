@@ -32,18 +32,32 @@ def algorithm_from_int(value: int) -> Algorithm:
         ) from None
 
 
+def behavior_from_int(value: int) -> Behavior:
+    """IntFlag construction is slow; the few combinations in use are memoised."""
+    flags = _BEHAVIORS.get(value)
+    if flags is None:
+        flags = Behavior(value)
+        if len(_BEHAVIORS) < 4096:
+            _BEHAVIORS[value] = flags
+    return flags
+
+
+_BEHAVIORS: dict[int, Behavior] = {}
+
+
 def request_from_pb(msg: pb.RateLimitReq) -> RateLimitRequest:
     """A model request; ValueError for an algorithm this node does not implement."""
+    algorithm = _ALGORITHMS.get(msg.algorithm)
     return RateLimitRequest(
         name=msg.name,
         unique_key=msg.unique_key,
         hits=msg.hits,
         limit=msg.limit,
         duration=msg.duration,
-        algorithm=algorithm_from_int(msg.algorithm),
-        behavior=Behavior(msg.behavior),
+        algorithm=algorithm if algorithm is not None else algorithm_from_int(msg.algorithm),
+        behavior=behavior_from_int(msg.behavior),
         burst=msg.burst,
-        metadata=dict(msg.metadata),
+        metadata=dict(msg.metadata) if msg.metadata else {},
         created_at=msg.created_at if msg.HasField("created_at") else None,
     )
 
@@ -55,25 +69,35 @@ def request_to_pb(req: RateLimitRequest) -> pb.RateLimitReq:
         hits=req.hits,
         limit=req.limit,
         duration=req.duration,
-        algorithm=int(req.algorithm),  # type: ignore[arg-type]
-        behavior=int(req.behavior),  # type: ignore[arg-type]
+        algorithm=req.algorithm.value,  # type: ignore[arg-type]
+        behavior=req.behavior.value,  # type: ignore[arg-type]
         burst=req.burst,
-        metadata=req.metadata,
     )
+    if req.metadata:
+        md = msg.metadata
+        for key, value in req.metadata.items():
+            md[key] = value
     if req.created_at is not None:
         msg.created_at = req.created_at
     return msg
 
 
 def response_to_pb(resp: RateLimitResponse) -> pb.RateLimitResp:
-    return pb.RateLimitResp(
-        status=int(resp.status),  # type: ignore[arg-type]
+    # Map and string fields are set after construction: passing ``metadata=`` to the
+    # constructor costs more than the rest of the conversion together.
+    msg = pb.RateLimitResp(
+        status=resp.status.value,  # type: ignore[arg-type]
         limit=resp.limit,
         remaining=resp.remaining,
         reset_time=resp.reset_time,
-        error=resp.error,
-        metadata=resp.metadata,
     )
+    if resp.error:
+        msg.error = resp.error
+    if resp.metadata:
+        md = msg.metadata
+        for key, value in resp.metadata.items():
+            md[key] = value
+    return msg
 
 
 def response_from_pb(msg: pb.RateLimitResp) -> RateLimitResponse:
@@ -83,7 +107,7 @@ def response_from_pb(msg: pb.RateLimitResp) -> RateLimitResponse:
         remaining=msg.remaining,
         reset_time=msg.reset_time,
         error=msg.error,
-        metadata=dict(msg.metadata),
+        metadata=dict(msg.metadata) if msg.metadata else {},
     )
 
 

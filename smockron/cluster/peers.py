@@ -54,14 +54,13 @@ class PeerClient:
 
     # -- calls ------------------------------------------------------------------------
     async def get_peer_rate_limits(
-        self, requests: Sequence[RateLimitRequest]
+        self, requests: Sequence[RateLimitRequest], timeout_ms: float | None = None
     ) -> list[RateLimitResponse]:
         """One GetPeerRateLimits call; raises grpc.aio.AioRpcError on failure."""
-        msg = peers_pb2.GetPeerRateLimitsReq(
-            requests=[convert.request_to_pb(r) for r in requests]
-        )
+        timeout = self._timeout if timeout_ms is None else timeout_ms / 1000.0
+        msg = peers_pb2.GetPeerRateLimitsReq(requests=[convert.request_to_pb(r) for r in requests])
         try:
-            resp = await self._peers.GetPeerRateLimits(msg, timeout=self._timeout)
+            resp = await self._peers.GetPeerRateLimits(msg, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             self._failed(f"GetPeerRateLimits: {exc.code().name}: {exc.details()}")
             raise
@@ -72,10 +71,13 @@ class PeerClient:
         """Queue ``request`` in the current batch; await the result."""
         return self._batcher.submit(request)
 
-    async def update_peer_globals(self, updates: Sequence[peers_pb2.UpdatePeerGlobal]) -> None:
+    async def update_peer_globals(
+        self, updates: Sequence[peers_pb2.UpdatePeerGlobal], timeout_ms: float | None = None
+    ) -> None:
+        timeout = self._timeout if timeout_ms is None else timeout_ms / 1000.0
         try:
             await self._peers.UpdatePeerGlobals(
-                peers_pb2.UpdatePeerGlobalsReq(globals=updates), timeout=self._timeout
+                peers_pb2.UpdatePeerGlobalsReq(globals=updates), timeout=timeout
             )
         except grpc.aio.AioRpcError as exc:
             self._failed(f"UpdatePeerGlobals: {exc.code().name}: {exc.details()}")

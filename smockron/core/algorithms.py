@@ -14,12 +14,16 @@ keep it, copy it to a peer (GLOBAL) or drop it after ``expire_at(state)``. Four 
 * SMOCKRON_HISTORY (3): the seed's history rule with rate ``limit / duration`` and burst
   ``burst or limit``.
 
-Shared rules: ``hits == 0`` is a query that consumes nothing; negative hits give tokens
-back (never above the maximum); a request whose hits do not fit is OVER_LIMIT and
-consumes nothing unless DRAIN_OVER_LIMIT, which empties what is left. Status belongs to
-the request, not to the key: a later request that fits is UNDER_LIMIT (a query reports
-OVER_LIMIT only while nothing at all is left). ``reset_time`` is when the key is back at
-its full allowance. docs/algorithms.md lists every difference from Gubernator.
+Shared rules: ``hits == 0`` is a query that consumes nothing and is always UNDER_LIMIT;
+negative hits give tokens back (the token bucket's remaining may exceed ``limit`` until
+its window ends, as in Gubernator; the others are capped at their maximum); a request
+whose hits do not fit is OVER_LIMIT and consumes nothing unless DRAIN_OVER_LIMIT, which
+empties what is left. Status belongs to the request, not to the key: a later request that
+fits is UNDER_LIMIT. RESET_REMAINING on a known key refills it and, as in Gubernator,
+does not count that request's hits, except in the leaky bucket, which (again as
+Gubernator) applies them after the refill. ``duration == 0`` remembers nothing.
+``reset_time`` is when the key is back at its full allowance. docs/algorithms.md lists
+every difference from Gubernator.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class Behavior(IntFlag):
     MULTI_REGION = 16
     DRAIN_OVER_LIMIT = 32
 
+
+MAX_HISTORY_BURST = 10_000
+"""SMOCKRON_HISTORY stores up to ``burst`` timestamps per key and scans them per check."""
 
 _ALGORITHMS = frozenset(int(a) for a in Algorithm)
 # Plain ints: IntFlag arithmetic costs a microsecond per operation on the hot path.
@@ -135,6 +142,8 @@ State: TypeAlias = TokenBucketState | LeakyBucketState | SlidingWindowState | Hi
 def check(state: State | None, params: LimitParams, now_ms: int) -> tuple[State, Verdict]:
     """Apply ``params.hits`` at ``now_ms``; raises InvalidParams for unusable params."""
     _validate(params)
+    if params.duration == 0 and not int(params.behavior) & _GREGORIAN:
+        return _memoryless(params, now_ms)
     algorithm = params.algorithm
     if algorithm == Algorithm.TOKEN_BUCKET:
         tb = state if isinstance(state, TokenBucketState) else None
@@ -180,8 +189,13 @@ def _validate(p: LimitParams) -> None:
             )
         if p.algorithm == Algorithm.SMOCKRON_HISTORY:
             raise InvalidParams("SMOCKRON_HISTORY does not support DURATION_IS_GREGORIAN")
-    elif p.duration <= 0:
-        raise InvalidParams(f"duration must be > 0 ms, got {p.duration}")
+    elif p.duration < 0:
+        raise InvalidParams(f"duration must be >= 0 ms, got {p.duration}")
+    if p.algorithm == Algorithm.SMOCKRON_HISTORY and (p.burst or p.limit) > MAX_HISTORY_BURST:
+        raise InvalidParams(
+            f"SMOCKRON_HISTORY keeps one timestamp per request of the burst: burst (or limit) "
+            f"must be <= {MAX_HISTORY_BURST}, got {p.burst or p.limit}"
+        )
 
 
 def _window(p: LimitParams, now: int, start: int) -> tuple[int, int]:
@@ -192,8 +206,22 @@ def _window(p: LimitParams, now: int, start: int) -> tuple[int, int]:
 
 
 def _status(hits: int, available: int) -> bool:
-    """Over limit? A query is over limit only when nothing at all is left."""
-    return available <= 0 if hits == 0 else hits > available
+    """Over limit: the hits do not fit. A query (0 hits) always fits, as in Gubernator."""
+    return hits > available
+
+
+def _memoryless(p: LimitParams, now: int) -> tuple[State, Verdict]:
+    """``duration == 0``: a window that is over as soon as it starts, so every request is
+    judged against a full allowance and nothing is remembered (Gubernator accepts it)."""
+    tb = p.algorithm == Algorithm.TOKEN_BUCKET or p.algorithm == Algorithm.SLIDING_WINDOW
+    maximum = p.limit if tb else p.burst or p.limit
+    over = _status(p.hits, maximum)
+    if over:
+        remaining = 0 if int(p.behavior) & _DRAIN else maximum
+    else:
+        remaining = maximum - p.hits if tb else min(maximum, maximum - p.hits)
+    state = TokenBucketState(p.limit, 0, False, remaining, now, now)
+    return state, Verdict(over, p.limit, remaining, now)
 
 
 def _ceil(x: float) -> int:
@@ -208,6 +236,7 @@ def _token_bucket(
     s: TokenBucketState | None, p: LimitParams, now: int
 ) -> tuple[TokenBucketState, Verdict]:
     gregorian = bool(int(p.behavior) & _GREGORIAN)
+    hits, reset = p.hits, False
     if s is None or now >= s.end:
         start, end = _window(p, now, now)
         remaining = p.limit
@@ -220,14 +249,13 @@ def _token_bucket(
             if end <= now:
                 start, end, remaining = now, now + p.duration, p.limit
         if int(p.behavior) & _RESET:
-            remaining = p.limit
-    hits = p.hits
-    over = _status(hits, remaining)
+            remaining, hits, reset = p.limit, 0, True
+    over = not reset and _status(hits, remaining)
     if hits > 0 and over:
         if int(p.behavior) & _DRAIN:
             remaining = 0
     elif hits:
-        remaining = min(p.limit, remaining - hits)
+        remaining -= hits  # negative hits may raise it above limit, as in Gubernator
     state = TokenBucketState(p.limit, p.duration, gregorian, remaining, start, end)
     return state, Verdict(over, p.limit, remaining, end)
 
@@ -254,8 +282,8 @@ def _leaky_bucket(
             level = min(s.burst * s.period, level + (now - s.updated) * s.limit)
         if period != s.period:
             level = level * period // s.period
-        if burst != s.burst:
-            level += (burst - s.burst) * period
+        if burst > s.burst:
+            level += (burst - s.burst) * period  # more room by the difference
         level = max(0, min(burst * period, level))
         if int(p.behavior) & _RESET:
             level = burst * period
@@ -309,13 +337,13 @@ def _sliding(
             previous, current = s.previous, s.current
         elif s.end == start:
             previous = s.current
-    if int(p.behavior) & _RESET:
-        previous = current = 0
+    hits, reset = p.hits, s is not None and bool(int(p.behavior) & _RESET)
+    if reset:
+        previous = current = hits = 0
     length = end - start
     budget = p.limit * length - previous * (end - now) - current * length
     available = max(0, budget // length)
-    hits = p.hits
-    over = _status(hits, available)
+    over = not reset and _status(hits, available)
     if hits > 0 and over:
         if int(p.behavior) & _DRAIN:
             current = max(current, p.limit)
@@ -350,12 +378,13 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
         return state, Verdict(p.hits >= 0, p.limit, 0, now)
     rule = _rule(p.limit, p.duration, burst)
     log: history.History = list(s.history) if s is not None else []
-    if int(p.behavior) & _RESET:
+    hits, reset = p.hits, s is not None and bool(int(p.behavior) & _RESET)
+    if reset:
         log.clear()
+        hits = 0
     del log[: max(0, len(log) - burst)]
     available = burst - _recent(log, now, rule)
-    hits = p.hits
-    over = _status(hits, available)
+    over = not reset and _status(hits, available)
     if hits > 0 and over:
         if int(p.behavior) & _DRAIN:
             for _ in range(min(hits, burst)):
@@ -368,8 +397,8 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
         del log[max(0, len(log) + hits) :]
     state = HistoryState(p.limit, p.duration, burst, tuple(log))
     remaining = burst - _recent(log, now, rule)
-    reset = _ceil(history.expires_at(log, rule)) if log else now
-    return state, Verdict(over, p.limit, remaining, max(now, reset))
+    full_at = _ceil(history.expires_at(log, rule)) if log else now
+    return state, Verdict(over, p.limit, remaining, max(now, full_at))
 
 
 @lru_cache(maxsize=1024)

@@ -65,7 +65,7 @@ _KEY_HASHES = {name: _memoised(fn) for name, fn in HASHES.items()}
 class HashRing:
     """Maps keys to nodes so that adding or removing a node moves only ~1/N of the keys."""
 
-    __slots__ = ("_hash", "_hash_name", "_hashes", "_key_hash", "_nodes", "_owners", "_replicas")
+    __slots__ = ("_hash", "_hash_name", "_key_hash", "_nodes", "_replicas", "_ring")
 
     def __init__(
         self, nodes: Iterable[str] = (), replicas: int = DEFAULT_REPLICAS, *, hash: str = "fnv1a"
@@ -79,8 +79,7 @@ class HashRing:
         self._hash = HASHES[hash]
         self._key_hash = _KEY_HASHES[hash]
         self._nodes: tuple[str, ...] = ()
-        self._hashes: list[int] = []
-        self._owners: list[str] = []
+        self._ring: tuple[list[int], list[str]] = ([], [])
         self.set_nodes(nodes)
 
     @property
@@ -102,16 +101,14 @@ class HashRing:
                 (self._hash(f"{i}{digest}".encode("ascii")), node) for i in range(self._replicas)
             )
         points.sort()
-        # Publish both lists together so a concurrent owner() never sees a mix.
-        self._hashes, self._owners, self._nodes = (
-            [h for h, _ in points],
-            [n for _, n in points],
-            unique,
-        )
+        # One assignment publishes the whole ring: a concurrent owner() (another thread)
+        # sees either the old ring or the new one, never hashes of one with owners of another.
+        self._ring = ([h for h, _ in points], [n for _, n in points])
+        self._nodes = unique
 
     def owner(self, key: str | bytes) -> str:
         """The node that owns ``key``; LookupError when the ring is empty."""
-        hashes, owners = self._hashes, self._owners
+        hashes, owners = self._ring
         if not hashes:
             raise LookupError("hash ring is empty: no nodes to pick from")
         idx = bisect_left(hashes, self._key_hash(key))

@@ -75,7 +75,7 @@ def test_bad_items_get_their_own_error_and_order_is_kept() -> None:
         "field 'unique_key' cannot be empty",
         "field 'namespace' cannot be empty",
         "limit must be >= 0, got -1",
-        "duration must be > 0 ms, got -5",
+        "duration must be >= 0 ms, got -5",
         "invalid rate limit algorithm '7'",
         "behavior DURATION_IS_GREGORIAN is set; but duration 9 is not a valid gregorian"
         " interval (0..5)",

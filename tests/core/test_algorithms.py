@@ -66,7 +66,8 @@ def test_token_bucket_basic_window() -> None:
     assert k.hit(T0 + 10, hits=0) == Verdict(False, 10, 9, T0 + 1000)
     assert k.hit(T0 + 20, hits=9) == Verdict(False, 10, 0, T0 + 1000)
     assert k.hit(T0 + 30) == Verdict(True, 10, 0, T0 + 1000)
-    assert k.hit(T0 + 40, hits=0) == Verdict(True, 10, 0, T0 + 1000)
+    # A query always fits (Gubernator's TestDrainOverLimit), even with nothing left.
+    assert k.hit(T0 + 40, hits=0) == Verdict(False, 10, 0, T0 + 1000)
     assert k.hit(T0 + 999) == Verdict(True, 10, 0, T0 + 1000)
     # The window ends at reset_time: a fresh one starts with this hit.
     assert k.hit(T0 + 1000) == Verdict(False, 10, 9, T0 + 2000)
@@ -93,11 +94,16 @@ def test_token_bucket_drain_over_limit() -> None:
     assert k.hit(T0 + 2) == Verdict(True, 10, 0, T0 + 1000)
 
 
-def test_token_bucket_negative_hits_give_back_up_to_limit() -> None:
+def test_token_bucket_negative_hits_give_back_even_above_limit() -> None:
+    # Gubernator's TestTokenBucketNegativeHits: limit 2, hits -1 -> 3, -1 -> 4, 4 -> 0, -1 -> 1.
+    k = Key()
+    got = [k.hit(T0, hits=h, limit=2).remaining for h in (-1, -1, 4, -1)]
+    assert got == [3, 4, 0, 1]
     k = Key()
     k.hit(T0, hits=5)
     assert k.hit(T0 + 1, hits=-2) == Verdict(False, 10, 7, T0 + 1000)
-    assert k.hit(T0 + 2, hits=-50) == Verdict(False, 10, 10, T0 + 1000)
+    assert k.hit(T0 + 2, hits=-50) == Verdict(False, 10, 57, T0 + 1000)
+    assert k.hit(T0 + 1000, hits=0).remaining == 10  # the next window starts at limit
 
 
 def test_token_bucket_limit_change_moves_remaining_by_difference() -> None:
@@ -105,13 +111,25 @@ def test_token_bucket_limit_change_moves_remaining_by_difference() -> None:
     k.hit(T0, hits=4)  # 6 left of 10
     assert k.hit(T0 + 1, hits=0, limit=20) == Verdict(False, 20, 16, T0 + 1000)
     assert k.hit(T0 + 2, hits=0, limit=15) == Verdict(False, 15, 11, T0 + 1000)
-    assert k.hit(T0 + 3, hits=0, limit=2) == Verdict(True, 2, 0, T0 + 1000)
+    assert k.hit(T0 + 3, hits=0, limit=2) == Verdict(False, 2, 0, T0 + 1000)
+    assert k.hit(T0 + 4, hits=1, limit=2) == Verdict(True, 2, 0, T0 + 1000)
 
 
-def test_token_bucket_reset_remaining_then_applies_hits() -> None:
+def test_reset_remaining_refills_without_counting_the_request() -> None:
+    # Gubernator's functional test: 99, 98, RESET -> 100, then 99.
+    for algorithm in (TB, SW, SH):
+        k = Key()
+        seq = [k.hit(T0 + i, limit=100, algorithm=algorithm) for i in range(2)]
+        assert [v.remaining for v in seq] == [99, 98]
+        v = k.hit(T0 + 2, limit=100, algorithm=algorithm, behavior=RESET)
+        assert (v.over_limit, v.remaining) == (False, 100), algorithm
+        assert k.hit(T0 + 3, limit=100, algorithm=algorithm).remaining == 99
+    # On a key never seen there is nothing to reset: the hit counts.
+    assert Key().hit(T0, limit=100, behavior=RESET).remaining == 99
+    # The leaky bucket refills, then applies the hits (Gubernator's leaky bucket does too).
     k = Key()
-    k.hit(T0, hits=10)
-    assert k.hit(T0 + 5, hits=1, behavior=RESET) == Verdict(False, 10, 9, T0 + 1000)
+    k.hit(T0, hits=10, algorithm=LB)
+    assert k.hit(T0 + 1, hits=3, algorithm=LB, behavior=RESET) == Verdict(False, 10, 7, T0 + 301)
 
 
 def test_token_bucket_duration_change() -> None:
@@ -177,8 +195,161 @@ def test_leaky_bucket_burst_above_limit() -> None:
     k = Key()
     assert k.hit(T0, hits=15, algorithm=LB, burst=20) == Verdict(False, 10, 5, T0 + 1500)
     assert k.hit(T0, hits=6, algorithm=LB, burst=20).over_limit
-    # Burst lowered: remaining moves by the difference (5 - 10 -> 0).
-    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Verdict(True, 10, 0, T0 + 1000)
+    # Burst lowered to 10: what is left is clamped to it (5 stays 5; Gubernator clamps too).
+    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Verdict(False, 10, 5, T0 + 500)
+    assert k.hit(T0, hits=0, algorithm=LB, burst=4) == Verdict(False, 10, 4, T0 + 0)
+    # Burst raised: more room by the difference (4 + 6 = 10 of 10).
+    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Verdict(False, 10, 10, T0)
+
+
+def test_gubernator_change_limit_sequence() -> None:
+    """Gubernator's TestChangeLimit: the same key, limits changed between requests."""
+    k = Key()
+    got = [
+        k.hit(T0, limit=lim, duration=9000, algorithm=alg).remaining
+        for alg, lim in [
+            (TB, 100),
+            (TB, 100),
+            (TB, 10),
+            (TB, 10),
+            (TB, 200),
+            (LB, 100),
+            (LB, 10),
+            (LB, 10),
+        ]
+    ]
+    assert got == [99, 98, 7, 6, 195, 99, 9, 8]
+
+
+Step = tuple[int, int, bool, int]  # hits, expected remaining, expected over, then sleep ms
+MINUTE_PLUS_100 = ms(2026, 1, 1, 12, 0, 0) + 100
+
+GUBERNATOR_SEQUENCES: dict[str, tuple[LimitParams, int, list[Step]]] = {
+    # name: (params with hits ignored, start time, steps), from Gubernator's functional_test.go
+    "TestOverTheLimit": (
+        LimitParams(0, 2, 9000),
+        T0,
+        [(1, 1, False, 0), (1, 0, False, 0), (1, 0, True, 0)],
+    ),
+    "TestTokenBucket": (
+        LimitParams(0, 2, 5),
+        T0,
+        [(1, 1, False, 0), (1, 0, False, 100), (1, 1, False, 0)],
+    ),
+    "TestTokenBucketGregorian": (
+        LimitParams(0, 60, 0, behavior=GREG),
+        MINUTE_PLUS_100,
+        [
+            (1, 59, False, 0),
+            (1, 58, False, 0),
+            (58, 0, False, 0),
+            (1, 0, True, 61_000),
+            (0, 60, False, 0),
+        ],
+    ),
+    "TestTokenBucketNegativeHits": (
+        LimitParams(0, 2, 5),
+        T0,
+        [(-1, 3, False, 0), (-1, 4, False, 0), (4, 0, False, 0), (-1, 1, False, 0)],
+    ),
+    "TestDrainOverLimit/TOKEN_BUCKET": (
+        LimitParams(0, 10, 30_000, behavior=DRAIN),
+        T0,
+        [(0, 10, False, 0), (1, 9, False, 0), (100, 0, True, 0), (0, 0, False, 0)],
+    ),
+    "TestDrainOverLimit/LEAKY_BUCKET": (
+        LimitParams(0, 10, 30_000, algorithm=LB, behavior=DRAIN),
+        T0,
+        [(0, 10, False, 0), (1, 9, False, 0), (100, 0, True, 0), (0, 0, False, 0)],
+    ),
+    "TestTokenBucketRequestMoreThanAvailable": (
+        LimitParams(0, 2000, 1000),
+        T0,
+        [
+            (1000, 1000, False, 0),
+            (1500, 1000, True, 0),
+            (500, 500, False, 0),
+            (400, 100, False, 0),
+            (100, 0, False, 0),
+            (1, 0, True, 0),
+        ],
+    ),
+    "TestLeakyBucketRequestMoreThanAvailable": (
+        LimitParams(0, 2000, 1000, algorithm=LB),
+        T0,
+        [
+            (1000, 1000, False, 0),
+            (1500, 1000, True, 0),
+            (500, 500, False, 0),
+            (400, 100, False, 0),
+            (100, 0, False, 0),
+            (1, 0, True, 0),
+        ],
+    ),
+    "TestLeakyBucket": (
+        LimitParams(0, 10, 30_000, algorithm=LB),
+        T0,
+        [
+            (1, 9, False, 1000),
+            (1, 8, False, 1000),
+            (1, 7, False, 1500),
+            (0, 8, False, 3000),
+            (0, 9, False, 0),
+            (9, 0, False, 0),
+            (1, 0, True, 3000),
+            (0, 1, False, 60_000),
+            (0, 10, False, 60_000),
+            (10, 0, False, 29_000),
+            (9, 0, False, 3000),
+            (1, 0, False, 1000),
+        ],
+    ),
+    "TestLeakyBucketWithBurst": (
+        LimitParams(0, 10, 30_000, burst=20, algorithm=LB),
+        T0,
+        [
+            (1, 19, False, 1000),
+            (1, 18, False, 1000),
+            (1, 17, False, 1500),
+            (0, 18, False, 3000),
+            (0, 19, False, 0),
+            (19, 0, False, 0),
+            (1, 0, True, 3000),
+            (0, 1, False, 60_000),
+            (0, 20, False, 1000),
+        ],
+    ),
+    "TestLeakyBucketGregorian": (
+        LimitParams(0, 60, 0, algorithm=LB, behavior=GREG),
+        MINUTE_PLUS_100,
+        [(1, 59, False, 500), (1, 58, False, 1200), (1, 58, False, 0)],
+    ),
+    "TestLeakyBucketNegativeHits": (
+        LimitParams(0, 10, 30_000, algorithm=LB),
+        T0,
+        [(1, 9, False, 0), (-1, 10, False, 0), (10, 0, False, 0), (-1, 1, False, 0)],
+    ),
+    "TestLeakyBucketDivBug": (
+        LimitParams(0, 2000, 1000, algorithm=LB),
+        T0,
+        [(1, 1999, False, 0), (100, 1899, False, 0)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GUBERNATOR_SEQUENCES))
+def test_gubernator_functional_sequences(name: str) -> None:
+    """Remaining and status agree with Gubernator's own functional tests, step by step."""
+    base, now, steps = GUBERNATOR_SEQUENCES[name]
+    state: State | None = None
+    for i, (hits, remaining, over, sleep) in enumerate(steps):
+        params = LimitParams(
+            hits, base.limit, base.duration, base.burst, base.algorithm, base.behavior
+        )
+        state, v = check(state, params, now)
+        assert (v.remaining, v.over_limit) == (remaining, over), (name, i)
+        assert v.limit == base.limit and v.reset_time != 0
+        now += sleep
 
 
 def test_leaky_bucket_first_request_over_burst_consumes_nothing() -> None:
@@ -198,6 +369,23 @@ def test_leaky_bucket_gregorian_rate_uses_calendar_length() -> None:
     assert v.remaining == 1
     v = k.hit(start + day, hits=0, limit=24, duration=2, algorithm=LB, behavior=GREG)
     assert v.remaining == 24
+
+
+def test_leaky_bucket_gregorian_month_rate_uses_true_month_length() -> None:
+    k = Key()
+    # 29 per month in February 2024 (29 days): one token per day.
+    feb1 = ms(2024, 2, 1)
+    v = k.hit(feb1, hits=29, limit=29, duration=4, algorithm=LB, behavior=GREG)
+    assert v == Verdict(False, 29, 0, ms(2024, 3, 1))
+    v = k.hit(feb1 + 86_400_000 - 1, hits=1, limit=29, duration=4, algorithm=LB, behavior=GREG)
+    assert v.over_limit
+    v = k.hit(feb1 + 3 * 86_400_000, hits=0, limit=29, duration=4, algorithm=LB, behavior=GREG)
+    assert v.remaining == 3
+    # A year: 366 per year in 2024 is one per day too.
+    y = Key()
+    y.hit(ms(2024, 6, 1), hits=366, limit=366, duration=5, algorithm=LB, behavior=GREG)
+    v = y.hit(ms(2024, 6, 3), hits=0, limit=366, duration=5, algorithm=LB, behavior=GREG)
+    assert v.remaining == 2 and v.reset_time == ms(2025, 1, 1)
 
 
 # -- sliding window ----------------------------------------------------------------------
@@ -246,17 +434,29 @@ def test_history_drain_records_delayed_timestamp() -> None:
     ("params", "message"),
     [
         (LimitParams(1, -1, 1000), "limit must be >= 0"),
-        (LimitParams(1, 10, -5), "duration must be > 0"),
-        (LimitParams(1, 10, 0), "duration must be > 0"),
+        (LimitParams(1, 10, -5), "duration must be >= 0"),
         (LimitParams(1, 10, 1000, burst=-1), "burst must be >= 0"),
         (LimitParams(1, 10, 1000, algorithm=9), "invalid rate limit algorithm"),  # type: ignore[arg-type]
         (LimitParams(1, 10, 6, behavior=GREG), "not a valid gregorian interval"),
         (LimitParams(1, 10, 1, algorithm=SH, behavior=GREG), "does not support"),
+        (LimitParams(1, 10_001, 1000, algorithm=SH), "must be <= 10000, got 10001"),
+        (LimitParams(1, 10, 1000, burst=20_000, algorithm=SH), "got 20000"),
     ],
 )
 def test_invalid_params(params: LimitParams, message: str) -> None:
     with pytest.raises(InvalidParams, match=message):
         check(None, params, T0)
+
+
+@pytest.mark.parametrize("algorithm", [TB, LB, SW, SH])
+def test_duration_zero_remembers_nothing(algorithm: Algorithm) -> None:
+    # Gubernator's TestMissingFields: duration 0 is no error, and the hit is under limit.
+    k = Key()
+    for _ in range(3):
+        v = k.hit(T0, hits=1, limit=10, duration=0, algorithm=algorithm)
+        assert v == Verdict(False, 10, 9, T0)
+        assert k.state is not None and expire_at(k.state) == T0
+    assert k.hit(T0, hits=11, limit=10, duration=0, algorithm=algorithm).over_limit
 
 
 def test_switching_algorithm_starts_fresh() -> None:
@@ -295,12 +495,12 @@ class FixedWindowOracle:
         if self.start is None or now >= self.start + self.duration:
             self.start, self.used = now, 0
         left = self.limit - self.used
-        over = left <= 0 if hits == 0 else hits > left
-        if hits > 0 and over:
+        over = hits > left
+        if over:
             if self.drain:
                 self.used = self.limit
-        elif hits:
-            self.used = max(0, self.used + hits)
+        else:
+            self.used += hits
         return Verdict(over, self.limit, self.limit - self.used, self.start + self.duration)
 
 
@@ -335,8 +535,8 @@ class LeakyOracle:
             self.tokens = min(Fraction(self.burst), self.tokens + (now - self.updated) * rate)
         self.updated = now
         left = floor(self.tokens)
-        over = left <= 0 if hits == 0 else hits > left
-        if hits > 0 and over:
+        over = hits > left
+        if over:
             if self.drain:
                 self.tokens = Fraction(0)
         elif hits:
@@ -383,8 +583,8 @@ class SlidingOracle:
     def hit(self, now: int, hits: int) -> Verdict:
         est, _, cur = self.estimate(now)
         left = max(0, floor(self.limit - est))
-        over = left <= 0 if hits == 0 else hits > left
-        if hits > 0 and over:
+        over = hits > left
+        if over:
             if self.drain and cur < self.limit:
                 self.events.append((now, self.limit - cur))
         elif hits:
@@ -424,7 +624,7 @@ def test_history_oracle(limit: int, duration: int, burst: int, seq: list[tuple[i
         now += dt
         v = k.hit(now, hits, limit, duration, SH, Behavior.BATCHING, burst)
         recent = sum(1 for t in accepted if t > now - window)
-        over = (b - recent) <= 0 if hits == 0 else hits > b - recent
+        over = hits > b - recent
         if hits > 0 and not over:
             accepted += [float(now)] * hits
         elif hits < 0:
@@ -434,21 +634,98 @@ def test_history_oracle(limit: int, duration: int, burst: int, seq: list[tuple[i
         assert v.reset_time == max(now, ceil(max(accepted[-b:]) + window) if accepted else 0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     algorithm=st.sampled_from([TB, LB, SW, SH]),
     limit=st.integers(1, 10),
+    burst=st.integers(0, 12),
     duration=durations,
-    seq=steps,
+    seq=st.lists(
+        st.tuples(
+            st.integers(0, 400),
+            st.integers(-3, 12),
+            st.sampled_from([Behavior.BATCHING, DRAIN, RESET]),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    final_hits=st.integers(0, 12),
 )
 def test_state_past_expire_at_behaves_like_no_state(
-    algorithm: Algorithm, limit: int, duration: int, seq: list[tuple[int, int]]
+    algorithm: Algorithm,
+    limit: int,
+    burst: int,
+    duration: int,
+    seq: list[tuple[int, int, Behavior]],
+    final_hits: int,
+) -> None:
+    """What LocalLimiter relies on to drop keys: after expire_at, the state is inert."""
+    k, now = Key(), T0
+    for dt, hits, behavior in seq:
+        now += dt
+        k.hit(now, hits, limit, duration, algorithm, behavior, burst)
+    assert k.state is not None
+    later = max(now, expire_at(k.state))
+    params = LimitParams(final_hits, limit, duration, burst, algorithm)
+    assert check(k.state, params, later)[1] == check(None, params, later)[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    algorithm=st.sampled_from([TB, LB, SW]),
+    interval=st.integers(0, 2),
+    seq=st.lists(
+        st.tuples(st.integers(0, 1_800_000), st.integers(-2, 30)), min_size=1, max_size=20
+    ),
+)
+def test_calendar_state_past_expire_at_behaves_like_no_state(
+    algorithm: Algorithm, interval: int, seq: list[tuple[int, int]]
 ) -> None:
     k, now = Key(), T0
     for dt, hits in seq:
         now += dt
-        k.hit(now, hits, limit, duration, algorithm)
+        k.hit(now, hits, 20, interval, algorithm, GREG)
     assert k.state is not None
     later = max(now, expire_at(k.state))
-    params = LimitParams(1, limit, duration, 0, algorithm)
+    params = LimitParams(1, 20, interval, 0, algorithm, GREG)
     assert check(k.state, params, later)[1] == check(None, params, later)[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    now=st.integers(-(10**12), 4 * 10**12),
+    interval=st.integers(0, 5),
+)
+def test_calendar_window_properties(now: int, interval: int) -> None:
+    start, end = calendar.window(now, interval)
+    assert start <= now < end
+    assert calendar.window(end, interval)[0] == end  # windows tile the time line
+    assert calendar.window(start - 1, interval)[1] == start
+    begin = datetime.fromtimestamp(start / 1000, UTC)
+    zero = {"second": 0, "microsecond": 0}
+    expected = {
+        0: zero,
+        1: {**zero, "minute": 0},
+        2: {**zero, "minute": 0, "hour": 0},
+        3: {**zero, "minute": 0, "hour": 0},
+        4: {**zero, "minute": 0, "hour": 0, "day": 1},
+        5: {**zero, "minute": 0, "hour": 0, "day": 1, "month": 1},
+    }[interval]
+    assert all(getattr(begin, name) == value for name, value in expected.items())
+    if interval == 3:
+        assert begin.weekday() == 0 and end - start == 7 * 86_400_000
+
+
+def test_sliding_window_gregorian_months_of_different_lengths() -> None:
+    k = Key()
+
+    def month(now: int, hits: int) -> Verdict:
+        return k.hit(now, hits, limit=31, duration=4, algorithm=SW, behavior=GREG)
+
+    # 31 hits in January fill it; on 1 March 00:00 (Feb has 29 days in 2024) the previous
+    # window is February, which is empty.
+    assert month(ms(2024, 1, 20), 31) == Verdict(False, 31, 0, ms(2024, 3, 1))
+    # Halfway through February (14.5 of 29 days), January's 31 weigh 15.5: 15 left.
+    assert month(ms(2024, 2, 15, 12), 0) == Verdict(False, 31, 15, ms(2024, 3, 1))
+    assert month(ms(2024, 2, 15, 12), 16).over_limit
+    assert month(ms(2024, 3, 1), 0) == Verdict(False, 31, 31, ms(2024, 3, 1))

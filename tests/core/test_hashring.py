@@ -117,3 +117,31 @@ def test_node_leaving_moves_only_its_keys() -> None:
 def test_single_node_owns_everything() -> None:
     ring = HashRing(["only"])
     assert {ring.owner(k) for k in KEYS[:500]} == {"only"}
+
+
+def test_owner_is_consistent_while_another_thread_reshapes_the_ring() -> None:
+    import threading
+
+    small, large = NODES[:2], NODES
+    ring = HashRing(small, replicas=64)
+    expected = {k: (HashRing(small, 64).owner(k), HashRing(large, 64).owner(k)) for k in KEYS[:200]}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                for key, owners in expected.items():
+                    assert ring.owner(key) in owners
+        except BaseException as exc:
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for i in range(60):
+        ring.set_nodes(large if i % 2 else small)
+    stop.set()
+    for t in readers:
+        t.join(timeout=10)
+    assert not errors

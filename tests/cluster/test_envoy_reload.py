@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from smockron.cluster.envoy import ConfigReloader, Limit, RateLimitServicer, load_config
+from smockron.cluster.local import LocalLimiter
+
+V1 = (
+    "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+)
+V2 = (
+    "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 7}\n"
+)
+
+
+def write(path: Path, text: str, mtime_ns: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def test_reload_on_change_and_keep_running_config_on_error(tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    write(path, V1, 1_000_000_000)
+    servicer = RateLimitServicer(LocalLimiter(), load_config(tmp_path))
+    reloader = ConfigReloader(servicer, tmp_path, interval=0.01)
+    assert not reloader.check()  # nothing changed since the first load
+
+    write(path, V2, 2_000_000_000)
+    assert reloader.check()
+    assert servicer.config.find("edge", [("k", "x")]) == Limit(7, "minute")
+
+    write(path, "domain: edge\ndescriptors: [{key: k, colour: red}]\n", 3_000_000_000)
+    assert not reloader.check()
+    assert servicer.stats.config_errors == 1
+    assert servicer.config.find("edge", [("k", "x")]) == Limit(7, "minute")
+
+    # A new file in the directory counts as a change too.
+    write(tmp_path / "other.yml", V1.replace("edge", "other"), 4_000_000_000)
+    write(path, V1, 5_000_000_000)
+    assert reloader.check()
+    assert sorted(servicer.config.domains) == ["edge", "other"]
+
+
+async def test_run_polls_until_cancelled(tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    write(path, V1, 1_000_000_000)
+    servicer = RateLimitServicer(LocalLimiter(), load_config(path))
+    reloader = ConfigReloader(servicer, str(path), interval=0.01)
+    task = asyncio.create_task(reloader.run())
+    try:
+        write(path, V2, 2_000_000_000)
+        for _ in range(200):
+            if servicer.config.find("edge", [("k", "x")]) == Limit(7, "minute"):
+                break
+            await asyncio.sleep(0.01)
+        assert servicer.config.find("edge", [("k", "x")]) == Limit(7, "minute")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
