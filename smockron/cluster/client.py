@@ -148,8 +148,8 @@ def _request(
         hits=hits,
         limit=limit,
         duration=_ms(duration),
-        algorithm=algorithm,
-        behavior=behavior,
+        algorithm=Algorithm(algorithm),
+        behavior=Behavior(behavior),
         burst=burst,
         metadata=dict(metadata or {}),
     )
