@@ -172,9 +172,9 @@ class EtcdDiscovery:
             except (LeaseLost, aetcd.ClientError, grpc.RpcError, OSError, TimeoutError) as exc:
                 ERRORS.labels("etcd").inc()
                 self._rlog.warning("etcd", "etcd discovery session ended: %r; retrying", exc)
-            except Exception:
+            except Exception as exc:  # a bug or a surprise from the client: keep trying
                 ERRORS.labels("etcd").inc()
-                log.exception("etcd discovery session failed; retrying")
+                self._rlog.warning("etcd-bug", "etcd discovery failed unexpectedly: %r", exc)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.close(), self._timeout)
