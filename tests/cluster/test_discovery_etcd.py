@@ -120,7 +120,10 @@ async def test_recovers_after_etcd_restart(etcd_server: EtcdServer) -> None:
     await rec_a.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"})
     lease_before = a.lease_id
 
-    etcd_server.stop()
+    assert etcd_server.proc is not None
+    etcd_server.proc.kill()  # SIGKILL: no goodbye to the clients
+    etcd_server.proc.wait(10)
+    etcd_server.proc = None
     await asyncio.sleep(1.0)
     etcd_server.start()
 
