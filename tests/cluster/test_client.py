@@ -27,6 +27,7 @@ from smockron.cluster.client import (
     ClientTimeout,
     ClientUnavailable,
     ItemError,
+    grpc_target,
 )
 from smockron.cluster.convert import request_from_pb, response_to_pb
 from smockron.cluster.local import LocalLimiter
@@ -199,6 +200,16 @@ async def test_wrong_response_count_is_an_error(aclient: AsyncClient) -> None:
         await aclient.get_rate_limits(
             [RateLimitRequest("short", str(i), hits=1, limit=1, duration=SECOND) for i in range(3)]
         )
+
+
+def test_grpc_target() -> None:
+    assert grpc_target("127.0.0.1:1051") == "127.0.0.1:1051"
+    assert grpc_target("dns:///g.svc:1051") == "dns:///g.svc:1051"
+    assert grpc_target(["10.0.0.1:1051", "10.0.0.2:1051"]) == "ipv4:10.0.0.1:1051,10.0.0.2:1051"
+    assert grpc_target("[::1]:1051,[::2]:1051") == "ipv6:[::1]:1051,[::2]:1051"
+    for bad in (["a:1", "b:1"], ["10.0.0.1:1", "[::1]:1"], ["10.0.0.1", "10.0.0.2"], []):
+        with pytest.raises(ValueError):
+            grpc_target(bad)
 
 
 def test_bad_timeout_rejected() -> None:

@@ -86,13 +86,17 @@ async def test_async_client_batches_errors_and_health(nodes: Nodes) -> None:
 
 
 async def test_dead_node_is_unavailable_others_answer(nodes: Nodes) -> None:
-    victim, victim_address = nodes.procs[2], nodes.addresses[2]
-    victim.kill()
-    async with AsyncClient(nodes.addresses[2], timeout=2) as dead:
-        with pytest.raises(ClientUnavailable):
-            await dead.health_check()
     ring = HashRing(nodes.addresses)
-    key = next(f"k{i}" for i in range(1000) if ring.owner(f"client_alive_k{i}") != victim_address)
-    async with AsyncClient(nodes.addresses[0], timeout=5) as alive:
-        resp = await alive.check("client_alive", key, 1, 10, MINUTE)
-    assert (resp.remaining, resp.error) == (9, "")
+    victim, victim_address = nodes.procs[2], nodes.addresses[2]
+    keys = [f"k{i}" for i in range(1000) if ring.owner(f"client_rr_k{i}") != victim_address]
+    async with AsyncClient(nodes.addresses, timeout=5) as spread:  # round-robin, all three
+        for key in keys[:6]:
+            assert (await spread.check("client_rr", key, 1, 10, MINUTE)).remaining == 9
+        victim.kill()
+        async with AsyncClient(victim_address, timeout=2) as dead:
+            with pytest.raises(ClientUnavailable):
+                await dead.health_check()
+        # the balanced client routes around the dead node: every call is answered
+        for key in keys[6:26]:
+            resp = await spread.check("client_rr", key, 1, 10, MINUTE)
+            assert (resp.remaining, resp.error) == (9, "")
