@@ -63,6 +63,7 @@ class ApiState:
     version: int = 100
     oldest: int = 0  # watches from before this version get 410 Gone
     requests: list[str] = field(default_factory=list)
+    authorization: set[str] = field(default_factory=set)
     cond: threading.Condition = field(default_factory=threading.Condition)
     closing: bool = False
 
@@ -119,6 +120,7 @@ class Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.state.requests.append(self.path)
+        self.state.authorization.add(self.headers.get("Authorization", ""))
         if url.path != PATH:
             self.send_error(404)
             return
@@ -259,6 +261,18 @@ async def test_gone_relists(api: tuple[ApiState, str]) -> None:
     await rec.wait_for({"10.2.0.1:1051", "10.2.0.2:1051", "10.2.0.5:1051"})
     await disc.stop()
     assert disc.lists >= 2 and disc.malformed == 0
+    assert state.authorization == {""}
+
+
+async def test_bearer_token_is_sent(api: tuple[ApiState, str]) -> None:
+    state, host = api
+    state.put(endpoint_slice("gub-a", {"10.2.0.2": True}))
+    rec = Recorder()
+    disc = discovery(host, token="s3cret")
+    await disc.start(rec)
+    await disc.stop()
+    assert rec.addresses == {"10.2.0.1:1051", "10.2.0.2:1051"}
+    assert state.authorization == {"Bearer s3cret"}
 
 
 @pytest.mark.parametrize(

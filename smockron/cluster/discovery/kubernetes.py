@@ -90,7 +90,8 @@ def make_api_client(
     if api_host is not None:
         configuration.host = api_host
         if token:
-            configuration.api_key = {"authorization": f"Bearer {token}"}
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
     else:
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)
