@@ -91,7 +91,11 @@ async def serve(server: ClusterServer) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        await server.stop()
+        raise click.ClickException(str(exc)) from None
     click.echo(f"smockron cluster: node {server.node.address} serving", err=True)
     try:
         await stop.wait()
