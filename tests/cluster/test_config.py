@@ -103,3 +103,14 @@ def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 1
     assert f"Error: cannot listen on gRPC address 127.0.0.1:{port}" in log
     assert "Traceback" not in log
+
+
+def test_wildcard_grpc_address_advertises_a_dialable_one() -> None:
+    config = build_config({"GUBER_GRPC_ADDRESS": ":9051"}, {})
+    assert config.grpc_address == "0.0.0.0:9051"
+    host, _, port = config.advertise.rpartition(":")
+    assert port == "9051" and host not in ("", "0.0.0.0")
+    pinned = build_config(
+        {}, {"grpc_address": "0.0.0.0:9051", "advertise_address": "10.1.2.3:9051"}
+    )
+    assert pinned.advertise == "10.1.2.3:9051"
