@@ -58,6 +58,7 @@ class Node:
             replicas=self.replicas,
             owner_of=self._owner_client,
             peers=lambda: list(self.clients.values()),
+            on_peer_failure=self._peer_failed,
             sync_wait_ms=config.global_sync_wait_ms,
             batch_limit=config.global_batch_limit,
             timeout_ms=config.global_timeout_ms,
