@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from dataclasses import replace
 from typing import Any
 
@@ -52,7 +53,32 @@ def build_config(env: dict[str, str], flags: dict[str, Any]) -> ClusterConfig:
         changes["peers"] = tuple(p.strip() for p in flags["peers"].split(",") if p.strip())
     if flags.get("etcd_endpoints"):
         changes["etcd_endpoints"] = tuple(flags["etcd_endpoints"].split(","))
-    return replace(config, **changes).validate()
+    config = replace(config, **changes)
+    return replace(config, **_listen_everywhere(config)).validate()
+
+
+_WILDCARDS = ("", "0.0.0.0", "[::]", "::")
+
+
+def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
+    """Go-style ``:1051`` listens on all interfaces; peers then need a dialable address.
+
+    As Gubernator does, the advertised address defaults to this host's IP when the gRPC
+    address is a wildcard and GUBER_ADVERTISE_ADDRESS is not set.
+    """
+    host, sep, port = config.grpc_address.rpartition(":")
+    if not sep or host not in _WILDCARDS:
+        return {}
+    changes: dict[str, Any] = {
+        "grpc_address": f"0.0.0.0:{port}" if host == "" else config.grpc_address
+    }
+    if not config.advertise_address:
+        try:
+            ip = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            ip = "127.0.0.1"
+        changes["advertise_address"] = f"{ip}:{port}"
+    return changes
 
 
 def build_discovery(config: ClusterConfig, env: dict[str, str]) -> Discovery:
@@ -91,7 +117,11 @@ async def serve(server: ClusterServer) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        await server.stop()
+        raise click.ClickException(str(exc)) from None
     click.echo(f"smockron cluster: node {server.node.address} serving", err=True)
     try:
         await stop.wait()

@@ -100,7 +100,7 @@ def _int(name: str) -> Any:
         try:
             return int(text)
         except ValueError:
-            raise ConfigError(f"{name} must be an integer, got {text!r}") from None
+            raise ConfigError(f"must be an integer, got {text!r}") from None
 
     return conv
 

@@ -21,12 +21,14 @@ from dataclasses import replace
 from typing import Protocol
 
 from smockron.cluster import convert
+from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import peers_pb2
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
 
 log = logging.getLogger("smockron.cluster.global")
+_lost_log = RateLimitedLog(log)
 
 _OWNER_ONLY = Behavior.RESET_REMAINING | Behavior.DRAIN_OVER_LIMIT
 
@@ -49,6 +51,7 @@ class GlobalSync:
         replicas: ReplicaCache,
         owner_of: OwnerOf,
         peers: Callable[[], list[PeerClient]],
+        on_peer_failure: Callable[[PeerClient], None] = lambda peer: None,
         sync_wait_ms: float = 100.0,
         batch_limit: int = 1000,
         timeout_ms: float = 500.0,
@@ -59,6 +62,7 @@ class GlobalSync:
         self._replicas = replicas
         self._owner_of = owner_of
         self._peers = peers
+        self._on_peer_failure = on_peer_failure
         self._wait = sync_wait_ms / 1000.0
         self._limit = batch_limit
         self._clock = clock
@@ -134,7 +138,8 @@ class GlobalSync:
                 )
                 self.hits_sent += len(chunk)
             except Exception as exc:
-                log.warning("GLOBAL hits to %s lost: %s", peer.address, exc)
+                _lost_log.warning("GLOBAL hits to %s lost: %s", peer.address, exc)
+                self._on_peer_failure(peer)
                 resps = [None] * len(chunk)
             for req, resp in zip(chunk, resps, strict=True):
                 self._replicas.confirm(req.hash_key, req.hits, resp, req.algorithm)

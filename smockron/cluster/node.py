@@ -32,7 +32,8 @@ log = logging.getLogger("smockron.cluster.node")
 
 CHECKS = Counter("smockron_cluster_checks_total", "Rate-limit checks answered, by how.", ["route"])
 PEER_FAILURES = Counter(
-    "smockron_cluster_peer_failures_total", "Forwards to a peer that failed and were answered here."
+    "smockron_cluster_peer_failures_total",
+    "Items whose peer call failed (forwards answered here, GLOBAL hits lost).",
 )
 MAX_BATCH = 1000
 """Gubernator's maxBatchSize: requests per GetRateLimits call."""
@@ -58,6 +59,7 @@ class Node:
             replicas=self.replicas,
             owner_of=self._owner_client,
             peers=lambda: list(self.clients.values()),
+            on_peer_failure=self._peer_failed,
             sync_wait_ms=config.global_sync_wait_ms,
             batch_limit=config.global_batch_limit,
             timeout_ms=config.global_timeout_ms,
@@ -65,6 +67,7 @@ class Node:
         )
         self._probe_task: asyncio.Task[None] | None = None
         self._closing: list[PeerClient] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- membership -------------------------------------------------------------------
     def set_peers(self, peers: Iterable[PeerInfo]) -> None:
@@ -88,7 +91,9 @@ class Node:
         self._rebuild_ring()
         if self._closing:
             with contextlib.suppress(RuntimeError):  # no loop yet: closed in close()
-                asyncio.get_running_loop().create_task(self._close_removed())
+                task = asyncio.get_running_loop().create_task(self._close_removed())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
         log.info("peers: %s (ring: %s)", sorted(infos), list(self.ring.nodes))
 
     def _rebuild_ring(self) -> None:
@@ -136,7 +141,6 @@ class Node:
         local: list[int] = []
         waits: list[tuple[int, PeerClient, Pending]] = []
         unbatched: dict[str, list[int]] = {}
-        owners: dict[int, str] = {}
         now = self._clock()
         for i, req in enumerate(requests):
             if not req.unique_key or not req.name:
@@ -156,7 +160,6 @@ class Node:
                     self.global_sync.queue_hits(req, hits)
                     CHECKS.labels("global_replica").inc()
                     continue
-            owners[i] = owner
             if req.behavior & Behavior.NO_BATCHING:
                 unbatched.setdefault(owner, []).append(i)
             else:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import grpc
 
 from smockron.cluster import convert
+from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.batching import Batcher
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import gubernator_pb2, gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
@@ -51,6 +52,7 @@ class PeerClient:
         )
         self.consecutive_failures = 0
         self._errors: deque[tuple[float, str]] = deque(maxlen=20)
+        self._log = RateLimitedLog(log)
 
     # -- calls ------------------------------------------------------------------------
     async def get_peer_rate_limits(
@@ -97,7 +99,7 @@ class PeerClient:
     def _failed(self, message: str) -> None:
         self.consecutive_failures += 1
         self._errors.append((time.monotonic(), message))
-        log.warning("peer %s: %s", self.address, message)
+        self._log.warning("peer %s: %s", self.address, message)
 
     def recent_errors(self) -> list[str]:
         cutoff = time.monotonic() - ERROR_MEMORY_S

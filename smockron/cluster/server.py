@@ -54,16 +54,25 @@ class ClusterServer:
         service.add_to_server(server, self.node)
         for extend in self._extensions:
             extend(server, self.node)
-        if server.add_insecure_port(self.config.grpc_address) == 0:
+        try:
+            bound = server.add_insecure_port(self.config.grpc_address)
+        except RuntimeError:
+            bound = 0
+        if bound == 0:
             raise OSError(f"cannot listen on gRPC address {self.config.grpc_address}")
         await server.start()
         self._grpc = server
         if self.config.http_address:
             runner = web.AppRunner(make_app(self.node), access_log=None)
             await runner.setup()
-            host, port = split_address(self.config.http_address)
-            await web.TCPSite(runner, host, port).start()
             self._http = runner
+            host, port = split_address(self.config.http_address)
+            try:
+                await web.TCPSite(runner, host, port).start()
+            except OSError as exc:
+                raise OSError(
+                    f"cannot listen on HTTP address {self.config.http_address}: {exc.strerror}"
+                ) from None
         if self._discovery is not None:
             await self._discovery.start(self.node.set_peers)
         log.info(

@@ -156,6 +156,7 @@ async def test_http_health_live_metrics(node: Node) -> None:
         async with session.get(f"{node.http}/metrics") as resp:
             text = await resp.text()
             assert 'smockron_cluster_http_malformed_total{reason="bad_json"}' in text
+            assert "smockron_cluster_request_duration_seconds_bucket" in text
 
 
 @pytest.mark.parametrize(

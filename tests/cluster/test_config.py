@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from smockron.cluster.cli import build_config, build_discovery
 from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.errors import ConfigError
+from tests.support import run_smockron
 
 
 @pytest.mark.parametrize(
@@ -82,3 +86,31 @@ def test_static_discovery_from_peers() -> None:
     assert isinstance(build_discovery(config, {}), StaticDiscovery)
     with pytest.raises(ConfigError, match="GUBER_DNS_FQDN"):
         build_discovery(build_config({}, {"peer_discovery": "dns"}), {})
+
+
+def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_smockron(
+            ["cluster", "--grpc-address", f"127.0.0.1:{port}", "--http-address", ""],
+            tmp_path / "node.log",
+        )
+        code = proc.popen.wait(30)
+        log = proc.log()
+        proc.stop()
+    assert code == 1
+    assert f"Error: cannot listen on gRPC address 127.0.0.1:{port}" in log
+    assert "Traceback" not in log
+
+
+def test_wildcard_grpc_address_advertises_a_dialable_one() -> None:
+    config = build_config({"GUBER_GRPC_ADDRESS": ":9051"}, {})
+    assert config.grpc_address == "0.0.0.0:9051"
+    host, _, port = config.advertise.rpartition(":")
+    assert port == "9051" and host not in ("", "0.0.0.0")
+    pinned = build_config(
+        {}, {"grpc_address": "0.0.0.0:9051", "advertise_address": "10.1.2.3:9051"}
+    )
+    assert pinned.advertise == "10.1.2.3:9051"

@@ -130,3 +130,21 @@ async def test_dead_peer_is_routed_around_and_comes_back() -> None:
             await revived.stop()
     finally:
         await pair.a.stop()
+
+
+async def test_global_owner_death_is_noticed_by_the_hit_sync() -> None:
+    ca, cb = make_config(global_sync_wait_ms=10)
+    pair = await start_pair(ca, cb)
+    try:
+        key = pair.keys_owned_by(pair.b, 1)[0]
+        g = Behavior.GLOBAL
+        first = await pair.a.node.get_rate_limits([req(key, 1, g)])
+        assert first[0].metadata["owner"] == pair.b.node.address
+        await pair.b.stop()
+        from_replica = await pair.a.node.get_rate_limits([req(key, 1, g)])
+        assert (from_replica[0].error, from_replica[0].remaining) == ("", 98)
+        await wait_until(lambda: pair.a.node.down == {pair.b.node.address})
+        local = await pair.a.node.get_rate_limits([req(key, 1, g)])
+        assert (local[0].error, local[0].metadata["owner"]) == ("", pair.a.node.address)
+    finally:
+        await pair.a.stop()

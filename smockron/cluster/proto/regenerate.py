@@ -17,28 +17,29 @@ OUT = HERE.parent / "pb"
 PROTOS = ["gubernator.proto", "peers.proto"]
 
 
-def main() -> int:
+def main(out: Path = OUT) -> int:
+    """Generate into ``out`` (the committed package by default; tests use a temp dir)."""
     from grpc_tools import protoc  # type: ignore[import-untyped]  # build-time only
 
     args = [
         "protoc",
         f"-I{HERE}",
-        f"--python_out={OUT}",
-        f"--pyi_out={OUT}",
-        f"--grpc_python_out={OUT}",
+        f"--python_out={out}",
+        f"--pyi_out={out}",
+        f"--grpc_python_out={out}",
         *(str(HERE / p) for p in PROTOS),
     ]
     if protoc.main(args) != 0:
         print("protoc failed", file=sys.stderr)
         return 1
-    for path in OUT.glob("*_pb2*.py*"):
+    for path in out.glob("*_pb2*.py*"):
         text = path.read_text()
         fixed = re.sub(
             r"^import (\w+_pb2)\b", r"from smockron.cluster.pb import \1", text, flags=re.M
         )
         if fixed != text:
             path.write_text(fixed)
-    (OUT / "__init__.py").write_text('"""Generated protobuf/gRPC modules; see ../proto/."""\n')
+    (out / "__init__.py").write_text('"""Generated protobuf/gRPC modules; see ../proto/."""\n')
     return 0
 
 
