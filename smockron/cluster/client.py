@@ -41,6 +41,7 @@ from smockron.cluster.model import (
     Behavior,
     RateLimitRequest,
     RateLimitResponse,
+    Status,
 )
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
@@ -48,19 +49,25 @@ from smockron.errors import SmockronError
 
 pb_grpc: Any = gubernator_pb2_grpc  # generated without type hints
 
+# the model types are re-exported so one import gives a user everything
 __all__ = [
     "HOUR",
     "MAX_BATCH_SIZE",
     "MILLISECOND",
     "MINUTE",
     "SECOND",
+    "Algorithm",
     "AsyncClient",
+    "Behavior",
     "Client",
     "ClientError",
     "ClientTimeout",
     "ClientUnavailable",
     "HealthCheck",
     "ItemError",
+    "RateLimitRequest",
+    "RateLimitResponse",
+    "Status",
     "grpc_target",
 ]
 

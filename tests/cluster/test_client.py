@@ -328,3 +328,10 @@ async def test_client_speaks_gubernators_wire() -> None:
     assert (health.status, health.peer_count, health.advertise_address) == (
         "healthy", 3, "10.0.0.1:1051",
     )  # fmt: skip
+
+
+def test_exported_names_exist() -> None:
+    import smockron.cluster.client as module
+
+    for name in module.__all__:
+        assert hasattr(module, name), name
