@@ -9,6 +9,7 @@ for expired versions, ``timeoutSeconds``). It is not a cluster: no auth, no othe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -320,3 +321,27 @@ async def test_stop_is_prompt_while_watch_blocks(api: tuple[ApiState, str]) -> N
     started = time.monotonic()
     await disc.stop()
     assert time.monotonic() - started < 3
+
+
+async def test_rewatch_after_server_timeout_without_relisting(api: tuple[ApiState, str]) -> None:
+    state, host = api
+    state.put(endpoint_slice("gub-a", {"10.2.0.2": True}))
+    rec = Recorder()
+    disc = discovery(host, watch_timeout=1)
+    await disc.start(rec)
+    state.put(endpoint_slice("gub-a", {"10.2.0.2": True, "10.2.0.3": True}))
+    await rec.wait_for({"10.2.0.1:1051", "10.2.0.2:1051", "10.2.0.3:1051"})
+    for _ in range(60):  # the server ends each watch after 1 s; wait for a second one
+        if sum("watch=" in r for r in state.requests) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    state.delete("gub-a")
+    await rec.wait_for({"10.2.0.1:1051"})
+    await disc.stop()
+    versions = [
+        int(parse_qs(urlparse(r).query)["resourceVersion"][0])
+        for r in state.requests
+        if "watch=" in r
+    ]
+    assert len(versions) >= 2 and versions == sorted(versions) and versions[-1] > versions[0]
+    assert disc.lists == 1  # resumed from the last version, never listed again
