@@ -16,11 +16,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from smockron.cluster.client import AsyncClient
 from smockron.cluster.discovery import make_discovery
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.kubernetes import (
@@ -29,6 +31,7 @@ from smockron.cluster.discovery.kubernetes import (
     peers_from_slice,
 )
 from tests.cluster.test_discovery_support import Recorder
+from tests.support import free_port, free_ports, run_smockron, wait_port
 
 NS = "rate"
 PATH = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
@@ -301,8 +304,6 @@ async def test_garbage_in_watch_is_counted_and_recovered(
 
 
 async def test_api_down_at_start_serves_alone() -> None:
-    from tests.support import free_port
-
     rec = Recorder()
     disc = discovery(f"http://127.0.0.1:{free_port()}", start_timeout=0.5)
     await disc.start(rec)
@@ -345,3 +346,59 @@ async def test_rewatch_after_server_timeout_without_relisting(api: tuple[ApiStat
     ]
     assert len(versions) >= 2 and versions == sorted(versions) and versions[-1] > versions[0]
     assert disc.lists == 1  # resumed from the last version, never listed again
+
+
+async def test_two_cluster_nodes_follow_endpoint_slices(
+    api: tuple[ApiState, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end: two ``smockron cluster`` processes (pods 127.0.0.1 and 127.0.0.2, one
+    gRPC port) discover each other through the API server via a kubeconfig file."""
+    state, host = api
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters:\n- name: fake\n  cluster: {{server: '{host}'}}\n"
+        "users:\n- name: u\n  user: {token: t0k}\n"
+        "contexts:\n- name: c\n  context: {cluster: fake, user: u, namespace: rate}\n"
+    )
+    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    grpc_port, http_a, http_b = free_ports(3)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("GUBER_K8S_POD_PORT", str(grpc_port))
+    state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": True}))
+    procs = []
+    try:
+        for ip, http in (("127.0.0.1", http_a), ("127.0.0.2", http_b)):
+            args = ["cluster", "--grpc-address", f"{ip}:{grpc_port}",
+                    "--http-address", f"127.0.0.1:{http}", "--peer-discovery", "k8s",
+                    "--k8s-namespace", NS, "--k8s-pod-ip", ip,
+                    "--k8s-selector", f"kubernetes.io/service-name={SERVICE}"]  # fmt: skip
+            procs.append(run_smockron(args, tmp_path / f"{ip}.log"))
+        for http in (http_a, http_b):
+            wait_port(http, 20)
+        async with AsyncClient(f"127.0.0.2:{grpc_port}", timeout=5) as b:
+            await _peer_count(b, 2)
+        async with AsyncClient(f"127.0.0.1:{grpc_port}", timeout=5) as a:
+            await _peer_count(a, 2)
+            state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": False}))
+            await _peer_count(a, 1)
+            assert (await a.health_check()).healthy
+        assert "Bearer t0k" in state.authorization
+    except BaseException:
+        for proc in procs:
+            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
+        raise
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+async def _peer_count(client: AsyncClient, count: int) -> None:
+    seen = -1
+    for _ in range(150):
+        seen = (await client.health_check()).peer_count
+        if seen == count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"peer count stayed {seen}, expected {count}")
