@@ -30,6 +30,7 @@ from smockron.cluster.discovery.kubernetes import (
     MalformedEvent,
     peers_from_slice,
 )
+from smockron.errors import ConfigError
 from tests.cluster.test_discovery_support import Recorder
 from tests.support import free_port, free_ports, run_smockron, wait_port
 
@@ -402,3 +403,11 @@ async def _peer_count(client: AsyncClient, count: int) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"peer count stayed {seen}, expected {count}")
+
+
+def test_missing_kubeconfig_fails_at_construction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="kubeconfig"):
+        make_discovery("k8s", service_name="g", kubeconfig=str(tmp_path / "missing"))
