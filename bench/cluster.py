@@ -1,0 +1,287 @@
+"""Throughput and latency of a smockron cluster node through gRPC and HTTP/JSON.
+
+Run: python bench/cluster.py [--seconds 3] [--runs 3]. Starts real ``smockron cluster``
+processes on loopback and drives them from this process (grpc.aio / aiohttp clients,
+so client cost is included). Prints medians of ``--runs`` runs:
+
+1. gRPC checks/s to a single node, 100 and 1,000 checks per GetRateLimits call, one call
+   in flight (grpc.aio clients lose throughput with more concurrent calls on one channel
+   on this machine, even against a server returning a constant); baselines measured in
+   the same run: the in-process LocalLimiter.check ceiling and empty LiveCheck calls/s
+   (the gRPC stack's own ceiling on this machine);
+2. the same through a non-owner of a 3-node cluster (every check forwarded, BATCHING);
+3. p50/p99 latency of single-check calls sent open-loop at 500 and 2,000 calls/s;
+4. HTTP/JSON checks/s (100 per POST) and single-check calls/s;
+5. GLOBAL accuracy: 3 nodes, single hits round-robin at 5x the limit (limit 100, 500 calls
+   at 500 calls/s, one window), admitted vs the exact oracle (= limit), next to the same
+   load without GLOBAL (forwarded to the owner: exact).
+Goals (issue 5): >= 20,000 checks/s per node via gRPC; p99 < 1 ms at 2,000 calls/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from smockron.cluster.local import LocalLimiter
+from smockron.cluster.model import RateLimitRequest
+from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.cluster.pb import gubernator_pb2_grpc
+from smockron.core.hashring import HashRing
+from tests.support import Proc, free_ports, run_smockron, wait_port
+
+BATCH, IN_FLIGHT = 100, 1
+
+
+@contextlib.contextmanager
+def cluster(n: int, workdir: Path) -> Iterator[list[tuple[str, int]]]:
+    ports = free_ports(2 * n)
+    grpc_addrs = [f"127.0.0.1:{p}" for p in ports[:n]]
+    procs: list[Proc] = []
+    try:
+        for i in range(n):
+            http = f"127.0.0.1:{ports[n + i]}"
+            args = ["cluster", "--grpc-address", grpc_addrs[i], "--http-address", http,
+                    "--peers", ",".join(grpc_addrs)]  # fmt: skip
+            procs.append(run_smockron(args, workdir / f"bench-node{i}.log"))
+        for p in ports:
+            wait_port(p, 20)
+        yield list(zip(grpc_addrs, ports[n:], strict=True))
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def reqs_for(keys: list[str]) -> pb.GetRateLimitsReq:
+    return pb.GetRateLimitsReq(
+        requests=[
+            pb.RateLimitReq(name="b", unique_key=k, hits=1, limit=10**9, duration=60_000)
+            for k in keys
+        ]
+    )
+
+
+async def closed_loop(call: Callable[[], Awaitable[int]], seconds: float) -> float:
+    """Items per second with IN_FLIGHT concurrent callers for ``seconds``."""
+    done = 0
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < end:
+            done += await call()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
+    return done / (time.perf_counter() - start)
+
+
+async def live_checks(address: str, seconds: float) -> float:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
+
+        async def call() -> int:
+            await stub.LiveCheck(pb.LiveCheckReq())
+            return 1
+
+        await closed_loop(call, 0.3)
+        return await closed_loop(call, seconds)
+
+
+async def grpc_throughput(
+    address: str, keys: list[str], seconds: float, batch: int = BATCH
+) -> float:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
+        batches = [reqs_for(keys[i : i + batch]) for i in range(0, len(keys), batch)]
+        counter = iter(range(10**12))
+
+        async def call() -> int:
+            msg = batches[next(counter) % len(batches)]
+            resp = await stub.GetRateLimits(msg)
+            assert not resp.responses[0].error, resp.responses[0].error
+            return len(resp.responses)
+
+        await closed_loop(call, 0.3)  # warm up
+        return await closed_loop(call, seconds)
+
+
+async def grpc_latency(address: str, rate: float, seconds: float) -> tuple[float, float]:
+    """p50, p99 in ms of single-check calls sent open-loop at ``rate`` per second."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
+        latencies: list[float] = []
+        msgs = [reqs_for([f"lat-{i}"]) for i in range(100)]
+
+        errors: list[str] = []
+
+        async def one(i: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                await stub.GetRateLimits(msgs[i % 100], timeout=5)
+            except grpc.aio.AioRpcError as exc:
+                errors.append(exc.code().name)
+                return
+            latencies.append(time.perf_counter() - t0)
+
+        for i in range(200):  # warm up
+            await one(i)
+        latencies.clear()
+        tasks = []
+        total = int(rate * seconds)
+        start = time.perf_counter()
+        for i in range(total):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+        if errors:
+            print(f"  ({len(errors)} of {total} calls failed: {sorted(set(errors))})")
+        latencies.sort()
+        return (
+            latencies[len(latencies) // 2] * 1000,
+            latencies[int(len(latencies) * 0.99)] * 1000,
+        )
+
+
+async def http_throughput(port: int, batch: int, seconds: float) -> float:
+    body = json.dumps(
+        {
+            "requests": [
+                {"name": "h", "unique_key": f"k{i}", "hits": 1, "limit": 10**9, "duration": 60000}
+                for i in range(batch)
+            ]
+        }
+    ).encode()
+    url = f"http://127.0.0.1:{port}/v1/GetRateLimits"
+    async with aiohttp.ClientSession() as session:
+
+        async def call() -> int:
+            async with session.post(url, data=body) as resp:
+                data = await resp.json()
+                return len(data["responses"])
+
+        await closed_loop(call, 0.3)
+        return await closed_loop(call, seconds)
+
+
+async def round_robin(
+    addrs: list[str], key: str, limit: int, total: int, rate: float, behavior: int
+) -> int:
+    """Single hits to ``addrs`` in turn at ``rate``/s; how many were admitted."""
+    channels = [grpc.aio.insecure_channel(a) for a in addrs]
+    stubs: list[Any] = [gubernator_pb2_grpc.V1Stub(c) for c in channels]  # type: ignore[no-untyped-call]
+    msg = pb.GetRateLimitsReq(
+        requests=[
+            pb.RateLimitReq(
+                name="acc",
+                unique_key=key,
+                hits=1,
+                limit=limit,
+                duration=60_000,
+                behavior=behavior,  # type: ignore[arg-type]
+            )
+        ]
+    )
+    admitted = 0
+    try:
+        start = time.perf_counter()
+        for i in range(total):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            resp = await stubs[i % len(stubs)].GetRateLimits(msg, timeout=5)
+            admitted += resp.responses[0].status == pb.UNDER_LIMIT
+    finally:
+        for c in channels:
+            await c.close(None)
+    return admitted
+
+
+def local_ceiling() -> float:
+    limiter = LocalLimiter()
+    reqs = [RateLimitRequest("b", f"k{i}", 1, 10**9, 60_000) for i in range(BATCH)]
+    start = time.perf_counter()
+    n = 0
+    while time.perf_counter() - start < 1.0:
+        limiter.check(reqs)
+        n += BATCH
+    return n / (time.perf_counter() - start)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def main(seconds: float, runs: int) -> None:
+    print(f"smockron cluster bench: {runs} runs x {seconds}s, medians; batch {BATCH}, "
+          f"{IN_FLIGHT} calls in flight")  # fmt: skip
+    ceiling = median([local_ceiling() for _ in range(runs)])
+    print(f"baseline LocalLimiter.check in-process:   {ceiling:10,.0f} checks/s")
+    with tempfile.TemporaryDirectory() as tmp:
+        with cluster(1, Path(tmp)) as nodes:
+            address, http_port = nodes[0]
+            keys = [f"k{i}" for i in range(2000)]
+            live = median([await live_checks(address, seconds) for _ in range(runs)])
+            print(f"baseline empty LiveCheck calls:           {live:10,.0f} calls/s")
+            for batch in (1, BATCH, 1000):
+                rate = median(
+                    [await grpc_throughput(address, keys, seconds, batch) for _ in range(runs)]
+                )
+                print(f"gRPC, 1 node, {batch:4}/call:              {rate:10,.0f} checks/s "
+                      f"({rate / ceiling:.2f}x LocalLimiter, "
+                      f"{rate / 20_000:.2f}x goal 20,000)")  # fmt: skip
+                if batch == BATCH:
+                    single = rate
+            for target in (500, 2000):
+                lat = [await grpc_latency(address, target, seconds) for _ in range(runs)]
+                p50, p99 = median([x[0] for x in lat]), median([x[1] for x in lat])
+                print(f"gRPC single checks at {target:5,}/s:           p50 {p50:.3f} ms, "
+                      f"p99 {p99:.3f} ms (goal p99 < 1 ms at 2,000/s)")  # fmt: skip
+            hb = median([await http_throughput(http_port, BATCH, seconds) for _ in range(runs)])
+            print(f"HTTP/JSON, 1 node, {BATCH}/POST:            {hb:10,.0f} checks/s")
+            h1 = median([await http_throughput(http_port, 1, seconds) for _ in range(runs)])
+            print(f"HTTP/JSON, 1 node, 1/POST:                {h1:10,.0f} checks/s")
+        with cluster(3, Path(tmp)) as nodes:
+            addrs = [a for a, _ in nodes]
+            ring = HashRing(addrs)
+            entry = addrs[0]
+            remote = [k for k in (f"k{i}" for i in range(5000)) if ring.owner(f"b_{k}") != entry]
+            fwd = median(
+                [await grpc_throughput(entry, remote[:1000], seconds) for _ in range(runs)]
+            )
+            print(f"gRPC, 3 nodes, all forwarded, {BATCH}/call:  {fwd:10,.0f} checks/s "
+                  f"({fwd / single:.2f}x single node)")  # fmt: skip
+            for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
+                got = [
+                    await round_robin(addrs, f"acc-{label}-{r}", 100, 500, 500.0, behavior)
+                    for r in range(runs)
+                ]
+                over = median([g - 100 for g in got])
+                print(
+                    f"accuracy {label:9}, 5x limit round-robin: admitted {got} of 500, "
+                    f"oracle 100, median over-admission {over:.0f} ({over / 100:.0%})"
+                )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(main(args.seconds, args.runs))

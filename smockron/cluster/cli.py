@@ -1,0 +1,195 @@
+"""``smockron cluster``: a Gubernator-compatible node.
+
+Every flag has a Gubernator ``GUBER_*`` environment variable (flags win). Durations
+take Go syntax (``500us``, ``100ms``, ``1s``) or a number of milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from dataclasses import replace
+from typing import Any
+
+import click
+import grpc
+
+from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
+from smockron.cluster.discovery import make_discovery, options_from_env
+from smockron.cluster.discovery.base import Discovery, PeerInfo
+from smockron.cluster.node import Node
+from smockron.cluster.server import ClusterServer, Extension
+from smockron.errors import ConfigError
+
+log = logging.getLogger("smockron.cluster")
+
+# flag (click parameter name) -> GUBER_* variable it stands for, for discovery options
+_DISCOVERY_FLAGS = {
+    "etcd_endpoints": "GUBER_ETCD_ENDPOINTS",
+    "dns_fqdn": "GUBER_DNS_FQDN",
+    "k8s_namespace": "GUBER_K8S_NAMESPACE",
+    "k8s_selector": "GUBER_K8S_ENDPOINTS_SELECTOR",
+    "k8s_pod_ip": "GUBER_K8S_POD_IP",
+}
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration_ms(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def build_config(env: dict[str, str], flags: dict[str, Any]) -> ClusterConfig:
+    config = from_env(env)
+    changes = {k: v for k, v in flags.items() if v is not None and hasattr(config, k)}
+    if flags.get("peers"):
+        changes["peers"] = tuple(p.strip() for p in flags["peers"].split(",") if p.strip())
+    if flags.get("etcd_endpoints"):
+        changes["etcd_endpoints"] = tuple(flags["etcd_endpoints"].split(","))
+    config = replace(config, **changes)
+    return replace(config, **_listen_everywhere(config)).validate()
+
+
+_WILDCARDS = ("", "0.0.0.0", "[::]", "::")
+
+
+def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
+    """Go-style ``:1051`` listens on all interfaces; peers then need a dialable address.
+
+    As Gubernator does, the advertised address defaults to this host's IP when the gRPC
+    address is a wildcard and GUBER_ADVERTISE_ADDRESS is not set.
+    """
+    host, sep, port = config.grpc_address.rpartition(":")
+    if not sep or host not in _WILDCARDS:
+        return {}
+    changes: dict[str, Any] = {
+        "grpc_address": f"0.0.0.0:{port}" if host == "" else config.grpc_address
+    }
+    if not config.advertise_address:
+        try:
+            ip = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            ip = "127.0.0.1"
+        changes["advertise_address"] = f"{ip}:{port}"
+    return changes
+
+
+def build_discovery(config: ClusterConfig, env: dict[str, str]) -> Discovery:
+    me = PeerInfo(config.advertise, config.http_address, config.data_center)
+    kind = config.peer_discovery.lower()
+    if kind in ("static", "none", ""):
+        return make_discovery("static", peers=list(config.peers) or [me.grpc_address], advertise=me)
+    merged = dict(env)
+    merged["GUBER_PEER_DISCOVERY_TYPE"] = "k8s" if kind == "kubernetes" else kind
+    for name, var in _DISCOVERY_FLAGS.items():
+        value = getattr(config, name)
+        if value:
+            merged[var] = ",".join(value) if isinstance(value, tuple) else str(value)
+    found = options_from_env(merged, me)
+    if found is None:
+        raise ConfigError(f"peer discovery {kind!r} is not configured")
+    return make_discovery(found[0], **found[1])
+
+
+def _extensions(config: ClusterConfig) -> tuple[Extension, ...]:
+    """The Envoy RLS front on the same gRPC server, when an Envoy config is given."""
+    if not config.envoy_config:
+        return ()
+    from smockron.cluster import envoy
+
+    loaded = envoy.load_config(config.envoy_config)
+
+    def add_envoy(server: grpc.aio.Server, node: Node) -> None:
+        envoy.add_to_server(server, node, loaded)
+
+    return (add_envoy,)
+
+
+async def serve(server: ClusterServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except OSError as exc:
+        await server.stop()
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"smockron cluster: node {server.node.address} serving", err=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await server.stop()
+
+
+@click.command("cluster")
+@click.option("--grpc-address", help="gRPC listen address [GUBER_GRPC_ADDRESS; 127.0.0.1:1051]")
+@click.option("--http-address", help="HTTP listen address [GUBER_HTTP_ADDRESS; 127.0.0.1:1050]")
+@click.option(
+    "--advertise-address",
+    help="gRPC address peers use for this node [GUBER_ADVERTISE_ADDRESS; the gRPC address]",
+)
+@click.option("--peers", help="static peer list: gRPC addresses of every node, this one included")
+@click.option(
+    "--peer-discovery",
+    type=click.Choice(["static", "etcd", "dns", "k8s", "kubernetes"]),
+    help="[GUBER_PEER_DISCOVERY_TYPE; static]",
+)
+@click.option("--etcd-endpoints", help="comma-separated host:port [GUBER_ETCD_ENDPOINTS]")
+@click.option("--dns-fqdn", help="name whose A/AAAA records are the peers [GUBER_DNS_FQDN]")
+@click.option("--k8s-namespace", help="[GUBER_K8S_NAMESPACE; default]")
+@click.option("--k8s-selector", help="label selector of the pods [GUBER_K8S_ENDPOINTS_SELECTOR]")
+@click.option("--k8s-pod-ip", help="this pod's IP [GUBER_K8S_POD_IP]")
+@click.option(
+    "--batch-wait",
+    "batch_wait_ms",
+    callback=_duration,
+    help="how long forwards wait to fill a batch [GUBER_BATCH_WAIT; 500us]",
+)
+@click.option("--batch-limit", type=int, help="items per forwarded batch [GUBER_BATCH_LIMIT; 1000]")
+@click.option(
+    "--batch-timeout",
+    "batch_timeout_ms",
+    callback=_duration,
+    help="deadline of a peer call [GUBER_BATCH_TIMEOUT; 500ms]",
+)
+@click.option(
+    "--global-sync-wait",
+    "global_sync_wait_ms",
+    callback=_duration,
+    help="GLOBAL hits/broadcast interval [GUBER_GLOBAL_SYNC_WAIT; 100ms]",
+)
+@click.option(
+    "--global-batch-limit", type=int, help="keys per GLOBAL call [GUBER_GLOBAL_BATCH_LIMIT; 1000]"
+)
+@click.option(
+    "--global-timeout",
+    "global_timeout_ms",
+    callback=_duration,
+    help="[GUBER_GLOBAL_TIMEOUT; 500ms]",
+)
+@click.option("--cache-size", type=int, help="max rate limits kept [GUBER_CACHE_SIZE; 50000]")
+@click.option(
+    "--envoy-config",
+    help="envoyproxy/ratelimit YAML file or directory: also serve "
+    "envoy.service.ratelimit.v3.RateLimitService on the gRPC port",
+)
+def cluster(**flags: Any) -> None:
+    """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""
+    env = dict(os.environ)
+    try:
+        config = build_config(env, flags)
+        discovery = build_discovery(config, env)
+        server = ClusterServer(config, discovery, _extensions(config))
+    except (ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(server))

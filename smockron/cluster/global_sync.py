@@ -1,0 +1,181 @@
+"""GLOBAL behaviour's two asynchronous flows.
+
+* Hits: a non-owner answers from its replica and queues the hits it admitted; within
+  ``sync_wait`` they are summed per key and sent to each owner in GetPeerRateLimits
+  calls of at most ``batch_limit`` keys. The owner's answers update the replicas.
+* Broadcasts: an owner that applied GLOBAL hits queues the key; within ``sync_wait`` it
+  reads each key's current state (a zero-hit check) and sends it to every other node in
+  UpdatePeerGlobals calls of at most ``batch_limit`` keys.
+
+Summed hits carry DRAIN_OVER_LIMIT: the sending node has already admitted them, so the
+owner must count as many of them as still fit rather than refuse the whole sum
+(Gubernator refuses it and undercounts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from smockron.cluster import convert
+from smockron.cluster.badinput import RateLimitedLog
+from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
+from smockron.cluster.pb import peers_pb2
+from smockron.cluster.peers import PeerClient
+from smockron.cluster.replica import ReplicaCache
+
+log = logging.getLogger("smockron.cluster.global")
+_lost_log = RateLimitedLog(log)
+
+_OWNER_ONLY = Behavior.RESET_REMAINING | Behavior.DRAIN_OVER_LIMIT
+
+
+class Checker(Protocol):
+    def check(
+        self, requests: Sequence[RateLimitRequest], now_ms: int | None = None
+    ) -> list[RateLimitResponse]: ...
+
+
+OwnerOf = Callable[[str], PeerClient | None]
+"""The client of a key's owner, or None when this node owns it."""
+
+
+class GlobalSync:
+    def __init__(
+        self,
+        *,
+        limiter: Checker,
+        replicas: ReplicaCache,
+        owner_of: OwnerOf,
+        peers: Callable[[], list[PeerClient]],
+        on_peer_failure: Callable[[PeerClient], None] = lambda peer: None,
+        sync_wait_ms: float = 100.0,
+        batch_limit: int = 1000,
+        timeout_ms: float = 500.0,
+        clock: Callable[[], int],
+    ) -> None:
+        self._timeout_ms = timeout_ms
+        self._limiter = limiter
+        self._replicas = replicas
+        self._owner_of = owner_of
+        self._peers = peers
+        self._on_peer_failure = on_peer_failure
+        self._wait = sync_wait_ms / 1000.0
+        self._limit = batch_limit
+        self._clock = clock
+        self._hits: dict[str, RateLimitRequest] = {}
+        self._broadcasts: dict[str, RateLimitRequest] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.hits_sent = 0
+        self.broadcasts_sent = 0
+
+    # -- queueing ---------------------------------------------------------------------
+    def queue_hits(self, req: RateLimitRequest, hits: int) -> None:
+        """Hits admitted here for a key another node owns (0 still refreshes the replica)."""
+        agg = self._hits.get(req.hash_key)
+        if agg is None:
+            behavior = (req.behavior & ~Behavior.RESET_REMAINING) | Behavior.DRAIN_OVER_LIMIT
+            self._hits[req.hash_key] = replace(
+                req, hits=hits, behavior=Behavior(behavior), created_at=None, metadata={}
+            )
+        else:
+            agg.hits += hits
+        self._schedule(len(self._hits))
+
+    def queue_broadcast(self, req: RateLimitRequest) -> None:
+        """This node owns ``req``'s key and changed it: tell the other nodes soon."""
+        if req.hash_key not in self._broadcasts:
+            behavior = Behavior(req.behavior & ~_OWNER_ONLY)
+            self._broadcasts[req.hash_key] = replace(
+                req, hits=0, behavior=behavior, created_at=None, metadata={}
+            )
+        self._schedule(len(self._broadcasts))
+
+    def _schedule(self, size: int) -> None:
+        if size >= self._limit:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._wait, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        hits, self._hits = self._hits, {}
+        broadcasts, self._broadcasts = self._broadcasts, {}
+        loop = asyncio.get_running_loop()
+        for coro in (self._send_hits(hits), self._send_broadcasts(broadcasts)):
+            task = loop.create_task(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # -- sending ----------------------------------------------------------------------
+    async def _send_hits(self, hits: dict[str, RateLimitRequest]) -> None:
+        by_owner: dict[str, tuple[PeerClient, list[RateLimitRequest]]] = {}
+        local: list[RateLimitRequest] = []
+        for req in hits.values():
+            owner = self._owner_of(req.hash_key)
+            if owner is None:  # the ring changed: this node owns the key now
+                local.append(req)
+            else:
+                by_owner.setdefault(owner.address, (owner, []))[1].append(req)
+        if local:
+            for req, resp in zip(local, self._limiter.check(local), strict=True):
+                self._replicas.confirm(req.hash_key, req.hits, resp, req.algorithm)
+                self.queue_broadcast(req)
+        await asyncio.gather(*(self._send_to_owner(p, reqs) for p, reqs in by_owner.values()))
+
+    async def _send_to_owner(self, peer: PeerClient, reqs: list[RateLimitRequest]) -> None:
+        for start in range(0, len(reqs), self._limit):
+            chunk = reqs[start : start + self._limit]
+            try:
+                resps: Sequence[RateLimitResponse | None] = await peer.get_peer_rate_limits(
+                    chunk, self._timeout_ms
+                )
+                self.hits_sent += len(chunk)
+            except Exception as exc:
+                _lost_log.warning("GLOBAL hits to %s lost: %s", peer.address, exc)
+                self._on_peer_failure(peer)
+                resps = [None] * len(chunk)
+            for req, resp in zip(chunk, resps, strict=True):
+                self._replicas.confirm(req.hash_key, req.hits, resp, req.algorithm)
+
+    async def _send_broadcasts(self, broadcasts: dict[str, RateLimitRequest]) -> None:
+        if not broadcasts:
+            return
+        reqs = list(broadcasts.values())
+        now = self._clock()
+        statuses = self._limiter.check(reqs, now)
+        updates = [
+            peers_pb2.UpdatePeerGlobal(
+                key=req.hash_key,
+                status=convert.response_to_pb(resp),
+                algorithm=int(req.algorithm),  # type: ignore[arg-type]
+                duration=req.duration,
+                created_at=now,
+            )
+            for req, resp in zip(reqs, statuses, strict=True)
+            if not resp.error
+        ]
+        peers = self._peers()
+        if not updates or not peers:
+            return
+        chunks = [updates[i : i + self._limit] for i in range(0, len(updates), self._limit)]
+        results = await asyncio.gather(
+            *(
+                peer.update_peer_globals(chunk, self._timeout_ms)
+                for peer in peers
+                for chunk in chunks
+            ),
+            return_exceptions=True,
+        )
+        self.broadcasts_sent += sum(1 for r in results if not isinstance(r, BaseException))
+
+    async def close(self) -> None:
+        self.flush()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,142 @@
+"""The HTTP/JSON gateway, shaped like Gubernator's grpc-gateway.
+
+Output: snake_case field names, zero values present, int64 as strings, enums by name
+(``google.protobuf.json_format``). Input: camelCase or snake_case, numbers or strings,
+enum names or numbers; unknown fields are ignored like grpc-gateway does. Errors use
+grpc-gateway's body ``{"code": <grpc code>, "message": ..., "details": []}``. Malformed
+input gets a 400 that says what is wrong, a counter, and a rate-limited log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from google.protobuf import json_format
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+from smockron.cluster.badinput import RateLimitedLog
+from smockron.cluster.node import MAX_BATCH, Node
+from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.cluster.service import TOO_MANY, answer, health_pb
+
+log = logging.getLogger("smockron.cluster.http")
+
+MALFORMED = Counter(
+    "smockron_cluster_http_malformed_total",
+    "HTTP requests rejected as malformed (bad HTTP, bad JSON, bad fields).",
+    ["reason"],
+)
+MAX_BODY = 4 * 1024 * 1024
+_INVALID_ARGUMENT = 3
+_OUT_OF_RANGE = 11
+_NODE: web.AppKey[Node] = web.AppKey("node", Node)
+
+
+_bad_input_log = RateLimitedLog(log)
+
+
+class _HttpParserErrors(logging.Filter):
+    """Counts and throttles aiohttp's own log lines for bytes that are not HTTP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._limiter = RateLimitedLog(log)
+        self.pass_level = logging.INFO
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Error handling request"):
+            return record.levelno >= self.pass_level
+        MALFORMED.labels("bad_http").inc()
+        exc = record.exc_info[1] if record.exc_info else None
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        self._limiter.warning("malformed HTTP from %s: %s", remote, exc)
+        return False
+
+
+_parser_filter = _HttpParserErrors()
+
+
+def _error(status: int, code: int, message: str) -> web.Response:
+    return web.json_response({"code": code, "message": message, "details": []}, status=status)
+
+
+def _bad_request(reason: str, message: str) -> web.Response:
+    MALFORMED.labels(reason).inc()
+    _bad_input_log.warning("bad request (%s): %s", reason, message)
+    return _error(400, _INVALID_ARGUMENT, message)
+
+
+_ENUMS = {"algorithm": pb.Algorithm, "behavior": pb.Behavior}
+
+
+def _check_enum_names(items: object) -> None:
+    """Reject unknown enum names, which ignore_unknown_fields would silently zero."""
+    if not isinstance(items, list):
+        return
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        for field, enum in _ENUMS.items():
+            value = item.get(field)
+            if isinstance(value, str) and value not in list(enum.keys()):
+                names = ", ".join(enum.keys())
+                raise ValueError(f"requests[{i}].{field}: unknown value {value!r} ({names})")
+
+
+def _to_json(msg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json_format.MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return out
+
+
+async def get_rate_limits(request: web.Request) -> web.Response:
+    body = await request.read()
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return _bad_request("bad_json", f"request body is not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return _bad_request("bad_json", "request body must be a JSON object with 'requests'")
+    msg = pb.GetRateLimitsReq()
+    try:
+        _check_enum_names(data.get("requests"))
+        json_format.ParseDict(data, msg, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError) as exc:
+        return _bad_request("bad_fields", f"invalid GetRateLimitsReq: {exc}")
+    if len(msg.requests) > MAX_BATCH:
+        return _error(400, _OUT_OF_RANGE, TOO_MANY)
+    resps = await answer(request.app[_NODE], msg.requests)
+    return web.json_response(_to_json(pb.GetRateLimitsResp(responses=resps)))
+
+
+async def health_check(request: web.Request) -> web.Response:
+    return web.json_response(_to_json(health_pb(request.app[_NODE])))
+
+
+async def live_check(request: web.Request) -> web.Response:
+    return web.json_response({})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(node: Node) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[_NODE] = node
+    app.router.add_post("/v1/GetRateLimits", get_rate_limits)
+    app.router.add_get("/v1/HealthCheck", health_check)
+    app.router.add_get("/v1/LiveCheck", live_check)
+    app.router.add_get("/metrics", metrics)
+    server_log = logging.getLogger("aiohttp.server")
+    if _parser_filter not in server_log.filters:
+        # aiohttp logs non-HTTP bytes at DEBUG; let those reach the filter, which counts
+        # them, and keep passing what the logger passed before.
+        _parser_filter.pass_level = server_log.getEffectiveLevel()
+        server_log.setLevel(logging.DEBUG)
+        server_log.addFilter(_parser_filter)
+    return app

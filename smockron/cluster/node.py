@@ -1,0 +1,275 @@
+"""A cluster node: routes each request to its owner, answers GLOBAL ones locally.
+
+``Node`` implements the ``RateLimiter`` protocol that the gRPC, HTTP and Envoy fronts
+call. Per request: the owner is ``ring.owner(name + "_" + unique_key)`` over the peers'
+gRPC addresses; requests this node owns go to the LocalLimiter in one call; others are
+forwarded over PeersV1 (batched per peer unless NO_BATCHING). A forward that fails
+counts against the peer; after ``peer_down_after`` consecutive failures the peer leaves
+the ring until it answers a LiveCheck again, and the failed items are answered locally
+rather than failed. GLOBAL requests follow ``global_sync``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Sequence
+
+from prometheus_client import Counter
+
+from smockron.cluster.config import ClusterConfig
+from smockron.cluster.convert import algorithm_from_int
+from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.global_sync import GlobalSync
+from smockron.cluster.local import LocalLimiter, epoch_ms
+from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
+from smockron.cluster.peers import PeerClient
+from smockron.cluster.replica import ReplicaCache
+from smockron.core.hashring import HashRing
+
+log = logging.getLogger("smockron.cluster.node")
+
+CHECKS = Counter("smockron_cluster_checks_total", "Rate-limit checks answered, by how.", ["route"])
+PEER_FAILURES = Counter(
+    "smockron_cluster_peer_failures_total",
+    "Items whose peer call failed (forwards answered here, GLOBAL hits lost).",
+)
+MAX_BATCH = 1000
+"""Gubernator's maxBatchSize: requests per GetRateLimits call."""
+
+_LOCAL = "local"
+Pending = asyncio.Future[RateLimitResponse]
+
+
+class Node:
+    def __init__(self, config: ClusterConfig, limiter: LocalLimiter | None = None) -> None:
+        self.config = config
+        self.address = config.advertise
+        self.limiter = limiter or LocalLimiter(max_keys=config.cache_size)
+        self._clock = epoch_ms
+        self.ring = HashRing([self.address])
+        self.peer_infos: dict[str, PeerInfo] = {self.address: PeerInfo(self.address)}
+        self.in_peer_list = True
+        self.clients: dict[str, PeerClient] = {}
+        self.down: set[str] = set()
+        self.replicas = ReplicaCache(config.cache_size)
+        self.global_sync = GlobalSync(
+            limiter=self.limiter,
+            replicas=self.replicas,
+            owner_of=self._owner_client,
+            peers=lambda: list(self.clients.values()),
+            on_peer_failure=self._peer_failed,
+            sync_wait_ms=config.global_sync_wait_ms,
+            batch_limit=config.global_batch_limit,
+            timeout_ms=config.global_timeout_ms,
+            clock=self._clock,
+        )
+        self._probe_task: asyncio.Task[None] | None = None
+        self._closing: list[PeerClient] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- membership -------------------------------------------------------------------
+    def set_peers(self, peers: Iterable[PeerInfo]) -> None:
+        """Discovery's callback: the full list, this node included (added if missing)."""
+        infos = {p.grpc_address: p for p in peers}
+        self.in_peer_list = self.address in infos
+        infos.setdefault(self.address, PeerInfo(self.address))
+        for addr in list(self.clients):
+            if addr not in infos:
+                self._closing.append(self.clients.pop(addr))
+                self.down.discard(addr)
+        for addr in infos:
+            if addr != self.address and addr not in self.clients:
+                self.clients[addr] = PeerClient(
+                    addr,
+                    batch_wait_ms=self.config.batch_wait_ms,
+                    batch_limit=self.config.batch_limit,
+                    timeout_ms=self.config.batch_timeout_ms,
+                )
+        self.peer_infos = infos
+        self._rebuild_ring()
+        if self._closing:
+            with contextlib.suppress(RuntimeError):  # no loop yet: closed in close()
+                task = asyncio.get_running_loop().create_task(self._close_removed())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        log.info("peers: %s (ring: %s)", sorted(infos), list(self.ring.nodes))
+
+    def _rebuild_ring(self) -> None:
+        self.ring.set_nodes(a for a in self.peer_infos if a not in self.down)
+
+    async def _close_removed(self) -> None:
+        closing, self._closing = self._closing, []
+        for client in closing:
+            await client.close()
+
+    def _owner_client(self, key: str) -> PeerClient | None:
+        owner = self.ring.owner(key)
+        return None if owner == self.address else self.clients.get(owner)
+
+    def _peer_failed(self, client: PeerClient) -> None:
+        PEER_FAILURES.inc()
+        if (
+            client.consecutive_failures >= self.config.peer_down_after
+            and client.address in self.clients
+            and client.address not in self.down
+        ):
+            log.warning("peer %s is down: routing around it", client.address)
+            self.down.add(client.address)
+            self._rebuild_ring()
+            if self._probe_task is None or self._probe_task.done():
+                self._probe_task = asyncio.get_running_loop().create_task(self._probe_down())
+
+    async def _probe_down(self) -> None:
+        """Bring peers back into the ring once they answer LiveCheck."""
+        while self.down:
+            await asyncio.sleep(self.config.peer_probe_interval_ms / 1000.0)
+            for addr in list(self.down):
+                client = self.clients.get(addr)
+                if client is None or await client.probe():
+                    log.info("peer %s is back", addr)
+                    self.down.discard(addr)
+                    self._rebuild_ring()
+
+    # -- the API ----------------------------------------------------------------------
+    async def get_rate_limits(
+        self, requests: Sequence[RateLimitRequest]
+    ) -> list[RateLimitResponse]:
+        """Answer client requests in order, wherever their owners are."""
+        results: list[RateLimitResponse | None] = [None] * len(requests)
+        local: list[int] = []
+        waits: list[tuple[int, PeerClient, Pending]] = []
+        unbatched: dict[str, list[int]] = {}
+        now = self._clock()
+        for i, req in enumerate(requests):
+            if not req.unique_key or not req.name:
+                local.append(i)  # the limiter words the error like Gubernator
+                continue
+            owner = self.ring.owner(req.hash_key)
+            client = self.clients.get(owner) if owner != self.address else None
+            if client is None:
+                local.append(i)
+                continue
+            if req.behavior & Behavior.GLOBAL:
+                answered = self.replicas.answer(req, now)
+                if answered is not None:
+                    resp, hits = answered
+                    resp.metadata["owner"] = owner
+                    results[i] = resp
+                    self.global_sync.queue_hits(req, hits)
+                    CHECKS.labels("global_replica").inc()
+                    continue
+            if req.behavior & Behavior.NO_BATCHING:
+                unbatched.setdefault(owner, []).append(i)
+            else:
+                waits.append((i, client, client.forward(req)))
+        if local:
+            self._answer_locally(requests, local, results)
+        if waits or unbatched:
+            await self._collect(requests, results, waits, unbatched)
+        return [r if r is not None else RateLimitResponse(error="no answer") for r in results]
+
+    async def peer_rate_limits(
+        self, requests: Sequence[RateLimitRequest]
+    ) -> list[RateLimitResponse]:
+        """GetPeerRateLimits: another node says we own these; decide them here."""
+        results: list[RateLimitResponse | None] = [None] * len(requests)
+        self._answer_locally(requests, range(len(requests)), results, route="peer")
+        return [r for r in results if r is not None]
+
+    def update_globals(self, updates: Iterable[tuple[str, RateLimitResponse, int, int]]) -> None:
+        """UpdatePeerGlobals: the owner's current state of GLOBAL keys."""
+        for key, resp, algorithm, duration in updates:
+            try:
+                self.replicas.install(key, resp, algorithm_from_int(algorithm), duration)
+            except ValueError:
+                log.warning("UpdatePeerGlobals: unknown algorithm %r for %r", algorithm, key)
+
+    def _answer_locally(
+        self,
+        requests: Sequence[RateLimitRequest],
+        indexes: Iterable[int],
+        results: list[RateLimitResponse | None],
+        route: str = _LOCAL,
+    ) -> None:
+        idx = list(indexes)
+        batch = [requests[i] for i in idx]
+        for i, req, resp in zip(idx, batch, self.limiter.check(batch), strict=True):
+            if not resp.error:
+                resp.metadata["owner"] = self.address
+                if req.behavior & Behavior.GLOBAL and (
+                    req.hits or req.behavior & Behavior.RESET_REMAINING
+                ):
+                    self.global_sync.queue_broadcast(req)
+            results[i] = resp
+        CHECKS.labels(route).inc(len(idx))
+
+    async def _collect(
+        self,
+        requests: Sequence[RateLimitRequest],
+        results: list[RateLimitResponse | None],
+        waits: list[tuple[int, PeerClient, Pending]],
+        unbatched: dict[str, list[int]],
+    ) -> None:
+        failed: list[int] = []
+        direct = [(self.clients[addr], idx) for addr, idx in unbatched.items()]
+        batched, sent = await asyncio.gather(
+            asyncio.gather(*(fut for _, _, fut in waits), return_exceptions=True),
+            asyncio.gather(
+                *(c.get_peer_rate_limits([requests[i] for i in idx]) for c, idx in direct),
+                return_exceptions=True,
+            ),
+        )
+        for (i, client, _), outcome in zip(waits, batched, strict=True):
+            if isinstance(outcome, BaseException):
+                self._peer_failed(client)
+                failed.append(i)
+            else:
+                results[i] = outcome
+        for (client, idx), result in zip(direct, sent, strict=True):
+            if isinstance(result, BaseException):
+                self._peer_failed(client)
+                failed.extend(idx)
+            else:
+                for i, resp in zip(idx, result, strict=True):
+                    results[i] = resp
+        for i, _, _ in waits:
+            self._after_forward(requests[i], results[i])
+        for idx in unbatched.values():
+            for i in idx:
+                self._after_forward(requests[i], results[i])
+        CHECKS.labels("forwarded").inc(len(waits) + sum(map(len, unbatched.values())) - len(failed))
+        if failed:
+            failed.sort()
+            self._answer_locally(requests, failed, results, route="owner_failed")
+
+    def _after_forward(self, req: RateLimitRequest, resp: RateLimitResponse | None) -> None:
+        """A GLOBAL answer fetched from the owner seeds this node's replica."""
+        if resp is not None and req.behavior & Behavior.GLOBAL:
+            self.replicas.install(req.hash_key, resp, req.algorithm, req.duration)
+
+    # -- health -----------------------------------------------------------------------
+    def health(self) -> tuple[str, str, int, str]:
+        """(status, message, peer_count, advertise_address) as Gubernator reports them."""
+        errors = [
+            f"peer {addr}: {msg}"
+            for addr, client in sorted(self.clients.items())
+            for msg in client.recent_errors()[-3:]
+        ]
+        errors.extend(f"peer {addr} is down" for addr in sorted(self.down))
+        advertise = self.address if self.in_peer_list else ""
+        if not advertise:
+            errors.append(f"this node's address {self.address} is not in the peer list")
+        status = "unhealthy" if errors else "healthy"
+        return status, "|".join(errors), len(self.peer_infos), advertise
+
+    async def close(self) -> None:
+        await self.global_sync.close()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+        self._closing.extend(self.clients.values())
+        self.clients.clear()
+        await self._close_removed()

@@ -1,0 +1,92 @@
+"""One running node: gRPC server (V1 + PeersV1), HTTP gateway and peer discovery.
+
+Used by ``smockron cluster`` and by tests that want a real node in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+from aiohttp import web
+
+from smockron.cluster import service
+from smockron.cluster.config import ClusterConfig
+from smockron.cluster.discovery.base import Discovery
+from smockron.cluster.http import make_app
+from smockron.cluster.node import Node
+
+log = logging.getLogger("smockron.cluster")
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+Extension = Callable[[grpc.aio.Server, Node], None]
+"""Adds another service to the gRPC server (the Envoy front)."""
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class ClusterServer:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        discovery: Discovery | None = None,
+        extensions: tuple[Extension, ...] = (),
+    ) -> None:
+        self.config = config.validate()
+        self.node = Node(self.config)
+        self._discovery = discovery
+        self._extensions = extensions
+        self._grpc: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        service.add_to_server(server, self.node)
+        for extend in self._extensions:
+            extend(server, self.node)
+        try:
+            bound = server.add_insecure_port(self.config.grpc_address)
+        except RuntimeError:
+            bound = 0
+        if bound == 0:
+            raise OSError(f"cannot listen on gRPC address {self.config.grpc_address}")
+        await server.start()
+        self._grpc = server
+        if self.config.http_address:
+            runner = web.AppRunner(make_app(self.node), access_log=None)
+            await runner.setup()
+            self._http = runner
+            host, port = split_address(self.config.http_address)
+            try:
+                await web.TCPSite(runner, host, port).start()
+            except OSError as exc:
+                raise OSError(
+                    f"cannot listen on HTTP address {self.config.http_address}: {exc.strerror}"
+                ) from None
+        if self._discovery is not None:
+            await self._discovery.start(self.node.set_peers)
+        log.info(
+            "cluster node %s: gRPC %s, HTTP %s",
+            self.node.address,
+            self.config.grpc_address,
+            self.config.http_address or "off",
+        )
+
+    async def stop(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        await self.node.close()

@@ -1,0 +1,188 @@
+"""The gRPC fronts: V1 for clients, PeersV1 for other nodes, both calling one Node.
+
+Each item is decoded on its own, so an item with (say) an unknown algorithm gets its own
+``error`` while the rest of the call is answered; more than 1,000 items fail the whole
+call with OUT_OF_RANGE and Gubernator's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from prometheus_client import Counter, Histogram
+
+from smockron.cluster import convert
+from smockron.cluster.badinput import RateLimitedLog
+from smockron.cluster.model import RateLimitRequest, RateLimitResponse
+from smockron.cluster.node import MAX_BATCH, Node
+from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
+
+log = logging.getLogger("smockron.cluster.grpc")
+_bad_log = RateLimitedLog(log)
+MALFORMED = Counter(
+    "smockron_cluster_grpc_malformed_total",
+    "gRPC calls whose request bytes did not decode, by method.",
+    ["method"],
+)
+DURATION = Histogram(
+    "smockron_cluster_request_duration_seconds",
+    "Time to decide a GetRateLimits (client) or GetPeerRateLimits (peer) call.",
+    ["kind"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5),
+)
+_CLIENT, _PEER = DURATION.labels("client"), DURATION.labels("peer")
+TOO_MANY = f"Requests.RateLimits list too large; max size is '{MAX_BATCH}'"
+
+
+def decode(
+    msgs: Sequence[pb.RateLimitReq],
+) -> tuple[list[RateLimitRequest], list[int], list[RateLimitResponse | None]]:
+    """(valid requests, their indexes, per-index error responses for the others)."""
+    valid: list[RateLimitRequest] = []
+    indexes: list[int] = []
+    errors: list[RateLimitResponse | None] = [None] * len(msgs)
+    for i, msg in enumerate(msgs):
+        try:
+            valid.append(convert.request_from_pb(msg))
+        except ValueError as exc:
+            errors[i] = RateLimitResponse(error=str(exc))
+            continue
+        indexes.append(i)
+    return valid, indexes, errors
+
+
+async def answer(
+    node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
+) -> list[pb.RateLimitResp]:
+    """Decide every item (client or peer semantics), in request order, as protobuf."""
+    start = time.perf_counter()
+    valid, indexes, results = decode(msgs)
+    if valid:
+        resps = await (node.peer_rate_limits(valid) if peer else node.get_rate_limits(valid))
+        for i, resp in zip(indexes, resps, strict=True):
+            results[i] = resp
+    out = [convert.response_to_pb(r) for r in results if r is not None]
+    (_PEER if peer else _CLIENT).observe(time.perf_counter() - start)
+    return out
+
+
+class V1Servicer(gubernator_pb2_grpc.V1Servicer):  # type: ignore[misc]
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def GetRateLimits(
+        self, request: pb.GetRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetRateLimitsResp:
+        if request is None:
+            await _reject(context, "GetRateLimits")
+        if len(request.requests) > MAX_BATCH:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, TOO_MANY)
+        return pb.GetRateLimitsResp(responses=await answer(self._node, request.requests))
+
+    async def HealthCheck(
+        self, request: pb.HealthCheckReq, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.HealthCheckResp:
+        return health_pb(self._node)
+
+    async def LiveCheck(
+        self, request: pb.LiveCheckReq, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.LiveCheckResp:
+        return pb.LiveCheckResp()
+
+
+class PeersV1Servicer(peers_pb2_grpc.PeersV1Servicer):  # type: ignore[misc]
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def GetPeerRateLimits(
+        self, request: peers_pb2.GetPeerRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peers_pb2.GetPeerRateLimitsResp:
+        if request is None:
+            await _reject(context, "GetPeerRateLimits")
+        if len(request.requests) > MAX_BATCH:
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"'PeerRequest.rate_limits' list too large; max size is '{MAX_BATCH}'",
+            )
+        resps = await answer(self._node, request.requests, peer=True)
+        return peers_pb2.GetPeerRateLimitsResp(rate_limits=resps)
+
+    async def UpdatePeerGlobals(
+        self, request: peers_pb2.UpdatePeerGlobalsReq, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> peers_pb2.UpdatePeerGlobalsResp:
+        if request is None:
+            await _reject(context, "UpdatePeerGlobals")
+        self._node.update_globals(
+            (g.key, convert.response_from_pb(g.status), g.algorithm, g.duration)
+            for g in request.globals
+        )
+        return peers_pb2.UpdatePeerGlobalsResp()
+
+
+def health_pb(node: Node) -> pb.HealthCheckResp:
+    status, message, count, advertise = node.health()
+    return pb.HealthCheckResp(
+        status=status, message=message, peer_count=count, advertise_address=advertise
+    )
+
+
+async def _reject(context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
+    MALFORMED.labels(method).inc()
+    peer = context.peer()
+    _bad_log.warning("%s from %s: request bytes do not decode", method, peer)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method} request")
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    """A deserializer that yields None for bad bytes, so the servicer counts and rejects them
+    (grpc's own path logs a traceback per call)."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError:
+            return None
+
+    return parse
+
+
+def _handler(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler[Any, Any]:
+    return grpc.unary_unary_rpc_method_handler(
+        method,
+        request_deserializer=_lenient(request),
+        response_serializer=response.SerializeToString,
+    )
+
+
+def add_to_server(server: grpc.aio.Server, node: Node) -> None:
+    """Register V1 and PeersV1 by hand (same names as the generated helpers)."""
+    v1, peers = V1Servicer(node), PeersV1Servicer(node)
+    v1_methods = {
+        "GetRateLimits": _handler(v1.GetRateLimits, pb.GetRateLimitsReq, pb.GetRateLimitsResp),
+        "HealthCheck": _handler(v1.HealthCheck, pb.HealthCheckReq, pb.HealthCheckResp),
+        "LiveCheck": _handler(v1.LiveCheck, pb.LiveCheckReq, pb.LiveCheckResp),
+    }
+    peer_methods = {
+        "GetPeerRateLimits": _handler(
+            peers.GetPeerRateLimits,
+            peers_pb2.GetPeerRateLimitsReq,
+            peers_pb2.GetPeerRateLimitsResp,
+        ),
+        "UpdatePeerGlobals": _handler(
+            peers.UpdatePeerGlobals,
+            peers_pb2.UpdatePeerGlobalsReq,
+            peers_pb2.UpdatePeerGlobalsResp,
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler("pb.gubernator.V1", v1_methods),
+            grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods),
+        )
+    )

@@ -1,0 +1,68 @@
+"""The forward batcher on a real event loop: size and time triggers, failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from smockron.cluster.batching import Batcher
+
+
+class Recorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[list[int]] = []
+        self.fail = fail
+
+    async def send(self, items: list[int]) -> list[int]:
+        self.calls.append(items)
+        if self.fail:
+            raise ConnectionError("peer gone")
+        return [i * 10 for i in items]
+
+
+async def test_items_submitted_together_travel_in_one_call() -> None:
+    rec = Recorder()
+    batcher: Batcher[int, int] = Batcher(rec.send, wait=0.0005, limit=1000)
+    futures = [batcher.submit(i) for i in range(5)]
+    assert await asyncio.gather(*futures) == [0, 10, 20, 30, 40]
+    assert rec.calls == [[0, 1, 2, 3, 4]]
+
+
+async def test_limit_sends_early_without_waiting() -> None:
+    rec = Recorder()
+    batcher: Batcher[int, int] = Batcher(rec.send, wait=10.0, limit=3)
+    futures = [batcher.submit(i) for i in range(7)]
+    done = await asyncio.wait_for(asyncio.gather(*futures[:6]), 1.0)
+    assert done == [0, 10, 20, 30, 40, 50]
+    assert rec.calls == [[0, 1, 2], [3, 4, 5]]
+    await batcher.close()
+    assert await futures[6] == 60
+    assert rec.calls[-1] == [6]
+
+
+async def test_wait_sends_a_partial_batch() -> None:
+    rec = Recorder()
+    batcher: Batcher[int, int] = Batcher(rec.send, wait=0.01, limit=100)
+    start = asyncio.get_running_loop().time()
+    assert await batcher.submit(1) == 10
+    assert asyncio.get_running_loop().time() - start >= 0.009
+
+
+async def test_failure_reaches_every_waiter() -> None:
+    batcher: Batcher[int, int] = Batcher(Recorder(fail=True).send, wait=0.0005, limit=10)
+    futures = [batcher.submit(i) for i in range(3)]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert all(isinstance(r, ConnectionError) for r in results)
+
+
+async def test_short_answer_is_an_error() -> None:
+    async def short(items: list[int]) -> list[int]:
+        return items[:1]
+
+    batcher: Batcher[int, int] = Batcher(short, wait=0.0005, limit=10)
+    futures = [batcher.submit(i) for i in range(2)]
+    with pytest.raises(RuntimeError, match="answered 1 items for 2"):
+        await futures[0]
+    with pytest.raises(RuntimeError):
+        await futures[1]

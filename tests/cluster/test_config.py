@@ -1,0 +1,116 @@
+"""Config: Go durations, GUBER_* variables, flags over env, validation."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from smockron.cluster.cli import build_config, build_discovery
+from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
+from smockron.cluster.discovery.static import StaticDiscovery
+from smockron.errors import ConfigError
+from tests.support import run_smockron
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("500us", 0.5),
+        ("100ms", 100.0),
+        ("1s", 1000.0),
+        ("1m30s", 90_000.0),
+        ("2.5", 2.5),
+        ("1h", 3_600_000.0),
+        ("750µs", 0.75),
+    ],
+)
+def test_go_durations(text: str, ms: float) -> None:
+    assert parse_duration_ms(text) == pytest.approx(ms)
+
+
+@pytest.mark.parametrize("text", ["", "fast", "10 ms", "5d", "ms"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_duration_ms(text)
+
+
+def test_defaults_are_gubernators() -> None:
+    c = ClusterConfig()
+    assert (c.grpc_address, c.http_address) == ("127.0.0.1:1051", "127.0.0.1:1050")
+    assert (c.batch_wait_ms, c.batch_limit, c.global_sync_wait_ms, c.global_batch_limit) == (
+        0.5,
+        1000,
+        100.0,
+        1000,
+    )
+
+
+def test_env_then_flags() -> None:
+    env = {
+        "GUBER_GRPC_ADDRESS": "127.0.0.1:9051",
+        "GUBER_HTTP_ADDRESS": "127.0.0.1:9050",
+        "GUBER_BATCH_WAIT": "1ms",
+        "GUBER_BATCH_LIMIT": "50",
+        "GUBER_GLOBAL_SYNC_WAIT": "20ms",
+        "GUBER_GLOBAL_BATCH_LIMIT": "7",
+        "GUBER_CACHE_SIZE": "99",
+        "GUBER_ADVERTISE_ADDRESS": "10.0.0.1:9051",
+    }
+    c = from_env(env)
+    assert (c.grpc_address, c.batch_wait_ms, c.batch_limit, c.global_sync_wait_ms) == (
+        "127.0.0.1:9051",
+        1.0,
+        50,
+        20.0,
+    )
+    assert (c.global_batch_limit, c.cache_size, c.advertise) == (7, 99, "10.0.0.1:9051")
+    flagged = build_config(env, {"batch_limit": 3, "peers": "a:1, b:2", "grpc_address": None})
+    assert (flagged.batch_limit, flagged.peers, flagged.grpc_address) == (
+        3,
+        ("a:1", "b:2"),
+        "127.0.0.1:9051",
+    )
+
+
+def test_bad_values_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match="GUBER_BATCH_LIMIT"):
+        from_env({"GUBER_BATCH_LIMIT": "lots"})
+    with pytest.raises(ConfigError, match="batch_limit must be >= 1"):
+        build_config({}, {"batch_limit": 0})
+
+
+def test_static_discovery_from_peers() -> None:
+    config = build_config({}, {"peers": "127.0.0.1:1,127.0.0.1:2", "grpc_address": "127.0.0.1:1"})
+    assert isinstance(build_discovery(config, {}), StaticDiscovery)
+    with pytest.raises(ConfigError, match="GUBER_DNS_FQDN"):
+        build_discovery(build_config({}, {"peer_discovery": "dns"}), {})
+
+
+def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_smockron(
+            ["cluster", "--grpc-address", f"127.0.0.1:{port}", "--http-address", ""],
+            tmp_path / "node.log",
+        )
+        code = proc.popen.wait(30)
+        log = proc.log()
+        proc.stop()
+    assert code == 1
+    assert f"Error: cannot listen on gRPC address 127.0.0.1:{port}" in log
+    assert "Traceback" not in log
+
+
+def test_wildcard_grpc_address_advertises_a_dialable_one() -> None:
+    config = build_config({"GUBER_GRPC_ADDRESS": ":9051"}, {})
+    assert config.grpc_address == "0.0.0.0:9051"
+    host, _, port = config.advertise.rpartition(":")
+    assert port == "9051" and host not in ("", "0.0.0.0")
+    pinned = build_config(
+        {}, {"grpc_address": "0.0.0.0:9051", "advertise_address": "10.1.2.3:9051"}
+    )
+    assert pinned.advertise == "10.1.2.3:9051"

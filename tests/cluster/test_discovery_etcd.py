@@ -1,0 +1,197 @@
+"""etcd discovery against a real etcd started by the ``etcd_server`` fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aetcd
+import pytest
+
+from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.discovery.etcd import EtcdDiscovery, decode_peer, encode_peer
+from tests.cluster.test_discovery_support import Recorder
+from tests.support import EtcdServer, free_ports
+
+PREFIX = "/gubernator-peers"
+
+
+def node(etcd: EtcdServer, n: int, start_timeout: float = 10.0) -> EtcdDiscovery:
+    """Node n at 127.0.0.n, with short lease and backoff so failures show quickly."""
+    me = PeerInfo(f"127.0.0.{n}:1051", f"127.0.0.{n}:1050")
+    return EtcdDiscovery(
+        me, etcd.endpoint, lease_ttl=2, backoff=0.2, timeout=2.0, start_timeout=start_timeout
+    )
+
+
+@pytest.fixture
+async def raw(etcd_server: EtcdServer) -> AsyncIterator[aetcd.Client]:
+    client = aetcd.Client(port=etcd_server.client_port, host="127.0.0.1", timeout=10)
+    await client.connect()
+    yield client
+    await client.close()
+
+
+def test_value_is_gubernator_peer_json() -> None:
+    peer = PeerInfo("10.0.0.1:1051", "10.0.0.1:1050", "dc1")
+    assert json.loads(encode_peer(peer)) == {
+        "data-center": "dc1",
+        "http-address": "10.0.0.1:1050",
+        "grpc-address": "10.0.0.1:1051",
+    }
+    assert decode_peer(encode_peer(peer)) == peer
+    # Gubernator adds is-owner; it is ignored
+    assert decode_peer(b'{"grpc-address": "a:1", "is-owner": true}') == PeerInfo("a:1")
+    assert decode_peer(b"10.0.0.9:1051") == PeerInfo("10.0.0.9:1051")
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"", b"\xff\xfe", b"[1,2]", b'{"grpc-address": 5}', b"{", b"no-port"]
+)
+def test_decode_rejects_garbage(garbage: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_peer(garbage)
+
+
+async def test_three_nodes_see_each_other_and_leave(
+    etcd_server: EtcdServer, raw: aetcd.Client
+) -> None:
+    nodes = [node(etcd_server, n) for n in (1, 2, 3)]
+    recs = [Recorder() for _ in nodes]
+    for disc, rec in zip(nodes, recs, strict=True):
+        await disc.start(rec)
+    everyone = {"127.0.0.1:1051", "127.0.0.2:1051", "127.0.0.3:1051"}
+    for rec in recs:
+        await rec.wait_for(everyone)
+    # the value under Gubernator's key layout is Gubernator's JSON
+    got = await raw.get(f"{PREFIX}127.0.0.1:1050".encode())
+    assert got is not None and json.loads(got.value)["grpc-address"] == "127.0.0.1:1051"
+
+    await nodes[2].stop()
+    for rec in recs[:2]:
+        await rec.wait_for(everyone - {"127.0.0.3:1051"}, timeout=10)
+    assert await raw.get(f"{PREFIX}127.0.0.3:1050".encode()) is None
+    for disc in nodes[:2]:
+        await disc.stop()
+
+
+async def test_garbage_values_are_counted_and_skipped(
+    etcd_server: EtcdServer, raw: aetcd.Client
+) -> None:
+    disc = node(etcd_server, 1)
+    rec = Recorder()
+    await disc.start(rec)
+    await raw.put(f"{PREFIX}junk".encode(), b"\x00\xffnot json")
+    await raw.put(f"{PREFIX}legacy".encode(), b"127.0.0.7:1051")
+    await rec.wait_for({"127.0.0.1:1051", "127.0.0.7:1051"})
+    assert disc.malformed == 1
+    await raw.delete(f"{PREFIX}legacy".encode())
+    await rec.wait_for({"127.0.0.1:1051"})
+    await disc.stop()
+
+
+async def test_revoked_lease_is_regranted(etcd_server: EtcdServer, raw: aetcd.Client) -> None:
+    a, b = node(etcd_server, 1), node(etcd_server, 2)
+    rec_b = Recorder()
+    await a.start(Recorder())
+    await b.start(rec_b)
+    await rec_b.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"})
+    first_lease = a.lease_id
+    assert first_lease is not None
+    seen = len(rec_b.lists)
+
+    await raw.revoke_lease(first_lease)  # as if the lease had expired
+    await rec_b.wait_for({"127.0.0.2:1051"}, timeout=10)
+    await rec_b.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"}, timeout=10)
+    assert len(rec_b.lists) >= seen + 2
+    assert a.registrations >= 2 and a.lease_id != first_lease
+    got = await raw.get(f"{PREFIX}127.0.0.1:1050".encode())
+    assert got is not None and got.lease == a.lease_id
+    await a.stop()
+    await b.stop()
+
+
+async def test_recovers_after_etcd_restart(etcd_server: EtcdServer) -> None:
+    a, b = node(etcd_server, 1), node(etcd_server, 2)
+    rec_a, rec_b = Recorder(), Recorder()
+    await a.start(rec_a)
+    await b.start(rec_b)
+    await rec_a.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"})
+    lease_before = a.lease_id
+
+    assert etcd_server.proc is not None
+    etcd_server.proc.kill()  # SIGKILL: no goodbye to the clients
+    etcd_server.proc.wait(10)
+    etcd_server.proc = None
+    await asyncio.sleep(1.0)
+    etcd_server.start()
+
+    # both nodes come back with fresh leases, and still see joins and leaves
+    c = node(etcd_server, 3)
+    rec_c = Recorder()
+    await c.start(rec_c)
+    everyone = {"127.0.0.1:1051", "127.0.0.2:1051", "127.0.0.3:1051"}
+    for rec in (rec_a, rec_b, rec_c):
+        await rec.wait_for(everyone, timeout=15)
+    for disc in (a, b):
+        for _ in range(100):
+            if disc.registrations >= 2:
+                break
+            await asyncio.sleep(0.1)
+    assert a.registrations >= 2 and a.lease_id != lease_before
+    await b.stop()
+    await rec_a.wait_for(everyone - {"127.0.0.2:1051"}, timeout=10)
+    await rec_c.wait_for(everyone - {"127.0.0.2:1051"}, timeout=10)
+    await a.stop()
+    await c.stop()
+
+
+async def test_etcd_down_at_start_serves_alone_then_joins(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    client_port, peer_port = free_ports(2)
+    server = EtcdServer(client_port, peer_port, tmp_path_factory.mktemp("etcd-late"))
+    disc = node(server, 1, start_timeout=0.5)
+    rec = Recorder()
+    await disc.start(rec)
+    assert rec.lists == [[PeerInfo("127.0.0.1:1051", "127.0.0.1:1050")]]
+    server.start()
+    try:
+        other = node(server, 2)
+        await other.start(Recorder())
+        await rec.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"}, timeout=15)
+        await other.stop()
+        await disc.stop()
+    finally:
+        server.stop()
+
+
+async def test_sees_a_gubernator_registration(etcd_server: EtcdServer, raw: aetcd.Client) -> None:
+    disc = node(etcd_server, 1)
+    rec = Recorder()
+    await disc.start(rec)
+    # exactly what a Gubernator node writes under the default prefix
+    value = b'{"data-center":"","http-address":"10.0.0.5:1050","grpc-address":"10.0.0.5:1051"}'
+    lease = await raw.lease(5)
+    await raw.put(f"{PREFIX}10.0.0.5:1050".encode(), value, lease=lease)
+    await rec.wait_for({"127.0.0.1:1051", "10.0.0.5:1051"})
+    assert PeerInfo("10.0.0.5:1051", "10.0.0.5:1050") in rec.lists[-1]
+    await lease.revoke()  # the Gubernator node's lease ends: it leaves
+    await rec.wait_for({"127.0.0.1:1051"})
+    await disc.stop()
+
+
+async def test_dead_endpoint_is_skipped(etcd_server: EtcdServer) -> None:
+    me = PeerInfo("127.0.0.1:1051", "127.0.0.1:1050")
+    endpoints = f"127.0.0.1:{free_ports(1)[0]},{etcd_server.endpoint}"
+    disc = EtcdDiscovery(me, endpoints, lease_ttl=2, backoff=0.1, timeout=1.0)
+    rec = Recorder()
+    await disc.start(rec)
+    await rec.wait_for({"127.0.0.1:1051"})
+    for _ in range(100):
+        if disc.registrations:
+            break
+        await asyncio.sleep(0.05)
+    assert disc.registrations == 1
+    await disc.stop()
