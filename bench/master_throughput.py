@@ -79,21 +79,24 @@ def run_sender(acc: int, ctl: int, index: int, count: int, messages: int) -> Non
     sub.subscribe(b"")
     sub.connect(f"tcp://127.0.0.1:{ctl}")
     probe = 0
-    while True:
+    mine = b"s%d-" % index
+    live = False
+    while not live:  # until a DELAY_UNTIL answers one of *this* sender's probes
         probe += 1
-        pub.send_multipart([b"probe\0", b"ACCEPTED", b"s%d-%d" % (index, probe),
+        pub.send_multipart([b"probe\0", b"ACCEPTED", mine + b"%d" % probe,
                             b"%d" % int(time.time() * 1000), b""])  # fmt: skip
-        if sub.poll(100):
-            break
+        while sub.poll(100):
+            if sub.recv_multipart()[2].startswith(mine):
+                live = True
     print("ready", flush=True)
     sys.stdin.readline()
-    mine = [(ident, n) for i, (ident, n) in enumerate(workload(messages)) if i % count == index]
+    share = [(ident, n) for i, (ident, n) in enumerate(workload(messages)) if i % count == index]
     send = pub.send_multipart
     sent = 0
-    rounds = max(n for _, n in mine)
+    rounds = max(n for _, n in share)
     for r in range(rounds):
         ts = b"%d" % int(time.time() * 1000)
-        for ident, n in mine:
+        for ident, n in share:
             if r < n:
                 send([b"bench\0", b"ACCEPTED", ident, ts, b""])
                 sent += 1
@@ -108,7 +111,7 @@ def run_baseline(acc: int, ctl: int, expected: int) -> None:
     """Role: the baseline, a bare recv_multipart() loop (plus answering probes first)."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.RCVHWM, 100_000)
+    sub.setsockopt(zmq.RCVHWM, 0)  # a SUB drops beyond its HWM: unbounded for the bench
     sub.subscribe(b"")
     sub.bind(f"tcp://127.0.0.1:{acc}")
     pub = ctx.socket(zmq.PUB)
@@ -120,10 +123,15 @@ def run_baseline(acc: int, ctl: int, expected: int) -> None:
         pub.send_multipart([b"probe\0", b"DELAY_UNTIL", frames[2], b"0"])
     count = 1
     recv = sub.recv_multipart
-    while count < expected:
-        recv()
-        count += 1
-    print(f"done {time.time():.6f}", flush=True)
+    sub.setsockopt(zmq.RCVTIMEO, 60_000)
+    try:
+        while count < expected:
+            recv()
+            count += 1
+    except zmq.Again:
+        print(f"lost {expected - count}", flush=True)
+    else:
+        print(f"done {time.time():.6f}", flush=True)
     sub.close()
     pub.close()
     ctx.term()
@@ -195,16 +203,26 @@ def measure_baseline(messages: int, n_senders: int) -> float:
          "--expected", str(expected)],
         stdout=subprocess.PIPE, text=True, env=env(),
     )  # fmt: skip
-    senders = start_senders(acc, ctl, n_senders, messages)
-    total = send_all(recv, senders)
-    assert total == expected, (total, expected)
-    t0 = time.time()
-    recv.send_signal(signal.SIGCONT)
-    assert recv.stdout is not None
-    t1 = float(recv.stdout.readline().split()[1])
-    recv.wait(30)
-    finish(senders)
-    return total / (t1 - t0)
+    senders: list[subprocess.Popen[str]] = []
+    try:
+        senders = start_senders(acc, ctl, n_senders, messages)
+        total = send_all(recv, senders)
+        assert total == expected, (total, expected)
+        t0 = time.time()
+        recv.send_signal(signal.SIGCONT)
+        assert recv.stdout is not None
+        word, value = recv.stdout.readline().split()
+        if word != "done":
+            raise RuntimeError(f"the baseline lost {value} messages")
+        recv.wait(30)
+        finish(senders)
+        return total / (float(value) - t0)
+    finally:
+        for p in [recv, *senders]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
 
 
 def scrape_total(port: int) -> int:
@@ -226,9 +244,10 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
          "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
          "--rule", RULE, "--rule", "probe:1/s:1", "--metrics", f"127.0.0.1:{met}",
          "--store", store, "--skew-tolerance", "3600", "--stats-interval", "0",
-         "--queue", str(max(expected, 100_000))],
+         "--queue", str(max(expected, 100_000)), "--hwm", "10000000"],
         stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
     )  # fmt: skip
+    senders: list[subprocess.Popen[str]] = []
     try:
         senders = start_senders(acc, ctl, n_senders, messages)
         total = send_all(master, senders)
@@ -249,6 +268,10 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
                          if ln.startswith('smockron_master_delay_until_published_total{domain="bench"')]  # fmt: skip  # noqa: E501
         return total / (t1 - t0), published[0].rpartition(" ")[2] if published else "?"
     finally:
+        for p in senders:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         master.send_signal(signal.SIGCONT)
         master.terminate()
         master.wait(30)

@@ -224,11 +224,16 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
         state = table.get(ident)
         if state is None:
             state = []
-        record(state, ts, rule)
-        table.put(ident, state, max(state) + window)
-        nxt = next_allowed(state, now_ms, rule)
-        if nxt is not None and (until is None or nxt > until):
-            until = nxt
+            record(state, ts, rule)
+            table.put(ident, state, ts + window)
+        else:
+            record(state, ts, rule)  # in place: a memory table needs no put
+            if table.wants_expiry:
+                table.put(ident, state, max(state) + window)
+        if len(state) >= rule.burst:  # below the burst next_allowed is always None
+            nxt = next_allowed(state, now_ms, rule)
+            if nxt is not None and (until is None or nxt > until):
+                until = nxt
     return until
 
 

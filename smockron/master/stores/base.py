@@ -32,6 +32,9 @@ class Scope:
 
 
 class Table(Protocol):
+    wants_expiry: bool
+    """False when states are mutated in place and ``put`` of a known key is not needed."""
+
     def get(self, key: bytes) -> State | None: ...
 
     def put(self, key: bytes, state: State, expires_ms: float) -> None: ...

@@ -18,6 +18,7 @@ class MemoryTable:
     """Identifier -> state, in two generations rotated every ``period_ms``."""
 
     __slots__ = ("current", "period_ms", "previous", "started_ms")
+    wants_expiry = False
 
     def __init__(self, period_ms: float) -> None:
         self.period_ms = period_ms

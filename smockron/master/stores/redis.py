@@ -76,6 +76,7 @@ class RedisTable(MemoryTable):
     """A memory table that also remembers which states changed since the last flush."""
 
     __slots__ = ("dirty", "prefix")
+    wants_expiry = True
 
     def __init__(self, prefix: bytes, period_ms: float) -> None:
         super().__init__(period_ms)
