@@ -19,6 +19,7 @@
 typedef struct { unsigned char _[64]; } __attribute__((aligned(8))) zmq_msg_t;
 
 #define ZMQ_DONTWAIT 1
+#define ZMQ_SNDMORE 2
 #define MAX_FRAMES 16
 
 static int (*p_msg_init)(zmq_msg_t *);
@@ -27,6 +28,7 @@ static void *(*p_msg_data)(zmq_msg_t *);
 static size_t (*p_msg_size)(const zmq_msg_t *);
 static int (*p_msg_more)(const zmq_msg_t *);
 static int (*p_msg_close)(zmq_msg_t *);
+static int (*p_send)(void *, const void *, size_t, int);
 static int (*p_errno)(void);
 static const char *(*p_strerror)(int);
 
@@ -53,6 +55,7 @@ static PyObject *fastrecv_bind(PyObject *self, PyObject *args) {
     SYM(p_msg_size, "zmq_msg_size");
     SYM(p_msg_more, "zmq_msg_more");
     SYM(p_msg_close, "zmq_msg_close");
+    SYM(p_send, "zmq_send");
     SYM(p_errno, "zmq_errno");
     SYM(p_strerror, "zmq_strerror");
 #undef SYM
@@ -150,7 +153,61 @@ fail:
     return NULL;
 }
 
+/* send_all(socket, messages) -> how many were sent. Each message is a list of bytes.
+ * Never blocks: a message the socket cannot take now is skipped (a PUB drops at its
+ * high-water mark anyway). A message's frames go atomically: once its first frame is
+ * accepted, the others are too. */
+static PyObject *fastrecv_send_all(PyObject *self, PyObject *args) {
+    PyObject *socket, *messages;
+    if (!PyArg_ParseTuple(args, "OO!", &socket, &PyList_Type, &messages)) return NULL;
+    if (p_send == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
+        return NULL;
+    }
+    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
+    if (handle == NULL) return NULL;
+    void *sock = PyLong_AsVoidPtr(handle);
+    Py_DECREF(handle);
+    if (sock == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "socket is closed");
+        return NULL;
+    }
+    Py_ssize_t sent = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
+        PyObject *frames = PyList_GET_ITEM(messages, i);
+        if (!PyList_Check(frames)) {
+            PyErr_SetString(PyExc_TypeError, "each message must be a list of bytes");
+            return NULL;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(frames);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (!PyBytes_Check(PyList_GET_ITEM(frames, j))) {
+                PyErr_SetString(PyExc_TypeError, "each frame must be bytes");
+                return NULL;
+            }
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            PyObject *frame = PyList_GET_ITEM(frames, j);
+            int flags = ZMQ_DONTWAIT | (j + 1 < n ? ZMQ_SNDMORE : 0);
+            int rc;
+            do {
+                rc = p_send(sock, PyBytes_AS_STRING(frame), (size_t)PyBytes_GET_SIZE(frame),
+                            flags);
+            } while (rc < 0 && p_errno() == EINTR);
+            if (rc < 0) {
+                int err = p_errno();
+                if (err == EAGAIN && j == 0) break;  /* not taken: skip this message */
+                return raise_zmq(err);
+            }
+            if (j + 1 == n) sent++;
+        }
+    }
+    return PyLong_FromSsize_t(sent);
+}
+
 static PyMethodDef methods[] = {
+    {"send_all", fastrecv_send_all, METH_VARARGS,
+     "send_all(socket, messages) -> number sent; never blocks."},
     {"bind", fastrecv_bind, METH_VARARGS,
      "bind(libzmq_path, ZMQError): use the symbols of the libzmq pyzmq loaded."},
     {"drain", fastrecv_drain, METH_VARARGS,

@@ -24,7 +24,7 @@ from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings
 from smockron.master.engine import Engine, Frames
 from smockron.master.ratelog import RateLimitedLog
-from smockron.master.receive import drain, wait_readable
+from smockron.master.receive import drain, send_all, wait_readable
 from smockron.master.stats import Stats
 from smockron.master.stores import MemoryStore, open_store
 
@@ -205,12 +205,8 @@ class Master:
             store.report(exc, "write")
 
     def _publish(self, controls: list[list[bytes]]) -> None:
-        send = self.pub.send_multipart
-        for frames in controls:
-            try:  # noqa: SIM105 - cheaper than a context manager per message
-                send(frames, zmq.NOBLOCK)
-            except zmq.Again:  # PUB drops at its HWM anyway; never block the loop
-                pass
+        if controls:
+            send_all(self.pub, controls)
 
     def _log_malformed(self, exc: ProtocolError, frames: Frames) -> None:
         head = [f[:40] for f in list(frames)[:3]]

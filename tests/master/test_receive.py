@@ -7,12 +7,25 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from smockron.master.receive import MAX_FRAMES, Drain, drain_compiled, drain_python, wait_readable
+from smockron.master.receive import (
+    MAX_FRAMES,
+    Drain,
+    SendAll,
+    drain_compiled,
+    drain_python,
+    send_all_compiled,
+    send_all_python,
+    wait_readable,
+)
 from tests.support import wait_for
 
 LOOPS = [pytest.param(drain_python, id="python")]
 if drain_compiled is not None:
     LOOPS.append(pytest.param(drain_compiled, id="compiled"))
+
+SENDERS = [pytest.param(send_all_python, id="python")]
+if send_all_compiled is not None:
+    SENDERS.append(pytest.param(send_all_compiled, id="compiled"))
 
 
 @pytest.fixture
@@ -75,3 +88,35 @@ async def test_wait_readable(pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) 
     push.send(b"x")
     await wait_readable(pull, 5.0)
     assert drain_python(pull, 5) == [[b"x"]]
+
+
+@pytest.mark.parametrize("send_all", SENDERS)
+def test_send_all_sends_whole_messages(
+    send_all: SendAll, pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    push, pull = pair
+    messages = [[b"api\0", b"DELAY_UNTIL", b"id%d" % i, b"%d" % i] for i in range(100)]
+    messages.append([b"single"])
+    assert send_all(push, messages) == 101
+    got: list[list[bytes]] = []
+
+    def received_all() -> bool:
+        got.extend(drain_python(pull, 1000))
+        return len(got) == len(messages)
+
+    wait_for(received_all)
+    assert got == messages
+
+
+@pytest.mark.parametrize("send_all", SENDERS)
+def test_send_all_skips_what_the_socket_cannot_take(send_all: SendAll) -> None:
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)  # no peer: a PUSH cannot take anything
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        assert send_all(push, [[b"a", b"b"], [b"c"]]) == 0
+        with pytest.raises(TypeError):
+            send_all(push, [[b"a", "not bytes"]])  # type: ignore[list-item]
+    finally:
+        push.close()
+        ctx.term()
