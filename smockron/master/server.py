@@ -30,6 +30,9 @@ from smockron.master.stores import MemoryStore, open_store
 
 log = logging.getLogger("smockron.master")
 
+FLUSH_IDLE_S = 0.05
+"""An idle master with the Redis store writes what changed after this long."""
+
 MAX_FRAME_BYTES = 64 * 1024
 """ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected by libzmq itself."""
 
@@ -183,7 +186,13 @@ class Master:
             if self._stopping.is_set():
                 return
             self._work.clear()
-            await self._work.wait()
+            if redis:  # idle: what changed is written after at most one interval
+                try:
+                    await asyncio.wait_for(self._work.wait(), FLUSH_IDLE_S)
+                except TimeoutError:
+                    await self._flush_redis()
+            else:
+                await self._work.wait()
 
     async def _process_redis(self, batch: list[list[bytes]]) -> None:
         from smockron.master.stores.redis import RedisStore
@@ -199,6 +208,14 @@ class Master:
         now = time.time() * 1000.0
         store.tick(now)
         self._publish(self.engine.apply(decoded, now))
+        if store.due(now):
+            await self._flush_redis()
+
+    async def _flush_redis(self) -> None:
+        from smockron.master.stores.redis import RedisStore
+
+        store = self.store
+        assert isinstance(store, RedisStore)
         try:
             await store.flush(wait=False)
         except Exception as exc:
