@@ -220,16 +220,16 @@ class Engine:
 def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
     """The seed's rule for every rule of the domain; the latest "next allowed" wins."""
     until: float | None = None
-    for rule, table, window in dom.scopes:
+    for rule, table, _window in dom.scopes:
         state = table.get(ident)
         if state is None:
             state = []
             record(state, ts, rule)
-            table.put(ident, state, ts + window)
+            table.put(ident, state)
         else:
             record(state, ts, rule)  # in place: a memory table needs no put
-            if table.wants_expiry:
-                table.put(ident, state, max(state) + window)
+            if table.wants_put:
+                table.put(ident, state)
         if len(state) >= rule.burst:  # below the burst next_allowed is always None
             nxt = next_allowed(state, now_ms, rule)
             if nxt is not None and (until is None or nxt > until):
@@ -243,7 +243,7 @@ def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float |
     for rule, table, _window in dom.scopes:
         state = table.get(ident)
         result = gcra_update(state[0] if state else None, ts, now_ms, rule)
-        table.put(ident, [result.value], result.expires)
+        table.put(ident, [result.value])
         nxt = result.delay_until
         if nxt is not None and (until is None or nxt > until):
             until = nxt

@@ -8,7 +8,7 @@ several), so the master's own memory is the authority and Redis is its durable c
 * before a batch is applied, ``load`` fetches from Redis, in one command, only the
   states the batch needs and memory lacks (after a restart: all of them; in steady
   state: new identifiers only);
-* after a batch (at most every ``flush_interval_ms``, default 100 ms, when busy; at
+* after a batch (at most every ``flush_interval_ms``, default 250 ms, when busy; at
   once when idle), ``flush`` writes every changed state in one command, each key with a
   TTL equal to the time after which it can no longer throttle anything (its window).
   The write runs while the next batches are decoded and applied (write-behind, at most
@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError
 
 from smockron.errors import ConfigError
 from smockron.master.ratelog import RateLimitedLog
-from smockron.master.stores.base import Scope, State, Table
+from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.master.stores.memory import MemoryTable
 
 KEY_PREFIX = b"smockron:"
@@ -77,17 +77,18 @@ _MAX_TTL_MS = 2**53
 class RedisTable(MemoryTable):
     """A memory table that also remembers which states changed since the last flush."""
 
-    __slots__ = ("dirty", "prefix")
-    wants_expiry = True
+    __slots__ = ("dirty", "prefix", "scope")
+    wants_put = True
 
-    def __init__(self, prefix: bytes, period_ms: float) -> None:
-        super().__init__(period_ms)
+    def __init__(self, prefix: bytes, scope: Scope) -> None:
+        super().__init__(scope.rule.window_ms)
         self.prefix = prefix
-        self.dirty: dict[bytes, tuple[State, float]] = {}
+        self.scope = scope
+        self.dirty: dict[bytes, State] = {}
 
-    def put(self, key: bytes, state: State, expires_ms: float) -> None:
+    def put(self, key: bytes, state: State) -> None:
         self.current[key] = state
-        self.dirty[key] = (state, expires_ms)
+        self.dirty[key] = state
 
     def has(self, key: bytes) -> bool:
         return key in self.current or key in self.previous
@@ -99,7 +100,7 @@ class RedisStore:
     scheme = "redis"
 
     def __init__(
-        self, url: str, *, key_prefix: bytes = KEY_PREFIX, flush_interval_ms: float = 100.0
+        self, url: str, *, key_prefix: bytes = KEY_PREFIX, flush_interval_ms: float = 250.0
     ) -> None:
         try:
             self.client: aioredis.Redis = aioredis.Redis.from_url(url)
@@ -120,7 +121,7 @@ class RedisStore:
         table = self.tables.get(scope)
         if table is None:
             prefix = self.key_prefix + scope.key_prefix
-            table = self.tables[scope] = RedisTable(prefix, scope.rule.window_ms)
+            table = self.tables[scope] = RedisTable(prefix, scope)
         return table
 
     def retain(self, scopes: set[Scope]) -> None:
@@ -163,10 +164,11 @@ class RedisStore:
         now = self._flushed_ms = self.now_ms
         for table in self.tables.values():
             prefix = table.prefix
-            for ident, (state, expires) in table.dirty.items():
+            scope = table.scope
+            for ident, state in table.dirty.items():
                 key = prefix + ident
                 value = array("d", state).tobytes()
-                ttl = min(max(math.ceil(expires - now), 0), _MAX_TTL_MS)
+                ttl = min(max(math.ceil(expires_at(state, scope) - now), 0), _MAX_TTL_MS)
                 records.append(_LEN(len(key)) + key + _LEN(len(value)) + value + _TTL(ttl))
             table.dirty.clear()
         await self.drain()
