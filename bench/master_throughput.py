@@ -235,12 +235,22 @@ def scrape_total(port: int) -> int:
     return int(total)
 
 
+def mean_batch(log_path: Path, total: int) -> str:
+    """The mean batch size, from the master's last statistics line."""
+    for line in reversed(log_path.read_text().splitlines()):
+        if "master stopped" in line and "batches=" in line:
+            batches = int(line.split("batches=")[1].split()[0])
+            return f"{total / max(batches, 1):.0f}"
+    return "?"
+
+
 def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> tuple[float, str]:
     acc, ctl, met = free_port(), free_port(), free_port()
     expected = sum(n for _, n in workload(messages))
-    log = open(logdir / f"master-{time.time_ns()}.log", "w")  # noqa: SIM115
+    log_path = logdir / f"master-{time.time_ns()}.log"
+    log = open(log_path, "w")  # noqa: SIM115
     master = subprocess.Popen(
-        [sys.executable, "-m", "smockron", "--log-level", "WARNING", "master",
+        [sys.executable, "-m", "smockron", "--log-level", "INFO", "master",
          "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
          "--rule", RULE, "--rule", "probe:1/s:1", "--metrics", f"127.0.0.1:{met}",
          "--store", store, "--skew-tolerance", "3600", "--stats-interval", "0",
@@ -266,7 +276,8 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
         with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics", timeout=5) as resp:
             published = [ln for ln in resp.read().decode().splitlines()
                          if ln.startswith('smockron_master_delay_until_published_total{domain="bench"')]  # fmt: skip  # noqa: E501
-        return total / (t1 - t0), published[0].rpartition(" ")[2] if published else "?"
+        rate = total / (t1 - t0)
+        info = published[0].rpartition(" ")[2] if published else "?"
     finally:
         for p in senders:
             if p.poll() is None:
@@ -276,6 +287,7 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
         master.terminate()
         master.wait(30)
         log.close()
+    return rate, f"published {info}, mean batch {mean_batch(log_path, total)}"
 
 
 def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -331,12 +343,12 @@ def main() -> None:
                 results["memory"].append(rate)
                 line = (
                     f"run {run + 1}: baseline {results['baseline'][-1]:,.0f}/s, "
-                    f"master memory {rate:,.0f}/s (DELAY_UNTIL published: {published})"
+                    f"master memory {rate:,.0f}/s ({published})"
                 )
                 if redis_proc is not None:
-                    rate, _ = measure_master(args.messages, args.senders, redis_url, workdir)
+                    rate, info = measure_master(args.messages, args.senders, redis_url, workdir)
                     results["redis"].append(rate)
-                    line += f", master redis {rate:,.0f}/s"
+                    line += f", master redis {rate:,.0f}/s ({info})"
                 print(line, flush=True)
         finally:
             if redis_proc is not None:

@@ -178,6 +178,7 @@ class Master:
             while self.pending:
                 batch = self.pending.popleft()
                 self.pending_count -= len(batch)
+                self.stats.batches += 1
                 if redis:
                     await self._process_redis(batch)
                 else:
