@@ -116,6 +116,29 @@ class Engine:
         if retain is not None:
             retain({Scope(n, r, p.algorithm) for n, p in domains.items() for r in p.rules})
 
+    @property
+    def topics(self) -> dict[bytes, _Domain]:
+        """Configured domains by topic (name + NUL), for a compiled receive loop."""
+        return self._by_topic
+
+    def ingest(self, fast: Iterable[Decoded], raw: Iterable[Frames]) -> list[Decoded]:
+        """Like ``decode``, for a batch a compiled loop already split into messages it
+        decoded exactly as ``decode``'s fast path would (``fast``) and the rest (``raw``)."""
+        out: list[Decoded] = []
+        append = out.append
+        for item in fast:
+            status = item[1]
+            if status == ACCEPTED:
+                item[0].stats.accepted += 1
+                append(item)
+            elif status == DELAYED:
+                item[0].stats.delayed += 1
+                append(item)
+            else:
+                item[0].stats.rejected += 1
+        out.extend(self.decode(raw))
+        return out
+
     def process(self, batch: Iterable[Frames], now_ms: float) -> list[list[bytes]]:
         """Decode and apply a batch; the control messages to publish, in order."""
         self.store.tick(now_ms)

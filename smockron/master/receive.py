@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import zmq
 
@@ -23,6 +24,7 @@ MAX_FRAMES = 16
 
 Drain = Callable[[zmq.Socket[bytes], int], list[list[bytes]]]
 SendAll = Callable[[zmq.Socket[bytes], list[list[bytes]]], int]
+DrainAccounting = Callable[..., tuple[list[Any], list[list[bytes]]]]
 
 
 def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
@@ -71,8 +73,11 @@ def _loaded_libzmq() -> str | None:
     return None
 
 
-def _load_compiled() -> tuple[Drain, SendAll] | None:
-    """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used)."""
+def _load_compiled() -> tuple[Drain, SendAll, DrainAccounting] | None:
+    """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used).
+    ``SMOCKRON_PURE_PYTHON=1`` forces the Python loop (tests run both)."""
+    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
+        return None
     try:
         from smockron.master import _fastrecv  # type: ignore[attr-defined]
     except ImportError:
@@ -84,7 +89,7 @@ def _load_compiled() -> tuple[Drain, SendAll] | None:
         _fastrecv.bind(path, zmq.ZMQError)
     except ImportError:
         return None
-    return _fastrecv.drain, _fastrecv.send_all
+    return _fastrecv.drain, _fastrecv.send_all, _fastrecv.drain_accounting
 
 
 _compiled = _load_compiled()
@@ -92,6 +97,10 @@ drain_compiled: Drain | None = _compiled[0] if _compiled else None
 send_all_compiled: SendAll | None = _compiled[1] if _compiled else None
 drain: Drain = drain_compiled or drain_python
 send_all: SendAll = send_all_compiled or send_all_python
+drain_accounting_compiled: DrainAccounting | None = _compiled[2] if _compiled else None
+"""``(socket, limit, topics, (ACCEPTED, DELAYED, REJECTED), (max_identifier,
+max_loginfo, max_timestamp_digits, max_timestamp_ms))`` -> ``(decoded, raw)``: the
+engine's decode fast path done while receiving (see Engine.ingest)."""
 
 
 async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:
