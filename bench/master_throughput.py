@@ -12,7 +12,8 @@ Method, identical for every receiver measured in the same run:
 This measures the receiver's own rate with senders in other processes, without the
 senders competing for the (two) CPU cores while it is measured.
 
-Workload: 10,000 identifiers, one domain ruled ``1/m:30``; 80% of the identifiers send
+Workload: 6-frame ACCEPTED messages (with a short loginfo frame, as gatekeepers send
+them), 10,000 identifiers, one domain ruled ``1/m:30``; 80% of the identifiers send
 20 requests each (within their burst) and 20% send 120 (over their limit), interleaved.
 Timestamps are current; the master runs with a large skew tolerance so a message waiting
 in a queue is accounted at its own time. The Redis variant uses a redis-server started
@@ -41,6 +42,8 @@ sys.path.insert(0, str(ROOT))  # this checkout's smockron, not an installed one
 IDENTIFIERS = 10_000
 HEAVY_SHARE = 0.2
 RULE = "bench:1/m:30"
+LOGINFO = b"ua=bench/1.0"
+"""The optional sixth frame, as gatekeepers send it (the issue's figures: 6 frames)."""
 
 
 def free_port() -> int:
@@ -98,7 +101,7 @@ def run_sender(acc: int, ctl: int, index: int, count: int, messages: int) -> Non
         ts = b"%d" % int(time.time() * 1000)
         for ident, n in share:
             if r < n:
-                send([b"bench\0", b"ACCEPTED", ident, ts, b""])
+                send([b"bench\0", b"ACCEPTED", ident, ts, b"", LOGINFO])
                 sent += 1
     print(f"sent {sent}", flush=True)
     sys.stdin.readline()  # stay alive until the receiver has everything
@@ -309,6 +312,16 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
+def flush_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--role", default="bench")
@@ -346,6 +359,7 @@ def main() -> None:
                     f"master memory {rate:,.0f}/s ({published})"
                 )
                 if redis_proc is not None:
+                    flush_redis(redis_url)  # each run starts from an empty store
                     rate, info = measure_master(args.messages, args.senders, redis_url, workdir)
                     results["redis"].append(rate)
                     line += f", master redis {rate:,.0f}/s ({info})"
