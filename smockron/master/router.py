@@ -128,7 +128,11 @@ class Router:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.bind()
+        try:
+            self.bind()
+        except BaseException:
+            self.close()
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)

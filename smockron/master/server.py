@@ -112,7 +112,11 @@ class Master:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.bind()
+        try:
+            self.bind()
+        except BaseException:
+            await self.close()
+            raise
         for sig, handler in (
             (signal.SIGTERM, self.stop),
             (signal.SIGINT, self.stop),
