@@ -1,6 +1,11 @@
 """Accounting messages per second through one `smockron master` process.
 
     python bench/master_throughput.py [--messages 400000] [--senders 2] [--runs 3]
+        [--no-redis] [--reaction] [--memory 1000000]
+
+``--reaction`` adds the reaction time (accounting sent -> DELAY_UNTIL received, p50 and
+p99 at 1,000 and 50,000 messages/s); ``--memory N`` the bytes per tracked identifier
+with N identifiers. ``--runs 0`` skips the throughput part.
 
 Method, identical for every receiver measured in the same run:
 1. start the receiver (a master, or the baseline: a bare pyzmq loop doing only
@@ -322,6 +327,141 @@ def flush_redis(url: str) -> None:
         client.close()
 
 
+# ---------------------------------------------------------------- reaction time, memory
+
+
+def run_loadgen(acc: int, rate: int, seconds: float) -> None:
+    """Role: send ``rate`` accounting messages/s (within their limit) for ``seconds``."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.connect(f"tcp://127.0.0.1:{acc}")
+    time.sleep(0.5)  # slow joiner: the master is running, its subscription arrives
+    print("ready", flush=True)
+    tick, owed, seq = 0.001, 0.0, 0
+    start = next_tick = time.perf_counter()
+    while next_tick - start < seconds:
+        owed += rate * tick
+        ts = b"%d" % int(time.time() * 1000)
+        while owed >= 1:
+            owed -= 1
+            seq += 1
+            pub.send_multipart([b"bench\0", b"ACCEPTED", b"u%d" % (seq % 10_000), ts, b""])
+        next_tick += tick
+        pause = next_tick - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    print(f"sent {seq} in {time.perf_counter() - start:.2f}s", flush=True)
+    pub.close(linger=1000)
+    ctx.term()
+
+
+def measure_reaction(rate: int, seconds: float, logdir: Path) -> tuple[float, float]:
+    """p50 and p99 (ms) from sending an accounting message to receiving its DELAY_UNTIL,
+    under ``rate`` messages/s in all: a load generator process sends the bulk (within
+    its limit); this process sends 500 probes/s (domain ``probe``, burst 1: each one is
+    throttled) and times each answer with one clock (perf_counter)."""
+    acc, ctl = free_port(), free_port()
+    log = open(logdir / f"reaction-{rate}.log", "w")  # noqa: SIM115
+    master = subprocess.Popen(
+        [sys.executable, "-m", "smockron", "master",
+         "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
+         "--rule", "bench:1000/s:1000", "--rule", "probe:1/s:1", "--stats-interval", "0"],
+        stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
+    )  # fmt: skip
+    probe_rate = 500
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.connect(f"tcp://127.0.0.1:{acc}")
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"probe\0")
+    sub.connect(f"tcp://127.0.0.1:{ctl}")
+    load: subprocess.Popen[str] | None = None
+    try:
+        while True:  # handshake
+            now = b"%d" % int(time.time() * 1000)
+            pub.send_multipart([b"probe\0", b"ACCEPTED", b"hello", now, b""])
+            if sub.poll(100):
+                break
+        while sub.poll(300):
+            sub.recv_multipart()
+        load = subprocess.Popen(
+            [sys.executable, __file__, "--role", "loadgen", "--acc", str(acc),
+             "--rate", str(max(rate - probe_rate, 0)), "--seconds", str(seconds + 1)],
+            stdout=subprocess.PIPE, text=True, env=env(),
+        )  # fmt: skip
+        assert load.stdout is not None and load.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # the load is flowing
+        sent: dict[bytes, float] = {}
+        latencies: list[float] = []
+        interval = 1 / probe_rate
+        seq = 0
+        start = next_send = time.perf_counter()
+        while next_send - start < seconds:
+            seq += 1
+            ident = b"p%d" % seq
+            sent[ident] = time.perf_counter()
+            pub.send_multipart(
+                [b"probe\0", b"ACCEPTED", ident, b"%d" % int(time.time() * 1000), b""]
+            )
+            next_send += interval
+            while (remaining := next_send - time.perf_counter()) > 0:
+                if sub.poll(max(1, int(remaining * 1000))):
+                    while sub.poll(0):
+                        frames = sub.recv_multipart()
+                        t0 = sent.pop(frames[2], None)
+                        if t0 is not None:
+                            latencies.append((time.perf_counter() - t0) * 1000)
+        while sent and sub.poll(1000):
+            frames = sub.recv_multipart()
+            t0 = sent.pop(frames[2], None)
+            if t0 is not None:
+                latencies.append((time.perf_counter() - t0) * 1000)
+        done = load.stdout.readline().strip()
+        latencies.sort()
+        p50 = latencies[len(latencies) // 2]
+        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        print(f"  at {rate:,} msg/s (load generator: {done}): p50 {p50:.2f} ms, "
+              f"p99 {p99:.2f} ms over {len(latencies)} probes, {len(sent)} unanswered")  # fmt: skip
+        return p50, p99
+    finally:
+        if load is not None and load.poll() is None:
+            load.kill()
+            load.wait()
+        pub.close(0)
+        sub.close(0)
+        ctx.term()
+        master.terminate()
+        master.wait(30)
+        log.close()
+
+
+def measure_memory(identifiers: int) -> None:
+    """Bytes per tracked identifier in memory://, for each algorithm (RSS growth)."""
+    from smockron.core.rules import Rule
+    from smockron.master.engine import DomainPolicy, Engine
+    from smockron.master.stores.memory import MemoryStore
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    for algorithm in ("history", "gcra"):
+        store = MemoryStore()
+        engine = Engine({"m": DomainPolicy((Rule(10.0, 10),), algorithm)}, store)
+        now = int(time.time() * 1000)
+        before = rss()
+        for start in range(0, identifiers, 10_000):
+            batch = [[b"m\0", b"ACCEPTED", b"user-%08d" % i, b"%d" % now, b""]
+                     for i in range(start, min(start + 10_000, identifiers))]  # fmt: skip
+            engine.process(batch, now)
+        grown = rss() - before
+        print(f"  memory://, {algorithm}: {len(store):,} identifiers tracked, "
+              f"{grown / identifiers:.0f} bytes each (RSS growth, 13-byte identifiers, "
+              f"one request each)")  # fmt: skip
+        del engine, store
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--role", default="bench")
@@ -334,47 +474,72 @@ def main() -> None:
     ap.add_argument("--senders", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--rate", type=int, default=0)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--reaction", action="store_true", help="also reaction time at 1k, 50k/s")
+    ap.add_argument(
+        "--memory",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also bytes per identifier with N identifiers (e.g. 1000000)",
+    )
     args = ap.parse_args()
     if args.role == "sender":
         return run_sender(args.acc, args.ctl, args.index, args.count, args.messages)
     if args.role == "baseline":
         return run_baseline(args.acc, args.ctl, args.expected)
+    if args.role == "loadgen":
+        return run_loadgen(args.acc, args.rate, args.seconds)
 
     from smockron.master.receive import drain_compiled
 
-    print(f"messages per run: {sum(n for _, n in workload(args.messages))}, "
-          f"{IDENTIFIERS} identifiers, 20% over '{RULE}', {args.senders} sender processes, "
-          f"receive loop: {'compiled' if drain_compiled else 'pure Python'}")  # fmt: skip
-    results: dict[str, list[float]] = {"baseline": [], "memory": [], "redis": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        redis_proc, redis_url = (None, "") if args.no_redis else start_redis(workdir)
-        try:
-            for run in range(args.runs):
-                results["baseline"].append(measure_baseline(args.messages, args.senders))
-                rate, published = measure_master(args.messages, args.senders, "memory://", workdir)
-                results["memory"].append(rate)
-                line = (
-                    f"run {run + 1}: baseline {results['baseline'][-1]:,.0f}/s, "
-                    f"master memory {rate:,.0f}/s ({published})"
-                )
+    if args.runs > 0:
+        print(f"messages per run: {sum(n for _, n in workload(args.messages))}, "
+              f"{IDENTIFIERS} identifiers, 20% over '{RULE}', {args.senders} sender processes, "
+              f"receive loop: {'compiled' if drain_compiled else 'pure Python'}")  # fmt: skip
+        results: dict[str, list[float]] = {"baseline": [], "memory": [], "redis": []}
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            redis_proc, redis_url = (None, "") if args.no_redis else start_redis(workdir)
+            try:
+                for run in range(args.runs):
+                    results["baseline"].append(measure_baseline(args.messages, args.senders))
+                    rate, published = measure_master(
+                        args.messages, args.senders, "memory://", workdir
+                    )
+                    results["memory"].append(rate)
+                    line = (
+                        f"run {run + 1}: baseline {results['baseline'][-1]:,.0f}/s, "
+                        f"master memory {rate:,.0f}/s ({published})"
+                    )
+                    if redis_proc is not None:
+                        flush_redis(redis_url)  # each run starts from an empty store
+                        rate, info = measure_master(args.messages, args.senders, redis_url, workdir)
+                        results["redis"].append(rate)
+                        line += f", master redis {rate:,.0f}/s ({info})"
+                    print(line, flush=True)
+            finally:
                 if redis_proc is not None:
-                    flush_redis(redis_url)  # each run starts from an empty store
-                    rate, info = measure_master(args.messages, args.senders, redis_url, workdir)
-                    results["redis"].append(rate)
-                    line += f", master redis {rate:,.0f}/s ({info})"
-                print(line, flush=True)
-        finally:
-            if redis_proc is not None:
-                redis_proc.terminate()
-                redis_proc.wait(10)
-    base = statistics.median(results["baseline"])
-    mem = statistics.median(results["memory"])
-    print(f"median baseline recv_multipart loop: {base:,.0f} msg/s")
-    print(f"median master (memory://):           {mem:,.0f} msg/s  = {mem / base:.2f}x baseline")
-    if results["redis"]:
-        red = statistics.median(results["redis"])
-        print(f"median master (redis://):            {red:,.0f} msg/s  = {red / mem:.0%} of memory")
+                    redis_proc.terminate()
+                    redis_proc.wait(10)
+        base = statistics.median(results["baseline"])
+        mem = statistics.median(results["memory"])
+        print(f"median baseline recv_multipart loop: {base:,.0f} msg/s")
+        print(
+            f"median master (memory://):           {mem:,.0f} msg/s  = {mem / base:.2f}x baseline"
+        )
+        if results["redis"]:
+            red = statistics.median(results["redis"])
+            share = red / mem
+            print(f"median master (redis://):            {red:,.0f} msg/s  = {share:.0%} of memory")
+    if args.reaction:
+        print("reaction time, accounting sent -> DELAY_UNTIL received (memory://):")
+        with tempfile.TemporaryDirectory() as tmp:
+            for rate in (1_000, 50_000):
+                measure_reaction(rate, 5.0, Path(tmp))
+    if args.memory:
+        measure_memory(args.memory)
 
 
 if __name__ == "__main__":
