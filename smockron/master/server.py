@@ -72,6 +72,8 @@ class Master:
         self._stopping = asyncio.Event()
 
     def bind(self) -> None:
+        if not self.settings.domains:
+            log.warning("no rules configured: every accounting message will be ignored")
         self.sub.setsockopt(zmq.RCVHWM, self.settings.hwm)
         self.sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sub.setsockopt(zmq.LINGER, 0)
@@ -144,6 +146,13 @@ class Master:
             log.info("master stopped: %s", self.stats.summary())
 
     async def close(self) -> None:
+        """Write what changed (Redis), then close the store and the sockets."""
+        flush = getattr(self.store, "flush", None)
+        if flush is not None:
+            try:
+                await flush(wait=True)
+            except Exception as exc:
+                log.warning("final write to the store failed: %s", exc)
         close = getattr(self.store, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):

@@ -160,3 +160,15 @@ def _redis_keys(server: RedisServer) -> str:
         return str(client.keys("*"))
     finally:
         client.close()
+
+
+def test_state_is_in_redis_after_a_clean_exit(tmp_path: Path, redis_server: RedisServer) -> None:
+    acc, ctl = free_ports(2)
+    args = master_args(acc, ctl, "--rule", "api:1/m:5", "--rule", "probe:1/s:1",
+                       "--store", redis_server.url)  # fmt: skip
+    with smockron_proc(args, tmp_path / "m.log") as proc, FakeGatekeeper(acc, ctl) as gk:
+        gk.handshake()
+        gk.accepted("api", b"last-words")
+        wait_for(lambda: "accepted=1" in proc.log() and "[api:" in proc.log())
+        assert proc.stop(signal.SIGTERM) == 0
+    assert "last-words" in _redis_keys(redis_server)
