@@ -32,7 +32,7 @@ async def test_close_writes_dirty_state(redis_server: RedisServer) -> None:
         await master.close()
         found = client.keys("*")
         assert isinstance(found, list) and len(found) == 1
-        assert bytes(found[0]).endswith(b":z")
+        assert str(found[0]).endswith(":z'")
     finally:
         client.close()
         ctx.term()
