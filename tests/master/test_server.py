@@ -36,3 +36,26 @@ async def test_close_writes_dirty_state(redis_server: RedisServer) -> None:
     finally:
         client.close()
         ctx.term()
+
+
+def test_full_queue_drops_newest_and_counts_them() -> None:
+    settings = MasterSettings(queue=5, domains={"api": DomainPolicy((Rule(1.0, 3),))})
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    master = Master(settings, context=ctx)
+    try:
+        now = int(time.time() * 1000)
+        valid = [encode_accounting("api", ACCEPTED, b"id%d" % i, now) for i in range(4)]
+        decoded = master.engine.decode(valid)
+        master.engine.stats.domains["api"].accepted = 0  # only the queue is tested here
+        raw = [[b"api\0", b"garbage"], [b"other\0"], [b"api\0", b"x"]]
+        master._enqueue((decoded, raw))
+        assert master.pending_count == 5
+        assert master.stats.dropped == 2
+        assert master.stats.domains["api"].dropped == 1  # "other" is not configured
+        master._enqueue((decoded[:1], []))
+        assert master.pending_count == 5 and master.stats.dropped == 3
+        assert master.stats.domains["api"].dropped == 2
+    finally:
+        master.sub.close()
+        master.pub.close()
+        ctx.term()
