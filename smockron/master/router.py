@@ -23,7 +23,7 @@ import zmq
 
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
-from smockron.master.receive import drain, wait_readable
+from smockron.master.receive import drain, send_all, wait_readable
 
 log = logging.getLogger("smockron.router")
 
@@ -128,7 +128,11 @@ class Router:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.bind()
+        try:
+            self.bind()
+        except BaseException:
+            self.close()
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
@@ -160,24 +164,25 @@ class Router:
             if not batch:
                 await wait_readable(self.frontend, 0.25)
                 continue
+            by_owner: dict[zmq.Socket[bytes], list[list[bytes]]] = {}
             for frames in batch:
                 if not frames[0]:
                     self.discarded += 1  # no domain to route by; a master would reject it
                     continue
-                with contextlib.suppress(zmq.Again):
-                    self.owner(frames[0]).send_multipart(frames, zmq.NOBLOCK)
-                self.forwarded += 1
+                sock = self.owner(frames[0])
+                group = by_owner.get(sock)
+                if group is None:
+                    group = by_owner[sock] = []
+                group.append(frames)
+            for sock, group in by_owner.items():
+                self.forwarded += send_all(sock, group)
             await asyncio.sleep(0)
 
     async def _control(self) -> None:
-        send = self.control_out.send_multipart
         while True:
             batch = drain(self.control_in, self.batch)
             if not batch:
                 await wait_readable(self.control_in, 0.25)
                 continue
-            for frames in batch:
-                with contextlib.suppress(zmq.Again):
-                    send(frames, zmq.NOBLOCK)
-            self.relayed += len(batch)
+            self.relayed += send_all(self.control_out, batch)
             await asyncio.sleep(0)

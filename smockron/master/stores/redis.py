@@ -8,10 +8,12 @@ several), so the master's own memory is the authority and Redis is its durable c
 * before a batch is applied, ``load`` fetches from Redis, in one command, only the
   states the batch needs and memory lacks (after a restart: all of them; in steady
   state: new identifiers only);
-* after a batch, ``flush`` writes every changed state in one command, each key with a
+* after a batch (at most every ``flush_interval_ms``, default 250 ms, when busy; at
+  once when idle), ``flush`` writes every changed state in one command, each key with a
   TTL equal to the time after which it can no longer throttle anything (its window).
-  The write runs while the next batch is decoded and applied (write-behind, at most one
-  write in flight, so writes reach Redis in order).
+  The write runs while the next batches are decoded and applied (write-behind, at most
+  one write in flight, so writes reach Redis in order). A master killed outright loses
+  at most the last interval's updates: it then under-counts, never over-throttles.
 
 No round trip per message, and the rule logic stays in one place (smockron.core).
 States are packed float64 arrays under ``smockron:history:api:10.0:20:<identifier>``.
@@ -33,7 +35,7 @@ from redis.exceptions import NoScriptError
 
 from smockron.errors import ConfigError
 from smockron.master.ratelog import RateLimitedLog
-from smockron.master.stores.base import Scope, State, Table
+from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.master.stores.memory import MemoryTable
 
 KEY_PREFIX = b"smockron:"
@@ -75,16 +77,18 @@ _MAX_TTL_MS = 2**53
 class RedisTable(MemoryTable):
     """A memory table that also remembers which states changed since the last flush."""
 
-    __slots__ = ("dirty", "prefix")
+    __slots__ = ("dirty", "prefix", "scope")
+    wants_put = True
 
-    def __init__(self, prefix: bytes, period_ms: float) -> None:
-        super().__init__(period_ms)
+    def __init__(self, prefix: bytes, scope: Scope) -> None:
+        super().__init__(scope.rule.window_ms)
         self.prefix = prefix
-        self.dirty: dict[bytes, tuple[State, float]] = {}
+        self.scope = scope
+        self.dirty: dict[bytes, State] = {}
 
-    def put(self, key: bytes, state: State, expires_ms: float) -> None:
+    def put(self, key: bytes, state: State) -> None:
         self.current[key] = state
-        self.dirty[key] = (state, expires_ms)
+        self.dirty[key] = state
 
     def has(self, key: bytes) -> bool:
         return key in self.current or key in self.previous
@@ -95,7 +99,9 @@ class RedisStore:
 
     scheme = "redis"
 
-    def __init__(self, url: str, *, key_prefix: bytes = KEY_PREFIX) -> None:
+    def __init__(
+        self, url: str, *, key_prefix: bytes = KEY_PREFIX, flush_interval_ms: float = 250.0
+    ) -> None:
         try:
             self.client: aioredis.Redis = aioredis.Redis.from_url(url)
         except ValueError as exc:
@@ -107,13 +113,15 @@ class RedisStore:
         self._shas: dict[str, str] = {}
         self._writing: asyncio.Task[Any] | None = None
         self.errors = 0
+        self.flush_interval_ms = flush_interval_ms
+        self._flushed_ms = 0.0
         self._log = RateLimitedLog(logging.getLogger("smockron.master.redis"))
 
     def table(self, scope: Scope) -> RedisTable:
         table = self.tables.get(scope)
         if table is None:
             prefix = self.key_prefix + scope.key_prefix
-            table = self.tables[scope] = RedisTable(prefix, scope.rule.window_ms)
+            table = self.tables[scope] = RedisTable(prefix, scope)
         return table
 
     def retain(self, scopes: set[Scope]) -> None:
@@ -142,19 +150,25 @@ class RedisStore:
                 table.current[ident] = _unpack(raw)
         return len(wanted)
 
+    def due(self, now_ms: float) -> bool:
+        """Whether a write is due: busy masters write every ``flush_interval_ms``, so
+        the many updates of one busy identifier in that time cost one SET."""
+        return now_ms - self._flushed_ms >= self.flush_interval_ms
+
     async def flush(self, *, wait: bool = True) -> int:
         """Write every changed state with its TTL in one command; how many.
 
         With ``wait=False`` the write runs in the background (the previous one is awaited
         first, so writes stay in order); ``drain`` waits for it."""
         records: list[bytes] = []
-        now = self.now_ms
+        now = self._flushed_ms = self.now_ms
         for table in self.tables.values():
             prefix = table.prefix
-            for ident, (state, expires) in table.dirty.items():
+            scope = table.scope
+            for ident, state in table.dirty.items():
                 key = prefix + ident
                 value = array("d", state).tobytes()
-                ttl = min(max(math.ceil(expires - now), 0), _MAX_TTL_MS)
+                ttl = min(max(math.ceil(expires_at(state, scope) - now), 0), _MAX_TTL_MS)
                 records.append(_LEN(len(key)) + key + _LEN(len(value)) + value + _TTL(ttl))
             table.dirty.clear()
         await self.drain()
