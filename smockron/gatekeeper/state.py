@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import Final, NamedTuple
 
 from smockron.errors import ConfigError
 
@@ -24,9 +24,12 @@ class Verdict(Enum):
     REJECT = "reject"
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to do with one request; ``until_ms`` is the DELAY_UNTIL in force, if any."""
+class Decision(NamedTuple):
+    """What to do with one request; ``until_ms`` is the DELAY_UNTIL in force, if any.
+
+    A NamedTuple rather than a frozen dataclass: it is built on every request, and
+    tuple construction is several times cheaper.
+    """
 
     verdict: Verdict
     received_ms: int
