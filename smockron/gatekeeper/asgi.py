@@ -23,13 +23,18 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def request_info(scope: Scope) -> RequestInfo:
-    """The identification view of an ASGI HTTP scope; headers are looked up lazily."""
+    """The identification view of an ASGI HTTP scope; headers are decoded on first use."""
     raw: list[tuple[bytes, bytes]] = scope.get("headers") or []
+    table: dict[str, str] | None = None
 
     def lookup(name: str) -> str | None:
-        key = name.encode("latin-1")
-        values = [v.decode("latin-1") for k, v in raw if k == key]
-        return ", ".join(values) if values else None
+        nonlocal table
+        if table is None:  # one pass over the headers, only if someone asks
+            table = {}
+            for k, v in raw:
+                key, value = k.decode("latin-1"), v.decode("latin-1")
+                table[key] = f"{table[key]}, {value}" if key in table else value
+        return table.get(name)
 
     client = scope.get("client")
     peer = client[0] if client else None

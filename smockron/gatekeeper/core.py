@@ -117,12 +117,12 @@ class _GatekeeperBase:
             self.counters.accounting_dropped += 1
             return
         frames = encode_accounting(domain, status, identifier, received, delayed, loginfo)
-        last = frames.pop()
+        send = pub.send
         try:
-            # six send(SNDMORE) calls: much cheaper than send_multipart in pyzmq
-            for frame in frames:
-                pub.send(frame, _SNDMORE_NOBLOCK)
-            pub.send(last, zmq.NOBLOCK)
+            # one send(SNDMORE) per frame: much cheaper than send_multipart in pyzmq
+            for frame in frames[:-1]:
+                send(frame, _SNDMORE_NOBLOCK)
+            send(frames[-1], zmq.NOBLOCK)
         except zmq.ZMQError:
             self.counters.accounting_dropped += 1
             return

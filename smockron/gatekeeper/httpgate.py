@@ -30,9 +30,7 @@ LogInfo = Callable[[RequestInfo], "bytes | None"]
 
 def http_loginfo(req: RequestInfo) -> bytes:
     """The seed's example loginfo: User-Agent and Referer, capped in size."""
-    ua = req.header("user-agent") or ""
-    ref = req.header("referer") or ""
-    text = f"ua={ua!r} referer={ref!r}"
+    text = f"ua={req.header('user-agent') or '-'} referer={req.header('referer') or '-'}"
     return text.encode("utf-8", "replace")[:LOGINFO_MAX]
 
 
