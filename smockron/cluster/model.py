@@ -9,26 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum, IntFlag
+from enum import IntEnum
 from typing import Protocol
 
+from smockron.core.algorithms import Algorithm, Behavior
 
-class Algorithm(IntEnum):
-    TOKEN_BUCKET = 0
-    LEAKY_BUCKET = 1
-    # smockron's additions, beyond Gubernator's enum
-    SLIDING_WINDOW = 2
-    SMOCKRON_HISTORY = 3
-
-
-class Behavior(IntFlag):
-    BATCHING = 0
-    NO_BATCHING = 1
-    GLOBAL = 2
-    DURATION_IS_GREGORIAN = 4
-    RESET_REMAINING = 8
-    MULTI_REGION = 16
-    DRAIN_OVER_LIMIT = 32
+__all__ = [
+    "Algorithm",
+    "Behavior",
+    "RateLimitRequest",
+    "RateLimitResponse",
+    "RateLimiter",
+    "Status",
+]
 
 
 class Status(IntEnum):

@@ -1,0 +1,128 @@
+"""Consistent hashing: which node owns a key.
+
+The design is Gubernator's ``ReplicatedConsistentHash`` (``replicated_hash.go``):
+
+* every node is placed ``replicas`` times (default 512, Gubernator's ``DefaultReplicas``);
+  replica ``i`` of node ``n`` sits at ``hash(str(i) + md5_hex(n))``;
+* a key sits at ``hash(key)``; its owner is the first replica at or after that point
+  (binary search), wrapping to the first replica past the end of the ring.
+
+``hash`` is 64-bit FNV-1a by default: Gubernator's ``GUBER_PEER_PICKER_HASH`` default for
+the replicated hash. Plain FNV-1 (Gubernator's in-code default when no picker is
+configured) is available as ``hash="fnv1"``, but it spreads keys that differ only in their
+last byte (``account:1``, ``account:2``...) badly, because its last step is an xor that
+never reaches the high bits. Gubernator names nodes by address; smockron hashes whatever
+node names its caller uses (the gRPC address). Equal points (vanishingly rare) are
+ordered by node name so every process agrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+
+DEFAULT_REPLICAS = 512
+
+_FNV64_OFFSET = 0xCBF29CE484222325
+_FNV64_PRIME = 0x100000001B3
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def fnv1_64(data: bytes) -> int:
+    """64-bit FNV-1: multiply by the prime, then xor the byte."""
+    h = _FNV64_OFFSET
+    for byte in data:
+        h = ((h * _FNV64_PRIME) & _MASK64) ^ byte
+    return h
+
+
+def fnv1a_64(data: bytes) -> int:
+    """64-bit FNV-1a: xor the byte, then multiply by the prime."""
+    h = _FNV64_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV64_PRIME) & _MASK64
+    return h
+
+
+HASHES: dict[str, Callable[[bytes], int]] = {"fnv1a": fnv1a_64, "fnv1": fnv1_64}
+
+
+def _memoised(fn: Callable[[bytes], int]) -> Callable[[str | bytes], int]:
+    """Key hashing memoised: the same rate-limit keys come back again and again."""
+
+    @lru_cache(maxsize=1 << 16)
+    def key_hash(key: str | bytes) -> int:
+        return fn(key.encode("utf-8") if isinstance(key, str) else key)
+
+    return key_hash
+
+
+_KEY_HASHES = {name: _memoised(fn) for name, fn in HASHES.items()}
+
+
+class HashRing:
+    """Maps keys to nodes so that adding or removing a node moves only ~1/N of the keys."""
+
+    __slots__ = ("_hash", "_hash_name", "_hashes", "_key_hash", "_nodes", "_owners", "_replicas")
+
+    def __init__(
+        self, nodes: Iterable[str] = (), replicas: int = DEFAULT_REPLICAS, *, hash: str = "fnv1a"
+    ) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas!r}")
+        if hash not in HASHES:
+            raise ValueError(f"unknown hash {hash!r}: choose one of {sorted(HASHES)}")
+        self._replicas = replicas
+        self._hash_name = hash
+        self._hash = HASHES[hash]
+        self._key_hash = _KEY_HASHES[hash]
+        self._nodes: tuple[str, ...] = ()
+        self._hashes: list[int] = []
+        self._owners: list[str] = []
+        self.set_nodes(nodes)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The current nodes, sorted (the order callers passed them in does not matter)."""
+        return self._nodes
+
+    @property
+    def replicas(self) -> int:
+        return self._replicas
+
+    def set_nodes(self, nodes: Iterable[str]) -> None:
+        """Replace the node set; the ring is rebuilt and swapped in one step."""
+        unique = tuple(sorted(set(nodes)))
+        points: list[tuple[int, str]] = []
+        for node in unique:
+            digest = hashlib.md5(node.encode("utf-8"), usedforsecurity=False).hexdigest()
+            points.extend(
+                (self._hash(f"{i}{digest}".encode("ascii")), node) for i in range(self._replicas)
+            )
+        points.sort()
+        # Publish both lists together so a concurrent owner() never sees a mix.
+        self._hashes, self._owners, self._nodes = (
+            [h for h, _ in points],
+            [n for _, n in points],
+            unique,
+        )
+
+    def owner(self, key: str | bytes) -> str:
+        """The node that owns ``key``; LookupError when the ring is empty."""
+        hashes, owners = self._hashes, self._owners
+        if not hashes:
+            raise LookupError("hash ring is empty: no nodes to pick from")
+        idx = bisect_left(hashes, self._key_hash(key))
+        return owners[idx if idx < len(hashes) else 0]
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._nodes
+
+    def __repr__(self) -> str:
+        nodes = list(self._nodes)
+        return f"HashRing({nodes!r}, replicas={self._replicas}, hash={self._hash_name!r})"

@@ -1,0 +1,245 @@
+"""The master's logic, without I/O: accounting frames and ``now`` in, control frames out.
+
+For each accounting message the seed's rule (or GCRA, per domain) is applied to every
+rule of the message's domain; when the next request is not allowable now, a DELAY_UNTIL
+for the latest of the rules' answers is produced. REJECTED messages are counted and not
+recorded; messages for a domain without rules are counted and ignored; malformed ones
+are counted per reason and handed to ``on_malformed`` (the server logs them).
+
+Clock skew: a message whose receive timestamp is farther than ``skew_tolerance_ms`` from
+the master's clock is accounted at the master's ``now`` instead (a DELAYED message keeps
+its delay, shifted by the same amount), and counted as skewed. A gatekeeper with a
+wrong clock then neither poisons histories with far-future timestamps nor escapes its
+limit with far-past ones.
+
+Processing is split in ``decode`` and ``apply`` so that a store needing I/O (Redis) can
+fetch exactly the states a batch touches between the two, in one round trip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from smockron.core.gcra import gcra_update
+from smockron.core.history import next_allowed, record
+from smockron.core.rules import Rule
+from smockron.errors import ConfigError, ProtocolError
+from smockron.master.stats import DomainStats, Stats
+from smockron.master.stores.base import ALGORITHMS, Scope, Store, Table
+from smockron.protocol import (
+    ACCEPTED,
+    DEFAULT_LIMITS,
+    DELAY_UNTIL,
+    DELAYED,
+    REJECTED,
+    Limits,
+    decode_accounting,
+    topic,
+)
+
+Frames = Sequence[bytes]
+MalformedHook = Callable[[ProtocolError, Frames], None]
+
+
+@dataclass(frozen=True, slots=True)
+class DomainPolicy:
+    """The rules of one domain and the algorithm that applies them."""
+
+    rules: tuple[Rule, ...]
+    algorithm: str = "history"
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"unknown algorithm {self.algorithm!r}: use one of {', '.join(ALGORITHMS)}"
+            )
+
+
+class _Domain:
+    """A configured domain as the hot path wants it: topic, tables, counters."""
+
+    __slots__ = ("gcra", "name", "scopes", "stats", "topic")
+
+    def __init__(self, name: str, policy: DomainPolicy, store: Store, stats: DomainStats) -> None:
+        self.name = name
+        self.topic = topic(name)
+        self.gcra = policy.algorithm == "gcra"
+        self.stats = stats
+        self.scopes: tuple[tuple[Rule, Table, float], ...] = tuple(
+            (rule, store.table(Scope(name, rule, policy.algorithm)), rule.window_ms)
+            for rule in policy.rules
+        )
+
+
+# (domain, status, identifier, receive ms, delayed ms or None)
+Decoded = tuple[_Domain, bytes, bytes, int, int | None]
+
+
+class Engine:
+    """Applies each domain's rules to accounting messages, keeping states in ``store``."""
+
+    def __init__(
+        self,
+        domains: Mapping[str, DomainPolicy],
+        store: Store,
+        *,
+        skew_tolerance_ms: float = 2000.0,
+        limits: Limits = DEFAULT_LIMITS,
+        stats: Stats | None = None,
+        on_malformed: MalformedHook | None = None,
+    ) -> None:
+        if skew_tolerance_ms < 0:
+            raise ConfigError(f"skew tolerance must be >= 0, got {skew_tolerance_ms!r}")
+        self.store = store
+        self.skew_tolerance_ms = skew_tolerance_ms
+        self.limits = limits
+        self.stats = stats if stats is not None else Stats()
+        self.on_malformed = on_malformed
+        self._by_topic: dict[bytes, _Domain] = {}
+        self.configure(domains)
+
+    @property
+    def domains(self) -> dict[str, DomainPolicy]:
+        return dict(self._policies)
+
+    def configure(self, domains: Mapping[str, DomainPolicy]) -> None:
+        """Install a new rule set; states of unchanged rules and all counters are kept."""
+        by_topic = {}
+        for name, policy in domains.items():
+            dom = _Domain(name, policy, self.store, self.stats.domain(name))
+            by_topic[dom.topic] = dom
+        self._policies = dict(domains)
+        self._by_topic = by_topic
+        retain = getattr(self.store, "retain", None)
+        if retain is not None:
+            retain({Scope(n, r, p.algorithm) for n, p in domains.items() for r in p.rules})
+
+    def process(self, batch: Iterable[Frames], now_ms: float) -> list[list[bytes]]:
+        """Decode and apply a batch; the control messages to publish, in order."""
+        self.store.tick(now_ms)
+        return self.apply(self.decode(batch), now_ms)
+
+    def decode(self, batch: Iterable[Frames]) -> list[Decoded]:
+        """Validate a batch; count REJECTED, unknown and malformed messages and drop them."""
+        by_topic = self._by_topic
+        limits = self.limits
+        max_id = limits.max_identifier
+        max_log = limits.max_loginfo
+        max_digits = limits.max_timestamp_digits
+        max_ts = limits.max_timestamp_ms
+        out: list[Decoded] = []
+        append = out.append
+        for frames in batch:
+            # Fast path: a valid message for a configured domain, checked inline.
+            n = len(frames)
+            if n == 5 or n == 6:
+                dom = by_topic.get(frames[0])
+                received_f = frames[3]
+                if (
+                    dom is not None
+                    and received_f.isdigit()
+                    and len(received_f) <= max_digits
+                    and len(frames[2]) <= max_id
+                    and (n == 5 or len(frames[5]) <= max_log)
+                ):
+                    status = frames[1]
+                    delayed_f = frames[4]
+                    received = int(received_f)
+                    if received <= max_ts:
+                        if status == ACCEPTED and not delayed_f:
+                            dom.stats.accepted += 1
+                            append((dom, status, frames[2], received, None))
+                            continue
+                        if status == REJECTED and not delayed_f:
+                            dom.stats.rejected += 1
+                            continue
+                        if (
+                            status == DELAYED
+                            and delayed_f.isdigit()
+                            and len(delayed_f) <= max_digits
+                            and int(delayed_f) <= max_ts
+                        ):
+                            dom.stats.delayed += 1
+                            append((dom, status, frames[2], received, int(delayed_f)))
+                            continue
+            self._decode_slow(frames, append)
+        return out
+
+    def _decode_slow(self, frames: Frames, append: Callable[[Decoded], None]) -> None:
+        """Anything the fast path did not accept: the codec names the problem, if any."""
+        try:
+            msg = decode_accounting(list(frames), self.limits)
+        except ProtocolError as exc:
+            self.stats.malformed[exc.reason] += 1
+            dom = self._by_topic.get(frames[0]) if frames else None
+            if dom is not None:
+                dom.stats.malformed += 1
+            if self.on_malformed is not None:
+                self.on_malformed(exc, frames)
+            return
+        dom = self._by_topic.get(msg.domain + b"\0")
+        if dom is None:
+            self.stats.unknown_domain += 1
+        elif msg.status == REJECTED:
+            dom.stats.rejected += 1
+        else:
+            if msg.status == DELAYED:
+                dom.stats.delayed += 1
+            else:
+                dom.stats.accepted += 1
+            append((dom, msg.status, msg.identifier, msg.received_ms, msg.delayed_ms))
+
+    @staticmethod
+    def touched(decoded: Iterable[Decoded]) -> Iterator[tuple[Table, bytes]]:
+        """The (table, identifier) pairs ``apply`` will read, for stores that prefetch."""
+        for dom, _status, ident, _received, _delayed in decoded:
+            for _rule, table, _window in dom.scopes:
+                yield table, ident
+
+    def apply(self, decoded: Iterable[Decoded], now_ms: float) -> list[list[bytes]]:
+        """Account decoded messages at ``now_ms``; DELAY_UNTIL frames for throttled ones."""
+        out: list[list[bytes]] = []
+        tolerance = self.skew_tolerance_ms
+        for dom, _status, ident, received_ms, delayed_ms in decoded:
+            ts: float = received_ms if delayed_ms is None else delayed_ms
+            if received_ms - now_ms > tolerance or now_ms - received_ms > tolerance:
+                ts += now_ms - received_ms  # same delay, counted from the master's now
+                dom.stats.skewed += 1
+            if dom.gcra:
+                until = _apply_gcra(dom, ident, ts, now_ms)
+            else:
+                until = _apply_history(dom, ident, ts, now_ms)
+            if until is not None:
+                out.append([dom.topic, DELAY_UNTIL, ident, b"%d" % math.ceil(until)])
+                dom.stats.published += 1
+        return out
+
+
+def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
+    """The seed's rule for every rule of the domain; the latest "next allowed" wins."""
+    until: float | None = None
+    for rule, table, window in dom.scopes:
+        state = table.get(ident)
+        if state is None:
+            state = []
+        record(state, ts, rule)
+        table.put(ident, state, max(state) + window)
+        nxt = next_allowed(state, now_ms, rule)
+        if nxt is not None and (until is None or nxt > until):
+            until = nxt
+    return until
+
+
+def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
+    """GCRA for every rule of the domain; the latest DELAY_UNTIL wins."""
+    until: float | None = None
+    for rule, table, _window in dom.scopes:
+        state = table.get(ident)
+        result = gcra_update(state[0] if state else None, ts, now_ms, rule)
+        table.put(ident, [result.value], result.expires)
+        nxt = result.delay_until
+        if nxt is not None and (until is None or nxt > until):
+            until = nxt
+    return until

@@ -1,0 +1,170 @@
+"""``smockron router``: what gatekeepers connect to when there are several masters.
+
+Accounting: gatekeepers publish to the router's SUB; each message goes to the one master
+that owns its domain on a consistent-hash ring of the masters' accounting addresses
+(so a master's share moves only when masters are added or removed), through one PUB
+per master. Control: one SUB connected to every master's PUB, every message relayed
+unchanged to the gatekeepers through the router's PUB. The seed requires exactly this:
+"all messages for the same domain go to the same master".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import zmq
+
+from smockron.core.hashring import HashRing
+from smockron.errors import ConfigError
+from smockron.master.receive import drain, wait_readable
+
+log = logging.getLogger("smockron.router")
+
+OWNER_CACHE = 65_536
+"""Domains whose owner is memoised; a flood of random domains only resets the cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class MasterAddress:
+    accounting: str
+    control: str
+
+    @classmethod
+    def parse(cls, spec: str) -> MasterAddress:
+        """``ACC_ADDR,CTL_ADDR``, e.g. ``tcp://10.0.0.5:10004,tcp://10.0.0.5:10005``."""
+        acc, sep, ctl = spec.partition(",")
+        if not sep or not acc.strip() or not ctl.strip():
+            raise ConfigError(f"cannot parse master {spec!r}: expected ACC_ADDR,CTL_ADDR")
+        return cls(acc.strip(), ctl.strip())
+
+
+class Router:
+    def __init__(
+        self,
+        accounting: str,
+        control: str,
+        masters: Sequence[MasterAddress],
+        *,
+        hwm: int = 100_000,
+        batch: int = 2_000,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        if not masters:
+            raise ConfigError("the router needs at least one --master")
+        names = [m.accounting for m in masters]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"duplicate master accounting address in {names}")
+        self.accounting = accounting
+        self.control = control
+        self.masters = list(masters)
+        self.ring = HashRing(names)
+        self.batch = batch
+        self.hwm = hwm
+        self.ctx = context or zmq.Context.instance()
+        self.frontend = self.ctx.socket(zmq.SUB)
+        self.control_in = self.ctx.socket(zmq.SUB)
+        self.control_out = self.ctx.socket(zmq.PUB)
+        self.to_master: dict[str, zmq.Socket[bytes]] = {}
+        self._owners: dict[bytes, zmq.Socket[bytes]] = {}
+        self.forwarded = 0
+        self.relayed = 0
+        self.discarded = 0
+        self._stopping = asyncio.Event()
+
+    def bind(self) -> None:
+        for sock in (self.frontend, self.control_in, self.control_out):
+            sock.setsockopt(zmq.LINGER, 200)
+        for sock in (self.frontend, self.control_in):
+            sock.setsockopt(zmq.RCVHWM, self.hwm)
+            sock.subscribe(b"")
+        self.control_out.setsockopt(zmq.SNDHWM, self.hwm)
+        self.frontend.bind(self.accounting)
+        self.control_out.bind(self.control)
+        for m in self.masters:
+            pub = self.ctx.socket(zmq.PUB)
+            pub.setsockopt(zmq.SNDHWM, self.hwm)
+            pub.setsockopt(zmq.LINGER, 200)
+            pub.connect(m.accounting)
+            self.to_master[m.accounting] = pub
+            self.control_in.connect(m.control)
+        log.info(
+            "router: accounting on %s, control on %s, %d master(s): %s",
+            self.accounting,
+            self.control,
+            len(self.masters),
+            ", ".join(f"{m.accounting}|{m.control}" for m in self.masters),
+        )
+
+    def owner(self, domain_frame: bytes) -> zmq.Socket[bytes]:
+        """The PUB towards the master owning a domain (its frame, NUL included)."""
+        sock = self._owners.get(domain_frame)
+        if sock is None:
+            if len(self._owners) >= OWNER_CACHE:
+                self._owners.clear()
+            domain = domain_frame[:-1] if domain_frame.endswith(b"\0") else domain_frame
+            sock = self._owners[domain_frame] = self.to_master[self.ring.owner(domain)]
+        return sock
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.bind()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.stop)
+        tasks = [asyncio.create_task(self._accounting()), asyncio.create_task(self._control())]
+        try:
+            await self._stopping.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.remove_signal_handler(sig)
+            self.close()
+            log.info(
+                "router stopped: forwarded %d, relayed %d, discarded %d",
+                self.forwarded,
+                self.relayed,
+                self.discarded,
+            )
+
+    def close(self) -> None:
+        for sock in (self.frontend, self.control_in, self.control_out, *self.to_master.values()):
+            sock.close()
+
+    async def _accounting(self) -> None:
+        while True:
+            batch = drain(self.frontend, self.batch)
+            if not batch:
+                await wait_readable(self.frontend, 0.25)
+                continue
+            for frames in batch:
+                if not frames[0]:
+                    self.discarded += 1  # no domain to route by; a master would reject it
+                    continue
+                with contextlib.suppress(zmq.Again):
+                    self.owner(frames[0]).send_multipart(frames, zmq.NOBLOCK)
+                self.forwarded += 1
+            await asyncio.sleep(0)
+
+    async def _control(self) -> None:
+        send = self.control_out.send_multipart
+        while True:
+            batch = drain(self.control_in, self.batch)
+            if not batch:
+                await wait_readable(self.control_in, 0.25)
+                continue
+            for frames in batch:
+                with contextlib.suppress(zmq.Again):
+                    send(frames, zmq.NOBLOCK)
+            self.relayed += len(batch)
+            await asyncio.sleep(0)

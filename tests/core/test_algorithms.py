@@ -1,0 +1,454 @@
+"""Exact-oracle tests of smockron.core.algorithms with an injected clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fractions import Fraction
+from math import ceil, floor
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smockron.core import calendar, history
+from smockron.core.algorithms import (
+    Algorithm,
+    Behavior,
+    InvalidParams,
+    LimitParams,
+    State,
+    Verdict,
+    check,
+    expire_at,
+)
+from smockron.core.rules import Rule
+
+TB, LB = Algorithm.TOKEN_BUCKET, Algorithm.LEAKY_BUCKET
+SW, SH = Algorithm.SLIDING_WINDOW, Algorithm.SMOCKRON_HISTORY
+GREG = Behavior.DURATION_IS_GREGORIAN
+DRAIN = Behavior.DRAIN_OVER_LIMIT
+RESET = Behavior.RESET_REMAINING
+T0 = 1_700_000_000_000
+
+
+def ms(*args: int) -> int:
+    return int(datetime(*args, tzinfo=UTC).timestamp()) * 1000  # type: ignore[arg-type,misc]
+
+
+class Key:
+    """One key's state, driven through ``check`` like a limiter would."""
+
+    def __init__(self) -> None:
+        self.state: State | None = None
+
+    def hit(
+        self,
+        now: int,
+        hits: int = 1,
+        limit: int = 10,
+        duration: int = 1000,
+        algorithm: Algorithm = TB,
+        behavior: Behavior = Behavior.BATCHING,
+        burst: int = 0,
+    ) -> Verdict:
+        params = LimitParams(hits, limit, duration, burst, algorithm, behavior)
+        self.state, verdict = check(self.state, params, now)
+        return verdict
+
+
+# -- token bucket ------------------------------------------------------------------------
+
+
+def test_token_bucket_basic_window() -> None:
+    k = Key()
+    assert k.hit(T0) == Verdict(False, 10, 9, T0 + 1000)
+    assert k.hit(T0 + 10, hits=0) == Verdict(False, 10, 9, T0 + 1000)
+    assert k.hit(T0 + 20, hits=9) == Verdict(False, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 30) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 40, hits=0) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 999) == Verdict(True, 10, 0, T0 + 1000)
+    # The window ends at reset_time: a fresh one starts with this hit.
+    assert k.hit(T0 + 1000) == Verdict(False, 10, 9, T0 + 2000)
+
+
+def test_token_bucket_over_limit_consumes_nothing_and_is_not_sticky() -> None:
+    k = Key()
+    assert k.hit(T0, hits=3) == Verdict(False, 10, 7, T0 + 1000)
+    assert k.hit(T0 + 1, hits=8) == Verdict(True, 10, 7, T0 + 1000)
+    # Gubernator would still say OVER_LIMIT here (its stored status is sticky).
+    assert k.hit(T0 + 2, hits=7) == Verdict(False, 10, 0, T0 + 1000)
+
+
+def test_token_bucket_first_request_over_limit() -> None:
+    k = Key()
+    assert k.hit(T0, hits=11) == Verdict(True, 10, 10, T0 + 1000)
+    assert k.hit(T0 + 1, hits=10) == Verdict(False, 10, 0, T0 + 1000)
+
+
+def test_token_bucket_drain_over_limit() -> None:
+    k = Key()
+    k.hit(T0, hits=3)
+    assert k.hit(T0 + 1, hits=8, behavior=DRAIN) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 2) == Verdict(True, 10, 0, T0 + 1000)
+
+
+def test_token_bucket_negative_hits_give_back_up_to_limit() -> None:
+    k = Key()
+    k.hit(T0, hits=5)
+    assert k.hit(T0 + 1, hits=-2) == Verdict(False, 10, 7, T0 + 1000)
+    assert k.hit(T0 + 2, hits=-50) == Verdict(False, 10, 10, T0 + 1000)
+
+
+def test_token_bucket_limit_change_moves_remaining_by_difference() -> None:
+    k = Key()
+    k.hit(T0, hits=4)  # 6 left of 10
+    assert k.hit(T0 + 1, hits=0, limit=20) == Verdict(False, 20, 16, T0 + 1000)
+    assert k.hit(T0 + 2, hits=0, limit=15) == Verdict(False, 15, 11, T0 + 1000)
+    assert k.hit(T0 + 3, hits=0, limit=2) == Verdict(True, 2, 0, T0 + 1000)
+
+
+def test_token_bucket_reset_remaining_then_applies_hits() -> None:
+    k = Key()
+    k.hit(T0, hits=10)
+    assert k.hit(T0 + 5, hits=1, behavior=RESET) == Verdict(False, 10, 9, T0 + 1000)
+
+
+def test_token_bucket_duration_change() -> None:
+    k = Key()
+    k.hit(T0, hits=4)
+    # Longer duration: same window start, later end, remaining kept.
+    assert k.hit(T0 + 500, hits=0, duration=5000) == Verdict(False, 10, 6, T0 + 5000)
+    # Shorter duration that has already ended: a new window starts now.
+    assert k.hit(T0 + 600, hits=1, duration=100) == Verdict(False, 10, 9, T0 + 700)
+
+
+def test_token_bucket_gregorian_minute_and_expire_at() -> None:
+    now = ms(2024, 3, 5, 11, 20, 10)
+    k = Key()
+    v = k.hit(now, duration=0, behavior=GREG)
+    assert v == Verdict(False, 10, 9, ms(2024, 3, 5, 11, 21, 0))
+    assert k.state is not None and expire_at(k.state) == ms(2024, 3, 5, 11, 21, 0)
+    assert k.hit(ms(2024, 3, 5, 11, 21, 0), duration=0, behavior=GREG).remaining == 9
+
+
+@pytest.mark.parametrize(
+    ("now", "interval", "start", "end"),
+    [
+        (ms(2024, 2, 10, 5), 4, ms(2024, 2, 1), ms(2024, 3, 1)),  # leap February
+        (ms(2023, 2, 10, 5), 4, ms(2023, 2, 1), ms(2023, 3, 1)),
+        (ms(2024, 12, 31, 23, 59, 59), 4, ms(2024, 12, 1), ms(2025, 1, 1)),
+        (ms(2024, 7, 4), 5, ms(2024, 1, 1), ms(2025, 1, 1)),
+        (ms(2024, 1, 1), 5, ms(2024, 1, 1), ms(2025, 1, 1)),
+        (ms(2024, 11, 24, 12), 3, ms(2024, 11, 18), ms(2024, 11, 25)),  # Sunday -> Monday
+        (ms(2024, 11, 25), 3, ms(2024, 11, 25), ms(2024, 12, 2)),
+        (ms(2024, 3, 5, 23, 59, 59) + 999, 2, ms(2024, 3, 5), ms(2024, 3, 6)),
+        (ms(2024, 3, 5, 7, 30), 1, ms(2024, 3, 5, 7), ms(2024, 3, 5, 8)),
+    ],
+)
+def test_calendar_windows(now: int, interval: int, start: int, end: int) -> None:
+    assert calendar.window(now, interval) == (start, end)
+
+
+def test_token_bucket_gregorian_month_resets_at_month_end() -> None:
+    k = Key()
+
+    def month(now: int, hits: int = 1) -> Verdict:
+        return k.hit(now, hits, limit=3, duration=4, behavior=GREG)
+
+    assert month(ms(2024, 2, 29, 23), 3) == Verdict(False, 3, 0, ms(2024, 3, 1))
+    assert month(ms(2024, 2, 29, 23, 59, 59)).over_limit
+    assert month(ms(2024, 3, 1)) == Verdict(False, 3, 2, ms(2024, 4, 1))
+
+
+# -- leaky bucket ------------------------------------------------------------------------
+
+
+def test_leaky_bucket_burst_defaults_to_limit_and_refills() -> None:
+    k = Key()
+    # 10 per 1000 ms: one token per 100 ms.
+    assert k.hit(T0, hits=10, algorithm=LB) == Verdict(False, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 50, algorithm=LB) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 100, algorithm=LB) == Verdict(False, 10, 0, T0 + 1100)
+    assert k.hit(T0 + 450, hits=0, algorithm=LB) == Verdict(False, 10, 3, T0 + 1100)
+
+
+def test_leaky_bucket_burst_above_limit() -> None:
+    k = Key()
+    assert k.hit(T0, hits=15, algorithm=LB, burst=20) == Verdict(False, 10, 5, T0 + 1500)
+    assert k.hit(T0, hits=6, algorithm=LB, burst=20).over_limit
+    # Burst lowered: remaining moves by the difference (5 - 10 -> 0).
+    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Verdict(True, 10, 0, T0 + 1000)
+
+
+def test_leaky_bucket_first_request_over_burst_consumes_nothing() -> None:
+    k = Key()
+    assert k.hit(T0, hits=11, algorithm=LB) == Verdict(True, 10, 10, T0)
+    assert k.hit(T0, hits=11, algorithm=LB, behavior=DRAIN) == Verdict(True, 10, 0, T0 + 1000)
+
+
+def test_leaky_bucket_gregorian_rate_uses_calendar_length() -> None:
+    k = Key()
+    day = 86_400_000
+    start = ms(2024, 3, 5)
+    # 24 per day: one per hour; the bucket is reset at the end of the day.
+    v = k.hit(start + 3_600_000, hits=24, limit=24, duration=2, algorithm=LB, behavior=GREG)
+    assert v == Verdict(False, 24, 0, start + day)
+    v = k.hit(start + 2 * 3_600_000, hits=0, limit=24, duration=2, algorithm=LB, behavior=GREG)
+    assert v.remaining == 1
+    v = k.hit(start + day, hits=0, limit=24, duration=2, algorithm=LB, behavior=GREG)
+    assert v.remaining == 24
+
+
+# -- sliding window ----------------------------------------------------------------------
+
+
+def test_sliding_window_weighting() -> None:
+    k = Key()
+    base = 1_000_000  # a multiple of the 1000 ms window
+    assert k.hit(base + 500, hits=10, algorithm=SW) == Verdict(False, 10, 0, base + 2000)
+    # Next window, 25% in: previous weighs 0.75 -> estimate 7.5, remaining floor(2.5) = 2.
+    assert k.hit(base + 1250, hits=3, algorithm=SW) == Verdict(True, 10, 2, base + 2000)
+    assert k.hit(base + 1250, hits=2, algorithm=SW) == Verdict(False, 10, 0, base + 3000)
+    # Two windows later everything has aged out.
+    assert k.hit(base + 3000, hits=0, algorithm=SW) == Verdict(False, 10, 10, base + 3000)
+
+
+# -- the seed's history rule -------------------------------------------------------------
+
+
+def test_history_rule_matches_seed_module() -> None:
+    k = Key()
+    rule = Rule(rate=2.0, burst=3)  # limit 2 per 1000 ms, burst 3
+    log: history.History = []
+    for now in [0, 10, 20, 30, 600, 1200, 1500, 1600, 2100, 2101, 4000]:
+        v = k.hit(T0 + now, limit=2, duration=1000, burst=3, algorithm=SH)
+        allowed = history.next_allowed(log, T0 + now, rule) is None
+        assert v.over_limit is not allowed
+        if allowed:
+            history.record(log, T0 + now, rule)
+
+
+def test_history_drain_records_delayed_timestamp() -> None:
+    k = Key()
+    for _ in range(2):
+        k.hit(T0, limit=2, duration=1000, algorithm=SH)
+    v = k.hit(T0, limit=2, duration=1000, algorithm=SH, behavior=DRAIN)
+    assert v.over_limit and v.remaining == 0
+    # The delayed request sits at T0 + 500 ms, so the key is busy until T0 + 1500.
+    assert k.state is not None and expire_at(k.state) == T0 + 1500
+
+
+# -- validation and switching ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (LimitParams(1, -1, 1000), "limit must be >= 0"),
+        (LimitParams(1, 10, -5), "duration must be > 0"),
+        (LimitParams(1, 10, 0), "duration must be > 0"),
+        (LimitParams(1, 10, 1000, burst=-1), "burst must be >= 0"),
+        (LimitParams(1, 10, 1000, algorithm=9), "invalid rate limit algorithm"),  # type: ignore[arg-type]
+        (LimitParams(1, 10, 6, behavior=GREG), "not a valid gregorian interval"),
+        (LimitParams(1, 10, 1, algorithm=SH, behavior=GREG), "does not support"),
+    ],
+)
+def test_invalid_params(params: LimitParams, message: str) -> None:
+    with pytest.raises(InvalidParams, match=message):
+        check(None, params, T0)
+
+
+def test_switching_algorithm_starts_fresh() -> None:
+    k = Key()
+    k.hit(T0, hits=10)
+    assert k.hit(T0 + 1, hits=1, algorithm=LB) == Verdict(False, 10, 9, T0 + 101)
+
+
+def test_check_does_not_mutate_state() -> None:
+    k = Key()
+    k.hit(T0, hits=2, limit=5, algorithm=SH)
+    before = k.state
+    check(before, LimitParams(2, 5, 1000, algorithm=SH), T0 + 1)
+    assert before == k.state
+
+
+# -- property tests against brute-force oracles ------------------------------------------
+
+steps = st.lists(st.tuples(st.integers(0, 400), st.integers(-3, 12)), min_size=1, max_size=40)
+limits = st.integers(0, 12)
+durations = st.integers(1, 2000)
+drains = st.booleans()
+
+
+@dataclass
+class FixedWindowOracle:
+    """Gubernator's token bucket as counts: hits accepted since the window began."""
+
+    limit: int
+    duration: int
+    drain: bool
+    start: int | None = None
+    used: int = 0
+
+    def hit(self, now: int, hits: int) -> Verdict:
+        if self.start is None or now >= self.start + self.duration:
+            self.start, self.used = now, 0
+        left = self.limit - self.used
+        over = left <= 0 if hits == 0 else hits > left
+        if hits > 0 and over:
+            if self.drain:
+                self.used = self.limit
+        elif hits:
+            self.used = max(0, self.used + hits)
+        return Verdict(over, self.limit, self.limit - self.used, self.start + self.duration)
+
+
+@settings(max_examples=150, deadline=None)
+@given(limit=limits, duration=durations, drain=drains, seq=steps)
+def test_token_bucket_oracle(
+    limit: int, duration: int, drain: bool, seq: list[tuple[int, int]]
+) -> None:
+    oracle, k, now = FixedWindowOracle(limit, duration, drain), Key(), T0
+    behavior = DRAIN if drain else Behavior.BATCHING
+    for dt, hits in seq:
+        now += dt
+        assert k.hit(now, hits, limit, duration, TB, behavior) == oracle.hit(now, hits)
+
+
+@dataclass
+class LeakyOracle:
+    """A bucket of exact rational tokens, refilled at limit/duration per ms."""
+
+    limit: int
+    duration: int
+    burst: int
+    drain: bool
+    tokens: Fraction | None = None
+    updated: int = 0
+
+    def hit(self, now: int, hits: int) -> Verdict:
+        rate = Fraction(self.limit, self.duration)
+        if self.tokens is None:
+            self.tokens = Fraction(self.burst)
+        else:
+            self.tokens = min(Fraction(self.burst), self.tokens + (now - self.updated) * rate)
+        self.updated = now
+        left = floor(self.tokens)
+        over = left <= 0 if hits == 0 else hits > left
+        if hits > 0 and over:
+            if self.drain:
+                self.tokens = Fraction(0)
+        elif hits:
+            self.tokens = min(Fraction(self.burst), self.tokens - hits)
+        missing = self.burst - self.tokens
+        if missing <= 0:
+            reset = now
+        elif self.limit == 0:
+            reset = now + self.duration
+        else:
+            reset = now + ceil(missing / rate)
+        return Verdict(over, self.limit, floor(self.tokens), reset)
+
+
+@settings(max_examples=150, deadline=None)
+@given(limit=limits, duration=durations, burst=st.integers(0, 15), drain=drains, seq=steps)
+def test_leaky_bucket_oracle(
+    limit: int, duration: int, burst: int, drain: bool, seq: list[tuple[int, int]]
+) -> None:
+    oracle = LeakyOracle(limit, duration, burst or limit, drain)
+    k, now = Key(), T0
+    behavior = DRAIN if drain else Behavior.BATCHING
+    for dt, hits in seq:
+        now += dt
+        assert k.hit(now, hits, limit, duration, LB, behavior, burst) == oracle.hit(now, hits)
+
+
+@dataclass
+class SlidingOracle:
+    """Keeps every counted hit with its time; weights the previous window exactly."""
+
+    limit: int
+    duration: int
+    drain: bool
+    events: list[tuple[int, int]] = field(default_factory=list)
+
+    def estimate(self, now: int) -> tuple[Fraction, int, int]:
+        start = now - now % self.duration
+        cur = sum(n for t, n in self.events if start <= t < start + self.duration)
+        prev = sum(n for t, n in self.events if start - self.duration <= t < start)
+        weight = Fraction(start + self.duration - now, self.duration)
+        return prev * weight + cur, prev, cur
+
+    def hit(self, now: int, hits: int) -> Verdict:
+        est, _, cur = self.estimate(now)
+        left = max(0, floor(self.limit - est))
+        over = left <= 0 if hits == 0 else hits > left
+        if hits > 0 and over:
+            if self.drain and cur < self.limit:
+                self.events.append((now, self.limit - cur))
+        elif hits:
+            self.events.append((now, max(hits, -cur)))
+        est, prev, cur = self.estimate(now)
+        start = now - now % self.duration
+        if cur:
+            reset = start + 2 * self.duration
+        elif prev:
+            reset = start + self.duration
+        else:
+            reset = now
+        return Verdict(over, self.limit, max(0, floor(self.limit - est)), reset)
+
+
+@settings(max_examples=150, deadline=None)
+@given(limit=limits, duration=durations, drain=drains, seq=steps)
+def test_sliding_window_oracle(
+    limit: int, duration: int, drain: bool, seq: list[tuple[int, int]]
+) -> None:
+    oracle, k, now = SlidingOracle(limit, duration, drain), Key(), T0
+    behavior = DRAIN if drain else Behavior.BATCHING
+    for dt, hits in seq:
+        now += dt
+        assert k.hit(now, hits, limit, duration, SW, behavior) == oracle.hit(now, hits)
+
+
+@settings(max_examples=150, deadline=None)
+@given(limit=st.integers(1, 10), duration=durations, burst=st.integers(0, 8), seq=steps)
+def test_history_oracle(limit: int, duration: int, burst: int, seq: list[tuple[int, int]]) -> None:
+    """Unbounded list of accepted timestamps; n hits fit when recent + n <= burst."""
+    b = burst or limit
+    window = Rule(limit * 1000.0 / duration, b).window_ms
+    accepted: list[float] = []
+    k, now = Key(), T0
+    for dt, hits in seq:
+        now += dt
+        v = k.hit(now, hits, limit, duration, SH, Behavior.BATCHING, burst)
+        recent = sum(1 for t in accepted if t > now - window)
+        over = (b - recent) <= 0 if hits == 0 else hits > b - recent
+        if hits > 0 and not over:
+            accepted += [float(now)] * hits
+        elif hits < 0:
+            del accepted[max(0, len(accepted) + hits) :]
+        recent = sum(1 for t in accepted if t > now - window)
+        assert (v.over_limit, v.remaining) == (over, b - recent)
+        assert v.reset_time == max(now, ceil(max(accepted[-b:]) + window) if accepted else 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    algorithm=st.sampled_from([TB, LB, SW, SH]),
+    limit=st.integers(1, 10),
+    duration=durations,
+    seq=steps,
+)
+def test_state_past_expire_at_behaves_like_no_state(
+    algorithm: Algorithm, limit: int, duration: int, seq: list[tuple[int, int]]
+) -> None:
+    k, now = Key(), T0
+    for dt, hits in seq:
+        now += dt
+        k.hit(now, hits, limit, duration, algorithm)
+    assert k.state is not None
+    later = max(now, expire_at(k.state))
+    params = LimitParams(1, limit, duration, 0, algorithm)
+    assert check(k.state, params, later)[1] == check(None, params, later)[1]

@@ -1,0 +1,80 @@
+"""A minimal gatekeeper for tests: PUB accounting to a master, SUB its control."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+import zmq
+
+from smockron.protocol import ACCEPTED, Control, decode_control, encode_accounting
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class FakeGatekeeper:
+    """Real sockets on 127.0.0.1; ``handshake`` waits out the PUB/SUB slow joiner."""
+
+    def __init__(self, accounting_port: int, control_port: int) -> None:
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.connect(f"tcp://127.0.0.1:{accounting_port}")
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.subscribe(b"")
+        self.sub.connect(f"tcp://127.0.0.1:{control_port}")
+        self._probe = 0
+
+    def send(self, frames: list[bytes]) -> None:
+        self.pub.send_multipart(frames)
+
+    def accepted(self, domain: str, ident: bytes, ts: int | None = None) -> None:
+        self.send(encode_accounting(domain, ACCEPTED, ident, now_ms() if ts is None else ts))
+
+    def handshake(self, domain: str = "probe", timeout: float = 15.0) -> None:
+        """Send probes (a domain with burst 1) until a DELAY_UNTIL comes back for one:
+        then both subscriptions are live and nothing sent after it is lost."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._probe += 1
+            self.accepted(domain, b"probe-%d" % self._probe)
+            if self.sub.poll(100):
+                self.drain_control(0.2)
+                return
+        raise AssertionError(f"no DELAY_UNTIL for probe domain {domain!r} in {timeout}s")
+
+    def drain_control(self, quiet: float = 0.3, timeout: float = 10.0) -> list[Control]:
+        """Control messages until none arrives for ``quiet`` seconds."""
+        out: list[Control] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.sub.poll(int(quiet * 1000)):
+            out.append(decode_control(self.sub.recv_multipart()))
+        return out
+
+    def expect_control(self, n: int, timeout: float = 10.0) -> list[Control]:
+        """Exactly ``n`` control messages that are not probes, within ``timeout``."""
+        out: list[Control] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n and time.monotonic() < deadline:
+            if self.sub.poll(50):
+                msg = decode_control(self.sub.recv_multipart())
+                if not msg.domain.startswith(b"probe"):
+                    out.append(msg)
+        return out
+
+    def close(self) -> None:
+        self.pub.close()
+        self.sub.close()
+        self.ctx.term()
+
+    def __enter__(self) -> FakeGatekeeper:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

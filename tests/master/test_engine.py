@@ -1,0 +1,154 @@
+"""The engine with an injected clock: exact DELAY_UNTIL values, counters, garbage."""
+
+from __future__ import annotations
+
+import pytest
+
+from smockron.core.rules import Rule
+from smockron.errors import ConfigError
+from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.stores.memory import MemoryStore
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED, decode_control, encode_accounting
+
+T0 = 1_700_000_000_000  # a realistic "now" in ms
+
+
+def acc(ident: bytes, ts: int, status: bytes = ACCEPTED, domain: str = "api",
+        delayed: int | None = None) -> list[bytes]:  # fmt: skip
+    return encode_accounting(domain, status, ident, ts, delayed)
+
+
+def engine(**policies: DomainPolicy) -> Engine:
+    return Engine(policies, MemoryStore())
+
+
+def untils(out: list[list[bytes]]) -> list[tuple[bytes, bytes, int]]:
+    return [(c.domain, c.identifier, c.until_ms) for c in map(decode_control, out)]
+
+
+def test_burst_then_delay_until_history() -> None:
+    eng = engine(api=DomainPolicy((Rule(1.0, 3),)))  # 1/s, burst 3
+    assert eng.process([acc(b"a", T0), acc(b"a", T0)], T0) == []
+    out = eng.process([acc(b"a", T0)], T0)
+    assert untils(out) == [(b"api", b"a", T0 + 1000)]
+    # the gatekeeper delays the next one to T0+1000: history now ends there
+    out = eng.process([acc(b"a", T0 + 10, DELAYED, delayed=T0 + 1000)], T0 + 10)
+    assert untils(out) == [(b"api", b"a", T0 + 2000)]
+    s = eng.stats.domains["api"]
+    assert (s.accepted, s.delayed, s.published) == (3, 1, 2)
+    # another identifier is untouched
+    assert eng.process([acc(b"b", T0 + 20)], T0 + 20) == []
+
+
+def test_history_window_passes() -> None:
+    eng = engine(api=DomainPolicy((Rule(2.0, 2),)))  # interval 500, window 1000
+    assert untils(eng.process([acc(b"x", T0), acc(b"x", T0 + 100)], T0 + 100)) == [
+        (b"api", b"x", T0 + 600)
+    ]
+    # 1001 ms after the first, only one request is within the window
+    assert eng.process([acc(b"x", T0 + 1101)], T0 + 1101) == []
+
+
+def test_several_rules_latest_wins() -> None:
+    # 10/s burst 2 and 1/s burst 3: after 3 requests the second rule says +1000
+    eng = engine(api=DomainPolicy((Rule(10.0, 2), Rule(1.0, 3))))
+    out = eng.process([acc(b"a", T0), acc(b"a", T0), acc(b"a", T0)], T0)
+    assert untils(out) == [(b"api", b"a", T0 + 100), (b"api", b"a", T0 + 1000)]
+
+
+def test_gcra_domain() -> None:
+    # rate 1/s, burst 2: I = 1000, B = 2000; cold key admits burst + 1 = 3
+    eng = engine(g=DomainPolicy((Rule(1.0, 2),), "gcra"))
+    out = eng.process([acc(b"k", T0, domain="g") for _ in range(4)], T0)
+    assert untils(out) == [(b"g", b"k", T0 + 1000), (b"g", b"k", T0 + 2000)]
+
+
+def test_rejected_counted_not_recorded() -> None:
+    eng = engine(api=DomainPolicy((Rule(1.0, 1),)))
+    assert eng.process([acc(b"a", T0, REJECTED) for _ in range(5)], T0) == []
+    assert eng.stats.domains["api"].rejected == 5
+    # the history is still empty, so the first accepted one only now fills it
+    assert untils(eng.process([acc(b"a", T0)], T0)) == [(b"api", b"a", T0 + 1000)]
+
+
+def test_unknown_domain_counted_and_ignored() -> None:
+    eng = engine(api=DomainPolicy((Rule(1.0, 1),)))
+    assert eng.process([acc(b"a", T0, domain="other") for _ in range(3)], T0) == []
+    assert eng.stats.unknown_domain == 3
+    assert "other" not in eng.stats.domains
+
+
+def test_domain_without_rules_throttles_nothing() -> None:
+    eng = engine(api=DomainPolicy(()))
+    assert eng.process([acc(b"a", T0) for _ in range(10)], T0) == []
+    assert eng.stats.domains["api"].accepted == 10
+
+
+def test_skewed_timestamps_replaced_by_now() -> None:
+    eng = engine(api=DomainPolicy((Rule(1.0, 2),)))
+    far_future = T0 + 3_600_000
+    out = eng.process([acc(b"a", far_future), acc(b"a", far_future)], T0)
+    # accounted at now, not an hour ahead
+    assert untils(out) == [(b"api", b"a", T0 + 1000)]
+    assert eng.stats.domains["api"].skewed == 2
+    # within tolerance (2 s by default) the message's own timestamp is used
+    eng2 = engine(api=DomainPolicy((Rule(1.0, 1),)))
+    assert untils(eng2.process([acc(b"a", T0 + 1500)], T0)) == [(b"api", b"a", T0 + 2500)]
+    assert eng2.stats.domains["api"].skewed == 0
+
+
+def test_skewed_delayed_keeps_its_delay() -> None:
+    eng = Engine({"api": DomainPolicy((Rule(1.0, 1),))}, MemoryStore(), skew_tolerance_ms=100)
+    out = eng.process([acc(b"a", T0 - 10_000, DELAYED, delayed=T0 - 9_500)], T0)
+    assert untils(out) == [(b"api", b"a", T0 + 1500)]
+
+
+def test_garbage_between_valid_messages() -> None:
+    eng = engine(api=DomainPolicy((Rule(1.0, 1),)))
+    seen: list[str] = []
+    eng.on_malformed = lambda exc, frames: seen.append(exc.reason)
+    batch: list[list[bytes]] = [
+        acc(b"a", T0),
+        [b"\xff\x00garbage"],
+        [b"api\0", b"ACCEPTED", b"b", b"-5", b""],
+        acc(b"b", T0),
+        [b"api", b"ACCEPTED", b"c", b"1", b""],
+        [b"api\0", b"MAYBE", b"c", b"1", b""],
+        [b"api\0", b"DELAYED", b"c", b"1", b""],
+        [b"api\0", b"ACCEPTED", b"c", b"1", b"2"],
+        [b"api\0", b"ACCEPTED", b"c" * 5000, b"1", b""],
+        [b"api\0", b"ACCEPTED", b"c", b"99999999999999999", b""],
+        [],
+        acc(b"c", T0),
+    ]
+    out = eng.process(batch, T0)
+    assert untils(out) == [(b"api", b"a", T0 + 1000), (b"api", b"b", T0 + 1000),
+                           (b"api", b"c", T0 + 1000)]  # fmt: skip
+    assert sum(eng.stats.malformed.values()) == 9 == len(seen)
+    assert set(seen) == {"frame_count", "bad_timestamp", "domain_nul", "bad_status",
+                         "delayed_ts", "oversized"}  # fmt: skip
+    assert eng.stats.domains["api"].malformed == 6
+
+
+def test_loginfo_frame_accepted() -> None:
+    eng = engine(api=DomainPolicy((Rule(1.0, 1),)))
+    out = eng.process([encode_accounting("api", ACCEPTED, b"a", T0, None, b"UA: x")], T0)
+    assert len(out) == 1
+
+
+def test_reload_keeps_unchanged_rule_state() -> None:
+    store = MemoryStore()
+    eng = Engine({"api": DomainPolicy((Rule(1.0, 2),))}, store)
+    eng.process([acc(b"a", T0)], T0)
+    eng.configure({"api": DomainPolicy((Rule(1.0, 2),)), "new": DomainPolicy((Rule(1.0, 1),))})
+    assert untils(eng.process([acc(b"a", T0)], T0)) == [(b"api", b"a", T0 + 1000)]
+    eng.configure({"api": DomainPolicy((Rule(5.0, 2),))})  # changed rule: fresh state
+    assert eng.process([acc(b"a", T0)], T0) == []
+    assert len(store.tables) == 1
+
+
+def test_bad_algorithm_and_tolerance() -> None:
+    with pytest.raises(ConfigError, match="unknown algorithm 'leaky'"):
+        DomainPolicy((), "leaky")
+    with pytest.raises(ConfigError, match="skew tolerance"):
+        Engine({}, MemoryStore(), skew_tolerance_ms=-1)

@@ -1,0 +1,86 @@
+"""``smockron router`` in front of two real masters: sharding by domain, control relayed."""
+
+from __future__ import annotations
+
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from smockron.core.hashring import HashRing
+from smockron.errors import ConfigError
+from smockron.master.router import MasterAddress, Router
+from tests.master.client import FakeGatekeeper, now_ms
+from tests.support import free_ports, smockron_proc, wait_for
+
+
+def metric_sum(port: int, prefix: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        lines = resp.read().decode().splitlines()
+    return {
+        name: float(v)
+        for name, _, v in (line.rpartition(" ") for line in lines if line.startswith(prefix))
+    }
+
+
+def pick(ring: HashRing, owner: str, count: int, prefix: str) -> list[str]:
+    """The first ``count`` domains named PREFIXn that ``owner`` owns."""
+    found = [f"{prefix}{i}" for i in range(200) if ring.owner(f"{prefix}{i}") == owner]
+    return found[:count]
+
+
+def test_router_shards_by_domain_and_relays_control(tmp_path: Path) -> None:
+    acc1, ctl1, met1, acc2, ctl2, met2, racc, rctl = free_ports(8)
+    m1, m2 = f"tcp://127.0.0.1:{acc1}", f"tcp://127.0.0.1:{acc2}"
+    ring = HashRing([m1, m2])
+    doms1, doms2 = pick(ring, m1, 3, "dom"), pick(ring, m2, 3, "dom")
+    probe1, probe2 = pick(ring, m1, 1, "probe")[0], pick(ring, m2, 1, "probe")[0]
+    rules: list[str] = []
+    for d in [*doms1, *doms2]:
+        rules += ["--rule", f"{d}:2/s:3"]
+    for d in (probe1, probe2):
+        rules += ["--rule", f"{d}:1/s:1"]
+
+    def master(acc: int, ctl: int, met: int) -> list[str]:
+        return ["master", "--accounting", f"tcp://127.0.0.1:{acc}",
+                "--control", f"tcp://127.0.0.1:{ctl}", "--metrics", f"127.0.0.1:{met}",
+                *rules]  # fmt: skip
+
+    router = ["router", "--accounting", f"tcp://127.0.0.1:{racc}",
+              "--control", f"tcp://127.0.0.1:{rctl}",
+              "--master", f"{m1},tcp://127.0.0.1:{ctl1}",
+              "--master", f"{m2},tcp://127.0.0.1:{ctl2}"]  # fmt: skip
+    with (
+        smockron_proc(master(acc1, ctl1, met1), tmp_path / "m1.log"),
+        smockron_proc(master(acc2, ctl2, met2), tmp_path / "m2.log"),
+        smockron_proc(router, tmp_path / "router.log") as rproc,
+        FakeGatekeeper(racc, rctl) as gk,
+    ):
+        gk.handshake(probe1)
+        gk.handshake(probe2)
+        t = now_ms() + 1500
+        for d in [*doms1, *doms2]:
+            for _ in range(3):
+                gk.accepted(d, b"client", t)
+        got = gk.expect_control(6)
+        assert sorted((c.domain.decode(), c.until_ms) for c in got) == sorted(
+            (d, t + 500) for d in [*doms1, *doms2]
+        )
+        key = 'smockron_master_messages_total{{domain="{}",status="accepted"}}'
+        for met, own, other in ((met1, doms1, doms2), (met2, doms2, doms1)):
+            values = metric_sum(met, "smockron_master_messages_total")
+            assert all(values[key.format(d)] == 3 for d in own)
+            assert all(values[key.format(d)] == 0 for d in other)
+        assert rproc.stop(signal.SIGTERM) == 0
+        wait_for(lambda: "router stopped: forwarded" in rproc.log())
+
+
+def test_router_config_errors() -> None:
+    with pytest.raises(ConfigError, match="ACC_ADDR,CTL_ADDR"):
+        MasterAddress.parse("tcp://x:1")
+    with pytest.raises(ConfigError, match="at least one"):
+        Router("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", [])
+    dup = MasterAddress.parse("tcp://a:1,tcp://a:2")
+    with pytest.raises(ConfigError, match="duplicate"):
+        Router("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", [dup, dup])
