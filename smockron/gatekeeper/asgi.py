@@ -84,11 +84,16 @@ class SmockronMiddleware:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = request_info(scope)
-        target = self.gate.resolve(req)
+        target = self.gate.target(req)
         if target is None:
             await self.app(scope, receive, send)
             return
-        decision = await self.gatekeeper.admit(*target)
+        try:
+            decision = await self.gatekeeper.admit(*target)
+        except Exception as exc:  # fail-permissive, even against our own bugs
+            self.gate.fail_open(exc)
+            await self.app(scope, receive, send)
+            return
         if decision.verdict is not Verdict.REJECT:
             await self.app(scope, receive, send)
             return

@@ -75,6 +75,13 @@ def parse_listen(text: str) -> tuple[str, int]:
     default=False,
     help="Add X-Smockron-Decision: accept|delay|reject to responses.",
 )
+@click.option(
+    "--stats-interval",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Log the gatekeeper's counters this often, in seconds (0: never).",
+)
 def proxy(
     listen: str,
     upstream: str,
@@ -89,6 +96,7 @@ def proxy(
     reject_sample: float,
     loginfo: bool,
     decision_header: bool,
+    stats_interval: float,
 ) -> None:
     """Run a gatekeeper reverse proxy in front of UPSTREAM."""
     try:
@@ -111,10 +119,10 @@ def proxy(
         server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    run(serve(server, host, port))
+    run(serve(server, host, port, stats_interval))
 
 
-async def serve(server: GatekeeperProxy, host: str, port: int) -> None:
+async def serve(server: GatekeeperProxy, host: str, port: int, stats_interval: float) -> None:
     """Serve until SIGTERM or SIGINT, then close cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -122,9 +130,14 @@ async def serve(server: GatekeeperProxy, host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await server.start(host, port)
     try:
-        await stop.wait()
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), stats_interval if stats_interval > 0 else None)
+                break
+            except TimeoutError:
+                log.info("stats %s", server.stats())
     finally:
-        log.info("stopping; stats %s", server.gatekeeper.stats())
+        log.info("stopping; stats %s", server.stats())
         await server.close()
 
 

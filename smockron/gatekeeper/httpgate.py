@@ -7,12 +7,14 @@ build the request view and turn a :class:`Rejection` into their server's respons
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from smockron.errors import ConfigError
+from smockron.gatekeeper._logging import RateLimitedLog
 from smockron.gatekeeper.identify import (
     DomainOf,
     Identify,
@@ -21,6 +23,8 @@ from smockron.gatekeeper.identify import (
     domain_resolver,
     peer_address,
 )
+
+log = logging.getLogger("smockron.gatekeeper")
 
 LOGINFO_MAX: Final = 512
 REASONS: Final = {503: "Service Unavailable", 429: "Too Many Requests"}
@@ -97,6 +101,21 @@ class HttpGate:
         self.loginfo = loginfo
         self.reject_status = reject_status
         self._encoded: dict[str, bytes] = {}
+        self.errors = 0  # requests let through because identification or deciding failed
+        self._error_log = RateLimitedLog(log)
+
+    def fail_open(self, exc: BaseException) -> None:
+        """A bug or a bad callable must not fail the request: count, log, let it through."""
+        self.errors += 1
+        self._error_log.warning(f"gatekeeper error, letting the request through: {exc!r}")
+
+    def target(self, req: RequestInfo) -> tuple[bytes, bytes, bytes | None] | None:
+        """:meth:`resolve`, failing open on any error."""
+        try:
+            return self.resolve(req)
+        except Exception as exc:
+            self.fail_open(exc)
+            return None
 
     def resolve(self, req: RequestInfo) -> tuple[bytes, bytes, bytes | None] | None:
         """``(domain, identifier, loginfo)``, or None when the request is not limited."""

@@ -88,6 +88,10 @@ class GatekeeperProxy:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
+    def stats(self) -> dict[str, int]:
+        """The gatekeeper's counters plus requests let through on errors."""
+        return {**self.gatekeeper.stats(), "fail_open_errors": self.gate.errors}
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=0)
         app.router.add_route("*", "/{tail:.*}", self.handle)
@@ -116,10 +120,14 @@ class GatekeeperProxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         req = request_info(request)
-        target = self.gate.resolve(req)
+        target = self.gate.target(req)
         verdict = Verdict.ACCEPT
         if target is not None:
-            decision = await self.gatekeeper.admit(*target)
+            try:
+                decision = await self.gatekeeper.admit(*target)
+            except Exception as exc:  # fail-permissive, even against our own bugs
+                self.gate.fail_open(exc)
+                return await self._forward(request, verdict)
             verdict = decision.verdict
             if verdict is Verdict.REJECT:
                 rejection = self.gate.reject(decision.wait_ms, req)

@@ -69,10 +69,14 @@ class SmockronWSGIMiddleware:
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         req = request_info(environ)
-        target = self.gate.resolve(req)
+        target = self.gate.target(req)
         if target is None:
             return self.app(environ, start_response)
-        decision = self.gatekeeper.admit(*target)
+        try:
+            decision = self.gatekeeper.admit(*target)
+        except Exception as exc:  # fail-permissive, even against our own bugs
+            self.gate.fail_open(exc)
+            return self.app(environ, start_response)
         if decision.verdict is not Verdict.REJECT:
             return self.app(environ, start_response)
         rejection = self.gate.reject(decision.wait_ms, req)

@@ -136,3 +136,31 @@ def test_asgi_429_and_no_master() -> None:
         app.gatekeeper.decider.table.update(b"api", b"127.0.0.1", wall_ms() + 9000, wall_ms())
         r = client.get("/x")
         assert r.status_code == 429 and r.headers["retry-after"] in ("9", "8")
+
+
+def test_failing_identify_callable_fails_open(master: MasterSockets) -> None:
+    def broken(req: object) -> str:
+        raise RuntimeError("identify bug")
+
+    asgi = SmockronMiddleware(
+        starlette_app(),
+        domain="api",
+        accounting=master.accounting_addr,
+        control=master.control_addr,
+        identify=broken,
+    )
+    wsgi = SmockronWSGIMiddleware(
+        flask_app(),
+        domain="api",
+        accounting=master.accounting_addr,
+        control=master.control_addr,
+        identify=broken,
+    )
+    try:
+        with uvicorn_server(asgi) as p1, waitress_server(wsgi) as p2:
+            for port in (p1, p2):
+                for _ in range(3):
+                    assert httpx.get(f"http://127.0.0.1:{port}/x").status_code == 200
+        assert asgi.gate.errors == 3 and wsgi.gate.errors == 3
+    finally:
+        wsgi.close()

@@ -49,7 +49,16 @@ def proxied(
     master: MasterSockets, upstream: tuple[int, Seen], tmp_path: Path
 ) -> Iterator[tuple[httpx.Client, Seen, Proc]]:
     port = free_port()
-    args = proxy_args(port, upstream[0], master, "--reject-status", "429", "--decision-header")
+    args = proxy_args(
+        port,
+        upstream[0],
+        master,
+        "--reject-status",
+        "429",
+        "--decision-header",
+        "--stats-interval",
+        "0.3",
+    )
     with (
         smockron_proc(args, tmp_path / "proxy.log") as proc,
         httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
@@ -144,6 +153,7 @@ def test_delays_rejects_and_accounts(
     assert client.get("/", headers={"x-client": "alice"}).status_code == 200
     wait_for(lambda: "malformed control message" in proc.log(), 5)
     assert proc.log().count("malformed control message") == 1
+    wait_for(lambda: "'control_malformed': 51" in proc.log(), 5)  # counted in the stats line
 
 
 def test_upstream_down_is_502(master: MasterSockets, tmp_path: Path) -> None:
