@@ -172,6 +172,7 @@ class _GatekeeperBase:
         out = self.counters.as_dict()
         out["waiting"] = self.decider.waiting
         out["delay_entries"] = len(self.decider.table)
+        out["delay_table_dropped"] = self.decider.table.dropped
         out["master_connected"] = int(self.master_connected)
         return out
 

@@ -133,6 +133,9 @@ def test_no_master_everything_passes() -> None:
         assert time.perf_counter() - t0 < 1.0
         assert gk.counters.accounting_dropped == 1000
         assert not gk.master_connected
+        stats = gk.stats()
+        assert stats["accepted"] == 1000 and stats["accounting_sent"] == 0
+        assert stats["master_connected"] == 0 and stats["waiting"] == 0
 
 
 def test_master_dies_and_returns() -> None:
