@@ -157,12 +157,22 @@ def bench_core(rounds: int) -> dict[str, float]:
                 pub.send(f, more)
             pub.send(frames[-1], zmq.NOBLOCK)
 
+    raw_send = zmq.backend.Socket.send
+
+    def send_compiled(n: int) -> None:
+        more = zmq.SNDMORE | zmq.NOBLOCK
+        for _ in range(n):
+            for f in frames[:-1]:
+                raw_send(pub, f, more)
+            raw_send(pub, frames[-1], zmq.NOBLOCK)
+
     cases = {
         "decide+account, threaded Gatekeeper (lock)": decide_sync,
         "decide+account, AsyncGatekeeper": decide_async_twin,
         "decision only (pure Decider)": decide_pure,
         "5-frame send_multipart": send_multipart,
         "5 x send(SNDMORE)": send_sndmore,
+        "5 x compiled send(SNDMORE) (what core.py does)": send_compiled,
     }
     results: dict[str, list[float]] = {k: [] for k in cases}
     process: dict[str, list[float]] = {k: [] for k in cases}
