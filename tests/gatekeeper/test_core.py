@@ -204,3 +204,27 @@ async def test_async_no_master() -> None:
         for i in range(100):
             assert (await gk.admit(D, b"%d" % i)).verdict is Verdict.ACCEPT
         assert gk.counters.accounting_dropped == 100
+
+
+def test_a_stuck_master_never_blocks_requests() -> None:
+    """A master that stops reading: the queue fills to SNDHWM, then PUB drops; no blocking."""
+    import zmq
+
+    a, c = free_ports(2)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    stuck = ctx.socket(zmq.SUB)
+    stuck.setsockopt(zmq.RCVHWM, 10)
+    stuck.setsockopt(zmq.RCVBUF, 4096)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.bind(f"tcp://127.0.0.1:{a}")
+    try:
+        with Gatekeeper(f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{c}", ["api"], sndhwm=10) as gk:
+            wait_for(lambda: gk.master_connected, 5)
+            t0 = time.perf_counter()
+            for i in range(20_000):
+                gk.decide(D, b"%d" % i, loginfo=b"x" * 200)
+            assert time.perf_counter() - t0 < 5.0
+            assert gk.counters.accepted == 20_000
+    finally:
+        stuck.close(0)
+        ctx.term()
