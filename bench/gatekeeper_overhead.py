@@ -129,11 +129,26 @@ def bench_core(rounds: int) -> dict[str, float]:
         agk.decider.table.update(b"api", ids[i], now + 3_600_000, now)
 
     def decide_async_twin(n: int) -> None:
+        """Flushed after every decision: the unbatched worst case."""
         decide = agk.decide
         release = agk.release
+        flush = agk.flush
         for i in range(n):
             if decide(b"api", ids[i % 1000]).until_ms:
                 release()
+            flush()
+
+    def decide_async_batched(n: int) -> None:
+        """Flushed every 16 decisions, as when 16 requests are decided in one loop turn."""
+        decide = agk.decide
+        release = agk.release
+        flush = agk.flush
+        for i in range(n):
+            if decide(b"api", ids[i % 1000]).until_ms:
+                release()
+            if not i & 15:
+                flush()
+        flush()
 
     pure = Decider()
 
@@ -169,6 +184,7 @@ def bench_core(rounds: int) -> dict[str, float]:
     cases = {
         "decide+account, threaded Gatekeeper (lock)": decide_sync,
         "decide+account, AsyncGatekeeper": decide_async_twin,
+        "decide+account, AsyncGatekeeper, batches of 16": decide_async_batched,
         "decision only (pure Decider)": decide_pure,
         "5-frame send_multipart": send_multipart,
         "5 x send(SNDMORE)": send_sndmore,

@@ -193,6 +193,7 @@ async def test_async_twin(master: MasterSockets) -> None:
         assert elapsed < 0.6
         assert gk.decider.waiting == 0
         assert (await gk.admit(D, b"amy")).verdict is Verdict.ACCEPT
+        await asyncio.sleep(0)  # accounting is batched and sent when the loop turns
         got = master.drain(0.2)
         assert [m.status for m in got].count(DELAYED) == 20
         assert got[-1].status == ACCEPTED
@@ -228,3 +229,27 @@ def test_a_stuck_master_never_blocks_requests() -> None:
     finally:
         stuck.close(0)
         ctx.term()
+
+
+async def test_async_accounting_is_batched_per_loop_turn(master: MasterSockets) -> None:
+    async with AsyncGatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
+        for _ in range(250):
+            if gk.master_connected:
+                break
+            await asyncio.sleep(0.02)
+        for _ in range(100):  # until the master's subscription is in place
+            gk.decide(D, b"probe")
+            await asyncio.sleep(0)
+            if master.drain(0.02):
+                break
+        gk.counters.accounting_sent = 0
+        for i in range(50):  # decided in one loop turn: queued, not yet sent
+            gk.decide(D, b"b%d" % i)
+        assert gk.counters.accounting_sent == 0
+        await asyncio.sleep(0)
+        assert gk.counters.accounting_sent == 50
+        got = master.drain(0.2)
+        assert [m.identifier for m in got] == [b"b%d" % i for i in range(50)]
+        gk.decide(D, b"last")
+    # closing flushes what is still queued
+    assert master.recv().identifier == b"last"
