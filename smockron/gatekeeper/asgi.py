@@ -7,10 +7,11 @@ Non-HTTP scopes pass straight through; a lifespan shutdown closes the gatekeeper
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from smockron.gatekeeper.core import AsyncGatekeeper
+from smockron.gatekeeper.core import AsyncGatekeeper, now_ms
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
 from smockron.gatekeeper.state import Verdict
@@ -22,23 +23,32 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+class ASGIRequestInfo(RequestInfo):
+    """The identification view of an ASGI HTTP scope, reading its raw header list.
+
+    Headers are found by scanning the (short) list on demand: cheaper per request than
+    building a closure or a dictionary, and this runs on every request.
+    """
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, scope: Scope) -> None:
+        client = scope.get("client")
+        super().__init__(
+            client[0] if client else None, scope.get("method", "GET"), scope.get("path", "/")
+        )
+        self._raw: list[tuple[bytes, bytes]] = scope.get("headers") or []
+
+    def header(self, name: str) -> str | None:
+        key = name.encode("latin-1")
+        values = [v for k, v in self._raw if k == key]
+        if not values:
+            return None
+        return b", ".join(values).decode("latin-1")
+
+
 def request_info(scope: Scope) -> RequestInfo:
-    """The identification view of an ASGI HTTP scope; headers are decoded on first use."""
-    raw: list[tuple[bytes, bytes]] = scope.get("headers") or []
-    table: dict[str, str] | None = None
-
-    def lookup(name: str) -> str | None:
-        nonlocal table
-        if table is None:  # one pass over the headers, only if someone asks
-            table = {}
-            for k, v in raw:
-                key, value = k.decode("latin-1"), v.decode("latin-1")
-                table[key] = f"{table[key]}, {value}" if key in table else value
-        return table.get(name)
-
-    client = scope.get("client")
-    peer = client[0] if client else None
-    return RequestInfo(peer, scope.get("method", "GET"), scope.get("path", "/"), lookup)
+    return ASGIRequestInfo(scope)
 
 
 class SmockronMiddleware:
@@ -88,12 +98,22 @@ class SmockronMiddleware:
         if target is None:
             await self.app(scope, receive, send)
             return
+        gatekeeper = self.gatekeeper
         try:
-            decision = await self.gatekeeper.admit(*target)
+            if not gatekeeper.started:
+                gatekeeper.start()
+            # decide() rather than admit(): no coroutine unless there is a delay to sleep
+            domain, identifier, loginfo = target
+            decision = gatekeeper.decide(domain, identifier, None, loginfo)
         except Exception as exc:  # fail-permissive, even against our own bugs
             self.gate.fail_open(exc)
             await self.app(scope, receive, send)
             return
+        if decision.verdict is Verdict.DELAY:
+            try:
+                await asyncio.sleep(max(0, decision.until_ms - now_ms()) / 1000)
+            finally:
+                gatekeeper.release()
         if decision.verdict is not Verdict.REJECT:
             await self.app(scope, receive, send)
             return

@@ -26,7 +26,7 @@ class RequestInfo:
         peer: str | None,
         method: str,
         path: str,
-        lookup: Callable[[str], str | None],
+        lookup: Callable[[str], str | None] | None = None,
     ) -> None:
         self.peer = peer
         self.method = method
@@ -35,7 +35,7 @@ class RequestInfo:
 
     def header(self, name: str) -> str | None:
         """A header by lower-case name; repeated headers are joined with ``", "``."""
-        return self._lookup(name)
+        return self._lookup(name) if self._lookup is not None else None
 
 
 Identify = Callable[[RequestInfo], "bytes | str | None"]
