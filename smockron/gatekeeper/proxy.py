@@ -6,6 +6,7 @@ alive and reused, hop-by-hop headers are dropped and ``X-Forwarded-For`` is appe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Final
@@ -16,7 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper
+from smockron.gatekeeper.core import AsyncGatekeeper, now_ms
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
 from smockron.gatekeeper.state import Verdict
@@ -123,12 +124,18 @@ class GatekeeperProxy:
         target = self.gate.target(req)
         verdict = Verdict.ACCEPT
         if target is not None:
+            domain, identifier, loginfo = target
             try:
-                decision = await self.gatekeeper.admit(*target)
+                decision = self.gatekeeper.decide(domain, identifier, None, loginfo)
             except Exception as exc:  # fail-permissive, even against our own bugs
                 self.gate.fail_open(exc)
                 return await self._forward(request, verdict)
             verdict = decision.verdict
+            if verdict is Verdict.DELAY:
+                try:  # the client connection stays open; the upstream has not seen it yet
+                    await asyncio.sleep(max(0, decision.until_ms - now_ms()) / 1000)
+                finally:
+                    self.gatekeeper.release()
             if verdict is Verdict.REJECT:
                 rejection = self.gate.reject(decision.wait_ms, req)
                 headers = CIMultiDict(rejection.headers)
