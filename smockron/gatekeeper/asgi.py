@@ -54,8 +54,9 @@ def request_info(scope: Scope) -> RequestInfo:
 class SmockronMiddleware:
     """Rate-limit an ASGI app through a Smockron master.
 
-    Pass ``gatekeeper`` to share one :class:`AsyncGatekeeper` between apps, or the
-    master's ``accounting`` and ``control`` addresses to make one here.
+    Pass ``gatekeeper`` to share one :class:`AsyncGatekeeper` between apps (its owner
+    closes it), or the master's ``accounting`` and ``control`` addresses to make one
+    here, closed at lifespan shutdown.
     """
 
     def __init__(
@@ -75,6 +76,7 @@ class SmockronMiddleware:
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
+        self._owns_gatekeeper = gatekeeper is None  # a shared one is closed by its owner
         self.gatekeeper = gatekeeper or AsyncGatekeeper(
             accounting,
             control,
@@ -132,7 +134,7 @@ class SmockronMiddleware:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self.gatekeeper.start()
-            elif message["type"] == "lifespan.shutdown":
+            elif message["type"] == "lifespan.shutdown" and self._owns_gatekeeper:
                 await self.gatekeeper.aclose()
             return message
 
