@@ -116,6 +116,29 @@ class Engine:
         if retain is not None:
             retain({Scope(n, r, p.algorithm) for n, p in domains.items() for r in p.rules})
 
+    @property
+    def topics(self) -> dict[bytes, _Domain]:
+        """Configured domains by topic (name + NUL), for a compiled receive loop."""
+        return self._by_topic
+
+    def ingest(self, fast: Iterable[Decoded], raw: Iterable[Frames]) -> list[Decoded]:
+        """Like ``decode``, for a batch a compiled loop already split into messages it
+        decoded exactly as ``decode``'s fast path would (``fast``) and the rest (``raw``)."""
+        out: list[Decoded] = []
+        append = out.append
+        for item in fast:
+            status = item[1]
+            if status == ACCEPTED:
+                item[0].stats.accepted += 1
+                append(item)
+            elif status == DELAYED:
+                item[0].stats.delayed += 1
+                append(item)
+            else:
+                item[0].stats.rejected += 1
+        out.extend(self.decode(raw))
+        return out
+
     def process(self, batch: Iterable[Frames], now_ms: float) -> list[list[bytes]]:
         """Decode and apply a batch; the control messages to publish, in order."""
         self.store.tick(now_ms)
@@ -220,15 +243,20 @@ class Engine:
 def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
     """The seed's rule for every rule of the domain; the latest "next allowed" wins."""
     until: float | None = None
-    for rule, table, window in dom.scopes:
+    for rule, table, _window in dom.scopes:
         state = table.get(ident)
         if state is None:
             state = []
-        record(state, ts, rule)
-        table.put(ident, state, max(state) + window)
-        nxt = next_allowed(state, now_ms, rule)
-        if nxt is not None and (until is None or nxt > until):
-            until = nxt
+            record(state, ts, rule)
+            table.put(ident, state)
+        else:
+            record(state, ts, rule)  # in place: a memory table needs no put
+            if table.wants_put:
+                table.put(ident, state)
+        if len(state) >= rule.burst:  # below the burst next_allowed is always None
+            nxt = next_allowed(state, now_ms, rule)
+            if nxt is not None and (until is None or nxt > until):
+                until = nxt
     return until
 
 
@@ -238,7 +266,7 @@ def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float |
     for rule, table, _window in dom.scopes:
         state = table.get(ident)
         result = gcra_update(state[0] if state else None, ts, now_ms, rule)
-        table.put(ident, [result.value], result.expires)
+        table.put(ident, [result.value])
         nxt = result.delay_until
         if nxt is not None and (until is None or nxt > until):
             until = nxt

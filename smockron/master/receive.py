@@ -1,4 +1,4 @@
-"""Draining a ZeroMQ socket in batches, the part of the master that dominates its cost.
+"""Draining a ZeroMQ socket in batches (and sending batches), the master's costliest part.
 
 ``recv_multipart`` asks libzmq "more frames?" through ``getsockopt(RCVMORE)`` after
 every frame, which costs more than receiving the frame. This module reads each frame
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import zmq
 
@@ -22,6 +23,8 @@ MAX_FRAMES = 16
 """Frames beyond this are read and discarded (the message is malformed anyway)."""
 
 Drain = Callable[[zmq.Socket[bytes], int], list[list[bytes]]]
+SendAll = Callable[[zmq.Socket[bytes], list[list[bytes]]], int]
+DrainAccounting = Callable[..., tuple[list[Any], list[list[bytes]]]]
 
 
 def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
@@ -43,17 +46,61 @@ def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
     return out
 
 
-def _load_compiled() -> Drain | None:
+def send_all_python(sock: zmq.Socket[bytes], messages: list[list[bytes]]) -> int:
+    """Send whole messages without blocking; one the socket cannot take is skipped."""
+    send = sock.send_multipart
+    sent = 0
+    for frames in messages:
+        try:
+            send(frames, zmq.NOBLOCK)
+        except zmq.Again:  # a PUB drops at its high-water mark anyway
+            continue
+        sent += 1
+    return sent
+
+
+def _loaded_libzmq() -> str | None:
+    """The path of the libzmq that pyzmq loaded (Linux: from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").partition("/")[2]
+                name = path.rpartition("/")[2]
+                if name.startswith("libzmq") and ".so" in name:
+                    return "/" + path
+    except OSError:
+        pass
+    return None
+
+
+def _load_compiled() -> tuple[Drain, SendAll, DrainAccounting] | None:
+    """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used).
+    ``SMOCKRON_PURE_PYTHON=1`` forces the Python loop (tests run both)."""
+    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
+        return None
     try:
         from smockron.master import _fastrecv  # type: ignore[attr-defined]
     except ImportError:
         return None
-    drain: Drain = _fastrecv.drain
-    return drain
+    path = _loaded_libzmq()
+    if path is None:
+        return None
+    try:
+        _fastrecv.bind(path, zmq.ZMQError)
+    except ImportError:
+        return None
+    return _fastrecv.drain, _fastrecv.send_all, _fastrecv.drain_accounting
 
 
-drain_compiled = _load_compiled()
+_compiled = _load_compiled()
+drain_compiled: Drain | None = _compiled[0] if _compiled else None
+send_all_compiled: SendAll | None = _compiled[1] if _compiled else None
 drain: Drain = drain_compiled or drain_python
+send_all: SendAll = send_all_compiled or send_all_python
+drain_accounting_compiled: DrainAccounting | None = _compiled[2] if _compiled else None
+"""``(socket, limit, topics, (ACCEPTED, DELAYED, REJECTED), (max_identifier,
+max_loginfo, max_timestamp_digits, max_timestamp_ms))`` -> ``(decoded, raw)``: the
+engine's decode fast path done while receiving (see Engine.ingest)."""
 
 
 async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:

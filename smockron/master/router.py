@@ -3,7 +3,8 @@
 Accounting: gatekeepers publish to the router's SUB; each message goes to the one master
 that owns its domain on a consistent-hash ring of the masters' accounting addresses
 (so a master's share moves only when masters are added or removed), through one PUB
-per master. Control: one SUB connected to every master's PUB, every message relayed
+per master. A domain's point on the ring is a digest of its name (see ``ring_key``).
+Control: one SUB connected to every master's PUB, every message relayed
 unchanged to the gatekeepers through the router's PUB. The seed requires exactly this:
 "all messages for the same domain go to the same master".
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import signal
 from collections.abc import Sequence
@@ -21,12 +23,22 @@ import zmq
 
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
-from smockron.master.receive import drain, wait_readable
+from smockron.master.receive import drain, send_all, wait_readable
 
 log = logging.getLogger("smockron.router")
 
 OWNER_CACHE = 65_536
 """Domains whose owner is memoised; a flood of random domains only resets the cache."""
+
+
+def ring_key(domain: bytes | str) -> str:
+    """The point of a domain on the ring: a digest of its name, not the name itself.
+
+    The ring's own hash (FNV-1a) barely mixes the last bytes of short keys, so domains
+    such as ``api1``, ``api2``... would crowd onto one master; a cryptographic digest
+    spreads them evenly and is the same in every router."""
+    raw = domain.encode() if isinstance(domain, str) else domain
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +119,8 @@ class Router:
             if len(self._owners) >= OWNER_CACHE:
                 self._owners.clear()
             domain = domain_frame[:-1] if domain_frame.endswith(b"\0") else domain_frame
-            sock = self._owners[domain_frame] = self.to_master[self.ring.owner(domain)]
+            owner = self.ring.owner(ring_key(domain))
+            sock = self._owners[domain_frame] = self.to_master[owner]
         return sock
 
     def stop(self) -> None:
@@ -115,7 +128,11 @@ class Router:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.bind()
+        try:
+            self.bind()
+        except BaseException:
+            self.close()
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
@@ -147,24 +164,25 @@ class Router:
             if not batch:
                 await wait_readable(self.frontend, 0.25)
                 continue
+            by_owner: dict[zmq.Socket[bytes], list[list[bytes]]] = {}
             for frames in batch:
                 if not frames[0]:
                     self.discarded += 1  # no domain to route by; a master would reject it
                     continue
-                with contextlib.suppress(zmq.Again):
-                    self.owner(frames[0]).send_multipart(frames, zmq.NOBLOCK)
-                self.forwarded += 1
+                sock = self.owner(frames[0])
+                group = by_owner.get(sock)
+                if group is None:
+                    group = by_owner[sock] = []
+                group.append(frames)
+            for sock, group in by_owner.items():
+                self.forwarded += send_all(sock, group)
             await asyncio.sleep(0)
 
     async def _control(self) -> None:
-        send = self.control_out.send_multipart
         while True:
             batch = drain(self.control_in, self.batch)
             if not batch:
                 await wait_readable(self.control_in, 0.25)
                 continue
-            for frames in batch:
-                with contextlib.suppress(zmq.Again):
-                    send(frames, zmq.NOBLOCK)
-            self.relayed += len(batch)
+            self.relayed += send_all(self.control_out, batch)
             await asyncio.sleep(0)

@@ -22,13 +22,20 @@ import zmq
 
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings
-from smockron.master.engine import Engine, Frames
+from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.ratelog import RateLimitedLog
-from smockron.master.receive import drain, wait_readable
+from smockron.master.receive import drain, drain_accounting_compiled, send_all, wait_readable
 from smockron.master.stats import Stats
 from smockron.master.stores import MemoryStore, open_store
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED
 
 log = logging.getLogger("smockron.master")
+
+Batch = tuple[list[Decoded], list[list[bytes]]]
+"""Messages already decoded by the compiled loop, and raw ones for the engine to decode."""
+
+FLUSH_IDLE_S = 0.05
+"""An idle master with the Redis store writes what changed after this long."""
 
 MAX_FRAME_BYTES = 64 * 1024
 """ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected by libzmq itself."""
@@ -59,12 +66,14 @@ class Master:
         self.ctx = context or zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.pub = self.ctx.socket(zmq.PUB)
-        self.pending: deque[list[list[bytes]]] = deque()
+        self.pending: deque[Batch] = deque()
         self.pending_count = 0
         self._work = asyncio.Event()
         self._stopping = asyncio.Event()
 
     def bind(self) -> None:
+        if not self.settings.domains:
+            log.warning("no rules configured: every accounting message will be ignored")
         self.sub.setsockopt(zmq.RCVHWM, self.settings.hwm)
         self.sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sub.setsockopt(zmq.LINGER, 0)
@@ -105,7 +114,11 @@ class Master:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.bind()
+        try:
+            self.bind()
+        except BaseException:
+            await self.close()
+            raise
         for sig, handler in (
             (signal.SIGTERM, self.stop),
             (signal.SIGINT, self.stop),
@@ -133,6 +146,13 @@ class Master:
             log.info("master stopped: %s", self.stats.summary())
 
     async def close(self) -> None:
+        """Write what changed (Redis), then close the store and the sockets."""
+        flush = getattr(self.store, "flush", None)
+        if flush is not None:
+            try:
+                await flush(wait=True)
+            except Exception as exc:
+                log.warning("final write to the store failed: %s", exc)
         close = getattr(self.store, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):
@@ -143,27 +163,42 @@ class Master:
     async def _receive(self) -> None:
         sub = self.sub
         limit = self.settings.batch
+        engine = self.engine
+        fast = drain_accounting_compiled
+        statuses = (ACCEPTED, DELAYED, REJECTED)
+        lim = engine.limits
+        limits = (lim.max_identifier, lim.max_loginfo, lim.max_timestamp_digits,
+                  lim.max_timestamp_ms)  # fmt: skip
         while not self._stopping.is_set():
-            batch = drain(sub, limit)
-            if batch:
+            if fast is not None:  # decoded while received (see Engine.ingest)
+                batch: Batch = fast(sub, limit, engine.topics, statuses, limits)
+            else:
+                batch = ([], drain(sub, limit))
+            if batch[0] or batch[1]:
                 self._enqueue(batch)
                 await asyncio.sleep(0)
             else:
                 await wait_readable(sub, 0.25)
 
-    def _enqueue(self, batch: list[list[bytes]]) -> None:
+    def _enqueue(self, batch: Batch) -> None:
+        decoded, raw = batch
         room = self.settings.queue - self.pending_count
-        if room < len(batch):
-            self._count_dropped(batch[max(room, 0) :])
-            batch = batch[: max(room, 0)]
-        if batch:
-            self.pending.append(batch)
-            self.pending_count += len(batch)
+        if room < len(decoded) + len(raw):  # full: drop the newest, and count them
+            room = max(room, 0)
+            keep_decoded, room = decoded[:room], room - len(decoded[:room])
+            keep_raw = raw[:room]
+            self._count_dropped(decoded[len(keep_decoded) :], raw[len(keep_raw) :])
+            decoded, raw = keep_decoded, keep_raw
+        if decoded or raw:
+            self.pending.append((decoded, raw))
+            self.pending_count += len(decoded) + len(raw)
             self._work.set()
 
-    def _count_dropped(self, dropped: list[list[bytes]]) -> None:
-        self.stats.dropped += len(dropped)
-        for frames in dropped:
+    def _count_dropped(self, decoded: list[Decoded], raw: list[list[bytes]]) -> None:
+        self.stats.dropped += len(decoded) + len(raw)
+        for item in decoded:
+            item[0].stats.dropped += 1
+        for frames in raw:
             name = frames[0][:-1].decode("utf-8", "replace") if frames else ""
             domain = self.stats.domains.get(name)
             if domain is not None:
@@ -173,47 +208,57 @@ class Master:
         redis = not isinstance(self.store, MemoryStore)
         while True:
             while self.pending:
-                batch = self.pending.popleft()
-                self.pending_count -= len(batch)
+                fast, raw = self.pending.popleft()
+                self.pending_count -= len(fast) + len(raw)
+                self.stats.batches += 1
+                decoded = self.engine.ingest(fast, raw)
                 if redis:
-                    await self._process_redis(batch)
+                    await self._process_redis(decoded)
                 else:
-                    self._publish(self.engine.process(batch, time.time() * 1000.0))
+                    now = time.time() * 1000.0
+                    self.store.tick(now)
+                    self._publish(self.engine.apply(decoded, now))
                 await asyncio.sleep(0)
             if self._stopping.is_set():
                 return
             self._work.clear()
-            await self._work.wait()
+            if redis:  # idle: what changed is written after at most one interval
+                try:
+                    await asyncio.wait_for(self._work.wait(), FLUSH_IDLE_S)
+                except TimeoutError:
+                    await self._flush_redis()
+            else:
+                await self._work.wait()
 
-    async def _process_redis(self, batch: list[list[bytes]]) -> None:
+    async def _process_redis(self, decoded: list[Decoded]) -> None:
         from smockron.master.stores.redis import RedisStore
 
         store = self.store
         assert isinstance(store, RedisStore)
-        decoded = self.engine.decode(batch)
+        store.tick(time.time() * 1000.0)
         try:
             await store.load(self.engine.touched(decoded))
-        except Exception as exc:  # Redis down: fail permissive, count and go on
-            store.discard()
-            self._count_dropped([[d[0].topic] for d in decoded])
-            self.malformed_log.warning("redis unavailable, batch dropped: %s", exc)
-            return
+        except Exception as exc:  # Redis down: go on from memory (fail permissive)
+            store.report(exc, "read")
         now = time.time() * 1000.0
         store.tick(now)
         self._publish(self.engine.apply(decoded, now))
+        if store.due(now):
+            await self._flush_redis()
+
+    async def _flush_redis(self) -> None:
+        from smockron.master.stores.redis import RedisStore
+
+        store = self.store
+        assert isinstance(store, RedisStore)
         try:
-            await store.flush()
+            await store.flush(wait=False)
         except Exception as exc:
-            store.discard()
-            self.malformed_log.warning("redis write failed: %s", exc)
+            store.report(exc, "write")
 
     def _publish(self, controls: list[list[bytes]]) -> None:
-        send = self.pub.send_multipart
-        for frames in controls:
-            try:  # noqa: SIM105 - cheaper than a context manager per message
-                send(frames, zmq.NOBLOCK)
-            except zmq.Again:  # PUB drops at its HWM anyway; never block the loop
-                pass
+        if controls:
+            send_all(self.pub, controls)
 
     def _log_malformed(self, exc: ProtocolError, frames: Frames) -> None:
         head = [f[:40] for f in list(frames)[:3]]

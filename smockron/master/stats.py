@@ -40,6 +40,8 @@ class Stats:
     """Well-formed messages for a domain without rules: counted and ignored."""
     dropped: int = 0
     """Messages dropped because the master's bounded queue was full."""
+    batches: int = 0
+    """Batches processed; messages / batches is the mean batch size."""
 
     def domain(self, name: str) -> DomainStats:
         """The counters of ``name``, created on first use; kept across rule reloads."""
@@ -62,6 +64,7 @@ class Stats:
             f"unknown_domain={self.unknown_domain}",
             f"dropped={self.dropped}",
             f"skewed={self.total('skewed')}",
+            f"batches={self.batches}",
         ]
         for name, s in sorted(self.domains.items()):
             busy = " ".join(f"{k}={v}" for k, v in s.as_dict().items() if v)

@@ -13,7 +13,7 @@ T0 = 1_700_000_000_000
 def test_table_rotation() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    table.put(b"a", [0.0], 0)
+    table.put(b"a", [0.0])
     table.tick(999)
     assert table.get(b"a") == [0.0]
     table.tick(1000)  # rotated: "a" now in previous, still found and moved back
@@ -29,7 +29,7 @@ def test_table_rotation() -> None:
 def test_long_idle_drops_everything_at_once() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    table.put(b"a", [0.0], 0)
+    table.put(b"a", [0.0])
     table.tick(5000)
     assert len(table) == 0
 

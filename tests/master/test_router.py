@@ -10,7 +10,7 @@ import pytest
 
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
-from smockron.master.router import MasterAddress, Router
+from smockron.master.router import MasterAddress, Router, ring_key
 from tests.master.client import FakeGatekeeper, now_ms
 from tests.support import free_ports, smockron_proc, wait_for
 
@@ -26,7 +26,7 @@ def metric_sum(port: int, prefix: str) -> dict[str, float]:
 
 def pick(ring: HashRing, owner: str, count: int, prefix: str) -> list[str]:
     """The first ``count`` domains named PREFIXn that ``owner`` owns."""
-    found = [f"{prefix}{i}" for i in range(200) if ring.owner(f"{prefix}{i}") == owner]
+    found = [f"{prefix}{i}" for i in range(200) if ring.owner(ring_key(f"{prefix}{i}")) == owner]
     return found[:count]
 
 
@@ -84,3 +84,10 @@ def test_router_config_errors() -> None:
     dup = MasterAddress.parse("tcp://a:1,tcp://a:2")
     with pytest.raises(ConfigError, match="duplicate"):
         Router("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", [dup, dup])
+
+
+def test_ring_key_spreads_similar_domains() -> None:
+    ring = HashRing(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"])
+    owners = [ring.owner(ring_key(f"api{i}")) for i in range(400)]
+    assert 120 < owners.count("tcp://127.0.0.1:1") < 280
+    assert ring_key(b"api") == ring_key("api")

@@ -1,8 +1,8 @@
 """What the engine needs from a store: one table of states per (domain, rule, algorithm).
 
 A state is a ``list[float]``: the history's timestamps (oldest first) for the seed's
-rule, or ``[V]`` for GCRA. Tables are keyed by the identifier's bytes. ``put`` passes
-the time after which the state can no longer throttle anything, so stores can forget it.
+rule, or ``[V]`` for GCRA. Tables are keyed by the identifier's bytes. ``expires_at``
+says when a state can no longer throttle anything, so stores can forget it then.
 """
 
 from __future__ import annotations
@@ -31,10 +31,21 @@ class Scope:
         return f"{self.algorithm}:{self.domain}:{self.rule.rate!r}:{self.rule.burst}:".encode()
 
 
+def expires_at(state: State, scope: Scope) -> float:
+    """History: the newest timestamp plus the window. GCRA: ``V + B``, after which the
+    floor ``now - B`` is above ``V`` and the state is reset anyway."""
+    if scope.algorithm == "gcra":
+        return state[0] + scope.rule.window_ms
+    return max(state) + scope.rule.window_ms
+
+
 class Table(Protocol):
+    wants_put: bool
+    """False when a state changed in place needs no ``put`` (it is already stored)."""
+
     def get(self, key: bytes) -> State | None: ...
 
-    def put(self, key: bytes, state: State, expires_ms: float) -> None: ...
+    def put(self, key: bytes, state: State) -> None: ...
 
 
 class Store(Protocol):

@@ -18,6 +18,7 @@ class MemoryTable:
     """Identifier -> state, in two generations rotated every ``period_ms``."""
 
     __slots__ = ("current", "period_ms", "previous", "started_ms")
+    wants_put = False
 
     def __init__(self, period_ms: float) -> None:
         self.period_ms = period_ms
@@ -33,7 +34,7 @@ class MemoryTable:
                 self.current[key] = state
         return state
 
-    def put(self, key: bytes, state: State, expires_ms: float) -> None:
+    def put(self, key: bytes, state: State) -> None:
         self.current[key] = state
 
     def tick(self, now_ms: float) -> None:

@@ -1,47 +1,97 @@
-"""``redis://HOST:PORT/DB``: states in Redis, so a restarted master keeps enforcing.
-
-No round trip per message: for each batch the master asks ``load`` for every state the
-batch touches (one MGET), applies the rules in Python against that snapshot, then
-``flush`` writes every changed state back in one pipeline, each key with a TTL equal to
-the time after which it can no longer throttle anything (its window). The rule logic
-stays in one place (smockron.core); Redis only stores bytes.
+"""``redis://HOST:PORT/DB``: states persisted in Redis, so a restarted master keeps enforcing.
 
 A domain is owned by exactly one master (the router guarantees it when there are
-several), so this read-modify-write per batch has no concurrent writer to race with.
-States are packed float64 arrays: ``history:api:10.0:20:<identifier>`` -> timestamps.
+several), so the master's own memory is the authority and Redis is its durable copy:
+
+* each table keeps its states in memory exactly like ``memory://`` (two generations,
+  forgotten after idling longer than the window);
+* before a batch is applied, ``load`` fetches from Redis, in one command, only the
+  states the batch needs and memory lacks (after a restart: all of them; in steady
+  state: new identifiers only);
+* after a batch (at most every ``flush_interval_ms``, default 250 ms, when busy; at
+  once when idle), ``flush`` writes every changed state in one command, each key with a
+  TTL equal to the time after which it can no longer throttle anything (its window).
+  The write runs while the next batches are decoded and applied (write-behind, at most
+  one write in flight, so writes reach Redis in order). A master killed outright loses
+  at most the last interval's updates: it then under-counts, never over-throttles.
+
+No round trip per message, and the rule logic stays in one place (smockron.core).
+States are packed float64 arrays under ``smockron:history:api:10.0:20:<identifier>``.
+When Redis is unreachable the master goes on from memory and logs; nothing is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import struct
 from array import array
 from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from smockron.errors import ConfigError
-from smockron.master.stores.base import Scope, State, Table
+from smockron.master.ratelog import RateLimitedLog
+from smockron.master.stores.base import Scope, State, Table, expires_at
+from smockron.master.stores.memory import MemoryTable
 
 KEY_PREFIX = b"smockron:"
 
+# Both scripts take one argument, a blob of length-prefixed records, and unpack it in
+# Lua: redis-py packs a command argument by argument in Python, which for thousands of
+# keys costs more than everything else the master does. (The keys are therefore not
+# declared in KEYS: fine for a standalone Redis, which is what the master supports.)
+_READ_LUA = """
+local blob, pos, out = ARGV[1], 1, {}
+while pos <= #blob do
+  local key
+  key, pos = struct.unpack('>I4c0', blob, pos)
+  out[#out + 1] = redis.call('GET', key)
+end
+return out
+"""
 
-class RedisTable:
-    """The states of one scope for the batch in progress, plus what changed."""
+_WRITE_LUA = """
+local blob, pos, n = ARGV[1], 1, 0
+while pos <= #blob do
+  local key, value, ttl
+  key, value, ttl, pos = struct.unpack('>I4c0I4c0I8', blob, pos)
+  if ttl > 0 then
+    redis.call('SET', key, value, 'PX', ttl)
+  else
+    redis.call('DEL', key)
+  end
+  n = n + 1
+end
+return n
+"""
 
-    __slots__ = ("cache", "dirty", "prefix")
+_LEN = struct.Struct(">I").pack
+_TTL = struct.Struct(">Q").pack
+_MAX_TTL_MS = 2**53
 
-    def __init__(self, prefix: bytes) -> None:
+
+class RedisTable(MemoryTable):
+    """A memory table that also remembers which states changed since the last flush."""
+
+    __slots__ = ("dirty", "prefix", "scope")
+    wants_put = True
+
+    def __init__(self, prefix: bytes, scope: Scope) -> None:
+        super().__init__(scope.rule.window_ms)
         self.prefix = prefix
-        self.cache: dict[bytes, State] = {}
-        self.dirty: dict[bytes, tuple[State, float]] = {}
+        self.scope = scope
+        self.dirty: dict[bytes, State] = {}
 
-    def get(self, key: bytes) -> State | None:
-        return self.cache.get(key)
+    def put(self, key: bytes, state: State) -> None:
+        self.current[key] = state
+        self.dirty[key] = state
 
-    def put(self, key: bytes, state: State, expires_ms: float) -> None:
-        self.cache[key] = state
-        self.dirty[key] = (state, expires_ms)
+    def has(self, key: bytes) -> bool:
+        return key in self.current or key in self.previous
 
 
 class RedisStore:
@@ -49,7 +99,9 @@ class RedisStore:
 
     scheme = "redis"
 
-    def __init__(self, url: str, *, key_prefix: bytes = KEY_PREFIX) -> None:
+    def __init__(
+        self, url: str, *, key_prefix: bytes = KEY_PREFIX, flush_interval_ms: float = 250.0
+    ) -> None:
         try:
             self.client: aioredis.Redis = aioredis.Redis.from_url(url)
         except ValueError as exc:
@@ -58,11 +110,18 @@ class RedisStore:
         self.key_prefix = key_prefix
         self.tables: dict[Scope, RedisTable] = {}
         self.now_ms = 0.0
+        self._shas: dict[str, str] = {}
+        self._writing: asyncio.Task[Any] | None = None
+        self.errors = 0
+        self.flush_interval_ms = flush_interval_ms
+        self._flushed_ms = 0.0
+        self._log = RateLimitedLog(logging.getLogger("smockron.master.redis"))
 
     def table(self, scope: Scope) -> RedisTable:
         table = self.tables.get(scope)
         if table is None:
-            table = self.tables[scope] = RedisTable(self.key_prefix + scope.key_prefix)
+            prefix = self.key_prefix + scope.key_prefix
+            table = self.tables[scope] = RedisTable(prefix, scope)
         return table
 
     def retain(self, scopes: set[Scope]) -> None:
@@ -72,54 +131,91 @@ class RedisStore:
 
     def tick(self, now_ms: float) -> None:
         self.now_ms = now_ms
+        for table in self.tables.values():
+            table.tick(now_ms)
 
-    async def load(self, touched: Iterable[tuple[Table, bytes]]) -> None:
-        """Fetch every state a batch touches, in one MGET."""
-        for own in self.tables.values():
-            own.cache.clear()
+    async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
+        """Fetch, in one command, the states a batch needs that memory lacks; how many."""
         wanted: dict[bytes, tuple[RedisTable, bytes]] = {}
         for table, ident in touched:
             assert isinstance(table, RedisTable)
-            wanted[table.prefix + ident] = (table, ident)
+            if not table.has(ident):
+                wanted[table.prefix + ident] = (table, ident)
         if not wanted:
-            return
-        keys = list(wanted)
-        values: list[Any] = await self.client.mget(keys)
-        for key, raw in zip(keys, values, strict=True):
-            if raw:
-                table, ident = wanted[key]
-                table.cache[ident] = _unpack(raw)
+            return 0
+        blob = b"".join([_LEN(len(key)) + key for key in wanted])
+        values: list[Any] = await self._script("read", _READ_LUA, blob)
+        for (table, ident), raw in zip(wanted.values(), values, strict=True):
+            if raw and not table.has(ident):
+                table.current[ident] = _unpack(raw)
+        return len(wanted)
 
-    async def flush(self) -> int:
-        """Write every changed state back with its TTL, in one pipeline; how many."""
-        pipe = self.client.pipeline(transaction=False)
-        count = 0
-        now = self.now_ms
-        for table in self.tables.values():
-            for ident, (state, expires) in table.dirty.items():
-                ttl = math.ceil(expires - now)
-                if ttl > 0:
-                    pipe.set(table.prefix + ident, array("d", state).tobytes(), px=ttl)
-                else:
-                    pipe.delete(table.prefix + ident)
-                count += 1
-            table.dirty.clear()
-            table.cache.clear()
-        if count:
-            await pipe.execute()
-        return count
+    def due(self, now_ms: float) -> bool:
+        """Whether a write is due: busy masters write every ``flush_interval_ms``, so
+        the many updates of one busy identifier in that time cost one SET."""
+        return now_ms - self._flushed_ms >= self.flush_interval_ms
 
-    def discard(self) -> None:
-        """Forget a batch that could not be loaded or written (Redis unreachable)."""
+    async def flush(self, *, wait: bool = True) -> int:
+        """Write every changed state with its TTL in one command; how many.
+
+        With ``wait=False`` the write runs in the background (the previous one is awaited
+        first, so writes stay in order); ``drain`` waits for it."""
+        records: list[bytes] = []
+        now = self._flushed_ms = self.now_ms
         for table in self.tables.values():
+            prefix = table.prefix
+            scope = table.scope
+            for ident, state in table.dirty.items():
+                key = prefix + ident
+                value = array("d", state).tobytes()
+                ttl = min(max(math.ceil(expires_at(state, scope) - now), 0), _MAX_TTL_MS)
+                records.append(_LEN(len(key)) + key + _LEN(len(value)) + value + _TTL(ttl))
             table.dirty.clear()
-            table.cache.clear()
+        await self.drain()
+        if records:
+            write = self._script("write", _WRITE_LUA, b"".join(records))
+            if wait:
+                await write
+            else:
+                self._writing = asyncio.ensure_future(write)
+        return len(records)
+
+    async def drain(self) -> None:
+        """Wait for the background write, if any; a failure is counted and logged."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            try:
+                await writing
+            except Exception as exc:  # Redis down: memory stays the authority
+                self.report(exc, "write")
+
+    def report(self, exc: BaseException, what: str) -> None:
+        self.errors += 1
+        self._log.warning("redis %s failed (%d so far), going on from memory: %s",
+                          what, self.errors, exc)  # fmt: skip
+
+    async def _script(self, name: str, source: str, blob: bytes) -> Any:
+        """EVALSHA, loading the script the first time and again after a Redis restart."""
+        sha = self._shas.get(name)
+        if sha is not None:
+            try:
+                return await self.client.evalsha(sha, 0, blob)
+            except NoScriptError:
+                pass
+        sha = self._shas[name] = await self.client.script_load(source)
+        return await self.client.evalsha(sha, 0, blob)
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
 
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.tables.values())
+
     async def close(self) -> None:
-        await self.client.aclose()
+        try:
+            await self.drain()
+        finally:
+            await self.client.aclose()
 
 
 def _unpack(raw: bytes) -> State:

@@ -1,0 +1,546 @@
+"""Accounting messages per second through one `smockron master` process.
+
+    python bench/master_throughput.py [--messages 400000] [--senders 2] [--runs 3]
+        [--no-redis] [--reaction] [--memory 1000000]
+
+``--reaction`` adds the reaction time (accounting sent -> DELAY_UNTIL received, p50 and
+p99 at 1,000 and 50,000 messages/s); ``--memory N`` the bytes per tracked identifier
+with N identifiers. ``--runs 0`` skips the throughput part.
+
+Method, identical for every receiver measured in the same run:
+1. start the receiver (a master, or the baseline: a bare pyzmq loop doing only
+   ``recv_multipart()``), and the sender processes; each sender connects a PUB and
+   handshakes (probe messages until the receiver answers one), so nothing is lost to
+   the PUB/SUB slow joiner;
+2. SIGSTOP the receiver, let the senders send everything (it waits in their queues and
+   the kernel's buffers), then SIGCONT it and time until it has handled every message.
+This measures the receiver's own rate with senders in other processes, without the
+senders competing for the (two) CPU cores while it is measured.
+
+Workload: 6-frame ACCEPTED messages (with a short loginfo frame, as gatekeepers send
+them), 10,000 identifiers, one domain ruled ``1/m:30``; 80% of the identifiers send
+20 requests each (within their burst) and 20% send 120 (over their limit), interleaved.
+Timestamps are current; the master runs with a large skew tolerance so a message waiting
+in a queue is accounted at its own time. The Redis variant uses a redis-server started
+here on a free port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's smockron, not an installed one
+IDENTIFIERS = 10_000
+HEAVY_SHARE = 0.2
+RULE = "bench:1/m:30"
+LOGINFO = b"ua=bench/1.0"
+"""The optional sixth frame, as gatekeepers send it (the issue's figures: 6 frames)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), e.get("PYTHONPATH")]))
+    return e
+
+
+def workload(messages: int) -> list[tuple[bytes, int]]:
+    """(identifier, count) with ~20% heavy identifiers, scaled to ``messages`` in total."""
+    heavy = int(IDENTIFIERS * HEAVY_SHARE)
+    light_n, heavy_n = 20, 120
+    scale = messages / ((IDENTIFIERS - heavy) * light_n + heavy * heavy_n)
+    return [
+        (b"user-%05d" % i, max(1, round((heavy_n if i < heavy else light_n) * scale)))
+        for i in range(IDENTIFIERS)
+    ]
+
+
+# ---------------------------------------------------------------- processes (roles)
+
+
+def run_sender(acc: int, ctl: int, index: int, count: int, messages: int) -> None:
+    """Role: connect, handshake, wait for "go" on stdin, send this sender's share."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.connect(f"tcp://127.0.0.1:{acc}")
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"")
+    sub.connect(f"tcp://127.0.0.1:{ctl}")
+    probe = 0
+    mine = b"s%d-" % index
+    live = False
+    while not live:  # until a DELAY_UNTIL answers one of *this* sender's probes
+        probe += 1
+        pub.send_multipart([b"probe\0", b"ACCEPTED", mine + b"%d" % probe,
+                            b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+        while sub.poll(100):
+            if sub.recv_multipart()[2].startswith(mine):
+                live = True
+    print("ready", flush=True)
+    sys.stdin.readline()
+    share = [(ident, n) for i, (ident, n) in enumerate(workload(messages)) if i % count == index]
+    send = pub.send_multipart
+    sent = 0
+    rounds = max(n for _, n in share)
+    for r in range(rounds):
+        ts = b"%d" % int(time.time() * 1000)
+        for ident, n in share:
+            if r < n:
+                send([b"bench\0", b"ACCEPTED", ident, ts, b"", LOGINFO])
+                sent += 1
+    print(f"sent {sent}", flush=True)
+    sys.stdin.readline()  # stay alive until the receiver has everything
+    pub.close(linger=0)
+    sub.close()
+    ctx.term()
+
+
+def run_baseline(acc: int, ctl: int, expected: int) -> None:
+    """Role: the baseline, a bare recv_multipart() loop (plus answering probes first)."""
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 0)  # a SUB drops beyond its HWM: unbounded for the bench
+    sub.subscribe(b"")
+    sub.bind(f"tcp://127.0.0.1:{acc}")
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{ctl}")
+    while True:  # handshake phase: answer probes until the first real message
+        frames = sub.recv_multipart()
+        if frames[0] != b"probe\0":
+            break
+        pub.send_multipart([b"probe\0", b"DELAY_UNTIL", frames[2], b"0"])
+    count = 1
+    recv = sub.recv_multipart
+    sub.setsockopt(zmq.RCVTIMEO, 60_000)
+    try:
+        while count < expected:
+            recv()
+            count += 1
+    except zmq.Again:
+        print(f"lost {expected - count}", flush=True)
+    else:
+        print(f"done {time.time():.6f}", flush=True)
+    sub.close()
+    pub.close()
+    ctx.term()
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def start_senders(acc: int, ctl: int, n: int, messages: int) -> list[subprocess.Popen[str]]:
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--role",
+                "sender",
+                "--acc",
+                str(acc),
+                "--ctl",
+                str(ctl),
+                "--index",
+                str(i),
+                "--count",
+                str(n),
+                "--messages",
+                str(messages),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
+        for i in range(n)
+    ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return procs
+
+
+def send_all(receiver: subprocess.Popen[bytes] | subprocess.Popen[str],
+             senders: list[subprocess.Popen[str]]) -> int:  # fmt: skip
+    """Stop the receiver, have the senders send everything, resume it; total sent."""
+    receiver.send_signal(signal.SIGSTOP)
+    for p in senders:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    total = 0
+    for p in senders:
+        assert p.stdout is not None
+        total += int(p.stdout.readline().split()[1])
+    time.sleep(0.3)  # let the senders' I/O threads hand everything to the kernel
+    return total
+
+
+def finish(senders: list[subprocess.Popen[str]]) -> None:
+    for p in senders:
+        assert p.stdin is not None
+        p.stdin.write("quit\n")
+        p.stdin.flush()
+        p.wait(30)
+
+
+def measure_baseline(messages: int, n_senders: int) -> float:
+    acc, ctl = free_port(), free_port()
+    expected = sum(n for _, n in workload(messages))
+    recv = subprocess.Popen(
+        [sys.executable, __file__, "--role", "baseline", "--acc", str(acc), "--ctl", str(ctl),
+         "--expected", str(expected)],
+        stdout=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    senders: list[subprocess.Popen[str]] = []
+    try:
+        senders = start_senders(acc, ctl, n_senders, messages)
+        total = send_all(recv, senders)
+        assert total == expected, (total, expected)
+        t0 = time.time()
+        recv.send_signal(signal.SIGCONT)
+        assert recv.stdout is not None
+        word, value = recv.stdout.readline().split()
+        if word != "done":
+            raise RuntimeError(f"the baseline lost {value} messages")
+        recv.wait(30)
+        finish(senders)
+        return total / (float(value) - t0)
+    finally:
+        for p in [recv, *senders]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
+
+
+def scrape_total(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith('smockron_master_messages_total{domain="bench"'):
+            total += float(line.rpartition(" ")[2])
+    return int(total)
+
+
+def mean_batch(log_path: Path, total: int) -> str:
+    """The mean batch size, from the master's last statistics line."""
+    for line in reversed(log_path.read_text().splitlines()):
+        if "master stopped" in line and "batches=" in line:
+            batches = int(line.split("batches=")[1].split()[0])
+            return f"{total / max(batches, 1):.0f}"
+    return "?"
+
+
+def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> tuple[float, str]:
+    acc, ctl, met = free_port(), free_port(), free_port()
+    expected = sum(n for _, n in workload(messages))
+    log_path = logdir / f"master-{time.time_ns()}.log"
+    log = open(log_path, "w")  # noqa: SIM115
+    master = subprocess.Popen(
+        [sys.executable, "-m", "smockron", "--log-level", "INFO", "master",
+         "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
+         "--rule", RULE, "--rule", "probe:1/s:1", "--metrics", f"127.0.0.1:{met}",
+         "--store", store, "--skew-tolerance", "3600", "--stats-interval", "0",
+         "--queue", str(max(expected, 100_000)), "--hwm", "10000000"],
+        stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
+    )  # fmt: skip
+    senders: list[subprocess.Popen[str]] = []
+    try:
+        senders = start_senders(acc, ctl, n_senders, messages)
+        total = send_all(master, senders)
+        t0 = time.time()
+        master.send_signal(signal.SIGCONT)
+        deadline = t0 + 300
+        done = 0
+        while time.time() < deadline:
+            done = scrape_total(met)
+            if done >= total:
+                break
+            time.sleep(0.01)
+        t1 = time.time()
+        finish(senders)
+        assert done >= total, f"master handled {done} of {total}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics", timeout=5) as resp:
+            published = [ln for ln in resp.read().decode().splitlines()
+                         if ln.startswith('smockron_master_delay_until_published_total{domain="bench"')]  # fmt: skip  # noqa: E501
+        rate = total / (t1 - t0)
+        info = published[0].rpartition(" ")[2] if published else "?"
+    finally:
+        for p in senders:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        master.send_signal(signal.SIGCONT)
+        master.terminate()
+        master.wait(30)
+        log.close()
+    return rate, f"published {info}, mean batch {mean_batch(log_path, total)}"
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server not found")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- reaction time, memory
+
+
+def run_loadgen(acc: int, rate: int, seconds: float) -> None:
+    """Role: send ``rate`` accounting messages/s (within their limit) for ``seconds``."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.connect(f"tcp://127.0.0.1:{acc}")
+    time.sleep(0.5)  # slow joiner: the master is running, its subscription arrives
+    print("ready", flush=True)
+    tick, owed, seq = 0.001, 0.0, 0
+    start = next_tick = time.perf_counter()
+    while next_tick - start < seconds:
+        owed += rate * tick
+        ts = b"%d" % int(time.time() * 1000)
+        while owed >= 1:
+            owed -= 1
+            seq += 1
+            pub.send_multipart([b"bench\0", b"ACCEPTED", b"u%d" % (seq % 10_000), ts, b""])
+        next_tick += tick
+        pause = next_tick - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    print(f"sent {seq} in {time.perf_counter() - start:.2f}s", flush=True)
+    pub.close(linger=1000)
+    ctx.term()
+
+
+def measure_reaction(rate: int, seconds: float, logdir: Path) -> tuple[float, float]:
+    """p50 and p99 (ms) from sending an accounting message to receiving its DELAY_UNTIL,
+    under ``rate`` messages/s in all: a load generator process sends the bulk (within
+    its limit); this process sends 500 probes/s (domain ``probe``, burst 1: each one is
+    throttled) and times each answer with one clock (perf_counter)."""
+    acc, ctl = free_port(), free_port()
+    log = open(logdir / f"reaction-{rate}.log", "w")  # noqa: SIM115
+    master = subprocess.Popen(
+        [sys.executable, "-m", "smockron", "master",
+         "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
+         "--rule", "bench:1000/s:1000", "--rule", "probe:1/s:1", "--stats-interval", "0"],
+        stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
+    )  # fmt: skip
+    probe_rate = 500
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.connect(f"tcp://127.0.0.1:{acc}")
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"probe\0")
+    sub.connect(f"tcp://127.0.0.1:{ctl}")
+    load: subprocess.Popen[str] | None = None
+    try:
+        while True:  # handshake
+            now = b"%d" % int(time.time() * 1000)
+            pub.send_multipart([b"probe\0", b"ACCEPTED", b"hello", now, b""])
+            if sub.poll(100):
+                break
+        while sub.poll(300):
+            sub.recv_multipart()
+        load = subprocess.Popen(
+            [sys.executable, __file__, "--role", "loadgen", "--acc", str(acc),
+             "--rate", str(max(rate - probe_rate, 0)), "--seconds", str(seconds + 1)],
+            stdout=subprocess.PIPE, text=True, env=env(),
+        )  # fmt: skip
+        assert load.stdout is not None and load.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # the load is flowing
+        sent: dict[bytes, float] = {}
+        latencies: list[float] = []
+        interval = 1 / probe_rate
+        seq = 0
+        start = next_send = time.perf_counter()
+        while next_send - start < seconds:
+            seq += 1
+            ident = b"p%d" % seq
+            sent[ident] = time.perf_counter()
+            pub.send_multipart(
+                [b"probe\0", b"ACCEPTED", ident, b"%d" % int(time.time() * 1000), b""]
+            )
+            next_send += interval
+            while (remaining := next_send - time.perf_counter()) > 0:
+                if sub.poll(max(1, int(remaining * 1000))):
+                    while sub.poll(0):
+                        frames = sub.recv_multipart()
+                        t0 = sent.pop(frames[2], None)
+                        if t0 is not None:
+                            latencies.append((time.perf_counter() - t0) * 1000)
+        while sent and sub.poll(1000):
+            frames = sub.recv_multipart()
+            t0 = sent.pop(frames[2], None)
+            if t0 is not None:
+                latencies.append((time.perf_counter() - t0) * 1000)
+        done = load.stdout.readline().strip()
+        latencies.sort()
+        p50 = latencies[len(latencies) // 2]
+        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        print(f"  at {rate:,} msg/s (load generator: {done}): p50 {p50:.2f} ms, "
+              f"p99 {p99:.2f} ms over {len(latencies)} probes, {len(sent)} unanswered")  # fmt: skip
+        return p50, p99
+    finally:
+        if load is not None and load.poll() is None:
+            load.kill()
+            load.wait()
+        pub.close(0)
+        sub.close(0)
+        ctx.term()
+        master.terminate()
+        master.wait(30)
+        log.close()
+
+
+def measure_memory(identifiers: int) -> None:
+    """Bytes per tracked identifier in memory://, for each algorithm (RSS growth)."""
+    from smockron.core.rules import Rule
+    from smockron.master.engine import DomainPolicy, Engine
+    from smockron.master.stores.memory import MemoryStore
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    for algorithm in ("history", "gcra"):
+        store = MemoryStore()
+        engine = Engine({"m": DomainPolicy((Rule(10.0, 10),), algorithm)}, store)
+        now = int(time.time() * 1000)
+        before = rss()
+        for start in range(0, identifiers, 10_000):
+            batch = [[b"m\0", b"ACCEPTED", b"user-%08d" % i, b"%d" % now, b""]
+                     for i in range(start, min(start + 10_000, identifiers))]  # fmt: skip
+            engine.process(batch, now)
+        grown = rss() - before
+        print(f"  memory://, {algorithm}: {len(store):,} identifiers tracked, "
+              f"{grown / identifiers:.0f} bytes each (RSS growth, 13-byte identifiers, "
+              f"one request each)")  # fmt: skip
+        del engine, store
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--role", default="bench")
+    ap.add_argument("--acc", type=int)
+    ap.add_argument("--ctl", type=int)
+    ap.add_argument("--index", type=int, default=0)
+    ap.add_argument("--count", type=int, default=1)
+    ap.add_argument("--expected", type=int)
+    ap.add_argument("--messages", type=int, default=400_000)
+    ap.add_argument("--senders", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--rate", type=int, default=0)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--reaction", action="store_true", help="also reaction time at 1k, 50k/s")
+    ap.add_argument(
+        "--memory",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also bytes per identifier with N identifiers (e.g. 1000000)",
+    )
+    args = ap.parse_args()
+    if args.role == "sender":
+        return run_sender(args.acc, args.ctl, args.index, args.count, args.messages)
+    if args.role == "baseline":
+        return run_baseline(args.acc, args.ctl, args.expected)
+    if args.role == "loadgen":
+        return run_loadgen(args.acc, args.rate, args.seconds)
+
+    from smockron.master.receive import drain_compiled
+
+    if args.runs > 0:
+        print(f"messages per run: {sum(n for _, n in workload(args.messages))}, "
+              f"{IDENTIFIERS} identifiers, 20% over '{RULE}', {args.senders} sender processes, "
+              f"receive loop: {'compiled' if drain_compiled else 'pure Python'}")  # fmt: skip
+        results: dict[str, list[float]] = {"baseline": [], "memory": [], "redis": []}
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            redis_proc, redis_url = (None, "") if args.no_redis else start_redis(workdir)
+            try:
+                for run in range(args.runs):
+                    results["baseline"].append(measure_baseline(args.messages, args.senders))
+                    rate, published = measure_master(
+                        args.messages, args.senders, "memory://", workdir
+                    )
+                    results["memory"].append(rate)
+                    line = (
+                        f"run {run + 1}: baseline {results['baseline'][-1]:,.0f}/s, "
+                        f"master memory {rate:,.0f}/s ({published})"
+                    )
+                    if redis_proc is not None:
+                        flush_redis(redis_url)  # each run starts from an empty store
+                        rate, info = measure_master(args.messages, args.senders, redis_url, workdir)
+                        results["redis"].append(rate)
+                        line += f", master redis {rate:,.0f}/s ({info})"
+                    print(line, flush=True)
+            finally:
+                if redis_proc is not None:
+                    redis_proc.terminate()
+                    redis_proc.wait(10)
+        base = statistics.median(results["baseline"])
+        mem = statistics.median(results["memory"])
+        print(f"median baseline recv_multipart loop: {base:,.0f} msg/s")
+        print(
+            f"median master (memory://):           {mem:,.0f} msg/s  = {mem / base:.2f}x baseline"
+        )
+        if results["redis"]:
+            red = statistics.median(results["redis"])
+            share = red / mem
+            print(f"median master (redis://):            {red:,.0f} msg/s  = {share:.0%} of memory")
+    if args.reaction:
+        print("reaction time, accounting sent -> DELAY_UNTIL received (memory://):")
+        with tempfile.TemporaryDirectory() as tmp:
+            for rate in (1_000, 50_000):
+                measure_reaction(rate, 5.0, Path(tmp))
+    if args.memory:
+        measure_memory(args.memory)
+
+
+if __name__ == "__main__":
+    main()

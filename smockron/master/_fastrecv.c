@@ -1,0 +1,400 @@
+/* The master's receive loop in C: drain whole ZeroMQ messages from a pyzmq socket.
+ *
+ * Why: in Python each frame costs a method call, a Frame object and, with
+ * recv_multipart, a getsockopt(RCVMORE) round through pyzmq. Here a batch of
+ * messages costs one call: zmq_msg_recv + zmq_msg_more per frame, bytes built directly.
+ *
+ * libzmq is not linked at build time: pyzmq wheels ship their own libzmq without
+ * zmq.h, and a second copy of libzmq must never touch pyzmq's sockets. bind() is given
+ * the path of the libzmq pyzmq already loaded and takes the few symbols needed from
+ * that very copy (dlopen RTLD_NOLOAD). The declarations below follow zmq.h (4.x ABI).
+ * Without a compiler smockron uses the pure-Python loop in receive.py instead.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct { unsigned char _[64]; } __attribute__((aligned(8))) zmq_msg_t;
+
+#define ZMQ_DONTWAIT 1
+#define ZMQ_SNDMORE 2
+#define MAX_FRAMES 16
+
+static int (*p_msg_init)(zmq_msg_t *);
+static int (*p_msg_recv)(zmq_msg_t *, void *, int);
+static void *(*p_msg_data)(zmq_msg_t *);
+static size_t (*p_msg_size)(const zmq_msg_t *);
+static int (*p_msg_more)(const zmq_msg_t *);
+static int (*p_msg_close)(zmq_msg_t *);
+static int (*p_send)(void *, const void *, size_t, int);
+static int (*p_errno)(void);
+static const char *(*p_strerror)(int);
+
+static PyObject *ZMQError;  /* set by bind(): the exception class to raise */
+
+static PyObject *fastrecv_bind(PyObject *self, PyObject *args) {
+    const char *path;
+    PyObject *error_class;
+    if (!PyArg_ParseTuple(args, "sO", &path, &error_class)) return NULL;
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == NULL) {
+        PyErr_Format(PyExc_ImportError, "libzmq %s is not loaded: %s", path, dlerror());
+        return NULL;
+    }
+#define SYM(var, name)                                                          \
+    *(void **)(&var) = dlsym(lib, name);                                        \
+    if (var == NULL) {                                                          \
+        PyErr_Format(PyExc_ImportError, "libzmq %s lacks %s", path, name);      \
+        return NULL;                                                            \
+    }
+    SYM(p_msg_init, "zmq_msg_init");
+    SYM(p_msg_recv, "zmq_msg_recv");
+    SYM(p_msg_data, "zmq_msg_data");
+    SYM(p_msg_size, "zmq_msg_size");
+    SYM(p_msg_more, "zmq_msg_more");
+    SYM(p_msg_close, "zmq_msg_close");
+    SYM(p_send, "zmq_send");
+    SYM(p_errno, "zmq_errno");
+    SYM(p_strerror, "zmq_strerror");
+#undef SYM
+    Py_XDECREF(ZMQError);
+    Py_INCREF(error_class);
+    ZMQError = error_class;
+    Py_RETURN_NONE;
+}
+
+/* Receive one frame; -1 with errno in *err on failure. The frame becomes bytes. */
+static int recv_frame(void *sock, int flags, PyObject **out, int *more, int *err) {
+    zmq_msg_t msg;
+    p_msg_init(&msg);
+    for (;;) {
+        if (p_msg_recv(&msg, sock, flags) >= 0) break;
+        *err = p_errno();
+        if (*err != EINTR) {
+            p_msg_close(&msg);
+            return -1;
+        }
+    }
+    *more = p_msg_more(&msg);
+    if (out != NULL)
+        *out = PyBytes_FromStringAndSize((const char *)p_msg_data(&msg),
+                                         (Py_ssize_t)p_msg_size(&msg));
+    p_msg_close(&msg);
+    return 0;
+}
+
+static PyObject *raise_zmq(int err) {
+    PyObject *exc = PyObject_CallFunction(ZMQError, "i", err);
+    if (exc != NULL) {
+        PyErr_SetObject(ZMQError, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* drain(socket, limit) -> list of messages (lists of bytes); never blocks. */
+static PyObject *fastrecv_drain(PyObject *self, PyObject *args) {
+    PyObject *socket;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "On", &socket, &limit)) return NULL;
+    if (p_msg_recv == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
+        return NULL;
+    }
+    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
+    if (handle == NULL) return NULL;
+    void *sock = PyLong_AsVoidPtr(handle);
+    Py_DECREF(handle);
+    if (sock == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "socket is closed");
+        return NULL;
+    }
+    PyObject *batch = PyList_New(0);
+    if (batch == NULL) return NULL;
+    while (PyList_GET_SIZE(batch) < limit) {
+        PyObject *frame = NULL;
+        int more = 0, err = 0;
+        if (recv_frame(sock, ZMQ_DONTWAIT, &frame, &more, &err) < 0) {
+            if (err == EAGAIN) break;
+            Py_DECREF(batch);
+            return raise_zmq(err);
+        }
+        if (frame == NULL) goto fail;
+        PyObject *message = PyList_New(1);
+        if (message == NULL) {
+            Py_DECREF(frame);
+            goto fail;
+        }
+        PyList_SET_ITEM(message, 0, frame);
+        int appended = PyList_Append(batch, message);
+        Py_DECREF(message);
+        if (appended < 0) goto fail;
+        while (more) {
+            /* the rest of a multipart message has arrived with its first frame */
+            int keep = PyList_GET_SIZE(message) < MAX_FRAMES;
+            frame = NULL;
+            if (recv_frame(sock, 0, keep ? &frame : NULL, &more, &err) < 0) {
+                Py_DECREF(batch);
+                return raise_zmq(err);
+            }
+            if (keep) {
+                if (frame == NULL) goto fail;
+                appended = PyList_Append(message, frame);
+                Py_DECREF(frame);
+                if (appended < 0) goto fail;
+            }
+        }
+    }
+    return batch;
+fail:
+    Py_DECREF(batch);
+    return NULL;
+}
+
+/* send_all(socket, messages) -> how many were sent. Each message is a list of bytes.
+ * Never blocks: a message the socket cannot take now is skipped (a PUB drops at its
+ * high-water mark anyway). A message's frames go atomically: once its first frame is
+ * accepted, the others are too. */
+static PyObject *fastrecv_send_all(PyObject *self, PyObject *args) {
+    PyObject *socket, *messages;
+    if (!PyArg_ParseTuple(args, "OO!", &socket, &PyList_Type, &messages)) return NULL;
+    if (p_send == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
+        return NULL;
+    }
+    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
+    if (handle == NULL) return NULL;
+    void *sock = PyLong_AsVoidPtr(handle);
+    Py_DECREF(handle);
+    if (sock == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "socket is closed");
+        return NULL;
+    }
+    Py_ssize_t sent = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
+        PyObject *frames = PyList_GET_ITEM(messages, i);
+        if (!PyList_Check(frames)) {
+            PyErr_SetString(PyExc_TypeError, "each message must be a list of bytes");
+            return NULL;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(frames);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (!PyBytes_Check(PyList_GET_ITEM(frames, j))) {
+                PyErr_SetString(PyExc_TypeError, "each frame must be bytes");
+                return NULL;
+            }
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            PyObject *frame = PyList_GET_ITEM(frames, j);
+            int flags = ZMQ_DONTWAIT | (j + 1 < n ? ZMQ_SNDMORE : 0);
+            int rc;
+            do {
+                rc = p_send(sock, PyBytes_AS_STRING(frame), (size_t)PyBytes_GET_SIZE(frame),
+                            flags);
+            } while (rc < 0 && p_errno() == EINTR);
+            if (rc < 0) {
+                int err = p_errno();
+                if (err == EAGAIN && j == 0) break;  /* not taken: skip this message */
+                return raise_zmq(err);
+            }
+            if (j + 1 == n) sent++;
+        }
+    }
+    return PyLong_FromSsize_t(sent);
+}
+
+/* ASCII decimal, at most max_digits digits, at most max_value; -1 if not. */
+static long long parse_ts(const unsigned char *p, size_t n, size_t max_digits,
+                          long long max_value) {
+    if (n == 0 || n > max_digits) return -1;
+    long long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return -1;
+        v = v * 10 + (p[i] - '0');
+    }
+    return v <= max_value ? v : -1;
+}
+
+static int frame_is(zmq_msg_t *m, PyObject *word) {
+    size_t n = p_msg_size(m);
+    return n == (size_t)PyBytes_GET_SIZE(word) &&
+           memcmp(p_msg_data(m), PyBytes_AS_STRING(word), n) == 0;
+}
+
+/* The accounting fast path of smockron.master.engine.Engine.decode, in C. A message that
+ * is plainly valid for a configured domain becomes the engine's tuple
+ * (domain, status, identifier, received, delayed or None); anything else is returned
+ * as raw frames for the Python codec, which names the problem (or finds it valid). */
+static PyObject *decode_one(zmq_msg_t *f, int n, PyObject *topics, PyObject *statuses[3],
+                            size_t max_id, size_t max_log, size_t max_digits,
+                            long long max_ts) {
+    if (n != 5 && n != 6) Py_RETURN_NONE;
+    PyObject *key = PyBytes_FromStringAndSize((const char *)p_msg_data(&f[0]),
+                                              (Py_ssize_t)p_msg_size(&f[0]));
+    if (key == NULL) return NULL;
+    PyObject *dom = PyDict_GetItemWithError(topics, key);  /* borrowed */
+    Py_DECREF(key);
+    if (dom == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (p_msg_size(&f[2]) > max_id) Py_RETURN_NONE;
+    if (n == 6 && p_msg_size(&f[5]) > max_log) Py_RETURN_NONE;
+    long long received = parse_ts(p_msg_data(&f[3]), p_msg_size(&f[3]), max_digits, max_ts);
+    if (received < 0) Py_RETURN_NONE;
+    PyObject *status = NULL;
+    long long delayed = -1;
+    size_t delayed_n = p_msg_size(&f[4]);
+    if (frame_is(&f[1], statuses[0]) && delayed_n == 0) {
+        status = statuses[0];
+    } else if (frame_is(&f[1], statuses[2]) && delayed_n == 0) {
+        status = statuses[2];
+    } else if (frame_is(&f[1], statuses[1])) {
+        delayed = parse_ts(p_msg_data(&f[4]), delayed_n, max_digits, max_ts);
+        if (delayed < 0) Py_RETURN_NONE;
+        status = statuses[1];
+    } else {
+        Py_RETURN_NONE;
+    }
+    PyObject *ident = PyBytes_FromStringAndSize((const char *)p_msg_data(&f[2]),
+                                                (Py_ssize_t)p_msg_size(&f[2]));
+    PyObject *recv_obj = PyLong_FromLongLong(received);
+    PyObject *delayed_obj = delayed < 0 ? (Py_INCREF(Py_None), Py_None)
+                                        : PyLong_FromLongLong(delayed);
+    if (ident == NULL || recv_obj == NULL || delayed_obj == NULL) {
+        Py_XDECREF(ident);
+        Py_XDECREF(recv_obj);
+        Py_XDECREF(delayed_obj);
+        return NULL;
+    }
+    Py_INCREF(dom);
+    Py_INCREF(status);
+    PyObject *t = PyTuple_New(5);
+    if (t == NULL) {
+        Py_DECREF(dom); Py_DECREF(status); Py_DECREF(ident);
+        Py_DECREF(recv_obj); Py_DECREF(delayed_obj);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, dom);
+    PyTuple_SET_ITEM(t, 1, status);
+    PyTuple_SET_ITEM(t, 2, ident);
+    PyTuple_SET_ITEM(t, 3, recv_obj);
+    PyTuple_SET_ITEM(t, 4, delayed_obj);
+    return t;
+}
+
+static void close_all(zmq_msg_t *f, int n) {
+    for (int i = 0; i < n; i++) p_msg_close(&f[i]);
+}
+
+/* drain_accounting(socket, limit, topics, (ACCEPTED, DELAYED, REJECTED),
+ *                  (max_identifier, max_loginfo, max_timestamp_digits, max_timestamp_ms))
+ * -> (decoded tuples, raw messages); at most limit messages in all; never blocks. */
+static PyObject *fastrecv_drain_accounting(PyObject *self, PyObject *args) {
+    PyObject *socket, *topics, *statuses[3];
+    Py_ssize_t limit, max_id, max_log, max_digits;
+    long long max_ts;
+    if (!PyArg_ParseTuple(args, "OnO!(SSS)(nnnL)", &socket, &limit, &PyDict_Type, &topics,
+                          &statuses[0], &statuses[1], &statuses[2], &max_id, &max_log,
+                          &max_digits, &max_ts))
+        return NULL;
+    if (p_msg_recv == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
+        return NULL;
+    }
+    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
+    if (handle == NULL) return NULL;
+    void *sock = PyLong_AsVoidPtr(handle);
+    Py_DECREF(handle);
+    if (sock == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "socket is closed");
+        return NULL;
+    }
+    PyObject *decoded = PyList_New(0), *raw = PyList_New(0);
+    if (decoded == NULL || raw == NULL) goto fail;
+    zmq_msg_t f[MAX_FRAMES];
+    for (Py_ssize_t count = 0; count < limit; count++) {
+        int n = 0, more = 1, flags = ZMQ_DONTWAIT, rc;
+        zmq_msg_t spill;
+        while (more) {
+            zmq_msg_t *m = n < MAX_FRAMES ? &f[n] : &spill;
+            p_msg_init(m);
+            do {
+                rc = p_msg_recv(m, sock, flags);
+            } while (rc < 0 && p_errno() == EINTR);
+            if (rc < 0) {
+                int err = p_errno();
+                p_msg_close(m);
+                close_all(f, n < MAX_FRAMES ? n : MAX_FRAMES);
+                if (err == EAGAIN && n == 0) goto done;
+                Py_DECREF(decoded);
+                Py_DECREF(raw);
+                return raise_zmq(err);
+            }
+            more = p_msg_more(m);
+            if (n < MAX_FRAMES) n++;
+            else p_msg_close(m);
+            flags = 0;  /* the rest of a multipart message has arrived with it */
+        }
+        PyObject *t = decode_one(f, n, topics, statuses, (size_t)max_id, (size_t)max_log,
+                                 (size_t)max_digits, max_ts);
+        if (t == NULL) {
+            close_all(f, n);
+            goto fail;
+        }
+        int appended;
+        if (t != Py_None) {
+            appended = PyList_Append(decoded, t);
+        } else {
+            PyObject *message = PyList_New(n);
+            if (message == NULL) {
+                Py_DECREF(t);
+                close_all(f, n);
+                goto fail;
+            }
+            for (int i = 0; i < n; i++) {
+                PyObject *b = PyBytes_FromStringAndSize((const char *)p_msg_data(&f[i]),
+                                                        (Py_ssize_t)p_msg_size(&f[i]));
+                if (b == NULL) {
+                    Py_DECREF(message);
+                    Py_DECREF(t);
+                    close_all(f, n);
+                    goto fail;
+                }
+                PyList_SET_ITEM(message, i, b);
+            }
+            appended = PyList_Append(raw, message);
+            Py_DECREF(message);
+        }
+        Py_DECREF(t);
+        close_all(f, n);
+        if (appended < 0) goto fail;
+    }
+done:
+    return Py_BuildValue("(NN)", decoded, raw);
+fail:
+    Py_XDECREF(decoded);
+    Py_XDECREF(raw);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"drain_accounting", fastrecv_drain_accounting, METH_VARARGS,
+     "drain_accounting(socket, limit, topics, statuses, limits) -> (decoded, raw)."},
+    {"send_all", fastrecv_send_all, METH_VARARGS,
+     "send_all(socket, messages) -> number sent; never blocks."},
+    {"bind", fastrecv_bind, METH_VARARGS,
+     "bind(libzmq_path, ZMQError): use the symbols of the libzmq pyzmq loaded."},
+    {"drain", fastrecv_drain, METH_VARARGS,
+     "drain(socket, limit) -> up to limit queued messages, each a list of bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fastrecv", "Compiled receive loop of the master.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__fastrecv(void) { return PyModule_Create(&module); }

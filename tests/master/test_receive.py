@@ -1,0 +1,186 @@
+"""Both receive loops (compiled and pure Python) drain the same messages the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from smockron.core.rules import Rule
+from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.receive import (
+    MAX_FRAMES,
+    Drain,
+    SendAll,
+    drain_accounting_compiled,
+    drain_compiled,
+    drain_python,
+    send_all_compiled,
+    send_all_python,
+    wait_readable,
+)
+from smockron.master.stores.memory import MemoryStore
+from smockron.protocol import ACCEPTED, DEFAULT_LIMITS, DELAYED, REJECTED
+from tests.support import wait_for
+
+LOOPS = [pytest.param(drain_python, id="python")]
+if drain_compiled is not None:
+    LOOPS.append(pytest.param(drain_compiled, id="compiled"))
+
+SENDERS = [pytest.param(send_all_python, id="python")]
+if send_all_compiled is not None:
+    SENDERS.append(pytest.param(send_all_compiled, id="compiled"))
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        yield push, pull
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("drain", LOOPS)
+def test_drains_batches_without_blocking(
+    drain: Drain, pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    push, pull = pair
+    assert drain(pull, 10) == []
+    messages = [
+        [b"api\0", b"ACCEPTED", b"id", b"1", b""],
+        [b""],
+        [b"x" * 70_000],
+        [b"f%d" % i for i in range(40)],  # more than MAX_FRAMES: the rest is discarded
+        [b"api\0", b"ACCEPTED", b"\x00\xff", b"2", b"", b"loginfo"],
+    ]
+    for m in messages:
+        push.send_multipart(m)
+    got: list[list[bytes]] = []
+
+    def received_all() -> bool:
+        batch = drain(pull, 2)
+        assert len(batch) <= 2
+        got.extend(batch)
+        return len(got) == len(messages)
+
+    wait_for(received_all)
+    assert got[:3] == messages[:3]
+    assert got[3] == messages[3][:MAX_FRAMES]
+    assert got[4] == messages[4]
+
+
+@pytest.mark.parametrize("drain", LOOPS)
+def test_closed_socket_raises(drain: Drain) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.close()
+    ctx.term()
+    with pytest.raises((zmq.ZMQError, ValueError)):
+        drain(sock, 1)
+
+
+async def test_wait_readable(pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) -> None:
+    push, pull = pair
+    await wait_readable(pull, 0.05)  # times out quietly
+    push.send(b"x")
+    await wait_readable(pull, 5.0)
+    assert drain_python(pull, 5) == [[b"x"]]
+
+
+@pytest.mark.parametrize("send_all", SENDERS)
+def test_send_all_sends_whole_messages(
+    send_all: SendAll, pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]
+) -> None:
+    push, pull = pair
+    messages = [[b"api\0", b"DELAY_UNTIL", b"id%d" % i, b"%d" % i] for i in range(100)]
+    messages.append([b"single"])
+    assert send_all(push, messages) == 101
+    got: list[list[bytes]] = []
+
+    def received_all() -> bool:
+        got.extend(drain_python(pull, 1000))
+        return len(got) == len(messages)
+
+    wait_for(received_all)
+    assert got == messages
+
+
+@pytest.mark.parametrize("send_all", SENDERS)
+def test_send_all_skips_what_the_socket_cannot_take(send_all: SendAll) -> None:
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)  # no peer: a PUSH cannot take anything
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        assert send_all(push, [[b"a", b"b"], [b"c"]]) == 0
+        with pytest.raises(TypeError):
+            send_all(push, [[b"a", "not bytes"]])  # type: ignore[list-item]
+    finally:
+        push.close()
+        ctx.term()
+
+
+@pytest.mark.skipif(drain_accounting_compiled is None, reason="compiled loop not built")
+def test_compiled_decode_matches_the_engine(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    assert drain_accounting_compiled is not None
+    push, pull = pair
+    messages: list[list[bytes]] = [
+        [b"api\0", b"ACCEPTED", b"a", b"1700000000000", b""],
+        [b"api\0", b"DELAYED", b"a", b"1700000000000", b"1700000001000"],
+        [b"api\0", b"REJECTED", b"a", b"1700000000000", b""],
+        [b"api\0", b"ACCEPTED", b"a", b"0001700000000000", b"", b"UA: x"],
+        [b"api\0", b"ACCEPTED", b"a" * 1025, b"1", b""],
+        [b"api\0", b"ACCEPTED", b"a", b"99999999999999999", b""],
+        [b"api\0", b"ACCEPTED", b"a", b"9999999999999999", b""],
+        [b"api\0", b"ACCEPTED", b"a", b"+1", b""],
+        [b"api\0", b"ACCEPTED", b"a", b"", b""],
+        [b"api\0", b"DELAYED", b"a", b"1", b""],
+        [b"api\0", b"DELAYED", b"a", b"1", b"x"],
+        [b"api\0", b"REJECTED", b"a", b"1", b"2"],
+        [b"api\0", b"ACCEPTEDX", b"a", b"1", b""],
+        [b"api\0", b"ACCEPTED", b"a", b"1", b"", b"x" * 9000],
+        [b"api\0", b"ACCEPTED", b"a", b"1", b"", b"l", b"extra"],
+        [b"other\0", b"ACCEPTED", b"a", b"1", b""],
+        [b"api", b"ACCEPTED", b"a", b"1", b""],
+        [b"api\0"],
+        [b"x%d" % i for i in range(30)],
+        [b"api\0", b"ACCEPTED", b"\0\xff", b"5", b""],
+    ]
+    for m in messages:
+        push.send_multipart(m)
+
+    def engine() -> Engine:
+        return Engine({"api": DomainPolicy((Rule(1.0, 1),))}, MemoryStore())
+
+    compiled, python = engine(), engine()
+    decoded: list[Any] = []
+    raw: list[list[bytes]] = []
+
+    def received_all() -> bool:
+        d, r = drain_accounting_compiled(  # type: ignore[misc]
+            pull, 7, compiled.topics, (ACCEPTED, DELAYED, REJECTED),
+            (1024, 8192, 16, DEFAULT_LIMITS.max_timestamp_ms),
+        )  # fmt: skip
+        assert len(d) + len(r) <= 7
+        decoded.extend(d)
+        raw.extend(r)
+        return len(decoded) + len(raw) == len(messages)
+
+    wait_for(received_all)
+    assert len(decoded) == 5  # the plainly valid ones for "api"
+    got = compiled.ingest(decoded, raw)
+    expected = python.decode(messages)
+    key = lambda d: (d[1], d[2], d[3], d[4])  # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, expected))
+    assert compiled.stats.summary() == python.stats.summary()
+    assert compiled.stats.malformed == python.stats.malformed
