@@ -188,3 +188,26 @@ def test_parse_duration(text: str, ms: int) -> None:
     from smockron.gatekeeper.cli import parse_duration_ms
 
     assert parse_duration_ms(text) == ms
+
+
+def test_trusted_proxy_identification(
+    master: MasterSockets, upstream: tuple[int, Seen], tmp_path: Path
+) -> None:
+    port = free_port()
+    args = proxy_args(port, upstream[0], master)
+    args[args.index("header:X-Client")] = "ip"
+    args += ["--trusted-proxy", "127.0.0.0/8"]
+    with (
+        smockron_proc(args, tmp_path / "proxy.log"),
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
+    ):
+        wait_port(port)
+
+        def accounted() -> bool:
+            client.get("/", headers={"x-forwarded-for": "6.6.6.6, 198.51.100.7"})
+            return any(m.identifier == b"198.51.100.7" for m in master.drain(0.05))
+
+        wait_for(accounted, 10, 0.05)
+        client.get("/", headers={"x-forwarded-for": "6.6.6.6, 198.51.100.7"})
+        ids = {m.identifier for m in master.drain(0.3)}
+        assert ids == {b"198.51.100.7"}  # the forged left-most hop is ignored
