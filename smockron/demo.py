@@ -1,0 +1,266 @@
+"""``smockron demo``: a master, two gatekeeper proxies, a backend and two clients.
+
+Everything runs on this machine with nothing else installed: the master is a
+``python -m smockron master`` subprocess (in-memory store); the backend and the two
+proxies run in this process on loopback ports. A well-behaved client stays under its
+rule and an abusive one sends many times its rule, both spread over both gatekeepers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import click
+from aiohttp import web
+
+from smockron.core.rules import Rule, parse_rate
+from smockron.gatekeeper.cli import run
+from smockron.gatekeeper.core import AsyncGatekeeper
+from smockron.gatekeeper.httpgate import HttpGate
+from smockron.gatekeeper.identify import header
+from smockron.gatekeeper.proxy import DECISION_HEADER, GatekeeperProxy
+
+DOMAIN = "demo"
+CLIENTS = ("polite", "abusive")
+GATEKEEPERS = ("gk1", "gk2")
+VERDICTS = ("accept", "delay", "reject")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Scenario:
+    rule: Rule
+    duration_s: float
+    polite_rate: float
+    abusive_rate: float
+    max_delay_ms: int = 1500
+
+
+@dataclass
+class Tally:
+    """Per client and gatekeeper: responses by verdict; backend arrivals by client."""
+
+    counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    arrivals: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CLIENTS})
+
+    def get(self, client: str, gk: str, verdict: str) -> int:
+        return self.counts[(client, gk, verdict)]
+
+    def total(self, client: str, verdict: str) -> int:
+        return sum(self.get(client, gk, verdict) for gk in GATEKEEPERS)
+
+
+def table(tally: Tally, elapsed: float) -> str:
+    lines = [f"t = {elapsed:5.1f} s", f"  {'client':8} {'gatekeeper':10} {'accepted':>9} "
+             f"{'delayed':>8} {'rejected':>9}"]  # fmt: skip
+    for client in CLIENTS:
+        for gk in GATEKEEPERS:
+            a, d, r = (tally.get(client, gk, v) for v in VERDICTS)
+            lines.append(f"  {client:8} {gk:10} {a:9d} {d:8d} {r:9d}")
+    return "\n".join(lines)
+
+
+async def backend(tally: Tally, port: int) -> web.AppRunner:
+    async def handle(request: web.Request) -> web.Response:
+        client = request.headers.get("X-Client", "")
+        if client in tally.arrivals:
+            tally.arrivals[client].append(time.monotonic())
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def drive(
+    session: aiohttp.ClientSession,
+    client: str,
+    rate: float,
+    urls: list[str],
+    tally: Tally,
+    t0: float,
+    duration_s: float,
+) -> None:
+    """Open-loop client: one request every 1/rate s, whatever the responses take."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(i: int) -> None:
+        gk = GATEKEEPERS[i % len(urls)]
+        try:
+            async with session.get(urls[i % len(urls)], headers={"X-Client": client}) as r:
+                await r.read()
+                verdict = r.headers.get(DECISION_HEADER, "error")
+        except (aiohttp.ClientError, TimeoutError):
+            verdict = "error"
+        if verdict in VERDICTS:
+            tally.counts[(client, gk, verdict)] += 1
+        else:
+            tally.errors[client] += 1
+
+    i = 0
+    while (at := t0 + i / rate) < t0 + duration_s:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        task = asyncio.create_task(one(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        i += 1
+    if tasks:
+        await asyncio.wait(tasks, timeout=10)
+
+
+def summarize(tally: Tally, scenario: Scenario, t0: float) -> list[str]:
+    rule, duration = scenario.rule, scenario.duration_s
+    polite_slowed = tally.total("polite", "delay") + tally.total("polite", "reject")
+    polite_sent = sum(tally.total("polite", v) for v in VERDICTS)
+    through = sum(1 for t in tally.arrivals["abusive"] if t0 <= t <= t0 + duration)
+    ideal = rule.burst + rule.rate * duration
+    sent = sum(tally.total("abusive", v) for v in VERDICTS)
+    lines = ["", "Summary"]
+    if polite_slowed == 0:
+        lines.append(f"  well-behaved client: never slowed ({polite_sent} requests, all accepted)")
+    else:
+        lines.append(
+            f"  well-behaved client: slowed {polite_slowed} times out of {polite_sent} requests"
+        )
+    lines.append(
+        f"  abusive client: sent {sent} requests ({scenario.abusive_rate / rule.rate:.0f}x its "
+        f"rule), {through} reached the backend in {duration:g} s; the rule allows "
+        f"{ideal:g} (burst {rule.burst} + {rule.rate:g}/s x {duration:g} s): "
+        f"held to {through / ideal:.2f}x its rule"
+    )
+    lines.append(
+        f"  abusive client: {tally.total('abusive', 'delay')} delayed, "
+        f"{tally.total('abusive', 'reject')} rejected with 503"
+    )
+    if sum(tally.errors.values()):
+        lines.append(f"  transport errors: {dict(tally.errors)}")
+    return lines
+
+
+async def run_demo(scenario: Scenario, log_path: Path, live: bool) -> list[str]:
+    acc, ctl, back = free_port(), free_port(), free_port()
+    accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
+    rule = scenario.rule
+    spec = f"{DOMAIN}:{rule.rate:g}/s:{rule.burst}"
+    with open(log_path, "wb") as log:
+        master = subprocess.Popen(
+            [sys.executable, "-m", "smockron", "master", "--accounting", accounting,
+             "--control", control, "--rule", spec, "--stats-interval", "0"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    tally = Tally()
+    runner = await backend(tally, back)
+    proxies: list[GatekeeperProxy] = []
+    urls = []
+    try:
+        for _ in GATEKEEPERS:
+            gate = HttpGate(DOMAIN, header("X-Client"))
+            gk = AsyncGatekeeper(accounting, control, [DOMAIN], max_delay_ms=scenario.max_delay_ms)
+            proxy = GatekeeperProxy(f"http://127.0.0.1:{back}", gate, gk, decision_header=True)
+            port = free_port()
+            await proxy.start("127.0.0.1", port)
+            proxies.append(proxy)
+            urls.append(f"http://127.0.0.1:{port}/")
+        deadline = time.monotonic() + 20
+        while not all(p.gatekeeper.master_connected for p in proxies):
+            if master.poll() is not None or time.monotonic() > deadline:
+                raise click.ClickException(
+                    f"the master did not start; its log:\n{log_path.read_text()}"
+                )
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # let the control subscriptions reach the master
+        print(
+            f"master on {accounting} / {control}, rule {spec}; gatekeepers {urls[0]} and "
+            f"{urls[1]}; polite client {scenario.polite_rate:g}/s, abusive "
+            f"{scenario.abusive_rate:g}/s, for {scenario.duration_s:g} s\n",
+            flush=True,
+        )
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            t0 = time.monotonic()
+            drivers = asyncio.gather(
+                drive(session, "polite", scenario.polite_rate, urls, tally, t0,
+                      scenario.duration_s),
+                drive(session, "abusive", scenario.abusive_rate, urls, tally, t0,
+                      scenario.duration_s),
+            )  # fmt: skip
+            await show_live(drivers, tally, t0, live)
+        print(table(tally, time.monotonic() - t0), flush=True)
+        return summarize(tally, scenario, t0)
+    finally:
+        for proxy in proxies:
+            await proxy.close()
+        await runner.cleanup()
+        master.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            master.wait(10)
+        if master.poll() is None:
+            master.kill()
+            master.wait()
+
+
+async def show_live(drivers: asyncio.Future[Any], tally: Tally, t0: float, live: bool) -> None:
+    """Redraw the table once a second (in place on a terminal) until the clients finish."""
+    height = 0
+    while True:
+        try:
+            await asyncio.wait_for(asyncio.shield(drivers), 1.0)
+            break
+        except TimeoutError:
+            pass
+        text = table(tally, time.monotonic() - t0)
+        if live and height:
+            sys.stdout.write(f"\x1b[{height}F\x1b[J")
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        height = text.count("\n") + 1
+    await drivers
+    if live and height:
+        sys.stdout.write(f"\x1b[{height}F\x1b[J")
+
+
+@click.command()
+@click.option("--duration", type=float, default=15.0, show_default=True, help="Seconds of traffic.")
+@click.option("--rate", default="5/s", show_default=True, help="The rule's rate.")
+@click.option("--burst", type=int, default=10, show_default=True, help="The rule's burst.")
+@click.option("--abuse", type=float, default=8.0, show_default=True, help="Abusive rate / rule.")
+def demo(duration: float, rate: str, burst: int, abuse: float) -> None:
+    """See a master and two gatekeepers hold an abusive client to its rule."""
+    if duration <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--duration")
+    try:
+        rule = Rule(parse_rate(rate), burst)
+    except Exception as exc:
+        raise click.BadParameter(str(exc)) from None
+    scenario = Scenario(rule, duration, 0.6 * rule.rate, abuse * rule.rate)
+    logging.getLogger("smockron.gatekeeper").setLevel(logging.WARNING)  # the table says it all
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory(prefix="smockron-demo-") as tmp:
+            lines = await run_demo(scenario, Path(tmp) / "master.log", sys.stdout.isatty())
+        print("\n".join(lines), flush=True)
+
+    run(main())

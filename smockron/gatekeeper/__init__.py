@@ -1,0 +1,34 @@
+"""Smockron gatekeepers: decide locally, report every decision, fail open.
+
+:class:`Gatekeeper` (threads) and :class:`AsyncGatekeeper` (asyncio) speak the Smockron
+protocol to a master; :class:`SmockronMiddleware` (ASGI) and
+:class:`SmockronWSGIMiddleware` (WSGI) put one in front of a web app, and
+``smockron proxy`` (``smockron.gatekeeper.proxy``, needs aiohttp) in front of any service.
+"""
+
+from __future__ import annotations
+
+from smockron.gatekeeper.asgi import SmockronMiddleware
+from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
+from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
+from smockron.gatekeeper.identify import ForwardedFor, RequestInfo, header, peer_address
+from smockron.gatekeeper.state import Decider, Decision, DelayTable, Verdict
+from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
+
+__all__ = [
+    "AsyncGatekeeper",
+    "Decider",
+    "Decision",
+    "DelayTable",
+    "ForwardedFor",
+    "Gatekeeper",
+    "HttpGate",
+    "RequestInfo",
+    "SmockronMiddleware",
+    "SmockronWSGIMiddleware",
+    "Verdict",
+    "header",
+    "http_loginfo",
+    "now_ms",
+    "peer_address",
+]

@@ -1,0 +1,447 @@
+"""The Smockron gatekeeper over ZeroMQ: a threaded ``Gatekeeper`` and its asyncio twin.
+
+Both connect (never bind) a PUB socket to the master's accounting address and a SUB
+socket to its control address. Decisions are local and O(1): the control messages only
+feed a :class:`~smockron.gatekeeper.state.DelayTable`. Sending never blocks: with no
+master connected, accounting messages are counted as dropped and not even encoded, so
+a dead master costs nothing and every request passes (fail-permissive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, Final
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from smockron.errors import ConfigError, ProtocolError
+from smockron.gatekeeper._logging import RateLimitedLog
+from smockron.gatekeeper.state import DELAY, REJECT, Decider, Decision, Verdict
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED, decode_control, encode_accounting, topic
+
+log = logging.getLogger("smockron.gatekeeper")
+
+SWEEP_INTERVAL_S: Final = 1.0
+_POLL_MS: Final = 100
+_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+_SNDMORE_NOBLOCK: Final = zmq.SNDMORE | zmq.NOBLOCK
+
+
+# pyzmq's compiled Socket.send; zmq.Socket.send is a Python wrapper around it that only
+# matters for routing ids, groups and zero-copy thresholds, none of which we use.
+_raw_send: Final[Callable[..., Any]] = getattr(
+    getattr(zmq, "backend", None), "Socket", zmq.Socket
+).send
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since 1970: the protocol's time base."""
+    return time.time_ns() // 1_000_000
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+class _GatekeeperBase:
+    """State, decision and accounting shared by the threaded and asyncio gatekeepers."""
+
+    def __init__(
+        self,
+        accounting: str | None,
+        control: str | None,
+        domains: Iterable[bytes | str] | None = None,
+        *,
+        max_delay_ms: int = 5000,
+        max_delayed: int = 1000,
+        reject_sample: float = 1.0,
+        sndhwm: int = 10_000,
+        max_entries: int = 1_000_000,
+    ) -> None:
+        if not 0.0 <= reject_sample <= 1.0:
+            raise ConfigError(f"reject_sample must be between 0 and 1, got {reject_sample}")
+        self.accounting = accounting
+        self.control = control
+        # None: subscribe to every domain (used when the domain comes from a callable)
+        self.domains = None if domains is None else frozenset(_as_bytes(d) for d in domains)
+        for d in self.domains or ():
+            topic(d)  # validates: no NUL
+        self.decider = Decider(max_delay_ms, max_delayed, max_entries)
+        self.counters = self.decider.counters
+        self.reject_sample = reject_sample
+        self.sndhwm = sndhwm
+        self._sample_credit = 0.0
+        self._peers = 0  # accounting connections up, from the PUB socket's monitor
+        self._pub: zmq.Socket[bytes] | None = None
+        self._malformed_log = RateLimitedLog(log)
+        self._setup()
+
+    def _setup(self) -> None:
+        """Subclass hook: create what the concurrency model needs."""
+
+    @property
+    def master_connected(self) -> bool:
+        """Whether the accounting socket currently has a connection to a master."""
+        return self._peers > 0
+
+    def _decide(
+        self, domain: bytes, identifier: bytes, now: int, loginfo: bytes | None
+    ) -> Decision:
+        decision = self.decider.decide(domain, identifier, now)
+        verdict = decision.verdict
+        if verdict is REJECT:
+            self._sample_credit += self.reject_sample
+            if self._sample_credit < 1.0:
+                self.counters.accounting_sampled_out += 1
+                return decision
+            self._sample_credit -= 1.0
+            self._send(domain, REJECTED, identifier, now, None, loginfo)
+        elif verdict is DELAY:
+            self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
+        else:
+            self._send(domain, ACCEPTED, identifier, now, None, loginfo)
+        return decision
+
+    def _send(
+        self,
+        domain: bytes,
+        status: bytes,
+        identifier: bytes,
+        received: int,
+        delayed: int | None,
+        loginfo: bytes | None,
+    ) -> None:
+        pub = self._pub
+        if pub is None or self._peers <= 0:
+            self.counters.accounting_dropped += 1
+            return
+        self._emit(pub, encode_accounting(domain, status, identifier, received, delayed, loginfo))
+
+    def _emit(self, pub: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        """Send one message now (the asyncio twin batches instead)."""
+        try:
+            # one send(SNDMORE) per frame, not send_multipart, and straight to pyzmq's
+            # compiled send: for small copied frames the Python wrapper only adds cost
+            for frame in frames[:-1]:
+                _raw_send(pub, frame, _SNDMORE_NOBLOCK)
+            _raw_send(pub, frames[-1], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.counters.accounting_dropped += 1
+            return
+        self.counters.accounting_sent += 1
+
+    def _apply_control(self, frames: list[bytes], now: int) -> None:
+        """Apply one control message; malformed ones are counted and logged, never raised."""
+        self.counters.control_received += 1
+        try:
+            control = decode_control(frames)
+        except ProtocolError as exc:
+            self.counters.control_malformed += 1
+            self._malformed_log.warning(f"ignoring malformed control message: {exc}")
+            return
+        if self.domains is not None and control.domain not in self.domains:
+            self.counters.control_ignored += 1
+            return
+        self.decider.table.update(control.domain, control.identifier, control.until_ms, now)
+
+    def _apply_monitor(self, frames: list[bytes]) -> None:
+        try:
+            event = parse_monitor_message(frames)["event"]
+        except Exception:  # monitor frames come from libzmq, but never let them kill us
+            return
+        if event == zmq.EVENT_CONNECTED:
+            self._peers += 1
+            log.info("accounting connected to %s", self.accounting)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._peers = max(0, self._peers - 1)
+            log.warning("accounting disconnected from %s: failing open", self.accounting)
+
+    def _poke(self) -> None:
+        """Let the PUB socket process its pending commands (new subscriptions among them).
+
+        libzmq processes a socket's commands only when its own thread calls into it, and
+        sends do so throttled; a periodic no-op call keeps a quiet gatekeeper's view of
+        the master's subscription fresh, so its first messages after a reconnection are
+        not dropped for want of it.
+        """
+        if self._pub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._pub.getsockopt(zmq.EVENTS)
+
+    def _topics(self) -> list[bytes]:
+        return [b""] if self.domains is None else [topic(d) for d in sorted(self.domains)]
+
+    def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
+        if not self.accounting:
+            return None
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, self.sndhwm)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.RECONNECT_IVL, 100)
+        pub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        return pub  # connected by the caller once its monitor is watching
+
+    def stats(self) -> dict[str, int]:
+        """Counters plus gauges, for logs and metrics."""
+        out = self.counters.as_dict()
+        out["waiting"] = self.decider.waiting
+        out["delay_entries"] = len(self.decider.table)
+        out["delay_table_dropped"] = self.decider.table.dropped
+        out["master_connected"] = int(self.master_connected)
+        return out
+
+
+class Gatekeeper(_GatekeeperBase):
+    """Threaded gatekeeper for WSGI servers and plain code; a daemon thread reads control."""
+
+    def _setup(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._pub = self._setup_pub(self._ctx)
+        self._monitor = self._pub.get_monitor_socket(_MONITOR_EVENTS) if self._pub else None
+        if self._pub is not None and self.accounting:
+            self._pub.connect(self.accounting)
+        self._sub: zmq.Socket[bytes] | None = None
+        if self.control:
+            self._sub = self._ctx.socket(zmq.SUB)
+            self._sub.setsockopt(zmq.LINGER, 0)
+            self._sub.setsockopt(zmq.RECONNECT_IVL, 100)
+            self._sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            for t in self._topics():
+                self._sub.setsockopt(zmq.SUBSCRIBE, t)
+            self._sub.connect(self.control)
+        self._thread = threading.Thread(target=self._run, name="smockron-gatekeeper", daemon=True)
+        self._thread.start()
+
+    def decide(
+        self,
+        domain: bytes,
+        identifier: bytes,
+        now: int | None = None,
+        loginfo: bytes | None = None,
+    ) -> Decision:
+        """Decide and account one request. After a DELAY, call :meth:`release`."""
+        with self._lock:
+            return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
+
+    def release(self) -> None:
+        with self._lock:
+            self.decider.release()
+
+    def admit(self, domain: bytes, identifier: bytes, loginfo: bytes | None = None) -> Decision:
+        """Decide, and sleep through a delay; the caller turns REJECT into a response."""
+        decision = self.decide(domain, identifier, None, loginfo)
+        if decision.verdict is Verdict.DELAY:
+            try:
+                time.sleep(max(0, decision.until_ms - now_ms()) / 1000)
+            finally:
+                self.release()
+        return decision
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for sock in (self._sub, self._monitor):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+        next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+        while not self._stop.is_set():
+            try:
+                ready = dict(poller.poll(_POLL_MS))
+            except zmq.ZMQError:
+                break  # context terminated by close()
+            if self._sub is not None and self._sub in ready:
+                self._drain_sub(self._sub)
+            if self._monitor is not None and self._monitor in ready:
+                with self._lock:
+                    self._apply_monitor(self._monitor.recv_multipart())
+            with self._lock:
+                self._poke()
+            if time.monotonic() >= next_sweep:
+                self.decider.table.sweep(now_ms())
+                next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+
+    def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
+        for _ in range(10_000):  # bounded, so sweeping and stopping still happen
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._apply_control(frames, now_ms())
+
+    def close(self) -> None:
+        """Stop the reader thread and close the sockets."""
+        self._stop.set()
+        self._thread.join(2.0)
+        with self._lock:
+            if self._pub is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._pub.disable_monitor()
+            for sock in (self._monitor, self._sub, self._pub):
+                if sock is not None:
+                    sock.close(0)
+            self._pub = None
+        self._ctx.term()
+
+    def __enter__(self) -> Gatekeeper:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncGatekeeper(_GatekeeperBase):
+    """The asyncio twin: control is read by a task, delays are ``asyncio.sleep``.
+
+    Sockets are made in :meth:`start` (called lazily by :meth:`admit`) so they belong to
+    the running loop. Everything runs on the loop's thread, so no lock is needed.
+    """
+
+    def _setup(self) -> None:
+        self._actx: zmq.asyncio.Context | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batch: list[list[bytes]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sockets: list[zmq.Socket[Any]] = []
+        self.started = False
+
+    def start(self) -> None:
+        """Connect the sockets and start the reader tasks; idempotent."""
+        if self.started:
+            return
+        self.started = True
+        self._loop = asyncio.get_running_loop()
+        self._actx = actx = zmq.asyncio.Context()
+        sync_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(actx.underlying)
+        self._pub = self._setup_pub(sync_ctx)  # sync socket: NOBLOCK sends, no futures
+        if self._pub is not None:
+            self._sockets.append(self._pub)
+            monitor = zmq.asyncio.Socket.from_socket(self._pub.get_monitor_socket(_MONITOR_EVENTS))
+            self._sockets.append(monitor)
+            self._tasks.append(asyncio.create_task(self._read_monitor(monitor)))
+            self._pub.connect(self.accounting or "")
+        if self.control:
+            sub = actx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RECONNECT_IVL, 100)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            for t in self._topics():
+                sub.setsockopt(zmq.SUBSCRIBE, t)
+            sub.connect(self.control)
+            self._sockets.append(sub)
+            self._tasks.append(asyncio.create_task(self._read_control(sub)))
+        self._tasks.append(asyncio.create_task(self._sweep()))
+
+    def decide(
+        self,
+        domain: bytes,
+        identifier: bytes,
+        now: int | None = None,
+        loginfo: bytes | None = None,
+    ) -> Decision:
+        """Decide and account one request. After a DELAY, call :meth:`release`."""
+        return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
+
+    def release(self) -> None:
+        self.decider.release()
+
+    async def admit(
+        self, domain: bytes, identifier: bytes, loginfo: bytes | None = None
+    ) -> Decision:
+        """Decide, and wait out a delay without blocking the loop."""
+        if not self.started:
+            self.start()
+        decision = self._decide(domain, identifier, now_ms(), loginfo)
+        if decision.verdict is Verdict.DELAY:
+            try:
+                await asyncio.sleep(max(0, decision.until_ms - now_ms()) / 1000)
+            finally:
+                self.decider.release()
+        return decision
+
+    def _emit(self, pub: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        """Queue the message; :meth:`flush` sends the batch when the loop next turns.
+
+        Each message sent alone wakes ZeroMQ's I/O thread (a mailbox signal, an epoll
+        wake-up, a TCP write): under HTTP load that cost more CPU than everything else
+        the middleware does. Batching per loop iteration shares one wake-up among all the
+        requests decided in it, and delays accounting by microseconds, not requests.
+        """
+        batch = self._batch
+        batch.append(frames)
+        if len(batch) == 1 and self._loop is not None:
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Send every queued accounting message."""
+        batch, self._batch = self._batch, []
+        pub = self._pub
+        if pub is None:
+            self.counters.accounting_dropped += len(batch)
+            return
+        emit = super()._emit
+        for frames in batch:
+            emit(pub, frames)
+
+    async def _read_control(self, sub: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await sub.recv_multipart()
+            self._apply_control(frames, now_ms())
+
+    async def _read_monitor(self, monitor: zmq.asyncio.Socket) -> None:
+        while True:
+            self._apply_monitor(await monitor.recv_multipart())
+
+    async def _sweep(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+        while True:
+            await asyncio.sleep(_POLL_MS / 1000)
+            self._poke()
+            if time.monotonic() >= next_sweep:
+                self.decider.table.sweep(now_ms())
+                next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+
+    async def aclose(self) -> None:
+        """Send what is queued, cancel the reader tasks and close the sockets."""
+        self.flush()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+                await task
+        self._tasks.clear()
+        if self._pub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._pub.disable_monitor()
+        for sock in reversed(self._sockets):
+            sock.close(0)
+        self._sockets.clear()
+        self._pub = None
+        if self._actx is not None:
+            self._actx.term()
+            self._actx = None
+
+    async def __aenter__(self) -> AsyncGatekeeper:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

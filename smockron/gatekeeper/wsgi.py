@@ -1,0 +1,87 @@
+"""WSGI middleware for Flask, Django or any WSGI app.
+
+A delayed request sleeps in its worker thread before the app sees it, so size
+``max_delayed`` below the server's thread count, or delays will starve the workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from smockron.gatekeeper.core import Gatekeeper
+from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
+from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
+from smockron.gatekeeper.state import Verdict
+
+Environ = dict[str, Any]
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+
+def request_info(environ: Environ) -> RequestInfo:
+    """The identification view of a WSGI environ."""
+
+    def lookup(name: str) -> str | None:
+        key = name.upper().replace("-", "_")
+        if key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            value = environ.get(key)
+        else:
+            value = environ.get("HTTP_" + key)
+        return str(value) if value is not None else None
+
+    return RequestInfo(
+        environ.get("REMOTE_ADDR"),
+        environ.get("REQUEST_METHOD", "GET"),
+        environ.get("PATH_INFO", "/"),
+        lookup,
+    )
+
+
+class SmockronWSGIMiddleware:
+    """Rate-limit a WSGI app through a Smockron master."""
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        domain: str | Mapping[str, str] | DomainOf,
+        accounting: str | None = None,
+        control: str | None = None,
+        gatekeeper: Gatekeeper | None = None,
+        identify: Identify = peer_address,
+        loginfo: LogInfo | None = http_loginfo,
+        reject_status: int = 503,
+        max_delay_ms: int = 5000,
+        max_delayed: int = 1000,
+        reject_sample: float = 1.0,
+    ) -> None:
+        self.app = app
+        self.gate = HttpGate(domain, identify, loginfo, reject_status)
+        self.gatekeeper = gatekeeper or Gatekeeper(
+            accounting,
+            control,
+            self.gate.domains,
+            max_delay_ms=max_delay_ms,
+            max_delayed=max_delayed,
+            reject_sample=reject_sample,
+        )
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        req = request_info(environ)
+        target = self.gate.target(req)
+        if target is None:
+            return self.app(environ, start_response)
+        try:
+            decision = self.gatekeeper.admit(*target)
+        except Exception as exc:  # fail-permissive, even against our own bugs
+            self.gate.fail_open(exc)
+            return self.app(environ, start_response)
+        if decision.verdict is not Verdict.REJECT:
+            return self.app(environ, start_response)
+        rejection = self.gate.reject(decision.wait_ms, req)
+        start_response(rejection.status_line, rejection.headers)
+        return [rejection.body]
+
+    def close(self) -> None:
+        self.gatekeeper.close()

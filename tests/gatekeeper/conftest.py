@@ -1,0 +1,74 @@
+"""Real ZeroMQ sockets playing the master's side: SUB bound on accounting, PUB on control."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import zmq
+
+from smockron.protocol import Accounting, decode_accounting, encode_control
+from tests.support import free_ports
+
+
+@dataclass
+class MasterSockets:
+    """The two sockets a master binds, driven by the test."""
+
+    accounting_addr: str
+    control_addr: str
+    ctx: zmq.Context[zmq.Socket[bytes]] = field(default_factory=zmq.Context)
+
+    def __post_init__(self) -> None:
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.bind(self.accounting_addr)
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(self.control_addr)
+
+    def publish(self, domain: str, identifier: bytes, until_ms: int) -> None:
+        self.pub.send_multipart(encode_control(domain, identifier, until_ms))
+
+    def publish_raw(self, frames: list[bytes]) -> None:
+        self.pub.send_multipart(frames)
+
+    def recv_raw(self, timeout_s: float = 5.0) -> list[bytes]:
+        if not self.sub.poll(int(timeout_s * 1000)):
+            raise AssertionError("no accounting message arrived")
+        return self.sub.recv_multipart()
+
+    def recv(self, timeout_s: float = 5.0) -> Accounting:
+        return decode_accounting(self.recv_raw(timeout_s))
+
+    def drain(self, quiet_s: float = 0.2) -> list[Accounting]:
+        out = []
+        while self.sub.poll(int(quiet_s * 1000)):
+            out.append(decode_accounting(self.sub.recv_multipart()))
+        return out
+
+    def close(self) -> None:
+        self.sub.close(0)
+        self.pub.close(0)
+        self.ctx.term()
+
+
+def make_master(accounting_port: int, control_port: int) -> MasterSockets:
+    return MasterSockets(f"tcp://127.0.0.1:{accounting_port}", f"tcp://127.0.0.1:{control_port}")
+
+
+@pytest.fixture
+def master() -> Iterator[MasterSockets]:
+    a, c = free_ports(2)
+    m = make_master(a, c)
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,255 @@
+"""The threaded and asyncio gatekeepers against real ZeroMQ sockets playing the master."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper
+from smockron.gatekeeper.state import Verdict
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED
+from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
+from tests.support import free_ports, wait_for
+
+D = b"api"
+
+
+def _connected(gk: Gatekeeper, master: MasterSockets) -> None:
+    """Wait until accounting is connected and control subscriptions have propagated."""
+    wait_for(lambda: gk.master_connected, 5)
+    until = wall_ms() + 60_000
+    probe = b"probe"
+
+    def seen() -> bool:
+        master.publish("api", probe, until)
+        return gk.decider.table.until(D, probe, wall_ms()) == until
+
+    wait_for(seen, 5, 0.05)
+    master.drain(0.05)
+
+
+def test_accepts_and_accounts(master: MasterSockets) -> None:
+    with Gatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
+        _connected(gk, master)
+        now = wall_ms()
+        decision = gk.decide(D, b"alice", now, loginfo=b"UA=curl")
+        assert decision.verdict is Verdict.ACCEPT
+        msg = master.recv()
+        assert (msg.domain, msg.status, msg.identifier) == (D, ACCEPTED, b"alice")
+        assert msg.received_ms == now and msg.delayed_ms is None and msg.loginfo == b"UA=curl"
+        raw = master.drain(0.05)
+        assert raw == []
+        assert gk.counters.accounting_sent == 1
+
+
+def test_delay_until_delays_then_rejects(master: MasterSockets) -> None:
+    with Gatekeeper(
+        master.accounting_addr, master.control_addr, ["api"], max_delay_ms=1000, max_delayed=5
+    ) as gk:
+        _connected(gk, master)
+        now = wall_ms()
+        master.publish("api", b"bob", now + 300)
+        wait_for(lambda: gk.decider.table.until(D, b"bob", now) == now + 300)
+        master.publish("api", b"bob", now + 100)  # never moves backwards
+        t0 = time.monotonic()
+        decision = gk.admit(D, b"bob")
+        assert decision.verdict is Verdict.DELAY and decision.until_ms == now + 300
+        assert time.monotonic() - t0 >= 0.2
+        assert gk.decider.waiting == 0
+        msg = master.recv()
+        assert msg.status == DELAYED and msg.delayed_ms == now + 300
+        master.publish("api", b"bob", wall_ms() + 5000)  # beyond max_delay
+        wait_for(lambda: gk.decide(D, b"carol").verdict is Verdict.ACCEPT)
+        wait_for(lambda: gk.decider.table.until(D, b"bob", wall_ms()) > now + 1000)
+        rejected = gk.decide(D, b"bob")
+        assert rejected.verdict is Verdict.REJECT and rejected.wait_ms > 1000
+        statuses = [m.status for m in master.drain(0.2)]
+        assert REJECTED in statuses
+
+
+def test_reject_sampling(master: MasterSockets) -> None:
+    with Gatekeeper(
+        master.accounting_addr, master.control_addr, ["api"], max_delay_ms=0, reject_sample=0.25
+    ) as gk:
+        _connected(gk, master)
+        master.publish("api", b"eve", wall_ms() + 60_000)
+        wait_for(lambda: gk.decider.table.until(D, b"eve", wall_ms()) > 0)
+        for _ in range(100):
+            assert gk.decide(D, b"eve").verdict is Verdict.REJECT
+        got = [m for m in master.drain(0.2) if m.identifier == b"eve"]
+        assert len(got) == 25
+        assert gk.counters.accounting_sampled_out == 75
+
+
+def test_malformed_control_is_counted_and_ignored(
+    master: MasterSockets, caplog: pytest.LogCaptureFixture
+) -> None:
+    garbage = [
+        [b"api\0"],
+        [b"api\0", b"DELAY_UNTIL", b"x"],
+        [b"api\0", b"DELAY_UNTIL", b"x", b"-5"],
+        [b"api\0", b"DELAY_UNTIL", b"x", b"1e9"],
+        [b"api\0", b"DELAY_UNTIL", b"x", b"9" * 40],
+        [b"api\0", b"EXPLODE", b"x", b"1"],
+        [b"api\0", b"DELAY_UNTIL", b"x" * 5000, b"1"],
+        [b"api\0\0", b"DELAY_UNTIL", b"x", b"1"],
+        [b"api\0", b"DELAY_UNTIL", b"x", b"1", b"extra"],
+        [b"api\0\xff\xfe", b"\x00" * 10],
+    ]
+    with (
+        caplog.at_level(logging.WARNING, "smockron.gatekeeper"),
+        Gatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk,
+    ):
+        _connected(gk, master)
+        for frames in garbage:
+            master.publish_raw(frames)
+        wait_for(lambda: gk.counters.control_malformed >= len(garbage) - 1)
+        # still serving: a valid message after the garbage is applied
+        until = wall_ms() + 10_000
+        master.publish("api", b"after", until)
+        wait_for(lambda: gk.decider.table.until(D, b"after", wall_ms()) == until)
+        malformed_lines = [r for r in caplog.records if "malformed" in r.getMessage()]
+        assert 1 <= len(malformed_lines) <= 2  # rate-limited
+
+
+def test_other_domains_are_ignored(master: MasterSockets) -> None:
+    with Gatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
+        _connected(gk, master)
+        master.publish("apiary", b"x", wall_ms() + 10_000)  # prefix-matching topic trap
+        master.publish("api", b"y", wall_ms() + 10_000)
+        wait_for(lambda: gk.decider.table.until(D, b"y", wall_ms()) > 0)
+        assert gk.decider.table.until(b"apiary", b"x", wall_ms()) == 0
+
+
+def test_no_master_everything_passes() -> None:
+    a, c = free_ports(2)
+    with Gatekeeper(f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{c}", ["api"]) as gk:
+        t0 = time.perf_counter()
+        for i in range(1000):
+            assert gk.decide(D, b"%d" % (i % 7)).verdict is Verdict.ACCEPT
+        assert time.perf_counter() - t0 < 1.0
+        assert gk.counters.accounting_dropped == 1000
+        assert not gk.master_connected
+        stats = gk.stats()
+        assert stats["accepted"] == 1000 and stats["accounting_sent"] == 0
+        assert stats["master_connected"] == 0 and stats["waiting"] == 0
+
+
+def test_master_dies_and_returns() -> None:
+    a, c = free_ports(2)
+    m = make_master(a, c)
+    gk = Gatekeeper(m.accounting_addr, m.control_addr, ["api"])
+    try:
+        _connected(gk, m)
+        m.close()
+        wait_for(lambda: not gk.master_connected, 5)
+        assert gk.decide(D, b"z").verdict is Verdict.ACCEPT
+        dropped = gk.counters.accounting_dropped
+        assert dropped >= 1
+        m = make_master(a, c)
+        _connected(gk, m)
+        gk.decide(D, b"z")
+        assert m.recv().identifier == b"z"
+    finally:
+        gk.close()
+        m.close()
+
+
+def test_subscribe_everything_when_domains_unknown(master: MasterSockets) -> None:
+    with Gatekeeper(master.accounting_addr, master.control_addr, None) as gk:
+        wait_for(lambda: gk.master_connected, 5)
+        until = wall_ms() + 10_000
+
+        def seen() -> bool:
+            master.publish("anything", b"q", until)
+            return gk.decider.table.until(b"anything", b"q", wall_ms()) == until
+
+        wait_for(seen, 5, 0.05)
+
+
+async def test_async_twin(master: MasterSockets) -> None:
+    async with AsyncGatekeeper(
+        master.accounting_addr, master.control_addr, ["api"], max_delay_ms=2000
+    ) as gk:
+        for _ in range(250):
+            if gk.master_connected:
+                break
+            await asyncio.sleep(0.02)
+        until = wall_ms() + 300
+        for _ in range(250):
+            master.publish("api", b"amy", until)
+            await asyncio.sleep(0.02)
+            if gk.decider.table.until(D, b"amy", wall_ms()):
+                break
+        master.drain(0.01)
+        t0 = time.monotonic()
+        # many delayed requests wait concurrently on one loop
+        decisions = await asyncio.gather(*(gk.admit(D, b"amy") for _ in range(20)))
+        elapsed = time.monotonic() - t0
+        assert all(d.verdict is Verdict.DELAY for d in decisions)
+        assert elapsed < 0.6
+        assert gk.decider.waiting == 0
+        assert (await gk.admit(D, b"amy")).verdict is Verdict.ACCEPT
+        await asyncio.sleep(0)  # accounting is batched and sent when the loop turns
+        got = master.drain(0.2)
+        assert [m.status for m in got].count(DELAYED) == 20
+        assert got[-1].status == ACCEPTED
+
+
+async def test_async_no_master() -> None:
+    a, c = free_ports(2)
+    async with AsyncGatekeeper(f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{c}", ["api"]) as gk:
+        for i in range(100):
+            assert (await gk.admit(D, b"%d" % i)).verdict is Verdict.ACCEPT
+        assert gk.counters.accounting_dropped == 100
+
+
+def test_a_stuck_master_never_blocks_requests() -> None:
+    """A master that stops reading: the queue fills to SNDHWM, then PUB drops; no blocking."""
+    import zmq
+
+    a, c = free_ports(2)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    stuck = ctx.socket(zmq.SUB)
+    stuck.setsockopt(zmq.RCVHWM, 10)
+    stuck.setsockopt(zmq.RCVBUF, 4096)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.bind(f"tcp://127.0.0.1:{a}")
+    try:
+        with Gatekeeper(f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{c}", ["api"], sndhwm=10) as gk:
+            wait_for(lambda: gk.master_connected, 5)
+            t0 = time.perf_counter()
+            for i in range(20_000):
+                gk.decide(D, b"%d" % i, loginfo=b"x" * 200)
+            assert time.perf_counter() - t0 < 5.0
+            assert gk.counters.accepted == 20_000
+    finally:
+        stuck.close(0)
+        ctx.term()
+
+
+async def test_async_accounting_is_batched_per_loop_turn(master: MasterSockets) -> None:
+    async with AsyncGatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
+        for _ in range(250):
+            if gk.master_connected:
+                break
+            await asyncio.sleep(0.02)
+        for _ in range(100):  # until the master's subscription is in place
+            gk.decide(D, b"probe")
+            await asyncio.sleep(0)
+            if master.drain(0.02):
+                break
+        gk.counters.accounting_sent = 0
+        for i in range(50):  # decided in one loop turn: queued, not yet sent
+            gk.decide(D, b"b%d" % i)
+        assert gk.counters.accounting_sent == 0
+        await asyncio.sleep(0)
+        assert gk.counters.accounting_sent == 50
+        got = master.drain(0.2)
+        assert [m.identifier for m in got] == [b"b%d" % i for i in range(50)]
+        gk.decide(D, b"last")
+    # closing flushes what is still queued
+    assert master.recv().identifier == b"last"

@@ -1,0 +1,166 @@
+"""ASGI middleware under a real uvicorn, WSGI middleware under a real waitress."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+from flask import Flask
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from smockron.gatekeeper.asgi import SmockronMiddleware
+from smockron.gatekeeper.identify import header
+from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED
+from tests.gatekeeper.conftest import MasterSockets, wall_ms
+from tests.gatekeeper.servers import uvicorn_server, waitress_server
+from tests.support import wait_for
+
+
+def starlette_app() -> Starlette:
+    async def hello(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(f"hello {request.url.path}")
+
+    return Starlette(routes=[Route("/{path:path}", hello)])
+
+
+def flask_app() -> Flask:
+    app = Flask("t")
+
+    @app.route("/", defaults={"path": ""})
+    @app.route("/<path:path>")
+    def hello(path: str) -> str:
+        return f"hello /{path}"
+
+    return app
+
+
+def _subscribed(master: MasterSockets, get: Callable[[str], httpx.Response]) -> None:
+    """Wait until the gatekeeper hears control: a probe identifier gets rejected."""
+    until = wall_ms() + 60_000
+
+    def probe() -> bool:
+        master.publish("api", b"probe", until)
+        return get("probe").status_code == 503
+
+    wait_for(probe, 10, 0.1)
+    master.drain(0.1)
+
+
+def _exercise(master: MasterSockets, port: int) -> None:
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+        def get(who: str, **headers: str) -> httpx.Response:
+            return client.get("/api/x", headers={"x-client": who, **headers})
+
+        _subscribed(master, get)
+        ok = get("alice", **{"user-agent": "pytest-agent"})
+        assert ok.status_code == 200 and ok.text == "hello /api/x"
+        msg = master.recv()
+        assert (msg.status, msg.identifier) == (ACCEPTED, b"alice")
+        assert msg.loginfo is not None and b"pytest-agent" in msg.loginfo
+
+        master.publish("api", b"bob", wall_ms() + 400)
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        delayed = get("bob")
+        assert delayed.status_code == 200 and time.monotonic() - t0 >= 0.2
+        assert master.recv().status == DELAYED
+
+        master.publish("api", b"eve", wall_ms() + 3500)
+        time.sleep(0.1)
+        rejected = get("eve")
+        assert rejected.status_code == 503
+        assert rejected.headers["retry-after"] in ("3", "4")
+        assert rejected.headers["content-type"].startswith("text/plain")
+        problem = get("eve", accept="application/problem+json")
+        assert problem.status_code == 503
+        assert problem.headers["content-type"] == "application/problem+json"
+        assert problem.json()["status"] == 503
+        assert [m.status for m in master.drain(0.2)] == [REJECTED, REJECTED]
+
+        free = client.get("/health", headers={"x-client": "eve"})
+        assert free.status_code == 200  # not under any domain
+
+
+def test_asgi_under_uvicorn(master: MasterSockets) -> None:
+    app = SmockronMiddleware(
+        starlette_app(),
+        domain={"/api": "api"},
+        accounting=master.accounting_addr,
+        control=master.control_addr,
+        identify=header("x-client"),
+        max_delay_ms=1000,
+    )
+    with uvicorn_server(app) as port:
+        _exercise(master, port)
+    assert not app.gatekeeper.started or app.gatekeeper._pub is None  # closed at shutdown
+
+
+def test_wsgi_under_waitress(master: MasterSockets) -> None:
+    app = SmockronWSGIMiddleware(
+        flask_app(),
+        domain={"/api": "api"},
+        accounting=master.accounting_addr,
+        control=master.control_addr,
+        identify=header("x-client"),
+        max_delay_ms=1000,
+    )
+    try:
+        with waitress_server(app) as port:
+            _exercise(master, port)
+    finally:
+        app.close()
+
+
+def test_asgi_429_and_no_master() -> None:
+    from tests.support import free_ports
+
+    a, c = free_ports(2)
+    app = SmockronMiddleware(
+        starlette_app(),
+        domain="api",
+        accounting=f"tcp://127.0.0.1:{a}",
+        control=f"tcp://127.0.0.1:{c}",
+        reject_status=429,
+    )
+    with uvicorn_server(app) as port, httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+        for _ in range(20):
+            assert client.get("/x").status_code == 200
+        # the master has never existed: everything passes and drops are counted
+        assert app.gatekeeper.counters.accounting_dropped == 20
+        app.gatekeeper.decider.table.update(b"api", b"127.0.0.1", wall_ms() + 9000, wall_ms())
+        r = client.get("/x")
+        assert r.status_code == 429 and r.headers["retry-after"] in ("9", "8")
+
+
+def test_failing_identify_callable_fails_open(master: MasterSockets) -> None:
+    def broken(req: object) -> str:
+        raise RuntimeError("identify bug")
+
+    asgi = SmockronMiddleware(
+        starlette_app(),
+        domain="api",
+        accounting=master.accounting_addr,
+        control=master.control_addr,
+        identify=broken,
+    )
+    wsgi = SmockronWSGIMiddleware(
+        flask_app(),
+        domain="api",
+        accounting=master.accounting_addr,
+        control=master.control_addr,
+        identify=broken,
+    )
+    try:
+        with uvicorn_server(asgi) as p1, waitress_server(wsgi) as p2:
+            for port in (p1, p2):
+                for _ in range(3):
+                    assert httpx.get(f"http://127.0.0.1:{port}/x").status_code == 200
+        assert asgi.gate.errors == 3 and wsgi.gate.errors == 3
+    finally:
+        wsgi.close()

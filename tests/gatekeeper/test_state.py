@@ -1,0 +1,82 @@
+"""The pure table and decision rule, with an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from smockron.errors import ConfigError
+from smockron.gatekeeper.state import Decider, DelayTable, Verdict
+
+D, ID = b"api", b"alice"
+
+
+def test_table_only_moves_forward() -> None:
+    t = DelayTable()
+    assert t.update(D, ID, 2000, now_ms=1000)
+    assert not t.update(D, ID, 1500, now_ms=1000)
+    assert t.until(D, ID, 1000) == 2000
+    assert t.update(D, ID, 2500, now_ms=1000)
+    assert t.until(D, ID, 1000) == 2500
+
+
+def test_passed_entries_are_ignored_and_swept() -> None:
+    t = DelayTable()
+    assert not t.update(D, ID, 1000, now_ms=1000)  # already passed: not stored
+    t.update(D, ID, 2000, now_ms=1000)
+    t.update(D, b"bob", 5000, now_ms=1000)
+    assert t.until(D, ID, 2000) == 0
+    assert t.sweep(2000) == 1
+    assert len(t) == 1
+    assert t.until(D, b"bob", 2000) == 5000
+
+
+def test_table_is_bounded() -> None:
+    t = DelayTable(max_entries=10)
+    for i in range(25):
+        t.update(D, b"id%d" % i, 10_000, now_ms=0)
+    assert len(t) == 10
+    assert t.dropped == 15
+    # once the entries pass, room is made again on the next insert
+    assert t.update(D, b"late", 30_000, now_ms=20_000)
+    assert len(t) == 1
+
+
+def test_many_identifiers_with_passing_time_stay_bounded() -> None:
+    t = DelayTable(max_entries=100_000)
+    for i in range(50_000):
+        t.update(D, b"%d" % i, i + 10, now_ms=i)
+    assert len(t) <= 2048 + 10
+
+
+def test_decide_accept_delay_reject() -> None:
+    d = Decider(max_delay_ms=500, max_delayed=2)
+    assert d.decide(D, ID, 1000).verdict is Verdict.ACCEPT
+    d.table.update(D, ID, 1400, now_ms=1000)
+    first = d.decide(D, ID, 1000)
+    assert first.verdict is Verdict.DELAY and first.until_ms == 1400 and first.wait_ms == 400
+    assert d.decide(D, ID, 1000).verdict is Verdict.DELAY
+    full = d.decide(D, ID, 1000)  # two already waiting
+    assert full.verdict is Verdict.REJECT and full.wait_ms == 400
+    d.release()
+    assert d.decide(D, ID, 1000).verdict is Verdict.DELAY
+    d.table.update(D, ID, 1600, now_ms=1000)
+    d.release()
+    d.release()
+    too_long = d.decide(D, ID, 1000)  # 600 ms > max_delay
+    assert too_long.verdict is Verdict.REJECT
+    assert d.decide(D, ID, 1600).verdict is Verdict.ACCEPT
+    assert d.decide(b"other", ID, 1000).verdict is Verdict.ACCEPT
+    c = d.counters
+    assert (c.accepted, c.delayed, c.rejected) == (3, 3, 2)
+
+
+def test_release_never_goes_negative() -> None:
+    d = Decider()
+    d.release()
+    assert d.waiting == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"max_delay_ms": -1}, {"max_delayed": -1}, {"max_entries": 0}])
+def test_bad_settings_are_refused(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ConfigError):
+        Decider(**kwargs)
