@@ -1,0 +1,157 @@
+"""JARL: connections answered per second and connect-to-answer latency.
+
+Runs a real ``smockron jarl`` (uvloop) and measures, in rounds:
+- sequential: one client, connect + recv(7) in a loop (the seed's ~232 us figure);
+- concurrent: N client processes x C connections in flight each (uvloop), counting
+  answered connections per second and each one's connect-to-answer time.
+Prints medians over the rounds and the ratio to the issue's goals
+(p50 <= 150 us, >= 10,000 connections/s). Usage: python bench/jarl.py [--quick]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m smockron ARGS`` until the block ends; wait for ``port`` first."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SMOCKRON_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smockron", *args], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"daemon did not listen on {port}")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+GOAL_P50_US = 150.0
+GOAL_RATE = 10_000.0
+
+
+def sequential(port: int, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.connect(("127.0.0.1", port))
+            data = s.recv(7)
+        samples.append(time.perf_counter() - start)
+        float(data)
+    return samples
+
+
+class _Answer(asyncio.Protocol):
+    def __init__(self, done: asyncio.Future[float], start: float) -> None:
+        self.done, self.start = done, start
+
+    def data_received(self, data: bytes) -> None:
+        if not self.done.done():
+            self.done.set_result(time.perf_counter() - self.start)
+
+
+async def _client(port: int, inflight: int, seconds: float) -> tuple[int, list[float]]:
+    loop = asyncio.get_running_loop()
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            done: asyncio.Future[float] = loop.create_future()
+            start = time.perf_counter()
+            transport, _ = await loop.create_connection(
+                functools.partial(_Answer, done, start), "127.0.0.1", port
+            )
+            samples.append(await done)
+            transport.close()
+
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    return len(samples), samples
+
+
+def _client_process(args: tuple[int, int, float]) -> tuple[int, list[float]]:
+    import uvloop
+
+    return uvloop.run(_client(*args))
+
+
+def concurrent(port: int, procs: int, inflight: int, seconds: float) -> tuple[float, list[float]]:
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(procs) as pool:
+        start = time.perf_counter()
+        results = pool.map(_client_process, [(port, inflight, seconds)] * procs)
+        elapsed = time.perf_counter() - start
+    total = sum(n for n, _ in results)
+    return total / elapsed, [s for _, samples in results for s in samples]
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    rounds, seq_n, seconds = (2, 500, 1.0) if quick else (5, 3000, 2.0)
+    port = free_port()
+    args = ["jarl", "--service", "bench", "--period", "1", "--requests", "1000000",
+            "--ip", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with daemon(args, port):
+        sequential(port, 200)  # warm up
+        seq_p50, seq_p99, rates, c_p50, c_p99 = [], [], [], [], []
+        for _ in range(rounds):
+            s = sequential(port, seq_n)
+            seq_p50.append(percentile(s, 0.5) * 1e6)
+            seq_p99.append(percentile(s, 0.99) * 1e6)
+            rate, c = concurrent(port, procs=2, inflight=32, seconds=seconds)
+            rates.append(rate)
+            c_p50.append(percentile(c, 0.5) * 1e6)
+            c_p99.append(percentile(c, 0.99) * 1e6)
+    print(f"jarl, {rounds} rounds, medians (2-core machine shared with other work)")
+    print(
+        f"  sequential client: p50 {median(seq_p50):7.1f} us   p99 {median(seq_p99):7.1f} us"
+        f"   (goal p50 <= {GOAL_P50_US:.0f} us: ratio {median(seq_p50) / GOAL_P50_US:.2f})"
+    )
+    print(
+        f"  2 procs x 32 in flight: {median(rates):8.0f} conn/s"
+        f"   (goal >= {GOAL_RATE:.0f}: ratio {median(rates) / GOAL_RATE:.2f})"
+    )
+    print(f"  under that load:   p50 {median(c_p50):7.1f} us   p99 {median(c_p99):7.1f} us")
+
+
+if __name__ == "__main__":
+    main()
