@@ -55,6 +55,13 @@ def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(10)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc): robust on a shared machine."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -102,13 +109,13 @@ def _pipelined(args: tuple[int, int, float]) -> int:
     return answered
 
 
-def pipelined(port: int, procs: int, batch: int, seconds: float) -> float:
+def pipelined(port: int, procs: int, batch: int, seconds: float) -> tuple[float, int]:
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(procs) as pool:
         start = time.perf_counter()
         total = sum(pool.map(_pipelined, [(port, batch, seconds)] * procs))
         elapsed = time.perf_counter() - start
-    return total / elapsed
+    return total / elapsed, total
 
 
 def single(port: int, n: int) -> list[float]:
@@ -130,12 +137,15 @@ def main() -> None:
     port = free_port()
     args = ["dthrottle", "--listen", f"tcp:127.0.0.1:{port}", "--burst", "1000000000",
             "--report-interval", "3600", "--stats-interval", "0"]  # fmt: skip
-    with daemon(args, port):
+    with daemon(args, port) as proc:
         single(port, 500)  # warm up
-        rates1, rates2, p50, p99 = [], [], [], []
+        rates1, rates2, p50, p99, cpu_us = [], [], [], [], []
         for _ in range(rounds):
-            rates1.append(pipelined(port, procs=1, batch=4000, seconds=seconds))
-            rates2.append(pipelined(port, procs=2, batch=4000, seconds=seconds))
+            cpu_before = cpu_seconds(proc.pid)
+            rate, total = pipelined(port, procs=1, batch=4000, seconds=seconds)
+            cpu_us.append((cpu_seconds(proc.pid) - cpu_before) / total * 1e6)
+            rates1.append(rate)
+            rates2.append(pipelined(port, procs=2, batch=4000, seconds=seconds)[0])
             s = single(port, n)
             p50.append(percentile(s, 0.5) * 1e6)
             p99.append(percentile(s, 0.99) * 1e6)
@@ -145,6 +155,10 @@ def main() -> None:
     print(
         f"  pipelined, 2 connections: {median(rates2):9.0f} queries/s"
         f"   (goal >= {GOAL_RATE:.0f}: best ratio {best / GOAL_RATE:.2f})"
+    )
+    print(
+        f"  server CPU per pipelined query: {median(cpu_us):.2f} us"
+        f" (one core could answer ~{1e6 / median(cpu_us):.0f} queries/s)"
     )
     print(
         f"  single query: p50 {median(p50):6.1f} us   p99 {median(p99):6.1f} us"

@@ -55,6 +55,13 @@ def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(10)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc): robust on a shared machine."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -130,14 +137,16 @@ def main() -> None:
     port = free_port()
     args = ["jarl", "--service", "bench", "--period", "1", "--requests", "1000000",
             "--ip", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    with daemon(args, port):
+    with daemon(args, port) as proc:
         sequential(port, 200)  # warm up
-        seq_p50, seq_p99, rates, c_p50, c_p99 = [], [], [], [], []
+        seq_p50, seq_p99, rates, c_p50, c_p99, cpu_us = [], [], [], [], [], []
         for _ in range(rounds):
             s = sequential(port, seq_n)
             seq_p50.append(percentile(s, 0.5) * 1e6)
             seq_p99.append(percentile(s, 0.99) * 1e6)
+            cpu_before = cpu_seconds(proc.pid)
             rate, c = concurrent(port, procs=2, inflight=32, seconds=seconds)
+            cpu_us.append((cpu_seconds(proc.pid) - cpu_before) / len(c) * 1e6)
             rates.append(rate)
             c_p50.append(percentile(c, 0.5) * 1e6)
             c_p99.append(percentile(c, 0.99) * 1e6)
@@ -151,6 +160,10 @@ def main() -> None:
         f"   (goal >= {GOAL_RATE:.0f}: ratio {median(rates) / GOAL_RATE:.2f})"
     )
     print(f"  under that load:   p50 {median(c_p50):7.1f} us   p99 {median(c_p99):7.1f} us")
+    print(
+        f"  server CPU per connection: {median(cpu_us):.1f} us"
+        f" (one core could answer ~{1e6 / median(cpu_us):.0f} conn/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,17 +1,29 @@
-"""JARL over TCP: on each connection write the delay, read nothing, close."""
+"""JARL over TCP: on each connection write the delay, read nothing, close.
+
+The exchange is so small that asyncio transports would cost more than the answer: the
+listening socket is watched with ``add_reader`` and each ready connection is accepted,
+answered with one ``send`` (a few bytes into an empty buffer never block) and closed
+right there. The arrival time is the moment of ``accept``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
+from smockron.daemons._ratelog import RateLimitedLog
 from smockron.daemons.jarl import Jarl, format_delay
 
 log = logging.getLogger("smockron.jarl")
+_ratelog = RateLimitedLog(log)
+
+ACCEPT_BATCH = 256  # connections per wake-up, so a flood cannot starve the loop
+RETRY_AFTER_EMFILE = 0.1
 
 
 @dataclass(slots=True)
@@ -20,30 +32,6 @@ class JarlStats:
 
     answered: int = 0
     delayed: int = 0
-
-
-class JarlProtocol(asyncio.Protocol):
-    """Answers in ``connection_made``: the arrival time is when the connection is accepted."""
-
-    __slots__ = ("_clock", "_jarl", "_stats")
-
-    def __init__(self, jarl: Jarl, stats: JarlStats, clock: Callable[[], float]) -> None:
-        self._jarl = jarl
-        self._stats = stats
-        self._clock = clock
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.WriteTransport, transport)  # uvloop's is not a subclass
-        delay = self._jarl.delay(self._clock())
-        stats = self._stats
-        stats.answered += 1
-        if delay:
-            stats.delayed += 1
-        transport.write(format_delay(delay))
-        transport.close()
-
-    def data_received(self, data: bytes) -> None:
-        """Clients are not expected to send anything; whatever they send is ignored."""
 
 
 class JarlServer:
@@ -66,25 +54,68 @@ class JarlServer:
         self.stats = JarlStats()
         self._clock = clock
         self._log_every = log_every
-        self._server: asyncio.Server | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._log_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: JarlProtocol(self.jarl, self.stats, self._clock),
-            self.host,
-            self.port,
-            backlog=4096,
-            reuse_address=True,
-        )
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(4096)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self.port = int(sock.getsockname()[1])
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._accept_ready)
         log.info(
             "jarl serving %r on %s:%d: %d requests per %d s",
             self.service, self.host, self.port, self.jarl.requests, self.jarl.period,
         )  # fmt: skip
         if self._log_every:
             self._log_task = asyncio.create_task(self._log_counts(self._log_every))
+
+    def _accept_ready(self) -> None:
+        sock, jarl, clock, stats = self._sock, self.jarl, self._clock, self.stats
+        assert sock is not None
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._accept_failed(exc)
+                return
+            delay = jarl.delay(clock())
+            try:
+                conn.send(format_delay(delay))
+            except OSError:  # the client is gone already: it was counted all the same
+                pass
+            finally:
+                conn.close()
+            stats.answered += 1
+            if delay:
+                stats.delayed += 1
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Out of descriptors (or similar): pause accepting briefly instead of spinning."""
+        _ratelog.warning("accept", "cannot accept connections: %s", exc)
+        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            assert self._loop is not None and self._sock is not None
+            fd = self._sock.fileno()
+            self._loop.remove_reader(fd)
+            self._loop.call_later(RETRY_AFTER_EMFILE, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.add_reader(self._sock.fileno(), self._accept_ready)
 
     async def _log_counts(self, every: float) -> None:
         answered, delayed = self.stats.answered, self.stats.delayed
@@ -101,7 +132,8 @@ class JarlServer:
         if self._log_task is not None:
             self._log_task.cancel()
             await asyncio.gather(self._log_task, return_exceptions=True)
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
         log.info("jarl stopped after %d connections", self.stats.answered)
