@@ -119,3 +119,27 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path: Path) -> None:
     bad.write_text("burst = 10\nbrust = 3\n")
     out = run("--config", str(bad))
     assert out.returncode == 1 and "unknown DThrottle setting(s): brust" in out.stderr
+
+
+def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
+    tcp_a, tcp_b, udp_a, udp_b = free_ports(4)
+
+    def args(tcp: int, udp: int, peer: int) -> list[str]:
+        return [
+            "--log-level", "DEBUG", "dthrottle", "--listen", f"tcp:127.0.0.1:{tcp}",
+            "--burst", "5", "--rate", "1/h", "--report-interval", "3600",
+            "--peer", f"127.0.0.1:{peer}", "--peer-bind", f"127.0.0.1:{udp}",
+        ]  # fmt: skip
+
+    with (
+        smockron_proc(args(tcp_a, udp_a, udp_b), tmp_path / "a.log") as a,
+        smockron_proc(args(tcp_b, udp_b, udp_a), tmp_path / "b.log") as b,
+    ):
+        wait_port(tcp_a)
+        wait_port(tcp_b)
+        assert ask(tcp_a, [b"k"] * 4) == b"OK\n" * 4
+        a.popen.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "applied report 1 part 1/1" in b.log(), timeout=10)
+        # 5 - 4 from A's report = 1 token, plus the sliver refilled since (rate 1/h) > 0:
+        # without the report B would serve all 5
+        assert ask(tcp_b, [b"k"] * 5) == b"OK\nOK\nNO\nNO\nNO\n"

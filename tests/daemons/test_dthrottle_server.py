@@ -252,3 +252,64 @@ async def test_multicast_on_loopback() -> None:
     finally:
         for d in daemons:
             await d.stop()
+
+
+async def test_any_chunking_of_a_pipelined_stream_gives_the_same_answers(
+    daemon: DThrottleDaemon,
+) -> None:
+    import random
+
+    rng = random.Random(7)
+    tags = [b"t%d" % rng.randrange(6) for _ in range(300)]
+    stream = b"".join(t + b"\n" for t in tags)
+    expected = DThrottleDaemon(daemon.config, clock=ManualClock()).answer(tags)
+    reader, writer = await asyncio.open_connection("127.0.0.1", daemon.tcp_port())
+    try:
+        pos = 0
+        while pos < len(stream):
+            step = rng.choice([1, 2, 3, 7, 50, 400])
+            writer.write(stream[pos : pos + step])
+            await writer.drain()
+            pos += step
+        assert await reader.readexactly(900) == expected
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_client_half_close_still_gets_every_answer(daemon: DThrottleDaemon) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", daemon.tcp_port())
+    writer.write(b"h\n" * 4)
+    writer.write_eof()
+    assert await reader.read() == b"OK\nOK\nOK\nNO\n"
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_stats_line_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="smockron.dthrottle")
+    d = DThrottleDaemon(config(), clock=ManualClock(), stats_every=0.02)
+    await d.start()
+    try:
+        await query(d.tcp_port(), b"s\n", 3)
+        await until(lambda: "queries 1 (refused 0)" in caplog.text)
+    finally:
+        await d.stop()
+
+
+async def test_a_peer_that_is_down_costs_nothing_but_its_reports() -> None:
+    dead = free_port()  # nobody listens there: the sends bounce (ICMP port unreachable)
+    d = DThrottleDaemon(
+        config(burst=2, peer_bind=("127.0.0.1", free_port()), peers=(("127.0.0.1", dead),)),
+        clock=ManualClock(), stats_every=None,
+    )  # fmt: skip
+    await d.start()
+    try:
+        for i in range(5):
+            assert await query(d.tcp_port(), b"p%d\n" % i, 3) == b"OK\n"
+            assert d.report_now() == 1
+            await asyncio.sleep(0.01)
+        assert await query(d.tcp_port(), b"p0\np0\np0\n", 9) == b"OK\nNO\nNO\n"
+        assert d.stats.reports_sent == 5
+    finally:
+        await d.stop()
