@@ -28,10 +28,17 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "auto_envvar_prefix": "SMOCKRON_DTHROTTLE",
+        "show_default": False,
+    }
+)
 @click.option(
     "--config",
     "config_file",
+    envvar="SMOCKRON_DTHROTTLE_CONFIG",
     type=click.Path(dir_okay=False, path_type=Path),
     help="TOML file with any of these settings (flags win). See docs/daemons.md.",
 )
@@ -112,6 +119,10 @@ def dthrottle(
     each daemon tells its peers (--peer or --multicast) how many requests it served per
     tag, and the peers take those tokens too. SIGUSR1 sends a report at once;
     SIGTERM or SIGINT stops cleanly.
+
+    Every flag may also come from an environment variable SMOCKRON_DTHROTTLE_<NAME>
+    (BURST, RATE, LISTEN, PEERS, WHITELIST, CONFIG, ...; lists separated by spaces).
+    Flags win over the environment, which wins over the --config file.
     """
     flags["rule"] = [{"prefix": p, "burst": b, "rate": r} for p, b, r in flags.pop("rules")]
     try:

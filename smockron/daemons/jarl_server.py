@@ -44,7 +44,7 @@ class JarlServer:
         port: int,
         *,
         service: str = "",
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         log_every: float | None = None,
     ) -> None:
         self.jarl = jarl

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from smockron.daemons.clock import set_file_clock
 from tests.support import free_ports, smockron_env, smockron_proc, wait_for, wait_port
 
@@ -78,7 +80,9 @@ def test_seed_example_with_two_real_daemons(tmp_path: Path) -> None:
         assert "Traceback" not in proc.log()
 
 
-def test_config_file_with_rules_whitelist_and_unix_socket(tmp_path: Path) -> None:
+def test_config_file_with_rules_whitelist_and_unix_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tcp,) = free_ports(1)
     sock = tmp_path / "dt.sock"
     conf = tmp_path / "dthrottle.toml"
@@ -119,6 +123,18 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path: Path) -> None:
     bad.write_text("burst = 10\nbrust = 3\n")
     out = run("--config", str(bad))
     assert out.returncode == 1 and "unknown DThrottle setting(s): brust" in out.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run("--listen", f"tcp:127.0.0.1:{port}")
+    assert out.returncode == 1 and "cannot start:" in out.stderr
+    assert "Traceback" not in out.stderr
+    not_a_socket = tmp_path / "plain-file"
+    not_a_socket.write_text("keep me")
+    out = run("--listen", f"unix:{not_a_socket}")
+    assert out.returncode == 1 and "exists and is not a socket" in out.stderr
+    assert not_a_socket.read_text() == "keep me"
 
 
 def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:

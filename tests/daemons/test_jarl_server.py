@@ -105,3 +105,18 @@ async def test_per_interval_count_log_and_client_garbage(caplog: pytest.LogCaptu
     finally:
         await server.stop()
     assert "3 connections answered, 1 told to wait" in caplog.text
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "smockron", "jarl", "--service", "s", "--period", "1",
+             "--requests", "1", "--ip", "127.0.0.1", "--port", str(port)],
+            capture_output=True, text=True, env=smockron_env(), timeout=60, check=False,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
