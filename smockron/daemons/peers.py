@@ -50,16 +50,31 @@ async def _resolve(host: str, port: int) -> tuple[str, int]:
 
 
 class UnicastPeers:
-    """Receive on ``bind``; send every report to each address in ``peers`` (IPv4)."""
+    """Receive on ``bind``; send every report to each address in ``peers`` (IPv4).
+
+    Datagrams from an IP address that is not a listed peer are dropped (and counted in
+    ``strangers``): on a unicast network nobody else has a reason to report to us.
+    """
 
     def __init__(self, bind: tuple[str, int], peers: Sequence[tuple[str, int]]) -> None:
         self.bind = bind
         self.peers = list(peers)
         self._addresses: list[tuple[str, int]] = []
         self._transport: asyncio.DatagramTransport | None = None
+        self.strangers = 0
 
     async def start(self, handler: DatagramHandler) -> None:
         loop = asyncio.get_running_loop()
+        self._addresses = [await _resolve(host, port) for host, port in self.peers]
+        allowed = {host for host, _ in self._addresses}
+
+        def from_peers_only(data: bytes, addr: Any) -> None:
+            if addr[0] in allowed:
+                handler(data, addr)
+                return
+            self.strangers += 1
+            _ratelog.warning("stranger", "dropped a datagram from %s: not a listed peer", addr)
+
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
@@ -68,10 +83,11 @@ class UnicastPeers:
             sock.close()
             raise
         sock.setblocking(False)
-        transport, _ = await loop.create_datagram_endpoint(lambda: _Endpoint(handler), sock=sock)
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Endpoint(from_peers_only), sock=sock
+        )
         self._transport = transport
         self.bind = cast(tuple[str, int], sock.getsockname())
-        self._addresses = [await _resolve(host, port) for host, port in self.peers]
         log.info("unicast reports on udp %s:%d to %s", *self.bind, self.peers)
 
     def send(self, datagrams: Sequence[bytes]) -> None:

@@ -161,14 +161,17 @@ class PeerLedger:
     unicast list) or the network repeats a datagram; applying it twice would charge twice.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_senders: int = 4096) -> None:
         self._latest: dict[int, tuple[int, set[int]]] = {}
+        self._max_senders = max_senders
         self.missed_reports = 0
 
     def accept(self, part: ReportPart) -> bool:
         """True the first time a (sender, seq, part) is seen and seq is not older."""
         latest = self._latest.get(part.sender)
         if latest is None:
+            if len(self._latest) >= self._max_senders:  # bogus sender ids cannot fill memory
+                del self._latest[next(iter(self._latest))]
             self._latest[part.sender] = (part.seq, {part.part})
             return True
         seq, seen = latest

@@ -313,3 +313,22 @@ async def test_a_peer_that_is_down_costs_nothing_but_its_reports() -> None:
         assert d.stats.reports_sent == 5
     finally:
         await d.stop()
+
+
+async def test_unicast_drops_datagrams_from_unlisted_addresses() -> None:
+    from smockron.daemons.peers import UnicastPeers
+
+    a, b, _clock = await pair()
+    try:
+        [datagram] = encode_report(999, 1, {b"s": 5})
+        target = ("127.0.0.1", a.config.peer_bind[1])  # type: ignore[index]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.2", 0))  # loopback, but not the listed peer 127.0.0.1
+            s.sendto(datagram, target)
+        [unicast] = a.transports
+        assert isinstance(unicast, UnicastPeers)
+        await until(lambda: unicast.strangers == 1)
+        assert a.stats.datagrams_received == 0
+    finally:
+        await a.stop()
+        await b.stop()

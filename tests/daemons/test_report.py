@@ -134,3 +134,11 @@ def test_ledger_sequence_wraps_around() -> None:
     assert ledger.accept(part(1, 0xFFFFFFFF))
     assert ledger.accept(part(1, 0))
     assert ledger.missed_reports == 0
+
+
+def test_ledger_memory_is_bounded_by_forgetting_the_oldest_sender() -> None:
+    ledger = PeerLedger(max_senders=3)
+    for sender in range(10):
+        assert ledger.accept(part(sender, 1))
+    assert ledger.peers == 3
+    assert ledger.accept(part(0, 1))  # forgotten, so accepted again
