@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from smockron.daemons.dthrottle import NO, OK, PrefixRule, RuleTable, Throttle, whitelist
 from smockron.errors import ConfigError
@@ -132,3 +134,37 @@ def test_duplicate_prefixes_are_refused() -> None:
         RuleTable(PrefixRule(b""), [PrefixRule(b"a"), whitelist(b"a")])
     with pytest.raises(ConfigError, match="empty prefix"):
         RuleTable(PrefixRule(b"a"))
+
+
+events = st.lists(
+    st.tuples(
+        st.floats(0, 3, allow_nan=False),  # time step
+        st.sampled_from([b"a", b"b", b"api:x", b"ok:y"]),  # tag
+        st.integers(0, 3),  # 0: query, 1: report, 2: peer hits, 3: query
+        st.integers(1, 12),  # peer hit count
+    ),
+    max_size=80,
+)
+
+
+@given(events)
+def test_forgetting_full_buckets_never_changes_an_answer(
+    steps: list[tuple[float, bytes, int, int]],
+) -> None:
+    """Pruning at report time is invisible, and reports count exactly the OKs."""
+    rules = (PrefixRule(b"api:", 3, 0.5), whitelist(b"ok:"))
+    pruned, kept = throttle(*rules, burst=4, rate=2.0), throttle(*rules, burst=4, rate=2.0)
+    now = 0.0
+    served = reported = 0
+    for step, tag, action, hits in steps:
+        now += step
+        if action == 1:
+            reported += sum(pruned.take_report(now).values())
+            kept.hits.clear()
+        elif action == 2:
+            assert pruned.apply_report({tag: hits}, now) == kept.apply_report({tag: hits}, now)
+        else:
+            answer = pruned.allow(tag, now)
+            assert answer == kept.allow(tag, now)
+            served += answer and not tag.startswith(b"ok:")
+    assert reported + sum(pruned.hits.values()) == served
