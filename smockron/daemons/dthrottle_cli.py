@@ -49,9 +49,17 @@ def _raise_fd_limit() -> None:
     help="Where to answer queries; repeatable. "
     "[default: tcp:127.0.0.1:6969 and unix:/tmp/dthrottle.sock]",
 )
-@click.option("--burst", help="Bucket capacity in tokens.  [default: 10]")
-@click.option("--rate", help="Refill, tokens per second (or RATE/UNIT like 60/m).  [default: 1.0]")
-@click.option("--report-interval", help="Seconds between peer reports, 1..3600.  [default: 5]")
+@click.option("--burst", metavar="N", help="Bucket capacity in tokens.  [default: 10]")
+@click.option(
+    "--rate",
+    metavar="RATE",
+    help="Refill, tokens per second (or RATE/UNIT like 60/m).  [default: 1.0]",
+)
+@click.option(
+    "--report-interval",
+    metavar="SECONDS",
+    help="Seconds between peer reports, 1..3600.  [default: 5]",
+)
 @click.option(
     "--rule",
     "rules",
@@ -89,12 +97,15 @@ def _raise_fd_limit() -> None:
     metavar="IP",
     help="Interface address for multicast.  [default: 0.0.0.0]",
 )
-@click.option("--multicast-ttl", help="Multicast hops.  [default: 1]")
+@click.option("--multicast-ttl", metavar="N", help="Multicast hops.  [default: 1]")
 @click.option(
     "--max-tag-length",
+    metavar="BYTES",
     help="Longest tag in bytes; a longer line closes that connection.  [default: 256]",
 )
-@click.option("--max-datagram", help="Largest report datagram in bytes.  [default: 1400]")
+@click.option(
+    "--max-datagram", metavar="BYTES", help="Largest report datagram in bytes.  [default: 1400]"
+)
 @click.option(
     "--stats-interval",
     type=float,

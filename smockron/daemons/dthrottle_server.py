@@ -205,10 +205,12 @@ class DThrottleDaemon:
             s = self.stats
             log.info(
                 "queries %d (refused %d), connections %d open, overlong %d, buckets %d, "
-                "reports sent %d, parts applied %d, peers %d, missed %d, garbage %s",
+                "reports sent %d, parts applied %d, peers %d, missed %d, garbage %s, "
+                "from strangers %d",
                 s.queries, s.refused, s.open_connections, s.overlong,
                 len(self.throttle.buckets), s.reports_sent, s.parts_applied,
                 self.ledger.peers, self.ledger.missed_reports, dict(s.garbage),
+                sum(getattr(t, "strangers", 0) for t in self.transports),
             )  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
