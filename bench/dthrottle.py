@@ -1,0 +1,170 @@
+"""DThrottle: pipelined queries per second into one daemon, and single-query latency.
+
+Runs a real ``smockron dthrottle`` (uvloop, TCP on loopback) and measures, in rounds:
+- pipelined: N client processes, one connection each, keeping two batches of B queries
+  in flight (send a batch, read the replies to the previous one); 1,000 distinct tags and
+  a burst large enough that every answer is OK (the slower path: it counts hits);
+- single: one query at a time on one connection, send ``tag\n`` and read 3 bytes.
+Prints medians over the rounds and the ratio to the issue's goals
+(>= 300,000 queries/s, p99 of a single query <= 200 us).
+Usage: python bench/dthrottle.py [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m smockron ARGS`` until the block ends; wait for ``port`` first."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SMOCKRON_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smockron", *args], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"daemon did not listen on {port}")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc): robust on a shared machine."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+GOAL_RATE = 300_000.0
+GOAL_P99_US = 200.0
+TAGS = [b"client-%d" % i for i in range(1000)]
+
+
+def _connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _read(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("daemon closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _pipelined(args: tuple[int, int, float]) -> int:
+    port, batch, seconds = args
+    payload = b"".join(TAGS[i % len(TAGS)] + b"\n" for i in range(batch))
+    answered = 0
+    with _connect(port) as s:
+        s.sendall(payload)
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            s.sendall(payload)
+            replies = _read(s, 3 * batch)
+            answered += batch
+        replies = _read(s, 3 * batch)
+        assert replies == b"OK\n" * batch, replies[:30]
+        answered += batch
+    return answered
+
+
+def pipelined(port: int, procs: int, batch: int, seconds: float) -> tuple[float, int]:
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(procs) as pool:
+        start = time.perf_counter()
+        total = sum(pool.map(_pipelined, [(port, batch, seconds)] * procs))
+        elapsed = time.perf_counter() - start
+    return total / elapsed, total
+
+
+def single(port: int, n: int) -> list[float]:
+    samples = []
+    with _connect(port) as s:
+        for i in range(n):
+            query = TAGS[i % len(TAGS)] + b"\n"
+            start = time.perf_counter()
+            s.sendall(query)
+            reply = _read(s, 3)
+            samples.append(time.perf_counter() - start)
+            assert reply == b"OK\n"
+    return samples
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    rounds, n, seconds = (2, 2000, 1.0) if quick else (5, 10000, 2.0)
+    port = free_port()
+    args = ["dthrottle", "--listen", f"tcp:127.0.0.1:{port}", "--burst", "1000000000",
+            "--report-interval", "3600", "--stats-interval", "0"]  # fmt: skip
+    with daemon(args, port) as proc:
+        single(port, 500)  # warm up
+        rates1, rates2, p50, p99, cpu_us = [], [], [], [], []
+        for _ in range(rounds):
+            cpu_before = cpu_seconds(proc.pid)
+            rate, total = pipelined(port, procs=1, batch=4000, seconds=seconds)
+            cpu_us.append((cpu_seconds(proc.pid) - cpu_before) / total * 1e6)
+            rates1.append(rate)
+            rates2.append(pipelined(port, procs=2, batch=4000, seconds=seconds)[0])
+            s = single(port, n)
+            p50.append(percentile(s, 0.5) * 1e6)
+            p99.append(percentile(s, 0.99) * 1e6)
+    best = max(median(rates1), median(rates2))
+    print(f"dthrottle, {rounds} rounds, medians (2-core machine shared with other work)")
+    print(f"  pipelined, 1 connection:  {median(rates1):9.0f} queries/s")
+    print(
+        f"  pipelined, 2 connections: {median(rates2):9.0f} queries/s"
+        f"   (goal >= {GOAL_RATE:.0f}: best ratio {best / GOAL_RATE:.2f})"
+    )
+    print(
+        f"  server CPU per pipelined query: {median(cpu_us):.2f} us"
+        f" (one core could answer ~{1e6 / median(cpu_us):.0f} queries/s)"
+    )
+    print(
+        f"  single query: p50 {median(p50):6.1f} us   p99 {median(p99):6.1f} us"
+        f"   (goal p99 <= {GOAL_P99_US:.0f} us: ratio {median(p99) / GOAL_P99_US:.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""DThrottle's algorithm: a leaky bucket per tag that peers' reports drain too.
+
+Pure: no I/O; every method takes ``now`` in seconds. One :class:`Throttle` per daemon.
+
+- A new tag starts with a full bucket (``burst`` tokens) that refills at ``rate`` per
+  second up to ``burst``. A query is OK while the balance is above zero and takes one
+  token; a NO costs nothing.
+- OK answers are counted per tag; :meth:`Throttle.take_report` hands those counts over
+  for the peers and forgets every bucket that is full again (it would start full anyway).
+- :meth:`Throttle.apply_report` subtracts the hits a peer served, which may drive the
+  balance below zero: that is how a client that hit every online pays on every online.
+- The rule of a tag is the one with the longest matching prefix (the default rule has
+  the empty prefix); whitelisted prefixes take part in the same longest-prefix match and
+  make a tag always OK, with no bucket and no report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from smockron.core.bucket import Bucket
+from smockron.errors import ConfigError
+
+OK = b"OK\n"
+NO = b"NO\n"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixRule:
+    """Tags starting with ``prefix`` get ``burst`` tokens refilled at ``rate`` per second.
+
+    ``whitelisted`` rules have no bucket: every query is OK.
+    """
+
+    prefix: bytes
+    burst: int = 10
+    rate: float = 1.0
+    whitelisted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.whitelisted:
+            return
+        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
+            raise ConfigError(f"burst for prefix {self.prefix!r} must be >= 1, got {self.burst!r}")
+        if not self.rate > 0:
+            raise ConfigError(f"rate for prefix {self.prefix!r} must be > 0, got {self.rate!r}")
+
+
+def whitelist(prefix: bytes) -> PrefixRule:
+    return PrefixRule(prefix, whitelisted=True)
+
+
+class RuleTable:
+    """Longest-prefix lookup over a handful of rules (a linear scan, longest first)."""
+
+    def __init__(self, default: PrefixRule, rules: Iterable[PrefixRule] = ()) -> None:
+        if default.prefix != b"":
+            raise ConfigError(f"the default rule has the empty prefix, got {default.prefix!r}")
+        by_prefix: dict[bytes, PrefixRule] = {b"": default}
+        for rule in rules:
+            if rule.prefix in by_prefix and rule.prefix != b"":
+                raise ConfigError(f"prefix {rule.prefix!r} is configured twice")
+            by_prefix[rule.prefix] = rule
+        self.default = by_prefix[b""]
+        self._rules = sorted(by_prefix.values(), key=lambda r: len(r.prefix), reverse=True)
+
+    @property
+    def rules(self) -> list[PrefixRule]:
+        return list(self._rules)
+
+    def rule_for(self, tag: bytes) -> PrefixRule:
+        for rule in self._rules:
+            if tag.startswith(rule.prefix):
+                return rule
+        return self.default  # pragma: no cover - the empty prefix always matches
+
+
+class Throttle:
+    """The bucket table of one daemon, with the hits it owes its peers."""
+
+    def __init__(self, rules: RuleTable) -> None:
+        self.rules = rules
+        self.buckets: dict[bytes, Bucket] = {}
+        self.hits: dict[bytes, int] = {}
+        # whitelisted tags seen since the last report: skips the prefix scan on repeats
+        self._free: set[bytes] = set()
+
+    def _new_bucket(self, tag: bytes, now: float) -> Bucket | None:
+        rule = self.rules.rule_for(tag)
+        if rule.whitelisted:
+            self._free.add(tag)
+            return None
+        bucket = self.buckets[tag] = Bucket.full(rule.burst, rule.rate, now)
+        return bucket
+
+    def allow(self, tag: bytes, now: float) -> bool:
+        """Answer one query: True (OK) takes a token, False (NO) costs nothing."""
+        bucket = self.buckets.get(tag)
+        if bucket is None:
+            if tag in self._free:
+                return True
+            bucket = self._new_bucket(tag, now)
+            if bucket is None:
+                return True
+        if bucket.try_take(now):
+            hits = self.hits
+            hits[tag] = hits.get(tag, 0) + 1
+            return True
+        return False
+
+    def answer(self, tags: Iterable[bytes], now: float) -> bytes:
+        """The replies to pipelined queries, concatenated: one write per chunk read."""
+        allow = self.allow
+        return b"".join([OK if allow(tag, now) else NO for tag in tags])
+
+    def take_report(self, now: float) -> dict[bytes, int]:
+        """Hand over the hits since the last report and forget the buckets full again."""
+        report, self.hits = self.hits, {}
+        self._free = set()
+        full = [tag for tag, bucket in self.buckets.items() if bucket.is_full(now)]
+        for tag in full:
+            del self.buckets[tag]
+        return report
+
+    def apply_report(self, hits: Mapping[bytes, int], now: float) -> int:
+        """Subtract a peer's hits; returns the number of tags charged (whitelist skipped)."""
+        charged = 0
+        for tag, count in hits.items():
+            bucket = self.buckets.get(tag)
+            if bucket is None:
+                if tag in self._free:
+                    continue
+                bucket = self._new_bucket(tag, now)
+                if bucket is None:
+                    continue
+            bucket.subtract(now, count)
+            charged += 1
+        return charged
+
+    def balance(self, tag: bytes, now: float) -> float | None:
+        """The tokens ``tag`` has at ``now`` (burst if unseen, None if whitelisted)."""
+        bucket = self.buckets.get(tag)
+        if bucket is not None:
+            return bucket.refill(now)
+        rule = self.rules.rule_for(tag)
+        return None if rule.whitelisted else float(rule.burst)

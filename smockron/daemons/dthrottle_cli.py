@@ -1,0 +1,157 @@
+"""``smockron dthrottle``: the DThrottle daemon's command line."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from smockron.daemons import _runtime
+from smockron.daemons.clock import Clock, FileClock
+from smockron.daemons.dthrottle_config import DThrottleConfig
+from smockron.daemons.dthrottle_server import DThrottleDaemon
+from smockron.errors import ConfigError
+
+log = logging.getLogger("smockron.dthrottle")
+
+
+def _raise_fd_limit() -> None:
+    """Thousands of client connections need thousands of descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+@click.command(
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "auto_envvar_prefix": "SMOCKRON_DTHROTTLE",
+        "show_default": False,
+    }
+)
+@click.option(
+    "--config",
+    "config_file",
+    envvar="SMOCKRON_DTHROTTLE_CONFIG",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML file with any of these settings (flags win). See docs/daemons.md.",
+)
+@click.option(
+    "--listen",
+    multiple=True,
+    metavar="tcp:HOST:PORT|unix:PATH",
+    help="Where to answer queries; repeatable. "
+    "[default: tcp:127.0.0.1:6969 and unix:/tmp/dthrottle.sock]",
+)
+@click.option("--burst", metavar="N", help="Bucket capacity in tokens.  [default: 10]")
+@click.option(
+    "--rate",
+    metavar="RATE",
+    help="Refill, tokens per second (or RATE/UNIT like 60/m).  [default: 1.0]",
+)
+@click.option(
+    "--report-interval",
+    metavar="SECONDS",
+    help="Seconds between peer reports, 1..3600.  [default: 5]",
+)
+@click.option(
+    "--rule",
+    "rules",
+    multiple=True,
+    nargs=3,
+    metavar="PREFIX BURST RATE",
+    help="Tags starting with PREFIX get their own burst and rate; the longest "
+    "matching prefix wins. Repeatable.",
+)
+@click.option(
+    "--whitelist",
+    multiple=True,
+    metavar="PREFIX",
+    help="Tags starting with PREFIX are always OK. Repeatable.",
+)
+@click.option(
+    "--peer",
+    "peers",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="Send reports to this peer over UDP unicast. Repeatable.",
+)
+@click.option(
+    "--peer-bind",
+    metavar="HOST:PORT",
+    help="UDP address for peers' unicast reports.  [default: 0.0.0.0:6969 with --peer]",
+)
+@click.option(
+    "--multicast",
+    metavar="GROUP:PORT",
+    help="Exchange reports over UDP multicast, e.g. 239.255.69.69:6969.",
+)
+@click.option(
+    "--multicast-interface",
+    metavar="IP",
+    help="Interface address for multicast.  [default: 0.0.0.0]",
+)
+@click.option("--multicast-ttl", metavar="N", help="Multicast hops.  [default: 1]")
+@click.option(
+    "--max-tag-length",
+    metavar="BYTES",
+    help="Longest tag in bytes; a longer line closes that connection.  [default: 256]",
+)
+@click.option(
+    "--max-datagram", metavar="BYTES", help="Largest report datagram in bytes.  [default: 1400]"
+)
+@click.option(
+    "--stats-interval",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds between counter log lines; 0 turns them off.",
+)
+@click.option(
+    "--test-clock-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    hidden=True,
+    help="Test only: read the time from this file instead of the monotonic clock.",
+)
+def dthrottle(
+    config_file: Path | None, test_clock_file: Path | None, stats_interval: float, **flags: Any
+) -> None:
+    """DThrottle: collective throttling of requests over a group of onlines.
+
+    Send a throttling tag and a newline; the answer is exactly "OK\\n" (serve it) or
+    "NO\\n" (throttle it). Pipelining is fine. Each tag has a bucket of BURST tokens
+    refilled at RATE per second; an OK takes a token. Every REPORT-INTERVAL seconds
+    each daemon tells its peers (--peer or --multicast) how many requests it served per
+    tag, and the peers take those tokens too. SIGUSR1 sends a report at once;
+    SIGTERM or SIGINT stops cleanly.
+
+    Every flag may also come from an environment variable SMOCKRON_DTHROTTLE_<NAME>
+    (BURST, RATE, LISTEN, PEERS, WHITELIST, CONFIG, ...; lists separated by spaces).
+    Flags win over the environment, which wins over the --config file.
+    """
+    flags["rule"] = [{"prefix": p, "burst": b, "rate": r} for p, b, r in flags.pop("rules")]
+    try:
+        config = DThrottleConfig.from_sources(config_file, flags)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    clock: Clock | None = FileClock(test_clock_file) if test_clock_file else None
+    _raise_fd_limit()
+    daemon = DThrottleDaemon(config, clock=clock, stats_every=stats_interval or None)
+
+    async def main() -> None:
+        stop = _runtime.stop_event_on_signals({signal.SIGUSR1: daemon.report_now})
+        try:
+            await daemon.start()
+        except (OSError, ConfigError) as exc:
+            raise click.ClickException(f"cannot start: {exc}") from exc
+        await stop.wait()
+        await daemon.stop()
+        log.info("dthrottle stopped after %d queries", daemon.stats.queries)
+
+    _runtime.run(main)

@@ -1,0 +1,80 @@
+"""``smockron jarl``: the JARL command line, flag for flag."""
+
+from __future__ import annotations
+
+import click
+
+from smockron.daemons import _runtime
+from smockron.daemons.jarl import Jarl
+from smockron.daemons.jarl_server import JarlServer
+
+
+def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    """Refuse 0 and negatives with a message that says why, not just a range."""
+    if value < 1:
+        flag = param.opts[0]
+        raise click.BadParameter(
+            f"{flag} must be at least 1, got {value}: "
+            "a rate limit of zero requests or a zero-second period means nothing to wait for"
+        )
+    return value
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--service",
+    required=True,
+    help="Name of the service to rate-limit; only a label for logs and ps.",
+)
+@click.option(
+    "--requests",
+    "requests_",
+    required=True,
+    type=int,
+    callback=_at_least_one,
+    help="Maximum number of requests to allow within the period (>= 1).",
+)
+@click.option(
+    "--period",
+    required=True,
+    type=int,
+    callback=_at_least_one,
+    help="Period to enforce the rate over, in whole seconds (>= 1).",
+)
+@click.option("--ip", required=True, help="IPv4 interface to bind to, normally 0.0.0.0.")
+@click.option("--port", required=True, type=click.IntRange(0, 65535), help="Port to bind to.")
+@click.option(
+    "--log-counts/--no-log-counts",
+    default=False,
+    show_default=True,
+    help="Log a line every minute with the connections answered and delayed.",
+)
+def jarl(service: str, requests_: int, period: int, ip: str, port: int, log_counts: bool) -> None:
+    """JARL - Just A Rate Limiter: how long must I wait before calling SERVICE?
+
+    Every TCP connection gets, without sending anything, the number of seconds to wait
+    before calling the service, with three decimals and no newline ("0.000" means go
+    now), and is then closed. One queue and one counter for the whole process: the first
+    REQUESTS connections in any PERIOD get 0.000; later ones get the time until the
+    oldest of them ages out plus PERIOD/REQUESTS (at least 0.01 s) per caller already
+    waiting. SIGTERM or SIGINT stops the server cleanly.
+
+    \b
+    Example:
+      smockron jarl --service PaymentGateway --period 1 --requests 100 \\
+        --ip 0.0.0.0 --port 1234
+    """
+    server = JarlServer(
+        Jarl(requests_, period), ip, port, service=service, log_every=60.0 if log_counts else None
+    )
+
+    async def main() -> None:
+        stop = _runtime.stop_event_on_signals()
+        try:
+            await server.start()
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen on {ip}:{port}: {exc}") from exc
+        await stop.wait()
+        await server.stop()
+
+    _runtime.run(main)

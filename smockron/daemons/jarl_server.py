@@ -1,0 +1,139 @@
+"""JARL over TCP: on each connection write the delay, read nothing, close.
+
+The exchange is so small that asyncio transports would cost more than the answer: the
+listening socket is watched with ``add_reader`` and each ready connection is accepted,
+answered with one ``send`` (a few bytes into an empty buffer never block) and closed
+right there. The arrival time is the moment of ``accept``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from smockron.daemons._ratelog import RateLimitedLog
+from smockron.daemons.jarl import Jarl, format_delay
+
+log = logging.getLogger("smockron.jarl")
+_ratelog = RateLimitedLog(log)
+
+ACCEPT_BATCH = 256  # connections per wake-up, so a flood cannot starve the loop
+RETRY_AFTER_EMFILE = 0.1
+
+
+@dataclass(slots=True)
+class JarlStats:
+    """Counts since start; the per-minute log line reports their differences."""
+
+    answered: int = 0
+    delayed: int = 0
+
+
+class JarlServer:
+    """A listening JARL socket with its state, stats and optional per-minute count log."""
+
+    def __init__(
+        self,
+        jarl: Jarl,
+        host: str,
+        port: int,
+        *,
+        service: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        log_every: float | None = None,
+    ) -> None:
+        self.jarl = jarl
+        self.host = host
+        self.port = port
+        self.service = service
+        self.stats = JarlStats()
+        self._clock = clock
+        self._log_every = log_every
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._log_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(4096)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self.port = int(sock.getsockname()[1])
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._accept_ready)
+        log.info(
+            "jarl serving %r on %s:%d: %d requests per %d s",
+            self.service, self.host, self.port, self.jarl.requests, self.jarl.period,
+        )  # fmt: skip
+        if self._log_every:
+            self._log_task = asyncio.create_task(self._log_counts(self._log_every))
+
+    def _accept_ready(self) -> None:
+        sock, jarl, clock, stats = self._sock, self.jarl, self._clock, self.stats
+        assert sock is not None
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._accept_failed(exc)
+                return
+            delay = jarl.delay(clock())
+            try:
+                conn.send(format_delay(delay))
+            except OSError:  # the client is gone already: it was counted all the same
+                pass
+            finally:
+                conn.close()
+            stats.answered += 1
+            if delay:
+                stats.delayed += 1
+
+    def _accept_failed(self, exc: OSError) -> None:
+        """Out of descriptors (or similar): pause accepting briefly instead of spinning."""
+        _ratelog.warning("accept", "cannot accept connections: %s", exc)
+        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            assert self._loop is not None and self._sock is not None
+            fd = self._sock.fileno()
+            self._loop.remove_reader(fd)
+            self._loop.call_later(RETRY_AFTER_EMFILE, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.add_reader(self._sock.fileno(), self._accept_ready)
+
+    async def _log_counts(self, every: float) -> None:
+        answered, delayed = self.stats.answered, self.stats.delayed
+        while True:
+            await asyncio.sleep(every)
+            now_answered, now_delayed = self.stats.answered, self.stats.delayed
+            log.info(
+                "last %gs: %d connections answered, %d told to wait (total %d)",
+                every, now_answered - answered, now_delayed - delayed, now_answered,
+            )  # fmt: skip
+            answered, delayed = now_answered, now_delayed
+
+    async def stop(self) -> None:
+        if self._log_task is not None:
+            self._log_task.cancel()
+            await asyncio.gather(self._log_task, return_exceptions=True)
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        log.info("jarl stopped after %d connections", self.stats.answered)

@@ -1,0 +1,122 @@
+"""JARL over real TCP: the seed's Python client, the CLI, signals, the count log."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from smockron.daemons.jarl import Jarl
+from smockron.daemons.jarl_server import JarlServer
+from tests.support import free_port, smockron_env, smockron_proc, wait_port
+
+
+def get_delay(port: int) -> float:
+    """The seed's client, verbatim in spirit: connect, recv(7), float()."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(("127.0.0.1", port))
+        data = s.recv(7)
+        delay: float = float(data.decode())
+        return delay
+
+
+def read_all(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        chunks = []
+        while chunk := s.recv(100):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_seed_client_against_a_real_jarl_process(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["jarl", "--service", "SocialMedia", "--period", "60", "--requests", "3",
+            "--ip", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with smockron_proc(args, tmp_path / "jarl.log") as proc:
+        wait_port(port)  # this probe is a connection too: it takes the first slot
+        assert [get_delay(port) for _ in range(2)] == [0.0, 0.0]
+        started = time.monotonic()
+        over = get_delay(port)  # 4th arrival: base 20 * 1 + (60 - age of the 1st)
+        assert 70.0 < over <= 80.0
+        second = read_all(port)  # the server closes the connection after the answer
+        elapsed = time.monotonic() - started
+        assert 100.0 - elapsed - (80.0 - over) - 0.002 <= float(second) <= 100.0
+        raw = read_all(port)
+        assert raw.count(b".") == 1 and len(raw.split(b".")[1]) == 3 and b"\n" not in raw
+        assert proc.stop(signal.SIGTERM) == 0
+    assert "shutting down" in proc.log()
+    assert "Traceback" not in proc.log()
+
+
+def test_sigint_exits_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["jarl", "--service", "s", "--period", "1", "--requests", "1",
+            "--ip", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with smockron_proc(args, tmp_path / "jarl.log") as proc:
+        wait_port(port)
+        assert proc.stop(signal.SIGINT) == 0
+    assert "received SIGINT" in proc.log()
+
+
+def test_cli_refuses_zero_requests_with_a_clear_message() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "smockron", "jarl", "--service", "s", "--period", "1",
+         "--requests", "0", "--ip", "127.0.0.1", "--port", "1"],
+        capture_output=True, text=True, env=smockron_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "--requests must be at least 1, got 0" in out.stderr
+
+
+def test_help_explains_the_answer() -> None:
+    from click.testing import CliRunner
+
+    from smockron.daemons.jarl_cli import jarl
+
+    result = CliRunner().invoke(jarl, ["-h"])
+    assert result.exit_code == 0
+    for flag in ("--service", "--period", "--requests", "--ip", "--port", "three decimals"):
+        assert flag in result.output
+
+
+async def test_per_interval_count_log_and_client_garbage(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="smockron.jarl")
+    clock_now = [100.0]
+    server = JarlServer(Jarl(2, 10), "127.0.0.1", 0, clock=lambda: clock_now[0], log_every=0.05)
+    await server.start()
+    try:
+        answers = []
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"garbage the server must ignore\n" * 10)
+            answers.append(await reader.read())
+            writer.close()
+            await writer.wait_closed()
+        assert answers == [b"0.000", b"0.000", b"15.000"]  # 5 * 1 + (10 - 0)
+        await asyncio.sleep(0.12)
+    finally:
+        await server.stop()
+    assert "3 connections answered, 1 told to wait" in caplog.text
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "smockron", "jarl", "--service", "s", "--period", "1",
+             "--requests", "1", "--ip", "127.0.0.1", "--port", str(port)],
+            capture_output=True, text=True, env=smockron_env(), timeout=60, check=False,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
