@@ -82,6 +82,9 @@ class ClusterConfig:
         for name in ("batch_limit", "global_batch_limit", "cache_size", "peer_down_after"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("batch_limit", "global_batch_limit"):
+            if getattr(self, name) > 1000:  # a peer refuses calls of more than 1,000 items
+                raise ConfigError(f"{name} must be <= 1000, got {getattr(self, name)!r}")
         for name in ("batch_wait_ms", "global_sync_wait_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")

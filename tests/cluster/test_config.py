@@ -79,6 +79,8 @@ def test_bad_values_name_the_variable() -> None:
         from_env({"GUBER_BATCH_LIMIT": "lots"})
     with pytest.raises(ConfigError, match="batch_limit must be >= 1"):
         build_config({}, {"batch_limit": 0})
+    with pytest.raises(ConfigError, match="global_batch_limit must be <= 1000"):
+        build_config({"GUBER_GLOBAL_BATCH_LIMIT": "5000"}, {})
 
 
 def test_static_discovery_from_peers() -> None:
