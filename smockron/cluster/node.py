@@ -157,7 +157,7 @@ class Node:
                     resp, hits = answered
                     resp.metadata["owner"] = owner
                     results[i] = resp
-                    self.global_sync.queue_hits(req, hits)
+                    self.global_sync.queue_hits(req, hits, urgent=hits > 0 and _low(resp))
                     CHECKS.labels("global_replica").inc()
                     continue
             if req.behavior & Behavior.NO_BATCHING:
@@ -201,7 +201,7 @@ class Node:
                 if req.behavior & Behavior.GLOBAL and (
                     req.hits or req.behavior & Behavior.RESET_REMAINING
                 ):
-                    self.global_sync.queue_broadcast(req)
+                    self.global_sync.queue_broadcast(req, urgent=_low(resp))
             results[i] = resp
         CHECKS.labels(route).inc(len(idx))
 
@@ -273,3 +273,8 @@ class Node:
         self._closing.extend(self.clients.values())
         self.clients.clear()
         await self._close_removed()
+
+
+def _low(resp: RateLimitResponse) -> bool:
+    """Nearly used up: under a tenth of the limit left."""
+    return resp.remaining * 10 < resp.limit

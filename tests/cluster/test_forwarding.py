@@ -148,3 +148,23 @@ async def test_global_owner_death_is_noticed_by_the_hit_sync() -> None:
         assert (local[0].error, local[0].metadata["owner"]) == ("", pair.a.node.address)
     finally:
         await pair.a.stop()
+
+
+async def test_nearly_used_up_keys_sync_sooner() -> None:
+    ca, cb = make_config(global_sync_wait_ms=1600)
+    pair = await start_pair(ca, cb)
+    try:
+        calm, tight = pair.keys_owned_by(pair.b, 2)
+        g = Behavior.GLOBAL
+        await pair.a.node.get_rate_limits([req(calm, 1, g), req(tight, 1, g)])  # seed replicas
+        sync = pair.a.node.global_sync
+        await pair.a.node.get_rate_limits([req(calm, 1, g)])  # 98 left: no hurry
+        await asyncio.sleep(0.4)
+        assert sync.hits_sent == 0
+        await pair.a.node.get_rate_limits([req(tight, 90, g)])  # 9 of 100 left: hurry
+        await wait_until(lambda: sync.hits_sent == 2, timeout=0.9)
+        state = await pair.b.node.get_rate_limits([req(tight, 0), req(calm, 0)])
+        assert [r.remaining for r in state] == [9, 98]
+    finally:
+        await pair.a.stop()
+        await pair.b.stop()
