@@ -69,7 +69,7 @@ class ClusterConfig:
     global_batch_limit: int = 1000
     global_timeout_ms: float = 500.0
     cache_size: int = 50_000
-    peer_down_after: int = 1
+    peer_down_after: int = 3
     """Consecutive failed calls after which a peer leaves the ring until it answers again."""
     peer_probe_interval_ms: float = 1000.0
     envoy_config: str = ""
