@@ -7,7 +7,7 @@ Gubernator itself. Requests and responses are smockron.cluster.model values.
         resp = client.check("requests_per_sec", "account:42", 1, 100, SECOND)
         if resp.status is Status.OVER_LIMIT: ...
 
-    async with AsyncClient("127.0.0.1:1051") as client:
+    async with AsyncClient(["10.0.0.1:1051", "10.0.0.2:1051"]) as client:  # round-robin
         resps = await client.get_rate_limits([RateLimitRequest(...), ...])
 
 Errors (all from smockron.errors.SmockronError):
@@ -25,6 +25,7 @@ split into several calls; the answers come back in request order.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,6 +41,7 @@ from smockron.cluster.model import (
     Behavior,
     RateLimitRequest,
     RateLimitResponse,
+    Status,
 )
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
@@ -47,19 +49,26 @@ from smockron.errors import SmockronError
 
 pb_grpc: Any = gubernator_pb2_grpc  # generated without type hints
 
+# the model types are re-exported so one import gives a user everything
 __all__ = [
     "HOUR",
     "MAX_BATCH_SIZE",
     "MILLISECOND",
     "MINUTE",
     "SECOND",
+    "Algorithm",
     "AsyncClient",
+    "Behavior",
     "Client",
     "ClientError",
     "ClientTimeout",
     "ClientUnavailable",
     "HealthCheck",
     "ItemError",
+    "RateLimitRequest",
+    "RateLimitResponse",
+    "Status",
+    "grpc_target",
 ]
 
 MILLISECOND = 1
@@ -148,8 +157,8 @@ def _request(
         hits=hits,
         limit=limit,
         duration=_ms(duration),
-        algorithm=algorithm,
-        behavior=behavior,
+        algorithm=Algorithm(algorithm),
+        behavior=Behavior(behavior),
         burst=burst,
         metadata=dict(metadata or {}),
     )
@@ -183,20 +192,55 @@ def _health(msg: pb.HealthCheckResp) -> HealthCheck:
     return HealthCheck(msg.status, msg.message, msg.peer_count, msg.advertise_address)
 
 
+def grpc_target(addresses: str | Sequence[str]) -> str:
+    """One gRPC target for one or several ``host:port`` addresses.
+
+    Several addresses must be IP literals: they become an ``ipv4:``/``ipv6:`` target that
+    the channel balances round-robin, skipping nodes that are down. A single address (or
+    any gRPC target such as ``dns:///gubernator.svc:1051``) is used as it is.
+    """
+    items = [addresses] if isinstance(addresses, str) else list(addresses)
+    items = [a.strip() for item in items for a in item.split(",") if a.strip()]
+    if not items:
+        raise ValueError("no server address given")
+    if len(items) == 1:
+        return items[0]
+    families = {_ip_family(a) for a in items}
+    if len(families) != 1 or None in families:
+        raise ValueError(
+            f"several addresses must all be IPv4 or all IPv6 literals, got {items}; "
+            "for host names give one target such as dns:///gubernator.example:1051"
+        )
+    return f"{families.pop()}:{','.join(items)}"
+
+
+def _ip_family(address: str) -> str | None:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return None
+    try:
+        return f"ipv{ipaddress.ip_address(host.strip('[]')).version}"
+    except ValueError:
+        return None
+
+
 class _Base:
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         timeout: float,
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
-        self.address = address
+        self.address = grpc_target(address)
         self.timeout = timeout
         self._credentials = credentials
+        # round_robin spreads calls over every address and routes around dead ones
         self._options = list(options)
+        if not any(name == "grpc.lb_policy_name" for name, _ in self._options):
+            self._options.append(("grpc.lb_policy_name", "round_robin"))
 
     def _deadline(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else timeout
@@ -207,7 +251,7 @@ class Client(_Base):
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
         *,
         timeout: float = 5.0,
         credentials: grpc.ChannelCredentials | None = None,
@@ -215,9 +259,9 @@ class Client(_Base):
     ) -> None:
         super().__init__(address, timeout, credentials, options)
         if credentials is None:
-            self._channel = grpc.insecure_channel(address, options=self._options)
+            self._channel = grpc.insecure_channel(self.address, options=self._options)
         else:
-            self._channel = grpc.secure_channel(address, credentials, options=self._options)
+            self._channel = grpc.secure_channel(self.address, credentials, options=self._options)
         self._stub = pb_grpc.V1Stub(self._channel)
 
     def get_rate_limits(
@@ -286,7 +330,7 @@ class AsyncClient(_Base):
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
         *,
         timeout: float = 5.0,
         credentials: grpc.ChannelCredentials | None = None,
@@ -294,9 +338,10 @@ class AsyncClient(_Base):
     ) -> None:
         super().__init__(address, timeout, credentials, options)
         if credentials is None:
-            self._channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
         else:
-            self._channel = grpc.aio.secure_channel(address, credentials, options=self._options)
+            opts = self._options
+            self._channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
         self._stub = pb_grpc.V1Stub(self._channel)
 
     async def get_rate_limits(

@@ -27,6 +27,7 @@ from smockron.cluster.client import (
     ClientTimeout,
     ClientUnavailable,
     ItemError,
+    grpc_target,
 )
 from smockron.cluster.convert import request_from_pb, response_to_pb
 from smockron.cluster.local import LocalLimiter
@@ -201,6 +202,16 @@ async def test_wrong_response_count_is_an_error(aclient: AsyncClient) -> None:
         )
 
 
+def test_grpc_target() -> None:
+    assert grpc_target("127.0.0.1:1051") == "127.0.0.1:1051"
+    assert grpc_target("dns:///g.svc:1051") == "dns:///g.svc:1051"
+    assert grpc_target(["10.0.0.1:1051", "10.0.0.2:1051"]) == "ipv4:10.0.0.1:1051,10.0.0.2:1051"
+    assert grpc_target("[::1]:1051,[::2]:1051") == "ipv6:[::1]:1051,[::2]:1051"
+    for bad in (["a:1", "b:1"], ["10.0.0.1:1", "[::1]:1"], ["10.0.0.1", "10.0.0.2"], []):
+        with pytest.raises(ValueError):
+            grpc_target(bad)
+
+
 def test_bad_timeout_rejected() -> None:
     with pytest.raises(ValueError):
         Client("127.0.0.1:1", timeout=0)
@@ -317,3 +328,10 @@ async def test_client_speaks_gubernators_wire() -> None:
     assert (health.status, health.peer_count, health.advertise_address) == (
         "healthy", 3, "10.0.0.1:1051",
     )  # fmt: skip
+
+
+def test_exported_names_exist() -> None:
+    import smockron.cluster.client as module
+
+    for name in module.__all__:
+        assert hasattr(module, name), name

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from smockron.cluster.discovery import make_discovery, options_from_env
-from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.discovery.base import Discovery, PeerInfo
+from smockron.cluster.discovery.dns import DnsDiscovery
 from smockron.cluster.discovery.etcd import EtcdDiscovery
+from smockron.cluster.discovery.kubernetes import KubernetesDiscovery
 from smockron.cluster.discovery.static import StaticDiscovery, parse_peers
 from smockron.errors import ConfigError
 from tests.cluster.test_discovery_support import Recorder
@@ -120,3 +122,15 @@ def test_env_errors_name_the_variable(env: dict[str, str], message: str) -> None
 def test_env_none() -> None:
     assert options_from_env({}, ME) is None
     assert options_from_env({"GUBER_PEER_DISCOVERY_TYPE": "none"}, ME) is None
+
+
+def test_every_mechanism_satisfies_the_protocol() -> None:
+    """Typed assignments: mypy checks each class against the Discovery protocol."""
+    mechanisms: list[Discovery] = [
+        StaticDiscovery("127.0.0.1:1051"),
+        EtcdDiscovery("127.0.0.1:1051", "127.0.0.1:2379"),
+        DnsDiscovery("g.test", "127.0.0.1:1051", nameservers="127.0.0.1:5353"),
+        KubernetesDiscovery(service_name="g", pod_ip="10.0.0.1", api_host="http://127.0.0.1:1"),
+    ]
+    for mechanism in mechanisms:
+        assert callable(mechanism.start) and callable(mechanism.stop)

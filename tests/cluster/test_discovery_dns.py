@@ -10,6 +10,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 import dns.message
@@ -22,6 +23,7 @@ import pytest
 from smockron.cluster.discovery import make_discovery
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.dns import DnsDiscovery
+from smockron.errors import ConfigError
 from tests.cluster.test_discovery_support import Recorder
 
 NAME = "guber.test."
@@ -163,3 +165,11 @@ async def test_factory_builds_dns(zone: tuple[Zone, int]) -> None:
     await disc.start(rec)
     await disc.stop()
     assert rec.addresses == {"10.1.0.1:81", "10.1.0.2:81"}
+
+
+def test_resolv_conf_is_read_and_a_missing_one_named(tmp_path: Path) -> None:
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.9\n")
+    assert DnsDiscovery("g.test", resolv_conf=str(conf))._resolver.nameservers == ["127.0.0.9"]
+    with pytest.raises(ConfigError, match=r"nope\.conf"):
+        make_discovery("dns", fqdn="g.test", resolv_conf=str(tmp_path / "nope.conf"))

@@ -27,7 +27,7 @@ def node(etcd: EtcdServer, n: int, start_timeout: float = 10.0) -> EtcdDiscovery
 
 @pytest.fixture
 async def raw(etcd_server: EtcdServer) -> AsyncIterator[aetcd.Client]:
-    client = aetcd.Client(port=etcd_server.client_port, host="127.0.0.1", timeout=5)
+    client = aetcd.Client(port=etcd_server.client_port, host="127.0.0.1", timeout=10)
     await client.connect()
     yield client
     await client.close()
@@ -70,7 +70,7 @@ async def test_three_nodes_see_each_other_and_leave(
 
     await nodes[2].stop()
     for rec in recs[:2]:
-        await rec.wait_for(everyone - {"127.0.0.3:1051"}, timeout=3)
+        await rec.wait_for(everyone - {"127.0.0.3:1051"}, timeout=10)
     assert await raw.get(f"{PREFIX}127.0.0.3:1050".encode()) is None
     for disc in nodes[:2]:
         await disc.stop()
@@ -102,8 +102,8 @@ async def test_revoked_lease_is_regranted(etcd_server: EtcdServer, raw: aetcd.Cl
     seen = len(rec_b.lists)
 
     await raw.revoke_lease(first_lease)  # as if the lease had expired
-    await rec_b.wait_for({"127.0.0.2:1051"}, timeout=5)
-    await rec_b.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"}, timeout=5)
+    await rec_b.wait_for({"127.0.0.2:1051"}, timeout=10)
+    await rec_b.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"}, timeout=10)
     assert len(rec_b.lists) >= seen + 2
     assert a.registrations >= 2 and a.lease_id != first_lease
     got = await raw.get(f"{PREFIX}127.0.0.1:1050".encode())
@@ -120,7 +120,10 @@ async def test_recovers_after_etcd_restart(etcd_server: EtcdServer) -> None:
     await rec_a.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"})
     lease_before = a.lease_id
 
-    etcd_server.stop()
+    assert etcd_server.proc is not None
+    etcd_server.proc.kill()  # SIGKILL: no goodbye to the clients
+    etcd_server.proc.wait(10)
+    etcd_server.proc = None
     await asyncio.sleep(1.0)
     etcd_server.start()
 
@@ -138,8 +141,8 @@ async def test_recovers_after_etcd_restart(etcd_server: EtcdServer) -> None:
             await asyncio.sleep(0.1)
     assert a.registrations >= 2 and a.lease_id != lease_before
     await b.stop()
-    await rec_a.wait_for(everyone - {"127.0.0.2:1051"}, timeout=5)
-    await rec_c.wait_for(everyone - {"127.0.0.2:1051"}, timeout=5)
+    await rec_a.wait_for(everyone - {"127.0.0.2:1051"}, timeout=10)
+    await rec_c.wait_for(everyone - {"127.0.0.2:1051"}, timeout=10)
     await a.stop()
     await c.stop()
 

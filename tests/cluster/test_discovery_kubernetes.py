@@ -9,17 +9,20 @@ for expired versions, ``timeoutSeconds``). It is not a cluster: no auth, no othe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from smockron.cluster.client import AsyncClient
 from smockron.cluster.discovery import make_discovery
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.kubernetes import (
@@ -27,7 +30,9 @@ from smockron.cluster.discovery.kubernetes import (
     MalformedEvent,
     peers_from_slice,
 )
+from smockron.errors import ConfigError
 from tests.cluster.test_discovery_support import Recorder
+from tests.support import free_port, free_ports, run_smockron, wait_port
 
 NS = "rate"
 PATH = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
@@ -63,6 +68,7 @@ class ApiState:
     version: int = 100
     oldest: int = 0  # watches from before this version get 410 Gone
     requests: list[str] = field(default_factory=list)
+    authorization: set[str] = field(default_factory=set)
     cond: threading.Condition = field(default_factory=threading.Condition)
     closing: bool = False
 
@@ -119,6 +125,7 @@ class Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.state.requests.append(self.path)
+        self.state.authorization.add(self.headers.get("Authorization", ""))
         if url.path != PATH:
             self.send_error(404)
             return
@@ -259,6 +266,18 @@ async def test_gone_relists(api: tuple[ApiState, str]) -> None:
     await rec.wait_for({"10.2.0.1:1051", "10.2.0.2:1051", "10.2.0.5:1051"})
     await disc.stop()
     assert disc.lists >= 2 and disc.malformed == 0
+    assert state.authorization == {""}
+
+
+async def test_bearer_token_is_sent(api: tuple[ApiState, str]) -> None:
+    state, host = api
+    state.put(endpoint_slice("gub-a", {"10.2.0.2": True}))
+    rec = Recorder()
+    disc = discovery(host, token="s3cret")
+    await disc.start(rec)
+    await disc.stop()
+    assert rec.addresses == {"10.2.0.1:1051", "10.2.0.2:1051"}
+    assert state.authorization == {"Bearer s3cret"}
 
 
 @pytest.mark.parametrize(
@@ -286,8 +305,6 @@ async def test_garbage_in_watch_is_counted_and_recovered(
 
 
 async def test_api_down_at_start_serves_alone() -> None:
-    from tests.support import free_port
-
     rec = Recorder()
     disc = discovery(f"http://127.0.0.1:{free_port()}", start_timeout=0.5)
     await disc.start(rec)
@@ -306,3 +323,91 @@ async def test_stop_is_prompt_while_watch_blocks(api: tuple[ApiState, str]) -> N
     started = time.monotonic()
     await disc.stop()
     assert time.monotonic() - started < 3
+
+
+async def test_rewatch_after_server_timeout_without_relisting(api: tuple[ApiState, str]) -> None:
+    state, host = api
+    state.put(endpoint_slice("gub-a", {"10.2.0.2": True}))
+    rec = Recorder()
+    disc = discovery(host, watch_timeout=1)
+    await disc.start(rec)
+    state.put(endpoint_slice("gub-a", {"10.2.0.2": True, "10.2.0.3": True}))
+    await rec.wait_for({"10.2.0.1:1051", "10.2.0.2:1051", "10.2.0.3:1051"})
+    for _ in range(60):  # the server ends each watch after 1 s; wait for a second one
+        if sum("watch=" in r for r in state.requests) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    state.delete("gub-a")
+    await rec.wait_for({"10.2.0.1:1051"})
+    await disc.stop()
+    versions = [
+        int(parse_qs(urlparse(r).query)["resourceVersion"][0])
+        for r in state.requests
+        if "watch=" in r
+    ]
+    assert len(versions) >= 2 and versions == sorted(versions) and versions[-1] > versions[0]
+    assert disc.lists == 1  # resumed from the last version, never listed again
+
+
+async def test_two_cluster_nodes_follow_endpoint_slices(
+    api: tuple[ApiState, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end: two ``smockron cluster`` processes (pods 127.0.0.1 and 127.0.0.2, one
+    gRPC port) discover each other through the API server via a kubeconfig file."""
+    state, host = api
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters:\n- name: fake\n  cluster: {{server: '{host}'}}\n"
+        "users:\n- name: u\n  user: {token: t0k}\n"
+        "contexts:\n- name: c\n  context: {cluster: fake, user: u, namespace: rate}\n"
+    )
+    for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    grpc_port, http_a, http_b = free_ports(3)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("GUBER_K8S_POD_PORT", str(grpc_port))
+    state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": True}))
+    procs = []
+    try:
+        for ip, http in (("127.0.0.1", http_a), ("127.0.0.2", http_b)):
+            args = ["cluster", "--grpc-address", f"{ip}:{grpc_port}",
+                    "--http-address", f"127.0.0.1:{http}", "--peer-discovery", "k8s",
+                    "--k8s-namespace", NS, "--k8s-pod-ip", ip,
+                    "--k8s-selector", f"kubernetes.io/service-name={SERVICE}"]  # fmt: skip
+            procs.append(run_smockron(args, tmp_path / f"{ip}.log"))
+        for http in (http_a, http_b):
+            wait_port(http, 20)
+        async with AsyncClient(f"127.0.0.2:{grpc_port}", timeout=5) as b:
+            await _peer_count(b, 2)
+        async with AsyncClient(f"127.0.0.1:{grpc_port}", timeout=5) as a:
+            await _peer_count(a, 2)
+            state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": False}))
+            await _peer_count(a, 1)
+            assert (await a.health_check()).healthy
+        assert "Bearer t0k" in state.authorization
+    except BaseException:
+        for proc in procs:
+            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
+        raise
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+async def _peer_count(client: AsyncClient, count: int) -> None:
+    seen = -1
+    for _ in range(150):
+        seen = (await client.health_check()).peer_count
+        if seen == count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"peer count stayed {seen}, expected {count}")
+
+
+def test_missing_kubeconfig_fails_at_construction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="kubeconfig"):
+        make_discovery("k8s", service_name="g", kubeconfig=str(tmp_path / "missing"))

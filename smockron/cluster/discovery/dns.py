@@ -68,7 +68,10 @@ class DnsDiscovery:
         nameservers: Sequence[str] | str | None, resolv_conf: str, timeout: float
     ) -> dns.asyncresolver.Resolver:
         if nameservers is None:
-            resolver = dns.asyncresolver.Resolver(filename=resolv_conf)
+            try:
+                resolver = dns.asyncresolver.Resolver(filename=resolv_conf)
+            except (dns.exception.DNSException, OSError) as exc:
+                raise ValueError(f"cannot use resolver config {resolv_conf!r}: {exc}") from exc
         else:
             items = [nameservers] if isinstance(nameservers, str) else list(nameservers)
             items = [n.strip() for item in items for n in item.split(",") if n.strip()]

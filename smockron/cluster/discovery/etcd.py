@@ -8,6 +8,11 @@ One session = grant lease, put our key, list the prefix, watch from the listed r
 refresh the lease every ttl/3. Any failure (etcd down, lease expired or revoked, our key
 deleted, watch cancelled) ends the session; the loop backs off and starts a new one,
 which re-grants a lease and re-registers.
+
+aetcd is used for the connection and the unary calls; the watch and keepalive streams are
+driven directly on its gRPC channel, so that each is one stream we open, read and cancel
+ourselves (aetcd's watcher and ``refresh_lease`` keep streams and tasks of their own that
+can outlive a broken connection).
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aetcd
+import grpc
+from aetcd import rpc
+from aetcd.utils import prefix_range_end
 
 from smockron.cluster.discovery._common import (
     ERRORS,
@@ -116,8 +124,8 @@ class EtcdDiscovery:
         self._publisher: Publisher | None = None
         self._task: asyncio.Task[None] | None = None
         self._peers: dict[bytes, PeerInfo] = {}
-        self._lease_id: int | None = None
-        self._old_leases: list[int] = []
+        self._leases: list[int] = []
+        """Every lease granted and not yet revoked; the newest holds our key."""
         self._listed = asyncio.Event()
         self._rlog = RateLimitedLog()
         self.registrations = 0
@@ -126,7 +134,7 @@ class EtcdDiscovery:
 
     @property
     def lease_id(self) -> int | None:
-        return self._lease_id
+        return self._leases[-1] if self._leases else None
 
     async def start(self, on_change: OnChange) -> None:
         self._publisher = Publisher(on_change, self.me)
@@ -155,58 +163,58 @@ class EtcdDiscovery:
 
     async def _run(self) -> None:
         attempt = 0
+        me = asyncio.current_task()
+        assert me is not None
         while True:
             client = self._client(attempt)
             try:
                 await self._session(client)
-            except (LeaseLost, aetcd.ClientError, OSError, TimeoutError) as exc:
+            except (LeaseLost, aetcd.ClientError, grpc.RpcError, OSError, TimeoutError) as exc:
                 ERRORS.labels("etcd").inc()
                 self._rlog.warning("etcd", "etcd discovery session ended: %r; retrying", exc)
-            except Exception:
+            except Exception as exc:  # a bug or a surprise from the client: keep trying
                 ERRORS.labels("etcd").inc()
-                log.exception("etcd discovery session failed; retrying")
+                self._rlog.warning("etcd-bug", "etcd discovery failed unexpectedly: %r", exc)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.close(), self._timeout)
+            # aetcd's close() can swallow our cancellation; never loop on after a cancel
+            if me.cancelling():
+                raise asyncio.CancelledError
             attempt += 1
             await asyncio.sleep(self._backoff)
 
     async def _session(self, client: aetcd.Client) -> None:
         await client.connect()
         await self._register(client)
-        watch = await client.watch_prefix(
-            self.key_prefix.encode(), start_revision=await self._list(client) + 1
-        )
+        revision = await self._list(client)
         self._listed.set()
         tasks = [
             asyncio.create_task(self._keepalive(client)),
-            asyncio.create_task(self._watch(watch)),
+            asyncio.create_task(self._watch(client, revision + 1)),
         ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # re-raise the failure that ended the session
-            raise LeaseLost("watch ended")
+            raise LeaseLost("etcd stream ended")
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(watch.cancel(), 1.0)
 
     async def _register(self, client: aetcd.Client) -> None:
         lease = await client.lease(self._ttl)
+        # Known before the put, so a stop() that interrupts us still revokes it.
+        self._leases.append(lease.id)
         await client.put(self.key.encode(), encode_peer(self.me), lease=lease)
-        if self._lease_id is not None:
-            self._old_leases.append(self._lease_id)
-        self._lease_id = lease.id
         self.registrations += 1
         log.info("registered %s in etcd under %s (lease %x)", self.me, self.key, lease.id)
-        # A lease from before an outage may still hold nothing; drop it rather than wait.
-        while self._old_leases:
+        # Leases from before an outage may still exist; drop them rather than wait.
+        for old in self._leases[:-1]:
             with contextlib.suppress(aetcd.ClientError):
-                await client.revoke_lease(self._old_leases[-1])
-            self._old_leases.pop()
+                await client.revoke_lease(old)
+        del self._leases[:-1]
 
     async def _list(self, client: aetcd.Client) -> int:
         result = await client.get_prefix(self.key_prefix.encode())
@@ -217,24 +225,58 @@ class EtcdDiscovery:
         return int(result.header.revision)
 
     async def _keepalive(self, client: aetcd.Client) -> None:
-        assert self._lease_id is not None
-        while True:
-            await asyncio.sleep(max(self._ttl / 3, 0.2))
-            reply = await client.refresh_lease(self._lease_id)
-            if reply is None or reply.TTL <= 0:
-                raise LeaseLost(f"lease {self._lease_id:x} expired or revoked")
+        """One LeaseKeepAlive stream: a refresh every ttl/3, each answered with the TTL."""
+        lease_id = self._leases[-1]
+        interval = max(self._ttl / 3, 0.2)
 
-    async def _watch(self, watch: Any) -> None:
-        own_key = self.key.encode()
-        async for event in watch:
-            if event.kind == "DELETE":
-                self._peers.pop(event.kv.key, None)
-                if event.kv.key == own_key:
-                    self._publish()
-                    raise LeaseLost(f"our key {self.key} was deleted")
-            else:
-                self._accept(event.kv.key, event.kv.value)
+        async def refreshes() -> AsyncIterator[Any]:
+            while True:
+                yield rpc.LeaseKeepAliveRequest(ID=lease_id)
+                await asyncio.sleep(interval)
+
+        call = rpc.LeaseStub(client.channel).LeaseKeepAlive(refreshes(), metadata=client.metadata)
+        try:
+            async for reply in call:
+                if reply.TTL <= 0:
+                    raise LeaseLost(f"lease {lease_id:x} expired or revoked")
+        finally:
+            call.cancel()
+
+    async def _watch(self, client: aetcd.Client, start_revision: int) -> None:
+        """One Watch stream over the prefix, from ``start_revision``; kept open until a
+        failure or cancellation (closing the request side would end the watch)."""
+        prefix = self.key_prefix.encode()
+        create = rpc.WatchRequest(
+            create_request=rpc.WatchCreateRequest(
+                key=prefix, range_end=prefix_range_end(prefix), start_revision=start_revision
+            )
+        )
+        forever = asyncio.Event()
+
+        async def requests() -> AsyncIterator[Any]:
+            yield create
+            await forever.wait()
+
+        call = rpc.WatchStub(client.channel).Watch(requests(), metadata=client.metadata)
+        try:
+            async for response in call:
+                if response.canceled or response.compact_revision:
+                    raise LeaseLost(f"watch cancelled: {response.cancel_reason or 'compacted'}")
+                for event in response.events:
+                    self._event(event)
+        finally:
+            call.cancel()
+
+    def _event(self, event: Any) -> None:
+        key = bytes(event.kv.key)
+        if event.type == rpc.Event.DELETE:
+            self._peers.pop(key, None)
             self._publish()
+            if key == self.key.encode():
+                raise LeaseLost(f"our key {self.key} was deleted")
+            return
+        self._accept(key, bytes(event.kv.value))
+        self._publish()
 
     def _accept(self, key: bytes, value: bytes) -> None:
         try:
@@ -250,19 +292,21 @@ class EtcdDiscovery:
             self._publisher.publish(self._peers.values())
 
     async def _withdraw(self) -> None:
-        """Delete our key and revoke our lease so peers see us leave at once."""
-        lease_id, self._lease_id = self._lease_id, None
-        if lease_id is None:
+        """Delete our key and revoke our leases so peers see us leave at once."""
+        leases, self._leases = self._leases, []
+        if not leases:
             return
         client = self._client(0)
         try:
-            await asyncio.wait_for(self._delete(client, lease_id), self._timeout)
+            await asyncio.wait_for(self._delete(client, leases), self._timeout)
         except Exception as exc:
             log.warning("could not withdraw %s from etcd (lease will expire): %r", self.key, exc)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.close(), self._timeout)
 
-    async def _delete(self, client: aetcd.Client, lease_id: int) -> None:
+    async def _delete(self, client: aetcd.Client, leases: list[int]) -> None:
         await client.delete(self.key.encode())
-        await client.revoke_lease(lease_id)
+        for lease_id in leases:
+            with contextlib.suppress(aetcd.ClientError):
+                await client.revoke_lease(lease_id)

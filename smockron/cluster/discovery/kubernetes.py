@@ -80,23 +80,32 @@ def slice_name(obj: Mapping[str, Any]) -> str:
     return name
 
 
-def make_api_client(
+def make_configuration(
     api_host: str | None = None,
     token: str | None = None,
     kubeconfig: str | None = None,
 ) -> Any:
-    """An explicit host (tests, proxies), else in-cluster service account, else kubeconfig."""
+    """An explicit host (tests, proxies), else in-cluster service account, else kubeconfig.
+
+    Raises ValueError naming the problem, so a bad setup fails at start-up, not in the
+    watcher thread.
+    """
     configuration = k8s_client.Configuration()
     if api_host is not None:
         configuration.host = api_host
         if token:
-            configuration.api_key = {"authorization": f"Bearer {token}"}
-    else:
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        return configuration
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
         try:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        except k8s_config.ConfigException:
             k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return k8s_client.ApiClient(configuration)
+        except (k8s_config.ConfigException, OSError) as exc:
+            message = f"no in-cluster service account and no usable kubeconfig: {exc}"
+            raise ValueError(message) from exc
+    return configuration
 
 
 class KubernetesDiscovery:
@@ -126,7 +135,7 @@ class KubernetesDiscovery:
         self.pod_ip = pod_ip
         self.pod_port = int(pod_port)
         self.me = PeerInfo(join_host_port(pod_ip, self.pod_port)) if pod_ip else None
-        self._client_args = (api_host, token, kubeconfig)
+        self._configuration = make_configuration(api_host, token, kubeconfig)
         self._watch_timeout = watch_timeout
         self._backoff = backoff
         self._start_timeout = start_timeout
@@ -171,7 +180,7 @@ class KubernetesDiscovery:
     # --- the watcher thread -------------------------------------------------------
 
     def _thread_main(self) -> None:
-        api_client = make_api_client(*self._client_args)
+        api_client = k8s_client.ApiClient(self._configuration)
         api = k8s_client.DiscoveryV1Api(api_client)
         try:
             while not self._stopping.is_set():
