@@ -178,6 +178,11 @@ async def serve(server: ClusterServer) -> None:
 )
 @click.option("--cache-size", type=int, help="max rate limits kept [GUBER_CACHE_SIZE; 50000]")
 @click.option(
+    "--peer-down-after",
+    type=int,
+    help="failed peer calls in a row before the peer is routed around until it answers [3]",
+)
+@click.option(
     "--envoy-config",
     help="envoyproxy/ratelimit YAML file or directory: also serve "
     "envoy.service.ratelimit.v3.RateLimitService on the gRPC port",

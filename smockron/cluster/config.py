@@ -69,7 +69,7 @@ class ClusterConfig:
     global_batch_limit: int = 1000
     global_timeout_ms: float = 500.0
     cache_size: int = 50_000
-    peer_down_after: int = 1
+    peer_down_after: int = 3
     """Consecutive failed calls after which a peer leaves the ring until it answers again."""
     peer_probe_interval_ms: float = 1000.0
     envoy_config: str = ""
@@ -82,6 +82,9 @@ class ClusterConfig:
         for name in ("batch_limit", "global_batch_limit", "cache_size", "peer_down_after"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("batch_limit", "global_batch_limit"):
+            if getattr(self, name) > 1000:  # a peer refuses calls of more than 1,000 items
+                raise ConfigError(f"{name} must be <= 1000, got {getattr(self, name)!r}")
         for name in ("batch_wait_ms", "global_sync_wait_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")

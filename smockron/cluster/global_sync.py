@@ -74,7 +74,7 @@ class GlobalSync:
         self.broadcasts_sent = 0
 
     # -- queueing ---------------------------------------------------------------------
-    def queue_hits(self, req: RateLimitRequest, hits: int) -> None:
+    def queue_hits(self, req: RateLimitRequest, hits: int, urgent: bool = False) -> None:
         """Hits admitted here for a key another node owns (0 still refreshes the replica)."""
         agg = self._hits.get(req.hash_key)
         if agg is None:
@@ -84,22 +84,30 @@ class GlobalSync:
             )
         else:
             agg.hits += hits
-        self._schedule(len(self._hits))
+        self._schedule(len(self._hits), urgent)
 
-    def queue_broadcast(self, req: RateLimitRequest) -> None:
+    def queue_broadcast(self, req: RateLimitRequest, urgent: bool = False) -> None:
         """This node owns ``req``'s key and changed it: tell the other nodes soon."""
         if req.hash_key not in self._broadcasts:
             behavior = Behavior(req.behavior & ~_OWNER_ONLY)
             self._broadcasts[req.hash_key] = replace(
                 req, hits=0, behavior=behavior, created_at=None, metadata={}
             )
-        self._schedule(len(self._broadcasts))
+        self._schedule(len(self._broadcasts), urgent)
 
-    def _schedule(self, size: int) -> None:
+    def _schedule(self, size: int, urgent: bool = False) -> None:
+        """Flush within the sync wait; within an eighth of it when a key is nearly used up,
+        because that is when a stale replica admits too much."""
         if size >= self._limit:
             self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._wait, self.flush)
+            return
+        loop = asyncio.get_running_loop()
+        delay = self._wait / 8 if urgent else self._wait
+        if self._timer is None:
+            self._timer = loop.call_later(delay, self.flush)
+        elif urgent and self._timer.when() > loop.time() + delay:
+            self._timer.cancel()
+            self._timer = loop.call_later(delay, self.flush)
 
     def flush(self) -> None:
         if self._timer is not None:

@@ -40,6 +40,9 @@ MAX_BATCH = 1000
 
 _LOCAL = "local"
 Pending = asyncio.Future[RateLimitResponse]
+_GLOBAL = int(Behavior.GLOBAL)
+_NO_BATCHING = int(Behavior.NO_BATCHING)
+_RESET_REMAINING = int(Behavior.RESET_REMAINING)
 
 
 class Node:
@@ -151,16 +154,17 @@ class Node:
             if client is None:
                 local.append(i)
                 continue
-            if req.behavior & Behavior.GLOBAL:
+            flags = int(req.behavior)  # IntFlag's own & builds a new flag: slow per item
+            if flags & _GLOBAL:
                 answered = self.replicas.answer(req, now)
                 if answered is not None:
                     resp, hits = answered
                     resp.metadata["owner"] = owner
                     results[i] = resp
-                    self.global_sync.queue_hits(req, hits)
+                    self.global_sync.queue_hits(req, hits, urgent=hits > 0 and _low(resp))
                     CHECKS.labels("global_replica").inc()
                     continue
-            if req.behavior & Behavior.NO_BATCHING:
+            if flags & _NO_BATCHING:
                 unbatched.setdefault(owner, []).append(i)
             else:
                 waits.append((i, client, client.forward(req)))
@@ -198,10 +202,9 @@ class Node:
         for i, req, resp in zip(idx, batch, self.limiter.check(batch), strict=True):
             if not resp.error:
                 resp.metadata["owner"] = self.address
-                if req.behavior & Behavior.GLOBAL and (
-                    req.hits or req.behavior & Behavior.RESET_REMAINING
-                ):
-                    self.global_sync.queue_broadcast(req)
+                flags = int(req.behavior)
+                if flags & _GLOBAL and (req.hits or flags & _RESET_REMAINING):
+                    self.global_sync.queue_broadcast(req, urgent=_low(resp))
             results[i] = resp
         CHECKS.labels(route).inc(len(idx))
 
@@ -246,7 +249,7 @@ class Node:
 
     def _after_forward(self, req: RateLimitRequest, resp: RateLimitResponse | None) -> None:
         """A GLOBAL answer fetched from the owner seeds this node's replica."""
-        if resp is not None and req.behavior & Behavior.GLOBAL:
+        if resp is not None and int(req.behavior) & _GLOBAL:
             self.replicas.install(req.hash_key, resp, req.algorithm, req.duration)
 
     # -- health -----------------------------------------------------------------------
@@ -273,3 +276,8 @@ class Node:
         self._closing.extend(self.clients.values())
         self.clients.clear()
         await self._close_removed()
+
+
+def _low(resp: RateLimitResponse) -> bool:
+    """Nearly used up: under a tenth of the limit left."""
+    return resp.remaining * 10 < resp.limit

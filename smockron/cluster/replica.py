@@ -21,6 +21,9 @@ from smockron.cluster.model import (
     Status,
 )
 
+_RESET_REMAINING = int(Behavior.RESET_REMAINING)
+_DRAIN_OVER_LIMIT = int(Behavior.DRAIN_OVER_LIMIT)
+
 
 @dataclass(slots=True)
 class Replica:
@@ -80,11 +83,7 @@ class ReplicaCache:
         with DRAIN_OVER_LIMIT what is left is taken and sent.
         """
         item = self._items.get(req.hash_key)
-        if (
-            item is None
-            or item.algorithm != req.algorithm
-            or req.behavior & Behavior.RESET_REMAINING
-        ):
+        if item is None or item.algorithm != req.algorithm or int(req.behavior) & _RESET_REMAINING:
             return None
         self._items.move_to_end(req.hash_key)
         if now >= item.reset_time:
@@ -96,7 +95,7 @@ class ReplicaCache:
         if hits == 0:  # a query is always UNDER_LIMIT, as on the owner
             return RateLimitResponse(Status.UNDER_LIMIT, req.limit, available, reset_time), 0
         if hits > available:
-            taken = available if req.behavior & Behavior.DRAIN_OVER_LIMIT else 0
+            taken = available if int(req.behavior) & _DRAIN_OVER_LIMIT else 0
             item.pending += taken
             left = available - taken
             return RateLimitResponse(Status.OVER_LIMIT, req.limit, left, reset_time), taken

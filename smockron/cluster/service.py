@@ -21,7 +21,7 @@ from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
-from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
+from smockron.cluster.pb import peers_pb2
 
 log = logging.getLogger("smockron.cluster.grpc")
 _bad_log = RateLimitedLog(log)
@@ -72,7 +72,9 @@ async def answer(
     return out
 
 
-class V1Servicer(gubernator_pb2_grpc.V1Servicer):  # type: ignore[misc]
+class V1Servicer:
+    """pb.gubernator.V1 for clients."""
+
     def __init__(self, node: Node) -> None:
         self._node = node
 
@@ -96,7 +98,9 @@ class V1Servicer(gubernator_pb2_grpc.V1Servicer):  # type: ignore[misc]
         return pb.LiveCheckResp()
 
 
-class PeersV1Servicer(peers_pb2_grpc.PeersV1Servicer):  # type: ignore[misc]
+class PeersV1Servicer:
+    """pb.gubernator.PeersV1 for other nodes."""
+
     def __init__(self, node: Node) -> None:
         self._node = node
 

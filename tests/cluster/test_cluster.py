@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 
@@ -233,3 +234,27 @@ async def test_killing_the_owner_under_load(tmp_path: Path) -> None:
     assert {a[1] for a in after} <= set(survivors)
     assert health.status == "unhealthy" and victim in health.message
     assert health.peer_count == 3
+
+
+async def test_http_gateway_of_every_node_forwards(cluster: Cluster) -> None:
+    ring = HashRing(cluster.addresses)
+    key = next(
+        k
+        for k in (f"http-{i}" for i in range(10_000))
+        if ring.owner(f"t_{k}") == cluster.addresses[0]
+    )
+    body = {
+        "requests": [
+            {"name": "t", "uniqueKey": key, "hits": "2", "limit": "10", "duration": "60000"}
+        ]
+    }
+    remaining = []
+    async with aiohttp.ClientSession() as session:
+        for port in cluster.http_ports:
+            url = f"http://127.0.0.1:{port}/v1/GetRateLimits"
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 200
+                item = (await resp.json())["responses"][0]
+            assert item["metadata"] == {"owner": cluster.addresses[0]}
+            remaining.append(item["remaining"])
+    assert remaining == ["8", "6", "4"]

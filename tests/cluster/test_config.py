@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from smockron.cluster.cli import build_config, build_discovery
 from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.errors import ConfigError
-from tests.support import run_smockron
+from tests.support import free_ports, run_smockron, smockron_proc, wait_port
 
 
 @pytest.mark.parametrize(
@@ -79,6 +81,8 @@ def test_bad_values_name_the_variable() -> None:
         from_env({"GUBER_BATCH_LIMIT": "lots"})
     with pytest.raises(ConfigError, match="batch_limit must be >= 1"):
         build_config({}, {"batch_limit": 0})
+    with pytest.raises(ConfigError, match="global_batch_limit must be <= 1000"):
+        build_config({"GUBER_GLOBAL_BATCH_LIMIT": "5000"}, {})
 
 
 def test_static_discovery_from_peers() -> None:
@@ -114,3 +118,20 @@ def test_wildcard_grpc_address_advertises_a_dialable_one() -> None:
         {}, {"grpc_address": "0.0.0.0:9051", "advertise_address": "10.1.2.3:9051"}
     )
     assert pinned.advertise == "10.1.2.3:9051"
+
+
+def test_guber_environment_configures_a_real_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g, h = free_ports(2)
+    monkeypatch.setenv("GUBER_GRPC_ADDRESS", f"127.0.0.1:{g}")
+    monkeypatch.setenv("GUBER_HTTP_ADDRESS", f"127.0.0.1:{h}")
+    monkeypatch.setenv("GUBER_BATCH_WAIT", "1ms")
+    with smockron_proc(["cluster"], tmp_path / "node.log"):
+        wait_port(g)
+        wait_port(h)
+        url = f"http://127.0.0.1:{h}/v1/HealthCheck"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            health = json.loads(resp.read())
+    assert health["advertise_address"] == f"127.0.0.1:{g}"
+    assert health["peer_count"] == 1

@@ -114,8 +114,10 @@ async def test_dead_peer_is_routed_around_and_comes_back() -> None:
     try:
         key = pair.keys_owned_by(pair.b, 1)[0]
         await pair.b.stop()
-        resp = await pair.a.node.get_rate_limits([req(key)])
-        assert (resp[0].error, resp[0].metadata["owner"]) == ("", pair.a.node.address)
+        for _ in range(3):  # peer_down_after
+            assert pair.a.node.down == set()
+            resp = await pair.a.node.get_rate_limits([req(key)])
+            assert (resp[0].error, resp[0].metadata["owner"]) == ("", pair.a.node.address)
         assert pair.a.node.down == {pair.b.node.address}
         assert pair.a.node.ring.nodes == (pair.a.node.address,)
         status, message, count, _ = pair.a.node.health()
@@ -143,8 +145,34 @@ async def test_global_owner_death_is_noticed_by_the_hit_sync() -> None:
         await pair.b.stop()
         from_replica = await pair.a.node.get_rate_limits([req(key, 1, g)])
         assert (from_replica[0].error, from_replica[0].remaining) == ("", 98)
-        await wait_until(lambda: pair.a.node.down == {pair.b.node.address})
+        for _ in range(50):  # traffic keeps the hit sync failing until B is routed around
+            if pair.a.node.down:
+                break
+            answer = await pair.a.node.get_rate_limits([req(key, 1, g)])
+            assert answer[0].error == ""
+            await asyncio.sleep(0.02)
+        assert pair.a.node.down == {pair.b.node.address}
         local = await pair.a.node.get_rate_limits([req(key, 1, g)])
         assert (local[0].error, local[0].metadata["owner"]) == ("", pair.a.node.address)
     finally:
         await pair.a.stop()
+
+
+async def test_nearly_used_up_keys_sync_sooner() -> None:
+    ca, cb = make_config(global_sync_wait_ms=1600)
+    pair = await start_pair(ca, cb)
+    try:
+        calm, tight = pair.keys_owned_by(pair.b, 2)
+        g = Behavior.GLOBAL
+        await pair.a.node.get_rate_limits([req(calm, 1, g), req(tight, 1, g)])  # seed replicas
+        sync = pair.a.node.global_sync
+        await pair.a.node.get_rate_limits([req(calm, 1, g)])  # 98 left: no hurry
+        await asyncio.sleep(0.4)
+        assert sync.hits_sent == 0
+        await pair.a.node.get_rate_limits([req(tight, 90, g)])  # 9 of 100 left: hurry
+        await wait_until(lambda: sync.hits_sent == 2, timeout=0.9)
+        state = await pair.b.node.get_rate_limits([req(tight, 0), req(calm, 0)])
+        assert [r.remaining for r in state] == [9, 98]
+    finally:
+        await pair.a.stop()
+        await pair.b.stop()
