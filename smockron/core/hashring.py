@@ -7,10 +7,14 @@ The design is Gubernator's ``ReplicatedConsistentHash`` (``replicated_hash.go``)
 * a key sits at ``hash(key)``; its owner is the first replica at or after that point
   (binary search), wrapping to the first replica past the end of the ring.
 
-``hash`` is 64-bit FNV-1a by default: Gubernator's ``GUBER_PEER_PICKER_HASH`` default for
-the replicated hash. Plain FNV-1 (Gubernator's in-code default when no picker is
-configured) is available as ``hash="fnv1"``, but it spreads keys that differ only in their
-last byte (``account:1``, ``account:2``...) badly, because its last step is an xor that
+``hash`` is 64-bit FNV-1a followed by MurmurHash3's 64-bit finaliser (``fmix64``) by
+default. Bare FNV-1a (Gubernator's ``GUBER_PEER_PICKER_HASH`` default, ``hash="fnv1a"``)
+leaves keys that differ only in their last bytes (``t_load-0`` ... ``t_load-199``) close
+together on the ring, so one node could own none of 200 such keys; the finaliser spreads
+every input bit over all 64 bits. Ring positions only have to agree between smockron
+nodes, so this departs from Gubernator at no cost to compatibility. Plain FNV-1
+(Gubernator's in-code default when no picker is configured) is available as
+``hash="fnv1"``; it spreads such keys worse still, because its last step is an xor that
 never reaches the high bits. Gubernator names nodes by address; smockron hashes whatever
 node names its caller uses (the gRPC address). Equal points (vanishingly rare) are
 ordered by node name so every process agrees.
@@ -46,7 +50,25 @@ def fnv1a_64(data: bytes) -> int:
     return h
 
 
-HASHES: dict[str, Callable[[bytes], int]] = {"fnv1a": fnv1a_64, "fnv1": fnv1_64}
+def fmix64(h: int) -> int:
+    """MurmurHash3's 64-bit finaliser: every input bit flips each output bit with p ~ 1/2."""
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & _MASK64
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & _MASK64
+    return h ^ (h >> 33)
+
+
+def fnv1a_mix_64(data: bytes) -> int:
+    """FNV-1a, then fmix64: the default, evenly spread even for near-identical keys."""
+    return fmix64(fnv1a_64(data))
+
+
+HASHES: dict[str, Callable[[bytes], int]] = {
+    "fnv1a-mix": fnv1a_mix_64,
+    "fnv1a": fnv1a_64,
+    "fnv1": fnv1_64,
+}
 
 
 def _memoised(fn: Callable[[bytes], int]) -> Callable[[str | bytes], int]:
@@ -68,7 +90,11 @@ class HashRing:
     __slots__ = ("_hash", "_hash_name", "_key_hash", "_nodes", "_replicas", "_ring")
 
     def __init__(
-        self, nodes: Iterable[str] = (), replicas: int = DEFAULT_REPLICAS, *, hash: str = "fnv1a"
+        self,
+        nodes: Iterable[str] = (),
+        replicas: int = DEFAULT_REPLICAS,
+        *,
+        hash: str = "fnv1a-mix",
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas!r}")

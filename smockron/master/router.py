@@ -3,7 +3,7 @@
 Accounting: gatekeepers publish to the router's SUB; each message goes to the one master
 that owns its domain on a consistent-hash ring of the masters' accounting addresses
 (so a master's share moves only when masters are added or removed), through one PUB
-per master. A domain's point on the ring is a digest of its name (see ``ring_key``).
+per master.
 Control: one SUB connected to every master's PUB, every message relayed
 unchanged to the gatekeepers through the router's PUB. The seed requires exactly this:
 "all messages for the same domain go to the same master".
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import signal
 from collections.abc import Sequence
@@ -29,16 +28,6 @@ log = logging.getLogger("smockron.router")
 
 OWNER_CACHE = 65_536
 """Domains whose owner is memoised; a flood of random domains only resets the cache."""
-
-
-def ring_key(domain: bytes | str) -> str:
-    """The point of a domain on the ring: a digest of its name, not the name itself.
-
-    The ring's own hash (FNV-1a) barely mixes the last bytes of short keys, so domains
-    such as ``api1``, ``api2``... would crowd onto one master; a cryptographic digest
-    spreads them evenly and is the same in every router."""
-    raw = domain.encode() if isinstance(domain, str) else domain
-    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +108,7 @@ class Router:
             if len(self._owners) >= OWNER_CACHE:
                 self._owners.clear()
             domain = domain_frame[:-1] if domain_frame.endswith(b"\0") else domain_frame
-            owner = self.ring.owner(ring_key(domain))
+            owner = self.ring.owner(domain)
             sock = self._owners[domain_frame] = self.to_master[owner]
         return sock
 

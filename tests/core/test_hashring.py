@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smockron.core.hashring import DEFAULT_REPLICAS, HashRing, fnv1_64, fnv1a_64
+from smockron.core.hashring import DEFAULT_REPLICAS, HashRing, fmix64, fnv1_64, fnv1a_64
 
 NODES = [f"10.0.0.{i}:1051" for i in range(1, 6)]
 KEYS = [f"requests_per_sec_account:{i}" for i in range(20_000)]
@@ -145,3 +145,19 @@ def test_owner_is_consistent_while_another_thread_reshapes_the_ring() -> None:
     for t in readers:
         t.join(timeout=10)
     assert not errors
+
+
+def test_default_hash_spreads_keys_differing_in_last_bytes() -> None:
+    # Bare FNV-1a leaves such keys close together on the ring; the default mixes them.
+    for layout in range(50):
+        nodes = [f"127.0.0.{layout % 7 + 1}:{1051 + layout + i}" for i in range(3)]
+        ring = HashRing(nodes)
+        counts = Counter(ring.owner(f"t_load-{i}") for i in range(200))
+        assert min(counts[n] for n in nodes) >= 30, (nodes, counts)
+
+
+def test_fmix64_is_murmur3_finaliser() -> None:
+    assert fmix64(0) == 0
+    # every single-bit input change flips about half of the output bits
+    flips = [bin(fmix64(1 << b) ^ fmix64(0)).count("1") for b in range(64)]
+    assert all(16 <= f <= 48 for f in flips)
