@@ -21,14 +21,14 @@ from dataclasses import replace
 from typing import Protocol
 
 from smockron.cluster import convert
-from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import peers_pb2
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.global")
-_lost_log = RateLimitedLog(log)
+_lost_log = RateLimitedLog(log, interval=1.0)
 
 _OWNER_ONLY = Behavior.RESET_REMAINING | Behavior.DRAIN_OVER_LIMIT
 

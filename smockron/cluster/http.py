@@ -17,10 +17,10 @@ from aiohttp import web
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.service import TOO_MANY, answer, health_pb
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.http")
 
@@ -35,7 +35,7 @@ _OUT_OF_RANGE = 11
 _NODE: web.AppKey[Node] = web.AppKey("node", Node)
 
 
-_bad_input_log = RateLimitedLog(log)
+_bad_input_log = RateLimitedLog(log, interval=1.0)
 
 
 class _HttpParserErrors(logging.Filter):
@@ -43,7 +43,7 @@ class _HttpParserErrors(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self._limiter = RateLimitedLog(log)
+        self._limiter = RateLimitedLog(log, interval=1.0)
         self.pass_level = logging.INFO
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import grpc
 
 from smockron.cluster import convert
-from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.batching import Batcher
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import gubernator_pb2, gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.peers")
 
@@ -52,7 +52,7 @@ class PeerClient:
         )
         self.consecutive_failures = 0
         self._errors: deque[tuple[float, str]] = deque(maxlen=20)
-        self._log = RateLimitedLog(log)
+        self._log = RateLimitedLog(log, interval=1.0)
 
     # -- calls ------------------------------------------------------------------------
     async def get_peer_rate_limits(

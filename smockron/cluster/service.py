@@ -17,14 +17,14 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Histogram
 
 from smockron.cluster import convert
-from smockron.cluster.badinput import RateLimitedLog
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import peers_pb2
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.grpc")
-_bad_log = RateLimitedLog(log)
+_bad_log = RateLimitedLog(log, interval=1.0)
 MALFORMED = Counter(
     "smockron_cluster_grpc_malformed_total",
     "gRPC calls whose request bytes did not decode, by method.",

@@ -18,13 +18,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from smockron.daemons._ratelog import RateLimitedLog
 from smockron.daemons.clock import Clock, MonotonicClock
 from smockron.daemons.dthrottle import Throttle
 from smockron.daemons.dthrottle_config import DThrottleConfig, Listen
 from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
 from smockron.daemons.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.dthrottle")
 _ratelog = RateLimitedLog(log)
@@ -98,7 +98,6 @@ class LineProtocol(asyncio.Protocol):
         self._buf = b""
         self._daemon.stats.overlong += 1
         _ratelog.warning(
-            "overlong",
             "closing connection from %s: line longer than the %d-byte tag limit",
             transport.get_extra_info("peername") or "unix socket",
             self._limit,
@@ -172,7 +171,7 @@ class DThrottleDaemon:
         except ProtocolError as exc:
             stats.garbage[exc.reason] += 1
             _ratelog.warning(
-                "garbage:" + exc.reason, "dropped bad report datagram from %s: %s", addr, exc
+                "dropped bad report datagram from %s: %s", addr, exc, key="garbage:" + exc.reason
             )
             return
         if part.sender == self.sender_id:

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from smockron.daemons._ratelog import RateLimitedLog
 from smockron.daemons.jarl import Jarl, format_delay
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.jarl")
 _ratelog = RateLimitedLog(log)
@@ -106,7 +106,7 @@ class JarlServer:
 
     def _accept_failed(self, exc: OSError) -> None:
         """Out of descriptors (or similar): pause accepting briefly instead of spinning."""
-        _ratelog.warning("accept", "cannot accept connections: %s", exc)
+        _ratelog.warning("cannot accept connections: %s", exc, key="accept")
         if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
             assert self._loop is not None and self._sock is not None
             fd = self._sock.fileno()

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
-from smockron.daemons._ratelog import RateLimitedLog
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.dthrottle.peers")
 _ratelog = RateLimitedLog(log)
@@ -39,7 +39,7 @@ class _Endpoint(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         # e.g. ICMP port unreachable from a peer that is down: it will catch up later
-        _ratelog.warning("udp-error", "peer socket error (reports may be lost): %s", exc)
+        _ratelog.warning("peer socket error (reports may be lost): %s", exc, key="udp-error")
 
 
 async def _resolve(host: str, port: int) -> tuple[str, int]:
@@ -73,7 +73,7 @@ class UnicastPeers:
                 handler(data, addr)
                 return
             self.strangers += 1
-            _ratelog.warning("stranger", "dropped a datagram from %s: not a listed peer", addr)
+            _ratelog.warning("dropped a datagram from %s: not a listed peer", addr, key="stranger")
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:

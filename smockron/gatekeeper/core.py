@@ -23,9 +23,9 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from smockron.errors import ConfigError, ProtocolError
-from smockron.gatekeeper._logging import RateLimitedLog
 from smockron.gatekeeper.state import DELAY, REJECT, Decider, Decision, Verdict
 from smockron.protocol import ACCEPTED, DELAYED, REJECTED, decode_control, encode_accounting, topic
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.gatekeeper")
 
@@ -145,7 +145,7 @@ class _GatekeeperBase:
             control = decode_control(frames)
         except ProtocolError as exc:
             self.counters.control_malformed += 1
-            self._malformed_log.warning(f"ignoring malformed control message: {exc}")
+            self._malformed_log.warning("ignoring malformed control message: %s", exc)
             return
         if self.domains is not None and control.domain not in self.domains:
             self.counters.control_ignored += 1

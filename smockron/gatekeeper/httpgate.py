@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper._logging import RateLimitedLog
 from smockron.gatekeeper.identify import (
     DomainOf,
     Identify,
@@ -23,6 +22,7 @@ from smockron.gatekeeper.identify import (
     domain_resolver,
     peer_address,
 )
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.gatekeeper")
 
@@ -107,7 +107,7 @@ class HttpGate:
     def fail_open(self, exc: BaseException) -> None:
         """A bug or a bad callable must not fail the request: count, log, let it through."""
         self.errors += 1
-        self._error_log.warning(f"gatekeeper error, letting the request through: {exc!r}")
+        self._error_log.warning("gatekeeper error, letting the request through: %r", exc)
 
     def target(self, req: RequestInfo) -> tuple[bytes, bytes, bytes | None] | None:
         """:meth:`resolve`, failing open on any error."""

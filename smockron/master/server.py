@@ -23,11 +23,11 @@ import zmq
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings
 from smockron.master.engine import Decoded, Engine, Frames
-from smockron.master.ratelog import RateLimitedLog
 from smockron.master.receive import drain, drain_accounting_compiled, send_all, wait_readable
 from smockron.master.stats import Stats
 from smockron.master.stores import MemoryStore, open_store
 from smockron.protocol import ACCEPTED, DELAYED, REJECTED
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.master")
 
@@ -54,7 +54,7 @@ class Master:
         self.settings = settings
         self.reload_settings = reload
         self.stats = Stats()
-        self.malformed_log = RateLimitedLog(log)
+        self.malformed_log = RateLimitedLog(log, burst=10)
         self.store = open_store(settings.store)
         self.engine = Engine(
             settings.domains,

@@ -1,5 +1,5 @@
 """Pieces every discovery mechanism shares: normalising peer lists, change detection,
-and the counter plus rate-limited log line for hostile input.
+and the counters for hostile input.
 
 Kept apart from ``base.py`` (the contract other helpers import) so mechanisms can grow
 helpers without touching the contract.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import time
 from collections.abc import Iterable
 
 from prometheus_client import Counter
@@ -96,23 +95,3 @@ class Publisher:
         except Exception:
             log.exception("discovery on_change callback failed")
         return True
-
-
-class RateLimitedLog:
-    """At most one warning per ``interval`` seconds per key; suppressed lines are counted."""
-
-    def __init__(self, interval: float = 10.0) -> None:
-        self._interval = interval
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warning(self, key: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self._interval:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
-        self._last[key] = now
-        skipped = self._suppressed.pop(key, 0)
-        suffix = f" ({skipped} similar lines suppressed)" if skipped else ""
-        log.warning(message + suffix, *args)

@@ -19,12 +19,13 @@ import dns.resolver
 from smockron.cluster.discovery._common import (
     ERRORS,
     Publisher,
-    RateLimitedLog,
     as_peer,
     join_host_port,
+    log,
     split_host_port,
 )
 from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.ratelog import RateLimitedLog
 
 MAX_TTL_DELAY = 300.0
 """Gubernator polls again after the smallest record TTL, but at least every 300 s."""
@@ -59,7 +60,7 @@ class DnsDiscovery:
         self._resolver = self._make_resolver(nameservers, resolv_conf, timeout)
         self._publisher: Publisher | None = None
         self._task: asyncio.Task[None] | None = None
-        self._rlog = RateLimitedLog()
+        self._rlog = RateLimitedLog(log)
         self.polls = 0
         self.failures = 0
 
@@ -115,7 +116,9 @@ class DnsDiscovery:
         elif not peers:
             self.failures += 1
             ERRORS.labels("dns").inc()
-            self._rlog.warning("dns-empty", "no A/AAAA records for %s; keeping peers", self.fqdn)
+            self._rlog.warning(
+                "no A/AAAA records for %s; keeping peers", self.fqdn, key="dns-empty"
+            )
         if self._poll_interval is not None:
             return self._poll_interval
         return max(ttl, self._min_interval)
@@ -127,7 +130,7 @@ class DnsDiscovery:
             return [], MAX_TTL_DELAY
         except (dns.exception.DNSException, OSError) as exc:
             self._rlog.warning(
-                f"dns-{rdtype}", "DNS %s lookup of %s failed: %s", rdtype, self.fqdn, exc
+                "DNS %s lookup of %s failed: %s", rdtype, self.fqdn, exc, key=f"dns-{rdtype}"
             )
             return [], MAX_TTL_DELAY
         rrset = answer.rrset

@@ -32,12 +32,12 @@ from smockron.cluster.discovery._common import (
     ERRORS,
     MALFORMED,
     Publisher,
-    RateLimitedLog,
     as_peer,
     log,
     split_host_port,
 )
 from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.ratelog import RateLimitedLog
 
 DEFAULT_KEY_PREFIX = "/gubernator-peers"
 """Gubernator's default (``GUBER_ETCD_KEY_PREFIX``); keys are this plus the address."""
@@ -127,7 +127,7 @@ class EtcdDiscovery:
         self._leases: list[int] = []
         """Every lease granted and not yet revoked; the newest holds our key."""
         self._listed = asyncio.Event()
-        self._rlog = RateLimitedLog()
+        self._rlog = RateLimitedLog(log)
         self.registrations = 0
         """How many times a lease was granted and our key put (1 + re-registrations)."""
         self.malformed = 0
@@ -171,10 +171,10 @@ class EtcdDiscovery:
                 await self._session(client)
             except (LeaseLost, aetcd.ClientError, grpc.RpcError, OSError, TimeoutError) as exc:
                 ERRORS.labels("etcd").inc()
-                self._rlog.warning("etcd", "etcd discovery session ended: %r; retrying", exc)
+                self._rlog.warning("etcd discovery session ended: %r; retrying", exc, key="etcd")
             except Exception as exc:  # a bug or a surprise from the client: keep trying
                 ERRORS.labels("etcd").inc()
-                self._rlog.warning("etcd-bug", "etcd discovery failed unexpectedly: %r", exc)
+                self._rlog.warning("etcd discovery failed unexpectedly: %r", exc, key="etcd-bug")
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.close(), self._timeout)
@@ -285,7 +285,7 @@ class EtcdDiscovery:
             self._peers.pop(key, None)
             self.malformed += 1
             MALFORMED.labels("etcd").inc()
-            self._rlog.warning("etcd-value", "ignoring etcd peer %r: %s", key[:120], exc)
+            self._rlog.warning("ignoring etcd peer %r: %s", key[:120], exc, key="etcd-value")
 
     def _publish(self) -> None:
         if self._publisher is not None:

@@ -29,11 +29,11 @@ from smockron.cluster.discovery._common import (
     ERRORS,
     MALFORMED,
     Publisher,
-    RateLimitedLog,
     join_host_port,
     log,
 )
 from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.ratelog import RateLimitedLog
 
 # The client is only partly typed (untyped Watch, config loaders, raw responses): use it as Any.
 k8s_client: Any = kubernetes.client
@@ -146,7 +146,7 @@ class KubernetesDiscovery:
         self._publisher: Publisher | None = None
         self._listed = asyncio.Event()
         self._slices: dict[str, list[PeerInfo]] = {}
-        self._rlog = RateLimitedLog()
+        self._rlog = RateLimitedLog(log)
         self.lists = 0
         self.malformed = 0
 
@@ -276,7 +276,7 @@ class KubernetesDiscovery:
             self.malformed += 1
             MALFORMED.labels("kubernetes").inc()
         ERRORS.labels("kubernetes").inc()
-        self._rlog.warning("k8s", "Kubernetes discovery: %r; relisting", exc)
+        self._rlog.warning("Kubernetes discovery: %r; relisting", exc, key="k8s")
 
     def _emit(self, first: bool = False) -> None:
         peers = [p for group in self._slices.values() for p in group]

@@ -15,7 +15,6 @@ limiter fails open (OK) and is counted. Every failure is logged, rate-limited.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -38,6 +37,7 @@ from smockron.cluster.model import (
     RateLimitResponse,
     Status,
 )
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +79,6 @@ class EnvoyStatsCollector(Collector):
             )
 
 
-class _LogLimiter:
-    """At most one log line per ``interval`` seconds per kind, so bad input cannot flood."""
-
-    def __init__(self, interval: float = 10.0) -> None:
-        self._interval = interval
-        self._last: dict[str, float] = {}
-
-    def warning(self, kind: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last.get(kind, -self._interval) >= self._interval:
-            self._last[kind] = now
-            log.warning(message, *args)
-
-
 class RateLimitServicer:
     def __init__(
         self,
@@ -107,7 +93,7 @@ class RateLimitServicer:
         self.response_headers = response_headers
         self.stats = EnvoyStats()
         self._clock = clock
-        self._log = _LogLimiter()
+        self._log = RateLimitedLog(log)
 
     async def ShouldRateLimit(
         self,
@@ -117,12 +103,12 @@ class RateLimitServicer:
         self.stats.calls += 1
         if request is None:
             self.stats.invalid += 1
-            self._log.warning("malformed", "envoy: rejected a malformed RateLimitRequest")
+            self._log.warning("envoy: rejected a malformed RateLimitRequest", key="malformed")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed RateLimitRequest")
         if not request.domain or not request.descriptors:
             self.stats.invalid += 1
             what = "domain" if not request.domain else "descriptor list"
-            self._log.warning("invalid", "envoy: rejected request: empty %s", what)
+            self._log.warning("envoy: rejected request: empty %s", what, key="invalid")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rate limit {what} is empty")
         now = self._clock()
         limits = [self._limit_for(request.domain, d) for d in request.descriptors]
@@ -134,7 +120,7 @@ class RateLimitServicer:
             answers = iter(await self.limiter.get_rate_limits(batch) if batch else [])
         except Exception as exc:  # the limiter's failure must not look like a verdict
             self.stats.limiter_errors += 1
-            self._log.warning("limiter", "envoy: limiter failed: %r", exc)
+            self._log.warning("envoy: limiter failed: %r", exc, key="limiter")
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limiter unavailable")
         response = rls_pb2.RateLimitResponse(overall_code=OK)
         for limit in limits:
@@ -198,7 +184,7 @@ class RateLimitServicer:
         status.current_limit.name = limit.name
         if answer.error:
             self.stats.limiter_errors += 1
-            self._log.warning("item", "envoy: limiter error, failing open: %s", answer.error)
+            self._log.warning("envoy: limiter error, failing open: %s", answer.error, key="item")
             status.code = OK
             return
         status.limit_remaining = max(0, min(_MAX_UINT32, answer.remaining))
@@ -206,7 +192,7 @@ class RateLimitServicer:
         over = answer.status == Status.OVER_LIMIT
         if over and limit.shadow_mode:
             self.stats.shadow_over_limit += 1
-            self._log.warning("shadow", "envoy: shadow_mode limit %r over limit", limit.name)
+            self._log.warning("envoy: shadow_mode limit %r over limit", limit.name, key="shadow")
         elif over:
             self.stats.over_limit += 1
         status.code = OVER_LIMIT if over and not limit.shadow_mode else OK

@@ -34,9 +34,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from smockron.errors import ConfigError
-from smockron.master.ratelog import RateLimitedLog
 from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.master.stores.memory import MemoryTable
+from smockron.ratelog import RateLimitedLog
 
 KEY_PREFIX = b"smockron:"
 
@@ -115,7 +115,7 @@ class RedisStore:
         self.errors = 0
         self.flush_interval_ms = flush_interval_ms
         self._flushed_ms = 0.0
-        self._log = RateLimitedLog(logging.getLogger("smockron.master.redis"))
+        self._log = RateLimitedLog(logging.getLogger("smockron.master.redis"), burst=10)
 
     def table(self, scope: Scope) -> RedisTable:
         table = self.tables.get(scope)
