@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +35,8 @@ import aiohttp
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import median
 
 from smockron.cluster.local import LocalLimiter
 from smockron.cluster.model import RateLimitRequest
@@ -222,10 +223,6 @@ def local_ceiling() -> float:
         limiter.check(reqs)
         n += BATCH
     return n / (time.perf_counter() - start)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 async def main(seconds: float, runs: int) -> None:

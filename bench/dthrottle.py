@@ -12,64 +12,12 @@ Usage: python bench/dthrottle.py [--quick]
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
-import signal
 import socket
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python -m smockron ARGS`` until the block ends; wait for ``port`` first."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SMOCKRON_LOG_LEVEL="WARNING")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "smockron", *args], env=env, cwd=ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError(f"daemon did not listen on {port}")
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc): robust on a shared machine."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
+from _common import cpu_seconds, daemon, free_port, median, percentile
 
 GOAL_RATE = 300_000.0
 GOAL_P99_US = 200.0

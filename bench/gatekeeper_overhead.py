@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import zmq
+from _common import cpu_seconds
 
 from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
 from smockron.gatekeeper.state import Decider
@@ -284,12 +285,6 @@ async def _load(port: int, seconds: float, conns: int) -> int:
 def load(port: int, seconds: float, conns: int) -> None:
     """Child process: keep-alive load; prints requests per second."""
     print(asyncio.run(_load(port, seconds, conns)) / seconds)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(with_mw: bool, sink: MasterSink, seconds: float) -> tuple[float, float]:

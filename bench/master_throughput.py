@@ -41,20 +41,13 @@ import urllib.request
 from pathlib import Path
 
 import zmq
+from _common import ROOT, free_port  # puts this checkout first on sys.path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # this checkout's smockron, not an installed one
 IDENTIFIERS = 10_000
 HEAVY_SHARE = 0.2
 RULE = "bench:1/m:30"
 LOGINFO = b"ua=bench/1.0"
 """The optional sixth frame, as gatekeepers send it (the issue's figures: 6 frames)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def env() -> dict[str, str]:

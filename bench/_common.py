@@ -1,0 +1,70 @@
+"""Helpers every benchmark shares: running a daemon, reading its CPU time, statistics.
+
+Benchmarks run as ``python bench/NAME.py``, so this directory is on ``sys.path`` and they
+import this module as ``_common``; it puts the checkout root on the path as well, so the
+benchmarks measure this checkout's smockron and can reuse ``tests.support``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support import free_port, free_ports, smockron_env, wait_port  # noqa: E402
+
+__all__ = [
+    "ROOT",
+    "cpu_seconds",
+    "daemon",
+    "free_port",
+    "free_ports",
+    "median",
+    "percentile",
+    "smockron_env",
+    "wait_port",
+]
+
+
+@contextlib.contextmanager
+def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m smockron ARGS`` until the block ends; wait for ``port`` first.
+
+    Output is discarded and logging kept at WARNING so the daemon spends its time serving.
+    """
+    env = dict(smockron_env(), SMOCKRON_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smockron", *args], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_port(port, timeout=15.0)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc): robust on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank; no interpolation, cheap on big samples."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
