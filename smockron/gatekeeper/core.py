@@ -189,6 +189,15 @@ class _GatekeeperBase:
         pub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         return pub  # connected by the caller once its monitor is watching
 
+    def _connect_sub(self, sub: zmq.Socket[Any]) -> None:
+        """Subscribe a control socket (either twin's) to our domains and connect it."""
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RECONNECT_IVL, 100)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        for t in self._topics():
+            sub.setsockopt(zmq.SUBSCRIBE, t)
+        sub.connect(self.control or "")
+
     def stats(self) -> dict[str, int]:
         """Counters plus gauges, for logs and metrics."""
         out = self.counters.as_dict()
@@ -213,12 +222,7 @@ class Gatekeeper(_GatekeeperBase):
         self._sub: zmq.Socket[bytes] | None = None
         if self.control:
             self._sub = self._ctx.socket(zmq.SUB)
-            self._sub.setsockopt(zmq.LINGER, 0)
-            self._sub.setsockopt(zmq.RECONNECT_IVL, 100)
-            self._sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-            for t in self._topics():
-                self._sub.setsockopt(zmq.SUBSCRIBE, t)
-            self._sub.connect(self.control)
+            self._connect_sub(self._sub)
         self._thread = threading.Thread(target=self._run, name="smockron-gatekeeper", daemon=True)
         self._thread.start()
 
@@ -335,12 +339,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             self._pub.connect(self.accounting or "")
         if self.control:
             sub = actx.socket(zmq.SUB)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.RECONNECT_IVL, 100)
-            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-            for t in self._topics():
-                sub.setsockopt(zmq.SUBSCRIBE, t)
-            sub.connect(self.control)
+            self._connect_sub(sub)
             self._sockets.append(sub)
             self._tasks.append(asyncio.create_task(self._read_control(sub)))
         self._tasks.append(asyncio.create_task(self._sweep()))
