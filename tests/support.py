@@ -124,6 +124,21 @@ def smockron_proc(args: Sequence[str], log_path: Path) -> Iterator[Proc]:
         proc.stop()
 
 
+@contextlib.contextmanager
+def stopping(procs: list[Proc]) -> Iterator[list[Proc]]:
+    """Stop every process in ``procs`` when the block ends, printing their logs first if
+    it failed. The list may grow inside the block: all processes started by then stop."""
+    try:
+        yield procs
+    except BaseException:
+        for proc in procs:
+            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
+        raise
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
 def _require(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:

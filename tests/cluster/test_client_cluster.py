@@ -18,7 +18,7 @@ from smockron.cluster.client import (
 )
 from smockron.cluster.model import Algorithm, Behavior, RateLimitRequest, Status
 from smockron.core.hashring import HashRing
-from tests.support import Proc, free_ports, run_smockron, wait_port
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
 
 
 @dataclass
@@ -33,7 +33,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     ports = free_ports(6)
     addresses = [f"127.0.0.1:{p}" for p in ports[:3]]
     procs: list[Proc] = []
-    try:
+    with stopping(procs):
         for i, (g, h) in enumerate(zip(ports[:3], ports[3:], strict=True)):
             args = ["cluster", "--grpc-address", f"127.0.0.1:{g}",
                     "--http-address", f"127.0.0.1:{h}", "--peers", ",".join(addresses)]  # fmt: skip
@@ -41,13 +41,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
         for port in ports:
             wait_port(port, timeout=20)
         yield Nodes(addresses, procs)
-    except BaseException:
-        for proc in procs:
-            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
-        raise
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 def test_sync_client_shares_one_limit_across_nodes(nodes: Nodes) -> None:

@@ -17,7 +17,7 @@ import pytest
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.core.hashring import HashRing
-from tests.support import Proc, free_ports, run_smockron, wait_port
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
 
 
 @dataclass
@@ -37,7 +37,7 @@ def start_cluster(tmp: Path, *extra: str, nodes: int = 3) -> Iterator[Cluster]:
     addresses = [f"127.0.0.1:{p}" for p in grpc_ports]
     peers = ",".join(addresses)
     procs: list[Proc] = []
-    try:
+    with stopping(procs):
         for i, (g, h) in enumerate(zip(grpc_ports, http_ports, strict=True)):
             args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
                     f"127.0.0.1:{h}", "--peers", peers, *extra]  # fmt: skip
@@ -45,13 +45,6 @@ def start_cluster(tmp: Path, *extra: str, nodes: int = 3) -> Iterator[Cluster]:
         for port in grpc_ports + http_ports:
             wait_port(port, timeout=20)
         yield Cluster(addresses, http_ports, procs)
-    except BaseException:
-        for proc in procs:
-            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
-        raise
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 @pytest.fixture(scope="module")

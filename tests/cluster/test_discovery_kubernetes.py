@@ -32,7 +32,7 @@ from smockron.cluster.discovery.kubernetes import (
 )
 from smockron.errors import ConfigError
 from tests.cluster.test_discovery_support import Recorder
-from tests.support import free_port, free_ports, run_smockron, wait_port
+from tests.support import free_port, free_ports, run_smockron, stopping, wait_port
 
 NS = "rate"
 PATH = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
@@ -369,7 +369,7 @@ async def test_two_cluster_nodes_follow_endpoint_slices(
     monkeypatch.setenv("GUBER_K8S_POD_PORT", str(grpc_port))
     state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": True}))
     procs = []
-    try:
+    with stopping(procs):
         for ip, http in (("127.0.0.1", http_a), ("127.0.0.2", http_b)):
             args = ["cluster", "--grpc-address", f"{ip}:{grpc_port}",
                     "--http-address", f"127.0.0.1:{http}", "--peer-discovery", "k8s",
@@ -386,13 +386,6 @@ async def test_two_cluster_nodes_follow_endpoint_slices(
             await _peer_count(a, 1)
             assert (await a.health_check()).healthy
         assert "Bearer t0k" in state.authorization
-    except BaseException:
-        for proc in procs:
-            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
-        raise
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 async def _peer_count(client: AsyncClient, count: int) -> None:

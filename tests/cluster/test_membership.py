@@ -12,7 +12,7 @@ import grpc
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.core.hashring import HashRing
-from tests.support import EtcdServer, Proc, free_ports, run_smockron, wait_port
+from tests.support import EtcdServer, Proc, free_ports, run_smockron, stopping, wait_port
 
 
 def start_node(tmp: Path, etcd: EtcdServer, name: str) -> tuple[Proc, str]:
@@ -53,7 +53,7 @@ async def owner_via(address: str, key: str) -> str:
 
 async def test_join_and_leave_via_etcd(tmp_path: Path, etcd_server: EtcdServer) -> None:
     procs: list[Proc] = []
-    try:
+    with stopping(procs):
         a, addr_a = start_node(tmp_path, etcd_server, "a")
         procs.append(a)
         b, addr_b = start_node(tmp_path, etcd_server, "b")
@@ -70,10 +70,3 @@ async def test_join_and_leave_via_etcd(tmp_path: Path, etcd_server: EtcdServer) 
         await wait_peer_count(addr_a, 2)
         assert await owner_via(addr_a, key) in {addr_a, addr_b}
         assert await owner_via(addr_b, key) == await owner_via(addr_a, key)
-    except BaseException:
-        for proc in procs:
-            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
-        raise
-    finally:
-        for proc in procs:
-            proc.stop()

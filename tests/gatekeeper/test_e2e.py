@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from tests.gatekeeper.backend import backend
-from tests.support import Proc, free_ports, run_smockron, wait_port
+from tests.gatekeeper.commands import proxy_args
+from tests.support import free_ports, run_smockron, stopping, wait_port
 
 
 def master_args(acc: int, ctl: int) -> list[str]:
@@ -26,40 +25,6 @@ def master_args(acc: int, ctl: int) -> list[str]:
         "--stats-interval",
         "0",
     ]
-
-
-def proxy_args(port: int, upstream: int, acc: int, ctl: int) -> list[str]:
-    return [
-        "proxy",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--upstream",
-        f"http://127.0.0.1:{upstream}",
-        "--domain",
-        "e2e",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--identify",
-        "header:X-Client",
-        "--max-delay",
-        "500ms",
-        "--decision-header",
-    ]
-
-
-@contextlib.contextmanager
-def stopping(procs: list[Proc]) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        for p in procs:
-            print(f"--- {' '.join(p.args[3:5])} ---\n{p.log()}")
-        raise
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def burst(clients: list[httpx.Client], who: str, n: int) -> Counter[str]:
@@ -86,8 +51,13 @@ def test_master_dies_and_returns(tmp_path: Path) -> None:
     acc, ctl, p1, p2 = free_ports(4)
     with backend() as (up, seen_by_backend):
         master = run_smockron(master_args(acc, ctl), tmp_path / "master.log")
+        zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
         proxies = [
-            run_smockron(proxy_args(p, up, acc, ctl), tmp_path / f"proxy{p}.log") for p in (p1, p2)
+            run_smockron(
+                proxy_args(p, up, *zmq, "--decision-header", domain="e2e", max_delay="500ms"),
+                tmp_path / f"proxy{p}.log",
+            )
+            for p in (p1, p2)
         ]
         procs = [master, *proxies]
         with (

@@ -13,6 +13,7 @@ import pytest
 
 from smockron.protocol import ACCEPTED, REJECTED
 from tests.gatekeeper.backend import Seen, backend
+from tests.gatekeeper.commands import proxy_args
 from tests.gatekeeper.conftest import MasterSockets, wall_ms
 from tests.support import Proc, free_port, smockron_proc, wait_for, wait_port
 
@@ -23,27 +24,6 @@ def upstream() -> Iterator[tuple[int, Seen]]:
         yield b
 
 
-def proxy_args(port: int, upstream: int, master: MasterSockets, *extra: str) -> list[str]:
-    return [
-        "proxy",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--upstream",
-        f"http://127.0.0.1:{upstream}",
-        "--domain",
-        "api",
-        "--accounting",
-        master.accounting_addr,
-        "--control",
-        master.control_addr,
-        "--identify",
-        "header:X-Client",
-        "--max-delay",
-        "1s",
-        *extra,
-    ]
-
-
 @pytest.fixture
 def proxied(
     master: MasterSockets, upstream: tuple[int, Seen], tmp_path: Path
@@ -52,7 +32,8 @@ def proxied(
     args = proxy_args(
         port,
         upstream[0],
-        master,
+        master.accounting_addr,
+        master.control_addr,
         "--reject-status",
         "429",
         "--decision-header",
@@ -158,8 +139,9 @@ def test_delays_rejects_and_accounts(
 
 def test_upstream_down_is_502(master: MasterSockets, tmp_path: Path) -> None:
     port, dead = free_port(), free_port()
+    args = proxy_args(port, dead, master.accounting_addr, master.control_addr)
     with (
-        smockron_proc(proxy_args(port, dead, master), tmp_path / "p.log"),
+        smockron_proc(args, tmp_path / "p.log"),
         httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
     ):
         wait_port(port)
@@ -194,7 +176,7 @@ def test_trusted_proxy_identification(
     master: MasterSockets, upstream: tuple[int, Seen], tmp_path: Path
 ) -> None:
     port = free_port()
-    args = proxy_args(port, upstream[0], master)
+    args = proxy_args(port, upstream[0], master.accounting_addr, master.control_addr)
     args[args.index("header:X-Client")] = "ip"
     args += ["--trusted-proxy", "127.0.0.0/8"]
     with (
