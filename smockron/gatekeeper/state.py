@@ -8,11 +8,11 @@ that cannot be remembered is simply not limited).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final, NamedTuple
 
+from smockron.counters import CounterSet
 from smockron.errors import ConfigError
 
 Key = tuple[bytes, bytes]  # (domain, identifier)
@@ -102,7 +102,7 @@ class DelayTable:
 
 
 @dataclass(slots=True)
-class Counters:
+class Counters(CounterSet):
     """Running statistics of one gatekeeper."""
 
     accepted: int = 0
@@ -114,9 +114,6 @@ class Counters:
     accounting_sent: int = 0
     accounting_dropped: int = 0
     accounting_sampled_out: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
 
 class Decider:

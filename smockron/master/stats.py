@@ -8,11 +8,13 @@ makes safe for ints.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+
+from smockron.counters import CounterSet
 
 
 @dataclass(slots=True)
-class DomainStats:
+class DomainStats(CounterSet):
     """What happened to one configured domain's accounting messages."""
 
     accepted: int = 0
@@ -24,9 +26,6 @@ class DomainStats:
     """DELAY_UNTIL messages published."""
     skewed: int = 0
     """Messages whose timestamp was replaced by the master's clock (see docs/master.md)."""
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(slots=True)

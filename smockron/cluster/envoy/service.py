@@ -37,6 +37,7 @@ from smockron.cluster.model import (
     RateLimitResponse,
     Status,
 )
+from smockron.counters import CounterSet
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ _MAX_UINT32 = 2**32 - 1
 
 
 @dataclass(slots=True)
-class EnvoyStats:
+class EnvoyStats(CounterSet):
     """Counters of the Envoy front (exported by whoever runs it)."""
 
     calls: int = 0
@@ -71,11 +72,11 @@ class EnvoyStatsCollector(Collector):
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        for name in EnvoyStats.__slots__:
+        for name, value in self.stats.as_dict().items():
             yield CounterMetricFamily(
                 f"smockron_envoy_{name}",
                 f"Envoy rate limit service: {name.replace('_', ' ')}",
-                value=getattr(self.stats, name),
+                value=value,
             )
 
 
