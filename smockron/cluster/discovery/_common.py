@@ -7,6 +7,8 @@ helpers without touching the contract.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
 from collections.abc import Iterable
@@ -95,3 +97,13 @@ class Publisher:
         except Exception:
             log.exception("discovery on_change callback failed")
         return True
+
+
+async def cancel_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel a mechanism's background task and wait until it has really finished, so
+    ``stop()`` returns with no watch or poll left running."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

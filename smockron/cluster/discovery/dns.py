@@ -9,7 +9,6 @@ the records' TTL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 import dns.asyncresolver
@@ -20,6 +19,7 @@ from smockron.cluster.discovery._common import (
     ERRORS,
     Publisher,
     as_peer,
+    cancel_task,
     join_host_port,
     log,
     split_host_port,
@@ -94,11 +94,8 @@ class DnsDiscovery:
         self._task = asyncio.create_task(self._run(delay), name="dns-discovery")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_task(task)
 
     async def _run(self, delay: float) -> None:
         while True:

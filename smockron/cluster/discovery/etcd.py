@@ -33,6 +33,7 @@ from smockron.cluster.discovery._common import (
     MALFORMED,
     Publisher,
     as_peer,
+    cancel_task,
     log,
     split_host_port,
 )
@@ -146,11 +147,8 @@ class EtcdDiscovery:
             self._publisher.publish([])
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_task(task)
         await self._withdraw()
 
     def _client(self, attempt: int) -> aetcd.Client:
