@@ -11,6 +11,8 @@ message and no scan.
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from smockron.master.stores.base import Scope, State
 
 
@@ -56,18 +58,25 @@ class MemoryTable:
         return len(self.current) + len(self.previous)
 
 
-class MemoryStore:
-    """The default store. Tables survive rule reloads when their rule is unchanged."""
+TableT = TypeVar("TableT", bound=MemoryTable)
 
-    scheme = "memory"
+
+class TableSet(Generic[TableT]):
+    """One table per scope, created on first use; what the memory and Redis stores share.
+
+    Tables survive rule reloads when their rule is unchanged.
+    """
 
     def __init__(self) -> None:
-        self.tables: dict[Scope, MemoryTable] = {}
+        self.tables: dict[Scope, TableT] = {}
 
-    def table(self, scope: Scope) -> MemoryTable:
+    def _new_table(self, scope: Scope) -> TableT:
+        raise NotImplementedError
+
+    def table(self, scope: Scope) -> TableT:
         table = self.tables.get(scope)
         if table is None:
-            table = self.tables[scope] = MemoryTable(scope.rule.window_ms)
+            table = self.tables[scope] = self._new_table(scope)
         return table
 
     def retain(self, scopes: set[Scope]) -> None:
@@ -82,3 +91,12 @@ class MemoryStore:
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tables.values())
+
+
+class MemoryStore(TableSet[MemoryTable]):
+    """The default store."""
+
+    scheme = "memory"
+
+    def _new_table(self, scope: Scope) -> MemoryTable:
+        return MemoryTable(scope.rule.window_ms)

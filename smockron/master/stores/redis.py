@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError
 
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Table, expires_at
-from smockron.master.stores.memory import MemoryTable
+from smockron.master.stores.memory import MemoryTable, TableSet
 from smockron.ratelog import RateLimitedLog
 
 KEY_PREFIX = b"smockron:"
@@ -94,7 +94,7 @@ class RedisTable(MemoryTable):
         return key in self.current or key in self.previous
 
 
-class RedisStore:
+class RedisStore(TableSet[RedisTable]):
     """Batched Redis persistence; see the module docstring."""
 
     scheme = "redis"
@@ -108,7 +108,7 @@ class RedisStore:
             raise ConfigError(f"bad redis URI {url!r}: {exc}") from None
         self.url = url
         self.key_prefix = key_prefix
-        self.tables: dict[Scope, RedisTable] = {}
+        super().__init__()
         self.now_ms = 0.0
         self._shas: dict[str, str] = {}
         self._writing: asyncio.Task[Any] | None = None
@@ -117,22 +117,12 @@ class RedisStore:
         self._flushed_ms = 0.0
         self._log = RateLimitedLog(logging.getLogger("smockron.master.redis"), burst=10)
 
-    def table(self, scope: Scope) -> RedisTable:
-        table = self.tables.get(scope)
-        if table is None:
-            prefix = self.key_prefix + scope.key_prefix
-            table = self.tables[scope] = RedisTable(prefix, scope)
-        return table
-
-    def retain(self, scopes: set[Scope]) -> None:
-        for scope in list(self.tables):
-            if scope not in scopes:
-                del self.tables[scope]
+    def _new_table(self, scope: Scope) -> RedisTable:
+        return RedisTable(self.key_prefix + scope.key_prefix, scope)
 
     def tick(self, now_ms: float) -> None:
         self.now_ms = now_ms
-        for table in self.tables.values():
-            table.tick(now_ms)
+        super().tick(now_ms)
 
     async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
         """Fetch, in one command, the states a batch needs that memory lacks; how many."""
@@ -207,9 +197,6 @@ class RedisStore:
 
     async def ping(self) -> bool:
         return bool(await self.client.ping())
-
-    def __len__(self) -> int:
-        return sum(len(t) for t in self.tables.values())
 
     async def close(self) -> None:
         try:
