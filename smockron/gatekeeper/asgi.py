@@ -7,11 +7,10 @@ Non-HTTP scopes pass straight through; a lifespan shutdown closes the gatekeeper
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from smockron.gatekeeper.core import AsyncGatekeeper, now_ms
+from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
 from smockron.gatekeeper.state import Verdict
@@ -112,10 +111,7 @@ class SmockronMiddleware:
             await self.app(scope, receive, send)
             return
         if decision.verdict is Verdict.DELAY:
-            try:
-                await asyncio.sleep(max(0, decision.until_ms - now_ms()) / 1000)
-            finally:
-                gatekeeper.release()
+            await gatekeeper.wait_out(decision)
         if decision.verdict is not Verdict.REJECT:
             await self.app(scope, receive, send)
             return
