@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper
+from smockron.gatekeeper.core import FLUSH_BATCH, FLUSH_DELAY_S, AsyncGatekeeper, Gatekeeper
 from smockron.gatekeeper.state import Verdict
 from smockron.protocol import ACCEPTED, DELAYED, REJECTED
 from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
@@ -193,7 +193,7 @@ async def test_async_twin(master: MasterSockets) -> None:
         assert elapsed < 0.6
         assert gk.decider.waiting == 0
         assert (await gk.admit(D, b"amy")).verdict is Verdict.ACCEPT
-        await asyncio.sleep(0)  # accounting is batched and sent when the loop turns
+        await asyncio.sleep(FLUSH_DELAY_S + 0.02)  # accounting is sent in 2 ms batches
         got = master.drain(0.2)
         assert [m.status for m in got].count(DELAYED) == 20
         assert got[-1].status == ACCEPTED
@@ -231,7 +231,7 @@ def test_a_stuck_master_never_blocks_requests() -> None:
         ctx.term()
 
 
-async def test_async_accounting_is_batched_per_loop_turn(master: MasterSockets) -> None:
+async def test_async_accounting_is_batched(master: MasterSockets) -> None:
     async with AsyncGatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
         for _ in range(250):
             if gk.master_connected:
@@ -243,13 +243,17 @@ async def test_async_accounting_is_batched_per_loop_turn(master: MasterSockets) 
             if master.drain(0.02):
                 break
         gk.counters.accounting_sent = 0
-        for i in range(50):  # decided in one loop turn: queued, not yet sent
+        for i in range(50):  # decided within the flush delay: queued, not yet sent
             gk.decide(D, b"b%d" % i)
         assert gk.counters.accounting_sent == 0
-        await asyncio.sleep(0)
+        await asyncio.sleep(FLUSH_DELAY_S + 0.02)
         assert gk.counters.accounting_sent == 50
         got = master.drain(0.2)
         assert [m.identifier for m in got] == [b"b%d" % i for i in range(50)]
+        for i in range(FLUSH_BATCH):  # a full batch goes at once, without the timer
+            gk.decide(D, b"f%d" % i)
+        assert gk.counters.accounting_sent == 50 + FLUSH_BATCH
+        assert len(master.drain(0.2)) == FLUSH_BATCH
         gk.decide(D, b"last")
     # closing flushes what is still queued
     assert master.recv().identifier == b"last"
