@@ -96,6 +96,20 @@ class _GatekeeperBase:
         """Whether the accounting socket currently has a connection to a master."""
         return self._peers > 0
 
+    def decide(
+        self,
+        domain: bytes,
+        identifier: bytes,
+        now: int | None = None,
+        loginfo: bytes | None = None,
+    ) -> Decision:
+        """Decide and account one request. After a DELAY, call :meth:`release`."""
+        return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
+
+    def release(self) -> None:
+        """Free the waiting slot a DELAY decision took."""
+        self.decider.release()
+
     def _decide(
         self, domain: bytes, identifier: bytes, now: int, loginfo: bytes | None
     ) -> Decision:
@@ -237,13 +251,13 @@ class Gatekeeper(_GatekeeperBase):
         now: int | None = None,
         loginfo: bytes | None = None,
     ) -> Decision:
-        """Decide and account one request. After a DELAY, call :meth:`release`."""
+        """:meth:`_GatekeeperBase.decide` under the lock shared with the socket thread."""
         with self._lock:
-            return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
+            return super().decide(domain, identifier, now, loginfo)
 
     def release(self) -> None:
         with self._lock:
-            self.decider.release()
+            super().release()
 
     def admit(self, domain: bytes, identifier: bytes, loginfo: bytes | None = None) -> Decision:
         """Decide, and sleep through a delay; the caller turns REJECT into a response."""
@@ -347,19 +361,6 @@ class AsyncGatekeeper(_GatekeeperBase):
             self._sockets.append(sub)
             self._tasks.append(asyncio.create_task(self._read_control(sub)))
         self._tasks.append(asyncio.create_task(self._sweep()))
-
-    def decide(
-        self,
-        domain: bytes,
-        identifier: bytes,
-        now: int | None = None,
-        loginfo: bytes | None = None,
-    ) -> Decision:
-        """Decide and account one request. After a DELAY, call :meth:`release`."""
-        return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
-
-    def release(self) -> None:
-        self.decider.release()
 
     async def admit(
         self, domain: bytes, identifier: bytes, loginfo: bytes | None = None
