@@ -82,15 +82,33 @@ def request_to_pb(req: RateLimitRequest) -> pb.RateLimitReq:
     return msg
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64(value: int) -> int:
+    return min(max(value, INT64_MIN), INT64_MAX)
+
+
 def response_to_pb(resp: RateLimitResponse) -> pb.RateLimitResp:
     # Map and string fields are set after construction: passing ``metadata=`` to the
     # constructor costs more than the rest of the conversion together.
-    msg = pb.RateLimitResp(
-        status=resp.status.value,  # type: ignore[arg-type]
-        limit=resp.limit,
-        remaining=resp.remaining,
-        reset_time=resp.reset_time,
-    )
+    try:
+        msg = pb.RateLimitResp(
+            status=resp.status.value,  # type: ignore[arg-type]
+            limit=resp.limit,
+            remaining=resp.remaining,
+            reset_time=resp.reset_time,
+        )
+    except ValueError:
+        # Extreme but valid int64 inputs (duration or created_at near the int64 bounds,
+        # hits of -2**63 given back) can leave int64 in Python's arithmetic: saturate, so
+        # the item is answered and the rest of the call is not lost to one item.
+        msg = pb.RateLimitResp(
+            status=resp.status.value,  # type: ignore[arg-type]
+            limit=_int64(resp.limit),
+            remaining=_int64(resp.remaining),
+            reset_time=_int64(resp.reset_time),
+        )
     if resp.error:
         msg.error = resp.error
     if resp.metadata:

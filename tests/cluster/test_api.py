@@ -84,6 +84,42 @@ async def test_grpc_bad_item_gets_its_own_error(node: Node) -> None:
     assert out[4] == ("", 3)
 
 
+EXTREME = [
+    {"hits": 1, "limit": 5, "duration": 2**63 - 1},
+    {"hits": -(2**63), "limit": 5, "duration": 1000},
+    {"hits": 1, "limit": 5, "duration": 1000, "created_at": -(2**63)},
+    {"hits": 1, "limit": 2**63 - 1, "duration": 2**63 - 1, "created_at": 2**63 - 1},
+]
+
+
+@pytest.mark.parametrize("algorithm", [0, 1, 2, 3])
+async def test_int64_extremes_never_fail_the_call(node: Node, algorithm: int) -> None:
+    """Hostile but valid int64 values: each item answered in range, the call never fails."""
+    reqs = [
+        pb.RateLimitReq(name="x", unique_key=f"{algorithm}-{i}", algorithm=algorithm, **kw)  # type: ignore[arg-type]
+        for i, kw in enumerate(EXTREME)
+    ]
+    reqs.append(pb.RateLimitReq(name="x", unique_key="fine", hits=1, limit=5, duration=1000))
+    resp = await node.stub.GetRateLimits(pb.GetRateLimitsReq(requests=reqs))
+    assert len(resp.responses) == len(reqs)
+    assert (resp.responses[-1].error, resp.responses[-1].remaining) == ("", 4)
+    if algorithm == 0:  # token bucket: window end and given-back hits saturate at int64
+        assert resp.responses[0].reset_time == 2**63 - 1
+        assert resp.responses[1].remaining == 2**63 - 1
+    items = [
+        {"name": "x", "unique_key": f"h{algorithm}-{i}", "algorithm": algorithm}
+        | {k: str(v) for k, v in kw.items()}  # int64 as strings, as grpc-gateway sends them
+        for i, kw in enumerate(EXTREME)
+    ]
+    body = {"requests": items}
+    status, data = await post(node, json.dumps(body))
+    assert status == 200
+    assert len(data["responses"]) == len(EXTREME)
+    for item in data["responses"]:
+        for field in ("limit", "remaining", "reset_time"):
+            assert -(2**63) <= int(item[field]) <= 2**63 - 1
+
+
 async def test_grpc_more_than_1000_is_out_of_range(node: Node) -> None:
     req = pb.RateLimitReq(name="a", unique_key="k", hits=1, limit=5, duration=1000)
     with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -92,3 +92,17 @@ def test_response_round_trip() -> None:
     )
     wire = convert.response_to_pb(resp).SerializeToString()
     assert convert.response_from_pb(pb.RateLimitResp.FromString(wire)) == resp
+
+
+def test_response_beyond_int64_saturates() -> None:
+    resp = RateLimitResponse(
+        status=Status.UNDER_LIMIT,
+        limit=2**63 - 1,
+        remaining=5 + 2**63,
+        reset_time=-(2**63) - 1000,
+        error="",
+        metadata={"owner": "n1"},
+    )
+    msg = convert.response_to_pb(resp)
+    assert (msg.limit, msg.remaining, msg.reset_time) == (2**63 - 1, 2**63 - 1, -(2**63))
+    assert msg.metadata["owner"] == "n1"
