@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp import web
 
 from smockron.core.rules import parse_rule_spec
+from tests.gatekeeper.commands import proxy_args
 from tests.support import free_ports, smockron_env, wait_port
 
 
@@ -68,25 +69,16 @@ async def one_round(args: argparse.Namespace, workdir: Path) -> tuple[float, Cou
     )  # fmt: skip
     proxies = [
         smockron(
-            [
-                "proxy",
-                "--listen",
-                f"127.0.0.1:{p}",
-                "--upstream",
-                f"http://127.0.0.1:{back}",
-                "--domain",
-                domain,
-                "--accounting",
+            proxy_args(
+                p,
+                back,
                 accounting,
-                "--control",
                 control,
-                "--identify",
-                "header:X-Client",
-                "--max-delay",
-                args.max_delay,
                 "--decision-header",
                 "--no-loginfo",
-            ],
+                domain=domain,
+                max_delay=args.max_delay,
+            ),
             workdir / f"proxy-{p}.log",
         )
         for p in ports
