@@ -4,9 +4,9 @@
 every frame, which costs more than receiving the frame. This module reads each frame
 with ``recv(copy=False)`` and its ``.more`` attribute instead, and takes whole batches
 without blocking (``NOBLOCK``) so the caller processes them in one go. A compiled
-version (``smockron.master._fastrecv``, built from ``_fastrecv.pyx`` when Cython and a
-compiler are available) calls libzmq directly; this pure-Python loop is the fallback and
-behaves the same.
+version (``smockron.master._fastrecv``, hand-written C in ``_fastrecv.c``, built by
+``setup.py`` as an optional extension when a compiler is available) calls libzmq
+directly; this pure-Python loop is the fallback and behaves the same.
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ per master.
 Control: one SUB connected to every master's PUB, every message relayed
 unchanged to the gatekeepers through the router's PUB. The seed requires exactly this:
 "all messages for the same domain go to the same master".
+
+Hostile input: the accounting SUB has the master's frame size limit (ZMQ_MAXMSGSIZE), so
+a gatekeeper sending a huge frame loses its own connection to the router rather than
+making the router forward it and the master drop the router's connection, which carries
+every other gatekeeper's traffic. A message without a domain is discarded, counted and
+logged (rate-limited); other malformed messages go to the domain's master, which counts
+and logs them by reason.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import zmq
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
 from smockron.master.receive import drain, send_all, wait_readable
+from smockron.master.server import MAX_FRAME_BYTES
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.router")
 
@@ -75,6 +84,7 @@ class Router:
         self.forwarded = 0
         self.relayed = 0
         self.discarded = 0
+        self.discard_log = RateLimitedLog(log, burst=10)
         self._stopping = asyncio.Event()
 
     def bind(self) -> None:
@@ -83,6 +93,7 @@ class Router:
         for sock in (self.frontend, self.control_in):
             sock.setsockopt(zmq.RCVHWM, self.hwm)
             sock.subscribe(b"")
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.control_out.setsockopt(zmq.SNDHWM, self.hwm)
         self.frontend.bind(self.accounting)
         self.control_out.bind(self.control)
@@ -157,6 +168,11 @@ class Router:
             for frames in batch:
                 if not frames[0]:
                     self.discarded += 1  # no domain to route by; a master would reject it
+                    self.discard_log.warning(
+                        "discarded accounting message without a domain (%d frames): %s",
+                        len(frames),
+                        [f[:40] for f in frames[:3]],
+                    )
                     continue
                 sock = self.owner(frames[0])
                 group = by_owner.get(sock)

@@ -91,3 +91,46 @@ def test_ring_spreads_similar_domains() -> None:
     owners = [ring.owner(f"api{i}") for i in range(400)]
     assert 120 < owners.count("tcp://127.0.0.1:1") < 280
     assert ring.owner(b"api") == ring.owner("api")
+
+
+def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
+    """A hostile gatekeeper's huge frames and domain-less messages do not disturb the
+    traffic of another gatekeeper on the same router; the rest of its garbage reaches the
+    domain's master, which counts it as malformed."""
+    acc, ctl, met, racc, rctl = free_ports(5)
+    master = ["master", "--accounting", f"tcp://127.0.0.1:{acc}",
+              "--control", f"tcp://127.0.0.1:{ctl}", "--metrics", f"127.0.0.1:{met}",
+              "--rule", "api:1/s:3", "--rule", "probe:1/s:1"]  # fmt: skip
+    router = ["router", "--accounting", f"tcp://127.0.0.1:{racc}",
+              "--control", f"tcp://127.0.0.1:{rctl}",
+              "--master", f"tcp://127.0.0.1:{acc},tcp://127.0.0.1:{ctl}"]  # fmt: skip
+    with (
+        smockron_proc(master, tmp_path / "master.log"),
+        smockron_proc(router, tmp_path / "router.log") as rproc,
+        FakeGatekeeper(racc, rctl) as good,
+        FakeGatekeeper(racc, rctl) as hostile,
+    ):
+        good.handshake()
+        hostile.handshake()
+        t = now_ms() + 1500  # ahead of the master's clock (within tolerance): exact results
+        huge = [b"api\0", b"ACCEPTED", b"x" * 200_000, b"1", b""]
+        for i in range(20):
+            if i < 10:
+                hostile.send([b"", b"ACCEPTED", b"x", b"1", b""])
+                hostile.send([b"api", b"ACCEPTED", b"x", b"1", b""])
+            else:  # the router drops the hostile connection, never the master's
+                hostile.send(huge)
+            for _ in range(3):
+                good.accepted("api", b"user-%d" % i, t)
+        got = good.expect_control(20)
+        assert sorted((c.identifier, c.until_ms) for c in got) == sorted(
+            (b"user-%d" % i, t + 1000) for i in range(20)
+        )
+        wait_for(lambda: metric_sum(met, "smockron_master_malformed_total").get(
+            'smockron_master_malformed_total{reason="domain_nul"}') == 10)  # fmt: skip
+        m = metric_sum(met, "smockron_master_")
+        assert m['smockron_master_messages_total{domain="api",status="accepted"}'] == 60
+        assert sum(v for k, v in m.items() if k.startswith("smockron_master_malformed_total")) == 10
+        wait_for(lambda: "discarded accounting message without a domain" in rproc.log())
+        assert rproc.stop(signal.SIGTERM) == 0
+        assert "discarded 10" in rproc.log()
