@@ -27,6 +27,7 @@ from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
 from smockron.core.hashring import HashRing
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.node")
 
@@ -35,6 +36,11 @@ PEER_FAILURES = Counter(
     "smockron_cluster_peer_failures_total",
     "Items whose peer call failed (forwards answered here, GLOBAL hits lost).",
 )
+BAD_GLOBALS = Counter(
+    "smockron_cluster_peer_globals_rejected_total",
+    "UpdatePeerGlobals entries skipped because their algorithm is unknown.",
+)
+_bad_globals_log = RateLimitedLog(log, interval=1.0)
 MAX_BATCH = 1000
 """Gubernator's maxBatchSize: requests per GetRateLimits call."""
 
@@ -188,7 +194,10 @@ class Node:
             try:
                 self.replicas.install(key, resp, algorithm_from_int(algorithm), duration)
             except ValueError:
-                log.warning("UpdatePeerGlobals: unknown algorithm %r for %r", algorithm, key)
+                BAD_GLOBALS.inc()
+                _bad_globals_log.warning(
+                    "UpdatePeerGlobals: unknown algorithm %r for %r", algorithm, key[:200]
+                )
 
     def _answer_locally(
         self,

@@ -270,3 +270,30 @@ async def test_garbage_on_grpc_port(node: Node) -> None:
     assert resp.responses[0].remaining == 1
     async with aiohttp.ClientSession() as session, session.get(f"{node.http}/metrics") as mresp:
         assert 'smockron_cluster_grpc_malformed_total{method="GetRateLimits"}' in await mresp.text()
+
+
+async def test_update_peer_globals_with_unknown_algorithm_is_counted_and_skipped(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from smockron.cluster.pb import peers_pb2, peers_pb2_grpc
+
+    metric = "smockron_cluster_peer_globals_rejected_total"
+    before = REGISTRY.get_sample_value(metric) or 0.0
+    status = pb.RateLimitResp(limit=10, remaining=3, reset_time=2**40)
+    bad = peers_pb2.UpdatePeerGlobal(key="g_bad", status=status, algorithm=99, duration=1000)  # type: ignore[arg-type]
+    good = peers_pb2.UpdatePeerGlobal(key="g_good", status=status, algorithm=1, duration=1000)  # type: ignore[arg-type]
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        peers: Any = peers_pb2_grpc.PeersV1Stub(channel)  # type: ignore[no-untyped-call]
+        for _ in range(30):
+            await peers.UpdatePeerGlobals(peers_pb2.UpdatePeerGlobalsReq(globals=[bad, good]))
+    assert (REGISTRY.get_sample_value(metric) or 0.0) - before == 30
+    lines = [r for r in caplog.records if "unknown algorithm" in r.getMessage()]
+    assert 1 <= len(lines) <= 2  # rate-limited: one line a second, not one per entry
+    replicas = node.server.node.replicas
+    assert "g_bad" not in replicas
+    assert replicas.get("g_good") is not None and replicas.get("g_good").remaining == 3  # type: ignore[union-attr]
+    req = pb.RateLimitReq(name="g", unique_key="still", hits=1, limit=2, duration=9000)
+    resp = await node.stub.GetRateLimits(pb.GetRateLimitsReq(requests=[req]))
+    assert resp.responses[0].remaining == 1
