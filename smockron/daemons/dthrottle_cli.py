@@ -19,6 +19,9 @@ from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.dthrottle")
 
+MIN_STATS_INTERVAL = 0.01
+MAX_STATS_INTERVAL = 86400.0
+
 
 def _raise_fd_limit() -> None:
     """Thousands of client connections need thousands of descriptors."""
@@ -26,6 +29,16 @@ def _raise_fd_limit() -> None:
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A negative or NaN interval would make the stats loop log without pause."""
+    if not (value == 0 or MIN_STATS_INTERVAL <= value <= MAX_STATS_INTERVAL):
+        raise click.BadParameter(
+            f"must be 0 (off) or {MIN_STATS_INTERVAL:g}..{MAX_STATS_INTERVAL:g} seconds, "
+            f"got {value}"
+        )
+    return value
 
 
 @click.command(
@@ -110,8 +123,9 @@ def _raise_fd_limit() -> None:
     "--stats-interval",
     type=float,
     default=60.0,
+    callback=_stats_interval,
     show_default=True,
-    help="Seconds between counter log lines; 0 turns them off.",
+    help="Seconds between counter log lines (0.01..86400); 0 turns them off.",
 )
 @click.option(
     "--test-clock-file",

@@ -159,3 +159,36 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
         # 5 - 4 from A's report = 1 token, plus the sliver refilled since (rate 1/h) > 0:
         # without the report B would serve all 5
         assert ask(tcp_b, [b"k"] * 5) == b"OK\nOK\nNO\nNO\nNO\n"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "0.001", "1e9"])
+def test_a_stats_interval_that_would_flood_the_log_is_refused(value: str) -> None:
+    from click.testing import CliRunner
+
+    from smockron.daemons.dthrottle_cli import dthrottle
+
+    result = CliRunner().invoke(dthrottle, ["--stats-interval", value])
+    assert result.exit_code == 2
+    assert "Invalid value for '--stats-interval': must be 0 (off) or 0.01..86400" in result.output
+
+
+def test_environment_wins_over_the_file_and_flags_over_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tcp,) = free_ports(1)
+    conf = tmp_path / "dthrottle.toml"
+    conf.write_text('burst = 1\nrate = "1/h"\nwhitelist = ["file:"]\n')
+    # smockron_env() copies os.environ: the daemon process sees these
+    monkeypatch.setenv("SMOCKRON_DTHROTTLE_CONFIG", str(conf))
+    monkeypatch.setenv("SMOCKRON_DTHROTTLE_BURST", "3")  # beats the file's 1
+    monkeypatch.setenv("SMOCKRON_DTHROTTLE_RATE", "1/s")  # loses to the flag
+    monkeypatch.setenv("SMOCKRON_DTHROTTLE_LISTEN", f"tcp:127.0.0.1:{tcp}")
+    monkeypatch.setenv("SMOCKRON_DTHROTTLE_WHITELIST", "env: ops:")  # a list: spaces
+    args = ["dthrottle", "--rate", "1/h", "--stats-interval", "0"]
+    with smockron_proc(args, tmp_path / "d.log") as d:
+        wait_port(tcp)
+        assert ask(tcp, [b"x"] * 4) == b"OK\nOK\nOK\nNO\n"
+        assert ask(tcp, [b"env:a", b"env:a", b"ops:b", b"ops:b"]) == b"OK\n" * 4
+        assert ask(tcp, [b"file:c"] * 4) == b"OK\nOK\nOK\nNO\n"  # the env list replaced it
+        assert d.stop(signal.SIGTERM) == 0
+    assert "burst 3, rate 0.000277778/s, 0 rules, 2 whitelisted" in d.log()

@@ -89,13 +89,35 @@ async def test_overlong_line_closes_only_that_connection(daemon: DThrottleDaemon
     assert await reader.read() == b"OK\n"  # the answer before it, then EOF
     writer.close()
     await writer.wait_closed()
-    # an overlong line without its newline yet is caught too
-    assert await query(port, b"y" * 100, 0) == b""
+    # an overlong line without its newline yet is caught too: the daemon closes at once
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"y" * 100)
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""
+    writer.close()
+    await writer.wait_closed()
     other_w.write(b"still-served\n")
     assert await other_r.readexactly(3) == b"OK\n"
     other_w.close()
     await other_w.wait_closed()
     assert daemon.stats.overlong == 2
+
+
+async def test_a_tag_of_exactly_the_maximum_length_is_served(daemon: DThrottleDaemon) -> None:
+    port = daemon.tcp_port()  # the fixture's limit is 16 bytes, the newline not counted
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"m" * 16 + b"\n" + b"\xff" * 15)  # the second one still to come
+        assert await reader.readexactly(3) == b"OK\n"
+        writer.write(b"\xff\n")
+        assert await reader.readexactly(3) == b"OK\n"
+        writer.write(b"m" * 17 + b"\n")
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert daemon.stats.overlong == 1 and daemon.stats.queries == 2
 
 
 async def test_thousands_of_concurrent_connections(daemon: DThrottleDaemon) -> None:
@@ -136,6 +158,28 @@ async def test_unix_socket_and_stale_file(tmp_path: Path) -> None:
         await writer.wait_closed()
     finally:
         await d.stop()
+    assert not path.exists()
+
+
+async def test_a_live_unix_socket_is_not_stolen(tmp_path: Path) -> None:
+    from smockron.errors import ConfigError
+
+    path = tmp_path / "dt.sock"
+    cfg = config(listen=(parse_listen(f"unix:{path}"),))
+    first = DThrottleDaemon(cfg, clock=ManualClock(), stats_every=None)
+    await first.start()
+    try:
+        second = DThrottleDaemon(cfg, clock=ManualClock(), stats_every=None)
+        with pytest.raises(ConfigError, match="another process is serving on"):
+            await second.start()
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        writer.write(b"still-mine\n")  # the first daemon still owns the path
+        assert await reader.readexactly(3) == b"OK\n"
+        writer.close()
+        await writer.wait_closed()
+        assert first.stats.queries == 1
+    finally:
+        await first.stop()
     assert not path.exists()
 
 

@@ -66,14 +66,23 @@ def test_sigint_exits_cleanly(tmp_path: Path) -> None:
     assert "received SIGINT" in proc.log()
 
 
-def test_cli_refuses_zero_requests_with_a_clear_message() -> None:
+@pytest.mark.parametrize(
+    ("requests", "period", "message"),
+    [("0", "1", "--requests must be at least 1, got 0"),
+     ("1", "0", "--period must be at least 1, got 0"),
+     ("1", "-3", "--period must be at least 1, got -3"),
+     ("1", "1.5", "'1.5' is not a valid integer")],
+)  # fmt: skip
+def test_cli_refuses_zero_or_fractional_limits_with_a_clear_message(
+    requests: str, period: str, message: str
+) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "smockron", "jarl", "--service", "s", "--period", "1",
-         "--requests", "0", "--ip", "127.0.0.1", "--port", "1"],
+        [sys.executable, "-m", "smockron", "jarl", "--service", "s", "--period", period,
+         "--requests", requests, "--ip", "127.0.0.1", "--port", "1"],
         capture_output=True, text=True, env=smockron_env(), timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode == 2
-    assert "--requests must be at least 1, got 0" in out.stderr
+    assert message in out.stderr
 
 
 def test_help_explains_the_answer() -> None:
