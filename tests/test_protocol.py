@@ -127,6 +127,13 @@ def test_decode_accounting_rejects(frames: list[bytes], reason: str) -> None:
         ([b"api\0", b"SPEED_UP", b"id", b"1"], "bad_command"),
         ([b"api", b"DELAY_UNTIL", b"id", b"1"], "domain_nul"),
         ([b"api\0", b"DELAY_UNTIL", b"id", b"soon"], "bad_timestamp"),
+        ([b"api\0", b"DELAY_UNTIL", b"id", b"-1"], "bad_timestamp"),
+        ([b"api\0", b"DELAY_UNTIL", b"id", b"99999999999999999"], "bad_timestamp"),
+        ([b"api\0", b"DELAY_UNTIL", b"id", b""], "bad_timestamp"),
+        ([b"api\0", b"DELAY_UNTIL", b"i" * 2000, b"1"], "oversized"),
+        ([b"x" * 300 + b"\0", b"DELAY_UNTIL", b"id", b"1"], "oversized"),
+        ([b"\0", b"DELAY_UNTIL", b"id", b"1"], "domain_empty"),
+        ([b"api\0", b"", b"id", b"1"], "bad_command"),
     ],
 )
 def test_decode_control_rejects(frames: list[bytes], reason: str) -> None:

@@ -126,6 +126,10 @@ def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
         assert sorted((c.identifier, c.until_ms) for c in got) == sorted(
             (b"user-%d" % i, t + 1000) for i in range(20)
         )
+        # control is relayed to every gatekeeper, the one cut off for its huge frames too
+        assert sorted(c.identifier for c in hostile.expect_control(20)) == sorted(
+            c.identifier for c in got
+        )
         wait_for(lambda: metric_sum(met, "smockron_master_malformed_total").get(
             'smockron_master_malformed_total{reason="domain_nul"}') == 10)  # fmt: skip
         m = metric_sum(met, "smockron_master_")
