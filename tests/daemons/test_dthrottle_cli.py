@@ -192,3 +192,48 @@ def test_environment_wins_over_the_file_and_flags_over_the_environment(
         assert ask(tcp, [b"file:c"] * 4) == b"OK\nOK\nOK\nNO\n"  # the env list replaced it
         assert d.stop(signal.SIGTERM) == 0
     assert "burst 3, rate 0.000277778/s, 0 rules, 2 whitelisted" in d.log()
+
+
+def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> None:
+    tcp, group_port = free_ports(2)
+    args = [
+        "--log-level", "DEBUG", "dthrottle", "--listen", f"tcp:127.0.0.1:{tcp}",
+        "--burst", "1", "--rate", "1/h", "--stats-interval", "0",
+        "--rule", "api:", "3", "1/h", "--rule", "api:vip:", "5", "1/h",
+        "--whitelist", "ops:", "--whitelist", "10.", "--max-tag-length", "8",
+        "--multicast", f"239.255.69.71:{group_port}", "--multicast-interface", "127.0.0.1",
+        "--max-datagram", "600",
+    ]  # fmt: skip
+    with smockron_proc(args, tmp_path / "d.log") as d:
+        wait_port(tcp)
+        assert ask(tcp, [b"api:a"] * 4) == b"OK\n" * 3 + b"NO\n"
+        assert ask(tcp, [b"api:vip:"] * 6) == b"OK\n" * 5 + b"NO\n"
+        assert ask(tcp, [b"ops:x", b"ops:x", b"10.1", b"10.1"]) == b"OK\n" * 4
+        assert ask(tcp, [b"z", b"z"]) == b"OK\nNO\n"
+        with socket.create_connection(("127.0.0.1", tcp), timeout=5) as s:
+            s.sendall(b"123456789\n")  # 9 bytes > --max-tag-length 8: closed, no answer
+            assert s.recv(10) == b""
+        d.popen.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "sent report 1: 3 tags in 1 datagrams" in d.log(), timeout=10)
+        assert d.stop(signal.SIGTERM) == 0
+    log = d.log()
+    assert f"multicast reports on 239.255.69.71:{group_port} via 127.0.0.1" in log
+    assert "2 rules, 2 whitelisted" in log and "line longer than the 8-byte tag limit" in log
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--rule", "api:", "many", "1"], "rule burst must be an integer"),
+     (["--rule", "api:", "3", "0"], "rate must be > 0"),
+     (["--whitelist", "a", "--rule", "a", "1", "1"], "configured twice"),
+     (["--max-tag-length", "0"], "max_tag_length must be in 1..65535, got 0"),
+     (["--multicast", "239.1.1.1"], "multicast must be HOST:PORT")],
+)  # fmt: skip
+def test_bad_flags_are_refused_before_listening(args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+
+    from smockron.daemons.dthrottle_cli import dthrottle
+
+    result = CliRunner().invoke(dthrottle, args)
+    assert result.exit_code == 1, result.output
+    assert message in result.output
