@@ -297,3 +297,32 @@ async def test_update_peer_globals_with_unknown_algorithm_is_counted_and_skipped
     req = pb.RateLimitReq(name="g", unique_key="still", hits=1, limit=2, duration=9000)
     resp = await node.stub.GetRateLimits(pb.GetRateLimitsReq(requests=[req]))
     assert resp.responses[0].remaining == 1
+
+
+async def test_multi_region_is_accepted_without_effect(node: Node) -> None:
+    """MULTI_REGION (16) counts exactly like the same request without it, gRPC and HTTP."""
+
+    def req(key: str, behavior: int) -> pb.RateLimitReq:
+        return pb.RateLimitReq(
+            name="mr",
+            unique_key=key,
+            hits=2,
+            limit=5,
+            duration=60_000,
+            behavior=behavior,  # type: ignore[arg-type]
+        )
+
+    seen: dict[str, list[tuple[int, int, str]]] = {"plain": [], "multi": []}
+    for _ in range(3):
+        for key, behavior in (("plain", 0), ("multi", pb.MULTI_REGION)):
+            resp = await node.stub.GetRateLimits(pb.GetRateLimitsReq(requests=[req(key, behavior)]))
+            r = resp.responses[0]
+            seen[key].append((r.status, r.remaining, r.error))
+    assert seen["multi"] == seen["plain"] == [
+        (pb.UNDER_LIMIT, 3, ""), (pb.UNDER_LIMIT, 1, ""), (pb.OVER_LIMIT, 1, ""),
+    ]  # fmt: skip
+    item = {"name": "mr", "uniqueKey": "http", "hits": 1, "limit": 5, "duration": 60_000}
+    for behavior in ("MULTI_REGION", pb.MULTI_REGION | pb.NO_BATCHING):
+        status, data = await post(node, json.dumps({"requests": [item | {"behavior": behavior}]}))
+        assert status == 200 and data["responses"][0]["error"] == ""
+    assert data["responses"][0]["remaining"] == "3"
