@@ -129,3 +129,28 @@ def test_a_port_in_use_is_a_clear_error() -> None:
     assert out.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def test_many_concurrent_clients_share_one_queue_and_one_counter() -> None:
+    """300 clients at once on a frozen clock: whoever comes first, the answers as a whole
+    are exactly the original's: `requests` zeros, then period + base_delay x 1, 2, 3..."""
+    server = JarlServer(Jarl(requests=50, period=10), "127.0.0.1", 0, clock=lambda: 7.0)
+    await server.start()
+
+    async def ask() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            return await reader.read()
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    try:
+        async with asyncio.timeout(20):
+            answers = await asyncio.gather(*(ask() for _ in range(300)))
+    finally:
+        await server.stop()
+    expected = [b"0.000"] * 50 + [b"%.3f" % (10 + 0.2 * k) for k in range(1, 251)]
+    assert sorted(answers, key=float) == expected
+    assert (server.stats.answered, server.stats.delayed) == (300, 250)
+    assert server.jarl.counter == 250
