@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 
 from smockron.errors import ConfigError
@@ -21,6 +22,7 @@ from smockron.gatekeeper.core import AsyncGatekeeper, now_ms
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
 from smockron.gatekeeper.state import Verdict
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.gatekeeper.proxy")
 
@@ -52,6 +54,37 @@ def end_to_end(headers: Iterable[tuple[str, str]], connection: str | None) -> CI
         if name.lower() not in drop:
             out.add(name, value)
     return out
+
+
+class ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger, minus the flood: malformed HTTP is counted, one line a while.
+
+    aiohttp logs every unparsable request at ERROR with a traceback, so a client sending
+    garbage could fill the disk; those become a rate-limited warning and a counter. Any
+    other exception (a bug of ours) keeps its traceback.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self.bad_requests = 0
+        self._bad_log = RateLimitedLog(log)
+
+    def _bad_request(self, kwargs: dict[str, Any]) -> bool:
+        exc = kwargs.get("exc_info")
+        if not isinstance(exc, HttpProcessingError):
+            return False
+        self.bad_requests += 1
+        self._bad_log.warning("malformed HTTP request: %s", str(exc).splitlines()[0])
+        return True
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if not self._bad_request(kwargs):
+            super().exception(msg, *args, **kwargs)
+
+    def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
+        # aiohttp logs a bad method on a connection's first request (non-HTTP traffic) here
+        if not self._bad_request(kwargs):
+            super().debug(msg, *args, **kwargs)
 
 
 def request_info(request: web.Request) -> RequestInfo:
@@ -88,10 +121,15 @@ class GatekeeperProxy:
         )
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self.server_log = ServerLog()
 
     def stats(self) -> dict[str, int]:
         """The gatekeeper's counters plus requests let through on errors."""
-        return {**self.gatekeeper.stats(), "fail_open_errors": self.gate.errors}
+        return {
+            **self.gatekeeper.stats(),
+            "fail_open_errors": self.gate.errors,
+            "bad_requests": self.server_log.bad_requests,
+        }
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=0)
@@ -105,7 +143,9 @@ class GatekeeperProxy:
         self._session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, timeout=self.timeout
         )
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, logger=self.server_log
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port, reuse_address=True).start()
         log.info("gatekeeper proxy on %s:%d -> %s", host, port, self.upstream)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +138,34 @@ def test_delays_rejects_and_accounts(
     wait_for(lambda: "malformed control message" in proc.log(), 5)
     assert proc.log().count("malformed control message") == 1
     wait_for(lambda: "'control_malformed': 51" in proc.log(), 5)  # counted in the stats line
+
+
+def test_garbage_http_is_answered_counted_and_not_logged_in_floods(
+    proxied: tuple[httpx.Client, Seen, Proc],
+) -> None:
+    client, seen, proc = proxied
+    port = client.base_url.port
+    assert port is not None
+    garbage = [
+        b"GARBAGE\x00\xff\r\n\r\n",  # not HTTP at all: a bad method
+        os.urandom(4000),
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n",  # header line too long
+        b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ]
+    before = len(seen.arrivals)
+    for _ in range(4):
+        for payload in garbage:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(payload)
+                with contextlib.suppress(ConnectionResetError):
+                    s.recv(100)
+    assert len(seen.arrivals) == before  # nothing malformed reached the backend
+    # still serving, and the garbage is a counter plus one rate-limited line, no tracebacks
+    assert client.get("/", headers={"x-client": "alice"}).status_code == 200
+    wait_for(lambda: re.search(r"'bad_requests': (1[6-9]|20)\b", proc.log()) is not None, 5)
+    assert proc.log().count("malformed HTTP request") == 1
+    assert "Traceback" not in proc.log()
 
 
 def test_upstream_down_is_502(master: MasterSockets, tmp_path: Path) -> None:
