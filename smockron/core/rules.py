@@ -19,7 +19,9 @@ _UNIT_SECONDS: dict[str, float] = {
     "d": 86400.0, "day": 86400.0, "days": 86400.0,
 }  # fmt: skip
 
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/|\s+per\s+)\s*([a-zA-Z]+)\s*$")
+# ASCII digits only: int() and float() would also take "1_0" or Arabic-Indic digits.
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/|\s+per\s+)\s*([a-zA-Z]+)\s*$", re.ASCII)
+_BURST_RE = re.compile(r"^\s*(\d+)\s*$", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +68,10 @@ def parse_rate(text: str) -> float:
 
 def parse_burst(value: object) -> int:
     """A burst from a flag or config value; must be an integer >= 1."""
-    try:
-        burst = int(str(value), 10)
-    except ValueError:
-        raise RuleError(f"burst must be an integer >= 1, got {value!r}") from None
+    match = None if isinstance(value, bool) else _BURST_RE.match(str(value))
+    if match is None:
+        raise RuleError(f"burst must be an integer >= 1, got {value!r}")
+    burst = int(match.group(1))
     if burst < 1:
         raise RuleError(f"burst must be an integer >= 1, got {value!r}")
     return burst

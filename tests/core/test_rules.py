@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from smockron.core.rules import Rule, parse_rate, parse_rule_spec
+from smockron.core.rules import Rule, parse_burst, parse_rate, parse_rule_spec
 from smockron.errors import RuleError
 
 
@@ -35,10 +35,26 @@ def test_parse_rule_spec() -> None:
     assert parse_rule_spec("a:b:1000/h:5") == ("a:b", Rule(1000 / 3600, 5))
 
 
-@pytest.mark.parametrize("spec", ["api:10/s", "api:10/s:0", "api:10/s:x", ":10/s:2", "api:zz:3"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "api:10/s", "api:10/s:0", "api:10/s:x", ":10/s:2", "api:zz:3",
+        # only ASCII decimal: int() alone would read these as 10, 5, 5 and 10/s
+        "api:10/s:1_0", "api:10/s:+5", "api:10/s:\u0665", "api:\u0661\u0660/s:5",
+        "api:10/s:2.5", "api:10/s:-3",
+    ],
+)  # fmt: skip
 def test_parse_rule_spec_rejects(spec: str) -> None:
     with pytest.raises(RuleError):
         parse_rule_spec(spec)
+
+
+def test_parse_burst_from_config_values() -> None:
+    assert parse_burst(20) == 20
+    assert parse_burst(" 7 ") == 7
+    for bad in (True, 2.5, "1_0", "", None):
+        with pytest.raises(RuleError, match="burst must be an integer"):
+            parse_burst(bad)
 
 
 def test_rule_windows() -> None:
