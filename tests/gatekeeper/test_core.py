@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from smockron.errors import ConfigError
 from smockron.gatekeeper.core import FLUSH_BATCH, FLUSH_DELAY_S, AsyncGatekeeper, Gatekeeper
 from smockron.gatekeeper.state import Verdict
 from smockron.protocol import ACCEPTED, DELAYED, REJECTED
@@ -257,3 +258,19 @@ async def test_async_accounting_is_batched(master: MasterSockets) -> None:
         gk.decide(D, b"last")
     # closing flushes what is still queued
     assert master.recv().identifier == b"last"
+
+
+@pytest.mark.parametrize(("sample", "sent_or_dropped"), [(0.0, 0), (1.0, 10)])
+def test_reject_sample_bounds_without_a_master(sample: float, sent_or_dropped: int) -> None:
+    gk = AsyncGatekeeper(None, None, ["api"], max_delay_ms=0, reject_sample=sample)
+    gk.decider.table.update(D, b"eve", wall_ms() + 60_000, wall_ms())
+    for _ in range(10):
+        assert gk.decide(D, b"eve").verdict is Verdict.REJECT
+    assert gk.counters.accounting_dropped == sent_or_dropped  # no master: dropped, counted
+    assert gk.counters.accounting_sampled_out == 10 - sent_or_dropped
+
+
+@pytest.mark.parametrize("sample", [-0.1, 1.01, float("nan")])
+def test_reject_sample_out_of_range_is_refused(sample: float) -> None:
+    with pytest.raises(ConfigError):
+        AsyncGatekeeper(None, None, ["api"], reject_sample=sample)

@@ -107,3 +107,10 @@ def test_rejection_bodies() -> None:
     doc = json.loads(problem.body)
     assert doc["status"] == 429 and doc["title"] == "Too Many Requests"
     assert dict(problem.headers)["content-length"] == str(len(problem.body))
+
+
+def test_loginfo_carries_user_agent_and_referer_capped() -> None:
+    info = http_loginfo(req(user_agent="curl/8", referer="https://example.org/page"))
+    assert info == b"ua=curl/8 referer=https://example.org/page"
+    assert http_loginfo(req()) == b"ua=- referer=-"
+    assert len(http_loginfo(req(user_agent="x" * 10_000))) == 512

@@ -80,3 +80,11 @@ def test_release_never_goes_negative() -> None:
 def test_bad_settings_are_refused(kwargs: dict[str, int]) -> None:
     with pytest.raises(ConfigError):
         Decider(**kwargs)
+
+
+def test_defaults_are_the_original_gatekeepers_and_bounds_are_inclusive() -> None:
+    d = Decider()
+    assert (d.max_delay_ms, d.max_delayed) == (5000, 1000)
+    d.table.update(D, ID, 6000, now_ms=1000)
+    assert d.decide(D, ID, 1000).verdict is Verdict.DELAY  # a wait of exactly 5 s is allowed
+    assert d.decide(D, ID, 999).verdict is Verdict.REJECT  # 5.001 s is not
