@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from smockron.protocol import DELAYED, encode_accounting
+from smockron.protocol import DELAYED, REJECTED, encode_accounting
 from tests.master.client import FakeGatekeeper, now_ms
 from tests.support import RedisServer, free_ports, smockron_proc, wait_for, wait_port
 
@@ -58,6 +58,8 @@ def test_throttles_logs_garbage_and_serves_metrics(
                 gk.accepted("api", b"user-%d" % i, t)
                 gk.send(garbage[i % len(garbage)])
         gk.send(encode_accounting("api", DELAYED, b"user-0", t, t + 1000))
+        for _ in range(5):  # counted, never recorded: no DELAY_UNTIL for user-r
+            gk.send(encode_accounting("api", REJECTED, b"user-r", t))
         gk.accepted("nobody", b"user-0", t)  # a domain without rules
         got = gk.expect_control(21)
         assert sorted((c.identifier, c.until_ms) for c in got) == sorted(
@@ -73,6 +75,8 @@ def test_throttles_logs_garbage_and_serves_metrics(
         )
         m = scrape(met)
         assert m['smockron_master_messages_total{domain="api",status="delayed"}'] == 1
+        assert m['smockron_master_messages_total{domain="api",status="rejected"}'] == 5
+        assert gk.drain_control(0.3) == []  # nothing more, for user-r above all
         assert m['smockron_master_delay_until_published_total{domain="api"}'] == 21
         assert m['smockron_master_malformed_domain_total{domain="api"}'] == 36
         assert m['smockron_master_malformed_total{reason="bad_timestamp"}'] == 12
