@@ -376,3 +376,45 @@ async def test_unicast_drops_datagrams_from_unlisted_addresses() -> None:
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_client_that_pipelines_without_reading_is_paused_not_buffered() -> None:
+    """The daemon stops reading a client whose replies pile up, and resumes when it reads."""
+    d = DThrottleDaemon(config(burst=10**9), clock=ManualClock(), stats_every=None)
+    await d.start()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # little room for replies
+    s.connect(("127.0.0.1", d.tcp_port()))
+    s.setblocking(False)
+    chunk = b"q\n" * 32768
+    sent = 0
+    try:
+        async with asyncio.timeout(30):
+            stalled = 0
+            while stalled < 100:  # 100 refused sends in a row: the daemon is not reading
+                try:
+                    sent += s.send(chunk[sent % 2 :])  # an odd count ends inside a "q\n"
+                    stalled = 0
+                    await asyncio.sleep(0)
+                except BlockingIOError:
+                    stalled += 1
+                    await asyncio.sleep(0.002)
+                assert sent < 32 << 20, "the daemon kept reading a client that never reads"
+            queries = sent // 2
+            answered = d.stats.queries
+            await asyncio.sleep(0.05)
+            assert d.stats.queries == answered < queries
+            replies = bytearray()
+            while len(replies) < 3 * queries:  # reading lets the daemon read on
+                try:
+                    data = s.recv(1 << 16)
+                except BlockingIOError:
+                    await asyncio.sleep(0.001)
+                    continue
+                assert data, "connection closed early"
+                replies += data
+        assert replies == b"OK\n" * queries
+        assert d.stats.queries == queries
+    finally:
+        s.close()
+        await d.stop()
