@@ -183,6 +183,11 @@ async def serve(server: ClusterServer) -> None:
     help="failed peer calls in a row before the peer is routed around until it answers [3]",
 )
 @click.option(
+    "--peer-picker-hash",
+    type=click.Choice(["fnv1a-mix", "fnv1a", "fnv1"]),
+    help="ring hash, the same on every node [GUBER_PEER_PICKER_HASH; fnv1a-mix]",
+)
+@click.option(
     "--envoy-config",
     help="envoyproxy/ratelimit YAML file or directory: also serve "
     "envoy.service.ratelimit.v3.RateLimitService on the gRPC port",

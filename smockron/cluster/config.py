@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from smockron.core.hashring import DEFAULT_REPLICAS, HASHES
 from smockron.errors import ConfigError
 
 _GO_UNITS_MS = {
@@ -73,13 +74,23 @@ class ClusterConfig:
     """Consecutive failed calls after which a peer leaves the ring until it answers again."""
     peer_probe_interval_ms: float = 1000.0
     envoy_config: str = ""
+    peer_picker_hash: str = "fnv1a-mix"
+    """Ring hash: ``fnv1a-mix`` (default), or Gubernator's ``fnv1a`` / ``fnv1``; every node
+    of a cluster must use the same one."""
+    peer_picker_replicas: int = DEFAULT_REPLICAS
 
     @property
     def advertise(self) -> str:
         return self.advertise_address or self.grpc_address
 
     def validate(self) -> ClusterConfig:
-        for name in ("batch_limit", "global_batch_limit", "cache_size", "peer_down_after"):
+        if self.peer_picker_hash not in HASHES:
+            known = ", ".join(HASHES)
+            raise ConfigError(
+                f"peer_picker_hash must be one of {known}, got {self.peer_picker_hash!r}"
+            )
+        names = ("batch_limit", "global_batch_limit", "cache_size", "peer_down_after")
+        for name in (*names, "peer_picker_replicas"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("batch_limit", "global_batch_limit"):
@@ -130,6 +141,11 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_GLOBAL_TIMEOUT": ("global_timeout_ms", parse_duration_ms),
     "GUBER_CACHE_SIZE": ("cache_size", _int("GUBER_CACHE_SIZE")),
     "GUBER_PEERS": ("peers", _csv),
+    "GUBER_PEER_PICKER_HASH": ("peer_picker_hash", str),
+    "GUBER_REPLICATED_HASH_REPLICAS": (
+        "peer_picker_replicas",
+        _int("GUBER_REPLICATED_HASH_REPLICAS"),
+    ),
 }
 
 

@@ -57,7 +57,9 @@ class Node:
         self.address = config.advertise
         self.limiter = limiter or LocalLimiter(max_keys=config.cache_size)
         self._clock = epoch_ms
-        self.ring = HashRing([self.address])
+        self.ring = HashRing(
+            [self.address], config.peer_picker_replicas, hash=config.peer_picker_hash
+        )
         self.peer_infos: dict[str, PeerInfo] = {self.address: PeerInfo(self.address)}
         self.in_peer_list = True
         self.clients: dict[str, PeerClient] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from smockron.cluster.cli import build_config, build_discovery
 from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
 from smockron.cluster.discovery.static import StaticDiscovery
+from smockron.cluster.node import Node
+from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
 from tests.support import free_ports, run_smockron, smockron_proc, wait_port
 
@@ -135,3 +138,35 @@ def test_guber_environment_configures_a_real_node(
             health = json.loads(resp.read())
     assert health["advertise_address"] == f"127.0.0.1:{g}"
     assert health["peer_count"] == 1
+
+
+def test_peer_picker_hash_and_replicas_from_env_and_flag() -> None:
+    env = {"GUBER_PEER_PICKER_HASH": "fnv1", "GUBER_REPLICATED_HASH_REPLICAS": "64"}
+    config = build_config(env, {})
+    assert (config.peer_picker_hash, config.peer_picker_replicas) == ("fnv1", 64)
+    assert build_config(env, {"peer_picker_hash": "fnv1a"}).peer_picker_hash == "fnv1a"
+    assert ClusterConfig().peer_picker_hash == "fnv1a-mix"
+    with pytest.raises(ConfigError, match="peer_picker_hash must be one of fnv1a-mix, fnv1a"):
+        build_config({"GUBER_PEER_PICKER_HASH": "md5"}, {})
+    with pytest.raises(ConfigError, match="GUBER_REPLICATED_HASH_REPLICAS"):
+        from_env({"GUBER_REPLICATED_HASH_REPLICAS": "many"})
+    with pytest.raises(ConfigError, match="peer_picker_replicas must be >= 1"):
+        build_config({"GUBER_REPLICATED_HASH_REPLICAS": "0"}, {})
+
+
+async def test_node_ring_uses_the_configured_hash() -> None:
+    peers = [f"127.0.0.1:{1051 + i}" for i in range(3)]
+    keys = [f"name_account:{i}" for i in range(300)]
+    for hash_name in ("fnv1a-mix", "fnv1a", "fnv1"):
+        config = build_config(
+            {"GUBER_REPLICATED_HASH_REPLICAS": "32"}, {"peer_picker_hash": hash_name}
+        )
+        node = Node(replace(config, grpc_address=peers[0]))
+        node.ring.set_nodes(peers)
+        oracle = HashRing(peers, 32, hash=hash_name)
+        assert [node.ring.owner(k) for k in keys] == [oracle.owner(k) for k in keys]
+    # the hashes really differ, so the test above tells them apart
+    owners = {
+        h: [HashRing(peers, 32, hash=h).owner(k) for k in keys] for h in ("fnv1a-mix", "fnv1")
+    }
+    assert owners["fnv1a-mix"] != owners["fnv1"]
