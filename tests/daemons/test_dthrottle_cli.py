@@ -196,8 +196,10 @@ def test_environment_wins_over_the_file_and_flags_over_the_environment(
 
 def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> None:
     tcp, group_port = free_ports(2)
+    unix = tmp_path / "d.sock"
     args = [
         "--log-level", "DEBUG", "dthrottle", "--listen", f"tcp:127.0.0.1:{tcp}",
+        "--listen", f"unix:{unix}",
         "--burst", "1", "--rate", "1/h", "--stats-interval", "0",
         "--rule", "api:", "3", "1/h", "--rule", "api:vip:", "5", "1/h",
         "--whitelist", "ops:", "--whitelist", "10.", "--max-tag-length", "8",
@@ -210,6 +212,13 @@ def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> Non
         assert ask(tcp, [b"api:vip:"] * 6) == b"OK\n" * 5 + b"NO\n"
         assert ask(tcp, [b"ops:x", b"ops:x", b"10.1", b"10.1"]) == b"OK\n" * 4
         assert ask(tcp, [b"z", b"z"]) == b"OK\nNO\n"
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(str(unix))
+            # the same buckets on both listeners: a sliver refilled since, then none
+            # (a fresh bucket of 5 would answer OK twice)
+            s.sendall(b"api:vip:\napi:vip:\nops:x\n")
+            assert s.recv(9) == b"OK\nNO\nOK\n"
         with socket.create_connection(("127.0.0.1", tcp), timeout=5) as s:
             s.sendall(b"123456789\n")  # 9 bytes > --max-tag-length 8: closed, no answer
             assert s.recv(10) == b""
@@ -218,6 +227,7 @@ def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> Non
         assert d.stop(signal.SIGTERM) == 0
     log = d.log()
     assert f"multicast reports on 239.255.69.71:{group_port} via 127.0.0.1" in log
+    assert not unix.exists()
     assert "2 rules, 2 whitelisted" in log and "line longer than the 8-byte tag limit" in log
 
 
