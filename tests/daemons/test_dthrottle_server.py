@@ -13,7 +13,7 @@ import pytest
 from smockron.daemons.dthrottle import PrefixRule
 from smockron.daemons.dthrottle_config import DThrottleConfig, parse_listen
 from smockron.daemons.dthrottle_server import DThrottleDaemon
-from smockron.daemons.report import encode_report
+from smockron.daemons.report import decode_report, encode_report
 from tests.support import free_port
 
 
@@ -418,3 +418,24 @@ async def test_a_client_that_pipelines_without_reading_is_paused_not_buffered() 
     finally:
         s.close()
         await d.stop()
+
+
+async def test_a_lost_part_loses_only_its_own_tags() -> None:
+    a, b, clock = await pair(burst=5)
+    try:
+        hits = {b"tag-%03d" % i: 2 for i in range(200)}
+        parts = encode_report(4242, 1, hits, max_datagram=600)
+        assert len(parts) >= 3
+        target = ("127.0.0.1", b.config.peer_bind[1])  # type: ignore[index]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for datagram in parts[1:]:  # part 0 is lost on the way
+                s.sendto(datagram, target)
+        await until(lambda: b.stats.parts_applied == len(parts) - 1)
+        lost = list(decode_report(parts[0]).hits)
+        assert lost and all(b.throttle.balance(t, clock.now()) == 5 for t in lost)
+        arrived = [t for t in hits if t not in lost]
+        assert all(b.throttle.balance(t, clock.now()) == 3 for t in arrived)
+        assert await query(b.tcp_port(), lost[0] + b"\n" + arrived[-1] + b"\n", 6) == b"OK\nOK\n"
+    finally:
+        await a.stop()
+        await b.stop()
