@@ -154,3 +154,24 @@ async def test_many_concurrent_clients_share_one_queue_and_one_counter() -> None
     assert sorted(answers, key=float) == expected
     assert (server.stats.answered, server.stats.delayed) == (300, 250)
     assert server.jarl.counter == 250
+
+
+async def test_clients_that_reset_before_the_answer_do_not_stop_the_server() -> None:
+    import struct
+
+    server = JarlServer(Jarl(requests=1000, period=1), "127.0.0.1", 0)
+    await server.start()
+    try:
+        for _ in range(50):  # connect, then abort with RST (linger 0) before any answer
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.connect(("127.0.0.1", server.port))
+            s.close()
+        await asyncio.sleep(0.05)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await reader.read() == b"0.000"
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        await server.stop()
+    assert server.stats.answered == 51  # the aborted ones were counted as arrivals too
