@@ -98,6 +98,38 @@ def build_discovery(config: ClusterConfig, env: dict[str, str]) -> Discovery:
     return make_discovery(found[0], **found[1])
 
 
+_GUBER_LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "warning": "WARNING",
+                 "error": "ERROR", "fatal": "CRITICAL", "panic": "CRITICAL"}  # fmt: skip
+
+
+def guber_log_level(env: dict[str, str]) -> str | None:
+    """Gubernator's GUBER_DEBUG / GUBER_LOG_LEVEL as a logging level name, or None."""
+    if env.get("GUBER_DEBUG", "").lower() in ("1", "true", "yes", "on"):
+        return "DEBUG"
+    text = env.get("GUBER_LOG_LEVEL", "").strip()
+    if not text:
+        return None
+    level = _GUBER_LEVELS.get(text.lower())
+    if level is None:
+        known = ", ".join(_GUBER_LEVELS)
+        raise ConfigError(f"GUBER_LOG_LEVEL: unknown level {text!r} ({known})")
+    return level
+
+
+def _apply_guber_log_level(env: dict[str, str]) -> None:
+    """GUBER_* logging applies unless ``smockron --log-level`` or SMOCKRON_LOG_LEVEL chose."""
+    ctx = click.get_current_context(silent=True)
+    parent = ctx.parent if ctx is not None else None
+    if parent is not None and parent.get_parameter_source("log_level") not in (
+        None,
+        click.core.ParameterSource.DEFAULT,
+    ):
+        return
+    level = guber_log_level(env)
+    if level is not None and "SMOCKRON_LOG_LEVEL" not in env:
+        logging.getLogger().setLevel(level)
+
+
 def _extensions(config: ClusterConfig) -> tuple[Extension, ...]:
     """The Envoy RLS front on the same gRPC server, when an Envoy config is given."""
     if not config.envoy_config:
@@ -196,6 +228,7 @@ def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""
     env = dict(os.environ)
     try:
+        _apply_guber_log_level(env)
         config = build_config(env, flags)
         discovery = build_discovery(config, env)
         server = ClusterServer(config, discovery, _extensions(config))

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from smockron.cluster.cli import build_config, build_discovery
+from smockron.cluster.cli import build_config, build_discovery, guber_log_level
 from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.node import Node
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
-from tests.support import free_ports, run_smockron, smockron_proc, wait_port
+from tests.support import free_ports, run_smockron, smockron_proc, wait_for, wait_port
 
 
 @pytest.mark.parametrize(
@@ -170,3 +170,34 @@ async def test_node_ring_uses_the_configured_hash() -> None:
         h: [HashRing(peers, 32, hash=h).owner(k) for k in keys] for h in ("fnv1a-mix", "fnv1")
     }
     assert owners["fnv1a-mix"] != owners["fnv1"]
+
+
+def test_guber_log_level_names() -> None:
+    assert guber_log_level({}) is None
+    assert guber_log_level({"GUBER_LOG_LEVEL": "warn"}) == "WARNING"
+    assert guber_log_level({"GUBER_LOG_LEVEL": "Error"}) == "ERROR"
+    assert guber_log_level({"GUBER_DEBUG": "true", "GUBER_LOG_LEVEL": "error"}) == "DEBUG"
+    with pytest.raises(ConfigError, match="GUBER_LOG_LEVEL: unknown level 'loud'"):
+        guber_log_level({"GUBER_LOG_LEVEL": "loud"})
+
+
+@pytest.mark.parametrize(
+    ("top_flags", "info_logged"), [([], False), (["--log-level", "INFO"], True)]
+)
+def test_guber_log_level_applies_unless_smockron_level_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, top_flags: list[str], info_logged: bool
+) -> None:
+    g, h = free_ports(2)
+    monkeypatch.delenv("SMOCKRON_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("GUBER_LOG_LEVEL", "error")
+    args = [
+        *top_flags,
+        "cluster",
+        "--grpc-address",
+        f"127.0.0.1:{g}",
+        "--http-address",
+        f"127.0.0.1:{h}",
+    ]
+    with smockron_proc(args, tmp_path / "node.log") as proc:
+        wait_for(lambda: "serving" in proc.log())
+    assert ("INFO smockron.cluster" in proc.log()) is info_logged
