@@ -54,12 +54,32 @@ class Rejection:
         return f"{self.status} {REASONS.get(self.status, 'Rejected')}"
 
 
+JSON_TYPES: Final = frozenset({"application/problem+json", "application/json"})
+
+
 def wants_problem_json(accept: str | None) -> bool:
-    """True when the client's Accept asks for JSON problem details (RFC 9457)."""
+    """True when the client's Accept names JSON problem details (RFC 9457) with q > 0.
+
+    ``q=0`` means "not acceptable"; an unparsable q counts as 0 (the header is the
+    client's, so it is hostile input).
+    """
     if not accept:
         return False
-    accept = accept.lower()
-    return "application/problem+json" in accept or "application/json" in accept
+    for item in accept.lower().split(","):
+        media, *params = item.split(";")
+        if media.strip() not in JSON_TYPES:
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            return True
+    return False
 
 
 def rejection(status: int, wait_ms: int, accept: str | None) -> Rejection:

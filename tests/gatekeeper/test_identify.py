@@ -114,3 +114,24 @@ def test_loginfo_carries_user_agent_and_referer_capped() -> None:
     assert info == b"ua=curl/8 referer=https://example.org/page"
     assert http_loginfo(req()) == b"ua=- referer=-"
     assert len(http_loginfo(req(user_agent="x" * 10_000))) == 512
+
+
+@pytest.mark.parametrize(
+    ("accept", "problem"),
+    [
+        (None, False),
+        ("", False),
+        ("text/html, */*", False),
+        ("application/problem+json", True),
+        ("text/html;q=0.9, application/json", True),
+        ("Application/Problem+JSON; q=0.5", True),
+        ("application/problem+json;q=0, text/plain", False),  # explicitly refused
+        ("application/json;q=0.0", False),
+        ("application/json;q=bogus", False),
+        ("application/jsonx, xapplication/json", False),  # no substring matching
+        (";;;,,,=q;q=;", False),
+    ],
+)
+def test_problem_json_follows_accept(accept: str | None, problem: bool) -> None:
+    ctype = dict(rejection(503, 1000, accept).headers)["content-type"]
+    assert (ctype == "application/problem+json") is problem
