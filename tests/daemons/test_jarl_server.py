@@ -175,3 +175,43 @@ async def test_clients_that_reset_before_the_answer_do_not_stop_the_server() -> 
     finally:
         await server.stop()
     assert server.stats.answered == 51  # the aborted ones were counted as arrivals too
+
+
+async def test_out_of_descriptors_pauses_accepting_then_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """EMFILE on accept: a rate-limited warning, the server keeps running, and the
+    waiting client is answered once descriptors are free again."""
+    import os
+    import resource
+
+    caplog.set_level(logging.WARNING, logger="smockron.jarl")
+    server = JarlServer(Jarl(requests=5, period=1), "127.0.0.1", 0)
+    await server.start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    client = socket.socket()
+    fillers: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 4096), hard))
+        with pytest.raises(OSError):
+            while True:  # take every free descriptor
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        client.settimeout(5)
+        client.connect(("127.0.0.1", server.port))  # the kernel completes it, unaccepted
+        await asyncio.sleep(0.03)  # the server tries to accept: no descriptor left
+        assert server.stats.answered == 0
+        assert "cannot accept connections" in caplog.text
+        for fd in fillers:
+            os.close(fd)
+        fillers.clear()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        async with asyncio.timeout(5):
+            while server.stats.answered == 0:  # accepting resumes after a pause
+                await asyncio.sleep(0.01)
+        assert client.recv(7) == b"0.000"
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        client.close()
+        await server.stop()
