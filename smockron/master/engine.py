@@ -10,7 +10,8 @@ Clock skew: a message whose receive timestamp is farther than ``skew_tolerance_m
 the master's clock is accounted at the master's ``now`` instead (a DELAYED message keeps
 its delay, shifted by the same amount), and counted as skewed. A gatekeeper with a
 wrong clock then neither poisons histories with far-future timestamps nor escapes its
-limit with far-past ones.
+limit with far-past ones. Within the tolerance, the history rule is applied at the
+message's timestamp when the master is behind it, so queueing never lengthens a delay.
 
 Processing is split in ``decode`` and ``apply`` so that a store needing I/O (Redis) can
 fetch exactly the states a batch touches between the two, in one round trip.
@@ -241,7 +242,13 @@ class Engine:
 
 
 def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
-    """The seed's rule for every rule of the domain; the latest "next allowed" wins."""
+    """The seed's rule for every rule of the domain; the latest "next allowed" wins.
+
+    The rule is applied at the message's own time when the master is behind it (a
+    queue, a busy loop): an instant master would have seen it then. Applied at the later
+    ``now`` instead, ``start = max(now, last)`` would push DELAY_UNTIL back by the lag
+    and throttle requests an instant master allows, which the seed forbids."""
+    at = ts if ts < now_ms else now_ms
     until: float | None = None
     for rule, table, _window in dom.scopes:
         state = table.get(ident)
@@ -254,10 +261,10 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
             if table.wants_put:
                 table.put(ident, state)
         if len(state) >= rule.burst:  # below the burst next_allowed is always None
-            nxt = next_allowed(state, now_ms, rule)
+            nxt = next_allowed(state, at, rule)
             if nxt is not None and (until is None or nxt > until):
                 until = nxt
-    return until
+    return until if until is not None and until > now_ms else None  # else allowed now
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
@@ -101,6 +103,46 @@ def test_skewed_delayed_keeps_its_delay() -> None:
     eng = Engine({"api": DomainPolicy((Rule(1.0, 1),))}, MemoryStore(), skew_tolerance_ms=100)
     out = eng.process([acc(b"a", T0 - 10_000, DELAYED, delayed=T0 - 9_500)], T0)
     assert untils(out) == [(b"api", b"a", T0 + 1500)]
+
+
+def test_a_late_master_does_not_lengthen_the_delay() -> None:
+    """1/s burst 1, a request at T0: an instant master says T0+1000. A master 500 ms
+    behind must not say T0+1500, and one 1200 ms behind has nothing left to say."""
+    for lag, expected in ((0, [(b"api", b"a", T0 + 1000)]), (500, [(b"api", b"a", T0 + 1000)]),
+                          (1200, [])):  # fmt: skip
+        eng = engine(api=DomainPolicy((Rule(1.0, 1),)))
+        assert untils(eng.process([acc(b"a", T0)], T0 + lag)) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rate=st.sampled_from([1.0, 4.0, 20.0]),
+    burst=st.integers(1, 5),
+    steps=st.lists(
+        st.tuples(st.integers(0, 400), st.integers(0, 1900), st.booleans()),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_a_late_master_never_throttles_more_than_an_instant_one(
+    rate: float, burst: int, steps: list[tuple[int, int, bool]]
+) -> None:
+    """The seed's overload rule: messages processed late (within the skew tolerance),
+    one by one, never give a DELAY_UNTIL later than, or one where there was none from, a
+    master processing each message at the instant it was stamped."""
+    instant = engine(api=DomainPolicy((Rule(rate, burst),)))
+    late = engine(api=DomainPolicy((Rule(rate, burst),)))
+    ts, now = T0, T0
+    for gap, lag, delayed in steps:
+        ts += gap
+        now = max(now, ts + lag)
+        msg = acc(b"a", ts, DELAYED, delayed=ts + gap) if delayed else acc(b"a", ts)
+        ideal = untils(instant.process([msg], ts))
+        got = untils(late.process([msg], now))
+        if got:
+            assert ideal, f"throttled at {now} where an instant master did not"
+            assert got[0][2] <= ideal[0][2]
+            assert got[0][2] > now  # nothing already in the past is published
 
 
 def test_garbage_between_valid_messages() -> None:
