@@ -22,7 +22,7 @@ from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
 from smockron.cluster.node import Node
-from smockron.cluster.server import ClusterServer, Extension
+from smockron.cluster.server import ClusterServer
 from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.cluster")
@@ -130,21 +130,39 @@ def _apply_guber_log_level(env: dict[str, str]) -> None:
         logging.getLogger().setLevel(level)
 
 
-def _extensions(config: ClusterConfig) -> tuple[Extension, ...]:
-    """The Envoy RLS front on the same gRPC server, when an Envoy config is given."""
+class EnvoyFront:
+    """The Envoy RLS front on the node's gRPC server; its descriptor files are reloaded
+    when they change (as envoyproxy/ratelimit does), every ``reload_interval`` seconds."""
+
+    def __init__(self, paths: str, reload_interval: float) -> None:
+        from smockron.cluster import envoy
+
+        self._envoy = envoy
+        self.paths = paths
+        self.loaded = envoy.load_config(paths)  # a bad file stops the command at start
+        self.reload_interval = reload_interval
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self, server: grpc.aio.Server, node: Node) -> None:
+        servicer = self._envoy.add_to_server(server, node, self.loaded)
+        if self.reload_interval > 0:
+            reloader = self._envoy.ConfigReloader(servicer, self.paths, self.reload_interval)
+            self._task = asyncio.get_running_loop().create_task(reloader.run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
     if not config.envoy_config:
-        return ()
-    from smockron.cluster import envoy
-
-    loaded = envoy.load_config(config.envoy_config)
-
-    def add_envoy(server: grpc.aio.Server, node: Node) -> None:
-        envoy.add_to_server(server, node, loaded)
-
-    return (add_envoy,)
+        return None
+    return EnvoyFront(config.envoy_config, config.envoy_reload_interval_ms / 1000)
 
 
-async def serve(server: ClusterServer) -> None:
+async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -152,6 +170,8 @@ async def serve(server: ClusterServer) -> None:
     try:
         await server.start()
     except OSError as exc:
+        if front is not None:
+            await front.close()
         await server.stop()
         raise click.ClickException(str(exc)) from None
     click.echo(f"smockron cluster: node {server.node.address} serving", err=True)
@@ -159,6 +179,8 @@ async def serve(server: ClusterServer) -> None:
         await stop.wait()
     finally:
         log.info("shutting down")
+        if front is not None:
+            await front.close()
         await server.stop()
 
 
@@ -224,6 +246,12 @@ async def serve(server: ClusterServer) -> None:
     help="envoyproxy/ratelimit YAML file or directory: also serve "
     "envoy.service.ratelimit.v3.RateLimitService on the gRPC port",
 )
+@click.option(
+    "--envoy-reload-interval",
+    "envoy_reload_interval_ms",
+    callback=_duration,
+    help="how often the Envoy config files are checked for changes; 0 = never [5s]",
+)
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""
     env = dict(os.environ)
@@ -231,8 +259,9 @@ def cluster(**flags: Any) -> None:
         _apply_guber_log_level(env)
         config = build_config(env, flags)
         discovery = build_discovery(config, env)
-        server = ClusterServer(config, discovery, _extensions(config))
+        front = _envoy_front(config)
+        server = ClusterServer(config, discovery, () if front is None else (front,))
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(server))
+        asyncio.run(serve(server, front))

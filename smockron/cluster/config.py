@@ -74,6 +74,7 @@ class ClusterConfig:
     """Consecutive failed calls after which a peer leaves the ring until it answers again."""
     peer_probe_interval_ms: float = 1000.0
     envoy_config: str = ""
+    envoy_reload_interval_ms: float = 5000.0
     peer_picker_hash: str = "fnv1a-mix"
     """Ring hash: ``fnv1a-mix`` (default), or Gubernator's ``fnv1a`` / ``fnv1``; every node
     of a cluster must use the same one."""
@@ -96,7 +97,7 @@ class ClusterConfig:
         for name in ("batch_limit", "global_batch_limit"):
             if getattr(self, name) > 1000:  # a peer refuses calls of more than 1,000 items
                 raise ConfigError(f"{name} must be <= 1000, got {getattr(self, name)!r}")
-        for name in ("batch_wait_ms", "global_sync_wait_ms"):
+        for name in ("batch_wait_ms", "global_sync_wait_ms", "envoy_reload_interval_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("batch_timeout_ms", "global_timeout_ms"):
