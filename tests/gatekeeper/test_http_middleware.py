@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 from flask import Flask
@@ -164,3 +165,49 @@ def test_failing_identify_callable_fails_open(master: MasterSockets) -> None:
         assert asgi.gate.errors == 3 and wsgi.gate.errors == 3
     finally:
         wsgi.close()
+
+
+async def test_asgi_non_http_scopes_pass_through() -> None:
+    """A websocket is not rate-limited (only HTTP requests are), even for a held client."""
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket
+
+    async def echo(ws: WebSocket) -> None:
+        await ws.accept()
+        await ws.send_text(await ws.receive_text())
+        await ws.close()
+
+    inner = Starlette(routes=[Route("/", starlette_app()), WebSocketRoute("/ws", echo)])
+    app = SmockronMiddleware(inner, domain="api")  # no master at all
+    base = {"path": "/", "query_string": b"", "headers": [], "client": ("192.0.2.9", 4000)}
+
+    async def call(scope: dict[str, object], inbound: list[dict[str, object]]) -> list[Any]:
+        sent: list[Any] = []
+
+        async def receive() -> dict[str, object]:
+            return inbound.pop(0)
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    http = {**base, "type": "http", "method": "GET", "http_version": "1.1"}
+    request = [{"type": "http.request", "body": b"", "more_body": False}]
+    try:
+        assert (await call(http, list(request)))[0]["status"] == 200
+        app.gatekeeper.decider.table.update(b"api", b"192.0.2.9", wall_ms() + 60_000, wall_ms())
+        assert (await call(http, list(request)))[0]["status"] == 503
+        ws = {**base, "type": "websocket", "path": "/ws", "subprotocols": []}
+        sent = await call(
+            ws, [{"type": "websocket.connect"}, {"type": "websocket.receive", "text": "ping"}]
+        )
+        assert [m["type"] for m in sent] == [
+            "websocket.accept",
+            "websocket.send",
+            "websocket.close",
+        ]
+        assert sent[1]["text"] == "ping"
+    finally:
+        await app.gatekeeper.aclose()
