@@ -134,17 +134,20 @@ class EnvoyFront:
     """The Envoy RLS front on the node's gRPC server; its descriptor files are reloaded
     when they change (as envoyproxy/ratelimit does), every ``reload_interval`` seconds."""
 
-    def __init__(self, paths: str, reload_interval: float) -> None:
+    def __init__(self, paths: str, reload_interval: float, headers: bool = False) -> None:
         from smockron.cluster import envoy
 
         self._envoy = envoy
         self.paths = paths
         self.loaded = envoy.load_config(paths)  # a bad file stops the command at start
         self.reload_interval = reload_interval
+        self.headers = headers
         self._task: asyncio.Task[None] | None = None
 
     def __call__(self, server: grpc.aio.Server, node: Node) -> None:
-        servicer = self._envoy.add_to_server(server, node, self.loaded)
+        servicer = self._envoy.add_to_server(
+            server, node, self.loaded, response_headers=self.headers
+        )
         if self.reload_interval > 0:
             reloader = self._envoy.ConfigReloader(servicer, self.paths, self.reload_interval)
             self._task = asyncio.get_running_loop().create_task(reloader.run())
@@ -159,7 +162,11 @@ class EnvoyFront:
 def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
     if not config.envoy_config:
         return None
-    return EnvoyFront(config.envoy_config, config.envoy_reload_interval_ms / 1000)
+    return EnvoyFront(
+        config.envoy_config,
+        config.envoy_reload_interval_ms / 1000,
+        headers=config.envoy_response_headers,
+    )
 
 
 async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
@@ -251,6 +258,12 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     "envoy_reload_interval_ms",
     callback=_duration,
     help="how often the Envoy config files are checked for changes; 0 = never [5s]",
+)
+@click.option(
+    "--envoy-response-headers/--no-envoy-response-headers",
+    default=None,
+    help="add x-ratelimit-limit/-remaining/-reset to Envoy answers "
+    "[LIMIT_RESPONSE_HEADERS_ENABLED; off]",
 )
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""

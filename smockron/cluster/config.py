@@ -75,6 +75,7 @@ class ClusterConfig:
     peer_probe_interval_ms: float = 1000.0
     envoy_config: str = ""
     envoy_reload_interval_ms: float = 5000.0
+    envoy_response_headers: bool = False
     peer_picker_hash: str = "fnv1a-mix"
     """Ring hash: ``fnv1a-mix`` (default), or Gubernator's ``fnv1a`` / ``fnv1``; every node
     of a cluster must use the same one."""
@@ -110,6 +111,15 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"must be true or false, got {text!r}")
+
+
 def _int(name: str) -> Any:
     def conv(text: str) -> int:
         try:
@@ -143,6 +153,8 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_CACHE_SIZE": ("cache_size", _int("GUBER_CACHE_SIZE")),
     "GUBER_PEERS": ("peers", _csv),
     "GUBER_PEER_PICKER_HASH": ("peer_picker_hash", str),
+    # envoyproxy/ratelimit's own variable, for the Envoy front
+    "LIMIT_RESPONSE_HEADERS_ENABLED": ("envoy_response_headers", _bool),
     "GUBER_REPLICATED_HASH_REPLICAS": (
         "peer_picker_replicas",
         _int("GUBER_REPLICATED_HASH_REPLICAS"),

@@ -201,3 +201,12 @@ def test_guber_log_level_applies_unless_smockron_level_given(
     with smockron_proc(args, tmp_path / "node.log") as proc:
         wait_for(lambda: "serving" in proc.log())
     assert ("INFO smockron.cluster" in proc.log()) is info_logged
+
+
+def test_envoy_response_headers_from_env_and_flag() -> None:
+    assert build_config({}, {}).envoy_response_headers is False
+    on = {"LIMIT_RESPONSE_HEADERS_ENABLED": "true"}
+    assert build_config(on, {}).envoy_response_headers is True
+    assert build_config(on, {"envoy_response_headers": False}).envoy_response_headers is False
+    with pytest.raises(ConfigError, match="LIMIT_RESPONSE_HEADERS_ENABLED: must be true or false"):
+        build_config({"LIMIT_RESPONSE_HEADERS_ENABLED": "sometimes"}, {})

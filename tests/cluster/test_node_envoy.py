@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import grpc
+import pytest
 
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2, rls_pb2_grpc
 from tests.cluster.test_cluster import start_cluster
@@ -67,3 +68,21 @@ async def test_envoy_config_is_reloaded_when_the_files_change(tmp_path: Path) ->
     assert "envoy: reloaded 1 domain(s)" in log
     assert "keeping the running config" in log
     assert "Traceback" not in log
+
+
+async def test_response_headers_from_envoyproxy_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "edge.yaml").write_text(CONFIG)
+    monkeypatch.setenv("LIMIT_RESPONSE_HEADERS_ENABLED", "true")
+    descriptor = ratelimit_pb2.RateLimitDescriptor()
+    descriptor.entries.add(key="generic_key", value="slowpath")
+    request = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor], hits_addend=1)
+    with start_cluster(tmp_path, "--envoy-config", str(tmp_path / "edge.yaml"), nodes=1) as c:
+        async with grpc.aio.insecure_channel(c.addresses[0]) as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)  # type: ignore[no-untyped-call]
+            resp = await stub.ShouldRateLimit(request, timeout=5)
+    headers = {h.key: h.value for h in resp.response_headers_to_add}
+    assert headers["x-ratelimit-limit"].startswith("3, 3;w=60")
+    assert headers["x-ratelimit-remaining"] == "2"
+    assert 0 < int(headers["x-ratelimit-reset"]) <= 60
