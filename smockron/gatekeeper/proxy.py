@@ -6,7 +6,6 @@ alive and reused, hop-by-hop headers are dropped and ``X-Forwarded-For`` is appe
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any, Final
@@ -18,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper, now_ms
+from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
 from smockron.gatekeeper.state import Verdict
@@ -172,10 +171,8 @@ class GatekeeperProxy:
                 return await self._forward(request, verdict)
             verdict = decision.verdict
             if verdict is Verdict.DELAY:
-                try:  # the client connection stays open; the upstream has not seen it yet
-                    await asyncio.sleep(max(0, decision.until_ms - now_ms()) / 1000)
-                finally:
-                    self.gatekeeper.release()
+                # the client connection stays open; the upstream has not seen it yet
+                await self.gatekeeper.wait_out(decision)
             if verdict is Verdict.REJECT:
                 rejection = self.gate.reject(decision.wait_ms, req)
                 headers = CIMultiDict(rejection.headers)
