@@ -99,13 +99,15 @@ async def get_rate_limits(request: web.Request) -> web.Response:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return _bad_request("bad_json", f"request body is not valid JSON: {exc}")
+    except RecursionError:  # json's decoder recurses: thousands of nested [ or {
+        return _bad_request("bad_json", "request body is nested too deeply")
     if not isinstance(data, dict):
         return _bad_request("bad_json", "request body must be a JSON object with 'requests'")
     msg = pb.GetRateLimitsReq()
     try:
         _check_enum_names(data.get("requests"))
         json_format.ParseDict(data, msg, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError) as exc:
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
         return _bad_request("bad_fields", f"invalid GetRateLimitsReq: {exc}")
     if len(msg.requests) > MAX_BATCH:
         return _error(400, _OUT_OF_RANGE, TOO_MANY)
