@@ -68,9 +68,11 @@ class _Domain:
         self.topic = topic(name)
         self.gcra = policy.algorithm == "gcra"
         self.stats = stats
+        # A rule given twice is one rule: both would share one table (one Scope) and
+        # record every request twice, throttling at half the burst.
         self.scopes: tuple[tuple[Rule, Table, float], ...] = tuple(
             (rule, store.table(Scope(name, rule, policy.algorithm)), rule.window_ms)
-            for rule in policy.rules
+            for rule in dict.fromkeys(policy.rules)
         )
 
 

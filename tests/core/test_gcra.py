@@ -67,3 +67,38 @@ def test_obedient_client_bound(rate: float, burst: int, gaps: list[int]) -> None
         for j in range(i, len(times)):
             span = times[j] - start
             assert j - i + 1 <= burst + 1 + rate * span / 1000.0 + 1e-9
+
+
+def gcra_oracle(ts: list[int], nows: list[int], rule: Rule) -> float:
+    """V after every request, from the whole list at once: unrolling
+    ``V = max(V, t - B) + I`` gives ``max over k of t_k - B + (n - k + 1) x I``."""
+    interval = rule.interval_ms
+    tolerance = rule.burst * interval
+    n = len(ts)
+    return max(max(ts[k], nows[k]) - tolerance + (n - k) * interval for k in range(n))
+
+
+@settings(max_examples=300)
+@given(
+    rate=st.sampled_from([1.0, 2.0, 4.0, 8.0, 10.0]),  # 1000 / rate is exact
+    burst=st.integers(1, 10),
+    steps=st.lists(
+        st.tuples(st.integers(0, 700), st.integers(-3000, 3000)), min_size=1, max_size=60
+    ),
+)
+def test_matches_brute_force_oracle(rate: float, burst: int, steps: list[tuple[int, int]]) -> None:
+    """Any timestamps (late, early, out of order) against the closed form over the whole
+    history; DELAY_UNTIL is published exactly when V is after now."""
+    rule = Rule(rate, burst)
+    value: float | None = None
+    now = 1_000_000
+    ts: list[int] = []
+    nows: list[int] = []
+    for gap, offset in steps:
+        now += gap
+        ts.append(now + offset)
+        nows.append(now)
+        value, expires, delay = gcra_update(value, ts[-1], now, rule)
+        assert value == gcra_oracle(ts, nows, rule)
+        assert delay == (value if value > now else None)
+        assert expires == max(ts[-1], now) + burst * rule.interval_ms

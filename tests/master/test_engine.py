@@ -58,6 +58,14 @@ def test_several_rules_latest_wins() -> None:
     assert untils(out) == [(b"api", b"a", T0 + 100), (b"api", b"a", T0 + 1000)]
 
 
+@pytest.mark.parametrize("algorithm", ["history", "gcra"])
+def test_a_rule_given_twice_counts_once(algorithm: str) -> None:
+    once = engine(api=DomainPolicy((Rule(1.0, 2),), algorithm))
+    twice = engine(api=DomainPolicy((Rule(1.0, 2), Rule(1.0, 2)), algorithm))
+    batch = [acc(b"a", T0) for _ in range(4)]
+    assert twice.process(batch, T0) == once.process(batch, T0)
+
+
 def test_gcra_domain() -> None:
     # rate 1/s, burst 2: I = 1000, B = 2000; cold key admits burst + 1 = 3
     eng = engine(g=DomainPolicy((Rule(1.0, 2),), "gcra"))
@@ -194,3 +202,41 @@ def test_bad_algorithm_and_tolerance() -> None:
         DomainPolicy((), "leaky")
     with pytest.raises(ConfigError, match="skew tolerance"):
         Engine({}, MemoryStore(), skew_tolerance_ms=-1)
+
+
+def history_oracle(stamps: list[int], now: int, rule: Rule) -> float | None:
+    """The seed's rule over the whole, uncapped history of one identifier."""
+    recent = [ts for ts in stamps if ts > now - rule.window_ms]
+    if len(recent) < rule.burst:
+        return None
+    return max(now, stamps[-1]) + rule.interval_ms
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rules=st.lists(
+        st.tuples(st.sampled_from([1.0, 2.0, 5.0, 10.0]), st.integers(1, 6)),
+        min_size=1,
+        max_size=3,
+    ),
+    steps=st.lists(st.tuples(st.integers(0, 900), st.booleans()), min_size=1, max_size=50),
+)
+def test_any_rule_throttles_latest_wins(
+    rules: list[tuple[float, int]], steps: list[tuple[int, bool]]
+) -> None:
+    """Several rules on one domain against the oracle: a DELAY_UNTIL when any rule says
+    so, for the latest of their answers; nothing otherwise."""
+    policy = DomainPolicy(tuple(Rule(rate, burst) for rate, burst in rules))
+    eng = engine(api=policy)
+    stamps: list[int] = []
+    ts = T0
+    for gap, two_ids in steps:
+        ts += gap
+        ident = b"b" if two_ids and len(stamps) % 2 else b"a"
+        got = untils(eng.process([acc(ident, ts)], ts))
+        if ident == b"b":
+            continue  # another identifier, its own history: only "a" is checked
+        stamps.append(ts)
+        answers = [history_oracle(stamps, ts, rule) for rule in policy.rules]
+        expected = max((a for a in answers if a is not None), default=None)
+        assert got == ([] if expected is None else [(b"api", b"a", int(expected))])
