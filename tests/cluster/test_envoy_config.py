@@ -166,3 +166,12 @@ def test_parse_domain_numeric_value() -> None:
         }
     )
     assert domain == "d" and EnvoyConfig({"d": root}).find("d", [("k", "5")]) == Limit(1, "second")
+
+
+def test_binary_or_deeply_nested_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "bin.yaml").write_bytes(b"domain: \xff\xfe\x00junk")
+    with pytest.raises(ConfigError, match=r"bin\.yaml: cannot read rate limit config"):
+        load_config([tmp_path / "bin.yaml"])
+    (tmp_path / "deep.yaml").write_text("domain: " + "[" * 5000 + "]" * 5000)
+    with pytest.raises(ConfigError, match=r"deep\.yaml: cannot read rate limit config"):
+        load_config([tmp_path / "deep.yaml"])

@@ -59,3 +59,13 @@ async def test_run_polls_until_cancelled(tmp_path: Path) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_binary_file_dropped_in_keeps_running_config(tmp_path: Path) -> None:
+    write(tmp_path / "edge.yaml", V1, 1_000_000_000)
+    servicer = RateLimitServicer(LocalLimiter(), load_config(tmp_path))
+    reloader = ConfigReloader(servicer, tmp_path, interval=0.01)
+    (tmp_path / "zz.yaml").write_bytes(b"\xff\xfe\x00 not text")
+    assert not reloader.check()  # no exception escapes: the polling task would die
+    assert servicer.stats.config_errors == 1
+    assert servicer.config.find("edge", [("k", "x")]) == Limit(1, "second")

@@ -119,8 +119,10 @@ def load_config(paths: str | Path | Iterable[str | Path]) -> EnvoyConfig:
     for path in expand_paths(paths):
         try:
             document = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read rate limit config: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: cannot read rate limit config: nested too deeply") from None
         domain, root = parse_domain(document, str(path))
         if domain in config.domains:
             raise ConfigError(f"{path}: duplicate domain {domain!r} in config files")
