@@ -68,6 +68,11 @@ def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 @click.option("--hwm", type=int, help="ZeroMQ high-water mark, messages [default: 100000].")
 @click.option("--queue", type=int, help="Internal queue bound, messages [default: 100000].")
 @click.option("--batch", type=int, help="Messages processed in one go [default: 2000].")
+@click.option(
+    "--max-identifier", type=int, metavar="BYTES", help="Longest identifier [default: 1024]."
+)
+@click.option("--max-domain", type=int, metavar="BYTES", help="Longest domain [default: 256].")
+@click.option("--max-loginfo", type=int, metavar="BYTES", help="Longest log info [default: 8192].")
 def master(
     config: Path | None,
     rules: tuple[str, ...],

@@ -30,6 +30,7 @@ import yaml
 from smockron.core.rules import Rule, parse_burst, parse_rate, parse_rule_spec
 from smockron.errors import ConfigError, RuleError
 from smockron.master.engine import DomainPolicy
+from smockron.protocol import DEFAULT_LIMITS, Limits
 
 DEFAULT_ACCOUNTING = "tcp://*:10004"
 DEFAULT_CONTROL = "tcp://*:10005"
@@ -52,10 +53,14 @@ class MasterSettings:
     """The master's own bounded queue between receiving and processing (messages)."""
     batch: int = 2_000
     """At most this many messages are processed in one go."""
+    max_domain: int = DEFAULT_LIMITS.max_domain
+    max_identifier: int = DEFAULT_LIMITS.max_identifier
+    max_loginfo: int = DEFAULT_LIMITS.max_loginfo
+    """Decoder limits (bytes): a bigger domain, identifier or loginfo frame is malformed."""
     domains: Mapping[str, DomainPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("hwm", "queue", "batch"):
+        for name in ("hwm", "queue", "batch", "max_domain", "max_identifier", "max_loginfo"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -66,6 +71,16 @@ class MasterSettings:
 
 
 _SCALARS = {f.name for f in fields(MasterSettings)} - {"domains"}
+
+
+def limits(settings: MasterSettings) -> Limits:
+    """The codec limits the settings ask for."""
+    return replace(
+        DEFAULT_LIMITS,
+        max_domain=settings.max_domain,
+        max_identifier=settings.max_identifier,
+        max_loginfo=settings.max_loginfo,
+    )
 
 
 def load_settings(

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import zmq
 
 from smockron.errors import ProtocolError, SmockronError
-from smockron.master.config import MasterSettings
+from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.receive import drain, drain_accounting_compiled, send_all, wait_readable
 from smockron.master.stats import Stats
@@ -60,6 +60,7 @@ class Master:
             settings.domains,
             self.store,
             skew_tolerance_ms=settings.skew_tolerance * 1000.0,
+            limits=limits(settings),
             stats=self.stats,
             on_malformed=self._log_malformed,
         )
@@ -108,6 +109,7 @@ class Master:
         if new.store != self.settings.store:
             log.warning("reload: a store change (%s) needs a restart; ignored", new.store)
         self.engine.skew_tolerance_ms = new.skew_tolerance * 1000.0
+        self.engine.limits = limits(new)
         self.engine.configure(new.domains)
         self.settings = new
         log.info("reloaded: %d domain(s): %s", len(new.domains), _describe(new))
@@ -166,11 +168,11 @@ class Master:
         engine = self.engine
         fast = drain_accounting_compiled
         statuses = (ACCEPTED, DELAYED, REJECTED)
-        lim = engine.limits
-        limits = (lim.max_identifier, lim.max_loginfo, lim.max_timestamp_digits,
-                  lim.max_timestamp_ms)  # fmt: skip
         while not self._stopping.is_set():
             if fast is not None:  # decoded while received (see Engine.ingest)
+                lim = engine.limits  # read per batch: SIGHUP may change it
+                limits = (lim.max_identifier, lim.max_loginfo, lim.max_timestamp_digits,
+                          lim.max_timestamp_ms)  # fmt: skip
                 batch: Batch = fast(sub, limit, engine.topics, statuses, limits)
             else:
                 batch = ([], drain(sub, limit))

@@ -8,8 +8,9 @@ import pytest
 
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
-from smockron.master.config import MasterSettings, load_settings
+from smockron.master.config import MasterSettings, limits, load_settings
 from smockron.master.engine import DomainPolicy
+from smockron.protocol import Limits
 
 TOML = """
 accounting = "tcp://127.0.0.1:7000"
@@ -19,6 +20,11 @@ metrics = "127.0.0.1:9100"
 stats_interval = 5
 skew_tolerance = 0.5
 hwm = 1000
+queue = 5000
+batch = 100
+max_domain = 64
+max_identifier = 128
+max_loginfo = 512
 rules = ["api:10/s:20", "api:1000/h:1000"]
 algorithms = { api = "gcra" }
 
@@ -44,6 +50,14 @@ def test_toml_says_all_the_flags_say(tmp_path: Path) -> None:
         0.5,
         1000,
     )
+    assert (s.queue, s.batch, s.max_domain, s.max_identifier, s.max_loginfo) == (
+        5000,
+        100,
+        64,
+        128,
+        512,
+    )
+    assert limits(s) == Limits(max_domain=64, max_identifier=128, max_loginfo=512)
     assert s.domains["api"] == DomainPolicy((Rule(10.0, 20), Rule(1000 / 3600, 1000)), "gcra")
     assert s.domains["login"] == DomainPolicy(
         (Rule(5 / 60, 5), Rule(100 / 86400, 100), Rule(1.0, 1)), "history"
@@ -105,6 +119,7 @@ def test_yaml_listen_forms(tmp_path: Path, listen: object, acc: str, ctl: str) -
         ("a.toml", "[domains.api]\nrate = '1/s'", "needs both rate and burst"),
         ("a.toml", "[domains.api]\nrate = '1/s'\nburst = 0", "burst must be"),
         ("a.toml", "hwm = -1", "hwm must be"),
+        ("a.toml", "max_identifier = 0", "max_identifier must be"),
         ("a.toml", "algorithms = { api = 'gcra' }", "no rules"),
         ("a.toml", "[domains.api]\nrules = ['1/s:1']\nalgorithm = 'leaky'", "unknown algorithm"),
         ("a.yaml", "- 1", "mapping at the top level"),

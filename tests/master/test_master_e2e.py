@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from smockron.protocol import DELAYED, REJECTED, encode_accounting
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED, encode_accounting
 from tests.master.client import FakeGatekeeper, now_ms
 from tests.support import RedisServer, free_ports, smockron_proc, wait_for, wait_port
 
@@ -91,6 +91,35 @@ def test_throttles_logs_garbage_and_serves_metrics(
         assert proc.log().count("malformed accounting message") == 10
         assert proc.stop(signal.SIGTERM) == 0
         assert "master stopped" in proc.log()
+
+
+@pytest.mark.parametrize("loop", ["compiled", "python"])
+def test_decoder_limits_from_flags(
+    tmp_path: Path, loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if loop == "python":
+        monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1")
+    acc, ctl, met = free_ports(3)
+    args = master_args(acc, ctl, "--rule", "api:1/s:1", "--rule", "probe:1/s:1",
+                       "--max-identifier", "12", "--max-loginfo", "4",
+                       "--metrics", f"127.0.0.1:{met}")  # fmt: skip
+    with smockron_proc(args, tmp_path / "master.log") as proc, FakeGatekeeper(acc, ctl) as gk:
+        gk.handshake()
+        t = now_ms() + 1500
+        gk.accepted("api", b"x" * 13, t)  # one byte too long
+        gk.send(encode_accounting("api", ACCEPTED, b"with-log", t, loginfo=b"12345"))
+        gk.accepted("api", b"x" * 12, t)
+        gk.send(encode_accounting("api", ACCEPTED, b"with-log", t, loginfo=b"1234"))
+        got = gk.expect_control(2)
+        assert sorted((c.identifier, c.until_ms) for c in got) == [
+            (b"with-log", t + 1000),
+            (b"x" * 12, t + 1000),
+        ]
+        wait_port(met)
+        wait_for(
+            lambda: scrape(met).get('smockron_master_malformed_total{reason="oversized"}') == 2
+        )
+        assert proc.stop(signal.SIGTERM) == 0
 
 
 def test_sighup_reloads_rules_without_losing_messages(tmp_path: Path) -> None:
