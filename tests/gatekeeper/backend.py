@@ -45,17 +45,19 @@ class _Handler(BaseHTTPRequestHandler):
         with self.seen.lock:
             self.seen.connections.add(self.client_address)
             self.seen.arrivals.append((time.monotonic(), self.headers.get("x-client", "")))
-        if self.path.startswith("/stream"):
+        if self.path.startswith(("/stream", "/slow")):
+            # /slow: two chunks 0.6 s apart, to tell streaming from buffering
+            pause, count = (0.6, 2) if self.path.startswith("/slow") else (0.02, 5)
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
             self.send_header("Connection", "X-Upstream-Hop")
             self.send_header("X-Upstream-Hop", "secret")
             self.end_headers()
-            for i in range(5):
+            for i in range(count):
                 chunk = b"chunk%d\n" % i
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
-                time.sleep(0.02)
+                time.sleep(pause)
             self.wfile.write(b"0\r\n\r\n")
             return
         status = 404 if self.path.startswith("/missing") else 200

@@ -102,6 +102,20 @@ def test_streams_bodies_both_ways(proxied: tuple[httpx.Client, Seen, Proc]) -> N
     assert chunks == [f"chunk{i}" for i in range(5)]
 
 
+def test_response_is_streamed_not_buffered(proxied: tuple[httpx.Client, Seen, Proc]) -> None:
+    client, _, _ = proxied
+    t0 = time.monotonic()
+    with client.stream("GET", "/slow", headers={"x-client": "alice"}) as s:
+        lines = s.iter_lines()
+        assert next(lines) == "chunk0"
+        first = time.monotonic() - t0
+        assert next(lines) == "chunk1"
+        last = time.monotonic() - t0
+    # the upstream sends its second chunk 0.6 s after the first: a buffering proxy would
+    # hand over nothing before it
+    assert first < 0.45 and last >= 0.55, (first, last)
+
+
 def test_keeps_upstream_connections_alive(proxied: tuple[httpx.Client, Seen, Proc]) -> None:
     client, seen, _ = proxied
     before = len(seen.connections)
