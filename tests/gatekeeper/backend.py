@@ -18,6 +18,7 @@ from tests.support import free_port
 class Seen:
     connections: set[tuple[str, int]] = field(default_factory=set)
     arrivals: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, x-client)
+    first_chunks: list[float] = field(default_factory=list)  # monotonic, per chunked body
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -33,6 +34,9 @@ class _Handler(BaseHTTPRequestHandler):
             out = b""
             while True:
                 size = int(self.rfile.readline().split(b";")[0], 16)
+                if not out and size:
+                    with self.seen.lock:
+                        self.seen.first_chunks.append(time.monotonic())
                 if size == 0:
                     self.rfile.readline()
                     return out

@@ -116,6 +116,23 @@ def test_response_is_streamed_not_buffered(proxied: tuple[httpx.Client, Seen, Pr
     assert first < 0.45 and last >= 0.55, (first, last)
 
 
+def test_request_body_is_streamed_not_buffered(
+    proxied: tuple[httpx.Client, Seen, Proc],
+) -> None:
+    client, seen, _ = proxied
+
+    def slow_body() -> Iterator[bytes]:
+        yield b"first"
+        time.sleep(0.6)
+        yield b"second"
+
+    t0 = time.monotonic()
+    r = client.post("/upload", content=slow_body(), headers={"x-client": "alice"})
+    assert r.json()["length"] == len(b"firstsecond")
+    # the upstream saw the first chunk while the client was still holding the second
+    assert seen.first_chunks and seen.first_chunks[-1] - t0 < 0.45, seen.first_chunks
+
+
 def test_keeps_upstream_connections_alive(proxied: tuple[httpx.Client, Seen, Proc]) -> None:
     client, seen, _ = proxied
     before = len(seen.connections)
