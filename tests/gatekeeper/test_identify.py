@@ -135,3 +135,10 @@ def test_loginfo_carries_user_agent_and_referer_capped() -> None:
 def test_problem_json_follows_accept(accept: str | None, problem: bool) -> None:
     ctype = dict(rejection(503, 1000, accept).headers)["content-type"]
     assert (ctype == "application/problem+json") is problem
+
+
+def test_loginfo_is_optional_or_any_callable() -> None:
+    silent = HttpGate("api", loginfo=None).resolve(req(user_agent="curl/8"))
+    assert silent == (b"api", b"10.0.0.5", None)
+    custom = HttpGate("api", loginfo=lambda r: f"{r.method} {r.path}".encode())
+    assert custom.resolve(req(path="/x")) == (b"api", b"10.0.0.5", b"GET /x")
