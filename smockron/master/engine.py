@@ -10,8 +10,12 @@ Clock skew: a message whose receive timestamp is farther than ``skew_tolerance_m
 the master's clock is accounted at the master's ``now`` instead (a DELAYED message keeps
 its delay, shifted by the same amount), and counted as skewed. A gatekeeper with a
 wrong clock then neither poisons histories with far-future timestamps nor escapes its
-limit with far-past ones. Within the tolerance, the history rule is applied at the
-message's timestamp when the master is behind it, so queueing never lengthens a delay.
+limit with far-past ones. A DELAYED message whose delayed timestamp lies more than
+``max_delay_ahead_ms`` (default 60 s, twelve times the gatekeepers' default max delay)
+after its receive timestamp is clamped to that and counted as skewed too: one broken or
+hostile gatekeeper cannot hold an identifier back for hours. Within the tolerance, the
+history rule is applied at the message's timestamp when the master is behind it, so
+queueing never lengthens a delay.
 
 Processing is split in ``decode`` and ``apply`` so that a store needing I/O (Redis) can
 fetch exactly the states a batch touches between the two, in one round trip.
@@ -89,6 +93,7 @@ class Engine:
         store: Store,
         *,
         skew_tolerance_ms: float = 2000.0,
+        max_delay_ahead_ms: float = 60_000.0,
         limits: Limits = DEFAULT_LIMITS,
         stats: Stats | None = None,
         on_malformed: MalformedHook | None = None,
@@ -96,7 +101,10 @@ class Engine:
         if skew_tolerance_ms < 0:
             raise ConfigError(f"skew tolerance must be >= 0, got {skew_tolerance_ms!r}")
         self.store = store
+        if max_delay_ahead_ms < 0:
+            raise ConfigError(f"max delay ahead must be >= 0, got {max_delay_ahead_ms!r}")
         self.skew_tolerance_ms = skew_tolerance_ms
+        self.max_delay_ahead_ms = max_delay_ahead_ms
         self.limits = limits
         self.stats = stats if stats is not None else Stats()
         self.on_malformed = on_malformed
@@ -228,8 +236,12 @@ class Engine:
         """Account decoded messages at ``now_ms``; DELAY_UNTIL frames for throttled ones."""
         out: list[list[bytes]] = []
         tolerance = self.skew_tolerance_ms
+        ahead = self.max_delay_ahead_ms
         for dom, _status, ident, received_ms, delayed_ms in decoded:
             ts: float = received_ms if delayed_ms is None else delayed_ms
+            if ts - received_ms > ahead:
+                ts = received_ms + ahead
+                dom.stats.skewed += 1
             if received_ms - now_ms > tolerance or now_ms - received_ms > tolerance:
                 ts += now_ms - received_ms  # same delay, counted from the master's now
                 dom.stats.skewed += 1

@@ -113,6 +113,19 @@ def test_skewed_delayed_keeps_its_delay() -> None:
     assert untils(out) == [(b"api", b"a", T0 + 1500)]
 
 
+def test_far_future_delayed_timestamp_is_clamped() -> None:
+    """A DELAYED message claiming a delay of an hour is held to max_delay_ahead_ms."""
+    eng = Engine({"api": DomainPolicy((Rule(1.0, 1),))}, MemoryStore(), max_delay_ahead_ms=5000)
+    out = eng.process([acc(b"a", T0, DELAYED, delayed=T0 + 3_600_000)], T0)
+    assert untils(out) == [(b"api", b"a", T0 + 6000)]
+    assert eng.stats.domains["api"].skewed == 1
+    # a delay within the cap is taken as it is and not counted
+    eng2 = Engine({"api": DomainPolicy((Rule(1.0, 1),))}, MemoryStore(), max_delay_ahead_ms=5000)
+    out2 = eng2.process([acc(b"a", T0, DELAYED, delayed=T0 + 4000)], T0)
+    assert untils(out2) == [(b"api", b"a", T0 + 5000)]
+    assert eng2.stats.domains["api"].skewed == 0
+
+
 def test_a_late_master_does_not_lengthen_the_delay() -> None:
     """1/s burst 1, a request at T0: an instant master says T0+1000. A master 500 ms
     behind must not say T0+1500, and one 1200 ms behind has nothing left to say."""
