@@ -95,6 +95,18 @@ static PyObject *raise_zmq(int err) {
     return NULL;
 }
 
+/* The libzmq socket behind a pyzmq Socket (its ``underlying`` address); NULL with an
+ * exception set when it has none or is closed. */
+static void *socket_handle(PyObject *socket) {
+    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
+    if (handle == NULL) return NULL;
+    void *sock = PyLong_AsVoidPtr(handle);
+    Py_DECREF(handle);
+    if (sock == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "socket is closed");
+    return sock;
+}
+
 /* drain(socket, limit) -> list of messages (lists of bytes); never blocks. */
 static PyObject *fastrecv_drain(PyObject *self, PyObject *args) {
     PyObject *socket;
@@ -104,14 +116,8 @@ static PyObject *fastrecv_drain(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
         return NULL;
     }
-    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
-    if (handle == NULL) return NULL;
-    void *sock = PyLong_AsVoidPtr(handle);
-    Py_DECREF(handle);
-    if (sock == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "socket is closed");
-        return NULL;
-    }
+    void *sock = socket_handle(socket);
+    if (sock == NULL) return NULL;
     PyObject *batch = PyList_New(0);
     if (batch == NULL) return NULL;
     while (PyList_GET_SIZE(batch) < limit) {
@@ -165,14 +171,8 @@ static PyObject *fastrecv_send_all(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
         return NULL;
     }
-    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
-    if (handle == NULL) return NULL;
-    void *sock = PyLong_AsVoidPtr(handle);
-    Py_DECREF(handle);
-    if (sock == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "socket is closed");
-        return NULL;
-    }
+    void *sock = socket_handle(socket);
+    if (sock == NULL) return NULL;
     Py_ssize_t sent = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
         PyObject *frames = PyList_GET_ITEM(messages, i);
@@ -305,14 +305,8 @@ static PyObject *fastrecv_drain_accounting(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
         return NULL;
     }
-    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
-    if (handle == NULL) return NULL;
-    void *sock = PyLong_AsVoidPtr(handle);
-    Py_DECREF(handle);
-    if (sock == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "socket is closed");
-        return NULL;
-    }
+    void *sock = socket_handle(socket);
+    if (sock == NULL) return NULL;
     PyObject *decoded = PyList_New(0), *raw = PyList_New(0);
     if (decoded == NULL || raw == NULL) goto fail;
     zmq_msg_t f[MAX_FRAMES];
