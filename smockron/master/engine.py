@@ -241,7 +241,8 @@ class Engine:
             ts: float = received_ms if delayed_ms is None else delayed_ms
             if ts - received_ms > ahead:
                 ts = received_ms + ahead
-                dom.stats.skewed += 1
+                if -tolerance <= received_ms - now_ms <= tolerance:
+                    dom.stats.skewed += 1  # else counted just below, once per message
             if received_ms - now_ms > tolerance or now_ms - received_ms > tolerance:
                 ts += now_ms - received_ms  # same delay, counted from the master's now
                 dom.stats.skewed += 1

@@ -124,6 +124,11 @@ def test_far_future_delayed_timestamp_is_clamped() -> None:
     out2 = eng2.process([acc(b"a", T0, DELAYED, delayed=T0 + 4000)], T0)
     assert untils(out2) == [(b"api", b"a", T0 + 5000)]
     assert eng2.stats.domains["api"].skewed == 0
+    # a message both far off the master's clock and far ahead in its delay counts once
+    eng3 = Engine({"api": DomainPolicy((Rule(1.0, 1),))}, MemoryStore(), max_delay_ahead_ms=5000)
+    out3 = eng3.process([acc(b"a", T0 - 10_000, DELAYED, delayed=T0 + 3_600_000)], T0)
+    assert untils(out3) == [(b"api", b"a", T0 + 6000)]
+    assert eng3.stats.domains["api"].skewed == 1
 
 
 def test_a_late_master_does_not_lengthen_the_delay() -> None:
