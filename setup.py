@@ -1,19 +1,59 @@
-"""Build hook for the one optional C extension: the master's receive loop.
+"""Build hook for the optional C/C++ extensions.
 
-Everything else is in pyproject.toml. The extension is optional: when it cannot be
-built (no compiler, not Linux), installation goes on and the master uses its
-pure-Python receive loop (smockron/master/receive.py), which behaves the same.
+Everything else is in pyproject.toml. Both extensions are optional: when one cannot be
+built, installation goes on without it.
+
+- ``smockron._zmqfast``: batch ZeroMQ receive and send (the master's receive loop, the
+  gatekeepers' accounting); without it the pure-Python loops in smockron/zmqio.py are
+  used, which behave the same.
+- ``smockron.cluster._native``: the cluster's native gRPC transport (libgrpc++ generic
+  server, smockron/cluster/_native.cc), built only when ``pkg-config --exists grpc++``
+  succeeds; without it ``--grpc-server native`` falls back to ``threads``.
 """
 
+import shutil
+import subprocess
+
 from setuptools import Extension, setup
+
+
+def pkg_config(*args: str) -> list[str] | None:
+    if shutil.which("pkg-config") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["pkg-config", *args], check=True, capture_output=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.split()
+
+
+def native_extension() -> list[Extension]:
+    if pkg_config("--exists", "grpc++") is None:
+        return []
+    cflags = pkg_config("--cflags", "grpc++") or []
+    libs = pkg_config("--libs", "grpc++") or []
+    return [
+        Extension(
+            "smockron.cluster._native",
+            ["smockron/cluster/_native.cc"],
+            language="c++",
+            extra_compile_args=["-std=c++17", "-O2", *cflags],
+            extra_link_args=libs,
+            optional=True,
+        )
+    ]
+
 
 setup(
     ext_modules=[
         Extension(
-            "smockron.master._fastrecv",
-            ["smockron/master/_fastrecv.c"],
+            "smockron._zmqfast",
+            ["smockron/_zmqfast.c"],
             libraries=["dl"],
             optional=True,
-        )
+        ),
+        *native_extension(),
     ]
 )

@@ -4,40 +4,85 @@
    accounting message is really sent); CPU time per ``decide`` (decision + six-frame
    send), goal <= 5 us. Also the bare decision and the two pyzmq send styles.
 2. HTTP: a hello-world ASGI app under uvicorn, with and without SmockronMiddleware
-   (connected to a live master's sockets), loaded by a separate process with raw
-   keep-alive HTTP/1.1 connections; goal >= 90% of the throughput without it.
+   (with its defaults: fixed domain, peer address, User-Agent/Referer loginfo;
+   connected to a live master's sockets, played by a separate process), loaded by a
+   separate process over 16 keep-alive HTTP/1.1 connections; goal: throughput with
+   the middleware >= 90% of without it. Also run, for the breakdown: the middleware
+   with no master configured (its Python cost alone). Each variant reports its
+   throughput and the server's CPU time per request (user + system, all threads, from
+   /proc: the steadier figure on a shared machine), split into the event-loop thread
+   and the rest (ZeroMQ's I/O thread).
 
-Run: python bench/gatekeeper_overhead.py [--rounds 5] [--seconds 3] [--skip-http]
+   The load generator is ``wrk`` when it is installed (Debian package ``wrk``), else a
+   Python asyncio loader (``--loader py``). Why wrk: the Python loader needs more CPU
+   per request than the server itself and saturates a core, so on a 2-core machine
+   anything else that runs (the middleware's ZeroMQ I/O thread, the master sink) takes
+   CPU from the loader or the server, and the throughput ratio measured the machine's
+   contention more than the middleware. wrk needs a fraction of that, leaving the
+   server CPU-bound, so the throughput ratio follows the server's CPU per request. The
+   goal is unchanged: a throughput ratio, with the CPU ratio reported next to it.
+
+   With 2 CPUs or more the server (every thread of it, the middleware's ZeroMQ I/O
+   thread included) is pinned to one CPU and the load generator and master sink to
+   another (the first two it may use; ``--no-pin`` turns this off). Unpinned, the
+   loader, the sink and the server's threads share both CPUs as the scheduler
+   decides, differently from run to run. Pinned, the server is like one worker of an
+   app server whose cores are all busy, with its clients and master on other
+   machines. It is also the conservative choice for the middleware: its I/O thread's
+   CPU counts against the server's one CPU, where unpinned it could use a spare one.
+
+   The three servers run for the whole benchmark and are loaded in turns, round after
+   round (``--http-rounds`` x ``--http-seconds``), so no run pays a start-up and a slow
+   spell of the shared machine is spread over all. On this machine a CPU's speed still
+   drifts by 20% within seconds, so the ratios of runs taken in turns swing; a third
+   section, with wrk and pinning, serves the plain app and one middleware variant at
+   the same time on the server's CPU, one wrk each (``--same-cpu-rounds`` x
+   ``--same-cpu-seconds``, 0 rounds to skip): both see the same CPU speed at every
+   moment, and the ratio of their throughputs is the ratio of their costs per request.
+   It reports the throughput ratio (the goal's measure) and the ratio per CPU second
+   (correcting for unequal CPU shares).
+
+Run: python bench/gatekeeper_overhead.py [--rounds 5] [--skip-core] [--skip-http]
+     [--http-rounds 10] [--http-seconds 2] [--loader auto|wrk|py] [--no-pin]
+     [--same-cpu-rounds 5] [--same-cpu-seconds 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import zmq
-from _common import cpu_seconds
 
 from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
 from smockron.gatekeeper.state import Decider
 from smockron.protocol import encode_accounting
+from smockron.zmqio import send_all
 from tests.support import free_port, free_ports, wait_port
 
 N = 200_000
 
 
-def _sink_main(accounting: str, control: str, counter: Any, stop: Any) -> None:
+def _sink_main(
+    accounting: str, control: str, counter: Any, stop: Any, cpus: set[int] | None = None
+) -> None:
     """Child process: the master's two sockets; drains accounting and counts it."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -65,14 +110,15 @@ def _sink_main(accounting: str, control: str, counter: Any, stop: Any) -> None:
 class MasterSink:
     """A separate process playing the master's sockets, so its CPU is not ours."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: set[int] | None = None) -> None:
         a, c = free_ports(2)
         self.accounting = f"tcp://127.0.0.1:{a}"
         self.control = f"tcp://127.0.0.1:{c}"
         self._count = multiprocessing.Value("q", 0)
         self._stop = multiprocessing.Event()
         self._proc = multiprocessing.Process(
-            target=_sink_main, args=(self.accounting, self.control, self._count, self._stop)
+            target=_sink_main,
+            args=(self.accounting, self.control, self._count, self._stop, cpus),
         )
         self._proc.start()
 
@@ -129,27 +175,22 @@ def bench_core(rounds: int) -> dict[str, float]:
     for i in range(0, 1000, 10):
         agk.decider.table.update(b"api", ids[i], now + 3_600_000, now)
 
-    def decide_async_twin(n: int) -> None:
-        """Flushed after every decision: the unbatched worst case (call_soon + flush each)."""
-        decide = agk.decide
-        release = agk.release
-        flush = agk.flush
-        for i in range(n):
-            if decide(b"api", ids[i % 1000]).until_ms:
-                release()
+    def decide_async(every: int) -> Callable[[int], None]:
+        """Decisions flushed every ``every`` decisions: 1 is the unbatched worst case (a
+        flush each), 16 is 16 requests decided in one loop turn, as under load."""
+
+        def run(n: int) -> None:
+            decide = agk.decide
+            release = agk.release
+            flush = agk.flush
+            for i in range(n):
+                if decide(b"api", ids[i % 1000]).until_ms:
+                    release()
+                if i % every == every - 1:
+                    flush()
             flush()
 
-    def decide_async_batched(n: int) -> None:
-        """Flushed every 16 decisions, as when 16 requests are decided in one loop turn."""
-        decide = agk.decide
-        release = agk.release
-        flush = agk.flush
-        for i in range(n):
-            if decide(b"api", ids[i % 1000]).until_ms:
-                release()
-            if not i & 15:
-                flush()
-        flush()
+        return run
 
     pure = Decider()
 
@@ -182,14 +223,19 @@ def bench_core(rounds: int) -> dict[str, float]:
                 raw_send(pub, f, more)
             raw_send(pub, frames[-1], zmq.NOBLOCK)
 
+    def send_one_all(n: int) -> None:
+        for _ in range(n):
+            send_all(pub, [frames])
+
     cases = {
         "decide+account, threaded Gatekeeper (lock)": decide_sync,
-        "decide+account, AsyncGatekeeper": decide_async_twin,
-        "decide+account, AsyncGatekeeper, batches of 16": decide_async_batched,
+        "decide+account, AsyncGatekeeper": decide_async(1),
+        "decide+account, AsyncGatekeeper, batches of 16": decide_async(16),
         "decision only (pure Decider)": decide_pure,
         "5-frame send_multipart": send_multipart,
         "5 x send(SNDMORE)": send_sndmore,
-        "5 x compiled send(SNDMORE) (what core.py does)": send_compiled,
+        "5 x compiled send(SNDMORE)": send_compiled,
+        "zmqio.send_all, one message (what core.py does)": send_one_all,
     }
     results: dict[str, list[float]] = {k: [] for k in cases}
     process: dict[str, list[float]] = {k: [] for k in cases}
@@ -287,61 +333,199 @@ def load(port: int, seconds: float, conns: int) -> None:
     print(asyncio.run(_load(port, seconds, conns)) / seconds)
 
 
-def measure(with_mw: bool, sink: MasterSink, seconds: float) -> tuple[float, float]:
-    """(requests per second, server CPU microseconds per request) for one run."""
-    port = free_port()
-    args = [sys.executable, __file__, "--serve", str(port)]
-    if with_mw:
-        args += ["--accounting", sink.accounting, "--control", sink.control]
-    server = subprocess.Popen(args)
-    try:
-        wait_port(port)
-        cpu0 = cpu_seconds(server.pid)
+def pinned(cpus: set[int] | None) -> Any:
+    """A ``preexec_fn`` pinning a child process (and the threads it starts) to ``cpus``."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def run_load(
+    loader: str, port: int, seconds: float, conns: int, cpus: set[int] | None = None
+) -> float:
+    """Requests per second from one load run (``wrk`` or the Python loader)."""
+    if loader == "py":
         out = subprocess.run(
-            [sys.executable, __file__, "--load", str(port), "--seconds", str(seconds)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        rps = float(out.stdout.strip())
-        cpu = cpu_seconds(server.pid) - cpu0
-        return rps, cpu / (rps * seconds) * 1e6
-    finally:
-        server.terminate()
-        server.wait(10)
+            [sys.executable, __file__, "--load", str(port), "--seconds", str(seconds),
+             "--conns", str(conns)],
+            capture_output=True, text=True, check=True, preexec_fn=pinned(cpus),
+        )  # fmt: skip
+        return float(out.stdout.strip())
+    return wrk_result(start_wrk(port, seconds, conns, cpus))
 
 
-def bench_http(rounds: int, seconds: float) -> float:
-    sink = MasterSink()
-    runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+def start_wrk(port: int, seconds: float, conns: int, cpus: set[int] | None) -> Any:
+    return subprocess.Popen(  # wrk takes whole seconds
+        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "-H", "User-Agent: bench",
+         f"http://127.0.0.1:{port}/"],
+        stdout=subprocess.PIPE, text=True, preexec_fn=pinned(cpus),
+    )  # fmt: skip
+
+
+def wrk_result(proc: Any) -> float:
+    """Requests per second of a finished ``wrk``; any error or non-2xx answer fails."""
+    out = proc.communicate()[0]
+    if proc.returncode or "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk failed or saw errors:\n{out}")
+    m = re.search(r"(\d+) requests in ([\d.]+)(ms|s)", out)
+    if m is None:
+        raise RuntimeError(f"cannot parse wrk output:\n{out}")
+    elapsed = float(m.group(2)) / (1000 if m.group(3) == "ms" else 1)
+    return int(m.group(1)) / elapsed
+
+
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process's first (event loop) thread, and of all its other threads."""
+    main = rest = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            seconds = cpu_seconds_of(task / "stat")
+            if task.name == str(pid):
+                main += seconds
+            else:
+                rest += seconds
+    return main, rest
+
+
+def cpu_seconds_of(stat: Path) -> float:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Run(NamedTuple):
+    rps: float
+    cpu_us: float  # server CPU per request, every thread
+    other_us: float  # of which threads other than the event loop's (ZeroMQ's I/O)
+
+
+VARIANTS = ("without middleware", "middleware, no master", "with middleware")
+
+
+Pin = tuple[set[int], set[int]] | None  # (the server's CPUs, the load's and sink's CPUs)
+
+
+class Server:
+    """One variant's uvicorn, started once and loaded in turns with the others."""
+
+    def __init__(self, variant: str, sink: MasterSink, pin: Pin) -> None:
+        self.port = free_port()
+        args = [sys.executable, __file__, "--serve", str(self.port)]
+        if variant == "with middleware":
+            args += ["--accounting", sink.accounting, "--control", sink.control]
+        elif variant == "middleware, no master":
+            args += ["--accounting", "none"]
+        self.proc = subprocess.Popen(args, preexec_fn=pinned(pin[0] if pin else None))
+
+    def measure(self, loader: str, seconds: float, conns: int, cpus: set[int] | None) -> Run:
+        main0, rest0 = thread_cpu(self.proc.pid)
+        rps = run_load(loader, self.port, seconds, conns, cpus)
+        main1, rest1 = thread_cpu(self.proc.pid)
+        n = rps * seconds
+        cpu = (main1 + rest1 - main0 - rest0) / n * 1e6
+        return Run(rps, cpu, (rest1 - rest0) / n * 1e6)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def bench_http(rounds: int, seconds: float, loader: str, conns: int, pin: Pin) -> float:
+    """Every variant's server runs for the whole benchmark (idle when not loaded); the
+    load goes to each in turn, round after round, so that a slow spell of the shared
+    machine hits every variant alike and no round pays a server's start-up."""
+    sink = MasterSink(pin[1] if pin else None)
+    load_cpus = pin[1] if pin else None
+    runs: dict[str, list[Run]] = {v: [] for v in VARIANTS}
+    servers: dict[str, Server] = {}
     try:
-        for _ in range(rounds):  # interleaved so machine noise hits both alike
-            runs[False].append(measure(False, sink, seconds))
-            runs[True].append(measure(True, sink, seconds))
+        for variant in VARIANTS:
+            servers[variant] = Server(variant, sink, pin)
+        for server in servers.values():
+            wait_port(server.port)
+            run_load(loader, server.port, 1, conns, load_cpus)  # warm-up, lazy start
+        for _ in range(rounds):
+            for variant, server in servers.items():
+                runs[variant].append(server.measure(loader, seconds, conns, load_cpus))
     finally:
+        for server in servers.values():
+            server.close()
         sink.close()
-    plain = [r for r, _ in runs[False]]
-    wrapped = [r for r, _ in runs[True]]
-    p, w = statistics.median(plain), statistics.median(wrapped)
-    cpu_p = statistics.median(c for _, c in runs[False])
-    cpu_w = statistics.median(c for _, c in runs[True])
+    name = "wrk" if loader == "wrk" else "a Python asyncio process"
     print(
-        "\n== HTTP: hello-world ASGI under uvicorn, separate load process (16 keep-alive"
-        f" connections), median of {rounds} x {seconds}s"
+        f"\n== HTTP: hello-world ASGI under uvicorn, loaded by {name} ({conns} keep-alive"
+        f" connections), median of {rounds} x {seconds}s,"
+        f" {f'server on CPU {pin[0]}, load and sink on CPU {pin[1]}' if pin else 'not pinned'}"
     )
-    for name, rps, cpu, values in (
-        ("without middleware", p, cpu_p, runs[False]),
-        ("with middleware", w, cpu_w, runs[True]),
-    ):
-        detail = ", ".join(f"{r:.0f}" for r, _ in values)
-        print(f"  {name:19s} {rps:7.0f} req/s, server CPU {cpu:6.1f} us/request   (runs: {detail})")
+    rps = {v: statistics.median(r[0] for r in runs[v]) for v in VARIANTS}
+    cpu = {v: statistics.median(r[1] for r in runs[v]) for v in VARIANTS}
+    for v in VARIANTS:
+        other = statistics.median(r[2] for r in runs[v])
+        detail = ", ".join(f"{r[0]:.0f}" for r in runs[v])
+        print(
+            f"  {v:22s} {rps[v]:7.0f} req/s, server CPU {cpu[v]:6.1f} us/request"
+            f" ({other:4.1f} in other threads)   (runs: {detail})"
+        )
     print(f"  accounting messages received by the master sink: {sink.received}")
-    pairs = statistics.median(x / y for x, y in zip(wrapped, plain, strict=True))
-    print(f"  median of the per-round throughput ratios (pairs run back to back): {pairs:.3f}")
-    print(f"  server CPU ratio without/with (throughput ratio if CPU-bound): {cpu_p / cpu_w:.3f}")
-    print(f"  throughput ratio of medians with/without: {w / p:.3f}  goal >= 0.90: "
-          f"{'MET' if w / p >= 0.9 else 'NOT MET'}")  # fmt: skip
-    return w / p
+    plain, wrapped = VARIANTS[0], VARIANTS[2]
+    pairs = statistics.median(w[0] / p[0] for w, p in zip(runs[wrapped], runs[plain], strict=True))
+    ratio = rps[wrapped] / rps[plain]
+    print(f"  throughput ratio of medians with/without: {ratio:.3f}")
+    print(f"  server CPU ratio without/with: {cpu[plain] / cpu[wrapped]:.3f}"
+          f" (no master: {cpu[plain] / cpu[VARIANTS[1]]:.3f})")  # fmt: skip
+    # The verdict uses the paired estimate: each round's two runs are back to back, so
+    # the machine's drift between rounds (4,000-6,100 req/s for the same server here)
+    # cancels out of each ratio; the ratio of medians mixes rounds of different speeds.
+    print(f"  median of the per-round throughput ratios (runs back to back): {pairs:.3f}"
+          f"  goal >= 0.90: {'MET' if pairs >= 0.9 else 'NOT MET'}")  # fmt: skip
+    return pairs
+
+
+def bench_same_cpu(rounds: int, seconds: float, conns: int, pin: Pin) -> None:
+    """Each middleware variant and the plain app served at the same time on the server's
+    one CPU, each loaded by its own wrk: the scheduler shares the CPU between the two
+    busy servers, so whatever the machine's speed at that moment, both have it, and the
+    ratio of their throughputs is the ratio of their costs per request. On this shared
+    machine the speed of a CPU drifts by 20% within seconds, which runs taken in turns
+    cannot cancel. The ratio per CPU second corrects for the two not getting exactly
+    equal shares (the middleware's I/O thread is a third thread competing)."""
+    assert pin is not None
+    sink = MasterSink(pin[1])
+    servers = {v: Server(v, sink, pin) for v in VARIANTS}
+    ratios: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS[1:]}
+    try:
+        for server in servers.values():
+            wait_port(server.port)
+            run_load("wrk", server.port, 1, conns, pin[1])
+        plain = servers[VARIANTS[0]]
+        for _ in range(rounds):
+            for variant in VARIANTS[1:]:
+                pair = (plain, servers[variant])
+                cpu0 = [sum(thread_cpu(s.proc.pid)) for s in pair]
+                loads = [start_wrk(s.port, seconds, conns, pin[1]) for s in pair]
+                rps = [wrk_result(w) for w in loads]
+                cpu = [sum(thread_cpu(s.proc.pid)) - c for s, c in zip(pair, cpu0, strict=True)]
+                per_cpu = (rps[1] / cpu[1]) / (rps[0] / cpu[0])
+                ratios[variant].append((rps[1] / rps[0], per_cpu))
+    finally:
+        for server in servers.values():
+            server.close()
+        sink.close()
+    print(
+        f"\n== HTTP, same CPU at the same time: plain app and a middleware variant both on"
+        f" CPU {pin[0]}, one wrk each, median of {rounds} x {seconds}s"
+    )
+    for variant, values in ratios.items():
+        tput = statistics.median(r for r, _ in values)
+        per_cpu = statistics.median(c for _, c in values)
+        runs = ", ".join(f"{r:.3f}" for r, _ in values)
+        print(
+            f"  {variant:22s} throughput ratio {tput:.3f}, per CPU second {per_cpu:.3f}"
+            f"   (runs: {runs})"
+        )
+    tput = statistics.median(r for r, _ in ratios[VARIANTS[2]])
+    print(
+        f"  with/without, same CPU: {tput:.3f}  goal >= 0.90: {'MET' if tput >= 0.9 else 'NOT MET'}"
+    )
 
 
 def main() -> None:
@@ -350,12 +534,24 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--http-rounds", type=int, default=10)
+    parser.add_argument("--http-seconds", type=float, default=2.0)
+    parser.add_argument("--skip-core", action="store_true")
     parser.add_argument("--skip-http", action="store_true")
+    parser.add_argument(
+        "--loader",
+        choices=("auto", "wrk", "py"),
+        default="auto",
+        help="HTTP load generator: wrk when installed (auto), or the Python one",
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--accounting", help=argparse.SUPPRESS)
     parser.add_argument("--control", help=argparse.SUPPRESS)
     parser.add_argument("--conns", type=int, default=16)
+    parser.add_argument("--no-pin", action="store_true", help="do not pin server and load")
+    parser.add_argument("--same-cpu-rounds", type=int, default=5)
+    parser.add_argument("--same-cpu-seconds", type=float, default=4.0)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.accounting, args.control)
@@ -365,11 +561,22 @@ def main() -> None:
         return
     print(
         f"gatekeeper overhead, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"python {sys.version.split()[0]}, pyzmq {zmq.__version__}, {os.cpu_count()} CPUs (shared)"
+        f"python {sys.version.split()[0]}, pyzmq {zmq.__version__}, {os.cpu_count()} CPUs (shared),"
+        f" load {os.getloadavg()[0]:.2f} at start"
     )
-    bench_core(args.rounds)
+    if not args.skip_core:
+        bench_core(args.rounds)
     if not args.skip_http:
-        bench_http(args.rounds, args.seconds)
+        loader = args.loader
+        if loader == "auto":
+            loader = "wrk" if shutil.which("wrk") else "py"
+        cpus = sorted(os.sched_getaffinity(0))
+        pin: Pin = None
+        if not args.no_pin and len(cpus) >= 2:
+            pin = ({cpus[0]}, {cpus[1]})
+        bench_http(args.http_rounds, args.http_seconds, loader, args.conns, pin)
+        if pin and loader == "wrk" and args.same_cpu_rounds:
+            bench_same_cpu(args.same_cpu_rounds, args.same_cpu_seconds, args.conns, pin)
 
 
 if __name__ == "__main__":

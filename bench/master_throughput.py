@@ -2,10 +2,28 @@
 
     python bench/master_throughput.py [--messages 400000] [--senders 2] [--runs 3]
         [--no-redis] [--reaction] [--memory 1000000]
+    python bench/master_throughput.py --only-reaction [--reaction-runs 5]
+        [--pin no|yes|both] [--trace]
 
 ``--reaction`` adds the reaction time (accounting sent -> DELAY_UNTIL received, p50 and
 p99 at 1,000 and 50,000 messages/s); ``--memory N`` the bytes per tracked identifier
-with N identifiers. ``--runs 0`` skips the throughput part.
+with N identifiers. ``--runs 0`` (or ``--only-reaction``) skips the throughput part.
+
+Reaction time method. A load generator process sends the bulk, every millisecond what
+is owed (50 messages at 50,000/s), frame by frame through pyzmq's compiled
+``Socket.send`` with pre-built frames: ~1.5 us a message, like the gatekeepers' own
+compiled send path. It used ``send_multipart`` (~10 us a message) until 2026-11-23:
+at 50,000/s that alone took half of one of the two cores, and the master, its ZeroMQ
+I/O thread and the probe waited for a CPU; p99 was 4.3 ms with it and 0.8 ms without
+it, the master unchanged. In production the gatekeepers run on other machines, so
+their sending cost on the master's machine is an artefact; keeping it small measures
+the master more faithfully. Each round prints how much CPU other processes (other
+users of the machine) used meanwhile. ``--pin yes`` pins the master (all its threads)
+to CPU 1 and the load generator and probe to CPU 0 (``both``: one round each way); it
+did not help (the master's main thread then shares one core with its own I/O thread),
+so the figures are unpinned. ``--trace`` runs the master with timestamps of every GC
+pass, store rotation, drain and apply, prints the master threads' run-queue wait
+(schedstat), and lists for each probe slower than 2 ms what the master did meanwhile.
 
 Method, identical for every receiver measured in the same run:
 1. start the receiver (a master, or the baseline: a bare pyzmq loop doing only
@@ -39,6 +57,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import zmq
 from _common import ROOT, free_port  # puts this checkout first on sys.path
@@ -323,14 +342,35 @@ def flush_redis(url: str) -> None:
 # ---------------------------------------------------------------- reaction time, memory
 
 
-def run_loadgen(acc: int, rate: int, seconds: float) -> None:
-    """Role: send ``rate`` accounting messages/s (within their limit) for ``seconds``."""
+def _pin(cpus: set[int] | None) -> None:
+    """Pin every thread of this process to ``cpus`` (None: leave as is). Threads created
+    afterwards (ZeroMQ's I/O threads) inherit the creating thread's affinity."""
+    if cpus is None:
+        return
+    for task in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(task), cpus)
+
+
+def run_loadgen(acc: int, rate: int, seconds: float, pin: str) -> None:
+    """Role: send ``rate`` accounting messages/s (within their limit) for ``seconds``.
+
+    Every millisecond it sends what is owed (50 messages at 50,000/s), frame by frame
+    through pyzmq's compiled ``Socket.send`` with pre-built frames (~1.5 us a message,
+    as a gatekeeper's compiled send path) instead of ``send_multipart`` (~10 us): at
+    50,000/s the latter alone took half a core of the two, which the master then waited
+    for."""
+    _pin({int(c) for c in pin.split(",")} if pin else None)
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 0)
     pub.connect(f"tcp://127.0.0.1:{acc}")
     time.sleep(0.5)  # slow joiner: the master is running, its subscription arrives
     print("ready", flush=True)
+    raw_send = zmq.backend.Socket.send  # type: ignore[attr-defined]
+    more = zmq.SNDMORE | zmq.NOBLOCK
+    last = zmq.NOBLOCK
+    head = (b"bench\0", b"ACCEPTED")
+    idents = [b"u%d" % i for i in range(10_000)]
     tick, owed, seq = 0.001, 0.0, 0
     start = next_tick = time.perf_counter()
     while next_tick - start < seconds:
@@ -339,7 +379,11 @@ def run_loadgen(acc: int, rate: int, seconds: float) -> None:
         while owed >= 1:
             owed -= 1
             seq += 1
-            pub.send_multipart([b"bench\0", b"ACCEPTED", b"u%d" % (seq % 10_000), ts, b""])
+            raw_send(pub, head[0], more)
+            raw_send(pub, head[1], more)
+            raw_send(pub, idents[seq % 10_000], more)
+            raw_send(pub, ts, more)
+            raw_send(pub, b"", last)
         next_tick += tick
         pause = next_tick - time.perf_counter()
         if pause > 0:
@@ -349,19 +393,141 @@ def run_loadgen(acc: int, rate: int, seconds: float) -> None:
     ctx.term()
 
 
-def measure_reaction(rate: int, seconds: float, logdir: Path) -> tuple[float, float]:
+def run_traced_master(argv: list[str], trace_path: str) -> None:
+    """Role (``--trace``): the master with timestamps (perf_counter, the probe's clock)
+    of every GC pass, store rotation and processed batch, written to ``trace_path`` on
+    exit, to correlate slow probes with what the master was doing."""
+    import gc
+    import json
+
+    import smockron.master.server as server
+    from smockron.cli import main as cli_main
+    from smockron.master.engine import Engine
+    from smockron.master.stores.memory import MemoryTable
+
+    events: list[tuple[str, float, float, int]] = []  # kind, start, seconds, size
+    clock = time.perf_counter
+    gc_start = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_start[0] = clock()
+        else:
+            events.append((f"gc{info['generation']}", gc_start[0], clock() - gc_start[0],
+                           info["collected"]))  # fmt: skip
+
+    gc.callbacks.append(on_gc)
+    tick = MemoryTable.tick
+
+    def traced_tick(self: MemoryTable, now_ms: float) -> None:
+        before, size, t0 = self.started_ms, len(self), clock()
+        tick(self, now_ms)
+        if self.started_ms != before and before is not None:
+            events.append(("rotate", t0, clock() - t0, size))
+
+    MemoryTable.tick = traced_tick  # type: ignore[method-assign]
+    apply = Engine.apply
+
+    def traced_apply(self: Engine, decoded: list[Any], now_ms: float) -> list[list[bytes]]:
+        t0 = clock()
+        out = apply(self, decoded, now_ms)
+        events.append(("apply", t0, clock() - t0, len(decoded)))
+        return out
+
+    Engine.apply = traced_apply  # type: ignore[method-assign]
+    fast = server.drain_accounting_compiled
+    if fast is not None:
+
+        def traced_drain(*args: Any) -> Any:
+            t0 = clock()
+            out = fast(*args)
+            if out[0] or out[1]:
+                events.append(("drain", t0, clock() - t0, len(out[0]) + len(out[1])))
+            return out
+
+        server.drain_accounting_compiled = traced_drain
+    sys.argv = ["smockron", *argv]
+    try:
+        cli_main()
+    except SystemExit:
+        pass
+    finally:
+        Path(trace_path).write_text(json.dumps(events))
+
+
+def _schedstat(pid: int) -> dict[str, tuple[float, float]]:
+    """Per thread of ``pid``: (seconds on CPU, seconds waiting for a CPU), from
+    /proc/PID/task/TID/schedstat; the second is the CPU contention it suffered."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                run_ns, wait_ns, _ = f.read().split()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        out[f"{name}/{tid}"] = (int(run_ns) / 1e9, int(wait_ns) / 1e9)
+    return out
+
+
+def _sched_delta(before: dict[str, tuple[float, float]],
+                 after: dict[str, tuple[float, float]]) -> str:  # fmt: skip
+    parts = []
+    for key, (run, wait) in sorted(after.items()):
+        run0, wait0 = before.get(key, (0.0, 0.0))
+        parts.append(
+            f"{key.split('/')[0]} cpu {run - run0:.2f}s wait {(wait - wait0) * 1000:.0f}ms"
+        )
+    return "; ".join(parts)
+
+
+def _busy_seconds() -> float:
+    """CPU seconds all processes spent, from /proc/stat (all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PIN_MASTER = {1}
+PIN_OTHERS = {0}
+"""``--pin``: the master (all its threads) on CPU 1, load generator and probe on CPU 0."""
+
+
+def measure_reaction(rate: int, seconds: float, logdir: Path, *, pin: bool = False,
+                     trace: bool = False) -> tuple[float, float]:  # fmt: skip
     """p50 and p99 (ms) from sending an accounting message to receiving its DELAY_UNTIL,
     under ``rate`` messages/s in all: a load generator process sends the bulk (within
     its limit); this process sends 500 probes/s (domain ``probe``, burst 1: each one is
     throttled) and times each answer with one clock (perf_counter)."""
     acc, ctl = free_port(), free_port()
     log = open(logdir / f"reaction-{rate}.log", "w")  # noqa: SIM115
+    trace_path = logdir / f"trace-{rate}.json"
+    master_args = ["master", "--accounting", f"tcp://127.0.0.1:{acc}",
+                   "--control", f"tcp://127.0.0.1:{ctl}", "--rule", "bench:1000/s:1000",
+                   "--rule", "probe:1/s:1", "--stats-interval", "0"]  # fmt: skip
+    if trace:
+        cmd = [sys.executable, __file__, "--role", "traced-master", "--trace-file",
+               str(trace_path), "--", *master_args]  # fmt: skip
+    else:
+        cmd = [sys.executable, "-m", "smockron", *master_args]
+    own_affinity = os.sched_getaffinity(0)
     master = subprocess.Popen(
-        [sys.executable, "-m", "smockron", "master",
-         "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
-         "--rule", "bench:1000/s:1000", "--rule", "probe:1/s:1", "--stats-interval", "0"],
-        stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
+        preexec_fn=(lambda: os.sched_setaffinity(0, PIN_MASTER)) if pin else None,
     )  # fmt: skip
+    if pin:
+        _pin(PIN_OTHERS)  # before this process creates its ZeroMQ context (I/O thread)
     probe_rate = 500
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
@@ -378,17 +544,29 @@ def measure_reaction(rate: int, seconds: float, logdir: Path) -> tuple[float, fl
                 break
         while sub.poll(300):
             sub.recv_multipart()
+        pin_arg = ",".join(map(str, sorted(PIN_OTHERS))) if pin else ""
         load = subprocess.Popen(
             [sys.executable, __file__, "--role", "loadgen", "--acc", str(acc),
-             "--rate", str(max(rate - probe_rate, 0)), "--seconds", str(seconds + 1)],
+             "--rate", str(max(rate - probe_rate, 0)), "--seconds", str(seconds + 1),
+             "--pin-cpus", pin_arg],
             stdout=subprocess.PIPE, text=True, env=env(),
         )  # fmt: skip
         assert load.stdout is not None and load.stdout.readline().strip() == "ready"
         time.sleep(0.5)  # the load is flowing
+        sched0 = _schedstat(master.pid)
+        ours = (os.getpid(), master.pid, load.pid)
+        busy0, own0, wall0 = _busy_seconds(), sum(map(_cpu_seconds, ours)), time.perf_counter()
         sent: dict[bytes, float] = {}
-        latencies: list[float] = []
+        samples: list[tuple[float, float]] = []  # (sent at, latency ms)
         interval = 1 / probe_rate
         seq = 0
+
+        def receive() -> None:
+            frames = sub.recv_multipart()
+            t0 = sent.pop(frames[2], None)
+            if t0 is not None:
+                samples.append((t0, (time.perf_counter() - t0) * 1000))
+
         start = next_send = time.perf_counter()
         while next_send - start < seconds:
             seq += 1
@@ -401,22 +579,22 @@ def measure_reaction(rate: int, seconds: float, logdir: Path) -> tuple[float, fl
             while (remaining := next_send - time.perf_counter()) > 0:
                 if sub.poll(max(1, int(remaining * 1000))):
                     while sub.poll(0):
-                        frames = sub.recv_multipart()
-                        t0 = sent.pop(frames[2], None)
-                        if t0 is not None:
-                            latencies.append((time.perf_counter() - t0) * 1000)
+                        receive()
         while sent and sub.poll(1000):
-            frames = sub.recv_multipart()
-            t0 = sent.pop(frames[2], None)
-            if t0 is not None:
-                latencies.append((time.perf_counter() - t0) * 1000)
+            receive()
+        sched = _sched_delta(sched0, _schedstat(master.pid))
+        own = sum(map(_cpu_seconds, ours)) - own0
+        foreign = (_busy_seconds() - busy0 - own) / (time.perf_counter() - wall0)
         done = load.stdout.readline().strip()
-        latencies.sort()
+        latencies = sorted(lat for _, lat in samples)
         p50 = latencies[len(latencies) // 2]
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-        print(f"  at {rate:,} msg/s (load generator: {done}): p50 {p50:.2f} ms, "
-              f"p99 {p99:.2f} ms over {len(latencies)} probes, {len(sent)} unanswered")  # fmt: skip
-        return p50, p99
+        print(f"  at {rate:,} msg/s{' (pinned)' if pin else ''} (load generator: {done}): "
+              f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {latencies[-1]:.2f} ms over "
+              f"{len(latencies)} probes, {len(sent)} unanswered; other processes used "
+              f"{max(foreign, 0.0):.0%} of a core meanwhile", flush=True)  # fmt: skip
+        if trace:
+            print(f"    master threads: {sched}")
     finally:
         if load is not None and load.poll() is None:
             load.kill()
@@ -424,9 +602,46 @@ def measure_reaction(rate: int, seconds: float, logdir: Path) -> tuple[float, fl
         pub.close(0)
         sub.close(0)
         ctx.term()
+        if pin:
+            _pin(own_affinity)
         master.terminate()
         master.wait(30)
         log.close()
+    if trace:
+        explain_slow(samples, trace_path, start)
+    return p50, p99
+
+
+def explain_slow(samples: list[tuple[float, float]], trace_path: Path, start: float) -> None:
+    """Print, for each probe slower than 2 ms, what the master did meanwhile."""
+    import json
+
+    if not trace_path.exists():
+        print("    (no trace written)")
+        return
+    events = [tuple(e) for e in json.loads(trace_path.read_text())]
+    kinds: dict[str, list[float]] = {}
+    for kind, _t, dur, _n in events:
+        kinds.setdefault(kind, []).append(dur * 1000)
+    for kind, durs in sorted(kinds.items()):
+        durs.sort()
+        print(f"    {kind:7s} n={len(durs):6d} p50 {durs[len(durs) // 2]:.3f} ms "
+              f"p99 {durs[int(len(durs) * 0.99)]:.3f} ms max {durs[-1]:.3f} ms")  # fmt: skip
+    slow = [(t0, lat) for t0, lat in samples if lat > 2.0]
+    print(f"    {len(slow)} probes over 2 ms:")
+    events.sort(key=lambda e: e[1])
+    for t0, lat in slow[:40]:
+        t1 = t0 + lat / 1000
+        during = [e for e in events if e[1] < t1 and e[1] + e[2] > t0 - 0.002]
+        desc = ", ".join(
+            f"{k}@{(t - t0) * 1000:+.2f}:{d * 1000:.2f}ms/{n}"
+            for k, t, d, n in during
+            if k != "drain" or d > 0.0002
+        )
+        busy = sum(min(t + d, t1) - max(t, t0) for k, t, d, _ in during
+                   if k in ("apply", "drain") and min(t + d, t1) > max(t, t0))  # fmt: skip
+        print(f"      at {t0 - start:6.3f}s {lat:5.2f} ms (master busy {busy * 1000:.2f} ms "
+              f"in apply/drain): {desc[:600]}")  # fmt: skip
 
 
 def measure_memory(identifiers: int) -> None:
@@ -455,7 +670,30 @@ def measure_memory(identifiers: int) -> None:
         del engine, store
 
 
+def reaction(runs: int, seconds: float, pin: str, trace: bool) -> None:
+    print("reaction time, accounting sent -> DELAY_UNTIL received (memory://), "
+          f"{runs} round(s) of {seconds:g} s, load {os.getloadavg()[0]:.2f}:")  # fmt: skip
+    modes = {"no": [False], "yes": [True], "both": [False, True]}[pin]
+    p99s: dict[tuple[int, bool], list[float]] = {}
+    p50s: dict[tuple[int, bool], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(runs):
+            for pinned in modes:
+                for rate in (1_000, 50_000):
+                    p50, p99 = measure_reaction(rate, seconds, Path(tmp), pin=pinned, trace=trace)
+                    p50s.setdefault((rate, pinned), []).append(p50)
+                    p99s.setdefault((rate, pinned), []).append(p99)
+    for (rate, pinned), values in p99s.items():
+        runs_text = ", ".join(f"{v:.2f}" for v in values)
+        print(f"median at {rate:,} msg/s{' pinned' if pinned else ''}: "
+              f"p50 {statistics.median(p50s[(rate, pinned)]):.2f} ms, "
+              f"p99 {statistics.median(values):.2f} ms (p99 per round: {runs_text}; "
+              f"worst {max(values):.2f} ms)")  # fmt: skip
+
+
 def main() -> None:
+    if sys.argv[1:3] == ["--role", "traced-master"]:  # --trace-file PATH -- master args
+        return run_traced_master(sys.argv[6:], sys.argv[4])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--role", default="bench")
     ap.add_argument("--acc", type=int)
@@ -470,6 +708,21 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--reaction", action="store_true", help="also reaction time at 1k, 50k/s")
+    ap.add_argument("--only-reaction", action="store_true", help="reaction time only")
+    ap.add_argument("--reaction-runs", type=int, default=1, help="rounds of the reaction part")
+    ap.add_argument("--reaction-seconds", type=float, default=5.0)
+    ap.add_argument(
+        "--pin",
+        choices=("no", "yes", "both"),
+        default="no",
+        help="reaction: master on CPU 1, load and probe on CPU 0 (see docstring)",
+    )
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="reaction: trace the master and explain each probe over 2 ms",
+    )
+    ap.add_argument("--pin-cpus", default="")
     ap.add_argument(
         "--memory",
         type=int,
@@ -483,9 +736,11 @@ def main() -> None:
     if args.role == "baseline":
         return run_baseline(args.acc, args.ctl, args.expected)
     if args.role == "loadgen":
-        return run_loadgen(args.acc, args.rate, args.seconds)
+        return run_loadgen(args.acc, args.rate, args.seconds, args.pin_cpus)
+    if args.only_reaction:
+        args.runs, args.reaction = 0, True
 
-    from smockron.master.receive import drain_compiled
+    from smockron.zmqio import drain_compiled
 
     if args.runs > 0:
         print(f"messages per run: {sum(n for _, n in workload(args.messages))}, "
@@ -527,10 +782,7 @@ def main() -> None:
             share = red / mem
             print(f"median master (redis://):            {red:,.0f} msg/s  = {share:.0%} of memory")
     if args.reaction:
-        print("reaction time, accounting sent -> DELAY_UNTIL received (memory://):")
-        with tempfile.TemporaryDirectory() as tmp:
-            for rate in (1_000, 50_000):
-                measure_reaction(rate, 5.0, Path(tmp))
+        reaction(args.reaction_runs, args.reaction_seconds, args.pin, args.trace)
     if args.memory:
         measure_memory(args.memory)
 

@@ -97,8 +97,21 @@ def encode_accounting(
         raise ProtocolError("bad_status", f"unknown status {status!r}")
     if (status == DELAYED) != (delayed_ms is not None):
         raise ProtocolError("delayed_ts", "a delayed timestamp goes with DELAYED and only DELAYED")
+    return accounting_frames(topic(domain), status, identifier, received_ms, delayed_ms, loginfo)
+
+
+def accounting_frames(
+    topic_frame: bytes,
+    status: bytes,
+    identifier: bytes,
+    received_ms: int,
+    delayed_ms: int | None,
+    loginfo: bytes | None,
+) -> list[bytes]:
+    """The frames of :func:`encode_accounting`, unchecked: for senders whose status and
+    timestamps are their own and whose topic frame was made (and checked) once."""
     frames = [
-        topic(domain),
+        topic_frame,
         status,
         identifier,
         b"%d" % received_ms,

@@ -16,13 +16,12 @@ from dataclasses import replace
 from typing import Any
 
 import click
-import grpc
 
 from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
 from smockron.cluster.node import Node
-from smockron.cluster.server import ClusterServer
+from smockron.cluster.server import ClusterServer, GrpcServer
 from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.cluster")
@@ -144,7 +143,7 @@ class EnvoyFront:
         self.headers = headers
         self._task: asyncio.Task[None] | None = None
 
-    def __call__(self, server: grpc.aio.Server, node: Node) -> None:
+    def __call__(self, server: GrpcServer, node: Node) -> None:
         servicer = self._envoy.add_to_server(
             server, node, self.loaded, response_headers=self.headers
         )
@@ -247,6 +246,12 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     "--peer-picker-hash",
     type=click.Choice(["fnv1a-mix", "fnv1a", "fnv1"]),
     help="ring hash, the same on every node [GUBER_PEER_PICKER_HASH; fnv1a-mix]",
+)
+@click.option(
+    "--grpc-server",
+    type=click.Choice(["threads", "asyncio", "native"]),
+    help="gRPC server implementation; native needs the libgrpc++ extension, else threads "
+    "[SMOCKRON_GRPC_SERVER; native]",
 )
 @click.option(
     "--envoy-config",

@@ -47,6 +47,9 @@ def parse_duration_ms(text: str) -> float:
     return total
 
 
+GRPC_SERVERS = ("threads", "asyncio", "native")
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     grpc_address: str = "127.0.0.1:1051"
@@ -80,12 +83,21 @@ class ClusterConfig:
     """Ring hash: ``fnv1a-mix`` (default), or Gubernator's ``fnv1a`` / ``fnv1``; every node
     of a cluster must use the same one."""
     peer_picker_replicas: int = DEFAULT_REPLICAS
+    grpc_server: str = "native"
+    """gRPC server: ``native`` (libgrpc++ through the optional ``_native`` extension;
+    ``threads`` when it is not built), ``threads`` (grpc.server on a thread pool) or
+    ``asyncio`` (grpc.aio); the first two answer client checks owned here on the gRPC
+    thread. See docs/cluster.md."""
 
     @property
     def advertise(self) -> str:
         return self.advertise_address or self.grpc_address
 
     def validate(self) -> ClusterConfig:
+        if self.grpc_server not in GRPC_SERVERS:
+            raise ConfigError(
+                f"grpc_server must be one of {', '.join(GRPC_SERVERS)}, got {self.grpc_server!r}"
+            )
         if self.peer_picker_hash not in HASHES:
             known = ", ".join(HASHES)
             raise ConfigError(
@@ -153,6 +165,7 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_CACHE_SIZE": ("cache_size", _int("GUBER_CACHE_SIZE")),
     "GUBER_PEERS": ("peers", _csv),
     "GUBER_PEER_PICKER_HASH": ("peer_picker_hash", str),
+    "SMOCKRON_GRPC_SERVER": ("grpc_server", str),
     # envoyproxy/ratelimit's own variable, for the Envoy front
     "LIMIT_RESPONSE_HEADERS_ENABLED": ("envoy_response_headers", _bool),
     "GUBER_REPLICATED_HASH_REPLICAS": (

@@ -182,6 +182,34 @@ class Node:
             await self._collect(requests, results, waits, unbatched)
         return [r if r is not None else RateLimitResponse(error="no answer") for r in results]
 
+    def answer_here(
+        self, requests: Sequence[RateLimitRequest], *, peer: bool = False
+    ) -> list[RateLimitResponse] | None:
+        """The answers when every item is decided by this node's limiter alone (owned
+        here, or sent by a peer, and not GLOBAL); else None: the caller goes through
+        ``get_rate_limits`` / ``peer_rate_limits`` on the event loop.
+
+        Safe from a gRPC worker thread: it only reads the ring (swapped whole on change)
+        and looks peers up in a dict (one lookup, atomic under the GIL), and the
+        LocalLimiter takes its own lock. GLOBAL items, whose bookkeeping lives on the
+        event loop, always return None.
+        """
+        address, owner_of, clients = self.address, self.ring.owner, self.clients
+        for req in requests:
+            if int(req.behavior) & _GLOBAL:
+                return None
+            if peer or not req.unique_key or not req.name:
+                continue
+            owner = owner_of(req.hash_key)
+            if owner != address and owner in clients:
+                return None
+        resps = self.limiter.check(requests)
+        for resp in resps:
+            if not resp.error:
+                resp.metadata["owner"] = address
+        CHECKS.labels("peer" if peer else _LOCAL).inc(len(resps))
+        return resps
+
     async def peer_rate_limits(
         self, requests: Sequence[RateLimitRequest]
     ) -> list[RateLimitResponse]:

@@ -18,9 +18,11 @@ from prometheus_client import Counter, Histogram
 
 from smockron.cluster import convert
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
+from smockron.cluster.native import NativeServer
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import peers_pb2
+from smockron.cluster.threaded import UNDECODED, ThreadedServer, bridge, keep_none
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.grpc")
@@ -65,6 +67,24 @@ async def answer(
     valid, indexes, results = decode(msgs)
     if valid:
         resps = await (node.peer_rate_limits(valid) if peer else node.get_rate_limits(valid))
+        for i, resp in zip(indexes, resps, strict=True):
+            results[i] = resp
+    out = [convert.response_to_pb(r) for r in results if r is not None]
+    (_PEER if peer else _CLIENT).observe(time.perf_counter() - start)
+    return out
+
+
+def answer_here(
+    node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
+) -> list[pb.RateLimitResp] | None:
+    """``answer`` without the event loop, or None when an item needs it (see
+    ``Node.answer_here``); for the threaded server's gRPC threads."""
+    start = time.perf_counter()
+    valid, indexes, results = decode(msgs)
+    if valid:
+        resps = node.answer_here(valid, peer=peer)
+        if resps is None:
+            return None
         for i, resp in zip(indexes, resps, strict=True):
             results[i] = resp
     out = [convert.response_to_pb(r) for r in results if r is not None]
@@ -156,15 +176,71 @@ def _lenient(message: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _handler(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler[Any, Any]:
+def _handler(
+    method: Any, request: Any, response: Any, *, threaded: bool = False
+) -> grpc.RpcMethodHandler[Any, Any]:
+    parse = _lenient(request)
     return grpc.unary_unary_rpc_method_handler(
         method,
-        request_deserializer=_lenient(request),
+        request_deserializer=keep_none(parse) if threaded else parse,
         response_serializer=response.SerializeToString,
     )
 
 
-def add_to_server(server: grpc.aio.Server, node: Node) -> None:
+def add_threaded_fast_paths(server: ThreadedServer | NativeServer, node: Node) -> None:
+    """On the threaded server: GetRateLimits and GetPeerRateLimits calls that this node
+    decides alone, and LiveCheck, are answered on the gRPC thread; the other calls of
+    those two methods go to the asyncio servicers on the event loop. Register before
+    ``add_to_server``."""
+    v1_slow = bridge(V1Servicer(node).GetRateLimits, server.loop)
+    peer_slow = bridge(PeersV1Servicer(node).GetPeerRateLimits, server.loop)
+
+    def get_rate_limits(request: Any, context: grpc.ServicerContext) -> Any:
+        if request is not UNDECODED and len(request.requests) <= MAX_BATCH:
+            out = answer_here(node, request.requests)
+            if out is not None:
+                return pb.GetRateLimitsResp(responses=out)
+        return v1_slow(request, context)
+
+    def get_peer_rate_limits(request: Any, context: grpc.ServicerContext) -> Any:
+        if request is not UNDECODED and len(request.requests) <= MAX_BATCH:
+            out = answer_here(node, request.requests, peer=True)
+            if out is not None:
+                return peers_pb2.GetPeerRateLimitsResp(rate_limits=out)
+        return peer_slow(request, context)
+
+    def live_check(request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.LiveCheckResp()
+
+    server.add_threaded_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "pb.gubernator.V1",
+                {
+                    "GetRateLimits": _handler(
+                        get_rate_limits, pb.GetRateLimitsReq, pb.GetRateLimitsResp, threaded=True
+                    ),
+                    "LiveCheck": _handler(
+                        live_check, pb.LiveCheckReq, pb.LiveCheckResp, threaded=True
+                    ),
+                },
+            ),
+            grpc.method_handlers_generic_handler(
+                "pb.gubernator.PeersV1",
+                {
+                    "GetPeerRateLimits": _handler(
+                        get_peer_rate_limits,
+                        peers_pb2.GetPeerRateLimitsReq,
+                        peers_pb2.GetPeerRateLimitsResp,
+                        threaded=True,
+                    )
+                },
+            ),
+        )
+    )
+
+
+def add_to_server(server: grpc.aio.Server | ThreadedServer | NativeServer, node: Node) -> None:
     """Register V1 and PeersV1 by hand (same names as the generated helpers)."""
     v1, peers = V1Servicer(node), PeersV1Servicer(node)
     v1_methods = {

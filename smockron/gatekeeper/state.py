@@ -45,6 +45,10 @@ ACCEPT: Final = Verdict.ACCEPT
 DELAY: Final = Verdict.DELAY
 REJECT: Final = Verdict.REJECT
 
+# Decision(...) runs the NamedTuple's generated Python __new__; tuple.__new__ with all
+# three fields is the same object at less than two thirds of the cost (every request)
+_new_decision: Final = tuple.__new__
+
 
 class DelayTable:
     """``(domain, identifier) -> until_ms``, forward-only, expiring, bounded."""
@@ -140,13 +144,13 @@ class Decider:
         until = self._entries.get((domain, identifier), 0)
         if until <= now_ms:  # none, or passed (the sweep forgets it later)
             self.counters.accepted += 1
-            return Decision(ACCEPT, now_ms)
+            return _new_decision(Decision, (ACCEPT, now_ms, 0))
         if until - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
             self.waiting += 1
             self.counters.delayed += 1
-            return Decision(DELAY, now_ms, until)
+            return _new_decision(Decision, (DELAY, now_ms, until))
         self.counters.rejected += 1
-        return Decision(REJECT, now_ms, until)
+        return _new_decision(Decision, (REJECT, now_ms, until))
 
     def release(self) -> None:
         """A delayed request has been let through (or abandoned): free its slot."""

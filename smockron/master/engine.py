@@ -80,8 +80,10 @@ class _Domain:
         )
 
 
-# (domain, status, identifier, receive ms, delayed ms or None)
-Decoded = tuple[_Domain, bytes, bytes, int, int | None]
+# (domain, status, identifier, receive ms, delayed ms or None). Timestamps are floats
+# (integral, below 2**53): the engine compares them with ``now`` and with the stored
+# states, all floats, and CPython compares an int with a float far more slowly.
+Decoded = tuple[_Domain, bytes, bytes, float, float | None]
 
 
 class Engine:
@@ -184,7 +186,7 @@ class Engine:
                     if received <= max_ts:
                         if status == ACCEPTED and not delayed_f:
                             dom.stats.accepted += 1
-                            append((dom, status, frames[2], received, None))
+                            append((dom, status, frames[2], float(received), None))
                             continue
                         if status == REJECTED and not delayed_f:
                             dom.stats.rejected += 1
@@ -196,7 +198,7 @@ class Engine:
                             and int(delayed_f) <= max_ts
                         ):
                             dom.stats.delayed += 1
-                            append((dom, status, frames[2], received, int(delayed_f)))
+                            append((dom, status, frames[2], float(received), float(delayed_f)))
                             continue
             self._decode_slow(frames, append)
         return out
@@ -223,7 +225,8 @@ class Engine:
                 dom.stats.delayed += 1
             else:
                 dom.stats.accepted += 1
-            append((dom, msg.status, msg.identifier, msg.received_ms, msg.delayed_ms))
+            delayed = None if msg.delayed_ms is None else float(msg.delayed_ms)
+            append((dom, msg.status, msg.identifier, float(msg.received_ms), delayed))
 
     @staticmethod
     def touched(decoded: Iterable[Decoded]) -> Iterator[tuple[Table, bytes]]:
@@ -265,7 +268,7 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
     and throttle requests an instant master allows, which the seed forbids."""
     at = ts if ts < now_ms else now_ms
     until: float | None = None
-    for rule, table, _window in dom.scopes:
+    for rule, table, window in dom.scopes:
         state = table.get(ident)
         if state is None:
             state = []
@@ -275,6 +278,8 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
             record(state, ts, rule)  # in place: a memory table needs no put
             if table.wants_put:
                 table.put(ident, state)
+        if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
+            table.keep(ident, state, ts + window)
         if len(state) >= rule.burst:  # below the burst next_allowed is always None
             nxt = next_allowed(state, at, rule)
             if nxt is not None and (until is None or nxt > until):
@@ -285,10 +290,14 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
     """GCRA for every rule of the domain; the latest DELAY_UNTIL wins."""
     until: float | None = None
-    for rule, table, _window in dom.scopes:
+    for rule, table, window in dom.scopes:
         state = table.get(ident)
         result = gcra_update(state[0] if state else None, ts, now_ms, rule)
-        table.put(ident, [result.value])
+        value = result.value
+        state = [value]
+        table.put(ident, state)
+        if value > table.keep_after_ms:  # far ahead: keep the state longer
+            table.keep(ident, state, value + window)
         nxt = result.delay_until
         if nxt is not None and (until is None or nxt > until):
             until = nxt

@@ -29,9 +29,9 @@ import zmq
 
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
-from smockron.master.receive import drain, send_all, wait_readable
 from smockron.master.server import MAX_FRAME_BYTES
 from smockron.ratelog import RateLimitedLog
+from smockron.zmqio import drain, send_all, wait_readable
 
 log = logging.getLogger("smockron.router")
 

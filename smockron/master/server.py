@@ -23,11 +23,11 @@ import zmq
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
-from smockron.master.receive import drain, drain_accounting_compiled, send_all, wait_readable
 from smockron.master.stats import Stats
 from smockron.master.stores import MemoryStore, open_store
 from smockron.protocol import ACCEPTED, DELAYED, REJECTED
 from smockron.ratelog import RateLimitedLog
+from smockron.zmqio import drain, drain_accounting_compiled, send_all, wait_readable
 
 log = logging.getLogger("smockron.master")
 
@@ -36,6 +36,10 @@ Batch = tuple[list[Decoded], list[list[bytes]]]
 
 FLUSH_IDLE_S = 0.05
 """An idle master with the Redis store writes what changed after this long."""
+
+PUBLISH_EVERY = 64
+"""A large batch is applied and its DELAY_UNTILs published in slices of this many
+messages (~0.1 ms of work each), so the reaction time does not grow with the batch."""
 
 MAX_FRAME_BYTES = 64 * 1024
 """ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected by libzmq itself."""
@@ -219,7 +223,7 @@ class Master:
                 else:
                     now = time.time() * 1000.0
                     self.store.tick(now)
-                    self._publish(self.engine.apply(decoded, now))
+                    self._apply(decoded, now)
                 await asyncio.sleep(0)
             if self._stopping.is_set():
                 return
@@ -244,7 +248,7 @@ class Master:
             store.report(exc, "read")
         now = time.time() * 1000.0
         store.tick(now)
-        self._publish(self.engine.apply(decoded, now))
+        self._apply(decoded, now)
         if store.due(now):
             await self._flush_redis()
 
@@ -258,9 +262,15 @@ class Master:
         except Exception as exc:
             store.report(exc, "write")
 
-    def _publish(self, controls: list[list[bytes]]) -> None:
-        if controls:
-            send_all(self.pub, controls)
+    def _apply(self, decoded: list[Decoded], now: float) -> None:
+        """Apply a batch and publish its DELAY_UNTILs, ``PUBLISH_EVERY`` messages at a
+        time: a DELAY_UNTIL early in a large batch (after a stall, or at full load) is
+        sent without waiting for the rest of the batch to be applied."""
+        apply, pub = self.engine.apply, self.pub
+        for start in range(0, len(decoded), PUBLISH_EVERY):
+            controls = apply(decoded[start : start + PUBLISH_EVERY], now)
+            if controls:
+                send_all(pub, controls)
 
     def _log_malformed(self, exc: ProtocolError, frames: Frames) -> None:
         head = [f[:40] for f in list(frames)[:3]]

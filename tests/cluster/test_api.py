@@ -1,4 +1,8 @@
-"""One real node in-process: the gRPC V1 API and the HTTP/JSON gateway's shapes and errors."""
+"""One real node in-process: the gRPC V1 API and the HTTP/JSON gateway's shapes and errors.
+
+Every test runs against each gRPC server (``threads``, the default, ``asyncio``, and
+``native`` where the libgrpc++ extension is built).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import aiohttp
 import grpc
 import pytest
 
+from smockron.cluster import native
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.pb import gubernator_pb2 as pb
@@ -28,10 +33,15 @@ class Node:
         self.stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
 
 
-@pytest.fixture
-async def node() -> AsyncIterator[Node]:
+SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
+
+
+@pytest.fixture(params=SERVERS)
+async def node(request: pytest.FixtureRequest) -> AsyncIterator[Node]:
     g, h = free_ports(2)
-    config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}")
+    config = ClusterConfig(
+        grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}", grpc_server=request.param
+    )
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     channel = grpc.aio.insecure_channel(config.grpc_address)
@@ -289,12 +299,15 @@ async def test_garbage_on_grpc_port(node: Node) -> None:
 
 
 async def test_update_peer_globals_with_unknown_algorithm_is_counted_and_skipped(
-    node: Node, caplog: pytest.LogCaptureFixture
+    node: Node, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prometheus_client import REGISTRY
 
+    from smockron.cluster import node as node_module
     from smockron.cluster.pb import peers_pb2, peers_pb2_grpc
 
+    # the log is rate-limited per process: start a fresh window (the other server's run)
+    monkeypatch.setattr(node_module._bad_globals_log, "_windows", {})
     metric = "smockron_cluster_peer_globals_rejected_total"
     before = REGISTRY.get_sample_value(metric) or 0.0
     status = pb.RateLimitResp(limit=10, remaining=3, reset_time=2**40)

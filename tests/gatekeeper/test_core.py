@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -274,3 +276,36 @@ def test_reject_sample_bounds_without_a_master(sample: float, sent_or_dropped: i
 def test_reject_sample_out_of_range_is_refused(sample: float) -> None:
     with pytest.raises(ConfigError):
         AsyncGatekeeper(None, None, ["api"], reject_sample=sample)
+
+
+def _batch_io_threads() -> int:
+    """ZeroMQ I/O threads of this process running under SCHED_BATCH."""
+    count = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            policy = os.sched_getscheduler(int(task.name))
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith("ZMQbg/IO") and policy == os.SCHED_BATCH:
+            count += 1
+    return count
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policy")
+async def test_io_threads_run_under_sched_batch(master: MasterSockets) -> None:
+    """Both twins put their ZeroMQ I/O thread under SCHED_BATCH (no preemption per send)."""
+    before = _batch_io_threads()
+
+    async def batch_threads(expected: int) -> int:
+        # a new I/O thread applies its policy itself once it runs: give it a moment
+        for _ in range(100):
+            if (count := _batch_io_threads()) >= expected:
+                return count
+            await asyncio.sleep(0.02)
+        return _batch_io_threads()
+
+    with Gatekeeper(master.accounting_addr, master.control_addr, ["api"]):
+        assert await batch_threads(before + 1) == before + 1
+        async with AsyncGatekeeper(master.accounting_addr, master.control_addr, ["api"]):
+            assert await batch_threads(before + 2) == before + 2

@@ -9,7 +9,7 @@ from smockron.errors import ConfigError
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores import MemoryStore, open_store
 from smockron.master.stores.redis import RedisStore
-from smockron.protocol import ACCEPTED, decode_control, encode_accounting
+from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
 from tests.support import RedisServer
 
 T0 = 1_700_000_000_000
@@ -58,6 +58,35 @@ async def test_keys_have_ttl_of_window(redis_server: RedisServer) -> None:
         assert len(keys) == 1
         ttl = await store.client.pttl(keys[0])
         assert 1500 < ttl <= 3000  # slack for a loaded machine
+    finally:
+        await store.close()
+
+
+async def test_delay_far_ahead_survives_in_memory_until_written(
+    redis_server: RedisServer,
+) -> None:
+    """A busy master writes every 250 ms; a state with a DELAYED timestamp 30 s ahead,
+    in a 200 ms window, must not be forgotten by memory before then (Redis does not have
+    it yet), and its key's TTL runs to that timestamp plus the window."""
+    store = RedisStore(redis_server.url)
+    eng = Engine({"api": DomainPolicy((Rule(10.0, 2),))}, store)  # interval 100, window 200
+
+    async def step(batch: list[list[bytes]], now: int) -> list[int]:
+        store.tick(now)
+        decoded = eng.decode(batch)
+        await store.load(eng.touched(decoded))
+        return [decode_control(c).until_ms for c in eng.apply(decoded, now)]
+
+    try:
+        assert await step([encode_accounting("api", DELAYED, b"a", T0, T0 + 30_000)], T0) == []
+        for t in range(100, 600, 100):  # rotations, and no write yet
+            assert await step([], T0 + t) == []
+        # history [T0+30000, T0+600]: two in the window, next allowed at T0+600 + 100
+        assert await step([acc(b"a", T0 + 600)], T0 + 600) == [T0 + 700]
+        await store.flush()
+        (key,) = await store.client.keys("smockron:*")
+        ttl = await store.client.pttl(key)
+        assert 28_000 < ttl <= 29_600  # T0+30000 + 200 - (T0+600), less the test's time
     finally:
         await store.close()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import grpc
@@ -37,6 +38,8 @@ from smockron.cluster.model import (
     RateLimitResponse,
     Status,
 )
+from smockron.cluster.native import NativeServer
+from smockron.cluster.threaded import UNDECODED, ThreadedServer, bridge, keep_none
 from smockron.counters import CounterSet
 from smockron.ratelog import RateLimitedLog
 
@@ -111,18 +114,48 @@ class RateLimitServicer:
             what = "domain" if not request.domain else "descriptor list"
             self._log.warning("envoy: rejected request: empty %s", what, key="invalid")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rate limit {what} is empty")
+        limits, batch, now = self._plan(request)
+        try:
+            answers = await self.limiter.get_rate_limits(batch) if batch else []
+        except Exception as exc:  # the limiter's failure must not look like a verdict
+            self.stats.limiter_errors += 1
+            self._log.warning("envoy: limiter failed: %r", exc, key="limiter")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limiter unavailable")
+        return self._respond(limits, answers, now)
+
+    def answer_here(
+        self,
+        request: rls_pb2.RateLimitRequest,
+        decide: Callable[[list[RateLimitRequest]], list[RateLimitResponse] | None],
+    ) -> rls_pb2.RateLimitResponse | None:
+        """ShouldRateLimit without the event loop, for the threaded server: None (nothing
+        counted) when the request is invalid or ``decide`` (``Node.answer_here``) cannot
+        answer alone; the caller then takes the asyncio path."""
+        if not request.domain or not request.descriptors:
+            return None
+        limits, batch, now = self._plan(request)
+        answers = decide(batch) if batch else []
+        if answers is None:
+            return None
+        self.stats.calls += 1
+        return self._respond(limits, answers, now)
+
+    def _plan(
+        self, request: rls_pb2.RateLimitRequest
+    ) -> tuple[list[Limit | None], list[RateLimitRequest], int]:
+        """(each descriptor's limit, the checks to make, now)."""
         now = self._clock()
         limits = [self._limit_for(request.domain, d) for d in request.descriptors]
         batch: list[RateLimitRequest] = []
         for descriptor, limit in zip(request.descriptors, limits, strict=True):
             if limit is not None and not limit.unlimited:
                 batch.append(self._to_request(request, descriptor, limit, now))
-        try:
-            answers = iter(await self.limiter.get_rate_limits(batch) if batch else [])
-        except Exception as exc:  # the limiter's failure must not look like a verdict
-            self.stats.limiter_errors += 1
-            self._log.warning("envoy: limiter failed: %r", exc, key="limiter")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limiter unavailable")
+        return limits, batch, now
+
+    def _respond(
+        self, limits: list[Limit | None], answer_list: list[RateLimitResponse], now: int
+    ) -> rls_pb2.RateLimitResponse:
+        answers = iter(answer_list)
         response = rls_pb2.RateLimitResponse(overall_code=OK)
         for limit in limits:
             status = response.statuses.add()
@@ -204,7 +237,7 @@ def _duration_ms(ms: int) -> Duration:
 
 
 def add_to_server(
-    server: grpc.aio.Server,
+    server: grpc.aio.Server | ThreadedServer | NativeServer,
     limiter: RateLimiter,
     config: EnvoyConfig,
     clock: Callable[[], int] = epoch_ms,
@@ -220,6 +253,26 @@ def add_to_server(
     not decode reach the servicer as None and are counted and logged like other bad input.
     """
     servicer = RateLimitServicer(limiter, config, clock, response_headers=response_headers)
+    decide = getattr(limiter, "answer_here", None)
+    if isinstance(server, ThreadedServer | NativeServer) and decide is not None:
+        # checks the node decides alone are answered on the gRPC thread (see threaded.py)
+        slow = bridge(servicer.ShouldRateLimit, server.loop)
+
+        def fast(request: Any, context: grpc.ServicerContext) -> Any:
+            if request is not UNDECODED:
+                response = servicer.answer_here(request, decide)
+                if response is not None:
+                    return response
+            return slow(request, context)
+
+        threaded = grpc.unary_unary_rpc_method_handler(
+            fast,
+            request_deserializer=keep_none(_parse_request),
+            response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
+        )
+        server.add_threaded_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, {"ShouldRateLimit": threaded}),)
+        )
     method = grpc.unary_unary_rpc_method_handler(
         servicer.ShouldRateLimit,
         request_deserializer=_parse_request,

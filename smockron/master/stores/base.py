@@ -42,10 +42,18 @@ def expires_at(state: State, scope: Scope) -> float:
 class Table(Protocol):
     wants_put: bool
     """False when a state changed in place needs no ``put`` (it is already stored)."""
+    keep_after_ms: float
+    """A state written now is kept without ``keep`` until at least this plus its window;
+    a write whose newest timestamp (history) or value (GCRA) lies beyond it must call
+    ``keep`` with the state's expiry."""
 
     def get(self, key: bytes) -> State | None: ...
 
     def put(self, key: bytes, state: State) -> None: ...
+
+    def keep(self, key: bytes, state: State, until_ms: float) -> None:
+        """Keep the (stored) state at least until ``until_ms``, its expiry."""
+        ...
 
 
 class Store(Protocol):

@@ -1,61 +1,157 @@
-"""``memory://``: states in process memory, forgotten once idle longer than their window.
+"""``memory://``: states in process memory, forgotten once they can no longer matter.
 
-Expiry uses two generations per table instead of per-key timers: a state lives in
-``current``; every ``window`` the tables rotate (``current`` becomes ``previous``, and the
-old ``previous`` is dropped whole). A state touched again is moved back to ``current``.
-So a state idle for more than its window is never needed (its timestamps are all outside
-the window, its GCRA value is below the floor) and is gone after at most two windows:
-memory stays bounded by the identifiers active in the last two windows, at O(1) per
-message and no scan.
+A state matters until its expiry (``expires_at``: its newest timestamp, or its GCRA
+value, plus the window). Most states expire one window after their last touch, and for
+those expiry uses two generations per table instead of per-key timers: a state lives in
+``current``; every ``period`` (the window) the tables rotate (``current`` becomes
+``previous``, and the old ``previous`` is dropped). A state touched again is moved back
+to ``current``. So a state stays at least two periods after its generation started, and
+is gone after at most two idle windows: O(1) per message and no scan.
+
+Some states matter longer: a DELAYED timestamp may lie up to a minute ahead of the
+receive time (the engine's ``max_delay_ahead_ms``), and a GCRA value grows ahead of the
+clock while a client stays over its rate. When a write gives a state an expiry beyond
+that (its newest timestamp or value is beyond ``keep_after_ms``) the engine calls
+``keep``, which puts it in a side table (``lasting``) and files its key in a bucket of
+its expiry (one bucket per period, in a heap). At each rotation only the buckets whose
+time has passed are looked at: each key there is dropped from ``lasting`` when its state
+has expired, or filed again under its later expiry. Still O(1) per message (one bucket
+entry per ``keep``) and no full scan.
+
+A dropped generation is released incrementally, ``RELEASE_PER_TICK`` states per batch,
+rather than all at once: freeing a dict of a million states takes some 60 ms, a pause
+every message queued behind it would wait for. What is left of it at the next rotation
+is freed at once, so memory stays bounded by three generations plus ``lasting``.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from smockron.master.stores.base import Scope, State
+from smockron.master.stores.base import Scope, State, expires_at
+
+RELEASE_PER_TICK = 1_000
+"""States of a dropped generation freed per ``tick`` (per batch): ~0.1 ms of work."""
 
 
 class MemoryTable:
-    """Identifier -> state, in two generations rotated every ``period_ms``."""
+    """Identifier -> state, in two generations rotated every ``period_ms``, plus the
+    states that must outlive them (see the module docstring)."""
 
-    __slots__ = ("current", "period_ms", "previous", "started_ms")
+    __slots__ = (
+        "current",
+        "dropped",
+        "due",
+        "due_order",
+        "expiry",
+        "keep_after_ms",
+        "lasting",
+        "period_ms",
+        "previous",
+        "started_ms",
+    )
     wants_put = False
 
-    def __init__(self, period_ms: float) -> None:
+    def __init__(self, period_ms: float, expiry: Callable[[State], float] | None = None) -> None:
         self.period_ms = period_ms
+        self.expiry: Callable[[State], float] = expiry or (lambda state: max(state) + period_ms)
+        """When a state can no longer affect a decision (default: the history rule's)."""
         self.current: dict[bytes, State] = {}
         self.previous: dict[bytes, State] = {}
+        self.lasting: dict[bytes, State] = {}
+        self.due: dict[int, set[bytes]] = {}
+        """Keys of ``lasting`` by bucket: ``int(expiry // period_ms)``."""
+        self.due_order: list[int] = []
+        """The buckets of ``due``, a heap."""
+        self.dropped: list[dict[bytes, State]] = []
+        """Dropped generations, being released a little at every tick."""
         self.started_ms: float | None = None
+        self.keep_after_ms = float("-inf")
+        """The generations keep a state written now until at least this plus the
+        period (two periods after the current generation started); a state whose newest
+        timestamp or GCRA value lies beyond it matters longer and is given to ``keep``."""
 
     def get(self, key: bytes) -> State | None:
         state = self.current.get(key)
-        if state is None and self.previous:
-            state = self.previous.pop(key, None)
-            if state is not None:
-                self.current[key] = state
+        if state is None:
+            if self.previous:
+                state = self.previous.pop(key, None)
+                if state is not None:
+                    self.current[key] = state
+                    return state
+            if self.lasting:
+                state = self.lasting.get(key)
+                if state is not None:
+                    self.current[key] = state
         return state
 
     def put(self, key: bytes, state: State) -> None:
         self.current[key] = state
 
+    def keep(self, key: bytes, state: State, until_ms: float) -> None:
+        """Keep ``state`` (already stored) until ``until_ms``, its expiry."""
+        self.lasting[key] = state
+        bucket = int(until_ms // self.period_ms)
+        keys = self.due.get(bucket)
+        if keys is None:
+            keys = self.due[bucket] = set()
+            heapq.heappush(self.due_order, bucket)
+        keys.add(key)
+
     def tick(self, now_ms: float) -> None:
-        """Rotate when a period has passed; after two idle periods nothing is left."""
+        """Rotate when a period has passed; after two idle periods only ``lasting``
+        states that still matter are left."""
+        if self.dropped:
+            self._release()
         if self.started_ms is None:
             self.started_ms = now_ms
+            self.keep_after_ms = now_ms + self.period_ms
             return
         elapsed = now_ms - self.started_ms
         if elapsed < self.period_ms:
             return
-        if elapsed >= 2 * self.period_ms:
+        # Whatever an earlier rotation left unreleased is freed here, at once.
+        if elapsed >= 2 * self.period_ms:  # idle: both generations are done with
+            self.dropped = [self.previous, self.current]
             self.previous = {}
         else:
+            self.dropped = [self.previous]
             self.previous = self.current
         self.current = {}
         self.started_ms = now_ms
+        self.keep_after_ms = now_ms + self.period_ms
+        if self.due_order:
+            self._expire(now_ms)
+
+    def _release(self) -> None:
+        dropped = self.dropped[-1]
+        if len(dropped) <= RELEASE_PER_TICK:
+            self.dropped.pop()
+            return
+        popitem = dropped.popitem
+        for _ in range(RELEASE_PER_TICK):
+            popitem()
+
+    def _expire(self, now_ms: float) -> None:
+        """Drop the ``lasting`` states whose bucket has passed and that have expired."""
+        period, order, due, lasting = self.period_ms, self.due_order, self.due, self.lasting
+        while order and (order[0] + 1) * period <= now_ms:
+            for key in due.pop(heapq.heappop(order)):
+                state = lasting.get(key)
+                if state is None:
+                    continue
+                until = self.expiry(state)
+                if until <= now_ms:
+                    del lasting[key]
+                else:  # extended since it was filed: file it again, later
+                    self.keep(key, state, until)
 
     def __len__(self) -> int:
-        return len(self.current) + len(self.previous)
+        if not self.lasting:
+            return len(self.current) + len(self.previous)
+        return len(self.current.keys() | self.previous.keys() | self.lasting.keys())
 
 
 TableT = TypeVar("TableT", bound=MemoryTable)
@@ -93,10 +189,15 @@ class TableSet(Generic[TableT]):
         return sum(len(t) for t in self.tables.values())
 
 
+def scope_expiry(scope: Scope) -> Callable[[State], float]:
+    """``expires_at`` for the states of one scope."""
+    return lambda state: expires_at(state, scope)
+
+
 class MemoryStore(TableSet[MemoryTable]):
     """The default store."""
 
     scheme = "memory"
 
     def _new_table(self, scope: Scope) -> MemoryTable:
-        return MemoryTable(scope.rule.window_ms)
+        return MemoryTable(scope.rule.window_ms, scope_expiry(scope))

@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError
 
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Table, expires_at
-from smockron.master.stores.memory import MemoryTable, TableSet
+from smockron.master.stores.memory import MemoryTable, TableSet, scope_expiry
 from smockron.ratelog import RateLimitedLog
 
 KEY_PREFIX = b"smockron:"
@@ -81,7 +81,7 @@ class RedisTable(MemoryTable):
     wants_put = True
 
     def __init__(self, prefix: bytes, scope: Scope) -> None:
-        super().__init__(scope.rule.window_ms)
+        super().__init__(scope.rule.window_ms, scope_expiry(scope))
         self.prefix = prefix
         self.scope = scope
         self.dirty: dict[bytes, State] = {}
@@ -91,7 +91,7 @@ class RedisTable(MemoryTable):
         self.dirty[key] = state
 
     def has(self, key: bytes) -> bool:
-        return key in self.current or key in self.previous
+        return key in self.current or key in self.previous or key in self.lasting
 
 
 class RedisStore(TableSet[RedisTable]):
@@ -137,7 +137,9 @@ class RedisStore(TableSet[RedisTable]):
         values: list[Any] = await self._script("read", _READ_LUA, blob)
         for (table, ident), raw in zip(wanted.values(), values, strict=True):
             if raw and not table.has(ident):
-                table.current[ident] = _unpack(raw)
+                state = table.current[ident] = _unpack(raw)
+                if state and max(state) > table.keep_after_ms:  # e.g. after a restart
+                    table.keep(ident, state, expires_at(state, table.scope))
         return len(wanted)
 
     def due(self, now_ms: float) -> bool:

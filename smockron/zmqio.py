@@ -1,10 +1,11 @@
-"""Draining a ZeroMQ socket in batches (and sending batches), the master's costliest part.
+"""Draining a ZeroMQ socket in batches, and sending batches: the master's costliest part,
+and the gatekeepers' accounting.
 
 ``recv_multipart`` asks libzmq "more frames?" through ``getsockopt(RCVMORE)`` after
 every frame, which costs more than receiving the frame. This module reads each frame
 with ``recv(copy=False)`` and its ``.more`` attribute instead, and takes whole batches
 without blocking (``NOBLOCK``) so the caller processes them in one go. A compiled
-version (``smockron.master._fastrecv``, hand-written C in ``_fastrecv.c``, built by
+version (``smockron._zmqfast``, hand-written C in ``_zmqfast.c``, built by
 ``setup.py`` as an optional extension when a compiler is available) calls libzmq
 directly; this pure-Python loop is the fallback and behaves the same.
 """
@@ -79,17 +80,17 @@ def _load_compiled() -> tuple[Drain, SendAll, DrainAccounting] | None:
     if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
         return None
     try:
-        from smockron.master import _fastrecv  # type: ignore[attr-defined]
+        from smockron import _zmqfast  # type: ignore[attr-defined]
     except ImportError:
         return None
     path = _loaded_libzmq()
     if path is None:
         return None
     try:
-        _fastrecv.bind(path, zmq.ZMQError)
+        _zmqfast.bind(path, zmq.ZMQError)
     except ImportError:
         return None
-    return _fastrecv.drain, _fastrecv.send_all, _fastrecv.drain_accounting
+    return _zmqfast.drain, _zmqfast.send_all, _zmqfast.drain_accounting
 
 
 _compiled = _load_compiled()

@@ -10,7 +10,9 @@ import zmq
 
 from smockron.core.rules import Rule
 from smockron.master.engine import DomainPolicy, Engine
-from smockron.master.receive import (
+from smockron.master.stores.memory import MemoryStore
+from smockron.protocol import ACCEPTED, DEFAULT_LIMITS, DELAYED, REJECTED
+from smockron.zmqio import (
     MAX_FRAMES,
     Drain,
     SendAll,
@@ -21,8 +23,6 @@ from smockron.master.receive import (
     send_all_python,
     wait_readable,
 )
-from smockron.master.stores.memory import MemoryStore
-from smockron.protocol import ACCEPTED, DEFAULT_LIMITS, DELAYED, REJECTED
 from tests.support import wait_for
 
 LOOPS = [pytest.param(drain_python, id="python")]

@@ -1,4 +1,5 @@
-/* The master's receive loop in C: drain whole ZeroMQ messages from a pyzmq socket.
+/* ZeroMQ batch receive and send in C, for the master's receive loop and the
+ * gatekeepers' accounting: whole messages to and from a pyzmq socket.
  *
  * Why: in Python each frame costs a method call, a Frame object and, with
  * recv_multipart, a getsockopt(RCVMORE) round through pyzmq. Here a batch of
@@ -8,7 +9,7 @@
  * zmq.h, and a second copy of libzmq must never touch pyzmq's sockets. bind() is given
  * the path of the libzmq pyzmq already loaded and takes the few symbols needed from
  * that very copy (dlopen RTLD_NOLOAD). The declarations below follow zmq.h (4.x ABI).
- * Without a compiler smockron uses the pure-Python loop in receive.py instead.
+ * Without a compiler smockron uses the pure-Python loops in zmqio.py instead.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,7 +36,7 @@ static const char *(*p_strerror)(int);
 
 static PyObject *ZMQError;  /* set by bind(): the exception class to raise */
 
-static PyObject *fastrecv_bind(PyObject *self, PyObject *args) {
+static PyObject *zmqfast_bind(PyObject *self, PyObject *args) {
     const char *path;
     PyObject *error_class;
     if (!PyArg_ParseTuple(args, "sO", &path, &error_class)) return NULL;
@@ -108,12 +109,12 @@ static void *socket_handle(PyObject *socket) {
 }
 
 /* drain(socket, limit) -> list of messages (lists of bytes); never blocks. */
-static PyObject *fastrecv_drain(PyObject *self, PyObject *args) {
+static PyObject *zmqfast_drain(PyObject *self, PyObject *args) {
     PyObject *socket;
     Py_ssize_t limit;
     if (!PyArg_ParseTuple(args, "On", &socket, &limit)) return NULL;
     if (p_msg_recv == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "_zmqfast.bind() was not called");
         return NULL;
     }
     void *sock = socket_handle(socket);
@@ -164,11 +165,11 @@ fail:
  * Never blocks: a message the socket cannot take now is skipped (a PUB drops at its
  * high-water mark anyway). A message's frames go atomically: once its first frame is
  * accepted, the others are too. */
-static PyObject *fastrecv_send_all(PyObject *self, PyObject *args) {
+static PyObject *zmqfast_send_all(PyObject *self, PyObject *args) {
     PyObject *socket, *messages;
     if (!PyArg_ParseTuple(args, "OO!", &socket, &PyList_Type, &messages)) return NULL;
     if (p_send == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "_zmqfast.bind() was not called");
         return NULL;
     }
     void *sock = socket_handle(socket);
@@ -226,7 +227,7 @@ static int frame_is(zmq_msg_t *m, PyObject *word) {
 
 /* The accounting fast path of smockron.master.engine.Engine.decode, in C. A message that
  * is plainly valid for a configured domain becomes the engine's tuple
- * (domain, status, identifier, received, delayed or None); anything else is returned
+ * (domain, status, identifier, received, delayed or None), timestamps as floats; anything else is returned
  * as raw frames for the Python codec, which names the problem (or finds it valid). */
 static PyObject *decode_one(zmq_msg_t *f, int n, PyObject *topics, PyObject *statuses[3],
                             size_t max_id, size_t max_log, size_t max_digits,
@@ -261,9 +262,11 @@ static PyObject *decode_one(zmq_msg_t *f, int n, PyObject *topics, PyObject *sta
     }
     PyObject *ident = PyBytes_FromStringAndSize((const char *)p_msg_data(&f[2]),
                                                 (Py_ssize_t)p_msg_size(&f[2]));
-    PyObject *recv_obj = PyLong_FromLongLong(received);
+    /* float ms, as the engine computes (an int compared with a float costs CPython a
+     * conversion every time; timestamps are below 2^53, so exact) */
+    PyObject *recv_obj = PyFloat_FromDouble((double)received);
     PyObject *delayed_obj = delayed < 0 ? (Py_INCREF(Py_None), Py_None)
-                                        : PyLong_FromLongLong(delayed);
+                                        : PyFloat_FromDouble((double)delayed);
     if (ident == NULL || recv_obj == NULL || delayed_obj == NULL) {
         Py_XDECREF(ident);
         Py_XDECREF(recv_obj);
@@ -293,7 +296,7 @@ static void close_all(zmq_msg_t *f, int n) {
 /* drain_accounting(socket, limit, topics, (ACCEPTED, DELAYED, REJECTED),
  *                  (max_identifier, max_loginfo, max_timestamp_digits, max_timestamp_ms))
  * -> (decoded tuples, raw messages); at most limit messages in all; never blocks. */
-static PyObject *fastrecv_drain_accounting(PyObject *self, PyObject *args) {
+static PyObject *zmqfast_drain_accounting(PyObject *self, PyObject *args) {
     PyObject *socket, *topics, *statuses[3];
     Py_ssize_t limit, max_id, max_log, max_digits;
     long long max_ts;
@@ -302,7 +305,7 @@ static PyObject *fastrecv_drain_accounting(PyObject *self, PyObject *args) {
                           &max_digits, &max_ts))
         return NULL;
     if (p_msg_recv == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_fastrecv.bind() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "_zmqfast.bind() was not called");
         return NULL;
     }
     void *sock = socket_handle(socket);
@@ -376,19 +379,19 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"drain_accounting", fastrecv_drain_accounting, METH_VARARGS,
+    {"drain_accounting", zmqfast_drain_accounting, METH_VARARGS,
      "drain_accounting(socket, limit, topics, statuses, limits) -> (decoded, raw)."},
-    {"send_all", fastrecv_send_all, METH_VARARGS,
+    {"send_all", zmqfast_send_all, METH_VARARGS,
      "send_all(socket, messages) -> number sent; never blocks."},
-    {"bind", fastrecv_bind, METH_VARARGS,
+    {"bind", zmqfast_bind, METH_VARARGS,
      "bind(libzmq_path, ZMQError): use the symbols of the libzmq pyzmq loaded."},
-    {"drain", fastrecv_drain, METH_VARARGS,
+    {"drain", zmqfast_drain, METH_VARARGS,
      "drain(socket, limit) -> up to limit queued messages, each a list of bytes."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_fastrecv", "Compiled receive loop of the master.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_zmqfast", "Compiled ZeroMQ batch receive and send (master and gatekeepers).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__fastrecv(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__zmqfast(void) { return PyModule_Create(&module); }

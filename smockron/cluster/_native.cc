@@ -1,0 +1,489 @@
+// The native gRPC transport: a libgrpc++ server with one *generic* callback service
+// (raw bytes, no protobuf here) that hands every call to one Python callable.
+//
+//   server = _native.Server(dispatch, "127.0.0.1:1051", [("grpc.so_reuseport", 0), ...])
+//   server.port                       -> bound port (0 when the address cannot be bound)
+//   dispatch(call, method: str, request: bytes)   called on a gRPC thread, GIL held
+//   call.finish(code: int, response: bytes | None, details: str) -> bool
+//                                     once, from any thread (later calls return False)
+//   call.peer                         -> the client's address, as grpc.ServicerContext.peer()
+//   server.shutdown(grace_seconds)    stop taking calls; cancel those still running after
+//                                     grace; returns when every call is done
+//   server.stats() -> dict            calls / no_request / dispatch_errors / finished_late
+//
+// All logic stays in Python (smockron/cluster/native.py). A call that Python drops
+// without finishing is finished with INTERNAL when its Call object is freed; a call the
+// client cancels is finished here, and Python's later finish() is a no-op. The GIL is
+// taken (PyGILState_Ensure) only around dispatch and released while gRPC works.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+class Reactor;
+
+struct Core {
+  PyObject* dispatch = nullptr;  // strong ref, released under the GIL by the Server object
+  std::unique_ptr<grpc::CallbackGenericService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::atomic<bool> stopping{false};
+  std::mutex mu;
+  std::condition_variable idle;
+  long outstanding = 0;  // reactors alive, under mu
+  std::atomic<long> calls{0}, no_request{0}, dispatch_errors{0}, finished_late{0};
+};
+
+// One finish per call, whoever comes first: Python (finish / dealloc) or gRPC (OnCancel).
+struct Slot {
+  std::mutex mu;
+  Reactor* reactor = nullptr;
+  // While the dispatching thread is in Python, finish() only records the answer; that
+  // thread sends it after letting go of the GIL (no GIL hand-off per answer).
+  bool dispatching = false;
+  Reactor* held = nullptr;
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  bool has_payload = false;
+  std::string payload, details;
+};
+
+Reactor* take(const std::shared_ptr<Slot>& slot) {
+  std::lock_guard<std::mutex> lock(slot->mu);
+  Reactor* r = slot->reactor;
+  slot->reactor = nullptr;
+  return r;
+}
+
+class Reactor : public grpc::ServerGenericBidiReactor {
+ public:
+  Reactor(Core* core, grpc::GenericCallbackServerContext* ctx)
+      : core_(core), ctx_(ctx), slot_(std::make_shared<Slot>()) {
+    slot_->reactor = this;
+    {
+      std::lock_guard<std::mutex> lock(core_->mu);
+      ++core_->outstanding;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override;
+
+  void OnCancel() override {
+    Reactor* r = take(slot_);
+    if (r != nullptr) {
+      core_->finished_late++;
+      r->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    }
+  }
+
+  void OnDone() override {
+    Core* core = core_;
+    delete this;
+    std::lock_guard<std::mutex> lock(core->mu);
+    if (--core->outstanding == 0) core->idle.notify_all();
+  }
+
+  // The winner of take() sends the answer (no GIL needed).
+  void Send(grpc::StatusCode code, const std::string* payload, const std::string& details) {
+    if (code == grpc::StatusCode::OK && payload != nullptr) {
+      grpc::Slice slice(*payload);
+      response_ = grpc::ByteBuffer(&slice, 1);
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      Finish(grpc::Status(code, details));
+    }
+  }
+
+  std::shared_ptr<Slot> slot() const { return slot_; }
+
+ private:
+  Core* core_;
+  grpc::GenericCallbackServerContext* ctx_;
+  std::shared_ptr<Slot> slot_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+};
+
+// ---- the Python Call object -------------------------------------------------------
+
+struct CallObject {
+  PyObject_HEAD
+  std::shared_ptr<Slot>* slot;  // heap, so the C struct stays POD
+  PyObject* peer;
+};
+
+bool finish_call(CallObject* self, grpc::StatusCode code, const char* data, Py_ssize_t size,
+                 const std::string& details) {
+  Slot& slot = **self->slot;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (slot.reactor == nullptr) return false;
+    if (slot.dispatching) {
+      slot.held = slot.reactor;
+      slot.reactor = nullptr;
+      slot.code = code;
+      slot.has_payload = data != nullptr;
+      if (data != nullptr) slot.payload.assign(data, static_cast<size_t>(size));
+      slot.details = details;
+      return true;
+    }
+  }
+  Reactor* r = take(*self->slot);
+  if (r == nullptr) return false;
+  std::string payload;
+  if (data != nullptr) payload.assign(data, static_cast<size_t>(size));
+  Py_BEGIN_ALLOW_THREADS
+  r->Send(code, data != nullptr ? &payload : nullptr, details);
+  Py_END_ALLOW_THREADS
+  return true;
+}
+
+PyObject* Call_finish(PyObject* op, PyObject* args) {
+  auto* self = reinterpret_cast<CallObject*>(op);
+  int code = 0;
+  Py_buffer data{};
+  data.buf = nullptr;
+  const char* details = "";
+  Py_ssize_t details_len = 0;
+  PyObject* payload = Py_None;
+  if (!PyArg_ParseTuple(args, "iO|s#", &code, &payload, &details, &details_len)) return nullptr;
+  if (code < 0 || code > 16) {
+    PyErr_SetString(PyExc_ValueError, "gRPC status code out of range");
+    return nullptr;
+  }
+  bool done;
+  std::string det(details, static_cast<size_t>(details_len));
+  if (payload == Py_None) {
+    done = finish_call(self, static_cast<grpc::StatusCode>(code), nullptr, 0, det);
+  } else {
+    if (PyObject_GetBuffer(payload, &data, PyBUF_SIMPLE) < 0) return nullptr;
+    done = finish_call(self, static_cast<grpc::StatusCode>(code),
+                       static_cast<const char*>(data.buf), data.len, det);
+    PyBuffer_Release(&data);
+  }
+  return PyBool_FromLong(done);
+}
+
+PyObject* Call_get_peer(PyObject* op, void*) {
+  auto* self = reinterpret_cast<CallObject*>(op);
+  Py_INCREF(self->peer);
+  return self->peer;
+}
+
+PyObject* Call_get_done(PyObject* op, void*) {
+  auto* self = reinterpret_cast<CallObject*>(op);
+  std::lock_guard<std::mutex> lock((*self->slot)->mu);
+  return PyBool_FromLong((*self->slot)->reactor == nullptr);
+}
+
+void Call_dealloc(PyObject* op) {
+  auto* self = reinterpret_cast<CallObject*>(op);
+  if (self->slot != nullptr) {
+    finish_call(self, grpc::StatusCode::INTERNAL, nullptr, 0, "call dropped unanswered");
+    delete self->slot;
+  }
+  Py_XDECREF(self->peer);
+  Py_TYPE(op)->tp_free(op);
+}
+
+PyMethodDef Call_methods[] = {
+    {"finish", Call_finish, METH_VARARGS,
+     "finish(code, response_or_None, details='') -> bool: answer the call once."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef Call_getset[] = {
+    {"peer", Call_get_peer, nullptr, "the client's address", nullptr},
+    {"done", Call_get_done, nullptr, "True once finished or cancelled", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject CallType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+void Reactor::OnReadDone(bool ok) {
+  if (!ok) {  // the client half-closed without a message
+    core_->no_request++;
+    if (Reactor* r = take(slot_)) r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "no request message"));
+    return;
+  }
+  if (core_->stopping.load() || _Py_IsFinalizing()) {
+    if (Reactor* r = take(slot_)) r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server stopping"));
+    return;
+  }
+  core_->calls++;
+  std::vector<grpc::Slice> slices;
+  request_.Dump(&slices);
+  std::string body;
+  if (slices.size() == 1) {
+    body.assign(reinterpret_cast<const char*>(slices[0].begin()), slices[0].size());
+  } else {
+    for (const auto& s : slices) body.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  request_.Clear();
+  const std::string& method = ctx_->method();
+  std::string peer = ctx_->peer();
+  // From here on `this` may be finished and deleted by another thread: use locals only.
+  Core* core = core_;
+  std::shared_ptr<Slot> slot = slot_;
+  {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->dispatching = true;
+  }
+  // A gRPC thread gets its Python thread state once and keeps it (the outer Ensure is
+  // never released): a plain Ensure/Release pair would create and destroy one per call.
+  thread_local bool python_thread = false;
+  if (!python_thread) {
+    PyGILState_Ensure();
+    PyEval_SaveThread();
+    python_thread = true;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  auto* call = PyObject_New(CallObject, &CallType);
+  bool ok_call = false;
+  if (call != nullptr) {
+    call->slot = new std::shared_ptr<Slot>(slot);
+    call->peer = PyUnicode_DecodeUTF8(peer.data(), static_cast<Py_ssize_t>(peer.size()), "replace");
+    if (call->peer == nullptr) {
+      call->peer = PyUnicode_FromString("");
+      PyErr_Clear();
+    }
+    PyObject* result = PyObject_CallFunction(
+        core->dispatch, "Os#y#", reinterpret_cast<PyObject*>(call), method.data(),
+        static_cast<Py_ssize_t>(method.size()), body.data(), static_cast<Py_ssize_t>(body.size()));
+    if (result != nullptr) {
+      ok_call = true;
+      Py_DECREF(result);
+    } else {
+      core->dispatch_errors++;
+      PyErr_WriteUnraisable(core->dispatch);
+    }
+    Py_DECREF(call);  // finishes with INTERNAL if Python neither answered nor kept it
+  } else {
+    PyErr_Clear();
+  }
+  PyGILState_Release(gil);
+  Reactor* held;
+  {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->dispatching = false;
+    held = slot->held;
+    slot->held = nullptr;
+  }
+  if (held != nullptr) {
+    held->Send(slot->code, slot->has_payload ? &slot->payload : nullptr, slot->details);
+    return;
+  }
+  if (!ok_call) {
+    if (Reactor* r = take(slot)) r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "dispatch failed"));
+  }
+}
+
+class Service : public grpc::CallbackGenericService {
+ public:
+  explicit Service(Core* core) : core_(core) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    return new Reactor(core_, ctx);
+  }
+
+ private:
+  Core* core_;
+};
+
+// ---- the Python Server object -----------------------------------------------------
+
+struct ServerObject {
+  PyObject_HEAD
+  Core* core;
+  int port;
+};
+
+void shutdown_core(Core* core, double grace) {
+  if (core == nullptr || !core->server) return;
+  core->stopping.store(true);
+  auto deadline = std::chrono::system_clock::now() +
+                  std::chrono::microseconds(static_cast<long long>(grace * 1e6));
+  core->server->Shutdown(deadline);  // cancels what is left at the deadline
+  {
+    // calls cancelled or finished: wait for their OnDone (bounded, then leak)
+    std::unique_lock<std::mutex> lock(core->mu);
+    core->idle.wait_for(lock, std::chrono::seconds(5), [core] { return core->outstanding == 0; });
+  }
+  core->server->Wait();
+}
+
+int Server_init(PyObject* op, PyObject* args, PyObject*) {
+  auto* self = reinterpret_cast<ServerObject*>(op);
+  PyObject* dispatch;
+  const char* address;
+  PyObject* options = nullptr;
+  if (!PyArg_ParseTuple(args, "Os|O", &dispatch, &address, &options)) return -1;
+  if (!PyCallable_Check(dispatch)) {
+    PyErr_SetString(PyExc_TypeError, "dispatch must be callable");
+    return -1;
+  }
+  if (self->core != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "server already started");
+    return -1;
+  }
+  grpc::ServerBuilder builder;
+  if (options != nullptr && options != Py_None) {
+    PyObject* seq = PySequence_Fast(options, "options must be a sequence of (name, value)");
+    if (seq == nullptr) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+      const char* name;
+      PyObject* value;
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sO", &name, &value)) {
+        Py_DECREF(seq);
+        return -1;
+      }
+      if (PyLong_Check(value)) {
+        long v = PyLong_AsLong(value);
+        if (std::string(name) == "grpc.max_receive_message_length") {
+          builder.SetMaxReceiveMessageSize(static_cast<int>(v));
+        } else {
+          builder.AddChannelArgument(name, static_cast<int>(v));
+        }
+      } else if (PyUnicode_Check(value)) {
+        builder.AddChannelArgument(name, std::string(PyUnicode_AsUTF8(value)));
+      }
+    }
+    Py_DECREF(seq);
+  }
+  auto* core = new Core();
+  Py_INCREF(dispatch);
+  core->dispatch = dispatch;
+  core->service = std::make_unique<Service>(core);
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterCallbackGenericService(core->service.get());
+  std::unique_ptr<grpc::Server> server;
+  Py_BEGIN_ALLOW_THREADS
+  server = builder.BuildAndStart();
+  Py_END_ALLOW_THREADS
+  if (!server || port == 0) {
+    if (server) {
+      Py_BEGIN_ALLOW_THREADS
+      server->Shutdown();
+      Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(dispatch);
+    delete core;
+    self->port = 0;
+    return 0;  // port 0 says "cannot bind", as grpc's add_insecure_port does
+  }
+  core->server = std::move(server);
+  self->core = core;
+  self->port = port;
+  return 0;
+}
+
+PyObject* Server_shutdown(PyObject* op, PyObject* args) {
+  auto* self = reinterpret_cast<ServerObject*>(op);
+  double grace = 0.0;
+  if (!PyArg_ParseTuple(args, "|d", &grace)) return nullptr;
+  Core* core = self->core;
+  if (core == nullptr || core->stopping.load()) Py_RETURN_NONE;
+  Py_BEGIN_ALLOW_THREADS
+  shutdown_core(core, grace);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyObject* Server_stats(PyObject* op, PyObject*) {
+  auto* self = reinterpret_cast<ServerObject*>(op);
+  Core* core = self->core;
+  if (core == nullptr) return PyDict_New();
+  long outstanding;
+  {
+    std::lock_guard<std::mutex> lock(core->mu);
+    outstanding = core->outstanding;
+  }
+  return Py_BuildValue("{s:l,s:l,s:l,s:l,s:l}", "calls", core->calls.load(), "no_request",
+                       core->no_request.load(), "dispatch_errors", core->dispatch_errors.load(),
+                       "finished_late", core->finished_late.load(), "outstanding", outstanding);
+}
+
+PyObject* Server_get_port(PyObject* op, void*) {
+  return PyLong_FromLong(reinterpret_cast<ServerObject*>(op)->port);
+}
+
+void Server_dealloc(PyObject* op) {
+  auto* self = reinterpret_cast<ServerObject*>(op);
+  Core* core = self->core;
+  if (core != nullptr) {
+    if (!core->stopping.load()) {
+      Py_BEGIN_ALLOW_THREADS
+      shutdown_core(core, 0.0);
+      Py_END_ALLOW_THREADS
+    }
+    bool idle;
+    {
+      std::lock_guard<std::mutex> lock(core->mu);
+      idle = core->outstanding == 0;
+    }
+    if (idle) {
+      Py_CLEAR(core->dispatch);
+      core->server.reset();
+      delete core;
+    }  // else: a reactor still points at it; leak rather than crash
+  }
+  Py_TYPE(op)->tp_free(op);
+}
+
+PyMethodDef Server_methods[] = {
+    {"shutdown", Server_shutdown, METH_VARARGS,
+     "shutdown(grace_seconds=0.0): stop; cancel calls still running after grace."},
+    {"stats", Server_stats, METH_NOARGS, "counters of the transport"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef Server_getset[] = {
+    {"port", Server_get_port, nullptr, "bound port, 0 if the address could not be bound", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject ServerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "smockron.cluster._native",
+                          "libgrpc++ generic server handing raw calls to Python", -1,
+                          nullptr, nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native(void) {
+  CallType.tp_name = "smockron.cluster._native.Call";
+  CallType.tp_basicsize = sizeof(CallObject);
+  CallType.tp_flags = Py_TPFLAGS_DEFAULT;
+  CallType.tp_dealloc = Call_dealloc;
+  CallType.tp_methods = Call_methods;
+  CallType.tp_getset = Call_getset;
+  CallType.tp_doc = "one gRPC call, answered with finish()";
+  if (PyType_Ready(&CallType) < 0) return nullptr;
+
+  ServerType.tp_name = "smockron.cluster._native.Server";
+  ServerType.tp_basicsize = sizeof(ServerObject);
+  ServerType.tp_flags = Py_TPFLAGS_DEFAULT;
+  ServerType.tp_new = PyType_GenericNew;
+  ServerType.tp_init = Server_init;
+  ServerType.tp_dealloc = Server_dealloc;
+  ServerType.tp_methods = Server_methods;
+  ServerType.tp_getset = Server_getset;
+  ServerType.tp_doc = "Server(dispatch, address, options=()): a started libgrpc++ server";
+  if (PyType_Ready(&ServerType) < 0) return nullptr;
+
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  Py_INCREF(&CallType);
+  PyModule_AddObject(m, "Call", reinterpret_cast<PyObject*>(&CallType));
+  Py_INCREF(&ServerType);
+  PyModule_AddObject(m, "Server", reinterpret_cast<PyObject*>(&ServerType));
+  return m;
+}

@@ -1,0 +1,235 @@
+"""The native gRPC server: libgrpc++ (``_native.cc``) carrying calls, Python deciding them.
+
+Why: on the bench machine the Python gRPC stack itself costs ~0.36 ms of CPU per unary
+call (``grpc.server``) against ~0.14 ms for a C++ server, and its p99 at 2,000 calls/s sits
+near 1 ms before smockron does any work (docs/cluster.md, "Single-check latency"). The
+extension runs a libgrpc++ server with one generic service (raw bytes, no protobuf in
+C++) and hands each call (method path, request bytes) to ``NativeServer._dispatch`` on a
+gRPC thread, with the GIL held only for that.
+
+The handlers are the ones the threaded server takes (``add_threaded_handlers`` for the
+fast paths, ``add_generic_rpc_handlers`` for the asyncio servicers): a threaded handler
+runs on the gRPC thread and answers at once; an asyncio handler is started on the node's
+event loop and the call is finished from the loop thread when it is done, so no gRPC
+thread waits on the loop. A fast path that falls back to its slow handler (``bridge`` in
+threaded.py) gets a ``Deferred`` back instead of blocking, for the same reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import inspect
+import logging
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import grpc
+from prometheus_client import Counter
+
+from smockron.cluster.threaded import UNDECODED, Aborted, Deferred, LoopContext
+
+try:
+    from smockron.cluster import _native  # type: ignore[attr-defined]
+except ImportError:  # built only where libgrpc++ is installed (setup.py)
+    _native = None
+
+log = logging.getLogger("smockron.cluster")
+
+AVAILABLE = _native is not None
+
+UNKNOWN_METHOD = Counter(
+    "smockron_cluster_grpc_unknown_method_total",
+    "gRPC calls to a method this node does not serve (native server).",
+)
+
+_OK = grpc.StatusCode.OK.value[0]
+_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
+_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+
+_running: weakref.WeakSet[NativeServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """No gRPC thread may call into an interpreter that is finalizing."""
+    for server in list(_running):
+        server.shutdown_now()
+
+
+class NativeContext:
+    """The ``grpc.ServicerContext`` surface smockron's handlers use."""
+
+    __slots__ = ("_call",)
+    defers = True
+    """``bridge`` returns a ``Deferred`` here rather than block a gRPC thread."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise Aborted(code, details)
+
+    def peer(self) -> str:
+        return str(self._call.peer)
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def is_active(self) -> bool:
+        return not self._call.done
+
+    def time_remaining(self) -> float | None:
+        return None
+
+
+# (is_async, deserializer, handler, serializer)
+_Parse = Callable[[bytes], Any] | None
+_Serialize = Callable[[Any], bytes] | None
+_Entry = tuple[bool, _Parse, Callable[..., Any], _Serialize]
+
+
+class _Details:
+    """The one thing ``GenericRpcHandler.service`` reads from its argument."""
+
+    __slots__ = ("invocation_metadata", "method")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.invocation_metadata: tuple[()] = ()
+
+
+class NativeServer:
+    """``ThreadedServer``'s interface over the libgrpc++ transport."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, options: Sequence[tuple[str, Any]] = ()
+    ) -> None:
+        if _native is None:
+            raise RuntimeError("smockron.cluster._native is not built (no libgrpc++)")
+        self.loop = loop
+        self._options = list(options)
+        self._threaded: list[grpc.GenericRpcHandler[Any, Any]] = []
+        self._async: list[grpc.GenericRpcHandler[Any, Any]] = []
+        self._cache: dict[str, _Entry | None] = {}
+        self._server: Any = None
+
+    def add_threaded_handlers(self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]) -> None:
+        self._threaded.extend(handlers)
+
+    def add_generic_rpc_handlers(
+        self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]
+    ) -> None:
+        self._async.extend(handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        """Bind and start serving (handlers are registered by now); 0 if it cannot bind."""
+        if self._server is not None:
+            raise RuntimeError("the native server listens on one address")
+        server = _native.Server(self._dispatch, address, self._options)
+        if server.port == 0:
+            return 0
+        self._server = server
+        _running.add(self)
+        return int(server.port)
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop taking calls; wait (off the loop, which asyncio calls still need) for the
+        ones in progress, at most ``grace`` seconds, then cancel the rest."""
+        server = self._server
+        if server is None:
+            return
+        await self.loop.run_in_executor(None, server.shutdown, grace or 0.0)
+        _running.discard(self)
+
+    def shutdown_now(self) -> None:
+        if self._server is not None:
+            self._server.shutdown(0.0)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._server.stats()) if self._server is not None else {}
+
+    def _lookup(self, method: str) -> _Entry | None:
+        details = _Details(method)
+        for handlers, is_async in ((self._threaded, False), (self._async, True)):
+            for generic in handlers:
+                handler = generic.service(details)  # type: ignore[arg-type]
+                if handler is None or handler.unary_unary is None:
+                    continue
+                fn = handler.unary_unary
+                coroutine = is_async and inspect.iscoroutinefunction(fn)
+                return (coroutine, handler.request_deserializer, fn, handler.response_serializer)
+        return None
+
+    def _dispatch(self, call: Any, method: str, data: bytes) -> None:
+        """Called by the extension on a gRPC thread for every call."""
+        try:
+            entry = self._cache[method]
+        except KeyError:
+            entry = self._lookup(method)
+            if len(self._cache) < 1024:  # method names come from clients
+                self._cache[method] = entry
+        if entry is None:
+            UNKNOWN_METHOD.inc()
+            call.finish(_UNIMPLEMENTED, None, "Method not found!")
+            return
+        is_async, parse, handler, serialize = entry
+        try:
+            request = parse(data) if parse is not None else data
+        except Exception:
+            log.exception("%s: request deserializer failed", method)
+            call.finish(_INTERNAL, None, "Exception deserializing request!")
+            return
+        context = NativeContext(call)
+        if is_async:
+            if request is UNDECODED:
+                request = None
+            loop_context = LoopContext(context)  # type: ignore[arg-type]
+            future = asyncio.run_coroutine_threadsafe(handler(request, loop_context), self.loop)
+            self._defer(call, future, serialize)
+            return
+        try:
+            response = handler(request, context)
+        except Aborted as exc:
+            call.finish(exc.code.value[0], None, exc.details)
+            return
+        except Exception as exc:
+            log.exception("%s: handler failed", method)
+            call.finish(_UNKNOWN, None, f"Exception calling application: {exc}")
+            return
+        if isinstance(response, Deferred):
+            self._defer(call, response.future, serialize)
+            return
+        _answer(call, response, serialize)
+
+    def _defer(
+        self, call: Any, future: Future[Any], serialize: Callable[[Any], bytes] | None
+    ) -> None:
+        def done(future: Future[Any]) -> None:
+            try:
+                response = future.result()
+            except Aborted as exc:
+                call.finish(exc.code.value[0], None, exc.details)
+            except Exception as exc:
+                log.error("gRPC handler failed: %r", exc)
+                call.finish(_UNKNOWN, None, f"Exception calling application: {exc}")
+            else:
+                _answer(call, response, serialize)
+
+        future.add_done_callback(done)
+
+
+def _answer(call: Any, response: Any, serialize: Callable[[Any], bytes] | None) -> None:
+    try:
+        body = serialize(response) if serialize is not None else response
+    except Exception:
+        log.exception("response serializer failed")
+        call.finish(_INTERNAL, None, "Exception serializing response!")
+        return
+    call.finish(_OK, body, "")
