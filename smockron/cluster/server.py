@@ -5,17 +5,20 @@ Used by ``smockron cluster`` and by tests that want a real node in-process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
 import grpc
 from aiohttp import web
 
-from smockron.cluster import service
+from smockron.cluster import native, service
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
 from smockron.cluster.http import make_app
+from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
+from smockron.cluster.threaded import ThreadedServer
 
 log = logging.getLogger("smockron.cluster")
 
@@ -24,7 +27,8 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 
-Extension = Callable[[grpc.aio.Server, Node], None]
+GrpcServer = grpc.aio.Server | ThreadedServer | NativeServer
+Extension = Callable[[GrpcServer, Node], None]
 """Adds another service to the gRPC server (the Envoy front)."""
 
 
@@ -46,11 +50,40 @@ class ClusterServer:
         self.node = Node(self.config)
         self._discovery = discovery
         self._extensions = extensions
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: GrpcServer | None = None
         self._http: web.AppRunner | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        # Peers first: a node that took calls before it knew its peers would count keys
+        # it does not own (a static list is known at once; etcd waits its start timeout).
+        if self._discovery is not None:
+            await self._discovery.start(self.node.set_peers)
+        try:
+            await self._listen()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "cluster node %s: gRPC %s, HTTP %s",
+            self.node.address,
+            self.config.grpc_address,
+            self.config.http_address or "off",
+        )
+
+    async def _listen(self) -> None:
+        server: GrpcServer
+        kind = self.config.grpc_server
+        if kind == "native" and not native.AVAILABLE:
+            log.warning("gRPC server: native extension not built (no libgrpc++); using threads")
+            kind = "threads"
+        if kind == "native":
+            server = NativeServer(asyncio.get_running_loop(), GRPC_OPTIONS)
+            service.add_threaded_fast_paths(server, self.node)
+        elif kind == "threads":
+            server = ThreadedServer(asyncio.get_running_loop(), GRPC_OPTIONS)
+            service.add_threaded_fast_paths(server, self.node)
+        else:
+            server = grpc.aio.server(options=GRPC_OPTIONS)
         service.add_to_server(server, self.node)
         for extend in self._extensions:
             extend(server, self.node)
@@ -73,14 +106,6 @@ class ClusterServer:
                 raise OSError(
                     f"cannot listen on HTTP address {self.config.http_address}: {exc.strerror}"
                 ) from None
-        if self._discovery is not None:
-            await self._discovery.start(self.node.set_peers)
-        log.info(
-            "cluster node %s: gRPC %s, HTTP %s",
-            self.node.address,
-            self.config.grpc_address,
-            self.config.http_address or "off",
-        )
 
     async def stop(self) -> None:
         if self._discovery is not None:

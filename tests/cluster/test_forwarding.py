@@ -176,3 +176,43 @@ async def test_nearly_used_up_keys_sync_sooner() -> None:
     finally:
         await pair.a.stop()
         await pair.b.stop()
+
+
+class _SlowDiscovery:
+    """Lists the peers only when the test says so."""
+
+    def __init__(self, peers: list[PeerInfo]) -> None:
+        self.peers = peers
+        self.release = asyncio.Event()
+
+    async def start(self, on_change: Callable[[list[PeerInfo]], None]) -> None:
+        await self.release.wait()
+        on_change(self.peers)
+
+    async def stop(self) -> None:
+        pass
+
+
+async def test_node_takes_no_call_before_it_knows_its_peers() -> None:
+    """A node that answered before discovery listed its peers would count keys it does
+    not own, so it does not listen until the first list is in."""
+    ca, cb = make_config()
+    discovery = _SlowDiscovery([PeerInfo(ca.grpc_address), PeerInfo(cb.grpc_address)])
+    server = ClusterServer(ca, discovery)
+    starting = asyncio.create_task(server.start())
+    try:
+        await asyncio.sleep(0.3)
+        host, port = ca.grpc_address.rsplit(":", 1)
+        with pytest.raises(OSError):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.close()
+        assert not starting.done()
+        discovery.release.set()
+        await asyncio.wait_for(starting, 10)
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.close()
+        assert set(server.node.ring.nodes) == {ca.grpc_address, cb.grpc_address}
+    finally:
+        discovery.release.set()
+        await starting
+        await server.stop()
