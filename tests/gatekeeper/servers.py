@@ -38,6 +38,13 @@ def waitress_server(app: Any, threads: int = 8) -> Iterator[int]:
         wait_port(port)
         yield port
     finally:
-        server.close()
-        server.task_dispatcher.shutdown()
+        # close every socket from the loop's own thread (closing them from here races
+        # the loop's select() and makes it fail on a closed descriptor); an empty map
+        # ends the loop
+        def close_all() -> None:
+            for channel in list(server._map.values()):
+                channel.close()
+
+        server.trigger.pull_trigger(close_all)
         thread.join(10)
+        server.task_dispatcher.shutdown()
