@@ -96,6 +96,22 @@ static PyObject *raise_zmq(int err) {
     return NULL;
 }
 
+/* The error, carrying in ``sent`` how many whole messages went out before it. */
+static PyObject *raise_zmq_after(int err, Py_ssize_t sent) {
+    PyObject *exc = PyObject_CallFunction(ZMQError, "i", err);
+    if (exc == NULL) return NULL;
+    PyObject *count = PyLong_FromSsize_t(sent);
+    if (count == NULL || PyObject_SetAttrString(exc, "sent", count) < 0) {
+        Py_XDECREF(count);
+        Py_DECREF(exc);
+        return NULL;
+    }
+    Py_DECREF(count);
+    PyErr_SetObject(ZMQError, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
 /* The libzmq socket behind a pyzmq Socket (its ``underlying`` address); NULL with an
  * exception set when it has none or is closed. */
 static void *socket_handle(PyObject *socket) {
@@ -164,7 +180,8 @@ fail:
 /* send_all(socket, messages) -> how many were sent. Each message is a list of bytes.
  * Never blocks: a message the socket cannot take now is skipped (a PUB drops at its
  * high-water mark anyway). A message's frames go atomically: once its first frame is
- * accepted, the others are too. */
+ * accepted, the others are too. Any other error raises ZMQError whose ``sent`` says
+ * how many messages went out before it. */
 static PyObject *zmqfast_send_all(PyObject *self, PyObject *args) {
     PyObject *socket, *messages;
     if (!PyArg_ParseTuple(args, "OO!", &socket, &PyList_Type, &messages)) return NULL;
@@ -199,7 +216,7 @@ static PyObject *zmqfast_send_all(PyObject *self, PyObject *args) {
             if (rc < 0) {
                 int err = p_errno();
                 if (err == EAGAIN && j == 0) break;  /* not taken: skip this message */
-                return raise_zmq(err);
+                return raise_zmq_after(err, sent);
             }
             if (j + 1 == n) sent++;
         }

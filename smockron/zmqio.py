@@ -48,7 +48,8 @@ def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
 
 
 def send_all_python(sock: zmq.Socket[bytes], messages: list[list[bytes]]) -> int:
-    """Send whole messages without blocking; one the socket cannot take is skipped."""
+    """Send whole messages without blocking; one the socket cannot take is skipped.
+    Another error is raised with ``sent``: how many messages went out before it."""
     send = sock.send_multipart
     sent = 0
     for frames in messages:
@@ -56,6 +57,9 @@ def send_all_python(sock: zmq.Socket[bytes], messages: list[list[bytes]]) -> int
             send(frames, zmq.NOBLOCK)
         except zmq.Again:  # a PUB drops at its high-water mark anyway
             continue
+        except zmq.ZMQError as exc:
+            exc.sent = sent  # type: ignore[attr-defined]
+            raise
         sent += 1
     return sent
 

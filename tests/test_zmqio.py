@@ -128,6 +128,28 @@ def test_send_all_skips_what_the_socket_cannot_take(send_all: SendAll) -> None:
         ctx.term()
 
 
+@pytest.mark.parametrize("send_all", SENDERS)
+def test_send_all_error_says_how_many_went_out(send_all: SendAll) -> None:
+    """A REQ socket takes one request and then refuses (EFSM): a real mid-batch error."""
+    ctx = zmq.Context()
+    rep = ctx.socket(zmq.REP)
+    port = rep.bind_to_random_port("tcp://127.0.0.1")
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        wait_for(lambda: req.poll(0, zmq.POLLOUT) != 0)
+        with pytest.raises(zmq.ZMQError) as caught:
+            send_all(req, [[b"one", b"request"], [b"two"], [b"three"]])
+        assert caught.value.errno == zmq.EFSM
+        assert caught.value.sent == 1  # type: ignore[attr-defined]
+        assert rep.recv_multipart() == [b"one", b"request"]
+    finally:
+        req.close()
+        rep.close(0)
+        ctx.term()
+
+
 @pytest.mark.skipif(drain_accounting_compiled is None, reason="compiled loop not built")
 def test_compiled_decode_matches_the_engine(
     pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],

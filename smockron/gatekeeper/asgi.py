@@ -174,7 +174,7 @@ class SmockronMiddleware:
             if not gatekeeper.started:
                 gatekeeper.start()
             # no coroutine unless there is a delay to wait out
-            decision = gatekeeper._decide(domain, identifier, now_ms(), loginfo)
+            decision = gatekeeper.decide(domain, identifier, now_ms(), loginfo)
         except Exception as exc:  # fail-permissive, even against our own bugs
             self.gate.fail_open(exc)
             await self.app(scope, receive, send)

@@ -438,8 +438,8 @@ class AsyncGatekeeper(_GatekeeperBase):
             return
         try:
             sent = send_all(pub, batch)  # one compiled call for the whole batch
-        except zmq.ZMQError:  # closed under us: what was not counted sent is lost
-            sent = 0
+        except zmq.ZMQError as exc:  # closed under us: the rest of the batch is lost
+            sent = getattr(exc, "sent", 0)
         dropped = len(batch) - sent
         counters = self.counters
         counters.accounting_sent += sent
