@@ -61,7 +61,8 @@ def _stop_all() -> None:
 
 
 class NativeContext:
-    """The ``grpc.ServicerContext`` surface smockron's handlers use."""
+    """The part of ``grpc.ServicerContext`` smockron's handlers use (abort, peer); a
+    handler that needs more must be registered on another server kind."""
 
     __slots__ = ("_call",)
     defers = True
@@ -76,14 +77,8 @@ class NativeContext:
     def peer(self) -> str:
         return str(self._call.peer)
 
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
-
     def is_active(self) -> bool:
         return not self._call.done
-
-    def time_remaining(self) -> float | None:
-        return None
 
 
 # (is_async, deserializer, handler, serializer)
