@@ -368,6 +368,7 @@ class AsyncGatekeeper(_GatekeeperBase):
         self._actx: zmq.asyncio.Context | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batch: list[list[bytes]] = []
+        self._flush_timer = False  # a _timed_flush is scheduled
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: list[zmq.Socket[Any]] = []
         self.started = False
@@ -424,13 +425,21 @@ class AsyncGatekeeper(_GatekeeperBase):
         """
         batch = self._batch
         batch.append(frames)
-        if len(batch) == 1 and self._loop is not None:
-            self._loop.call_later(self.flush_delay_s, self.flush)
-        elif len(batch) >= FLUSH_BATCH:
+        if len(batch) >= FLUSH_BATCH:
             self.flush()
+        elif not self._flush_timer and self._loop is not None:
+            # one timer at a time: a batch flushed early leaves it armed for the next
+            self._flush_timer = True
+            self._loop.call_later(self.flush_delay_s, self._timed_flush)
+
+    def _timed_flush(self) -> None:
+        self._flush_timer = False
+        self.flush()
 
     def flush(self) -> None:
         """Send every queued accounting message."""
+        if not self._batch:
+            return
         batch, self._batch = self._batch, []
         pub = self._pub
         if pub is None:

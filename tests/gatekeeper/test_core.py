@@ -257,6 +257,11 @@ async def test_async_accounting_is_batched(master: MasterSockets) -> None:
             gk.decide(D, b"f%d" % i)
         assert gk.counters.accounting_sent == 50 + FLUSH_BATCH
         assert len(master.drain(0.2)) == FLUSH_BATCH
+        # the timer the full batch's first message armed is still due: it sends this one
+        gk.decide(D, b"late")
+        await asyncio.sleep(FLUSH_DELAY_S + 0.02)
+        assert gk.counters.accounting_sent == 50 + FLUSH_BATCH + 1
+        assert [m.identifier for m in master.drain(0.2)] == [b"late"]
         gk.decide(D, b"last")
     # closing flushes what is still queued
     assert master.recv().identifier == b"last"
