@@ -13,8 +13,9 @@ so client cost is included). Prints medians of ``--runs`` runs:
 3. p50/p99 latency of single-check calls sent open-loop at 500 and 2,000 calls/s, with the
    server's and the client's CPU per call (/proc/PID/stat, getrusage) and the idle
    (sequential) round trip. The load generator is a separate process, bench/loadgen/
-   loadgen.cc: the C++ gRPC client (Debian's libgrpc++-dev, code generated from smockron's
-   own gubernator.proto, built on first use into bench/loadgen/build/), sending every call
+   loadgen.cc: the C++ gRPC client (code generated from smockron's own gubernator.proto,
+   built on first use into bench/loadgen/build/; needs the Debian packages g++,
+   pkg-config, libgrpc++-dev, protobuf-compiler, protobuf-compiler-grpc), sending every call
    at its scheduled time whatever the answers and checking each answer. Why: the grpc.aio
    client in this process cost ~0.3-0.45 ms of CPU per call, as much as the server under
    test, so on two cores it competed with the server and its own event loop queued the
@@ -307,7 +308,11 @@ def loadgen_latency(
 def latency_part(node: NodeAddr, seconds: float, runs: int) -> None:
     exe = build_loadgen()
     if exe is None:
-        print("  (no C++ load generator: in-process grpc.aio client, not comparable)")
+        print(
+            "  (no C++ load generator: in-process grpc.aio client, not comparable; it needs"
+            " apt-get install g++ pkg-config libgrpc++-dev protobuf-compiler"
+            " protobuf-compiler-grpc)"
+        )
         for target in (500, 2000):
             lat = [asyncio.run(grpc_latency(node.grpc, target, seconds)) for _ in range(runs)]
             p50, p99 = median([x[0] for x in lat]), median([x[1] for x in lat])
