@@ -7,7 +7,8 @@
 
 ``--reaction`` adds the reaction time (accounting sent -> DELAY_UNTIL received, p50 and
 p99 at 1,000 and 50,000 messages/s); ``--memory N`` the bytes per tracked identifier
-with N identifiers. ``--runs 0`` (or ``--only-reaction``) skips the throughput part.
+with N identifiers, and the pause of a full garbage collection with them stored.
+``--runs 0`` (or ``--only-reaction``) skips the throughput part.
 
 Reaction time method. A load generator process sends the bulk, every millisecond what
 is owed (50 messages at 50,000/s), frame by frame through pyzmq's compiled
@@ -46,6 +47,7 @@ here on a free port.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import signal
@@ -667,6 +669,15 @@ def measure_memory(identifiers: int) -> None:
         print(f"  memory://, {algorithm}: {len(store):,} identifiers tracked, "
               f"{grown / identifiers:.0f} bytes each (RSS growth, 13-byte identifiers, "
               f"one request each)")  # fmt: skip
+        # a full collection walks every GC-tracked object: the pause a large store adds
+        gc.collect()
+        pauses = []
+        for _ in range(5):
+            start = time.perf_counter()
+            gc.collect()
+            pauses.append((time.perf_counter() - start) * 1000)
+        print(f"  memory://, {algorithm}: full gc.collect() with them stored: "
+              f"{statistics.median(pauses):.1f} ms (median of 5)")  # fmt: skip
         del engine, store
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from smockron.core.gcra import gcra_update
-from smockron.core.history import next_allowed, record
+from smockron.core.history import next_allowed, recorded
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
@@ -269,15 +269,8 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
     at = ts if ts < now_ms else now_ms
     until: float | None = None
     for rule, table, window in dom.scopes:
-        state = table.get(ident)
-        if state is None:
-            state = []
-            record(state, ts, rule)
-            table.put(ident, state)
-        else:
-            record(state, ts, rule)  # in place: a memory table needs no put
-            if table.wants_put:
-                table.put(ident, state)
+        state = recorded(table.get(ident) or (), ts, rule)
+        table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
         if len(state) >= rule.burst:  # below the burst next_allowed is always None
@@ -294,7 +287,7 @@ def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float |
         state = table.get(ident)
         result = gcra_update(state[0] if state else None, ts, now_ms, rule)
         value = result.value
-        state = [value]
+        state = (value,)
         table.put(ident, state)
         if value > table.keep_after_ms:  # far ahead: keep the state longer
             table.keep(ident, state, value + window)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from smockron.core.rules import Rule
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.base import Scope
@@ -14,12 +16,12 @@ T0 = 1_700_000_000_000
 def test_table_rotation() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    table.put(b"a", [0.0])
+    table.put(b"a", (0.0,))
     table.tick(999)
-    assert table.get(b"a") == [0.0]
+    assert table.get(b"a") == (0.0,)
     table.tick(1000)  # rotated: "a" now in previous, still found and moved back
     assert len(table.previous) == 1
-    assert table.get(b"a") == [0.0]
+    assert table.get(b"a") == (0.0,)
     assert len(table.current) == 1 and not table.previous
     table.tick(2000)
     table.tick(3000)  # idle for two periods: gone
@@ -30,7 +32,7 @@ def test_table_rotation() -> None:
 def test_long_idle_drops_everything_at_once() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    table.put(b"a", [0.0])
+    table.put(b"a", (0.0,))
     table.tick(5000)
     assert len(table) == 0
 
@@ -59,7 +61,7 @@ def test_active_identifier_survives_rotation_and_keeps_throttling() -> None:
 def test_table_keeps_a_state_until_its_expiry_then_forgets_it() -> None:
     table = MemoryTable(1000.0)  # history expiry: newest timestamp + 1000
     table.tick(0)
-    state = [30_000.0]
+    state = (30_000.0,)
     table.put(b"a", state)
     assert table.keep_after_ms == 1000
     table.keep(b"a", state, 31_000)
@@ -73,14 +75,16 @@ def test_table_keeps_a_state_until_its_expiry_then_forgets_it() -> None:
     assert len(table) == 0 and not table.lasting and not table.due and not table.due_order
 
 
-def test_table_refiles_a_state_extended_in_place() -> None:
+def test_table_refiles_a_kept_state_that_was_replaced() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    state = [5_000.0]
+    state = (5_000.0,)
     table.put(b"a", state)
     table.keep(b"a", state, 6_000)
     table.tick(3_000)
-    state.append(9_000.0)  # extended in place (a history rule records in place)
+    state = (5_000.0, 9_000.0)  # a later write: the side table follows it
+    table.put(b"a", state)
+    assert table.lasting[b"a"] is state
     for t in range(3_500, 10_000, 500):
         table.tick(t)
         assert table.get(b"a") is state, t  # refiled at its bucket, not dropped at 6 s
@@ -104,7 +108,7 @@ def test_dropped_generation_released_a_little_per_tick() -> None:
     table.tick(0)
     n = RELEASE_PER_TICK * 3 + 10
     for i in range(n):
-        table.put(b"%d" % i, [0.0])
+        table.put(b"%d" % i, (0.0,))
     table.tick(1000)  # rotation: all in previous
     table.tick(2000)  # rotation: previous dropped, released from now on
     assert table.get(b"1") is None and len(table) == 0
@@ -119,9 +123,9 @@ def test_dropped_generation_released_a_little_per_tick() -> None:
 def test_idle_master_drops_both_generations() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    table.put(b"a", [0.0])
+    table.put(b"a", (0.0,))
     table.tick(1000)
-    table.put(b"b", [1000.0])
+    table.put(b"b", (1000.0,))
     table.tick(5000)
     assert table.get(b"a") is None and table.get(b"b") is None and len(table) == 0
 
@@ -189,3 +193,24 @@ def test_same_decisions_as_a_store_that_never_forgets() -> None:
             else:
                 batch.append(encode_accounting(dom, ACCEPTED, ident, now))
         assert real.process(batch, now) == oracle.process(batch, now), now
+
+
+def test_stored_states_are_invisible_to_the_garbage_collector() -> None:
+    """Tuples of floats, and dicts of them, are untracked by CPython's collector after
+    one pass: a full collection then skips a million states instead of walking them."""
+    store = MemoryStore()
+    eng = Engine(
+        {"h": DomainPolicy((Rule(10.0, 3),)), "g": DomainPolicy((Rule(10.0, 3),), "gcra")},
+        store,
+    )
+    for t in range(3):  # a history of three timestamps each
+        eng.process(
+            [encode_accounting(d, ACCEPTED, b"id%d" % i, T0 + t) for d in "hg" for i in range(100)],
+            T0 + t,
+        )
+    gc.collect()
+    tables = list(store.tables.values())
+    assert len(tables) == 2 and all(len(t.current) == 100 for t in tables)
+    for table in tables:
+        assert not any(gc.is_tracked(state) for state in table.current.values())
+        assert not gc.is_tracked(table.current)

@@ -1,8 +1,11 @@
 """What the engine needs from a store: one table of states per (domain, rule, algorithm).
 
-A state is a ``list[float]``: the history's timestamps (oldest first) for the seed's
-rule, or ``[V]`` for GCRA. Tables are keyed by the identifier's bytes. ``expires_at``
-says when a state can no longer throttle anything, so stores can forget it then.
+A state is a ``tuple[float, ...]``: the history's timestamps (oldest first) for the
+seed's rule, or ``(V,)`` for GCRA. Tuples, never changed in place (a write puts a new
+one), because CPython's garbage collector stops tracking a tuple of floats: a million
+stored states then add nothing to a full collection. Tables are keyed by the
+identifier's bytes. ``expires_at`` says when a state can no longer throttle anything,
+so stores can forget it then.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Protocol
 
 from smockron.core.rules import Rule
 
-State = list[float]
+State = tuple[float, ...]
 
 ALGORITHMS = ("history", "gcra")
 
@@ -40,8 +43,6 @@ def expires_at(state: State, scope: Scope) -> float:
 
 
 class Table(Protocol):
-    wants_put: bool
-    """False when a state changed in place needs no ``put`` (it is already stored)."""
     keep_after_ms: float
     """A state written now is kept without ``keep`` until at least this plus its window;
     a write whose newest timestamp (history) or value (GCRA) lies beyond it must call

@@ -52,7 +52,6 @@ class MemoryTable:
         "previous",
         "started_ms",
     )
-    wants_put = False
 
     def __init__(self, period_ms: float, expiry: Callable[[State], float] | None = None) -> None:
         self.period_ms = period_ms
@@ -89,6 +88,9 @@ class MemoryTable:
 
     def put(self, key: bytes, state: State) -> None:
         self.current[key] = state
+        lasting = self.lasting
+        if lasting and key in lasting:  # the side table must not keep the older state
+            lasting[key] = state
 
     def keep(self, key: bytes, state: State, until_ms: float) -> None:
         """Keep ``state`` (already stored) until ``until_ms``, its expiry."""

@@ -78,7 +78,6 @@ class RedisTable(MemoryTable):
     """A memory table that also remembers which states changed since the last flush."""
 
     __slots__ = ("dirty", "prefix", "scope")
-    wants_put = True
 
     def __init__(self, prefix: bytes, scope: Scope) -> None:
         super().__init__(scope.rule.window_ms, scope_expiry(scope))
@@ -87,7 +86,7 @@ class RedisTable(MemoryTable):
         self.dirty: dict[bytes, State] = {}
 
     def put(self, key: bytes, state: State) -> None:
-        self.current[key] = state
+        super().put(key, state)
         self.dirty[key] = state
 
     def has(self, key: bytes) -> bool:
@@ -211,4 +210,4 @@ def _unpack(raw: bytes) -> State:
     values = array("d")
     if len(raw) % values.itemsize == 0:
         values.frombytes(raw)
-    return values.tolist()
+    return tuple(values)
