@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -11,6 +12,12 @@ from smockron.cluster.model import (
     RateLimitRequest,
     RateLimitResponse,
     Status,
+)
+from smockron.core.algorithms import (
+    HistoryState,
+    LeakyBucketState,
+    SlidingWindowState,
+    TokenBucketState,
 )
 
 T0 = 1_700_000_000_000
@@ -170,3 +177,29 @@ def test_invalid_max_keys_and_clock() -> None:
     with pytest.raises(ValueError, match="max_keys"):
         LocalLimiter(max_keys=0)
     assert abs(epoch_ms() - LocalLimiter()._clock()) < 1000
+
+
+def test_cached_states_are_invisible_to_the_garbage_collector() -> None:
+    """Every algorithm's state is cached as plain tuples of numbers, which CPython's
+    collector stops tracking: a full collection skips a million keys instead of
+    walking them. The states still come back whole (GLOBAL reads them)."""
+    limiter = LocalLimiter(FakeClock())
+    kinds = {
+        Algorithm.TOKEN_BUCKET: TokenBucketState,
+        Algorithm.LEAKY_BUCKET: LeakyBucketState,
+        Algorithm.SLIDING_WINDOW: SlidingWindowState,
+        Algorithm.SMOCKRON_HISTORY: HistoryState,
+    }
+    assert set(kinds) == set(Algorithm)
+    for _ in range(2):
+        limiter.check([req(f"k{int(a)}", algorithm=a) for a in kinds])
+    gc.collect()
+    gc.collect()  # one pass per level: a history's timestamps are a tuple in the entry
+    entries = list(limiter._cache.values())
+    assert len(entries) == len(kinds)
+    assert not any(gc.is_tracked(entry) for entry in entries)
+    for a, kind in kinds.items():
+        state = limiter.get_state(f"requests_k{int(a)}")
+        assert type(state) is kind
+    history = limiter.get_state(f"requests_k{int(Algorithm.SMOCKRON_HISTORY)}")
+    assert isinstance(history, HistoryState) and history.history == (float(T0), float(T0))
