@@ -1,12 +1,16 @@
 """Throughput of the pure algorithms and of LocalLimiter.check, per algorithm.
 
-Run: python bench/algorithms.py. Prints the median of 5 runs (microseconds per check and
-checks per second) for each algorithm, through LocalLimiter (1,000 keys, 1,000 checks per
-call) and through algorithms.check alone; plus HashRing.owner for cached and new keys.
+Run: python bench/algorithms.py [--keys 1000000]. Prints the median of 5 runs
+(microseconds per check and checks per second) for each algorithm, through LocalLimiter
+(1,000 keys, 1,000 checks per call) and through algorithms.check alone; plus
+HashRing.owner for cached and new keys. ``--keys N`` adds the pause of a full garbage
+collection while a LocalLimiter holds N keys (a quarter of each algorithm).
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -65,7 +69,31 @@ def bench_ring(fresh: bool) -> float:
     return median_us(run, CALLS * BATCH)
 
 
+def gc_pause_ms(keys: int) -> float:
+    """Median of 5 full collections while a LocalLimiter holds ``keys`` keys."""
+    limiter = LocalLimiter(max_keys=max(keys, 1))
+    algorithms = list(Algorithm)
+    for start in range(0, keys, BATCH):
+        limiter.check(
+            [
+                RateLimitRequest("gc", f"k{i}", 1, 100, 60_000, algorithm=algorithms[i % 4])
+                for i in range(start, min(start + BATCH, keys))
+            ]
+        )
+    gc.collect()
+    gc.collect()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        gc.collect()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=0, help="also time a full gc with N keys")
+    args = parser.parse_args()
     print(f"median of {RUNS} runs, {CALLS * BATCH} checks each")
     for algorithm in Algorithm:
         lim, core = bench_limiter(algorithm), bench_core(algorithm)
@@ -75,6 +103,9 @@ def main() -> None:
         )
     cached, fresh = bench_ring(False), bench_ring(True)
     print(f"HashRing.owner    cached key {cached:.2f} us   new key {fresh:.2f} us")
+    if args.keys:
+        pause = gc_pause_ms(args.keys)
+        print(f"full gc.collect() with {args.keys:,} keys in a LocalLimiter: {pause:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 from smockron.core.algorithms import (
@@ -54,7 +54,8 @@ def _pack(state: State) -> Entry:
 
 
 def _unpack(entry: Entry) -> State:
-    return _KINDS[entry[1]]._make(entry[2:])
+    # tuple.__new__ is NamedTuple._make without its length check: 0.2 instead of 0.4 us
+    return cast(State, tuple.__new__(_KINDS[entry[1]], entry[2:]))
 
 
 def epoch_ms() -> int:
