@@ -8,11 +8,13 @@ benchmarks measure this checkout's smockron and can reuse ``tests.support``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,7 @@ __all__ = [
     "daemon",
     "free_port",
     "free_ports",
+    "full_gc_ms",
     "median",
     "percentile",
     "smockron_env",
@@ -68,3 +71,17 @@ def percentile(samples: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def full_gc_ms(rounds: int = 5) -> float:
+    """Median pause of a full garbage collection, in ms: what a large store of GC-tracked
+    states adds to every message or call queued behind one (two collections first, so
+    objects the collector can untrack are untracked)."""
+    gc.collect()
+    gc.collect()
+    pauses = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        gc.collect()
+        pauses.append((time.perf_counter() - start) * 1000)
+    return statistics.median(pauses)

@@ -10,10 +10,11 @@ collection while a LocalLimiter holds N keys (a quarter of each algorithm).
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from collections.abc import Callable
+
+from _common import full_gc_ms  # puts this checkout first on sys.path
 
 from smockron.cluster.local import LocalLimiter
 from smockron.cluster.model import Algorithm, RateLimitRequest
@@ -80,14 +81,7 @@ def gc_pause_ms(keys: int) -> float:
                 for i in range(start, min(start + BATCH, keys))
             ]
         )
-    gc.collect()
-    gc.collect()
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        gc.collect()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    return full_gc_ms()
 
 
 def main() -> None:

@@ -47,7 +47,6 @@ here on a free port.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import signal
@@ -62,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from _common import ROOT, free_port  # puts this checkout first on sys.path
+from _common import ROOT, free_port, full_gc_ms  # puts this checkout first on sys.path
 
 IDENTIFIERS = 10_000
 HEAVY_SHARE = 0.2
@@ -669,15 +668,8 @@ def measure_memory(identifiers: int) -> None:
         print(f"  memory://, {algorithm}: {len(store):,} identifiers tracked, "
               f"{grown / identifiers:.0f} bytes each (RSS growth, 13-byte identifiers, "
               f"one request each)")  # fmt: skip
-        # a full collection walks every GC-tracked object: the pause a large store adds
-        gc.collect()
-        pauses = []
-        for _ in range(5):
-            start = time.perf_counter()
-            gc.collect()
-            pauses.append((time.perf_counter() - start) * 1000)
         print(f"  memory://, {algorithm}: full gc.collect() with them stored: "
-              f"{statistics.median(pauses):.1f} ms (median of 5)")  # fmt: skip
+              f"{full_gc_ms():.1f} ms (median of 5)")  # fmt: skip
         del engine, store
 
 
