@@ -81,6 +81,21 @@ def _delay_peer(master: MasterSockets, mw: SmockronMiddleware, ms: int) -> int:
     return until
 
 
+def _until_master_hears(master: MasterSockets, port: int, quiet_s: float = 0.1) -> None:
+    """Probe until the master receives accounting, then drop what the probes sent.
+
+    A connected PUB socket still drops messages until the master's subscription has
+    reached it, a moment after the connection (ZeroMQ's slow joiner)."""
+
+    def heard() -> bool:
+        with _request(port, b"GET /probe HTTP/1.1\r\nHost: t\r\n\r\n") as sock:
+            assert _response(sock)[0] == 200
+        return bool(master.drain(quiet_s))
+
+    wait_for(heard, 10, 0.05)
+    master.drain(quiet_s)
+
+
 def _request(port: int, head: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(head)
@@ -115,7 +130,7 @@ def test_defaults_identify_the_peer_with_the_seed_loginfo(master: MasterSockets)
             b"GET /hi HTTP/1.1\r\nHost: t\r\nUser-Agent: probe/1.0\r\n"
             b"Referer: http://example.test/\r\n\r\n"
         )
-        wait_for(lambda: mw.gatekeeper.master_connected, 10)
+        _until_master_hears(master, port)
         with _request(port, head) as sock:
             assert _response(sock)[0] == 200
         msg = master.recv()
@@ -190,8 +205,7 @@ def test_flush_delay_gathers_accounting(master: MasterSockets) -> None:
         flush_delay_ms=400,
     )
     with uvicorn_server(mw) as port:
-        wait_for(lambda: mw.gatekeeper.master_connected, 10)
-        time.sleep(0.2)  # let the master's subscription reach the gatekeeper
+        _until_master_hears(master, port, quiet_s=0.6)
         with _request(port, b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n") as sock:
             assert _response(sock)[0] == 200
         t0 = time.monotonic()

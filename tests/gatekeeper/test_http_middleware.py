@@ -41,12 +41,14 @@ def flask_app() -> Flask:
 
 
 def _subscribed(master: MasterSockets, get: Callable[[str], httpx.Response]) -> None:
-    """Wait until the gatekeeper hears control: a probe identifier gets rejected."""
+    """Wait until the gatekeeper hears control (a probe identifier gets rejected) and the
+    master hears accounting (the probe's message arrives): a PUB socket drops messages
+    until the other side's subscription has reached it, a moment after connecting."""
     until = wall_ms() + 60_000
 
     def probe() -> bool:
         master.publish("api", b"probe", until)
-        return get("probe").status_code == 503
+        return get("probe").status_code == 503 and bool(master.drain(0.1))
 
     wait_for(probe, 10, 0.1)
     master.drain(0.1)

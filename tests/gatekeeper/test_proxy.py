@@ -51,8 +51,11 @@ def proxied(
         until = wall_ms() + 60_000
 
         def subscribed() -> bool:
+            """Control heard (the probe is rejected) and accounting heard (its message
+            arrives): each PUB drops messages until the other side has subscribed."""
             master.publish("api", b"probe", until)
-            return client.get("/", headers={"x-client": "probe"}).status_code == 429
+            rejected = client.get("/", headers={"x-client": "probe"}).status_code == 429
+            return rejected and bool(master.drain(0.1))
 
         wait_for(subscribed, 10, 0.1)
         master.drain(0.1)
