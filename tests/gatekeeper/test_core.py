@@ -13,7 +13,7 @@ import pytest
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import FLUSH_BATCH, FLUSH_DELAY_S, AsyncGatekeeper, Gatekeeper
 from smockron.gatekeeper.state import Verdict
-from smockron.protocol import ACCEPTED, DELAYED, REJECTED
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED, encode_accounting
 from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
 from tests.support import free_ports, wait_for
 
@@ -31,6 +31,18 @@ def _connected(gk: Gatekeeper, master: MasterSockets) -> None:
         return gk.decider.table.until(D, probe, wall_ms()) == until
 
     wait_for(seen, 5, 0.05)
+    # and the master's subscription has reached the accounting PUB (sent around the
+    # gatekeeper's counters, which the tests check)
+    pub = gk._pub
+    assert pub is not None
+    frames = encode_accounting(D, ACCEPTED, b"probe-accounting", wall_ms())
+
+    def heard() -> bool:
+        with gk._lock:
+            pub.send_multipart(frames)
+        return bool(master.drain(0.05))
+
+    wait_for(heard, 5, 0.05)
     master.drain(0.05)
 
 
