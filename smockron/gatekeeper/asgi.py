@@ -19,10 +19,10 @@ from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper, now_ms
 from smockron.gatekeeper.httpgate import LOGINFO_MAX, HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import (
-    MAX_IDENTIFIER,
     DomainOf,
     Identify,
     RequestInfo,
+    as_identifier,
     peer_address,
 )
 from smockron.gatekeeper.state import ACCEPT, DELAY, Decision
@@ -160,10 +160,10 @@ class SmockronMiddleware:
         try:
             if domain is not None:
                 client = scope.get("client")
-                if not client:  # peer_address would be None: not limited
+                identifier = as_identifier(client[0]) if client else None
+                if identifier is None:  # no peer address: not limited, as peer_address
                     await self.app(scope, receive, send)
                     return
-                identifier = client[0].encode("utf-8", "surrogateescape")[:MAX_IDENTIFIER]
                 loginfo = scope_loginfo(scope) if self._fast_loginfo else None
             else:
                 target = self.gate.resolve(ASGIRequestInfo(scope))
