@@ -456,34 +456,44 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "smockron.cluster._native",
                           "libgrpc++ generic server handing raw calls to Python", -1,
                           nullptr, nullptr, nullptr, nullptr, nullptr};
 
+// The fields both types set, then PyType_Ready; false with the exception set.
+bool ready_type(PyTypeObject& type, const char* name, Py_ssize_t size, destructor dealloc,
+                PyMethodDef* methods, PyGetSetDef* getset, const char* doc) {
+  type.tp_name = name;
+  type.tp_basicsize = size;
+  type.tp_flags = Py_TPFLAGS_DEFAULT;
+  type.tp_dealloc = dealloc;
+  type.tp_methods = methods;
+  type.tp_getset = getset;
+  type.tp_doc = doc;
+  return PyType_Ready(&type) == 0;
+}
+
+bool add_type(PyObject* module, const char* name, PyTypeObject& type) {
+  Py_INCREF(&type);
+  if (PyModule_AddObject(module, name, reinterpret_cast<PyObject*>(&type)) < 0) {
+    Py_DECREF(&type);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 PyMODINIT_FUNC PyInit__native(void) {
-  CallType.tp_name = "smockron.cluster._native.Call";
-  CallType.tp_basicsize = sizeof(CallObject);
-  CallType.tp_flags = Py_TPFLAGS_DEFAULT;
-  CallType.tp_dealloc = Call_dealloc;
-  CallType.tp_methods = Call_methods;
-  CallType.tp_getset = Call_getset;
-  CallType.tp_doc = "one gRPC call, answered with finish()";
-  if (PyType_Ready(&CallType) < 0) return nullptr;
-
-  ServerType.tp_name = "smockron.cluster._native.Server";
-  ServerType.tp_basicsize = sizeof(ServerObject);
-  ServerType.tp_flags = Py_TPFLAGS_DEFAULT;
   ServerType.tp_new = PyType_GenericNew;
   ServerType.tp_init = Server_init;
-  ServerType.tp_dealloc = Server_dealloc;
-  ServerType.tp_methods = Server_methods;
-  ServerType.tp_getset = Server_getset;
-  ServerType.tp_doc = "Server(dispatch, address, options=()): a started libgrpc++ server";
-  if (PyType_Ready(&ServerType) < 0) return nullptr;
-
+  if (!ready_type(CallType, "smockron.cluster._native.Call", sizeof(CallObject), Call_dealloc,
+                  Call_methods, Call_getset, "one gRPC call, answered with finish()") ||
+      !ready_type(ServerType, "smockron.cluster._native.Server", sizeof(ServerObject),
+                  Server_dealloc, Server_methods, Server_getset,
+                  "Server(dispatch, address, options=()): a started libgrpc++ server"))
+    return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
-  Py_INCREF(&CallType);
-  PyModule_AddObject(m, "Call", reinterpret_cast<PyObject*>(&CallType));
-  Py_INCREF(&ServerType);
-  PyModule_AddObject(m, "Server", reinterpret_cast<PyObject*>(&ServerType));
+  if (!add_type(m, "Call", CallType) || !add_type(m, "Server", ServerType)) {
+    Py_DECREF(m);
+    return nullptr;
+  }
   return m;
 }
