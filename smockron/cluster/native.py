@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
-from smockron.cluster.threaded import UNDECODED, Aborted, Deferred, LoopContext
+from smockron.cluster.threaded import Aborted, Deferred, bridge
 
 try:
     from smockron.cluster import _native  # type: ignore[attr-defined]
@@ -81,10 +81,10 @@ class NativeContext:
         return not self._call.done
 
 
-# (is_async, deserializer, handler, serializer)
+# (deserializer, handler, serializer); an asyncio handler comes wrapped by ``bridge``
 _Parse = Callable[[bytes], Any] | None
 _Serialize = Callable[[Any], bytes] | None
-_Entry = tuple[bool, _Parse, Callable[..., Any], _Serialize]
+_Entry = tuple[_Parse, Callable[..., Any], _Serialize]
 
 
 class _Details:
@@ -158,8 +158,9 @@ class NativeServer:
                 if handler is None or handler.unary_unary is None:
                     continue
                 fn = handler.unary_unary
-                coroutine = is_async and inspect.iscoroutinefunction(fn)
-                return (coroutine, handler.request_deserializer, fn, handler.response_serializer)
+                if is_async and inspect.iscoroutinefunction(fn):
+                    fn = bridge(fn, self.loop)  # returns a Deferred on a NativeContext
+                return (handler.request_deserializer, fn, handler.response_serializer)
         return None
 
     def _dispatch(self, call: Any, method: str, data: bytes) -> None:
@@ -174,23 +175,15 @@ class NativeServer:
             UNKNOWN_METHOD.inc()
             call.finish(_UNIMPLEMENTED, None, "Method not found!")
             return
-        is_async, parse, handler, serialize = entry
+        parse, handler, serialize = entry
         try:
             request = parse(data) if parse is not None else data
         except Exception:
             log.exception("%s: request deserializer failed", method)
             call.finish(_INTERNAL, None, "Exception deserializing request!")
             return
-        context = NativeContext(call)
-        if is_async:
-            if request is UNDECODED:
-                request = None
-            loop_context = LoopContext(context)  # type: ignore[arg-type]
-            future = asyncio.run_coroutine_threadsafe(handler(request, loop_context), self.loop)
-            self._defer(call, future, serialize)
-            return
         try:
-            response = handler(request, context)
+            response = handler(request, NativeContext(call))
         except Aborted as exc:
             call.finish(exc.code.value[0], None, exc.details)
             return
