@@ -22,7 +22,7 @@ from smockron.cluster.native import NativeServer
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import peers_pb2
-from smockron.cluster.threaded import UNDECODED, ThreadedServer, bridge, keep_none
+from smockron.cluster.threaded import ThreadedServer, fast_or_bridged, keep_none
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.grpc")
@@ -192,22 +192,25 @@ def add_threaded_fast_paths(server: ThreadedServer | NativeServer, node: Node) -
     decides alone, and LiveCheck, are answered on the gRPC thread; the other calls of
     those two methods go to the asyncio servicers on the event loop. Register before
     ``add_to_server``."""
-    v1_slow = bridge(V1Servicer(node).GetRateLimits, server.loop)
-    peer_slow = bridge(PeersV1Servicer(node).GetPeerRateLimits, server.loop)
 
-    def get_rate_limits(request: Any, context: grpc.ServicerContext) -> Any:
-        if request is not UNDECODED and len(request.requests) <= MAX_BATCH:
+    def client_checks(request: Any) -> Any:
+        if len(request.requests) <= MAX_BATCH:
             out = answer_here(node, request.requests)
             if out is not None:
                 return pb.GetRateLimitsResp(responses=out)
-        return v1_slow(request, context)
+        return None
 
-    def get_peer_rate_limits(request: Any, context: grpc.ServicerContext) -> Any:
-        if request is not UNDECODED and len(request.requests) <= MAX_BATCH:
+    def peer_checks(request: Any) -> Any:
+        if len(request.requests) <= MAX_BATCH:
             out = answer_here(node, request.requests, peer=True)
             if out is not None:
                 return peers_pb2.GetPeerRateLimitsResp(rate_limits=out)
-        return peer_slow(request, context)
+        return None
+
+    get_rate_limits = fast_or_bridged(client_checks, V1Servicer(node).GetRateLimits, server.loop)
+    get_peer_rate_limits = fast_or_bridged(
+        peer_checks, PeersV1Servicer(node).GetPeerRateLimits, server.loop
+    )
 
     def live_check(request: Any, context: grpc.ServicerContext) -> Any:
         return pb.LiveCheckResp()

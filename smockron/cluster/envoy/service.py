@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote
 
 import grpc
@@ -39,7 +38,7 @@ from smockron.cluster.model import (
     Status,
 )
 from smockron.cluster.native import NativeServer
-from smockron.cluster.threaded import UNDECODED, ThreadedServer, bridge, keep_none
+from smockron.cluster.threaded import ThreadedServer, fast_or_bridged, keep_none
 from smockron.counters import CounterSet
 from smockron.ratelog import RateLimitedLog
 
@@ -256,17 +255,12 @@ def add_to_server(
     decide = getattr(limiter, "answer_here", None)
     if isinstance(server, ThreadedServer | NativeServer) and decide is not None:
         # checks the node decides alone are answered on the gRPC thread (see threaded.py)
-        slow = bridge(servicer.ShouldRateLimit, server.loop)
-
-        def fast(request: Any, context: grpc.ServicerContext) -> Any:
-            if request is not UNDECODED:
-                response = servicer.answer_here(request, decide)
-                if response is not None:
-                    return response
-            return slow(request, context)
-
         threaded = grpc.unary_unary_rpc_method_handler(
-            fast,
+            fast_or_bridged(
+                lambda request: servicer.answer_here(request, decide),
+                servicer.ShouldRateLimit,
+                server.loop,
+            ),
             request_deserializer=keep_none(_parse_request),
             response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
         )
