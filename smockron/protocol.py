@@ -8,6 +8,15 @@ Control (master PUB -> gatekeeper SUB, tcp:10005)::
 
     domain\\0 | DELAY_UNTIL | identifier | timestamp ms
 
+Rules offer (master PUB -> gatekeeper SUB, smockron's addition)::
+
+    \0smockron\0 | RULES | domain | algorithm | "RATE BURST" ...
+
+The master offers each domain's rules so that gatekeepers can hold one identifier to
+its rule between two verdicts. The topic starts with a NUL, so it never matches the
+subscription of a gatekeeper that subscribes to its domains (``domain\0``), as the
+original Node middleware and nginx module do: they never receive it.
+
 Timestamps are milliseconds since 1970 in ASCII decimal. Identifiers are opaque bytes.
 Pure code: no sockets here, only frames in and out. Every malformed message raises
 :class:`~smockron.errors.ProtocolError` whose ``reason`` is a stable metric label.
@@ -19,7 +28,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from smockron.errors import ProtocolError
+from smockron.core.rules import Rule
+from smockron.errors import ProtocolError, RuleError
 
 ACCEPTED: Final = b"ACCEPTED"
 DELAYED: Final = b"DELAYED"
@@ -27,6 +37,10 @@ REJECTED: Final = b"REJECTED"
 DELAY_UNTIL: Final = b"DELAY_UNTIL"
 
 STATUSES: Final = frozenset({ACCEPTED, DELAYED, REJECTED})
+
+RULES_TOPIC: Final = b"\0smockron\0"
+RULES: Final = b"RULES"
+MAX_OFFERED_RULES: Final = 64
 
 
 class Status(Enum):
@@ -203,3 +217,44 @@ def decode_control(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> Cont
         )
     until = decode_timestamp(frames[3], "DELAY_UNTIL timestamp", limits)
     return Control(domain, identifier, until)
+
+
+@dataclass(frozen=True, slots=True)
+class RulesOffer:
+    """A domain's rules and algorithm, as the master offers them to gatekeepers."""
+
+    domain: bytes
+    algorithm: str
+    rules: tuple[Rule, ...]
+
+
+def encode_rules(domain: bytes | str, algorithm: str, rules: tuple[Rule, ...]) -> list[bytes]:
+    """Frames of one RULES offer; a rate is written exactly (``repr`` of its float)."""
+    name = domain.encode() if isinstance(domain, str) else domain
+    return [RULES_TOPIC, RULES, name, algorithm.encode(),
+            *(f"{rule.rate!r} {rule.burst}".encode() for rule in rules)]  # fmt: skip
+
+
+def decode_rules(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> RulesOffer:
+    """Decode and validate one RULES offer."""
+    if len(frames) < 5 or frames[0] != RULES_TOPIC or frames[1] != RULES:
+        raise ProtocolError("frame_count", f"RULES offer has {len(frames)} frames, expected 5+")
+    if len(frames) > 4 + MAX_OFFERED_RULES:
+        raise ProtocolError("oversized", f"RULES offer of {len(frames) - 4} rules")
+    domain = decode_domain(frames[2] + b"\0", limits)
+    try:
+        algorithm = frames[3].decode("ascii")
+        rules = tuple(_decode_rule(frame) for frame in frames[4:])
+    except (UnicodeDecodeError, ValueError, RuleError) as exc:
+        raise ProtocolError("bad_rule", f"RULES offer for {domain[:64]!r}: {exc}") from None
+    return RulesOffer(domain, algorithm, rules)
+
+
+def _decode_rule(frame: bytes) -> Rule:
+    rate, burst = frame.split(b" ")
+    if len(frame) > 64 or not burst.isdigit():
+        raise ValueError(f"bad rule {frame[:64]!r}")
+    value = float(rate)
+    if not 0.0 < value < float("inf"):
+        raise ValueError(f"bad rate in {frame[:64]!r}")
+    return Rule(value, int(burst))

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Final
 
@@ -23,14 +23,17 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from smockron.core.rules import Rule, parse_rule_spec
 from smockron.errors import ConfigError, ProtocolError
-from smockron.gatekeeper.state import DELAY, REJECT, Decider, Decision, Verdict
+from smockron.gatekeeper.state import DELAY, REJECT, Decider, Decision, Line, Verdict
 from smockron.protocol import (
     ACCEPTED,
     DELAYED,
     REJECTED,
+    RULES_TOPIC,
     accounting_frames,
     decode_control,
+    decode_rules,
     topic,
 )
 from smockron.ratelog import RateLimitedLog
@@ -67,6 +70,43 @@ def _batch_io_thread(ctx: zmq.Context[Any]) -> None:
         ctx.set(option, policy)
 
 
+RuleConfig = Mapping[str, Iterable[Rule | str]] | Iterable[str]
+"""A gatekeeper's own rules: ``{"api": ["10/s:20"]}`` (or Rule objects), or master-style
+specs ``["api:10/s:20"]``; an algorithm is given as ``{"api": ["gcra", "10/s:20"]}``."""
+
+
+def first_lines(rules: RuleConfig) -> dict[bytes, Line | None]:
+    """Each domain's first line from a gatekeeper's own rule configuration."""
+    by_domain: dict[str, list[Rule]] = {}
+    algorithms: dict[str, str] = {}
+    items: Iterable[tuple[str, Iterable[Rule | str]]]
+    if isinstance(rules, Mapping):
+        items = rules.items()
+    else:
+        items = []
+        for text in rules:
+            domain, rule = parse_rule_spec(text)
+            by_domain.setdefault(domain, []).append(rule)
+    for domain, specs in items:
+        for spec in specs:
+            if isinstance(spec, Rule):
+                by_domain.setdefault(domain, []).append(spec)
+            elif spec in ("history", "gcra", "history-literal"):
+                algorithms[domain] = spec
+            else:
+                by_domain.setdefault(domain, []).append(parse_rule_spec(f"{domain}:{spec}")[1])
+    return {
+        d.encode(): Line.of(algorithms.get(d, "history"), rs) for d, rs in by_domain.items()
+    }
+
+
+def describe_line(line: Line | None) -> str:
+    if line is None:
+        return "none"
+    return ", ".join(f"{1000.0 / i:g}/s, {t / i:g} ahead" for i, t in
+                     zip(line.intervals, line.tolerances, strict=True))  # fmt: skip
+
+
 def now_ms() -> int:
     """Wall-clock milliseconds since 1970: the protocol's time base."""
     return time.time_ns() // 1_000_000
@@ -90,6 +130,8 @@ class _GatekeeperBase:
         reject_sample: float = 1.0,
         sndhwm: int = 10_000,
         max_entries: int = 1_000_000,
+        rules: RuleConfig = (),
+        master_rules: bool = True,
     ) -> None:
         if not 0.0 <= reject_sample <= 1.0:
             raise ConfigError(f"reject_sample must be between 0 and 1, got {reject_sample}")
@@ -101,6 +143,11 @@ class _GatekeeperBase:
             topic(d)  # validates: no NUL
         self.decider = Decider(max_delay_ms, max_delayed, max_entries)
         self.counters = self.decider.counters
+        self.master_rules = master_rules
+        self._configured: dict[bytes, Line | None] = {}
+        for domain, line in first_lines(rules).items():
+            self._configured[domain] = line
+            self.decider.set_line(domain, line)
         self.reject_sample = reject_sample
         self.sndhwm = sndhwm
         self._sample_credit = 0.0
@@ -188,6 +235,9 @@ class _GatekeeperBase:
 
     def _apply_control(self, frames: list[bytes], now: int) -> None:
         """Apply one control message; malformed ones are counted and logged, never raised."""
+        if frames and frames[0] == RULES_TOPIC:
+            self._apply_rules(frames)
+            return
         self.counters.control_received += 1
         try:
             control = decode_control(frames)
@@ -199,6 +249,32 @@ class _GatekeeperBase:
             self.counters.control_ignored += 1
             return
         self.decider.table.update(control.domain, control.identifier, control.until_ms, now)
+
+    def _apply_rules(self, frames: list[bytes]) -> None:
+        """The master's offer of a domain's rules: they replace the configured ones."""
+        self.counters.rules_received += 1
+        try:
+            offer = decode_rules(frames)
+        except ProtocolError as exc:
+            self.counters.control_malformed += 1
+            self._malformed_log.warning("ignoring malformed rules offer: %s", exc)
+            return
+        if not self.master_rules or (self.domains is not None and offer.domain not in self.domains):
+            return
+        if offer.algorithm not in ("history", "gcra", "history-literal"):
+            self._malformed_log.warning("ignoring rules offer with unknown algorithm %r for %r",
+                                        offer.algorithm, offer.domain)  # fmt: skip
+            return
+        self._set_line(offer.domain, Line.of(offer.algorithm, offer.rules))
+
+    def _set_line(self, domain: bytes, line: Line | None) -> None:
+        if self.decider.set_line(domain, line):
+            log.info("first line for %r: %s", domain.decode("utf-8", "replace"),
+                     describe_line(line))  # fmt: skip
+
+    def _forget_passed(self, now: int) -> None:
+        self.decider.table.sweep(now)
+        self.decider.sweep_local(now)
 
     def _apply_monitor(self, frames: list[bytes]) -> None:
         try:
@@ -225,7 +301,10 @@ class _GatekeeperBase:
                 self._pub.getsockopt(zmq.EVENTS)
 
     def _topics(self) -> list[bytes]:
-        return [b""] if self.domains is None else [topic(d) for d in sorted(self.domains)]
+        if self.domains is None:
+            return [b""]
+        topics = [topic(d) for d in sorted(self.domains)]
+        return [*topics, RULES_TOPIC] if self.master_rules else topics
 
     def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
         if not self.accounting:
@@ -252,6 +331,7 @@ class _GatekeeperBase:
         out["waiting"] = self.decider.waiting
         out["delay_entries"] = len(self.decider.table)
         out["delay_table_dropped"] = self.decider.table.dropped
+        out["first_lines"] = len(self.decider.lines)
         out["master_connected"] = int(self.master_connected)
         return out
 
@@ -290,6 +370,10 @@ class Gatekeeper(_GatekeeperBase):
         with self._lock:
             super().release()
 
+    def _set_line(self, domain: bytes, line: Line | None) -> None:
+        with self._lock:  # decide reads the first line's times under it
+            super()._set_line(domain, line)
+
     def admit(self, domain: bytes, identifier: bytes, loginfo: bytes | None = None) -> Decision:
         """Decide, and sleep through a delay; the caller turns REJECT into a response."""
         decision = self.decide(domain, identifier, None, loginfo)
@@ -319,7 +403,8 @@ class Gatekeeper(_GatekeeperBase):
             with self._lock:
                 self._poke()
             if time.monotonic() >= next_sweep:
-                self.decider.table.sweep(now_ms())
+                with self._lock:
+                    self._forget_passed(now_ms())
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
@@ -469,7 +554,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             await asyncio.sleep(_POLL_MS / 1000)
             self._poke()
             if time.monotonic() >= next_sweep:
-                self.decider.table.sweep(now_ms())
+                self._forget_passed(now_ms())
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     async def aclose(self) -> None:

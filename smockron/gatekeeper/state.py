@@ -1,17 +1,29 @@
-"""The pure heart of a gatekeeper: a table of DELAY_UNTIL times and the decision.
+"""The pure heart of a gatekeeper: a table of DELAY_UNTIL times, a first line, the decision.
 
 No sockets and no clock here: callers pass ``now_ms``. The table only moves an
 identifier's time forward, forgets entries once they have passed, and is bounded so a
 flood of distinct identifiers cannot exhaust memory (fail-permissive: an identifier
 that cannot be remembered is simply not limited).
+
+The first line: the master's verdicts arrive a reaction time after the requests that
+caused them, and a burst from a connection pool is over before then. So a gatekeeper
+that knows its domain's rules (from its configuration, or offered by the master) also
+holds each identifier to them on its own traffic, with GCRA (one number per identifier
+and rule): a burst is admitted up to the rule's burst, the rest is spaced at the rule's
+rate (delayed) or rejected. A DELAY_UNTIL ``X`` from the master says the identifier's
+allowance is used up until ``X``: from then on the first line admits one request at
+``X`` and spaces the next ones by the fastest rule's interval, instead of letting a
+whole burst through at ``X``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final, NamedTuple
 
+from smockron.core.rules import Rule
 from smockron.counters import CounterSet
 from smockron.errors import ConfigError
 
@@ -105,6 +117,52 @@ class DelayTable:
         return len(passed)
 
 
+class Line(NamedTuple):
+    """A domain's rules as the first line applies them: GCRA per rule.
+
+    ``tolerances`` say how far ahead of now an identifier's theoretical arrival time may
+    be and still admit a request: ``burst - 1`` intervals for the history rule (a cold
+    identifier gets exactly ``burst`` at once), ``burst`` intervals for GCRA (whose
+    master admits ``burst + 1``, as the original does).
+    """
+
+    intervals: tuple[float, ...]
+    tolerances: tuple[float, ...]
+    fastest: int
+    """The rule with the shortest interval: the spacing a DELAY_UNTIL implies."""
+
+    @classmethod
+    def of(cls, algorithm: str, rules: Iterable[Rule]) -> Line | None:
+        """The line for ``rules`` (None for none: no first line)."""
+        unique = tuple(dict.fromkeys(rules))
+        if not unique:
+            return None
+        slack = 0 if algorithm == "gcra" else 1
+        intervals = tuple(rule.interval_ms for rule in unique)
+        tolerances = tuple((r.burst - slack) * r.interval_ms for r in unique)
+        return cls(intervals, tolerances, intervals.index(min(intervals)))
+
+
+_NEVER: Final = float("-inf")
+
+
+def line_admit(
+    line: Line, tats: tuple[float, ...] | None, until: float, now: float
+) -> tuple[float, tuple[float, ...]]:
+    """When a request may pass the first line of a multi-rule domain, and the arrival
+    times once it has. ``until`` is the master's DELAY_UNTIL in force (0 for none), ``now``
+    the request's time. Pure; one-rule domains take an inlined copy in ``Decider``."""
+    intervals, tolerances = line.intervals, line.tolerances
+    current = list(tats) if tats is not None else [_NEVER] * len(intervals)
+    if until > now:  # the fastest rule is used up until then
+        k = line.fastest
+        current[k] = max(current[k], until + tolerances[k])
+    at = now
+    for tat, tol in zip(current, tolerances, strict=True):
+        at = max(at, tat - tol)
+    return at, tuple(max(tat, at) + i for tat, i in zip(current, intervals, strict=True))
+
+
 @dataclass(slots=True)
 class Counters(CounterSet):
     """Running statistics of one gatekeeper."""
@@ -118,12 +176,28 @@ class Counters(CounterSet):
     accounting_sent: int = 0
     accounting_dropped: int = 0
     accounting_sampled_out: int = 0
+    rules_received: int = 0  # the master's offers of its domains' rules
 
 
 class Decider:
-    """The decision rule: accept, delay (bounded wait and count), or reject. O(1)."""
+    """The decision rule: accept, delay (bounded wait and count), or reject. O(1).
 
-    __slots__ = ("_entries", "counters", "max_delay_ms", "max_delayed", "table", "waiting")
+    A request waits for the later of the master's DELAY_UNTIL and its first line's time
+    (see the module docstring); a wait longer than ``max_delay_ms``, or beyond
+    ``max_delayed`` waiting requests, is a rejection, which the first line does not count.
+    """
+
+    __slots__ = (
+        "_entries",
+        "_lines",
+        "_local",
+        "_locals",
+        "counters",
+        "max_delay_ms",
+        "max_delayed",
+        "table",
+        "waiting",
+    )
 
     def __init__(
         self, max_delay_ms: int = 5000, max_delayed: int = 1000, max_entries: int = 1_000_000
@@ -136,21 +210,97 @@ class Decider:
         self.max_delayed = max_delayed
         self.table = DelayTable(max_entries)
         self._entries = self.table._entries  # read directly: this runs on every request
+        self._lines: dict[bytes, Line] = {}
+        self._local: dict[Key, float] = {}
+        """The first line's arrival times of one-rule domains (most domains)."""
+        self._locals: dict[Key, tuple[float, ...]] = {}
+        """Those of the others, one per rule."""
         self.counters = Counters()
         self.waiting = 0  # requests delayed and not yet released
 
+    @property
+    def lines(self) -> dict[bytes, Line]:
+        """The first line of each domain that has one (a copy)."""
+        return dict(self._lines)
+
+    def set_line(self, domain: bytes, line: Line | None) -> bool:
+        """Install (or remove, with None) a domain's first line; True if it changed.
+
+        A changed line starts its identifiers afresh: their old times meant other rules."""
+        if self._lines.get(domain) == line:
+            return False
+        if line is None:
+            self._lines.pop(domain, None)
+        else:
+            self._lines[domain] = line
+        for table in (self._local, self._locals):
+            for key in [key for key in table if key[0] == domain]:
+                del table[key]
+        return True
+
     def decide(self, domain: bytes, identifier: bytes, now_ms: int) -> Decision:
         """Decide one request. A DELAY reserves a waiting slot: call :meth:`release` after."""
-        until = self._entries.get((domain, identifier), 0)
+        key = (domain, identifier)
+        until = self._entries.get(key, 0)
+        line = self._lines.get(domain)
+        if line is not None:
+            if len(line.intervals) == 1:  # line_admit inlined for one rule
+                local = self._local
+                tol = line.tolerances[0]
+                tat = local.get(key, _NEVER)
+                if until > now_ms and tat < until + tol:
+                    tat = until + tol
+                at = tat - tol
+                if at <= now_ms:
+                    if len(local) < self.table.max_entries or key in local:
+                        local[key] = (tat if tat > now_ms else now_ms) + line.intervals[0]
+                    self.counters.accepted += 1
+                    return _new_decision(Decision, (ACCEPT, now_ms, 0))
+                wait = int(at)
+                wait += wait < at
+                if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
+                    if len(local) < self.table.max_entries or key in local:
+                        local[key] = tat + line.intervals[0]
+                    return self._delay(now_ms, wait)
+            else:
+                locals_ = self._locals
+                at, new = line_admit(line, locals_.get(key), until, now_ms)
+                fits = len(locals_) < self.table.max_entries or key in locals_
+                if at <= now_ms:
+                    if fits:
+                        locals_[key] = new
+                    self.counters.accepted += 1
+                    return _new_decision(Decision, (ACCEPT, now_ms, 0))
+                wait = int(at)
+                wait += wait < at
+                if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
+                    if fits:
+                        locals_[key] = new
+                    return self._delay(now_ms, wait)
+            self.counters.rejected += 1
+            return _new_decision(Decision, (REJECT, now_ms, wait))
         if until <= now_ms:  # none, or passed (the sweep forgets it later)
             self.counters.accepted += 1
             return _new_decision(Decision, (ACCEPT, now_ms, 0))
         if until - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
-            self.waiting += 1
-            self.counters.delayed += 1
-            return _new_decision(Decision, (DELAY, now_ms, until))
+            return self._delay(now_ms, until)
         self.counters.rejected += 1
         return _new_decision(Decision, (REJECT, now_ms, until))
+
+    def _delay(self, now_ms: int, until: int) -> Decision:
+        self.waiting += 1
+        self.counters.delayed += 1
+        return _new_decision(Decision, (DELAY, now_ms, until))
+
+    def sweep_local(self, now_ms: int) -> int:
+        """Forget first-line times that have passed (they admit as no time would)."""
+        passed = [k for k, v in self._local.items() if v <= now_ms]
+        for k in passed:
+            del self._local[k]
+        passed_n = [k for k, v in self._locals.items() if max(v) <= now_ms]
+        for k in passed_n:
+            del self._locals[k]
+        return len(passed) + len(passed_n)
 
     def release(self) -> None:
         """A delayed request has been let through (or abandoned): free its slot."""

@@ -32,7 +32,7 @@ from smockron.core.history import next_allowed, recorded
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
-from smockron.master.stores.base import ALGORITHMS, Scope, Store, Table
+from smockron.master.stores.base import Scope, State, Store, Table
 from smockron.protocol import (
     ACCEPTED,
     DEFAULT_LIMITS,
@@ -45,7 +45,28 @@ from smockron.protocol import (
 )
 
 Frames = Sequence[bytes]
+MAX_DEBT_MS = 60_000.0
+"""How far past its own time a late-known request may be recorded: as far as a DELAYED
+timestamp may reach (``max_delay_ahead_ms``'s default), so forged ACCEPTED messages
+cannot hold an identifier back longer than forged DELAYED ones."""
+LATE_AFTER_MS = 500.0
+BACKLOG_MS = 2000.0
+"""A gatekeeper that loses its master may queue accounting (ZeroMQ keeps up to its
+high-water mark) and deliver it all when it reconnects. Those requests were let through
+failing open; charged now (re-timed by the skew rule, or as debt) they would throttle
+clients for what they did while nobody was counting, polite ones included. So for
+``BACKLOG_MS`` after a gatekeeper connects, a message older than ``LATE_AFTER_MS`` is
+counted as ``late`` and dropped; younger ones are charged at their own time."""
 MalformedHook = Callable[[ProtocolError, Frames], None]
+
+
+ALGORITHMS = ("history", "gcra", "history-literal")
+"""What a domain may run: the history rule keeping the debt of late-known requests (the
+default), GCRA, and the original Smockron's history rule exactly as written, which
+forgives it (for exact reproduction of the original master; see docs/master.md)."""
+
+_STORED_AS = {"history-literal": "history"}
+"""Both history variants keep the same states: switching between them keeps them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,21 +82,27 @@ class DomainPolicy:
                 f"unknown algorithm {self.algorithm!r}: use one of {', '.join(ALGORITHMS)}"
             )
 
+    @property
+    def stored_as(self) -> str:
+        """The store's name for this algorithm's states."""
+        return _STORED_AS.get(self.algorithm, self.algorithm)
+
 
 class _Domain:
     """A configured domain as the hot path wants it: topic, tables, counters."""
 
-    __slots__ = ("gcra", "name", "scopes", "stats", "topic")
+    __slots__ = ("debt", "gcra", "name", "scopes", "stats", "topic")
 
     def __init__(self, name: str, policy: DomainPolicy, store: Store, stats: DomainStats) -> None:
         self.name = name
         self.topic = topic(name)
         self.gcra = policy.algorithm == "gcra"
+        self.debt = policy.algorithm == "history"
         self.stats = stats
         # A rule given twice is one rule: both would share one table (one Scope) and
         # record every request twice, throttling at half the burst.
         self.scopes: tuple[tuple[Rule, Table, float], ...] = tuple(
-            (rule, store.table(Scope(name, rule, policy.algorithm)), rule.window_ms)
+            (rule, store.table(Scope(name, rule, policy.stored_as)), rule.window_ms)
             for rule in dict.fromkeys(policy.rules)
         )
 
@@ -99,6 +126,8 @@ class Engine:
         limits: Limits = DEFAULT_LIMITS,
         stats: Stats | None = None,
         on_malformed: MalformedHook | None = None,
+        late_after_ms: float = LATE_AFTER_MS,
+        backlog_ms: float = BACKLOG_MS,
     ) -> None:
         if skew_tolerance_ms < 0:
             raise ConfigError(f"skew tolerance must be >= 0, got {skew_tolerance_ms!r}")
@@ -110,8 +139,16 @@ class Engine:
         self.limits = limits
         self.stats = stats if stats is not None else Stats()
         self.on_malformed = on_malformed
+        self.late_after_ms = late_after_ms
+        self.backlog_ms = backlog_ms
+        self._backlog_until = float("-inf")
         self._by_topic: dict[bytes, _Domain] = {}
         self.configure(domains)
+
+    def connected(self, now_ms: float) -> None:
+        """A gatekeeper (re)connected: for ``backlog_ms`` from now, messages older than
+        ``late_after_ms`` are the backlog it queued while it had no master."""
+        self._backlog_until = now_ms + self.backlog_ms
 
     @property
     def domains(self) -> dict[str, DomainPolicy]:
@@ -127,7 +164,7 @@ class Engine:
         self._by_topic = by_topic
         retain = getattr(self.store, "retain", None)
         if retain is not None:
-            retain({Scope(n, r, p.algorithm) for n, p in domains.items() for r in p.rules})
+            retain({Scope(n, r, p.stored_as) for n, p in domains.items() for r in p.rules})
 
     @property
     def topics(self) -> dict[bytes, _Domain]:
@@ -240,7 +277,11 @@ class Engine:
         out: list[list[bytes]] = []
         tolerance = self.skew_tolerance_ms
         ahead = self.max_delay_ahead_ms
+        late_before = now_ms - self.late_after_ms if now_ms < self._backlog_until else -math.inf
         for dom, _status, ident, received_ms, delayed_ms in decoded:
+            if received_ms < late_before:  # backlog: served while failing open, long ago
+                dom.stats.late += 1
+                continue
             ts: float = received_ms if delayed_ms is None else delayed_ms
             if ts - received_ms > ahead:
                 ts = received_ms + ahead
@@ -260,16 +301,27 @@ class Engine:
 
 
 def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
-    """The seed's rule for every rule of the domain; the latest "next allowed" wins.
+    """The history rule for every rule of the domain; the latest "next allowed" wins.
+
+    Debt: a request the master learns of after the time its identifier was next allowed
+    had already passed it (a gatekeeper decided before the DELAY_UNTIL reached it) is
+    recorded at the time it should have been served, as a DELAYED request is recorded
+    at its delayed time, so each such request moves the next allowed time on by one
+    interval instead of being forgiven. A gatekeeper that was informed in time never
+    sends such a request, so for it nothing changes (``history-literal`` skips this).
 
     The rule is applied at the message's own time when the master is behind it (a
     queue, a busy loop): an instant master would have seen it then. Applied at the later
     ``now`` instead, ``start = max(now, last)`` would push DELAY_UNTIL back by the lag
-    and throttle requests an instant master allows, which the seed forbids."""
+    and throttle requests an instant master allows."""
+    scopes = dom.scopes
+    olds = [table.get(ident) or () for _rule, table, _window in scopes]
+    if dom.debt:
+        ts = served_at(scopes, olds, ts)
     at = ts if ts < now_ms else now_ms
     until: float | None = None
-    for rule, table, window in dom.scopes:
-        state = recorded(table.get(ident) or (), ts, rule)
+    for (rule, table, window), old in zip(scopes, olds, strict=True):
+        state = recorded(old, ts, rule)
         table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
@@ -278,6 +330,26 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
             if nxt is not None and (until is None or nxt > until):
                 until = nxt
     return until if until is not None and until > now_ms else None  # else allowed now
+
+
+def served_at(
+    scopes: Sequence[tuple[Rule, Table, float]], states: Sequence[State], ts: float
+) -> float:
+    """When a request at ``ts`` should have been served given the stored ``states``: the
+    next allowed time the rules had computed after their newest entry, if that is later.
+
+    That time is the newest entry plus one interval when the history is full (its
+    ``burst`` entries all within one window of the newest), which is exactly when the
+    master published a DELAY_UNTIL for it; a gatekeeper obeying that DELAY_UNTIL sends
+    nothing before it. Debt is bounded like a DELAYED timestamp: ``MAX_DEBT_MS`` ahead.
+    """
+    due = ts
+    for (rule, _table, window), state in zip(scopes, states, strict=True):
+        if len(state) >= rule.burst:
+            nxt = state[-1] + rule.interval_ms
+            if nxt > due and min(state) > state[-1] - window:
+                due = nxt
+    return due if due - ts <= MAX_DEBT_MS else ts + MAX_DEBT_MS
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

@@ -17,6 +17,7 @@ _PER_DOMAIN = {
     "malformed": ("smockron_master_malformed_domain", "Malformed messages naming this domain"),
     "dropped": ("smockron_master_dropped", "Messages dropped by the full queue"),
     "skewed": ("smockron_master_skewed", "Messages re-timed to the master's clock"),
+    "late": ("smockron_master_late", "Backlog of a reconnecting gatekeeper, too old to charge"),
 }
 
 

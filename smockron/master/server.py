@@ -25,7 +25,7 @@ from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
 from smockron.master.stores import MemoryStore, open_store
-from smockron.protocol import ACCEPTED, DELAYED, REJECTED
+from smockron.protocol import ACCEPTED, DELAYED, REJECTED, encode_rules
 from smockron.ratelog import RateLimitedLog
 from smockron.zmqio import drain, drain_accounting_compiled, send_all, wait_readable
 
@@ -40,6 +40,10 @@ FLUSH_IDLE_S = 0.05
 PUBLISH_EVERY = 64
 """A large batch is applied and its DELAY_UNTILs published in slices of this many
 messages (~0.1 ms of work each), so the reaction time does not grow with the batch."""
+
+RULES_EVERY_S = 1.0
+"""How often each domain's rules are offered to gatekeepers (see protocol.py): a
+gatekeeper that (re)connects has its first line within this long."""
 
 MAX_FRAME_BYTES = 64 * 1024
 """ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected by libzmq itself."""
@@ -71,6 +75,7 @@ class Master:
         self.ctx = context or zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.pub = self.ctx.socket(zmq.PUB)
+        self.monitor: zmq.Socket[bytes] | None = None
         self.pending: deque[Batch] = deque()
         self.pending_count = 0
         self._work = asyncio.Event()
@@ -84,6 +89,8 @@ class Master:
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.subscribe(b"")
         self.sub.bind(self.settings.accounting)
+        # Connections accepted: what a gatekeeper queued meanwhile comes right after.
+        self.monitor = self.sub.get_monitor_socket(zmq.EVENT_ACCEPTED)
         self.pub.setsockopt(zmq.SNDHWM, self.settings.hwm)
         self.pub.setsockopt(zmq.LINGER, 200)
         self.pub.bind(self.settings.control)
@@ -116,6 +123,7 @@ class Master:
         self.engine.limits = limits(new)
         self.engine.configure(new.domains)
         self.settings = new
+        self.offer_rules()
         log.info("reloaded: %d domain(s): %s", len(new.domains), _describe(new))
 
     async def run(self) -> None:
@@ -138,6 +146,7 @@ class Master:
         ]
         if self.settings.stats_interval > 0:
             tasks.append(asyncio.create_task(self._log_stats(), name="stats"))
+        tasks.append(asyncio.create_task(self._offer_rules(), name="rules"))
         try:
             await self._stopping.wait()
             await tasks[1]  # the processor finishes what was received
@@ -163,6 +172,10 @@ class Master:
         if close is not None:
             with contextlib.suppress(Exception):
                 await close()
+        if self.monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.sub.disable_monitor()
+            self.monitor.close(0)
         self.sub.close()
         self.pub.close()
 
@@ -172,7 +185,10 @@ class Master:
         engine = self.engine
         fast = drain_accounting_compiled
         statuses = (ACCEPTED, DELAYED, REJECTED)
+        monitor = self.monitor
         while not self._stopping.is_set():
+            if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+                self._connections(monitor)
             if fast is not None:  # decoded while received (see Engine.ingest)
                 lim = engine.limits  # read per batch: SIGHUP may change it
                 limits = (lim.max_identifier, lim.max_loginfo, lim.max_timestamp_digits,
@@ -185,6 +201,15 @@ class Master:
                 await asyncio.sleep(0)
             else:
                 await wait_readable(sub, 0.25)
+
+    def _connections(self, monitor: zmq.Socket[bytes]) -> None:
+        """Tell the engine a gatekeeper connected, so it knows the backlog for what it is."""
+        while True:
+            try:
+                monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.engine.connected(time.time() * 1000.0)
 
     def _enqueue(self, batch: Batch) -> None:
         decoded, raw = batch
@@ -271,6 +296,19 @@ class Master:
             controls = apply(decoded[start : start + PUBLISH_EVERY], now)
             if controls:
                 send_all(pub, controls)
+
+    def offer_rules(self) -> None:
+        """Publish every domain's rules once, for the gatekeepers' first line."""
+        offers = [encode_rules(name, policy.algorithm, policy.rules)
+                  for name, policy in sorted(self.engine.domains.items()) if policy.rules]  # fmt: skip
+        if offers:
+            with contextlib.suppress(zmq.ZMQError):
+                send_all(self.pub, offers)
+
+    async def _offer_rules(self) -> None:
+        while True:
+            self.offer_rules()
+            await asyncio.sleep(RULES_EVERY_S)
 
     def _log_malformed(self, exc: ProtocolError, frames: Frames) -> None:
         head = [f[:40] for f in list(frames)[:3]]

@@ -26,6 +26,8 @@ class DomainStats(CounterSet):
     """DELAY_UNTIL messages published."""
     skewed: int = 0
     """Messages whose timestamp was replaced by the master's clock (see docs/master.md)."""
+    late: int = 0
+    """Backlog a reconnecting gatekeeper had queued, too old to charge (docs/master.md)."""
 
 
 @dataclass(slots=True)
@@ -63,6 +65,7 @@ class Stats:
             f"unknown_domain={self.unknown_domain}",
             f"dropped={self.dropped}",
             f"skewed={self.total('skewed')}",
+            f"late={self.total('late')}",
             f"batches={self.batches}",
         ]
         for name, s in sorted(self.domains.items()):

@@ -7,7 +7,15 @@ from types import TracebackType
 
 import zmq
 
-from smockron.protocol import ACCEPTED, Control, decode_control, encode_accounting
+from smockron.protocol import (
+    ACCEPTED,
+    RULES_TOPIC,
+    Control,
+    RulesOffer,
+    decode_control,
+    decode_rules,
+    encode_accounting,
+)
 
 
 def now_ms() -> int:
@@ -28,6 +36,19 @@ class FakeGatekeeper:
         self.sub.subscribe(b"")
         self.sub.connect(f"tcp://127.0.0.1:{control_port}")
         self._probe = 0
+        self.offers: list[RulesOffer] = []
+        """The master's rules offers received (kept apart from the control messages)."""
+
+    def _control(self, timeout: float) -> Control | None:
+        """The next DELAY_UNTIL within ``timeout`` seconds; rules offers are set aside."""
+        deadline = time.monotonic() + timeout
+        while self.sub.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            frames = self.sub.recv_multipart()
+            if frames[0] == RULES_TOPIC:
+                self.offers.append(decode_rules(frames))
+                continue
+            return decode_control(frames)
+        return None
 
     def send(self, frames: list[bytes]) -> None:
         self.pub.send_multipart(frames)
@@ -42,7 +63,7 @@ class FakeGatekeeper:
         while time.monotonic() < deadline:
             self._probe += 1
             self.accepted(domain, b"probe-%d" % self._probe)
-            if self.sub.poll(100):
+            if self._control(0.1) is not None:
                 self.drain_control(0.2)
                 return
         raise AssertionError(f"no DELAY_UNTIL for probe domain {domain!r} in {timeout}s")
@@ -51,8 +72,8 @@ class FakeGatekeeper:
         """Control messages until none arrives for ``quiet`` seconds."""
         out: list[Control] = []
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.sub.poll(int(quiet * 1000)):
-            out.append(decode_control(self.sub.recv_multipart()))
+        while time.monotonic() < deadline and (msg := self._control(quiet)) is not None:
+            out.append(msg)
         return out
 
     def expect_control(self, n: int, timeout: float = 10.0) -> list[Control]:
@@ -60,10 +81,9 @@ class FakeGatekeeper:
         out: list[Control] = []
         deadline = time.monotonic() + timeout
         while len(out) < n and time.monotonic() < deadline:
-            if self.sub.poll(50):
-                msg = decode_control(self.sub.recv_multipart())
-                if not msg.domain.startswith(b"probe"):
-                    out.append(msg)
+            msg = self._control(0.05)
+            if msg is not None and not msg.domain.startswith(b"probe"):
+                out.append(msg)
         return out
 
     def close(self) -> None:

@@ -51,11 +51,20 @@ def test_history_window_passes() -> None:
     assert eng.process([acc(b"x", T0 + 1101)], T0 + 1101) == []
 
 
-def test_several_rules_latest_wins() -> None:
+def test_several_rules_latest_wins_literal() -> None:
     # 10/s burst 2 and 1/s burst 3: after 3 requests the second rule says +1000
-    eng = engine(api=DomainPolicy((Rule(10.0, 2), Rule(1.0, 3))))
+    eng = engine(api=DomainPolicy((Rule(10.0, 2), Rule(1.0, 3)), "history-literal"))
     out = eng.process([acc(b"a", T0), acc(b"a", T0), acc(b"a", T0)], T0)
     assert untils(out) == [(b"api", b"a", T0 + 100), (b"api", b"a", T0 + 1000)]
+
+
+def test_several_rules_latest_wins_and_debt_is_kept() -> None:
+    # The third request came after the first rule's DELAY_UNTIL T0+100 (its gatekeeper
+    # had not heard it yet): it is recorded at T0+100 in both rules, so the second
+    # rule's next allowed time is T0+100+1000.
+    eng = engine(api=DomainPolicy((Rule(10.0, 2), Rule(1.0, 3))))
+    out = eng.process([acc(b"a", T0), acc(b"a", T0), acc(b"a", T0)], T0)
+    assert untils(out) == [(b"api", b"a", T0 + 100), (b"api", b"a", T0 + 1100)]
 
 
 @pytest.mark.parametrize("algorithm", ["history", "gcra"])
@@ -242,9 +251,10 @@ def history_oracle(stamps: list[int], now: int, rule: Rule) -> float | None:
 def test_any_rule_throttles_latest_wins(
     rules: list[tuple[float, int]], steps: list[tuple[int, bool]]
 ) -> None:
-    """Several rules on one domain against the oracle: a DELAY_UNTIL when any rule says
-    so, for the latest of their answers; nothing otherwise."""
-    policy = DomainPolicy(tuple(Rule(rate, burst) for rate, burst in rules))
+    """Several rules on one domain against the oracle of the literal rule (every request
+    recorded at its own time): a DELAY_UNTIL when any rule says so, for the latest of
+    their answers; nothing otherwise."""
+    policy = DomainPolicy(tuple(Rule(rate, burst) for rate, burst in rules), "history-literal")
     eng = engine(api=policy)
     stamps: list[int] = []
     ts = T0

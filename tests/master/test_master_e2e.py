@@ -167,9 +167,9 @@ def test_redis_master_killed_and_replaced_keeps_enforcing(
     acc, ctl = free_ports(2)
     args = master_args(acc, ctl, "--rule", "api:1/s:5", "--rule", "probe:1/s:1",
                        "--store", redis_server.url)  # fmt: skip
-    t = now_ms()
     with smockron_proc(args, tmp_path / "m1.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
+        t = now_ms()
         for i in range(300):  # traffic from others while it dies
             gk.accepted("api", b"other-%d" % i, t)
         for _ in range(4):
