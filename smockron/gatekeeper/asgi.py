@@ -16,7 +16,13 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Final
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper, now_ms
+from smockron.gatekeeper.core import (
+    MAX_RECHECKS,
+    AsyncGatekeeper,
+    RuleConfig,
+    holding,
+    now_ms,
+)
 from smockron.gatekeeper.httpgate import LOGINFO_MAX, HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import (
     DomainOf,
@@ -97,6 +103,10 @@ class SmockronMiddleware:
     closes it), or the master's ``accounting`` and ``control`` addresses to make one
     here, closed at lifespan shutdown.
 
+    ``rules`` holds each identifier to its domain's rules on this gatekeeper's own traffic
+    between two verdicts of the master (``{"api": ["10/s:20"]}``, the master's syntax);
+    with ``master_rules`` (default) the rules the master offers replace them.
+
     ``flush_delay_ms`` (default 2) is how long accounting messages are gathered before
     one send burst: longer costs less CPU per request and tells the master later.
 
@@ -118,6 +128,8 @@ class SmockronMiddleware:
         max_delay_ms: int = 5000,
         max_delayed: int = 1000,
         reject_sample: float = 1.0,
+        rules: RuleConfig = (),
+        master_rules: bool = True,
         flush_delay_ms: float | None = None,
     ) -> None:
         self.app = app
@@ -130,6 +142,8 @@ class SmockronMiddleware:
             max_delay_ms=max_delay_ms,
             max_delayed=max_delayed,
             reject_sample=reject_sample,
+            rules=rules,
+            master_rules=master_rules,
         )
         if flush_delay_ms is not None:
             if not 0 <= flush_delay_ms <= 1000:
@@ -174,7 +188,7 @@ class SmockronMiddleware:
             if not gatekeeper.started:
                 gatekeeper.start()
             # no coroutine unless there is a delay to wait out
-            decision = gatekeeper.decide(domain, identifier, now_ms(), loginfo)
+            decision = gatekeeper.check(domain, identifier, now_ms(), loginfo)
         except Exception as exc:  # fail-permissive, even against our own bugs
             self.gate.fail_open(exc)
             await self.app(scope, receive, send)
@@ -183,22 +197,50 @@ class SmockronMiddleware:
         if verdict is ACCEPT:
             await self.app(scope, receive, send)
         elif verdict is DELAY:
-            await self._delayed(decision, scope, receive, send)
+            await self._delayed(decision, (domain, identifier, loginfo), scope, receive, send)
         else:
             await self._reject(decision, scope, send)
 
     async def _delayed(
-        self, decision: Decision, scope: Scope, receive: Receive, send: Send
+        self,
+        decision: Decision,
+        target: tuple[bytes, bytes, bytes | None],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        """Wait out a delay watching for the client leaving, then call the app."""
+        """Wait out a delay watching for the client leaving, then call the app; wait
+        again while the master has moved the identifier's time on (``Decider.recheck``).
+        The DELAYED accounting is sent when the request goes (``AsyncGatekeeper.check``)."""
+        domain, identifier, loginfo = target
         replay: deque[Message] = deque()
+        pending: asyncio.Future[Message] | None = None
+        until = went = decision.until_ms
+        gatekeeper = self.gatekeeper
         try:
-            gone, pending = await self._watch(decision.until_ms, receive, replay)
+            for held in holding(MAX_RECHECKS):
+                gone, pending = await self._watch(until, receive, replay, pending)
+                if gone:
+                    break
+                went, until = (
+                    until,
+                    gatekeeper.decider.recheck(domain, identifier, decision, now_ms(), held),
+                )
+                if until <= 0:
+                    break
         finally:
-            self.gatekeeper.release()
-        if gone:
+            gatekeeper.release()
+        if gone:  # it never reaches the app: not accounted
             self.abandoned += 1
             log.debug("client %s left during its delay: not calling the app", scope.get("client"))
+            return
+        gatekeeper.account_delay(
+            domain, identifier, decision, until if until < 0 else went, loginfo
+        )
+        if until < 0:  # the wait went past the longest delay
+            if pending is not None:
+                pending.cancel()
+            await self._reject(decision, scope, send)
             return
         if not replay and pending is None:
             await self.app(scope, receive, send)
@@ -224,15 +266,18 @@ class SmockronMiddleware:
                     pending.exception()  # retrieved: no "never retrieved" warning
 
     async def _watch(
-        self, until_ms: int, receive: Receive, replay: deque[Message]
+        self,
+        until_ms: int,
+        receive: Receive,
+        replay: deque[Message],
+        pending: asyncio.Future[Message] | None = None,
     ) -> tuple[bool, asyncio.Future[Message] | None]:
         """Sleep until ``until_ms`` while reading ``receive()`` into ``replay``.
 
         Returns whether the client disconnected, and the ``receive()`` still in flight
         if any (the app's first read finishes it).
         """
-        pending: asyncio.Future[Message] | None = None
-        buffered = 0
+        buffered = sum(len(message.get("body", b"")) for message in replay)
         try:
             while True:
                 remaining = (until_ms - now_ms()) / 1000

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from smockron.core.rules import parse_rule_spec
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
@@ -37,6 +38,22 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"cannot parse --listen {text!r}: expected HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str, list[str]]:
+    """``--rule`` and ``--algorithm`` flags as a gatekeeper's ``rules`` argument."""
+    config: dict[str, list[str]] = {}
+    for spec in rules:
+        domain, _rule = parse_rule_spec(spec)  # validates
+        config.setdefault(domain, []).append(spec.split(":", 1)[1])
+    for spec in algorithms:
+        domain, sep, algorithm = spec.partition("=")
+        if not sep or algorithm not in ("history", "gcra", "history-literal"):
+            raise ConfigError(f"cannot parse --algorithm {spec!r}: expected DOMAIN=history|gcra")
+        if domain not in config:
+            raise ConfigError(f"--algorithm given for domain {domain!r}, which has no --rule")
+        config[domain].insert(0, algorithm)
+    return config
 
 
 @click.command()
@@ -76,6 +93,27 @@ def parse_listen(text: str) -> tuple[str, int]:
     help="Add X-Smockron-Decision: accept|delay|reject to responses.",
 )
 @click.option(
+    "--rule",
+    "rules",
+    multiple=True,
+    metavar="DOMAIN:RATE/UNIT:BURST",
+    help="The domain's rule, as the master's --rule (repeatable): the first line holds "
+    "each client to it on this proxy's own traffic until the master offers its rules.",
+)
+@click.option(
+    "--algorithm",
+    "algorithms",
+    multiple=True,
+    metavar="DOMAIN=ALG",
+    help="The algorithm of --rule's domain, as the master's: history (default) or gcra.",
+)
+@click.option(
+    "--master-rules/--no-master-rules",
+    default=True,
+    show_default=True,
+    help="Take the rules the master offers (they replace --rule).",
+)
+@click.option(
     "--stats-interval",
     type=float,
     default=60.0,
@@ -96,6 +134,9 @@ def proxy(
     reject_sample: float,
     loginfo: bool,
     decision_header: bool,
+    rules: tuple[str, ...],
+    algorithms: tuple[str, ...],
+    master_rules: bool,
     stats_interval: float,
 ) -> None:
     """Run a gatekeeper reverse proxy in front of UPSTREAM."""
@@ -115,6 +156,8 @@ def proxy(
             max_delay_ms=max_delay_ms,
             max_delayed=max_delayed,
             reject_sample=reject_sample,
+            rules=rule_config(rules, algorithms),
+            master_rules=master_rules,
         )
         server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header)
     except ConfigError as exc:

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Final
 
@@ -42,6 +42,18 @@ from smockron.zmqio import send_all
 log = logging.getLogger("smockron.gatekeeper")
 
 SWEEP_INTERVAL_S: Final = 1.0
+MAX_RECHECKS: Final = 100
+"""A delayed request waits again at most this many times for a later DELAY_UNTIL
+(each wait is bounded anyway by ``max_delay_ms`` from its arrival)."""
+
+
+def holding(tries: int) -> Iterator[bool]:
+    """For each wait of a delayed request: whether it holds a slot from ``recheck``."""
+    yield False
+    for _ in range(tries - 1):
+        yield True
+
+
 _POLL_MS: Final = 100
 FLUSH_DELAY_S: Final = 0.002
 """How long the asyncio twin gathers accounting messages before one send burst."""
@@ -95,9 +107,7 @@ def first_lines(rules: RuleConfig) -> dict[bytes, Line | None]:
                 algorithms[domain] = spec
             else:
                 by_domain.setdefault(domain, []).append(parse_rule_spec(f"{domain}:{spec}")[1])
-    return {
-        d.encode(): Line.of(algorithms.get(d, "history"), rs) for d, rs in by_domain.items()
-    }
+    return {d.encode(): Line.of(algorithms.get(d, "history"), rs) for d, rs in by_domain.items()}
 
 
 def describe_line(line: Line | None) -> str:
@@ -179,8 +189,37 @@ class _GatekeeperBase:
         """Free the waiting slot a DELAY decision took."""
         self.decider.release()
 
+    def check(
+        self, domain: bytes, identifier: bytes, now: int | None = None, loginfo: bytes | None = None
+    ) -> Decision:
+        """Like :meth:`decide`, except that a DELAY is accounted when the request goes:
+        pass the same domain, identifier and loginfo to ``wait_out`` (asyncio) after it,
+        which waits, rechecks the master's latest time and sends the DELAYED message.
+        A request that never goes (rejected after its wait) is then not charged."""
+        return self._decide(domain, identifier, now_ms() if now is None else now, loginfo, True)
+
+    def account_delay(
+        self,
+        domain: bytes,
+        identifier: bytes,
+        decision: Decision,
+        until: int,
+        loginfo: bytes | None,
+    ) -> None:
+        """A checked DELAY went at ``until`` (>0) or was rejected (<0): account it."""
+        if until < 0:
+            self._send(domain, REJECTED, identifier, decision.received_ms, None, loginfo)
+        else:
+            went = until if until > decision.until_ms else decision.until_ms
+            self._send(domain, DELAYED, identifier, decision.received_ms, went, loginfo)
+
     def _decide(
-        self, domain: bytes, identifier: bytes, now: int, loginfo: bytes | None
+        self,
+        domain: bytes,
+        identifier: bytes,
+        now: int,
+        loginfo: bytes | None,
+        defer: bool = False,
     ) -> Decision:
         decision = self.decider.decide(domain, identifier, now)
         verdict = decision.verdict
@@ -192,7 +231,8 @@ class _GatekeeperBase:
             self._sample_credit -= 1.0
             self._send(domain, REJECTED, identifier, now, None, loginfo)
         elif verdict is DELAY:
-            self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
+            if not defer:
+                self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
         else:
             self._send(domain, ACCEPTED, identifier, now, None, loginfo)
         return decision
@@ -248,7 +288,7 @@ class _GatekeeperBase:
         if self.domains is not None and control.domain not in self.domains:
             self.counters.control_ignored += 1
             return
-        self.decider.table.update(control.domain, control.identifier, control.until_ms, now)
+        self.decider.control(control.domain, control.identifier, control.until_ms, now)
 
     def _apply_rules(self, frames: list[bytes]) -> None:
         """The master's offer of a domain's rules: they replace the configured ones."""
@@ -376,13 +416,29 @@ class Gatekeeper(_GatekeeperBase):
 
     def admit(self, domain: bytes, identifier: bytes, loginfo: bytes | None = None) -> Decision:
         """Decide, and sleep through a delay; the caller turns REJECT into a response."""
-        decision = self.decide(domain, identifier, None, loginfo)
-        if decision.verdict is Verdict.DELAY:
-            try:
-                time.sleep(max(0, decision.until_ms - now_ms()) / 1000)
-            finally:
-                self.release()
-        return decision
+        with self._lock:
+            decision = self._decide(domain, identifier, now_ms(), loginfo, True)
+        if decision.verdict is not Verdict.DELAY:
+            return decision
+        went = 0
+        try:
+            until = decision.until_ms
+            for held in holding(MAX_RECHECKS):
+                time.sleep(max(0, until - now_ms()) / 1000)
+                with self._lock:
+                    went, until = (
+                        until,
+                        self.decider.recheck(domain, identifier, decision, now_ms(), held),
+                    )
+                if until <= 0:
+                    break
+        finally:
+            with self._lock:
+                self.decider.release()
+                self.account_delay(
+                    domain, identifier, decision, until if until < 0 else went, loginfo
+                )
+        return decision._replace(verdict=REJECT) if until < 0 else decision
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -413,7 +469,8 @@ class Gatekeeper(_GatekeeperBase):
                 frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._apply_control(frames, now_ms())
+            with self._lock:  # the first line's times are shared with decide
+                self._apply_control(frames, now_ms())
 
     def close(self) -> None:
         """Stop the reader thread and close the sockets."""
@@ -487,17 +544,43 @@ class AsyncGatekeeper(_GatekeeperBase):
         """Decide, and wait out a delay without blocking the loop."""
         if not self.started:
             self.start()
-        decision = self._decide(domain, identifier, now_ms(), loginfo)
-        if decision.verdict is Verdict.DELAY:
-            await self.wait_out(decision)
+        decision = self._decide(domain, identifier, now_ms(), loginfo, True)
+        if decision.verdict is Verdict.DELAY and not await self.wait_out(
+            decision, domain, identifier, loginfo
+        ):
+            return decision._replace(verdict=REJECT)
         return decision
 
-    async def wait_out(self, decision: Decision) -> None:
-        """Sleep until a DELAY decision's time, then free its slot (also when cancelled)."""
+    async def wait_out(
+        self,
+        decision: Decision,
+        domain: bytes | None = None,
+        identifier: bytes | None = None,
+        loginfo: bytes | None = None,
+    ) -> bool:
+        """Sleep until a DELAY decision's time, then free its slot (also when cancelled).
+
+        After :meth:`check` (with its domain, identifier and loginfo): wait again while
+        the master has moved the identifier's time on meanwhile (:meth:`Decider.recheck`),
+        then account the request; False when that went past the longest delay: the
+        caller rejects the request."""
+        until = went = decision.until_ms
         try:
-            await asyncio.sleep(max(0, decision.until_ms - now_ms()) / 1000)
+            for held in holding(MAX_RECHECKS):
+                await asyncio.sleep(max(0, until - now_ms()) / 1000)
+                if domain is None or identifier is None:
+                    return True
+                went, until = (
+                    until,
+                    self.decider.recheck(domain, identifier, decision, now_ms(), held),
+                )
+                if until <= 0:
+                    break
         finally:
             self.decider.release()
+        if domain is not None and identifier is not None:
+            self.account_delay(domain, identifier, decision, until if until < 0 else went, loginfo)
+        return until >= 0
 
     def _emit(self, pub: zmq.Socket[bytes], frames: list[bytes]) -> None:
         """Queue the message; :meth:`flush` sends the batch within ``flush_delay_s``.

@@ -165,14 +165,16 @@ class GatekeeperProxy:
         if target is not None:
             domain, identifier, loginfo = target
             try:
-                decision = self.gatekeeper.decide(domain, identifier, None, loginfo)
+                decision = self.gatekeeper.check(domain, identifier, None, loginfo)
             except Exception as exc:  # fail-permissive, even against our own bugs
                 self.gate.fail_open(exc)
                 return await self._forward(request, verdict)
             verdict = decision.verdict
-            if verdict is Verdict.DELAY:
-                # the client connection stays open; the upstream has not seen it yet
-                await self.gatekeeper.wait_out(decision)
+            if verdict is Verdict.DELAY and not await self.gatekeeper.wait_out(
+                decision, domain, identifier, loginfo
+            ):  # the client connection stayed open; the upstream has not seen it yet
+                verdict = Verdict.REJECT
+                decision = decision._replace(verdict=verdict)
             if verdict is Verdict.REJECT:
                 rejection = self.gate.reject(decision.wait_ms, req)
                 headers = CIMultiDict(rejection.headers)

@@ -177,6 +177,8 @@ class Counters(CounterSet):
     accounting_dropped: int = 0
     accounting_sampled_out: int = 0
     rules_received: int = 0  # the master's offers of its domains' rules
+    delayed_again: int = 0  # woken from a delay to find a later DELAY_UNTIL
+    rejected_after_delay: int = 0  # ... one past max_delay from their arrival
 
 
 class Decider:
@@ -192,6 +194,7 @@ class Decider:
         "_lines",
         "_local",
         "_locals",
+        "_next_free",
         "counters",
         "max_delay_ms",
         "max_delayed",
@@ -215,6 +218,8 @@ class Decider:
         """The first line's arrival times of one-rule domains (most domains)."""
         self._locals: dict[Key, tuple[float, ...]] = {}
         """Those of the others, one per rule."""
+        self._next_free: dict[Key, float] = {}
+        """The next slot free for a request that :meth:`recheck` must move."""
         self.counters = Counters()
         self.waiting = 0  # requests delayed and not yet released
 
@@ -292,11 +297,76 @@ class Decider:
         self.counters.delayed += 1
         return _new_decision(Decision, (DELAY, now_ms, until))
 
+    def control(self, domain: bytes, identifier: bytes, until_ms: int, now_ms: int) -> bool:
+        """Apply the master's DELAY_UNTIL: remember it, and tell the first line that the
+        identifier's allowance is used up until then (it admits one request at
+        ``until_ms``, then spaces them). True if it moved the identifier's time on."""
+        moved = self.table.update(domain, identifier, until_ms, now_ms)
+        line = self._lines.get(domain)
+        if moved and line is not None:
+            key = (domain, identifier)
+            if len(line.intervals) == 1:
+                floor = until_ms + line.tolerances[0]
+                local = self._local
+                if local.get(key, _NEVER) < floor and (
+                    len(local) < self.table.max_entries or key in local
+                ):
+                    local[key] = floor
+            else:
+                old = self._locals.get(key)
+                k = line.fastest
+                floor = until_ms + line.tolerances[k]
+                current = list(old) if old is not None else [_NEVER] * len(line.intervals)
+                current[k] = max(current[k], floor)
+                if len(self._locals) < self.table.max_entries or key in self._locals:
+                    self._locals[key] = tuple(current)
+        return moved
+
+    def recheck(
+        self, domain: bytes, identifier: bytes, decision: Decision, now_ms: int, held: bool
+    ) -> int:
+        """After a delay, before the request goes on. 0: go on; a time: wait until then
+        and ask again with ``held=True`` (it holds that slot); -1: that would be past
+        ``max_delay_ms`` from the request's arrival, so it is rejected.
+
+        The master may have moved the identifier's time on meanwhile: other gatekeepers'
+        requests went. Then the request takes the next free slot after the master's
+        time, one interval after the previous one taken here, so the requests waiting
+        here go one at a time rather than all at the master's time; requests scheduled
+        behind a slot taken so (``held`` False) queue after it."""
+        key = (domain, identifier)
+        until = self._entries.get(key, 0)
+        free = self._next_free.get(key, _NEVER)
+        if until <= now_ms and (held or free <= now_ms):
+            return 0
+        slot = until if until > free else free
+        wait = int(slot)
+        wait += wait < slot
+        if wait - decision.received_ms > self.max_delay_ms:  # rejected: it takes no slot
+            self.counters.rejected_after_delay += 1
+            return -1
+        line = self._lines.get(domain)
+        if line is not None:
+            k = line.fastest
+            self._next_free[key] = slot + line.intervals[k]
+            floor = slot + line.intervals[k] + line.tolerances[k]  # new requests go after
+            if len(line.intervals) == 1:
+                if self._local.get(key, _NEVER) < floor:
+                    self._local[key] = floor
+            else:
+                current = list(self._locals.get(key) or [_NEVER] * len(line.intervals))
+                current[k] = max(current[k], floor)
+                self._locals[key] = tuple(current)
+        self.counters.delayed_again += 1
+        return wait
+
     def sweep_local(self, now_ms: int) -> int:
         """Forget first-line times that have passed (they admit as no time would)."""
         passed = [k for k, v in self._local.items() if v <= now_ms]
         for k in passed:
             del self._local[k]
+        for k in [k for k, v in self._next_free.items() if v <= now_ms]:
+            del self._next_free[k]
         passed_n = [k for k, v in self._locals.items() if max(v) <= now_ms]
         for k in passed_n:
             del self._locals[k]

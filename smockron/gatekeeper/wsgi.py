@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from smockron.gatekeeper.core import Gatekeeper
+from smockron.gatekeeper.core import Gatekeeper, RuleConfig
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
 from smockron.gatekeeper.state import Verdict
@@ -39,7 +39,9 @@ def request_info(environ: Environ) -> RequestInfo:
 
 
 class SmockronWSGIMiddleware:
-    """Rate-limit a WSGI app through a Smockron master."""
+    """Rate-limit a WSGI app through a Smockron master.
+
+    ``rules`` and ``master_rules``: the first line, as for the ASGI middleware."""
 
     def __init__(
         self,
@@ -55,6 +57,8 @@ class SmockronWSGIMiddleware:
         max_delay_ms: int = 5000,
         max_delayed: int = 1000,
         reject_sample: float = 1.0,
+        rules: RuleConfig = (),
+        master_rules: bool = True,
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
@@ -65,6 +69,8 @@ class SmockronWSGIMiddleware:
             max_delay_ms=max_delay_ms,
             max_delayed=max_delayed,
             reject_sample=reject_sample,
+            rules=rules,
+            master_rules=master_rules,
         )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:

@@ -279,15 +279,20 @@ class Engine:
         ahead = self.max_delay_ahead_ms
         late_before = now_ms - self.late_after_ms if now_ms < self._backlog_until else -math.inf
         for dom, _status, ident, received_ms, delayed_ms in decoded:
-            if received_ms < late_before:  # backlog: served while failing open, long ago
+            # A DELAYED message is sent when the request is delayed (the original
+            # gatekeepers) or when it goes (ours): between its two timestamps.
+            ts: float = received_ms if delayed_ms is None else delayed_ms
+            clamped = ts - received_ms > ahead
+            if clamped:
+                ts = received_ms + ahead
+            sent = ts if ts > received_ms else received_ms
+            if sent < late_before:  # backlog: served while failing open, long ago
                 dom.stats.late += 1
                 continue
-            ts: float = received_ms if delayed_ms is None else delayed_ms
-            if ts - received_ms > ahead:
-                ts = received_ms + ahead
-                if -tolerance <= received_ms - now_ms <= tolerance:
-                    dom.stats.skewed += 1  # else counted just below, once per message
-            if received_ms - now_ms > tolerance or now_ms - received_ms > tolerance:
+            skewed = received_ms - now_ms > tolerance or now_ms - sent > tolerance
+            if clamped and not skewed:
+                dom.stats.skewed += 1  # else counted just below, once per message
+            if skewed:
                 ts += now_ms - received_ms  # same delay, counted from the master's now
                 dom.stats.skewed += 1
             if dom.gcra:

@@ -299,8 +299,8 @@ class Master:
 
     def offer_rules(self) -> None:
         """Publish every domain's rules once, for the gatekeepers' first line."""
-        offers = [encode_rules(name, policy.algorithm, policy.rules)
-                  for name, policy in sorted(self.engine.domains.items()) if policy.rules]  # fmt: skip
+        domains = sorted(self.engine.domains.items())
+        offers = [encode_rules(name, p.algorithm, p.rules) for name, p in domains if p.rules]
         if offers:
             with contextlib.suppress(zmq.ZMQError):
                 send_all(self.pub, offers)
