@@ -218,9 +218,9 @@ class SmockronMiddleware:
         until = went = decision.until_ms
         gatekeeper = self.gatekeeper
         try:
-            for held in holding(MAX_RECHECKS):
+            for held in holding(MAX_RECHECKS if decision.paced else 1):
                 gone, pending = await self._watch(until, receive, replay, pending)
-                if gone:
+                if gone or not decision.paced:
                     break
                 went, until = (
                     until,
@@ -234,9 +234,10 @@ class SmockronMiddleware:
             self.abandoned += 1
             log.debug("client %s left during its delay: not calling the app", scope.get("client"))
             return
-        gatekeeper.account_delay(
-            domain, identifier, decision, until if until < 0 else went, loginfo
-        )
+        if decision.paced:
+            gatekeeper.account_delay(
+                domain, identifier, decision, until if until < 0 else went, loginfo
+            )
         if until < 0:  # the wait went past the longest delay
             if pending is not None:
                 pending.cancel()

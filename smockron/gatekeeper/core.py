@@ -198,6 +198,10 @@ class _GatekeeperBase:
         A request that never goes (rejected after its wait) is then not charged."""
         return self._decide(domain, identifier, now_ms() if now is None else now, loginfo, True)
 
+    # A DELAY of a domain without a first line is accounted when it is decided, as the
+    # original gatekeepers do, and goes at its time: with no rules to pace by, waking
+    # requests would all go together at the master's latest time.
+
     def account_delay(
         self,
         domain: bytes,
@@ -231,8 +235,10 @@ class _GatekeeperBase:
             self._sample_credit -= 1.0
             self._send(domain, REJECTED, identifier, now, None, loginfo)
         elif verdict is DELAY:
-            if not defer:
+            if not (defer and decision.paced):
                 self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
+                if decision.paced:  # the caller will not recheck it: plain delay
+                    return decision._replace(paced=False)
         else:
             self._send(domain, ACCEPTED, identifier, now, None, loginfo)
         return decision
@@ -420,6 +426,12 @@ class Gatekeeper(_GatekeeperBase):
             decision = self._decide(domain, identifier, now_ms(), loginfo, True)
         if decision.verdict is not Verdict.DELAY:
             return decision
+        if not decision.paced:
+            try:
+                time.sleep(max(0, decision.until_ms - now_ms()) / 1000)
+            finally:
+                self.release()
+            return decision
         went = 0
         try:
             until = decision.until_ms
@@ -565,10 +577,11 @@ class AsyncGatekeeper(_GatekeeperBase):
         then account the request; False when that went past the longest delay: the
         caller rejects the request."""
         until = went = decision.until_ms
+        paced = decision.paced and domain is not None and identifier is not None
         try:
             for held in holding(MAX_RECHECKS):
                 await asyncio.sleep(max(0, until - now_ms()) / 1000)
-                if domain is None or identifier is None:
+                if not paced or domain is None or identifier is None:
                     return True
                 went, until = (
                     until,

@@ -46,6 +46,10 @@ class Decision(NamedTuple):
     verdict: Verdict
     received_ms: int
     until_ms: int = 0
+    paced: bool = False
+    """A DELAY from a domain with a first line: a caller that waits it out rechecks
+    the master's time when it wakes (:meth:`Decider.recheck`) and accounts the request
+    when it goes (``AsyncGatekeeper.check``)."""
 
     @property
     def wait_ms(self) -> int:
@@ -260,13 +264,13 @@ class Decider:
                     if len(local) < self.table.max_entries or key in local:
                         local[key] = (tat if tat > now_ms else now_ms) + line.intervals[0]
                     self.counters.accepted += 1
-                    return _new_decision(Decision, (ACCEPT, now_ms, 0))
+                    return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
                 wait = int(at)
                 wait += wait < at
                 if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
                     if len(local) < self.table.max_entries or key in local:
                         local[key] = tat + line.intervals[0]
-                    return self._delay(now_ms, wait)
+                    return self._delay(now_ms, wait, True)
             else:
                 locals_ = self._locals
                 at, new = line_admit(line, locals_.get(key), until, now_ms)
@@ -275,27 +279,27 @@ class Decider:
                     if fits:
                         locals_[key] = new
                     self.counters.accepted += 1
-                    return _new_decision(Decision, (ACCEPT, now_ms, 0))
+                    return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
                 wait = int(at)
                 wait += wait < at
                 if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
                     if fits:
                         locals_[key] = new
-                    return self._delay(now_ms, wait)
+                    return self._delay(now_ms, wait, True)
             self.counters.rejected += 1
-            return _new_decision(Decision, (REJECT, now_ms, wait))
+            return _new_decision(Decision, (REJECT, now_ms, wait, False))
         if until <= now_ms:  # none, or passed (the sweep forgets it later)
             self.counters.accepted += 1
-            return _new_decision(Decision, (ACCEPT, now_ms, 0))
+            return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
         if until - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
-            return self._delay(now_ms, until)
+            return self._delay(now_ms, until, False)
         self.counters.rejected += 1
-        return _new_decision(Decision, (REJECT, now_ms, until))
+        return _new_decision(Decision, (REJECT, now_ms, until, False))
 
-    def _delay(self, now_ms: int, until: int) -> Decision:
+    def _delay(self, now_ms: int, until: int, paced: bool) -> Decision:
         self.waiting += 1
         self.counters.delayed += 1
-        return _new_decision(Decision, (DELAY, now_ms, until))
+        return _new_decision(Decision, (DELAY, now_ms, until, paced))
 
     def control(self, domain: bytes, identifier: bytes, until_ms: int, now_ms: int) -> bool:
         """Apply the master's DELAY_UNTIL: remember it, and tell the first line that the

@@ -77,7 +77,11 @@ class Network:
             self._went(now, gk, ident, decision, None)
         elif decision.verdict is DELAY:
             self.outcome.delayed[ident] = self.outcome.delayed.get(ident, 0) + 1
-            self._at(decision.until_ms, lambda t: self._wake(t, gk, ident, decision, False))
+            if decision.paced:  # accounted when it goes, after rechecking
+                self._at(decision.until_ms, lambda t: self._wake(t, gk, ident, decision, False))
+            else:  # accounted now, goes at its time (the original gatekeepers' way)
+                self._account(now, gk, ident, decision, decision.until_ms)
+                self._at(decision.until_ms, lambda t: self._go(t, gk, ident))
         else:
             self.outcome.rejected += 1
 
@@ -93,8 +97,17 @@ class Network:
         else:
             self._at(again, lambda t: self._wake(t, gk, ident, decision, True))
 
+    def _go(self, now: int, gk: int, ident: bytes) -> None:
+        self.deciders[gk].release()
+        self.outcome.admitted.append((now, gk, ident))
+
     def _went(self, now: int, gk: int, ident: bytes, decision: Decision, went: int | None) -> None:
         self.outcome.admitted.append((now, gk, ident))
+        self._account(now, gk, ident, decision, went)
+
+    def _account(
+        self, now: int, gk: int, ident: bytes, decision: Decision, went: int | None
+    ) -> None:
         status = ACCEPTED if went is None else DELAYED
         frames = encode_accounting("api", status, ident, decision.received_ms, went)
         self._at(now + self._latency(gk), lambda t: self._master(t, frames))
