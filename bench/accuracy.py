@@ -43,6 +43,7 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -75,7 +76,7 @@ AT_ONCE_S: Final = 0.1
 POLITE_GRACE_S: Final = 1.0
 SETTLE_S: Final = 1.0  # after the proxies connect: control subscriptions reach the master
 READY_TIMEOUT_S: Final = 15.0
-STOP_TIMEOUT_S: Final = 2.0
+STOP_TIMEOUT_S: Final = 1.0
 
 
 @dataclass(frozen=True)
@@ -317,14 +318,24 @@ async def ready(procs: list[Proc], ports: list[int]) -> None:
     check_alive(procs)
 
 
-def stop_all(procs: list[Proc]) -> None:
-    """SIGTERM to every process at once, then SIGKILL to any still running after a while."""
+def signal_all(procs: list[Proc], sig: int) -> None:
     for proc in procs:
         if proc.alive():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, signal.SIGTERM)
+                os.killpg(proc.popen.pid, sig)
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """SIGTERM to every process at once; SIGKILL to those still running after one shared
+    grace period (a proxy holding delayed requests would wait for them)."""
+    signal_all(procs, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
     for proc in procs:
-        proc.stop(timeout=STOP_TIMEOUT_S)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(max(0.0, deadline - time.monotonic()))
+    signal_all(procs, signal.SIGKILL)
+    for proc in procs:
+        proc.stop()  # reaps, closes the log
 
 
 @contextlib.asynccontextmanager
@@ -448,7 +459,7 @@ def parse_args() -> argparse.Namespace:
     add("--gatekeepers", default="1,2,4", help="proxy counts, comma-separated [1,2,4]")
     add("--algorithms", default=",".join(ALGORITHMS), help="the master's [history,gcra]")
     add("--rule", default="acc:10/s:20", help="DOMAIN:RATE/UNIT:BURST [acc:10/s:20]")
-    add("--pool-cap", type=int, default=20_000, help="most requests of the pool pattern")
+    add("--pool-cap", type=int, default=50_000, help="most requests of the pool pattern")
     add("--json", type=Path, help="also write the rows here")
     return parser.parse_args()
 
