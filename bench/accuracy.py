@@ -1,176 +1,509 @@
-"""Accuracy of the whole system: one master, four gatekeeper proxies, real processes.
+"""Accuracy of the whole system: is an abusive client held to its rule, however it sends?
 
-An abusive client sends at ``--factor`` times its rule (default 10x), round-robin over
-the proxies, for ``--duration`` seconds (default 30). Requests that reach the backend
-inside the window are compared with the ideal ``burst + rate x T``; goal <= 1.02x.
-At the same time a polite client sends at 0.9x its rate; goal: zero delayed or rejected.
+Every cell of the matrix starts fresh real processes: a ``smockron master`` (history or
+GCRA for the domain) and 1, 2 or 4 ``smockron proxy`` gatekeepers on the settings a user
+gets by default (only the addresses, ``--identify header:X-Client`` and
+``--decision-header`` are given), in front of a backend in this process that records when
+each client's requests arrive. For ``--duration`` T seconds an abusive client sends one
+pattern, round-robin over the proxies:
 
-Each round is run once per master algorithm (``--algorithm history,gcra``): the seed's
-history rule and GCRA.
+  steady    10x its rate, evenly spaced;
+  bursts    20 concurrent requests every 250 ms;
+  burst500  one burst of 500 concurrent requests;
+  pool      50 connections, each sending again as soon as an answer comes back
+            (bounded by T and a cap on requests).
 
-Run: python bench/accuracy.py [--duration 30] [--rounds 1] [--algorithm history,gcra]
+Beside it a polite client sends at 0.9x its rate (its own identifier), round-robin too.
+
+  admitted   the abusive client's arrivals at the backend within T (a request a proxy
+             delays counts if it reaches the backend inside T); median of the rounds
+  ideal      burst + rate x T: what the rule allows
+  at once    burst500 only: arrivals within 100 ms of the burst's first arrival, vs the
+             rule's burst
+  polite     polite requests slowed (delayed, rejected, or unanswered 1 s after the
+             window) out of those sent, worst round
+
+Goals: admitted <= 1.05x ideal (steady: <= 1.02x); burst500 at once <= 1.05x burst;
+polite slowed == 0. A row is MET when all of its goals are.
+
+Run: python bench/accuracy.py [--duration 8] [--rounds 3] [--patterns steady,bursts,...]
+     [--gatekeepers 1,2,4] [--algorithms history,gcra] [--json FILE]
+The default matrix (4 patterns x 3 gatekeeper counts x 2 algorithms x 3 rounds) takes
+about 13 minutes. Traffic goes to 127.0.0.1 only; every process is stopped at the end of
+its cell, on an error and on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from typing import Any, Final
 
 import aiohttp
+from _common import free_ports, wait_port
 from aiohttp import web
 
-from smockron.core.rules import parse_rule_spec
-from tests.gatekeeper.commands import proxy_args
-from tests.support import free_ports, smockron_env, wait_port
+from smockron.core.rules import Rule, parse_rule_spec
+from smockron.gatekeeper.proxy import DECISION_HEADER
+from tests.support import Proc, run_smockron
+
+PATTERNS: Final = ("steady", "bursts", "burst500", "pool")
+ALGORITHMS: Final = ("history", "gcra")
+GOAL: Final = 1.05
+STEADY_GOAL: Final = 1.02
+AT_ONCE_GOAL: Final = 1.05
+FACTOR: Final = 10.0  # steady: abusive rate / rule rate
+POLITE: Final = 0.9  # polite rate / rule rate
+BURST_SIZE: Final = 20
+BURST_EVERY_S: Final = 0.25
+BIG_BURST: Final = 500
+POOL_CONNECTIONS: Final = 50
+AT_ONCE_S: Final = 0.1
+POLITE_GRACE_S: Final = 1.0
+SETTLE_S: Final = 1.0  # after the proxies connect: control subscriptions reach the master
+READY_TIMEOUT_S: Final = 15.0
+STOP_TIMEOUT_S: Final = 1.0
 
 
-def smockron(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "smockron", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=smockron_env(),
+@dataclass(frozen=True)
+class Config:
+    rule_spec: str
+    domain: str
+    rule: Rule
+    duration: float
+    pool_cap: int
+
+    @property
+    def ideal(self) -> float:
+        return self.rule.burst + self.rule.rate * self.duration
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One round of one cell."""
+
+    admitted: int
+    at_once: int | None
+    abusive_sent: int
+    abusive_verdicts: dict[str, int]
+    polite_sent: int
+    polite_slowed: int
+    polite_verdicts: dict[str, int]
+
+
+@dataclass
+class Row:
+    """One cell: a pattern through some gatekeepers on one master algorithm, all rounds."""
+
+    pattern: str
+    gatekeepers: int
+    algorithm: str
+    ideal: float
+    burst: int
+    rounds: list[Outcome] = field(default_factory=list)
+
+    @property
+    def goal(self) -> float:
+        return STEADY_GOAL if self.pattern == "steady" else GOAL
+
+    @property
+    def admitted(self) -> float:
+        return statistics.median(o.admitted for o in self.rounds)
+
+    @property
+    def ratio(self) -> float:
+        return self.admitted / self.ideal
+
+    @property
+    def at_once(self) -> float | None:
+        values = [o.at_once for o in self.rounds if o.at_once is not None]
+        return statistics.median(values) if values else None
+
+    @property
+    def worst_polite(self) -> Outcome:
+        return max(self.rounds, key=lambda o: o.polite_slowed)
+
+    def met(self) -> bool:
+        at_once = self.at_once
+        return (
+            self.ratio <= self.goal
+            and (at_once is None or at_once <= AT_ONCE_GOAL * self.burst)
+            and self.worst_polite.polite_slowed == 0
         )
 
+    def summary(self) -> dict[str, Any]:
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "rounds"},
+            "admitted": self.admitted,
+            "ratio": round(self.ratio, 4),
+            "goal": self.goal,
+            "at_once": self.at_once,
+            "polite_slowed": self.worst_polite.polite_slowed,
+            "met": self.met(),
+            "rounds": [asdict(o) for o in self.rounds],
+        }
 
-async def one_round(args: argparse.Namespace, workdir: Path) -> tuple[float, Counter[str], int]:
-    domain, rule = parse_rule_spec(args.rule)
-    n = args.proxies
-    acc, ctl, back, *ports = free_ports(3 + n)
-    accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
-    arrivals: dict[str, list[float]] = {"abusive": [], "polite": []}
 
-    async def handle(request: web.Request) -> web.Response:
-        who = request.headers.get("X-Client", "")
-        if who in arrivals:
-            arrivals[who].append(time.monotonic())
+class Backend:
+    """The protected service: answers ``ok`` and records each client's arrival times."""
+
+    def __init__(self) -> None:
+        self.arrivals: defaultdict[str, list[float]] = defaultdict(list)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, port: int) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", port, backlog=4096).start()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def count(self, who: str, start: float, end: float) -> int:
+        return sum(1 for t in self.arrivals[who] if start <= t <= end)
+
+    def at_once(self, who: str, start: float) -> int:
+        """Arrivals within ``AT_ONCE_S`` of the first one at or after ``start``: what got
+        through before any verdict could slow it, however long the burst took to arrive."""
+        first = min((t for t in self.arrivals[who] if t >= start), default=None)
+        return 0 if first is None else self.count(who, first, first + AT_ONCE_S)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.arrivals[request.headers.get("X-Client", "")].append(time.monotonic())
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", back).start()
-    master = smockron(
-        ["master", "--accounting", accounting, "--control", control, "--rule", args.rule,
-         "--stats-interval", "0", "--algorithm", f"{domain}={args.algorithm}"],
-        workdir / "master.log",
-    )  # fmt: skip
-    proxies = [
-        smockron(
-            proxy_args(
-                p,
-                back,
-                accounting,
-                control,
-                "--decision-header",
-                "--no-loginfo",
-                domain=domain,
-                max_delay=args.max_delay,
-            ),
-            workdir / f"proxy-{p}.log",
-        )
-        for p in ports
-    ]
-    decisions: Counter[str] = Counter()
+
+class Sender:
+    """One client's requests, round-robin over the proxies, tallied by their decision."""
+
+    def __init__(self, session: aiohttp.ClientSession, urls: list[str], who: str) -> None:
+        self.session = session
+        self.urls = urls
+        self.who = who
+        self.sent = 0
+        self.verdicts: Counter[str] = Counter()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def get(self) -> None:
+        url = self.urls[self.sent % len(self.urls)]
+        self.sent += 1
+        verdict = "unanswered"  # stays so if cancelled at the end of the window
+        try:
+            async with self.session.get(url, headers={"X-Client": self.who}) as response:
+                await response.read()
+                verdict = response.headers.get(DECISION_HEADER, f"HTTP {response.status}")
+        except (aiohttp.ClientError, TimeoutError):
+            verdict = "error"
+        finally:
+            self.verdicts[verdict] += 1
+
+    def spawn(self) -> None:
+        """Send one request without waiting for it."""
+        task = asyncio.create_task(self.get())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def finish(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for requests in flight, then abandon the rest."""
+        if self._tasks and grace > 0:
+            await asyncio.wait(self._tasks, timeout=grace)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def slowed(self) -> int:
+        return sum(n for verdict, n in self.verdicts.items() if verdict != "accept")
+
+
+async def sleep_until(at: float) -> None:
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+
+
+async def paced(sender: Sender, t0: float, duration: float, rate: float) -> None:
+    """Open loop: one request every 1/rate s, whatever the answers take."""
+    for i in range(math.ceil(duration * rate)):
+        await sleep_until(t0 + i / rate)
+        sender.spawn()
+
+
+async def steady(sender: Sender, t0: float, cfg: Config) -> None:
+    await paced(sender, t0, cfg.duration, FACTOR * cfg.rule.rate)
+
+
+async def bursts(sender: Sender, t0: float, cfg: Config) -> None:
+    for k in range(math.ceil(cfg.duration / BURST_EVERY_S)):
+        await sleep_until(t0 + k * BURST_EVERY_S)
+        for _ in range(BURST_SIZE):
+            sender.spawn()
+
+
+async def burst500(sender: Sender, t0: float, cfg: Config) -> None:
+    await sleep_until(t0)
+    for _ in range(BIG_BURST):  # all tasks exist before the first one connects
+        sender.spawn()
+
+
+async def pool(sender: Sender, t0: float, cfg: Config) -> None:
+    end = t0 + cfg.duration
+    await sleep_until(t0)
+
+    async def connection() -> None:
+        while time.monotonic() < end and sender.sent < cfg.pool_cap:
+            await sender.get()
+
+    await asyncio.gather(*(connection() for _ in range(POOL_CONNECTIONS)))
+
+
+Pattern = Callable[[Sender, float, Config], Awaitable[None]]
+PATTERN_FUNCS: Final[dict[str, Pattern]] = {
+    "steady": steady,
+    "bursts": bursts,
+    "burst500": burst500,
+    "pool": pool,
+}
+
+
+def master_args(cfg: Config, algorithm: str, accounting: str, control: str) -> list[str]:
+    return [
+        "master", "--accounting", accounting, "--control", control,
+        "--rule", cfg.rule_spec, "--algorithm", f"{cfg.domain}={algorithm}",
+    ]  # fmt: skip
+
+
+def proxy_args(cfg: Config, port: int, backend: int, accounting: str, control: str) -> list[str]:
+    """A proxy on its defaults: only addresses, identification and the decision header."""
+    return [
+        "proxy", "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{backend}",
+        "--domain", cfg.domain, "--accounting", accounting, "--control", control,
+        "--identify", "header:X-Client", "--decision-header",
+    ]  # fmt: skip
+
+
+def check_alive(procs: list[Proc]) -> None:
+    for proc in procs:
+        if not proc.alive():
+            tail = proc.log()[-3000:]
+            raise RuntimeError(f"{proc.log_path.name} exited early; its log ends:\n{tail}")
+
+
+async def ready(procs: list[Proc], ports: list[int]) -> None:
+    """Proxies listen and report their accounting socket connected to the master."""
+    await asyncio.gather(*(asyncio.to_thread(wait_port, p, READY_TIMEOUT_S) for p in ports))
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    proxies = procs[1:]
+    while not all("accounting connected" in p.log() for p in proxies):
+        check_alive(procs)
+        if time.monotonic() > deadline:
+            break  # the log line may have changed; the settle time below still applies
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(SETTLE_S)
+    check_alive(procs)
+
+
+def signal_all(procs: list[Proc], sig: int) -> None:
+    for proc in procs:
+        if proc.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, sig)
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """SIGTERM to every process at once; SIGKILL to those still running after one shared
+    grace period (a proxy holding delayed requests would wait for them)."""
+    signal_all(procs, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(max(0.0, deadline - time.monotonic()))
+    signal_all(procs, signal.SIGKILL)
+    for proc in procs:
+        proc.stop()  # reaps, closes the log
+
+
+@contextlib.asynccontextmanager
+async def system(
+    cfg: Config, algorithm: str, gatekeepers: int, workdir: Path
+) -> AsyncIterator[tuple[list[str], Backend, list[Proc]]]:
+    """A fresh master, ``gatekeepers`` proxies and a backend, stopped when the block ends."""
+    acc, ctl, back, *ports = free_ports(3 + gatekeepers)
+    accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
+    backend = Backend()
+    procs: list[Proc] = []
     try:
-        for p in ports:
-            await asyncio.to_thread(wait_port, p)
-        await asyncio.sleep(1.5)  # connections and subscriptions settle
-        urls = [f"http://127.0.0.1:{p}/" for p in ports]
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=30)
-        ) as session:
-            t0 = time.monotonic() + 0.05
-
-            async def one(who: str, i: int) -> None:
-                try:
-                    async with session.get(urls[i % n], headers={"X-Client": who}) as r:
-                        await r.read()
-                        decisions[f"{who} {r.headers.get('X-Smockron-Decision', r.status)}"] += 1
-                except (aiohttp.ClientError, TimeoutError):
-                    decisions[f"{who} error"] += 1
-
-            async def client(who: str, rate: float) -> None:
-                tasks = set()
-                i = 0
-                while (at := t0 + i / rate) < t0 + args.duration:
-                    await asyncio.sleep(max(0.0, at - time.monotonic()))
-                    task = asyncio.create_task(one(who, i))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    i += 1
-                if tasks:
-                    await asyncio.wait(tasks, timeout=30)
-
-            await asyncio.gather(
-                client("abusive", args.factor * rule.rate),
-                client("polite", args.polite * rule.rate),
-            )
-        through = sum(1 for t in arrivals["abusive"] if t0 <= t <= t0 + args.duration)
-        ideal = rule.burst + rule.rate * args.duration
-        return through / ideal, decisions, through
+        await backend.start(back)
+        procs.append(run_smockron(master_args(cfg, algorithm, accounting, control),
+                                  workdir / "master.log"))  # fmt: skip
+        for i, port in enumerate(ports):
+            args = proxy_args(cfg, port, back, accounting, control)
+            procs.append(run_smockron(args, workdir / f"proxy-{i + 1}.log"))
+        await ready(procs, ports)
+        yield [f"http://127.0.0.1:{p}/" for p in ports], backend, procs
     finally:
-        for proc in [*proxies, master]:
-            proc.terminate()
-        for proc in [*proxies, master]:
-            proc.wait(10)
-        await runner.cleanup()
+        await asyncio.to_thread(stop_all, procs)
+        await backend.close()
 
 
-def main() -> None:
+async def measure(cfg: Config, pattern: str, urls: list[str], backend: Backend) -> Outcome:
+    """Run ``pattern`` and the polite client for one window; count what reached the backend."""
+    connector = aiohttp.TCPConnector(limit=0)  # no client-side queue: a burst is concurrent
+    timeout = aiohttp.ClientTimeout(total=cfg.duration + 30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        abusive, polite = Sender(session, urls, "abusive"), Sender(session, urls, "polite")
+        t0 = time.monotonic() + 0.05
+        end = t0 + cfg.duration
+        traffic = asyncio.gather(
+            PATTERN_FUNCS[pattern](abusive, t0, cfg),
+            paced(polite, t0, cfg.duration, POLITE * cfg.rule.rate),
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(traffic, timeout=end - time.monotonic() + 0.01)
+        await sleep_until(end)
+        await abusive.finish(0.0)  # later arrivals do not count
+        await polite.finish(POLITE_GRACE_S)
+    return Outcome(
+        admitted=backend.count("abusive", t0, end),
+        at_once=backend.at_once("abusive", t0) if pattern == "burst500" else None,
+        abusive_sent=abusive.sent,
+        abusive_verdicts=dict(sorted(abusive.verdicts.items())),
+        polite_sent=polite.sent,
+        polite_slowed=polite.slowed(),
+        polite_verdicts=dict(sorted(polite.verdicts.items())),
+    )
+
+
+async def run_cell(cfg: Config, row: Row) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="smockron-accuracy-") as tmp:
+        async with system(cfg, row.algorithm, row.gatekeepers, Path(tmp)) as (urls, be, procs):
+            outcome = await measure(cfg, row.pattern, urls, be)
+            check_alive(procs)  # a crashed master fails open: the numbers would mean nothing
+    return outcome
+
+
+async def run_matrix(cfg: Config, rows: list[Row], rounds: int) -> None:
+    """Rounds outermost, so the machine's noise spreads over every cell alike."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    for r in range(rounds):
+        for row in rows:
+            outcome = await run_cell(cfg, row)
+            row.rounds.append(outcome)
+            print(f"  round {r + 1}/{rounds} {row.pattern:8} {row.gatekeepers} gk "
+                  f"{row.algorithm:7}: admitted {outcome.admitted} / {row.ideal:g}, "
+                  f"at once {outcome.at_once}, abusive {outcome.abusive_verdicts}, "
+                  f"polite {outcome.polite_verdicts}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def format_table(rows: list[Row]) -> str:
+    header = (f"{'pattern':9} {'gk':>2} {'algorithm':9} {'admitted':>8} {'ideal':>6} "
+              f"{'ratio':>7} {'goal':>7} {'at once':>9} {'polite slowed':>13}  result")  # fmt: skip
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        if not row.rounds:
+            continue
+        at_once = "-" if row.at_once is None else f"{row.at_once:g}/{row.burst}"
+        polite = row.worst_polite
+        lines.append(
+            f"{row.pattern:9} {row.gatekeepers:2d} {row.algorithm:9} {row.admitted:8g} "
+            f"{row.ideal:6g} {row.ratio:6.2f}x {'<=' + format(row.goal, '.2f') + 'x':>7} "
+            f"{at_once:>9} {f'{polite.polite_slowed}/{polite.polite_sent}':>13}  "
+            f"{'MET' if row.met() else 'NOT MET'}"
+        )
+    return "\n".join(lines)
+
+
+def goals_text(cfg: Config, rounds: int) -> str:
+    return (
+        f"rule {cfg.rule_spec}; window T = {cfg.duration:g} s; ideal = burst + rate x T = "
+        f"{cfg.ideal:g}; medians of {rounds} round(s), polite: worst round\n"
+        f"goals: admitted <= {GOAL:.2f}x ideal (steady <= {STEADY_GOAL:.2f}x); burst500 at "
+        f"once ({AT_ONCE_S * 1000:g} ms from its first arrival) <= {AT_ONCE_GOAL:.2f}x burst; "
+        "polite slowed == 0"
+    )
+
+
+def csv_choice(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        raise SystemExit(f"{flag}: expected a comma-separated subset of {','.join(allowed)}")
+    return items
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds per round")
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--rule", default="acc:10/s:20", help="DOMAIN:RATE/UNIT:BURST")
-    parser.add_argument("--proxies", type=int, default=4)
-    parser.add_argument("--factor", type=float, default=10.0, help="abusive rate / rule rate")
-    parser.add_argument("--polite", type=float, default=0.9, help="polite rate / rule rate")
-    parser.add_argument("--max-delay", default="2s")
-    parser.add_argument(
-        "--algorithm", default="history,gcra", help="the master's, comma-separated: history, gcra"
-    )
-    args = parser.parse_args()
-    _, rule = parse_rule_spec(args.rule)
-    ideal = rule.burst + rule.rate * args.duration
-    print(
-        f"accuracy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs "
-        f"(shared); rule {args.rule}, {args.proxies} proxies, abusive {args.factor:g}x, "
-        f"polite {args.polite:g}x, {args.duration:g} s, ideal {ideal:g}"
-    )
-    for algorithm in args.algorithm.split(","):
-        args_for = argparse.Namespace(**{**vars(args), "algorithm": algorithm})
-        ratios = []
-        polite_slowed = []
-        for r in range(args.rounds):
-            with tempfile.TemporaryDirectory(prefix="smockron-accuracy-") as tmp:
-                ratio, decisions, through = asyncio.run(one_round(args_for, Path(tmp)))
-            slowed = sum(
-                v for k, v in decisions.items() if k.startswith("polite ") and "accept" not in k
-            )
-            ratios.append(ratio)
-            polite_slowed.append(slowed)
-            print(f"  [{algorithm}] round {r + 1}: let through {through} / ideal {ideal:g} = "
-                  f"{ratio:.3f}x; decisions {dict(sorted(decisions.items()))}")  # fmt: skip
-        median = statistics.median(ratios)
-        print(f"[{algorithm}] abusive: median let-through / ideal = {median:.3f}x  goal <= 1.02x: "
-              f"{'MET' if median <= 1.02 else 'NOT MET'}")  # fmt: skip
-        print(f"[{algorithm}] polite: delayed or rejected = {polite_slowed}  goal 0: "
-              f"{'MET' if not any(polite_slowed) else 'NOT MET'}")  # fmt: skip
+    add = parser.add_argument
+    add("--duration", type=float, default=8.0, help="window T per cell, seconds [8]")
+    add("--rounds", type=int, default=3, help="rounds per cell; the table shows medians [3]")
+    add("--patterns", default=",".join(PATTERNS), help="comma-separated [all]")
+    add("--gatekeepers", default="1,2,4", help="proxy counts, comma-separated [1,2,4]")
+    add("--algorithms", default=",".join(ALGORITHMS), help="the master's [history,gcra]")
+    add("--rule", default="acc:10/s:20", help="DOMAIN:RATE/UNIT:BURST [acc:10/s:20]")
+    add("--pool-cap", type=int, default=50_000, help="most requests of the pool pattern")
+    add("--json", type=Path, help="also write the rows here")
+    return parser.parse_args()
+
+
+def build(args: argparse.Namespace) -> tuple[Config, list[Row]]:
+    if args.duration <= 0 or args.rounds < 1 or args.pool_cap < 1:
+        raise SystemExit("--duration, --rounds and --pool-cap must be positive")
+    domain, rule = parse_rule_spec(args.rule)
+    cfg = Config(args.rule, domain, rule, args.duration, args.pool_cap)
+    try:
+        counts = [int(n) for n in args.gatekeepers.split(",")]
+    except ValueError:
+        raise SystemExit("--gatekeepers: expected counts such as 1,2,4") from None
+    if not counts or min(counts) < 1 or max(counts) > 16:
+        raise SystemExit("--gatekeepers: counts between 1 and 16")
+    rows = [
+        Row(pattern, n, algorithm, cfg.ideal, rule.burst)
+        for pattern in csv_choice(args.patterns, PATTERNS, "--patterns")
+        for n in counts
+        for algorithm in csv_choice(args.algorithms, ALGORITHMS, "--algorithms")
+    ]
+    return cfg, rows
+
+
+def main() -> None:
+    args = parse_args()
+    cfg, rows = build(args)
+    print(f"accuracy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{os.cpu_count()} CPUs (shared), load {os.getloadavg()[0]:.2f}; "
+          f"{len(rows)} cells x {args.rounds} round(s)", flush=True)  # fmt: skip
+    interrupted = False
+    try:
+        asyncio.run(run_matrix(cfg, rows, args.rounds))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        interrupted = True
+        print("\ninterrupted: the rows below hold the rounds finished so far", flush=True)
+    print(goals_text(cfg, args.rounds))
+    print(format_table(rows), flush=True)
+    if args.json is not None:
+        meta = {"rule": cfg.rule_spec, "duration": cfg.duration, "rounds": args.rounds}
+        doc = {**meta, "rows": [row.summary() for row in rows if row.rounds]}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if interrupted:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

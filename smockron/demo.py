@@ -1,9 +1,10 @@
-"""``smockron demo``: a master, two gatekeeper proxies, a backend and two clients.
+"""``smockron demo``: a master, two gatekeeper proxies, a backend and three clients.
 
 Everything runs on this machine with nothing else installed: the master is a
 ``python -m smockron master`` subprocess (in-memory store); the backend and the two
 proxies run in this process on loopback ports. A well-behaved client stays under its
-rule and an abusive one sends many times its rule, both spread over both gatekeepers.
+rule, an abusive one sends evenly at many times its rule and a bursty one sends bursts
+of concurrent requests (20 at once every 250 ms), all spread over both gatekeepers.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from smockron.gatekeeper.identify import header
 from smockron.gatekeeper.proxy import DECISION_HEADER, GatekeeperProxy
 
 DOMAIN = "demo"
-CLIENTS = ("polite", "abusive")
+CLIENTS = ("polite", "abusive", "bursty")
 GATEKEEPERS = ("gk1", "gk2")
 VERDICTS = ("accept", "delay", "reject")
 
@@ -52,6 +55,12 @@ class Scenario:
     polite_rate: float
     abusive_rate: float
     max_delay_ms: int = 1500
+    bursty_size: int = 20
+    bursty_every_s: float = 0.25
+
+    def allowance(self, elapsed: float) -> float:
+        """What the rule lets one client through in ``elapsed`` seconds: burst + rate x T."""
+        return self.rule.burst + self.rule.rate * elapsed
 
 
 @dataclass
@@ -69,13 +78,17 @@ class Tally:
         return sum(self.get(client, gk, verdict) for gk in GATEKEEPERS)
 
 
-def table(tally: Tally, elapsed: float) -> str:
+def table(tally: Tally, scenario: Scenario, elapsed: float) -> str:
     lines = [f"t = {elapsed:5.1f} s", f"  {'client':8} {'gatekeeper':10} {'accepted':>9} "
              f"{'delayed':>8} {'rejected':>9}"]  # fmt: skip
     for client in CLIENTS:
         for gk in GATEKEEPERS:
             a, d, r = (tally.get(client, gk, v) for v in VERDICTS)
             lines.append(f"  {client:8} {gk:10} {a:9d} {d:8d} {r:9d}")
+    allowed = math.floor(scenario.allowance(min(elapsed, scenario.duration_s)))
+    lines.append(f"  {'client':8} {'reached the backend':>20} {'rule allows':>12}")
+    for client in CLIENTS:
+        lines.append(f"  {client:8} {len(tally.arrivals[client]):20d} {allowed:12d}")
     return "\n".join(lines)
 
 
@@ -94,16 +107,26 @@ async def backend(tally: Tally, port: int) -> web.AppRunner:
     return runner
 
 
+def steady(rate: float, duration_s: float) -> list[float]:
+    """Send times of an even client: one request every 1/rate s."""
+    return [i / rate for i in range(math.ceil(rate * duration_s))]
+
+
+def bursts(size: int, every_s: float, duration_s: float) -> list[float]:
+    """Send times of a bursty client: ``size`` requests at once every ``every_s``."""
+    return [k * every_s for k in range(math.ceil(duration_s / every_s)) for _ in range(size)]
+
+
 async def drive(
     session: aiohttp.ClientSession,
     client: str,
-    rate: float,
+    offsets: Sequence[float],
     urls: list[str],
     tally: Tally,
     t0: float,
-    duration_s: float,
 ) -> None:
-    """Open-loop client: one request every 1/rate s, whatever the responses take."""
+    """Open-loop client: a request at each of ``offsets`` (sorted, seconds after ``t0``),
+    whatever the responses take; requests sent together are in flight together."""
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(i: int) -> None:
@@ -119,24 +142,42 @@ async def drive(
         else:
             tally.errors[client] += 1
 
-    i = 0
-    while (at := t0 + i / rate) < t0 + duration_s:
-        await asyncio.sleep(max(0.0, at - time.monotonic()))
+    for i, offset in enumerate(offsets):
+        if (wait := t0 + offset - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
         task = asyncio.create_task(one(i))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        i += 1
     if tasks:
         await asyncio.wait(tasks, timeout=10)
 
 
-def summarize(tally: Tally, scenario: Scenario, t0: float) -> list[str]:
+def held(tally: Tally, scenario: Scenario, t0: float, client: str, how: str) -> list[str]:
+    """What ``client`` sent, and what reached the backend next to what its rule allows."""
     rule, duration = scenario.rule, scenario.duration_s
+    through = sum(1 for t in tally.arrivals[client] if t0 <= t <= t0 + duration)
+    ideal = scenario.allowance(duration)
+    sent = sum(tally.total(client, v) for v in VERDICTS)
+    return [
+        f"  {client} client: sent {sent} requests ({how}), {through} reached the backend in "
+        f"{duration:g} s; the rule allows {ideal:g} (burst {rule.burst} + {rule.rate:g}/s x "
+        f"{duration:g} s): held to {through / ideal:.2f}x its rule",
+        f"  {client} client: {tally.total(client, 'delay')} delayed, "
+        f"{tally.total(client, 'reject')} rejected with 503",
+    ]
+
+
+def bursty_how(scenario: Scenario) -> str:
+    rate = scenario.bursty_size / scenario.bursty_every_s
+    return (
+        f"{scenario.bursty_size} at once every {scenario.bursty_every_s * 1000:g} ms, "
+        f"{rate / scenario.rule.rate:.0f}x its rule"
+    )
+
+
+def summarize(tally: Tally, scenario: Scenario, t0: float) -> list[str]:
     polite_slowed = tally.total("polite", "delay") + tally.total("polite", "reject")
     polite_sent = sum(tally.total("polite", v) for v in VERDICTS)
-    through = sum(1 for t in tally.arrivals["abusive"] if t0 <= t <= t0 + duration)
-    ideal = rule.burst + rule.rate * duration
-    sent = sum(tally.total("abusive", v) for v in VERDICTS)
     lines = ["", "Summary"]
     if polite_slowed == 0:
         lines.append(f"  well-behaved client: never slowed ({polite_sent} requests, all accepted)")
@@ -144,16 +185,9 @@ def summarize(tally: Tally, scenario: Scenario, t0: float) -> list[str]:
         lines.append(
             f"  well-behaved client: slowed {polite_slowed} times out of {polite_sent} requests"
         )
-    lines.append(
-        f"  abusive client: sent {sent} requests ({scenario.abusive_rate / rule.rate:.0f}x its "
-        f"rule), {through} reached the backend in {duration:g} s; the rule allows "
-        f"{ideal:g} (burst {rule.burst} + {rule.rate:g}/s x {duration:g} s): "
-        f"held to {through / ideal:.2f}x its rule"
-    )
-    lines.append(
-        f"  abusive client: {tally.total('abusive', 'delay')} delayed, "
-        f"{tally.total('abusive', 'reject')} rejected with 503"
-    )
+    abusive_how = f"{scenario.abusive_rate / scenario.rule.rate:.0f}x its rule"
+    lines += held(tally, scenario, t0, "abusive", abusive_how)
+    lines += held(tally, scenario, t0, "bursty", bursty_how(scenario))
     if sum(tally.errors.values()):
         lines.append(f"  transport errors: {dict(tally.errors)}")
     return lines
@@ -194,21 +228,24 @@ async def run_demo(scenario: Scenario, log_path: Path, live: bool) -> list[str]:
         print(
             f"master on {accounting} / {control}, rule {spec}; gatekeepers {urls[0]} and "
             f"{urls[1]}; polite client {scenario.polite_rate:g}/s, abusive "
-            f"{scenario.abusive_rate:g}/s, for {scenario.duration_s:g} s\n",
+            f"{scenario.abusive_rate:g}/s, bursty {bursty_how(scenario)}, for "
+            f"{scenario.duration_s:g} s\n",
             flush=True,
         )
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             t0 = time.monotonic()
+            duration = scenario.duration_s
             drivers = asyncio.gather(
-                drive(session, "polite", scenario.polite_rate, urls, tally, t0,
-                      scenario.duration_s),
-                drive(session, "abusive", scenario.abusive_rate, urls, tally, t0,
-                      scenario.duration_s),
+                drive(session, "polite", steady(scenario.polite_rate, duration), urls, tally, t0),
+                drive(session, "abusive", steady(scenario.abusive_rate, duration), urls, tally,
+                      t0),
+                drive(session, "bursty", bursts(scenario.bursty_size, scenario.bursty_every_s,
+                                                duration), urls, tally, t0),
             )  # fmt: skip
-            await show_live(drivers, tally, t0, live)
-        print(table(tally, time.monotonic() - t0), flush=True)
+            await show_live(drivers, tally, scenario, t0, live)
+        print(table(tally, scenario, time.monotonic() - t0), flush=True)
         return summarize(tally, scenario, t0)
     finally:
         for proxy in proxies:
@@ -222,7 +259,9 @@ async def run_demo(scenario: Scenario, log_path: Path, live: bool) -> list[str]:
             master.wait()
 
 
-async def show_live(drivers: asyncio.Future[Any], tally: Tally, t0: float, live: bool) -> None:
+async def show_live(
+    drivers: asyncio.Future[Any], tally: Tally, scenario: Scenario, t0: float, live: bool
+) -> None:
     """Redraw the table once a second (in place on a terminal) until the clients finish."""
     height = 0
     while True:
@@ -231,7 +270,7 @@ async def show_live(drivers: asyncio.Future[Any], tally: Tally, t0: float, live:
             break
         except TimeoutError:
             pass
-        text = table(tally, time.monotonic() - t0)
+        text = table(tally, scenario, time.monotonic() - t0)
         if live and height:
             sys.stdout.write(f"\x1b[{height}F\x1b[J")
         sys.stdout.write(text + "\n")
@@ -248,7 +287,7 @@ async def show_live(drivers: asyncio.Future[Any], tally: Tally, t0: float, live:
 @click.option("--burst", type=int, default=10, show_default=True, help="The rule's burst.")
 @click.option("--abuse", type=float, default=8.0, show_default=True, help="Abusive rate / rule.")
 def demo(duration: float, rate: str, burst: int, abuse: float) -> None:
-    """See a master and two gatekeepers hold an abusive client to its rule."""
+    """See a master and two gatekeepers hold an abusive and a bursty client to their rule."""
     if duration <= 0:
         raise click.BadParameter("must be > 0", param_hint="--duration")
     try:

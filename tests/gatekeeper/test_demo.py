@@ -31,3 +31,18 @@ def test_demo_short_run() -> None:
     ratio = re.search(r"held to (\d+\.\d+)x its rule", text)
     assert ratio is not None and abs(float(ratio.group(1)) - through / ideal) < 0.01
     assert re.search(r"abusive client: \d+ delayed, [1-9]\d* rejected", text), text
+
+    # the bursty client: in the live table, and in the summary beside its allowance
+    assert re.search(r"^  bursty +gk1 ", text, re.MULTILINE), text
+    assert re.search(r"^  bursty +\d+ +\d+$", text, re.MULTILINE), text  # backend vs allowance
+    bursty = re.search(
+        r"bursty client: sent (\d+) requests \(20 at once every 250 ms, 16x its rule\), "
+        r"(\d+) reached the backend in 4 s; the rule allows (\d+) .*: held to (\d+\.\d+)x",
+        text,
+    )
+    assert bursty is not None, text
+    sent, through, ideal = (int(bursty.group(i)) for i in (1, 2, 3))
+    assert ideal == 10 + 5 * 4 and 0 < sent <= 16 * 20, text
+    assert 0 < through <= sent, text
+    assert abs(float(bursty.group(4)) - through / ideal) < 0.01
+    assert re.search(r"bursty client: \d+ delayed, \d+ rejected", text), text
