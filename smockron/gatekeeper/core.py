@@ -416,9 +416,6 @@ class Gatekeeper(_GatekeeperBase):
         with self._lock:
             super().release()
 
-    def _set_line(self, domain: bytes, line: Line | None) -> None:
-        with self._lock:  # decide reads the first line's times under it
-            super()._set_line(domain, line)
 
     def admit(self, domain: bytes, identifier: bytes, loginfo: bytes | None = None) -> Decision:
         """Decide, and sleep through a delay; the caller turns REJECT into a response."""

@@ -213,3 +213,60 @@ async def test_asgi_non_http_scopes_pass_through() -> None:
         assert sent[1]["text"] == "ping"
     finally:
         await app.gatekeeper.aclose()
+
+
+def _concurrent(port: int, who: str, n: int) -> list[int]:
+    """``n`` requests at once (threads, so a WSGI server's pool is busy too)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_: int) -> int:
+        with httpx.Client(timeout=10) as c:
+            r = c.get(f"http://127.0.0.1:{port}/api/x", headers={"x-client": who})
+            return r.status_code
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_asgi_first_line_from_its_own_rules_without_a_master() -> None:
+    """No master to hear from: the configured rule alone holds a burst to it."""
+    app = SmockronMiddleware(
+        starlette_app(),
+        domain={"/api": "api"},
+        accounting="tcp://127.0.0.1:1",  # nothing there
+        control="tcp://127.0.0.1:1",
+        identify=header("x-client"),
+        max_delay_ms=0,  # over the rule: rejected at once
+        rules={"api": ["1/s:5"]},
+    )
+    with uvicorn_server(app) as port:
+        statuses = _concurrent(port, "abuser", 30)
+    assert statuses.count(200) in (5, 6)  # 6 if the burst outlasts one 1 s interval
+    assert statuses.count(503) == 30 - statuses.count(200)
+
+
+def test_wsgi_first_line_learned_from_the_master(master: MasterSockets) -> None:
+    from smockron.core.rules import Rule
+    from smockron.protocol import encode_rules
+
+    app = SmockronWSGIMiddleware(
+        flask_app(),
+        domain={"/api": "api"},
+        accounting=master.accounting_addr,
+        control=master.control_addr,
+        identify=header("x-client"),
+        max_delay_ms=0,
+    )
+    try:
+        with waitress_server(app, threads=16) as port:
+
+            def offered() -> bool:
+                master.publish_raw(encode_rules("api", "history", (Rule(1.0, 4),)))
+                return b"api" in app.gatekeeper.decider.lines
+
+            wait_for(offered, 10, 0.1)
+            statuses = _concurrent(port, "abuser", 16)
+            assert statuses.count(200) in (4, 5)
+            assert _concurrent(port, "newcomer", 3) == [200, 200, 200]
+    finally:
+        app.close()
