@@ -26,8 +26,14 @@ RATE, BURST = 10.0, 10
 
 
 def master_args(acc: int, ctl: int, *extra: str) -> list[str]:
-    return ["master", "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
-            f"tcp://127.0.0.1:{ctl}", "--rule", RULE, "--stats-interval", "0.5", *extra]  # fmt: skip
+    return [
+        "master",
+        "--accounting", f"tcp://127.0.0.1:{acc}",
+        "--control", f"tcp://127.0.0.1:{ctl}",
+        "--rule", RULE,
+        "--stats-interval", "0.5",
+        *extra,
+    ]  # fmt: skip
 
 
 @contextmanager

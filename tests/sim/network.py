@@ -17,7 +17,7 @@ from smockron.core.rules import Rule
 from smockron.gatekeeper.state import ACCEPT, DELAY, Decider, Decision, Line
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.memory import MemoryStore
-from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
+from smockron.protocol import ACCEPTED, DELAYED, Control, decode_control, encode_accounting
 
 DOMAIN = b"api"
 T0 = 1_700_000_000_000
@@ -115,9 +115,11 @@ class Network:
     def _master(self, now: int, frames: list[bytes]) -> None:
         for control in map(decode_control, self.engine.process([frames], float(now))):
             for gk, decider in enumerate(self.deciders):
-                c = control
+                self._at(now + self._latency(gk), self._deliver(decider, control))
 
-                def deliver(t: int, d: Decider = decider) -> None:
-                    d.control(DOMAIN, c.identifier, c.until_ms, t)
+    @staticmethod
+    def _deliver(decider: Decider, control: Control) -> Callable[[int], None]:
+        def deliver(now: int) -> None:
+            decider.control(DOMAIN, control.identifier, control.until_ms, now)
 
-                self._at(now + self._latency(gk), deliver)
+        return deliver

@@ -30,8 +30,7 @@ def allowance(rule: Rule, horizon_ms: int) -> float:
     algorithm=st.sampled_from(["history", "gcra"]),
     first_line=st.booleans(),
     latencies=st.lists(st.integers(1, 40), min_size=1, max_size=4),
-    arrivals=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3)), min_size=1,
-                      max_size=400),  # fmt: skip
+    arrivals=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3)), min_size=1, max_size=400),
 )
 def test_admitted_within_allowance_plus_one_reaction(
     rule: Rule,
