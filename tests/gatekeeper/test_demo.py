@@ -43,6 +43,6 @@ def test_demo_short_run() -> None:
     assert bursty is not None, text
     sent, through, ideal = (int(bursty.group(i)) for i in (1, 2, 3))
     assert ideal == 10 + 5 * 4 and 0 < sent <= 16 * 20, text
-    assert 0 < through <= sent, text
+    assert 0.6 * ideal <= through <= 1.25 * ideal, text  # held to its rule, bursts and all
     assert abs(float(bursty.group(4)) - through / ideal) < 0.01
     assert re.search(r"bursty client: \d+ delayed, \d+ rejected", text), text
