@@ -194,11 +194,13 @@ class Decider:
     """
 
     __slots__ = (
+        "_cap",
         "_entries",
         "_lines",
-        "_local",
         "_locals",
+        "_locals_lines",
         "_next_free",
+        "_single",
         "counters",
         "max_delay_ms",
         "max_delayed",
@@ -218,8 +220,13 @@ class Decider:
         self.table = DelayTable(max_entries)
         self._entries = self.table._entries  # read directly: this runs on every request
         self._lines: dict[bytes, Line] = {}
-        self._local: dict[Key, float] = {}
-        """The first line's arrival times of one-rule domains (most domains)."""
+        self._single: dict[bytes, tuple[float, float, dict[bytes, float]]] = {}
+        """Domains of one rule (most): interval, tolerance, and each identifier's
+        theoretical arrival time, keyed by the identifier alone (its hash is cached):
+        ``decide``'s fast path."""
+        self._locals_lines = 0
+        """How many domains have several rules."""
+        self._cap = max_entries
         self._locals: dict[Key, tuple[float, ...]] = {}
         """Those of the others, one per rule."""
         self._next_free: dict[Key, float] = {}
@@ -238,11 +245,15 @@ class Decider:
         A changed line starts its identifiers afresh: their old times meant other rules."""
         if self._lines.get(domain) == line:
             return False
+        self._single.pop(domain, None)
         if line is None:
             self._lines.pop(domain, None)
         else:
             self._lines[domain] = line
-        for table in (self._local, self._locals):
+            if len(line.intervals) == 1:
+                self._single[domain] = (line.intervals[0], line.tolerances[0], {})
+        self._locals_lines = len(self._lines) - len(self._single)
+        for table in (self._locals, self._next_free):
             for key in [key for key in table if key[0] == domain]:
                 del table[key]
         return True
@@ -251,43 +262,36 @@ class Decider:
         """Decide one request. A DELAY reserves a waiting slot: call :meth:`release` after."""
         key = (domain, identifier)
         until = self._entries.get(key, 0)
-        line = self._lines.get(domain)
-        if line is not None:
-            if len(line.intervals) == 1:  # line_admit inlined for one rule
-                local = self._local
-                tol = line.tolerances[0]
-                tat = local.get(key, _NEVER)
-                if until > now_ms and tat < until + tol:
-                    tat = until + tol
-                at = tat - tol
-                if at <= now_ms:
-                    if len(local) < self.table.max_entries or key in local:
-                        local[key] = (tat if tat > now_ms else now_ms) + line.intervals[0]
+        single = self._single.get(domain)
+        if single is not None:  # line_admit inlined for one rule: every request runs it
+            interval, tol, local = single
+            tat = local.get(identifier)
+            if tat is None:
+                if until <= now_ms:
+                    if len(local) < self._cap:
+                        local[identifier] = now_ms + interval
                     self.counters.accepted += 1
                     return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
-                wait = int(at)
-                wait += wait < at
-                if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
-                    if len(local) < self.table.max_entries or key in local:
-                        local[key] = tat + line.intervals[0]
-                    return self._delay(now_ms, wait, True)
-            else:
-                locals_ = self._locals
-                at, new = line_admit(line, locals_.get(key), until, now_ms)
-                fits = len(locals_) < self.table.max_entries or key in locals_
-                if at <= now_ms:
-                    if fits:
-                        locals_[key] = new
-                    self.counters.accepted += 1
-                    return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
-                wait = int(at)
-                wait += wait < at
-                if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
-                    if fits:
-                        locals_[key] = new
-                    return self._delay(now_ms, wait, True)
+                tat = _NEVER
+            if until > now_ms and tat < until + tol:
+                tat = until + tol
+            at = tat - tol
+            if at <= now_ms:
+                local[identifier] = (tat if tat > now_ms else now_ms) + interval
+                self.counters.accepted += 1
+                return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
+            wait = int(at)
+            wait += wait < at
+            if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
+                if len(local) < self._cap or identifier in local:
+                    local[identifier] = tat + interval
+                return self._delay(now_ms, wait, True)
             self.counters.rejected += 1
             return _new_decision(Decision, (REJECT, now_ms, wait, False))
+        if self._locals_lines:
+            line = self._lines.get(domain)
+            if line is not None:
+                return self._decide_rules(line, key, until, now_ms)
         if until <= now_ms:  # none, or passed (the sweep forgets it later)
             self.counters.accepted += 1
             return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
@@ -295,6 +299,25 @@ class Decider:
             return self._delay(now_ms, until, False)
         self.counters.rejected += 1
         return _new_decision(Decision, (REJECT, now_ms, until, False))
+
+    def _decide_rules(self, line: Line, key: Key, until: int, now_ms: int) -> Decision:
+        """:meth:`decide` for a domain of several rules."""
+        locals_ = self._locals
+        at, new = line_admit(line, locals_.get(key), until, now_ms)
+        fits = len(locals_) < self._cap or key in locals_
+        if at <= now_ms:
+            if fits:
+                locals_[key] = new
+            self.counters.accepted += 1
+            return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
+        wait = int(at)
+        wait += wait < at
+        if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
+            if fits:
+                locals_[key] = new
+            return self._delay(now_ms, wait, True)
+        self.counters.rejected += 1
+        return _new_decision(Decision, (REJECT, now_ms, wait, False))
 
     def _delay(self, now_ms: int, until: int, paced: bool) -> Decision:
         self.waiting += 1
@@ -308,23 +331,26 @@ class Decider:
         moved = self.table.update(domain, identifier, until_ms, now_ms)
         line = self._lines.get(domain)
         if moved and line is not None:
-            key = (domain, identifier)
-            if len(line.intervals) == 1:
-                floor = until_ms + line.tolerances[0]
-                local = self._local
-                if local.get(key, _NEVER) < floor and (
-                    len(local) < self.table.max_entries or key in local
-                ):
-                    local[key] = floor
-            else:
-                old = self._locals.get(key)
-                k = line.fastest
-                floor = until_ms + line.tolerances[k]
-                current = list(old) if old is not None else [_NEVER] * len(line.intervals)
-                current[k] = max(current[k], floor)
-                if len(self._locals) < self.table.max_entries or key in self._locals:
-                    self._locals[key] = tuple(current)
+            self._hold(domain, identifier, line, until_ms + line.tolerances[line.fastest])
         return moved
+
+    def _hold(self, domain: bytes, identifier: bytes, line: Line, floor: float) -> None:
+        """Keep the fastest rule's arrival time at least at ``floor``."""
+        single = self._single.get(domain)
+        if single is not None:
+            local = single[2]
+            if local.get(identifier, _NEVER) < floor and (
+                len(local) < self._cap or identifier in local
+            ):
+                local[identifier] = floor
+            return
+        key = (domain, identifier)
+        old = self._locals.get(key)
+        current = list(old) if old is not None else [_NEVER] * len(line.intervals)
+        k = line.fastest
+        current[k] = max(current[k], floor)
+        if len(self._locals) < self._cap or key in self._locals:
+            self._locals[key] = tuple(current)
 
     def recheck(
         self, domain: bytes, identifier: bytes, decision: Decision, now_ms: int, held: bool
@@ -353,28 +379,25 @@ class Decider:
         if line is not None:
             k = line.fastest
             self._next_free[key] = slot + line.intervals[k]
-            floor = slot + line.intervals[k] + line.tolerances[k]  # new requests go after
-            if len(line.intervals) == 1:
-                if self._local.get(key, _NEVER) < floor:
-                    self._local[key] = floor
-            else:
-                current = list(self._locals.get(key) or [_NEVER] * len(line.intervals))
-                current[k] = max(current[k], floor)
-                self._locals[key] = tuple(current)
+            # new requests go after it
+            self._hold(domain, identifier, line, slot + line.intervals[k] + line.tolerances[k])
         self.counters.delayed_again += 1
         return wait
 
     def sweep_local(self, now_ms: int) -> int:
         """Forget first-line times that have passed (they admit as no time would)."""
-        passed = [k for k, v in self._local.items() if v <= now_ms]
-        for k in passed:
-            del self._local[k]
+        swept = 0
+        for _interval, _tol, local in self._single.values():
+            passed = [k for k, v in local.items() if v <= now_ms]
+            for ident in passed:
+                del local[ident]
+            swept += len(passed)
         for k in [k for k, v in self._next_free.items() if v <= now_ms]:
             del self._next_free[k]
         passed_n = [k for k, v in self._locals.items() if max(v) <= now_ms]
         for k in passed_n:
             del self._locals[k]
-        return len(passed) + len(passed_n)
+        return swept + len(passed_n)
 
     def release(self) -> None:
         """A delayed request has been let through (or abandoned): free its slot."""

@@ -145,6 +145,30 @@ class Engine:
         self._by_topic: dict[bytes, _Domain] = {}
         self.configure(domains)
 
+    def _delayed_at(
+        self, dom: _Domain, received_ms: float, delayed_ms: float, now_ms: float, late: float
+    ) -> float | None:
+        """The time a DELAYED message is accounted at, or None for backlog (dropped).
+
+        It was sent when the request was delayed (the original gatekeepers) or when it
+        went (ours): between its two timestamps, so skew and lateness are judged by both.
+        """
+        ts = delayed_ms
+        clamped = ts - received_ms > self.max_delay_ahead_ms
+        if clamped:
+            ts = received_ms + self.max_delay_ahead_ms
+        sent = ts if ts > received_ms else received_ms
+        if sent < late:
+            dom.stats.late += 1
+            return None
+        tolerance = self.skew_tolerance_ms
+        if received_ms - now_ms > tolerance or now_ms - sent > tolerance:
+            dom.stats.skewed += 1
+            return ts + now_ms - received_ms  # same delay, counted from the master's now
+        if clamped:
+            dom.stats.skewed += 1
+        return ts
+
     def connected(self, now_ms: float) -> None:
         """A gatekeeper (re)connected: for ``backlog_ms`` from now, messages older than
         ``late_after_ms`` are the backlog it queued while it had no master."""
@@ -276,25 +300,21 @@ class Engine:
         """Account decoded messages at ``now_ms``; DELAY_UNTIL frames for throttled ones."""
         out: list[list[bytes]] = []
         tolerance = self.skew_tolerance_ms
-        ahead = self.max_delay_ahead_ms
         late_before = now_ms - self.late_after_ms if now_ms < self._backlog_until else -math.inf
         for dom, _status, ident, received_ms, delayed_ms in decoded:
-            # A DELAYED message is sent when the request is delayed (the original
-            # gatekeepers) or when it goes (ours): between its two timestamps.
-            ts: float = received_ms if delayed_ms is None else delayed_ms
-            clamped = ts - received_ms > ahead
-            if clamped:
-                ts = received_ms + ahead
-            sent = ts if ts > received_ms else received_ms
-            if sent < late_before:  # backlog: served while failing open, long ago
-                dom.stats.late += 1
-                continue
-            skewed = received_ms - now_ms > tolerance or now_ms - sent > tolerance
-            if clamped and not skewed:
-                dom.stats.skewed += 1  # else counted just below, once per message
-            if skewed:
-                ts += now_ms - received_ms  # same delay, counted from the master's now
-                dom.stats.skewed += 1
+            if delayed_ms is None:  # ACCEPTED, the common case, inline
+                if received_ms < late_before:  # backlog: served failing open, long ago
+                    dom.stats.late += 1
+                    continue
+                ts = received_ms
+                if received_ms - now_ms > tolerance or now_ms - received_ms > tolerance:
+                    ts = now_ms
+                    dom.stats.skewed += 1
+            else:
+                timed = self._delayed_at(dom, received_ms, delayed_ms, now_ms, late_before)
+                if timed is None:
+                    continue
+                ts = timed
             if dom.gcra:
                 until = _apply_gcra(dom, ident, ts, now_ms)
             else:
@@ -306,6 +326,28 @@ class Engine:
 
 
 def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
+    if len(dom.scopes) != 1:
+        return _apply_histories(dom, ident, ts, now_ms)
+    # One rule (most domains): _apply_histories without its lists, on the hot path.
+    rule, table, window = dom.scopes[0]
+    old = table.get(ident) or ()
+    if dom.debt and len(old) >= rule.burst:
+        last = old[-1]
+        nxt = last + rule.interval_ms
+        if nxt > ts and min(old) > last - window:
+            ts = nxt if nxt - ts <= MAX_DEBT_MS else ts + MAX_DEBT_MS
+    state = recorded(old, ts, rule)
+    table.put(ident, state)
+    if ts > table.keep_after_ms:
+        table.keep(ident, state, ts + window)
+    if len(state) >= rule.burst:
+        until = next_allowed(state, ts if ts < now_ms else now_ms, rule)
+        if until is not None and until > now_ms:
+            return until
+    return None
+
+
+def _apply_histories(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
     """The history rule for every rule of the domain; the latest "next allowed" wins.
 
     Debt: a request the master learns of after the time its identifier was next allowed

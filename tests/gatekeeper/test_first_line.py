@@ -132,9 +132,9 @@ def test_sweep_forgets_passed_times_and_the_table_is_bounded() -> None:
     d.set_line(D, Line.of("history", (Rule(10.0, 2),)))
     for i in range(50):  # more identifiers than fit: the rest is simply not held
         assert d.decide(D, b"id-%d" % i, T0).verdict is ACCEPT
-    assert len(d._local) == 10
+    assert len(d._single[D][2]) == 10
     assert d.sweep_local(T0 + 1000) == 10
-    assert d._local == {}
+    assert d._single[D][2] == {}
 
 
 def test_first_lines_from_configuration() -> None:
