@@ -210,10 +210,17 @@ async def http_throughput(port: int, batch: int, seconds: float) -> float:
         return await closed_loop(call, seconds)
 
 
+class Tally(NamedTuple):
+    admitted: int
+    early_refusals: int
+    """Refused while fewer than ``limit`` hits had been admitted: under-admission."""
+
+
 async def round_robin(
     addrs: list[str], key: str, limit: int, total: int, rate: float, behavior: int
-) -> int:
-    """Single hits to ``addrs`` in turn at ``rate``/s; how many were admitted."""
+) -> Tally:
+    """Single hits to ``addrs`` in turn at ``rate``/s; how many were admitted and how many
+    refused too early (the exact oracle admits the first ``limit`` and refuses the rest)."""
     channels = [grpc.aio.insecure_channel(a) for a in addrs]
     stubs: list[Any] = [gubernator_pb2_grpc.V1Stub(c) for c in channels]  # type: ignore[no-untyped-call]
     msg = pb.GetRateLimitsReq(
@@ -228,7 +235,7 @@ async def round_robin(
             )
         ]
     )
-    admitted = 0
+    admitted = early = 0
     try:
         start = time.perf_counter()
         for i in range(total):
@@ -236,11 +243,38 @@ async def round_robin(
             if delay > 0:
                 await asyncio.sleep(delay)
             resp = await stubs[i % len(stubs)].GetRateLimits(msg, timeout=5)
-            admitted += resp.responses[0].status == pb.UNDER_LIMIT
+            if resp.responses[0].status == pb.UNDER_LIMIT:
+                admitted += 1
+            elif admitted < limit:
+                early += 1
     finally:
         for c in channels:
             await c.close(None)
-    return admitted
+    return Tally(admitted, early)
+
+
+async def global_accuracy(addrs: list[str], runs: int, limit: int = 100) -> None:
+    """Part 5: 5x the limit round-robin, forwarded (exact) and GLOBAL, medians of ``runs``."""
+    for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
+        got = [
+            await round_robin(addrs, f"acc-{label}-{time.time_ns()}", limit, 5 * limit,
+                              500.0, behavior)
+            for _ in range(runs)
+        ]  # fmt: skip
+        over = median([g.admitted - limit for g in got])
+        early = median([g.early_refusals for g in got])
+        print(
+            f"accuracy {label:9}, 5x limit round-robin: admitted {[g.admitted for g in got]} "
+            f"of {5 * limit}, oracle {limit}; median over-admission {over:.0f} "
+            f"({over / limit:.1%}), median refusals before the limit was used up {early:.0f} "
+            f"{[g.early_refusals for g in got]}"
+        )
+
+
+def only_global(runs: int) -> None:
+    print(f"smockron cluster bench, part 5 only: {runs} rounds, medians")
+    with tempfile.TemporaryDirectory() as tmp, cluster(3, Path(tmp)) as nodes:
+        asyncio.run(global_accuracy([n.grpc for n in nodes], runs))
 
 
 def build_loadgen() -> Path | None:
@@ -389,16 +423,7 @@ async def main(seconds: float, runs: int) -> None:
             )
             print(f"gRPC, 3 nodes, all forwarded, {BATCH}/call:  {fwd:10,.0f} checks/s "
                   f"({fwd / single:.2f}x single node)")  # fmt: skip
-            for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
-                got = [
-                    await round_robin(addrs, f"acc-{label}-{r}", 100, 500, 500.0, behavior)
-                    for r in range(runs)
-                ]
-                over = median([g - 100 for g in got])
-                print(
-                    f"accuracy {label:9}, 5x limit round-robin: admitted {got} of 500, "
-                    f"oracle 100, median over-admission {over:.0f} ({over / 100:.0%})"
-                )
+            await global_accuracy(addrs, runs)
 
 
 if __name__ == "__main__":
@@ -407,11 +432,14 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--grpc-server", choices=["threads", "asyncio", "native"])
     parser.add_argument("--only-latency", action="store_true", help="part 3 alone")
+    parser.add_argument("--only-global", action="store_true", help="part 5 alone")
     args = parser.parse_args()
     if args.grpc_server:
         GRPC_SERVER.extend(["--grpc-server", args.grpc_server])
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     if args.only_latency:
         only_latency(args.seconds, args.runs)
+    elif args.only_global:
+        only_global(args.runs)
     else:
         asyncio.run(main(args.seconds, args.runs))
