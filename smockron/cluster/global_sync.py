@@ -74,6 +74,10 @@ class GlobalSync:
         self._address = address
         self._hits: dict[str, RateLimitRequest] = {}
         self._demand: dict[str, int] = {}
+        self._asking: dict[str, tuple[RateLimitRequest, int]] = {}
+        """Keys this node was asked hits of, each with a zero-hit copy of its request and
+        when it was last asked: one idle for a sync wait gives its loan back."""
+        self._closed = False
         self._broadcasts: dict[str, RateLimitRequest] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -97,7 +101,22 @@ class GlobalSync:
             agg.hits += hits
         asked = req.hits if demand is None else demand
         self._demand[key] = self._demand.get(key, 0) + max(asked, 0)
+        if asked > 0:
+            self._asked(key, self._hits[key])
         self._schedule(len(self._hits), urgent)
+
+    def forwarded(self, req: RateLimitRequest) -> None:
+        """``req`` went to its owner, which lent this node a budget with its answer: give
+        it back once the key is idle, as after queued hits."""
+        if req.hits > 0:
+            behavior = (req.behavior & ~Behavior.RESET_REMAINING) | Behavior.DRAIN_OVER_LIMIT
+            self._asked(req.hash_key, replace(req, behavior=Behavior(behavior)))
+            self._schedule(len(self._hits))
+
+    def _asked(self, key: str, req: RateLimitRequest) -> None:
+        seen = self._asking.get(key)
+        template = replace(req, hits=0, created_at=None, metadata={}) if seen is None else seen[0]
+        self._asking[key] = (template, self._clock())
 
     def queue_broadcast(self, req: RateLimitRequest, urgent: bool = False) -> None:
         """This node owns ``req``'s key and changed it: tell the other nodes soon."""
@@ -128,6 +147,7 @@ class GlobalSync:
             self._timer = None
         hits, self._hits = self._hits, {}
         demand, self._demand = self._demand, {}
+        self._give_back_idle(hits, demand)
         for key, req in hits.items():
             req.metadata = {lending.PEER: self._address, lending.DEMAND: str(demand.get(key, 0))}
         broadcasts, self._broadcasts = self._broadcasts, {}
@@ -136,9 +156,25 @@ class GlobalSync:
             task = loop.create_task(coro)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        if self._asking and not self._closed:  # come back for the keys that go idle
+            self._timer = loop.call_later(self._wait, self.flush)
+
+    def _give_back_idle(self, hits: dict[str, RateLimitRequest], demand: dict[str, int]) -> None:
+        """A key not asked for during a sync wait gets a zero-hit sync that asks nothing:
+        the owner stops holding a loan for this node, so its clients can use it."""
+        now = self._clock()
+        idle_ms = self._wait * 1000
+        for key, (template, asked_at) in list(self._asking.items()):
+            if now - asked_at >= idle_ms:
+                del self._asking[key]
+                if key not in hits:
+                    hits[key] = replace(template)
+                    demand[key] = 0
 
     # -- sending ----------------------------------------------------------------------
     async def _send_hits(self, hits: dict[str, RateLimitRequest]) -> None:
+        if not hits:
+            return
         by_owner: dict[str, tuple[PeerClient, list[RateLimitRequest]]] = {}
         local: list[RateLimitRequest] = []
         for req in hits.values():
@@ -201,6 +237,7 @@ class GlobalSync:
         self.broadcasts_sent += sum(1 for r in results if not isinstance(r, BaseException))
 
     async def close(self) -> None:
+        self._closed = True
         self.flush()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)

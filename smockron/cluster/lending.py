@@ -11,8 +11,9 @@ never spend the same remaining twice, and no request waits for the owner.
   a half-life, so the node that sees more of the traffic gets more of the remaining.
   Every node counts a tenth of the limit more than it asked, so shares start equal.
 * A loan is replaced by the next one to the same node (each sync re-lends), lapses at
-  the end of its window, and is held at most ``hold_ms``: a node that stops syncing
-  releases its share.
+  the end of its window, and is held at most ``hold_ms``. A node that was asked for
+  nothing since its last sync (it says so after a sync wait without traffic for the key)
+  gets no loan: nothing is held for it, and it falls back to an equal share.
 
 The protocol is Gubernator's: the sender's address and its demand ride in the request's
 ``metadata``, the loan in the response's ``metadata``; a Gubernator node ignores both.
@@ -102,6 +103,12 @@ class Ledger:
         amount = math.ceil(free * share) if free > 0 else 0
         entry.loans[peer] = Loan(amount, min(window_end, now + self._hold))
         return amount
+
+    def release(self, key: str, peer: str) -> None:
+        """``peer`` asked for nothing since its last sync: hold nothing for it."""
+        entry = self._keys.get(key)
+        if entry is not None:
+            entry.loans.pop(peer, None)
 
     def share(self, key: str, peer: str, now: int, *, prior: float, nodes: int) -> float:
         """``peer``'s fraction of the recent demand for ``key``, each of the ``nodes``

@@ -68,12 +68,12 @@ class Node:
         self.in_peer_list = True
         self.clients: dict[str, PeerClient] = {}
         self.down: set[str] = set()
-        lease_ms = max(int(10 * config.global_sync_wait_ms), 200)
+        lease_ms = max(int(3 * config.global_sync_wait_ms), 100)
         self.replicas = ReplicaCache(
             config.cache_size, lease_ms=lease_ms, nodes=lambda: len(self.ring.nodes)
         )
-        # a lease's hits reach the owner within a sync wait and a timeout of its end
-        hold_ms = lease_ms + int(config.global_sync_wait_ms + config.global_timeout_ms) + 100
+        # hits admitted under a lease reach the owner within a sync wait of its end
+        hold_ms = lease_ms + int(2 * config.global_sync_wait_ms) + 100
         self.ledger = lending.Ledger(hold_ms=hold_ms, max_keys=config.cache_size)
         self.global_sync = GlobalSync(
             limiter=self.limiter,
@@ -257,7 +257,8 @@ class Node:
         if route != "peer" and len(self.ledger):
             lent = [i for i in idx if self._against_loans(requests[i], now)]
             if lent:
-                idx = [i for i in idx if i not in set(lent)]
+                skip = set(lent)
+                idx = [i for i in idx if i not in skip]
         batch = [requests[i] for i in idx]
         for i, req, resp in zip(idx, batch, self.limiter.check(batch), strict=True):
             if not resp.error:
@@ -283,7 +284,11 @@ class Node:
             if len(self.ring.nodes) > 1:
                 self.ledger.ask(req.hash_key, peer, req.hits, now)
             return
-        self.ledger.ask(req.hash_key, peer, _demand(req), now)
+        demand = _demand(req)
+        if demand <= 0:  # idle there: hold nothing for it (no allowance: no lease)
+            self.ledger.release(req.hash_key, peer)
+            return
+        self.ledger.ask(req.hash_key, peer, demand, now)
         amount = self.ledger.lend(
             req.hash_key, peer, resp.remaining, resp.reset_time, now,
             limit=resp.limit, nodes=len(self.ring.nodes),
@@ -363,7 +368,8 @@ class Node:
         """A GLOBAL answer fetched from the owner seeds this node's replica and lease."""
         if resp is not None and int(req.behavior) & _GLOBAL:
             self.replicas.install(req.hash_key, resp, req.algorithm, req.duration, sent_at)
-            resp.metadata.pop(lending.ALLOWANCE, None)
+            if resp.metadata.pop(lending.ALLOWANCE, None) is not None:
+                self.global_sync.forwarded(req)
 
     def _leasing(self, req: RateLimitRequest) -> RateLimitRequest:
         """A GLOBAL request forwarded to its owner: names this node, so the owner lends it

@@ -13,8 +13,8 @@ spend the same remaining meanwhile. The owner lends the budget with its answer t
 node's hits (``lending.ALLOWANCE``) and holds it for this node; the lease lasts
 ``lease_ms`` from the moment the hits were sent. Without a lease (an owner that does not
 lend, a new window, a lease run out) the budget is an equal share of the remaining,
-``ceil(remaining / nodes)``. An answer that leaves under a tenth of the limit in the
-budget asks for a sync soon.
+``ceil(remaining / nodes)``, which the owner does not hold: admitting from it asks for
+a sync soon, as does an answer that leaves under a tenth of the limit in the budget.
 """
 
 from __future__ import annotations
@@ -103,10 +103,12 @@ class ReplicaCache:
             item.pending, item.budget = old.pending, old.budget
             item.lease_until, item.leased_at = old.lease_until, old.leased_at
         allowance = resp.metadata.get(ALLOWANCE)
-        if sent_at is not None and allowance is not None and sent_at >= item.leased_at:
-            item.budget = _int(allowance) - item.pending
-            item.lease_until, item.leased_at = sent_at + self._lease, sent_at
-        elif not item.lease_until:
+        if sent_at is not None and sent_at >= item.leased_at:  # the owner's latest word
+            item.leased_at = sent_at
+            item.lease_until = sent_at + self._lease if allowance is not None else 0
+            if allowance is not None:
+                item.budget = _int(allowance) - item.pending
+        if not item.lease_until:
             item.budget = self._equal_share(resp.remaining) - item.pending
         self._items[key] = item
         self._items.move_to_end(key)
@@ -163,7 +165,7 @@ class ReplicaCache:
         self._spend(item, hits)
         left = min(available - hits, req.limit)
         resp = RateLimitResponse(Status.UNDER_LIMIT, req.limit, left, item.reset_time)
-        return Answer(resp, hits, self._urgent(item, req.limit))
+        return Answer(resp, hits, not item.lease_until or self._urgent(item, req.limit))
 
     def forget(self, key: str) -> None:
         self._items.pop(key, None)
