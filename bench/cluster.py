@@ -25,8 +25,10 @@ so client cost is included). Prints medians of ``--runs`` runs:
    loop is used and said so;
 4. HTTP/JSON checks/s (100 per POST) and single-check calls/s;
 5. GLOBAL accuracy: 3 nodes, single hits round-robin at 5x the limit (limit 100, 500 calls
-   at 500 calls/s, one window), admitted vs the exact oracle (= limit), next to the same
-   load without GLOBAL (forwarded to the owner: exact).
+   at 500 calls/s, one window, a fresh key per round), admitted vs the exact oracle
+   (= limit) and the over-admission in percent, medians of the rounds; also the calls
+   refused before the limit was used up (under-admission); next to the same load without
+   GLOBAL (forwarded to the owner: exact). ``--only-global`` runs this part alone.
 Goals (issue 5): >= 20,000 checks/s per node via gRPC; p99 < 1 ms at 2,000 calls/s.
 ``--grpc-server threads|asyncio|native`` picks the nodes' gRPC server (default: the node's own).
 """
