@@ -219,10 +219,19 @@ class Tally(NamedTuple):
 
 
 async def round_robin(
-    addrs: list[str], key: str, limit: int, total: int, rate: float, behavior: int
+    addrs: list[str],
+    key: str,
+    limit: int,
+    total: int,
+    rate: float,
+    behavior: int,
+    route: Callable[[int], int] | None = None,
+    open_loop: bool = False,
 ) -> Tally:
-    """Single hits to ``addrs`` in turn at ``rate``/s; how many were admitted and how many
-    refused too early (the exact oracle admits the first ``limit`` and refuses the rest)."""
+    """Single hits at ``rate``/s, call ``i`` to node ``route(i)`` (default: in turn); how
+    many were admitted and how many refused too early (the exact oracle admits the first
+    ``limit`` and refuses the rest). ``open_loop``: each call sent at its time without
+    waiting for the previous answer (early refusals then counted in order of answers)."""
     channels = [grpc.aio.insecure_channel(a) for a in addrs]
     stubs: list[Any] = [gubernator_pb2_grpc.V1Stub(c) for c in channels]  # type: ignore[no-untyped-call]
     msg = pb.GetRateLimitsReq(
@@ -238,39 +247,71 @@ async def round_robin(
         ]
     )
     admitted = early = 0
+
+    async def one(i: int) -> None:
+        nonlocal admitted, early
+        node = route(i) if route is not None else i % len(stubs)
+        resp = await stubs[node].GetRateLimits(msg, timeout=5)
+        if resp.responses[0].status == pb.UNDER_LIMIT:
+            admitted += 1
+        elif admitted < limit:
+            early += 1
+
+    tasks = []
     try:
         start = time.perf_counter()
         for i in range(total):
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            resp = await stubs[i % len(stubs)].GetRateLimits(msg, timeout=5)
-            if resp.responses[0].status == pb.UNDER_LIMIT:
-                admitted += 1
-            elif admitted < limit:
-                early += 1
+            if open_loop:
+                tasks.append(asyncio.create_task(one(i)))
+            else:
+                await one(i)
+        await asyncio.gather(*tasks)
     finally:
         for c in channels:
             await c.close(None)
     return Tally(admitted, early)
 
 
+def report(label: str, got: list[Tally], limit: int, total: int) -> None:
+    over = median([g.admitted - limit for g in got])
+    early = median([g.early_refusals for g in got])
+    print(
+        f"accuracy {label}: admitted {[g.admitted for g in got]} of {total}, oracle {limit}; "
+        f"median over-admission {over:.0f} ({over / limit:.1%}), median refusals before "
+        f"the limit was used up {early:.0f} {[g.early_refusals for g in got]}"
+    )
+
+
 async def global_accuracy(addrs: list[str], runs: int, limit: int = 100) -> None:
-    """Part 5: 5x the limit round-robin, forwarded (exact) and GLOBAL, medians of ``runs``."""
+    """Part 5: 5x the limit round-robin, forwarded (exact) and GLOBAL, medians of ``runs``;
+    then GLOBAL with traffic moving to the owner, and open loop at 2,000 calls/s."""
+    total = 5 * limit
     for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
         got = [
-            await round_robin(addrs, f"acc-{label}-{time.time_ns()}", limit, 5 * limit,
-                              500.0, behavior)
+            await round_robin(addrs, f"acc-{label}-{time.time_ns()}", limit, total, 500.0,
+                              behavior)
             for _ in range(runs)
         ]  # fmt: skip
-        over = median([g.admitted - limit for g in got])
-        early = median([g.early_refusals for g in got])
-        print(
-            f"accuracy {label:9}, 5x limit round-robin: admitted {[g.admitted for g in got]} "
-            f"of {5 * limit}, oracle {limit}; median over-admission {over:.0f} "
-            f"({over / limit:.1%}), median refusals before the limit was used up {early:.0f} "
-            f"{[g.early_refusals for g in got]}"
-        )
+        report(f"{label:9}, 5x limit round-robin", got, limit, total)
+    ring = HashRing(addrs)
+    moved = []
+    for _ in range(runs):
+        key = f"acc-moving-{time.time_ns()}"
+        owner = addrs.index(ring.owner(f"acc_{key}"))
+        moved.append(
+            await round_robin(addrs, key, limit, total, 500.0, pb.GLOBAL,
+                              route=lambda i, o=owner: i % 3 if i < 30 else o)
+        )  # fmt: skip
+    report("GLOBAL, round-robin, all to the owner after 30 calls", moved, limit, total)
+    fast = [
+        await round_robin(addrs, f"acc-open-{time.time_ns()}", limit, 20 * limit, 2000.0,
+                          pb.GLOBAL, open_loop=True)
+        for _ in range(runs)
+    ]  # fmt: skip
+    report("GLOBAL, 20x limit round-robin, open loop at 2,000 calls/s", fast, limit, 20 * limit)
 
 
 def only_global(runs: int) -> None:

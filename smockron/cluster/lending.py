@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 PEER = "smockron-global-peer"
 """Request metadata: the address of the non-owner sending GLOBAL hits."""
 DEMAND = "smockron-global-demand"
-"""Request metadata: hits asked of the sender for the key since its last sync."""
+"""Request metadata of a sync: hits asked of the sender for the key since its last sync. A
+request naming its sender without it is a client request the sender forwarded."""
 ALLOWANCE = "smockron-global-allowance"
 """Response metadata: hits the non-owner may admit until its next sync."""
 OWNER = ""

@@ -254,8 +254,8 @@ class Node:
         idx = list(indexes)
         now = self._clock()
         lent: list[int] = []
-        if route != "peer" and len(self.ledger):
-            lent = [i for i in idx if self._against_loans(requests[i], now)]
+        if len(self.ledger):
+            lent = [i for i in idx if self._against_loans(requests[i], route, now)]
             if lent:
                 skip = set(lent)
                 idx = [i for i in idx if i not in skip]
@@ -265,12 +265,20 @@ class Node:
                 self._owned(req, resp, route, now)
             results[i] = resp
         for i in lent:
-            results[i] = self._within_loans(requests[i], now)
+            results[i] = self._within_loans(requests[i], route, now)
         CHECKS.labels(route).inc(len(idx) + len(lent))
 
-    def _owned(self, req: RateLimitRequest, resp: RateLimitResponse, route: str, now: int) -> None:
+    def _owned(
+        self,
+        req: RateLimitRequest,
+        resp: RateLimitResponse,
+        route: str,
+        now: int,
+        left: int | None = None,
+    ) -> None:
         """After this node decided ``req`` as its owner: broadcast GLOBAL changes, note
-        demand, and lend a non-owner that sent GLOBAL hits its share of what is left."""
+        demand, and lend a non-owner that sent GLOBAL hits its share of what is ``left``
+        (default: ``resp.remaining``)."""
         resp.metadata["owner"] = self.address
         flags = int(req.behavior)
         if not flags & _GLOBAL:
@@ -289,37 +297,40 @@ class Node:
             self.ledger.release(req.hash_key, peer)
             return
         self.ledger.ask(req.hash_key, peer, demand, now)
+        remaining = resp.remaining if left is None else left
         amount = self.ledger.lend(
-            req.hash_key, peer, resp.remaining, resp.reset_time, now,
+            req.hash_key, peer, remaining, resp.reset_time, now,
             limit=resp.limit, nodes=len(self.ring.nodes),
         )  # fmt: skip
         resp.metadata[lending.ALLOWANCE] = str(amount)
 
-    def _against_loans(self, req: RateLimitRequest, now: int) -> bool:
-        """Is ``req`` a GLOBAL request of this node's own clients for a key with loans out?"""
+    def _against_loans(self, req: RateLimitRequest, route: str, now: int) -> bool:
+        """Is ``req`` a GLOBAL client request (of this node's clients, or forwarded by a
+        non-owner) for a key with loans out to other nodes?"""
         flags = int(req.behavior)
-        return (
-            bool(flags & _GLOBAL)
-            and not flags & _RESET_REMAINING
-            and req.hits > 0
-            and self.ledger.reserved(req.hash_key, now) > 0
-        )
+        if not flags & _GLOBAL or flags & _RESET_REMAINING or req.hits <= 0:
+            return False
+        borrower = _borrower(req, route)
+        return borrower is not None and self.ledger.reserved(req.hash_key, now, but=borrower) > 0
 
-    def _within_loans(self, req: RateLimitRequest, now: int) -> RateLimitResponse:
-        """Decide an owner's own GLOBAL request from what it has not lent out: hits that
-        would need the non-owners' budgets are refused (drained to what is free)."""
-        lent = self.ledger.reserved(req.hash_key, now)
+    def _within_loans(self, req: RateLimitRequest, route: str, now: int) -> RateLimitResponse:
+        """Decide a GLOBAL client request from what is not lent to other nodes: hits that
+        would need their budgets are refused (drained to what is free)."""
+        lent = self.ledger.reserved(req.hash_key, now, but=_borrower(req, route))
         state = self.limiter.check([replace(req, hits=0)], now)[0]
         free = state.remaining - lent
         if state.error or req.hits <= free:
             resp = self.limiter.check([req], now)[0]
+            left = resp.remaining
         elif int(req.behavior) & _DRAIN_OVER_LIMIT and free > 0:
             resp = self.limiter.check([replace(req, hits=free)], now)[0]
+            left = resp.remaining
             resp.status, resp.remaining = Status.OVER_LIMIT, 0
         else:
             resp = RateLimitResponse(Status.OVER_LIMIT, state.limit, max(free, 0), state.reset_time)
+            left = state.remaining
         if not resp.error:
-            self._owned(req, resp, _LOCAL, now)
+            self._owned(req, resp, route, now, left)
         return resp
 
     async def _collect(
@@ -374,7 +385,7 @@ class Node:
     def _leasing(self, req: RateLimitRequest) -> RateLimitRequest:
         """A GLOBAL request forwarded to its owner: names this node, so the owner lends it
         a budget with the answer."""
-        metadata = {**req.metadata, lending.PEER: self.address, lending.DEMAND: str(req.hits)}
+        metadata = {**req.metadata, lending.PEER: self.address}
         return replace(req, metadata=metadata)
 
     # -- health -----------------------------------------------------------------------
@@ -401,6 +412,16 @@ class Node:
         self._closing.extend(self.clients.values())
         self.clients.clear()
         await self._close_removed()
+
+
+def _borrower(req: RateLimitRequest, route: str) -> str | None:
+    """Whose loan a GLOBAL request may use besides what is free: OWNER for this node's
+    clients, the sender for a request a non-owner forwarded (named, without a demand);
+    None for a non-owner's sync, whose hits were already admitted under its loan."""
+    if route != "peer":
+        return lending.OWNER
+    md = req.metadata
+    return md.get(lending.PEER) if lending.DEMAND not in md else None
 
 
 def _demand(req: RateLimitRequest) -> int:
