@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 PEER = "smockron-global-peer"
 """Request metadata: the address of the non-owner sending GLOBAL hits."""
@@ -31,7 +32,10 @@ DEMAND = "smockron-global-demand"
 """Request metadata of a sync: hits asked of the sender for the key since its last sync. A
 request naming its sender without it is a client request the sender forwarded."""
 ALLOWANCE = "smockron-global-allowance"
-"""Response metadata: hits the non-owner may admit until its next sync."""
+"""Response metadata: hits the non-owner may admit until its next sync (absent: none held)."""
+LOAN = "smockron-global-loan"
+"""Response metadata: the loan's number, increasing per key: answers can arrive out of
+order, and the non-owner keeps the word of the one the owner decided last."""
 OWNER = ""
 """The source name of the owner's own client requests."""
 
@@ -49,10 +53,18 @@ class Demand:
     at: int
 
 
+class Grant(NamedTuple):
+    amount: int
+    """Hits lent, and held for the node."""
+    number: int
+    """Increasing per key (from the clock, so also across restarts of the owner)."""
+
+
 @dataclass(slots=True)
 class _Key:
     loans: dict[str, Loan] = field(default_factory=dict)
     demand: dict[str, Demand] = field(default_factory=dict)
+    number: int = 0
 
 
 class Ledger:
@@ -96,20 +108,26 @@ class Ledger:
         *,
         limit: int,
         nodes: int,
-    ) -> int:
+    ) -> Grant:
         """Replace ``peer``'s loan: its share of ``remaining`` not lent to the others."""
         entry = self._entry(key)
         free = remaining - self.reserved(key, now, but=peer)
         share = self.share(key, peer, now, prior=max(limit / 10, 1.0), nodes=nodes)
         amount = math.ceil(free * share) if free > 0 else 0
         entry.loans[peer] = Loan(amount, min(window_end, now + self._hold))
-        return amount
+        return Grant(amount, self._number(entry, now))
 
-    def release(self, key: str, peer: str) -> None:
-        """``peer`` asked for nothing since its last sync: hold nothing for it."""
-        entry = self._keys.get(key)
-        if entry is not None:
-            entry.loans.pop(peer, None)
+    def release(self, key: str, peer: str, now: int) -> int:
+        """``peer`` asked for nothing since its last sync: hold nothing for it. Returns the
+        number of this (empty) grant."""
+        entry = self._entry(key)
+        entry.loans.pop(peer, None)
+        return self._number(entry, now)
+
+    @staticmethod
+    def _number(entry: _Key, now: int) -> int:
+        entry.number = max(entry.number + 1, now * 1000)
+        return entry.number
 
     def share(self, key: str, peer: str, now: int, *, prior: float, nodes: int) -> float:
         """``peer``'s fraction of the recent demand for ``key``, each of the ``nodes``

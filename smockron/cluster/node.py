@@ -294,15 +294,17 @@ class Node:
             return
         demand = _demand(req)
         if demand <= 0:  # idle there: hold nothing for it (no allowance: no lease)
-            self.ledger.release(req.hash_key, peer)
+            number = self.ledger.release(req.hash_key, peer, now)
+            resp.metadata[lending.LOAN] = str(number)
             return
         self.ledger.ask(req.hash_key, peer, demand, now)
         remaining = resp.remaining if left is None else left
-        amount = self.ledger.lend(
+        amount, number = self.ledger.lend(
             req.hash_key, peer, remaining, resp.reset_time, now,
             limit=resp.limit, nodes=len(self.ring.nodes),
         )  # fmt: skip
         resp.metadata[lending.ALLOWANCE] = str(amount)
+        resp.metadata[lending.LOAN] = str(number)
 
     def _against_loans(self, req: RateLimitRequest, route: str, now: int) -> bool:
         """Is ``req`` a GLOBAL client request (of this node's clients, or forwarded by a
@@ -379,6 +381,7 @@ class Node:
         """A GLOBAL answer fetched from the owner seeds this node's replica and lease."""
         if resp is not None and int(req.behavior) & _GLOBAL:
             self.replicas.install(req.hash_key, resp, req.algorithm, req.duration, sent_at)
+            resp.metadata.pop(lending.LOAN, None)
             if resp.metadata.pop(lending.ALLOWANCE, None) is not None:
                 self.global_sync.forwarded(req)
 

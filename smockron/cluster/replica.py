@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from smockron.cluster.lending import ALLOWANCE
+from smockron.cluster.lending import ALLOWANCE, LOAN
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -50,8 +50,8 @@ class Replica:
     """Hits this node may still admit before the owner's next word."""
     lease_until: int = 0
     """The owner holds ``budget`` for this node until then; 0: not lent, an equal share."""
-    leased_at: int = 0
-    """When the hits whose answer carried the lease were sent (older answers are ignored)."""
+    loan: int = 0
+    """The number of the owner's latest grant seen here (answers with older ones are late)."""
 
 
 class Answer(NamedTuple):
@@ -93,27 +93,40 @@ class ReplicaCache:
         sent_at: int | None = None,
     ) -> None:
         """The owner's current answer for ``key``; local pending hits are kept. With
-        ``sent_at`` (an answer to hits sent then) an ``ALLOWANCE`` in its metadata is a
-        lease; a broadcast keeps the lease this node holds."""
+        ``sent_at``, an answer to this node's hits sent then: its grant (``ALLOWANCE``,
+        ``LOAN`` in its metadata) replaces the lease unless an answer the owner decided
+        later came first; without a grant the owner holds nothing for this node. A
+        broadcast keeps the lease."""
         if resp.error:
             return
         old = self._items.get(key)
         item = Replica(resp.limit, resp.remaining, resp.reset_time, algorithm, duration)
         if old is not None:
             item.pending, item.budget = old.pending, old.budget
-            item.lease_until, item.leased_at = old.lease_until, old.leased_at
-        allowance = resp.metadata.get(ALLOWANCE)
-        if sent_at is not None and sent_at >= item.leased_at:  # the owner's latest word
-            item.leased_at = sent_at
-            item.lease_until = sent_at + self._lease if allowance is not None else 0
-            if allowance is not None:
-                item.budget = _int(allowance) - item.pending
+            item.lease_until, item.loan = old.lease_until, old.loan
+        if sent_at is not None:
+            self._grant(item, resp.metadata, sent_at)
         if not item.lease_until:
             item.budget = self._equal_share(resp.remaining) - item.pending
         self._items[key] = item
         self._items.move_to_end(key)
         while len(self._items) > self._max_keys:
             self._items.popitem(last=False)
+
+    def _grant(self, item: Replica, metadata: dict[str, str], sent_at: int) -> None:
+        number = _int(metadata.get(LOAN, "0"))
+        if not number:  # an owner that does not lend
+            item.lease_until = 0
+            return
+        if number <= item.loan:  # late: the owner decided a newer grant since
+            return
+        item.loan = number
+        allowance = metadata.get(ALLOWANCE)
+        if allowance is None:
+            item.lease_until = 0
+        else:
+            item.budget = _int(allowance) - item.pending
+            item.lease_until = sent_at + self._lease
 
     def confirm(
         self,

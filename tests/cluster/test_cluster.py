@@ -163,7 +163,7 @@ async def checks_by_route(cluster: Cluster) -> dict[str, float]:
 async def test_global_accuracy_against_exact_oracle(cluster: Cluster, limit: int) -> None:
     """Round-robin at 5x the limit within one window over three nodes: the exact oracle
     admits ``limit``; GLOBAL may over-admit at most 5 %, and refuse few too early. The
-    non-owners answer from their replicas: only their first request waits for the owner."""
+    non-owners answer from their replicas: at most their first request waits for the owner."""
     key, total = f"global-acc-{limit}", 5 * limit
     owner = cluster.addresses.index(HashRing(cluster.addresses).owner(f"t_{key}"))
     to_owner = len(range(owner, total, 3))
@@ -175,8 +175,10 @@ async def test_global_accuracy_against_exact_oracle(cluster: Cluster, limit: int
     assert early <= limit * 0.1
     delta = {route: after[route] - before.get(route, 0) for route in after}
     assert delta["local"] == to_owner
-    assert delta["forwarded"] == 2  # the first request of each non-owner
-    assert delta["global_replica"] == total - to_owner - 2
+    # at most the first request of each non-owner (none when a broadcast came first)
+    forwarded = delta.get("forwarded", 0)
+    assert forwarded <= 2
+    assert delta["global_replica"] == total - to_owner - forwarded
 
 
 async def test_global_state_reaches_every_node(cluster: Cluster) -> None:

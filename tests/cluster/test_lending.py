@@ -10,9 +10,9 @@ from smockron.cluster.lending import OWNER, Ledger
 def test_equal_shares_before_any_demand() -> None:
     ledger = Ledger(hold_ms=1000)
     # 90 left, three nodes, no demand seen: ceil(90 / 3) for the first node to ask
-    assert ledger.lend("k", "a", 90, 60_000, 0, limit=100, nodes=3) == 30
+    assert ledger.lend("k", "a", 90, 60_000, 0, limit=100, nodes=3).amount == 30
     # the second gets a third of what is not lent to the first: ceil(60 / 3)
-    assert ledger.lend("k", "b", 90, 60_000, 0, limit=100, nodes=3) == 20
+    assert ledger.lend("k", "b", 90, 60_000, 0, limit=100, nodes=3).amount == 20
     assert ledger.reserved("k", 0) == 50
     assert ledger.reserved("k", 0, but="a") == 20
 
@@ -20,7 +20,7 @@ def test_equal_shares_before_any_demand() -> None:
 def test_a_new_loan_replaces_the_old_one() -> None:
     ledger = Ledger(hold_ms=1000)
     ledger.lend("k", "a", 90, 60_000, 0, limit=100, nodes=3)
-    assert ledger.lend("k", "a", 60, 60_000, 10, limit=100, nodes=3) == 20
+    assert ledger.lend("k", "a", 60, 60_000, 10, limit=100, nodes=3).amount == 20
     assert ledger.reserved("k", 10) == 20
 
 
@@ -30,7 +30,7 @@ def test_shares_follow_demand_with_a_prior_of_a_tenth_of_the_limit() -> None:
     ledger.ask("k", OWNER, 10, now=0)
     # a: (30 + 10) / (40 + 3 * 10) of 70
     assert ledger.share("k", "a", 0, prior=10, nodes=3) == pytest.approx(40 / 70)
-    assert ledger.lend("k", "a", 70, 60_000, 0, limit=100, nodes=3) == 40
+    assert ledger.lend("k", "a", 70, 60_000, 0, limit=100, nodes=3).amount == 40
     # a node with no demand yet still gets the prior's share
     assert ledger.share("k", "b", 0, prior=10, nodes=3) == pytest.approx(10 / 70)
 
@@ -54,9 +54,25 @@ def test_loans_lapse_after_the_hold_or_at_the_window_end() -> None:
 
 def test_nothing_to_lend_when_the_others_hold_it_all() -> None:
     ledger = Ledger(hold_ms=1000)
-    assert ledger.lend("k", "a", 3, 60_000, 0, limit=100, nodes=1) == 3
-    assert ledger.lend("k", "b", 3, 60_000, 0, limit=100, nodes=2) == 0
-    assert ledger.lend("k", "c", -1, 60_000, 0, limit=100, nodes=2) == 0
+    assert ledger.lend("k", "a", 3, 60_000, 0, limit=100, nodes=1).amount == 3
+    assert ledger.lend("k", "b", 3, 60_000, 0, limit=100, nodes=2).amount == 0
+    assert ledger.lend("k", "c", -1, 60_000, 0, limit=100, nodes=2).amount == 0
+
+
+def test_grants_are_numbered_in_order_from_the_clock() -> None:
+    ledger = Ledger(hold_ms=1000)
+    first = ledger.lend("k", "a", 90, 60_000, 5, limit=100, nodes=3)
+    second = ledger.release("k", "a", 5)
+    third = ledger.lend("k", "b", 90, 60_000, 4, limit=100, nodes=3)
+    assert (first.number, second, third.number) == (5000, 5001, 5002)
+    assert ledger.lend("k", "a", 90, 60_000, 7, limit=100, nodes=3).number == 7000
+
+
+def test_release_holds_nothing_for_the_node() -> None:
+    ledger = Ledger(hold_ms=1000)
+    ledger.lend("k", "a", 90, 60_000, 0, limit=100, nodes=3)
+    ledger.release("k", "a", 1)
+    assert ledger.reserved("k", 1) == 0
 
 
 def test_bounded_keys() -> None:

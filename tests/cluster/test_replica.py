@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from smockron.cluster.lending import ALLOWANCE
+from smockron.cluster.lending import ALLOWANCE, LOAN
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -21,9 +21,14 @@ def req(hits: int, behavior: Behavior = Behavior.GLOBAL, limit: int = 10) -> Rat
 
 
 def owner_says(
-    remaining: int, reset: int = 5000, limit: int = 10, allowance: int | None = None
+    remaining: int,
+    reset: int = 5000,
+    limit: int = 10,
+    allowance: int | None = None,
+    loan: int = 1,
 ) -> RateLimitResponse:
-    metadata = {} if allowance is None else {ALLOWANCE: str(allowance)}
+    """The owner's answer; with ``allowance``, a grant numbered ``loan``."""
+    metadata = {} if allowance is None else {ALLOWANCE: str(allowance), LOAN: str(loan)}
     return RateLimitResponse(UNDER, limit, remaining, reset, metadata=metadata)
 
 
@@ -84,12 +89,26 @@ def test_urgent_when_under_a_tenth_of_the_limit_is_left_in_the_budget() -> None:
     assert urgent == [False, False, True, True]  # budget 11, 10, 9, 8
 
 
-def test_an_answer_to_older_hits_does_not_replace_a_newer_lease() -> None:
+def test_a_late_answer_does_not_replace_a_newer_grant() -> None:
     cache = ReplicaCache(lease_ms=500)
-    cache.install("n_k", owner_says(50, allowance=7), TB, 1000, sent_at=20)
-    cache.install("n_k", owner_says(50, allowance=30), TB, 1000, sent_at=10)
+    cache.install("n_k", owner_says(50, allowance=7, loan=2), TB, 1000, sent_at=10)
+    cache.install("n_k", owner_says(50, allowance=30, loan=1), TB, 1000, sent_at=20)
     item = cache.get("n_k")
-    assert item is not None and (item.budget, item.lease_until) == (7, 520)
+    assert item is not None and (item.budget, item.lease_until, item.loan) == (7, 510, 2)
+
+
+def test_an_answer_without_a_grant_ends_the_lease() -> None:
+    cache = ReplicaCache(nodes=lambda: 2, lease_ms=500)
+    cache.install("n_k", owner_says(50, allowance=7, loan=1), TB, 1000, sent_at=0)
+    released = owner_says(50)
+    released.metadata[LOAN] = "2"  # the owner holds nothing for this node now
+    cache.install("n_k", released, TB, 1000, sent_at=30)
+    item = cache.get("n_k")
+    assert item is not None and (item.budget, item.lease_until) == (25, 0)
+    cache.install("n_k", owner_says(40, allowance=9, loan=3), TB, 1000, sent_at=40)
+    cache.install("n_k", owner_says(40), TB, 1000, sent_at=50)  # a Gubernator owner
+    item = cache.get("n_k")
+    assert item is not None and (item.budget, item.lease_until) == (20, 0)
 
 
 def test_broadcast_updates_remaining_and_keeps_the_lease() -> None:
