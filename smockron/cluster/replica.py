@@ -174,7 +174,7 @@ class ReplicaCache:
             taken = budget if int(req.behavior) & _DRAIN_OVER_LIMIT else 0
             self._spend(item, taken)
             resp = RateLimitResponse(Status.OVER_LIMIT, req.limit, budget - taken, item.reset_time)
-            return Answer(resp, taken, True)
+            return Answer(resp, taken, available > budget)  # more may be lent: ask soon
         self._spend(item, hits)
         left = min(available - hits, req.limit)
         resp = RateLimitResponse(Status.UNDER_LIMIT, req.limit, left, item.reset_time)

@@ -79,7 +79,15 @@ def test_the_lent_budget_bounds_admissions_and_pending_hits_count_against_it() -
     last_admitted, refused = got[18], got[19]
     assert last_admitted is not None and last_admitted.response.remaining == 38  # 58 - 20
     assert refused is not None and (refused.response.remaining, refused.hits) == (0, 0)
-    assert refused.urgent
+    assert refused.urgent  # 38 left in all: more may be lent
+
+
+def test_a_refusal_is_not_urgent_when_nothing_is_left_at_all() -> None:
+    cache = ReplicaCache(lease_ms=500)
+    cache.install("n_k", owner_says(1, allowance=1), TB, 1000, sent_at=0)
+    admitted, refused = (cache.answer(req(1), now=1) for _ in range(2))
+    assert admitted is not None and admitted.urgent  # budget 0 of limit 10
+    assert refused is not None and refused.response.status == OVER and not refused.urgent
 
 
 def test_urgent_when_under_a_tenth_of_the_limit_is_left_in_the_budget() -> None:
