@@ -25,8 +25,10 @@ so client cost is included). Prints medians of ``--runs`` runs:
    loop is used and said so;
 4. HTTP/JSON checks/s (100 per POST) and single-check calls/s;
 5. GLOBAL accuracy: 3 nodes, single hits round-robin at 5x the limit (limit 100, 500 calls
-   at 500 calls/s, one window), admitted vs the exact oracle (= limit), next to the same
-   load without GLOBAL (forwarded to the owner: exact).
+   at 500 calls/s, one window, a fresh key per round), admitted vs the exact oracle
+   (= limit) and the over-admission in percent, medians of the rounds; also the calls
+   refused before the limit was used up (under-admission); next to the same load without
+   GLOBAL (forwarded to the owner: exact). ``--only-global`` runs this part alone.
 Goals (issue 5): >= 20,000 checks/s per node via gRPC; p99 < 1 ms at 2,000 calls/s.
 ``--grpc-server threads|asyncio|native`` picks the nodes' gRPC server (default: the node's own).
 """
@@ -210,10 +212,26 @@ async def http_throughput(port: int, batch: int, seconds: float) -> float:
         return await closed_loop(call, seconds)
 
 
+class Tally(NamedTuple):
+    admitted: int
+    early_refusals: int
+    """Refused while fewer than ``limit`` hits had been admitted: under-admission."""
+
+
 async def round_robin(
-    addrs: list[str], key: str, limit: int, total: int, rate: float, behavior: int
-) -> int:
-    """Single hits to ``addrs`` in turn at ``rate``/s; how many were admitted."""
+    addrs: list[str],
+    key: str,
+    limit: int,
+    total: int,
+    rate: float,
+    behavior: int,
+    route: Callable[[int], int] | None = None,
+    open_loop: bool = False,
+) -> Tally:
+    """Single hits at ``rate``/s, call ``i`` to node ``route(i)`` (default: in turn); how
+    many were admitted and how many refused too early (the exact oracle admits the first
+    ``limit`` and refuses the rest). ``open_loop``: each call sent at its time without
+    waiting for the previous answer (early refusals then counted in order of answers)."""
     channels = [grpc.aio.insecure_channel(a) for a in addrs]
     stubs: list[Any] = [gubernator_pb2_grpc.V1Stub(c) for c in channels]  # type: ignore[no-untyped-call]
     msg = pb.GetRateLimitsReq(
@@ -228,19 +246,78 @@ async def round_robin(
             )
         ]
     )
-    admitted = 0
+    admitted = early = 0
+
+    async def one(i: int) -> None:
+        nonlocal admitted, early
+        node = route(i) if route is not None else i % len(stubs)
+        resp = await stubs[node].GetRateLimits(msg, timeout=5)
+        if resp.responses[0].status == pb.UNDER_LIMIT:
+            admitted += 1
+        elif admitted < limit:
+            early += 1
+
+    tasks = []
     try:
         start = time.perf_counter()
         for i in range(total):
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            resp = await stubs[i % len(stubs)].GetRateLimits(msg, timeout=5)
-            admitted += resp.responses[0].status == pb.UNDER_LIMIT
+            if open_loop:
+                tasks.append(asyncio.create_task(one(i)))
+            else:
+                await one(i)
+        await asyncio.gather(*tasks)
     finally:
         for c in channels:
             await c.close(None)
-    return admitted
+    return Tally(admitted, early)
+
+
+def report(label: str, got: list[Tally], limit: int, total: int) -> None:
+    over = median([g.admitted - limit for g in got])
+    early = median([g.early_refusals for g in got])
+    print(
+        f"accuracy {label}: admitted {[g.admitted for g in got]} of {total}, oracle {limit}; "
+        f"median over-admission {over:.0f} ({over / limit:.1%}), median refusals before "
+        f"the limit was used up {early:.0f} {[g.early_refusals for g in got]}"
+    )
+
+
+async def global_accuracy(addrs: list[str], runs: int, limit: int = 100) -> None:
+    """Part 5: 5x the limit round-robin, forwarded (exact) and GLOBAL, medians of ``runs``;
+    then GLOBAL with traffic moving to the owner, and open loop at 2,000 calls/s."""
+    total = 5 * limit
+    for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
+        got = [
+            await round_robin(addrs, f"acc-{label}-{time.time_ns()}", limit, total, 500.0,
+                              behavior)
+            for _ in range(runs)
+        ]  # fmt: skip
+        report(f"{label:9}, 5x limit round-robin", got, limit, total)
+    ring = HashRing(addrs)
+    moved = []
+    for _ in range(runs):
+        key = f"acc-moving-{time.time_ns()}"
+        owner = addrs.index(ring.owner(f"acc_{key}"))
+        moved.append(
+            await round_robin(addrs, key, limit, total, 500.0, pb.GLOBAL,
+                              route=lambda i, o=owner: i % 3 if i < 30 else o)
+        )  # fmt: skip
+    report("GLOBAL, round-robin, all to the owner after 30 calls", moved, limit, total)
+    fast = [
+        await round_robin(addrs, f"acc-open-{time.time_ns()}", limit, 20 * limit, 2000.0,
+                          pb.GLOBAL, open_loop=True)
+        for _ in range(runs)
+    ]  # fmt: skip
+    report("GLOBAL, 20x limit round-robin, open loop at 2,000 calls/s", fast, limit, 20 * limit)
+
+
+def only_global(runs: int) -> None:
+    print(f"smockron cluster bench, part 5 only: {runs} rounds, medians")
+    with tempfile.TemporaryDirectory() as tmp, cluster(3, Path(tmp)) as nodes:
+        asyncio.run(global_accuracy([n.grpc for n in nodes], runs))
 
 
 def build_loadgen() -> Path | None:
@@ -389,16 +466,7 @@ async def main(seconds: float, runs: int) -> None:
             )
             print(f"gRPC, 3 nodes, all forwarded, {BATCH}/call:  {fwd:10,.0f} checks/s "
                   f"({fwd / single:.2f}x single node)")  # fmt: skip
-            for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
-                got = [
-                    await round_robin(addrs, f"acc-{label}-{r}", 100, 500, 500.0, behavior)
-                    for r in range(runs)
-                ]
-                over = median([g - 100 for g in got])
-                print(
-                    f"accuracy {label:9}, 5x limit round-robin: admitted {got} of 500, "
-                    f"oracle 100, median over-admission {over:.0f} ({over / 100:.0%})"
-                )
+            await global_accuracy(addrs, runs)
 
 
 if __name__ == "__main__":
@@ -407,11 +475,14 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--grpc-server", choices=["threads", "asyncio", "native"])
     parser.add_argument("--only-latency", action="store_true", help="part 3 alone")
+    parser.add_argument("--only-global", action="store_true", help="part 5 alone")
     args = parser.parse_args()
     if args.grpc_server:
         GRPC_SERVER.extend(["--grpc-server", args.grpc_server])
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     if args.only_latency:
         only_latency(args.seconds, args.runs)
+    elif args.only_global:
+        only_global(args.runs)
     else:
         asyncio.run(main(args.seconds, args.runs))

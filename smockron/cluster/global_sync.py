@@ -7,6 +7,10 @@
   reads each key's current state (a zero-hit check) and sends it to every other node in
   UpdatePeerGlobals calls of at most ``batch_limit`` keys.
 
+Each hits item names the sending node and the hits it was asked for (``lending.PEER``,
+``lending.DEMAND`` in the request metadata); the owner answers with the budget it lends
+that node (see lending.py and replica.py).
+
 Summed hits carry DRAIN_OVER_LIMIT: the sending node has already admitted them, so the
 owner must count as many of them as still fit rather than refuse the whole sum
 (Gubernator refuses it and undercounts).
@@ -20,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from smockron.cluster import convert
+from smockron.cluster import convert, lending
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import peers_pb2
 from smockron.cluster.peers import PeerClient
@@ -56,6 +60,7 @@ class GlobalSync:
         batch_limit: int = 1000,
         timeout_ms: float = 500.0,
         clock: Callable[[], int],
+        address: str = "",
     ) -> None:
         self._timeout_ms = timeout_ms
         self._limiter = limiter
@@ -66,7 +71,13 @@ class GlobalSync:
         self._wait = sync_wait_ms / 1000.0
         self._limit = batch_limit
         self._clock = clock
+        self._address = address
         self._hits: dict[str, RateLimitRequest] = {}
+        self._demand: dict[str, int] = {}
+        self._asking: dict[str, tuple[RateLimitRequest, int]] = {}
+        """Keys this node was asked hits of, each with a zero-hit copy of its request and
+        when it was last asked: one idle for a sync wait gives its loan back."""
+        self._closed = False
         self._broadcasts: dict[str, RateLimitRequest] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -74,17 +85,38 @@ class GlobalSync:
         self.broadcasts_sent = 0
 
     # -- queueing ---------------------------------------------------------------------
-    def queue_hits(self, req: RateLimitRequest, hits: int, urgent: bool = False) -> None:
-        """Hits admitted here for a key another node owns (0 still refreshes the replica)."""
-        agg = self._hits.get(req.hash_key)
+    def queue_hits(
+        self, req: RateLimitRequest, hits: int, urgent: bool = False, demand: int | None = None
+    ) -> None:
+        """Hits admitted here for a key another node owns (0 still refreshes the replica),
+        out of ``demand`` asked (default: ``req.hits``)."""
+        key = req.hash_key
+        agg = self._hits.get(key)
         if agg is None:
             behavior = (req.behavior & ~Behavior.RESET_REMAINING) | Behavior.DRAIN_OVER_LIMIT
-            self._hits[req.hash_key] = replace(
+            self._hits[key] = replace(
                 req, hits=hits, behavior=Behavior(behavior), created_at=None, metadata={}
             )
         else:
             agg.hits += hits
+        asked = req.hits if demand is None else demand
+        self._demand[key] = self._demand.get(key, 0) + max(asked, 0)
+        if asked > 0:
+            self._asked(key, self._hits[key])
         self._schedule(len(self._hits), urgent)
+
+    def forwarded(self, req: RateLimitRequest) -> None:
+        """``req`` went to its owner, which lent this node a budget with its answer: give
+        it back once the key is idle, as after queued hits."""
+        if req.hits > 0:
+            behavior = (req.behavior & ~Behavior.RESET_REMAINING) | Behavior.DRAIN_OVER_LIMIT
+            self._asked(req.hash_key, replace(req, behavior=Behavior(behavior)))
+            self._schedule(len(self._hits))
+
+    def _asked(self, key: str, req: RateLimitRequest) -> None:
+        seen = self._asking.get(key)
+        template = replace(req, hits=0, created_at=None, metadata={}) if seen is None else seen[0]
+        self._asking[key] = (template, self._clock())
 
     def queue_broadcast(self, req: RateLimitRequest, urgent: bool = False) -> None:
         """This node owns ``req``'s key and changed it: tell the other nodes soon."""
@@ -114,15 +146,35 @@ class GlobalSync:
             self._timer.cancel()
             self._timer = None
         hits, self._hits = self._hits, {}
+        demand, self._demand = self._demand, {}
+        self._give_back_idle(hits, demand)
+        for key, req in hits.items():
+            req.metadata = {lending.PEER: self._address, lending.DEMAND: str(demand.get(key, 0))}
         broadcasts, self._broadcasts = self._broadcasts, {}
         loop = asyncio.get_running_loop()
         for coro in (self._send_hits(hits), self._send_broadcasts(broadcasts)):
             task = loop.create_task(coro)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        if self._asking and not self._closed:  # come back for the keys that go idle
+            self._timer = loop.call_later(self._wait, self.flush)
+
+    def _give_back_idle(self, hits: dict[str, RateLimitRequest], demand: dict[str, int]) -> None:
+        """A key not asked for during a sync wait gets a zero-hit sync that asks nothing:
+        the owner stops holding a loan for this node, so its clients can use it."""
+        now = self._clock()
+        idle_ms = self._wait * 1000
+        for key, (template, asked_at) in list(self._asking.items()):
+            if now - asked_at >= idle_ms:
+                del self._asking[key]
+                if key not in hits:
+                    hits[key] = replace(template)
+                    demand[key] = 0
 
     # -- sending ----------------------------------------------------------------------
     async def _send_hits(self, hits: dict[str, RateLimitRequest]) -> None:
+        if not hits:
+            return
         by_owner: dict[str, tuple[PeerClient, list[RateLimitRequest]]] = {}
         local: list[RateLimitRequest] = []
         for req in hits.values():
@@ -140,6 +192,7 @@ class GlobalSync:
     async def _send_to_owner(self, peer: PeerClient, reqs: list[RateLimitRequest]) -> None:
         for start in range(0, len(reqs), self._limit):
             chunk = reqs[start : start + self._limit]
+            sent_at = self._clock()
             try:
                 resps: Sequence[RateLimitResponse | None] = await peer.get_peer_rate_limits(
                     chunk, self._timeout_ms
@@ -150,7 +203,7 @@ class GlobalSync:
                 self._on_peer_failure(peer)
                 resps = [None] * len(chunk)
             for req, resp in zip(chunk, resps, strict=True):
-                self._replicas.confirm(req.hash_key, req.hits, resp, req.algorithm)
+                self._replicas.confirm(req.hash_key, req.hits, resp, req.algorithm, sent_at)
 
     async def _send_broadcasts(self, broadcasts: dict[str, RateLimitRequest]) -> None:
         if not broadcasts:
@@ -184,6 +237,7 @@ class GlobalSync:
         self.broadcasts_sent += sum(1 for r in results if not isinstance(r, BaseException))
 
     async def close(self) -> None:
+        self._closed = True
         self.flush()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -6,7 +6,8 @@ gRPC addresses; requests this node owns go to the LocalLimiter in one call; othe
 forwarded over PeersV1 (batched per peer unless NO_BATCHING). A forward that fails
 counts against the peer; after ``peer_down_after`` consecutive failures the peer leaves
 the ring until it answers a LiveCheck again, and the failed items are answered locally
-rather than failed. GLOBAL requests follow ``global_sync``.
+rather than failed. GLOBAL requests follow ``global_sync``; what each node may admit
+on its own follows ``lending`` (the owner's side) and ``replica`` (a non-owner's).
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from prometheus_client import Counter
 
+from smockron.cluster import lending
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.convert import algorithm_from_int
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.global_sync import GlobalSync
 from smockron.cluster.local import LocalLimiter, epoch_ms
-from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
+from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
 from smockron.core.hashring import HashRing
@@ -49,6 +52,7 @@ Pending = asyncio.Future[RateLimitResponse]
 _GLOBAL = int(Behavior.GLOBAL)
 _NO_BATCHING = int(Behavior.NO_BATCHING)
 _RESET_REMAINING = int(Behavior.RESET_REMAINING)
+_DRAIN_OVER_LIMIT = int(Behavior.DRAIN_OVER_LIMIT)
 
 
 class Node:
@@ -64,7 +68,13 @@ class Node:
         self.in_peer_list = True
         self.clients: dict[str, PeerClient] = {}
         self.down: set[str] = set()
-        self.replicas = ReplicaCache(config.cache_size)
+        lease_ms = max(int(3 * config.global_sync_wait_ms), 100)
+        self.replicas = ReplicaCache(
+            config.cache_size, lease_ms=lease_ms, nodes=lambda: len(self.ring.nodes)
+        )
+        # hits admitted under a lease reach the owner within a sync wait of its end
+        hold_ms = lease_ms + int(2 * config.global_sync_wait_ms) + 100
+        self.ledger = lending.Ledger(hold_ms=hold_ms, max_keys=config.cache_size)
         self.global_sync = GlobalSync(
             limiter=self.limiter,
             replicas=self.replicas,
@@ -75,6 +85,7 @@ class Node:
             batch_limit=config.global_batch_limit,
             timeout_ms=config.global_timeout_ms,
             clock=self._clock,
+            address=self.address,
         )
         self._probe_task: asyncio.Task[None] | None = None
         self._closing: list[PeerClient] = []
@@ -153,6 +164,7 @@ class Node:
         waits: list[tuple[int, PeerClient, Pending]] = []
         unbatched: dict[str, list[int]] = {}
         now = self._clock()
+        sent: list[RateLimitRequest] | None = None  # a copy once a GLOBAL item names this node
         for i, req in enumerate(requests):
             if not req.unique_key or not req.name:
                 local.append(i)  # the limiter words the error like Gubernator
@@ -166,12 +178,15 @@ class Node:
             if flags & _GLOBAL:
                 answered = self.replicas.answer(req, now)
                 if answered is not None:
-                    resp, hits = answered
+                    resp, hits, urgent = answered
                     resp.metadata["owner"] = owner
                     results[i] = resp
-                    self.global_sync.queue_hits(req, hits, urgent=hits > 0 and _low(resp))
+                    self.global_sync.queue_hits(req, hits, urgent=urgent)
                     CHECKS.labels("global_replica").inc()
                     continue
+                if sent is None:
+                    sent = list(requests)
+                req = sent[i] = self._leasing(req)
             if flags & _NO_BATCHING:
                 unbatched.setdefault(owner, []).append(i)
             else:
@@ -179,7 +194,7 @@ class Node:
         if local:
             self._answer_locally(requests, local, results)
         if waits or unbatched:
-            await self._collect(requests, results, waits, unbatched)
+            await self._collect(sent or requests, results, waits, unbatched, now)
         return [r if r is not None else RateLimitResponse(error="no answer") for r in results]
 
     def answer_here(
@@ -237,15 +252,88 @@ class Node:
         route: str = _LOCAL,
     ) -> None:
         idx = list(indexes)
+        now = self._clock()
+        lent: list[int] = []
+        if len(self.ledger):
+            lent = [i for i in idx if self._against_loans(requests[i], route, now)]
+            if lent:
+                skip = set(lent)
+                idx = [i for i in idx if i not in skip]
         batch = [requests[i] for i in idx]
         for i, req, resp in zip(idx, batch, self.limiter.check(batch), strict=True):
             if not resp.error:
-                resp.metadata["owner"] = self.address
-                flags = int(req.behavior)
-                if flags & _GLOBAL and (req.hits or flags & _RESET_REMAINING):
-                    self.global_sync.queue_broadcast(req, urgent=_low(resp))
+                self._owned(req, resp, route, now)
             results[i] = resp
-        CHECKS.labels(route).inc(len(idx))
+        for i in lent:
+            results[i] = self._within_loans(requests[i], route, now)
+        CHECKS.labels(route).inc(len(idx) + len(lent))
+
+    def _owned(
+        self,
+        req: RateLimitRequest,
+        resp: RateLimitResponse,
+        route: str,
+        now: int,
+        left: int | None = None,
+    ) -> None:
+        """After this node decided ``req`` as its owner: broadcast GLOBAL changes, note
+        demand, and lend a non-owner that sent GLOBAL hits its share of what is ``left``
+        (default: ``resp.remaining``)."""
+        resp.metadata["owner"] = self.address
+        flags = int(req.behavior)
+        if not flags & _GLOBAL:
+            return
+        if req.hits or flags & _RESET_REMAINING:
+            self.global_sync.queue_broadcast(req, urgent=_low(resp))
+        peer = req.metadata.get(lending.PEER) if route == "peer" else lending.OWNER
+        if peer is None:  # a Gubernator non-owner: it would ignore a loan
+            return
+        if peer == lending.OWNER:
+            if len(self.ring.nodes) > 1:
+                self.ledger.ask(req.hash_key, peer, req.hits, now)
+            return
+        demand = _demand(req)
+        if demand <= 0:  # idle there: hold nothing for it (no allowance: no lease)
+            number = self.ledger.release(req.hash_key, peer, now)
+            resp.metadata[lending.LOAN] = str(number)
+            return
+        self.ledger.ask(req.hash_key, peer, demand, now)
+        remaining = resp.remaining if left is None else left
+        amount, number = self.ledger.lend(
+            req.hash_key, peer, remaining, resp.reset_time, now,
+            limit=resp.limit, nodes=len(self.ring.nodes),
+        )  # fmt: skip
+        resp.metadata[lending.ALLOWANCE] = str(amount)
+        resp.metadata[lending.LOAN] = str(number)
+
+    def _against_loans(self, req: RateLimitRequest, route: str, now: int) -> bool:
+        """Is ``req`` a GLOBAL client request (of this node's clients, or forwarded by a
+        non-owner) for a key with loans out to other nodes?"""
+        flags = int(req.behavior)
+        if not flags & _GLOBAL or flags & _RESET_REMAINING or req.hits <= 0:
+            return False
+        borrower = _borrower(req, route)
+        return borrower is not None and self.ledger.reserved(req.hash_key, now, but=borrower) > 0
+
+    def _within_loans(self, req: RateLimitRequest, route: str, now: int) -> RateLimitResponse:
+        """Decide a GLOBAL client request from what is not lent to other nodes: hits that
+        would need their budgets are refused (drained to what is free)."""
+        lent = self.ledger.reserved(req.hash_key, now, but=_borrower(req, route))
+        state = self.limiter.check([replace(req, hits=0)], now)[0]
+        free = state.remaining - lent
+        if state.error or req.hits <= free:
+            resp = self.limiter.check([req], now)[0]
+            left = resp.remaining
+        elif int(req.behavior) & _DRAIN_OVER_LIMIT and free > 0:
+            resp = self.limiter.check([replace(req, hits=free)], now)[0]
+            left = resp.remaining
+            resp.status, resp.remaining = Status.OVER_LIMIT, 0
+        else:
+            resp = RateLimitResponse(Status.OVER_LIMIT, state.limit, max(free, 0), state.reset_time)
+            left = state.remaining
+        if not resp.error:
+            self._owned(req, resp, route, now, left)
+        return resp
 
     async def _collect(
         self,
@@ -253,6 +341,7 @@ class Node:
         results: list[RateLimitResponse | None],
         waits: list[tuple[int, PeerClient, Pending]],
         unbatched: dict[str, list[int]],
+        sent_at: int,
     ) -> None:
         failed: list[int] = []
         direct = [(self.clients[addr], idx) for addr, idx in unbatched.items()]
@@ -277,19 +366,30 @@ class Node:
                 for i, resp in zip(idx, result, strict=True):
                     results[i] = resp
         for i, _, _ in waits:
-            self._after_forward(requests[i], results[i])
+            self._after_forward(requests[i], results[i], sent_at)
         for idx in unbatched.values():
             for i in idx:
-                self._after_forward(requests[i], results[i])
+                self._after_forward(requests[i], results[i], sent_at)
         CHECKS.labels("forwarded").inc(len(waits) + sum(map(len, unbatched.values())) - len(failed))
         if failed:
             failed.sort()
             self._answer_locally(requests, failed, results, route="owner_failed")
 
-    def _after_forward(self, req: RateLimitRequest, resp: RateLimitResponse | None) -> None:
-        """A GLOBAL answer fetched from the owner seeds this node's replica."""
+    def _after_forward(
+        self, req: RateLimitRequest, resp: RateLimitResponse | None, sent_at: int
+    ) -> None:
+        """A GLOBAL answer fetched from the owner seeds this node's replica and lease."""
         if resp is not None and int(req.behavior) & _GLOBAL:
-            self.replicas.install(req.hash_key, resp, req.algorithm, req.duration)
+            self.replicas.install(req.hash_key, resp, req.algorithm, req.duration, sent_at)
+            resp.metadata.pop(lending.LOAN, None)
+            if resp.metadata.pop(lending.ALLOWANCE, None) is not None:
+                self.global_sync.forwarded(req)
+
+    def _leasing(self, req: RateLimitRequest) -> RateLimitRequest:
+        """A GLOBAL request forwarded to its owner: names this node, so the owner lends it
+        a budget with the answer."""
+        metadata = {**req.metadata, lending.PEER: self.address}
+        return replace(req, metadata=metadata)
 
     # -- health -----------------------------------------------------------------------
     def health(self) -> tuple[str, str, int, str]:
@@ -315,6 +415,24 @@ class Node:
         self._closing.extend(self.clients.values())
         self.clients.clear()
         await self._close_removed()
+
+
+def _borrower(req: RateLimitRequest, route: str) -> str | None:
+    """Whose loan a GLOBAL request may use besides what is free: OWNER for this node's
+    clients, the sender for a request a non-owner forwarded (named, without a demand);
+    None for a non-owner's sync, whose hits were already admitted under its loan."""
+    if route != "peer":
+        return lending.OWNER
+    md = req.metadata
+    return md.get(lending.PEER) if lending.DEMAND not in md else None
+
+
+def _demand(req: RateLimitRequest) -> int:
+    """Hits a non-owner was asked for (its sync says; else the hits it sent)."""
+    try:
+        return int(req.metadata.get(lending.DEMAND, req.hits))
+    except ValueError:
+        return req.hits
 
 
 def _low(resp: RateLimitResponse) -> bool:

@@ -1,4 +1,5 @@
-"""What a non-owner knows about a GLOBAL limit: the owner's last answer, minus local hits.
+"""What a non-owner knows about a GLOBAL limit: the owner's last answer, minus local hits,
+and the budget the owner lent this node.
 
 Pure (``now`` is an argument, no I/O). A non-owner answers GLOBAL requests from here
 and queues the hits it admitted for the owner; ``pending`` counts those hits until the
@@ -6,13 +7,24 @@ owner confirms them, so a node never admits the same allowance twice while its h
 are in flight. The owner's word wins whenever it arrives (a confirmation or an
 UpdatePeerGlobals broadcast); between them the replica is conservative: remaining only
 goes down, and returns to ``limit`` once the owner's ``reset_time`` has passed.
+
+What this node may admit is its ``budget``, not the whole remaining: the other nodes
+spend the same remaining meanwhile. The owner lends the budget with its answer to this
+node's hits (``lending.ALLOWANCE``) and holds it for this node; the lease lasts
+``lease_ms`` from the moment the hits were sent. Without a lease (an owner that does not
+lend, a new window, a lease run out) the budget is an equal share of the remaining,
+``ceil(remaining / nodes)``, which the owner does not hold: admitting from it asks for
+a sync soon, as does an answer that leaves under a tenth of the limit in the budget.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from smockron.cluster.lending import ALLOWANCE, LOAN
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -34,11 +46,33 @@ class Replica:
     duration: int
     pending: int = 0
     """Hits admitted here and sent (or about to be sent) to the owner, not yet confirmed."""
+    budget: int = 0
+    """Hits this node may still admit before the owner's next word."""
+    lease_until: int = 0
+    """The owner holds ``budget`` for this node until then; 0: not lent, an equal share."""
+    loan: int = 0
+    """The number of the owner's latest grant seen here (answers with older ones are late)."""
+
+
+class Answer(NamedTuple):
+    response: RateLimitResponse
+    hits: int
+    """Hits admitted here, to send to the owner."""
+    urgent: bool
+    """The budget is nearly spent (or not lent): sync sooner than the sync wait."""
 
 
 class ReplicaCache:
-    def __init__(self, max_keys: int = 50_000) -> None:
+    def __init__(
+        self,
+        max_keys: int = 50_000,
+        *,
+        lease_ms: int = 1000,
+        nodes: Callable[[], int] = lambda: 1,
+    ) -> None:
         self._max_keys = max_keys
+        self._lease = lease_ms
+        self._nodes = nodes
         self._items: OrderedDict[str, Replica] = OrderedDict()
 
     def __len__(self) -> int:
@@ -51,57 +85,119 @@ class ReplicaCache:
         return self._items.get(key)
 
     def install(
-        self, key: str, resp: RateLimitResponse, algorithm: Algorithm, duration: int
+        self,
+        key: str,
+        resp: RateLimitResponse,
+        algorithm: Algorithm,
+        duration: int,
+        sent_at: int | None = None,
     ) -> None:
-        """The owner's current answer for ``key``; local pending hits are kept."""
+        """The owner's current answer for ``key``; local pending hits are kept. With
+        ``sent_at``, an answer to this node's hits sent then: its grant (``ALLOWANCE``,
+        ``LOAN`` in its metadata) replaces the lease unless an answer the owner decided
+        later came first; without a grant the owner holds nothing for this node. A
+        broadcast keeps the lease."""
         if resp.error:
             return
         old = self._items.get(key)
-        pending = old.pending if old is not None else 0
-        self._items[key] = Replica(
-            resp.limit, resp.remaining, resp.reset_time, algorithm, duration, pending
-        )
+        item = Replica(resp.limit, resp.remaining, resp.reset_time, algorithm, duration)
+        if old is not None:
+            item.pending, item.budget = old.pending, old.budget
+            item.lease_until, item.loan = old.lease_until, old.loan
+        if sent_at is not None:
+            self._grant(item, resp.metadata, sent_at)
+        if not item.lease_until:
+            item.budget = self._equal_share(resp.remaining) - item.pending
+        self._items[key] = item
         self._items.move_to_end(key)
         while len(self._items) > self._max_keys:
             self._items.popitem(last=False)
 
+    def _grant(self, item: Replica, metadata: dict[str, str], sent_at: int) -> None:
+        number = _int(metadata.get(LOAN, "0"))
+        if not number:  # an owner that does not lend
+            item.lease_until = 0
+            return
+        if number <= item.loan:  # late: the owner decided a newer grant since
+            return
+        item.loan = number
+        allowance = metadata.get(ALLOWANCE)
+        if allowance is None:
+            item.lease_until = 0
+        else:
+            item.budget = _int(allowance) - item.pending
+            item.lease_until = sent_at + self._lease
+
     def confirm(
-        self, key: str, hits: int, resp: RateLimitResponse | None, algorithm: Algorithm
+        self,
+        key: str,
+        hits: int,
+        resp: RateLimitResponse | None,
+        algorithm: Algorithm,
+        sent_at: int | None = None,
     ) -> None:
-        """The owner applied (``resp``) or lost (``None``) ``hits`` sent from here."""
+        """The owner applied (``resp``) or lost (``None``) ``hits`` sent from here at
+        ``sent_at``."""
         item = self._items.get(key)
         if item is not None:
             item.pending -= hits
         if resp is not None:
-            self.install(key, resp, algorithm, item.duration if item else 0)
+            self.install(key, resp, algorithm, item.duration if item else 0, sent_at)
 
-    def answer(self, req: RateLimitRequest, now: int) -> tuple[RateLimitResponse, int] | None:
-        """(response, hits to send to the owner), or None when only the owner can answer.
+    def answer(self, req: RateLimitRequest, now: int) -> Answer | None:
+        """The answer and the hits to send to the owner, or None when only the owner can
+        answer: a key with no replica yet, a different algorithm, or RESET_REMAINING.
 
-        None for a key with no replica yet, a different algorithm, or RESET_REMAINING.
-        Hits that do not fit are refused and not sent, as the owner would refuse them;
-        with DRAIN_OVER_LIMIT what is left is taken and sent.
+        Hits beyond the budget are refused and not sent; with DRAIN_OVER_LIMIT what is
+        left of the budget is taken and sent.
         """
         item = self._items.get(req.hash_key)
         if item is None or item.algorithm != req.algorithm or int(req.behavior) & _RESET_REMAINING:
             return None
         self._items.move_to_end(req.hash_key)
-        if now >= item.reset_time:
-            base, reset_time = req.limit, now + max(req.duration, 0)
-        else:
-            base, reset_time = item.remaining + (req.limit - item.limit), item.reset_time
+        if now >= item.reset_time:  # a new window: the full limit, an equal share of it
+            item.limit, item.remaining = req.limit, req.limit
+            item.reset_time = now + max(req.duration, 0)
+            item.lease_until = 0
+            item.budget = self._equal_share(req.limit) - item.pending
+        base = item.remaining + (req.limit - item.limit)
         available = max(base - item.pending, 0)
+        if item.lease_until and now >= item.lease_until:  # the owner no longer holds it
+            item.lease_until = 0
+            item.budget = min(item.budget, self._equal_share(available))
+        budget = max(min(item.budget, available), 0)
         hits = req.hits
         if hits == 0:  # a query is always UNDER_LIMIT, as on the owner
-            return RateLimitResponse(Status.UNDER_LIMIT, req.limit, available, reset_time), 0
-        if hits > available:
-            taken = available if int(req.behavior) & _DRAIN_OVER_LIMIT else 0
-            item.pending += taken
-            left = available - taken
-            return RateLimitResponse(Status.OVER_LIMIT, req.limit, left, reset_time), taken
-        item.pending += hits
+            resp = RateLimitResponse(Status.UNDER_LIMIT, req.limit, available, item.reset_time)
+            return Answer(resp, 0, self._urgent(item, req.limit))
+        if hits > budget:
+            taken = budget if int(req.behavior) & _DRAIN_OVER_LIMIT else 0
+            self._spend(item, taken)
+            resp = RateLimitResponse(Status.OVER_LIMIT, req.limit, budget - taken, item.reset_time)
+            return Answer(resp, taken, available > budget)  # more may be lent: ask soon
+        self._spend(item, hits)
         left = min(available - hits, req.limit)
-        return RateLimitResponse(Status.UNDER_LIMIT, req.limit, left, reset_time), hits
+        resp = RateLimitResponse(Status.UNDER_LIMIT, req.limit, left, item.reset_time)
+        return Answer(resp, hits, not item.lease_until or self._urgent(item, req.limit))
 
     def forget(self, key: str) -> None:
         self._items.pop(key, None)
+
+    def _equal_share(self, remaining: int) -> int:
+        return -(-max(remaining, 0) // max(self._nodes(), 1))
+
+    @staticmethod
+    def _spend(item: Replica, hits: int) -> None:
+        item.pending += hits
+        item.budget -= hits
+
+    @staticmethod
+    def _urgent(item: Replica, limit: int) -> bool:
+        return item.budget * 10 < limit
+
+
+def _int(text: str) -> int:
+    try:
+        return max(int(text), 0)
+    except ValueError:
+        return 0

@@ -118,11 +118,12 @@ async def test_health_reports_three_peers(cluster: Cluster) -> None:
 
 async def global_round_robin(
     cluster: Cluster, key: str, limit: int, total: int, rate: float
-) -> int:
-    """Send ``total`` single hits round-robin at ``rate``/s; return how many were admitted."""
+) -> tuple[int, int]:
+    """Send ``total`` single hits round-robin at ``rate``/s: (admitted, refused while fewer
+    than ``limit`` had been admitted). The exact oracle admits the first ``limit``."""
     channels = [grpc.aio.insecure_channel(a) for a in cluster.addresses]
     stubs = [cluster.stub(c) for c in channels]
-    admitted = 0
+    admitted = early = 0
     try:
         start = time.monotonic()
         for i in range(total):
@@ -134,20 +135,50 @@ async def global_round_robin(
                 timeout=5,
             )
             assert resp.responses[0].error == ""
-            admitted += resp.responses[0].status == pb.UNDER_LIMIT
+            if resp.responses[0].status == pb.UNDER_LIMIT:
+                admitted += 1
+            elif admitted < limit:
+                early += 1
     finally:
         for c in channels:
             await c.close(None)
-    return admitted
+    return admitted, early
 
 
-async def test_global_accuracy_against_exact_oracle(cluster: Cluster) -> None:
-    """Round-robin at 5x the limit within one window: the exact oracle admits ``limit``."""
-    limit = 40
-    admitted = await global_round_robin(cluster, "global-acc", limit, total=5 * limit, rate=400)
-    over = admitted - limit
-    print(f"GLOBAL: admitted {admitted} of {5 * limit}, oracle {limit}, over-admission {over}")
-    assert limit * 0.9 <= admitted <= limit * 1.5
+async def checks_by_route(cluster: Cluster) -> dict[str, float]:
+    """``smockron_cluster_checks_total`` of every node, summed per route."""
+    totals: dict[str, float] = {}
+    async with aiohttp.ClientSession() as session:
+        for port in cluster.http_ports:
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                text = await resp.text()
+            for line in text.splitlines():
+                if line.startswith("smockron_cluster_checks_total{"):
+                    route = line.split('route="', 1)[1].split('"', 1)[0]
+                    totals[route] = totals.get(route, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+@pytest.mark.parametrize("limit", [40, 100])
+async def test_global_accuracy_against_exact_oracle(cluster: Cluster, limit: int) -> None:
+    """Round-robin at 5x the limit within one window over three nodes: the exact oracle
+    admits ``limit``; GLOBAL may over-admit at most 5 %, and refuse few too early. The
+    non-owners answer from their replicas: at most their first request waits for the owner."""
+    key, total = f"global-acc-{limit}", 5 * limit
+    owner = cluster.addresses.index(HashRing(cluster.addresses).owner(f"t_{key}"))
+    to_owner = len(range(owner, total, 3))
+    before = await checks_by_route(cluster)
+    admitted, early = await global_round_robin(cluster, key, limit, total, rate=500)
+    after = await checks_by_route(cluster)
+    print(f"GLOBAL: admitted {admitted} of {total}, oracle {limit}, early refusals {early}")
+    assert limit * 0.95 <= admitted <= limit * 1.05
+    assert early <= limit * 0.1
+    delta = {route: after[route] - before.get(route, 0) for route in after}
+    assert delta["local"] == to_owner
+    # at most the first request of each non-owner (none when a broadcast came first)
+    forwarded = delta.get("forwarded", 0)
+    assert forwarded <= 2
+    assert delta["global_replica"] == total - to_owner - forwarded
 
 
 async def test_global_state_reaches_every_node(cluster: Cluster) -> None:

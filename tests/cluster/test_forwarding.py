@@ -94,18 +94,34 @@ async def test_global_hits_and_broadcasts_in_batches(pair: Pair) -> None:
     second = await pair.a.node.get_rate_limits([req(k, 5, g) for k in keys])
     assert [r.remaining for r in second] == [85] * 5
     owner_sync = pair.b.node.global_sync
-    await wait_until(lambda: pair.a.node.global_sync.hits_sent == 5)
+    await wait_until(lambda: pair.a.node.global_sync.hits_sent >= 5)
     b_state = await pair.b.node.get_rate_limits([req(k, 0) for k in keys])
     assert [r.remaining for r in b_state] == [85] * 5
     # the owner's broadcasts: 5 keys at global_batch_limit 2 -> calls of 2, 2, 1
     await wait_until(lambda: owner_sync.broadcasts_sent >= 3)
     # B's own GLOBAL hits reach A's replica through a broadcast
-    await pair.b.node.get_rate_limits([req(keys[0], 80, g)])
+    await pair.b.node.get_rate_limits([req(keys[0], 20, g)])
     await wait_until(
-        lambda: (r := pair.a.node.replicas.get(f"n_{keys[0]}")) is not None and r.remaining == 5
+        lambda: (r := pair.a.node.replicas.get(f"n_{keys[0]}")) is not None and r.remaining == 65
     )
-    over = await pair.a.node.get_rate_limits([req(keys[0], 6, g)])
-    assert (over[0].status, over[0].remaining) == (Status.OVER_LIMIT, 5)
+    over = await pair.a.node.get_rate_limits([req(keys[0], 66, g)])
+    assert over[0].status == Status.OVER_LIMIT and over[0].remaining <= 65
+
+
+async def test_owner_holds_a_loan_for_a_busy_non_owner_and_drops_it_when_idle(pair: Pair) -> None:
+    key = pair.keys_owned_by(pair.b, 1)[0]
+    g, hash_key = Behavior.GLOBAL, f"n_{key}"
+    await pair.a.node.get_rate_limits([req(key, 10, g)])  # forwarded: B lends A a share
+    lent = pair.b.node.ledger.reserved(hash_key, pair.b.node._clock())
+    replica = pair.a.node.replicas.get(hash_key)
+    assert replica is not None and 0 < lent == replica.budget < 90
+    # B's own clients may use only what is not lent to A
+    refused = await pair.b.node.get_rate_limits([req(key, 91 - lent, g)])
+    assert (refused[0].status, refused[0].remaining) == (Status.OVER_LIMIT, 90 - lent)
+    # A asked for nothing for a sync wait (10 ms): it gives the loan back
+    await wait_until(lambda: pair.b.node.ledger.reserved(hash_key, pair.b.node._clock()) == 0)
+    taken = await pair.b.node.get_rate_limits([req(key, 90, g)])
+    assert (taken[0].status, taken[0].remaining) == (Status.UNDER_LIMIT, 0)
 
 
 async def test_dead_peer_is_routed_around_and_comes_back() -> None:
@@ -169,10 +185,13 @@ async def test_nearly_used_up_keys_sync_sooner() -> None:
         await pair.a.node.get_rate_limits([req(calm, 1, g)])  # 98 left: no hurry
         await asyncio.sleep(0.4)
         assert sync.hits_sent == 0
-        await pair.a.node.get_rate_limits([req(tight, 90, g)])  # 9 of 100 left: hurry
+        replica = pair.a.node.replicas.get(f"n_{tight}")
+        assert replica is not None and replica.budget > 10  # B lent A a share of 99
+        spend = replica.budget - 5
+        await pair.a.node.get_rate_limits([req(tight, spend, g)])  # 5 of the budget left: hurry
         await wait_until(lambda: sync.hits_sent == 2, timeout=0.9)
         state = await pair.b.node.get_rate_limits([req(tight, 0), req(calm, 0)])
-        assert [r.remaining for r in state] == [9, 98]
+        assert [r.remaining for r in state] == [99 - spend, 98]
     finally:
         await pair.a.stop()
         await pair.b.stop()
