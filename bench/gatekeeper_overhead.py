@@ -62,7 +62,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -137,6 +137,9 @@ class MasterSink:
         self._proc.join(10)
 
 
+FIRST_LINE: Final = {"api": ["1000000/s:1000000"]}
+
+
 def per_op_us(fn: object, n: int = N) -> tuple[float, float]:
     """CPU microseconds per op: the calling thread's, and the whole process's (zmq I/O too)."""
     t0, p0 = time.thread_time(), time.process_time()
@@ -162,6 +165,21 @@ def bench_core(rounds: int) -> dict[str, float]:
             d = decide(b"api", ids[i % 1000])
             if d.until_ms:
                 gk.release()
+
+    # The same with a first line (the default once the master offers its rules): a rule
+    # no identifier here exceeds, so every decision runs the line's accept path.
+    lined = Gatekeeper(sink.accounting, sink.control, ["api"], rules=FIRST_LINE)
+    while not lined.master_connected and time.monotonic() < deadline + 5:
+        time.sleep(0.01)
+    for i in range(0, 1000, 10):
+        lined.decider.control(b"api", ids[i], now + 3_600_000, now)
+
+    def decide_sync_lined(n: int) -> None:
+        decide = lined.decide
+        for i in range(n):
+            d = decide(b"api", ids[i % 1000])
+            if d.until_ms:
+                lined.release()
 
     agk = AsyncGatekeeper(sink.accounting, sink.control, ["api"])
 
@@ -191,6 +209,26 @@ def bench_core(rounds: int) -> dict[str, float]:
             flush()
 
         return run
+
+    alined = AsyncGatekeeper(sink.accounting, sink.control, ["api"], rules=FIRST_LINE)
+
+    async def connect_lined() -> None:
+        alined.start()
+        while not alined.master_connected:
+            await asyncio.sleep(0.01)
+
+    loop.run_until_complete(connect_lined())
+    for i in range(0, 1000, 10):
+        alined.decider.control(b"api", ids[i], now + 3_600_000, now)
+
+    def decide_async_lined(n: int) -> None:
+        decide, release, flush = alined.decide, alined.release, alined.flush
+        for i in range(n):
+            if decide(b"api", ids[i % 1000]).until_ms:
+                release()
+            if i % 16 == 15:
+                flush()
+        flush()
 
     pure = Decider()
 
@@ -231,6 +269,8 @@ def bench_core(rounds: int) -> dict[str, float]:
         "decide+account, threaded Gatekeeper (lock)": decide_sync,
         "decide+account, AsyncGatekeeper": decide_async(1),
         "decide+account, AsyncGatekeeper, batches of 16": decide_async(16),
+        "decide+account, threaded, first line": decide_sync_lined,
+        "decide+account, async batches of 16, first line": decide_async_lined,
         "decision only (pure Decider)": decide_pure,
         "5-frame send_multipart": send_multipart,
         "5 x send(SNDMORE)": send_sndmore,
@@ -246,8 +286,10 @@ def bench_core(rounds: int) -> dict[str, float]:
             process[name].append(process_us)
             time.sleep(0.05)
     loop.run_until_complete(agk.aclose())
+    loop.run_until_complete(alined.aclose())
     loop.close()
     gk.close()
+    lined.close()
     time.sleep(0.2)
     sink.close()
     print(

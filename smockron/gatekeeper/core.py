@@ -25,7 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.rules import Rule, parse_rule_spec
 from smockron.errors import ConfigError, ProtocolError
-from smockron.gatekeeper.state import DELAY, REJECT, Decider, Decision, Line, Verdict
+from smockron.gatekeeper.state import ACCEPT, DELAY, REJECT, Decider, Decision, Line, Verdict
 from smockron.protocol import (
     ACCEPTED,
     DELAYED,
@@ -165,6 +165,7 @@ class _GatekeeperBase:
         self._pub: zmq.Socket[bytes] | None = None
         self._malformed_log = RateLimitedLog(log)
         self._topic_frames: dict[bytes, bytes] = {}
+        self._stamp_ms, self._stamp = 0, b"0"  # the last receive time and its frame
         self._setup()
 
     def _setup(self) -> None:
@@ -226,8 +227,20 @@ class _GatekeeperBase:
         defer: bool = False,
     ) -> Decision:
         decision = self.decider.decide(domain, identifier, now)
-        verdict = decision.verdict
-        if verdict is REJECT:
+        verdict = decision[0]
+        if verdict is ACCEPT:  # _send inlined: this runs for nearly every request
+            pub = self._pub
+            if pub is None or self._peers <= 0:
+                self.counters.accounting_dropped += 1
+                return decision
+            frame = self._topic_frames.get(domain) or self._topic_frame(domain)
+            if now != self._stamp_ms:  # under load many requests share a millisecond
+                self._stamp_ms, self._stamp = now, b"%d" % now
+            frames = [frame, ACCEPTED, identifier, self._stamp, b""]
+            if loginfo is not None:
+                frames.append(loginfo)
+            self._emit(pub, frames)
+        elif verdict is REJECT:
             self._sample_credit += self.reject_sample
             if self._sample_credit < 1.0:
                 self.counters.accounting_sampled_out += 1
@@ -239,8 +252,6 @@ class _GatekeeperBase:
                 self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
                 if decision.paced:  # the caller will not recheck it: plain delay
                     return decision._replace(paced=False)
-        else:
-            self._send(domain, ACCEPTED, identifier, now, None, loginfo)
         return decision
 
     def _send(
@@ -258,14 +269,16 @@ class _GatekeeperBase:
             return
         # encode_accounting's frames without its checks: status and timestamps are ours,
         # and the domain's topic frame is checked once and cached
-        domain_frame = self._topic_frames.get(domain)
-        if domain_frame is None:
-            domain_frame = topic(domain)
-            if len(self._topic_frames) < _MAX_TOPIC_FRAMES:
-                self._topic_frames[domain] = domain_frame
+        domain_frame = self._topic_frames.get(domain) or self._topic_frame(domain)
         self._emit(
             pub, accounting_frames(domain_frame, status, identifier, received, delayed, loginfo)
         )
+
+    def _topic_frame(self, domain: bytes) -> bytes:
+        frame = topic(domain)
+        if len(self._topic_frames) < _MAX_TOPIC_FRAMES:
+            self._topic_frames[domain] = frame
+        return frame
 
     def _emit(self, pub: zmq.Socket[bytes], frames: list[bytes]) -> None:
         """Send one message now (the asyncio twin batches instead)."""
@@ -410,7 +423,7 @@ class Gatekeeper(_GatekeeperBase):
     ) -> Decision:
         """:meth:`_GatekeeperBase.decide` under the lock shared with the socket thread."""
         with self._lock:
-            return super().decide(domain, identifier, now, loginfo)
+            return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
 
     def release(self) -> None:
         with self._lock:

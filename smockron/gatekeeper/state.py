@@ -250,31 +250,34 @@ class Decider:
             self._lines.pop(domain, None)
         else:
             self._lines[domain] = line
-            if len(line.intervals) == 1:
-                self._single[domain] = (line.intervals[0], line.tolerances[0], {})
-        self._locals_lines = len(self._lines) - len(self._single)
+        self._locals_lines = len(self._lines) - len(self._single) - (
+            line is not None and len(line.intervals) == 1
+        )
         for table in (self._locals, self._next_free):
             for key in [key for key in table if key[0] == domain]:
                 del table[key]
+        if line is not None and len(line.intervals) == 1:
+            # decide reads the master's DELAY_UNTILs from the line's times: carry them over
+            tol = line.tolerances[0]
+            held = {i: u + tol for (d, i), u in self._entries.items() if d == domain}
+            self._single[domain] = (line.intervals[0], tol, held)
         return True
 
     def decide(self, domain: bytes, identifier: bytes, now_ms: int) -> Decision:
         """Decide one request. A DELAY reserves a waiting slot: call :meth:`release` after."""
-        key = (domain, identifier)
-        until = self._entries.get(key, 0)
         single = self._single.get(domain)
         if single is not None:  # line_admit inlined for one rule: every request runs it
             interval, tol, local = single
             tat = local.get(identifier)
             if tat is None:
+                until = self._entries.get((domain, identifier), 0)
                 if until <= now_ms:
                     if len(local) < self._cap:
                         local[identifier] = now_ms + interval
                     self.counters.accepted += 1
                     return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
-                tat = _NEVER
-            if until > now_ms and tat < until + tol:
                 tat = until + tol
+            # else the master's DELAY_UNTIL is in ``tat`` already (``control``)
             at = tat - tol
             if at <= now_ms:
                 local[identifier] = (tat if tat > now_ms else now_ms) + interval
@@ -288,6 +291,8 @@ class Decider:
                 return self._delay(now_ms, wait, True)
             self.counters.rejected += 1
             return _new_decision(Decision, (REJECT, now_ms, wait, False))
+        key = (domain, identifier)
+        until = self._entries.get(key, 0)
         if self._locals_lines:
             line = self._lines.get(domain)
             if line is not None:
