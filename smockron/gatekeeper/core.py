@@ -247,11 +247,10 @@ class _GatekeeperBase:
                 return decision
             self._sample_credit -= 1.0
             self._send(domain, REJECTED, identifier, now, None, loginfo)
-        elif verdict is DELAY:
-            if not (defer and decision.paced):
-                self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
-                if decision.paced:  # the caller will not recheck it: plain delay
-                    return decision._replace(paced=False)
+        elif verdict is DELAY and not (defer and decision.paced):
+            self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
+            if decision.paced:  # the caller will not recheck it: plain delay
+                return decision._replace(paced=False)
         return decision
 
     def _send(

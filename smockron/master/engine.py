@@ -91,7 +91,7 @@ class DomainPolicy:
 class _Domain:
     """A configured domain as the hot path wants it: topic, tables, counters."""
 
-    __slots__ = ("debt", "gcra", "name", "scopes", "stats", "topic")
+    __slots__ = ("debt", "gcra", "name", "one", "scopes", "stats", "topic")
 
     def __init__(self, name: str, policy: DomainPolicy, store: Store, stats: DomainStats) -> None:
         self.name = name
@@ -105,6 +105,11 @@ class _Domain:
             (rule, store.table(Scope(name, rule, policy.stored_as)), rule.window_ms)
             for rule in dict.fromkeys(policy.rules)
         )
+        self.one: tuple[Table, float, float, int] | None = None
+        """A one-rule domain's table, window, interval and burst, for the hot path."""
+        if len(self.scopes) == 1:
+            rule, table, window = self.scopes[0]
+            self.one = (table, window, rule.interval_ms, rule.burst)
 
 
 # (domain, status, identifier, receive ms, delayed ms or None). Timestamps are floats
@@ -326,24 +331,32 @@ class Engine:
 
 
 def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
-    if len(dom.scopes) != 1:
+    one = dom.one
+    if one is None:
         return _apply_histories(dom, ident, ts, now_ms)
-    # One rule (most domains): _apply_histories without its lists, on the hot path.
-    rule, table, window = dom.scopes[0]
+    # One rule (most domains): _apply_histories inlined, with ``recorded`` and
+    # ``next_allowed`` too. A stored history holds at most ``burst`` timestamps, so it is
+    # full (``burst`` of them within a window of a time) exactly when its oldest one is
+    # within that window: ``min`` in C instead of a count in Python.
+    table, window, interval, burst = one
     old = table.get(ident) or ()
-    if dom.debt and len(old) >= rule.burst:
+    n = len(old)
+    if dom.debt and n >= burst:
         last = old[-1]
-        nxt = last + rule.interval_ms
+        nxt = last + interval
         if nxt > ts and min(old) > last - window:
             ts = nxt if nxt - ts <= MAX_DEBT_MS else ts + MAX_DEBT_MS
-    state = recorded(old, ts, rule)
+    state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)
     table.put(ident, state)
     if ts > table.keep_after_ms:
         table.keep(ident, state, ts + window)
-    if len(state) >= rule.burst:
-        until = next_allowed(state, ts if ts < now_ms else now_ms, rule)
-        if until is not None and until > now_ms:
-            return until
+    if n + 1 >= burst:
+        at = ts if ts < now_ms else now_ms
+        if min(state) > at - window:
+            last = state[-1]
+            until = (at if at > last else last) + interval
+            if until > now_ms:
+                return until
     return None
 
 
