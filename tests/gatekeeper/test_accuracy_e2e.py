@@ -87,7 +87,10 @@ def test_one_burst_of_200_through_one_proxy_admits_the_burst(tmp_path: Path) -> 
         decisions = asyncio.run(_burst(ports, "abuser", 200))
         arrivals = _arrivals(seen, "abuser")
     assert sum(decisions.values()) == 200
-    assert BURST <= _at_once(arrivals) <= BURST + 1, arrivals[:15]
+    # the burst passes at once (one more if the burst takes over an interval to arrive);
+    # what arrives together at the backend is no more than that
+    assert BURST <= decisions["accept"] <= BURST + 2, decisions
+    assert _at_once(arrivals) <= BURST + 1, arrivals[:15]
     # the rest waits its turn, one per interval, within the 5 s longest delay
     assert decisions["reject"] >= 200 - BURST - RATE * 5 - 2
     assert len(arrivals) <= BURST + RATE * 5 + 2
@@ -97,8 +100,7 @@ def test_the_first_line_holds_before_the_master_is_heard_from(tmp_path: Path) ->
     """No master at all: the proxy's own --rule holds a burst to it (and it serves)."""
     with system(tmp_path, 1, "--rule", RULE, master=False) as (ports, seen, _procs):
         decisions = asyncio.run(_burst(ports, "abuser", 100))
-        # a burst takes some ms to connect: one more may fit in its first 100 ms
-        assert BURST <= _at_once(_arrivals(seen, "abuser")) <= BURST + 1
+        assert _at_once(_arrivals(seen, "abuser")) <= BURST + 1
         assert BURST <= decisions["accept"] <= BURST + 2 and sum(decisions.values()) == 100
         assert asyncio.run(_burst(ports, "someone-else", 5)) == Counter({"accept": 5})
 
