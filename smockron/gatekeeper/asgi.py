@@ -16,13 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Final
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import (
-    MAX_RECHECKS,
-    AsyncGatekeeper,
-    RuleConfig,
-    holding,
-    now_ms,
-)
+from smockron.gatekeeper.core import MAX_RECHECKS, AsyncGatekeeper, RuleConfig, now_ms
 from smockron.gatekeeper.httpgate import LOGINFO_MAX, HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import (
     DomainOf,
@@ -31,7 +25,7 @@ from smockron.gatekeeper.identify import (
     as_identifier,
     peer_address,
 )
-from smockron.gatekeeper.state import ACCEPT, DELAY, Decision
+from smockron.gatekeeper.state import ACCEPT, DELAY, Decision, Waiting
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -215,19 +209,16 @@ class SmockronMiddleware:
         domain, identifier, loginfo = target
         replay: deque[Message] = deque()
         pending: asyncio.Future[Message] | None = None
-        until = went = decision.until_ms
         gatekeeper = self.gatekeeper
+        waiting = Waiting(gatekeeper.decider, domain, identifier, decision, MAX_RECHECKS)
+        until: int | None = decision.until_ms
+        gone = False
         try:
-            for held in holding(MAX_RECHECKS if decision.paced else 1):
+            while until is not None:
                 gone, pending = await self._watch(until, receive, replay, pending)
-                if gone or not decision.paced:
+                if gone:
                     break
-                went, until = (
-                    until,
-                    gatekeeper.decider.recheck(domain, identifier, decision, now_ms(), held),
-                )
-                if until <= 0:
-                    break
+                until = waiting.woke(now_ms())
         finally:
             gatekeeper.release()
         if gone:  # it never reaches the app: not accounted
@@ -235,10 +226,8 @@ class SmockronMiddleware:
             log.debug("client %s left during its delay: not calling the app", scope.get("client"))
             return
         if decision.paced:
-            gatekeeper.account_delay(
-                domain, identifier, decision, until if until < 0 else went, loginfo
-            )
-        if until < 0:  # the wait went past the longest delay
+            gatekeeper.account_went(waiting, loginfo)
+        if waiting.rejected:  # the wait went past the longest delay
             if pending is not None:
                 pending.cancel()
             await self._reject(decision, scope, send)

@@ -15,9 +15,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -25,7 +25,16 @@ from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.rules import Rule, parse_rule_spec
 from smockron.errors import ConfigError, ProtocolError
-from smockron.gatekeeper.state import ACCEPT, DELAY, REJECT, Decider, Decision, Line, Verdict
+from smockron.gatekeeper.state import (
+    ACCEPT,
+    DELAY,
+    REJECT,
+    Decider,
+    Decision,
+    Line,
+    Verdict,
+    Waiting,
+)
 from smockron.protocol import (
     ACCEPTED,
     DELAYED,
@@ -40,18 +49,12 @@ from smockron.ratelog import RateLimitedLog
 from smockron.zmqio import send_all
 
 log = logging.getLogger("smockron.gatekeeper")
+T = TypeVar("T")
 
 SWEEP_INTERVAL_S: Final = 1.0
 MAX_RECHECKS: Final = 100
 """A delayed request waits again at most this many times for a later DELAY_UNTIL
 (each wait is bounded anyway by ``max_delay_ms`` from its arrival)."""
-
-
-def holding(tries: int) -> Iterator[bool]:
-    """For each wait of a delayed request: whether it holds a slot from ``recheck``."""
-    yield False
-    for _ in range(tries - 1):
-        yield True
 
 
 _POLL_MS: Final = 100
@@ -203,20 +206,16 @@ class _GatekeeperBase:
     # original gatekeepers do, and goes at its time: with no rules to pace by, waking
     # requests would all go together at the master's latest time.
 
-    def account_delay(
-        self,
-        domain: bytes,
-        identifier: bytes,
-        decision: Decision,
-        until: int,
-        loginfo: bytes | None,
-    ) -> None:
-        """A checked DELAY went at ``until`` (>0) or was rejected (<0): account it."""
-        if until < 0:
-            self._send(domain, REJECTED, identifier, decision.received_ms, None, loginfo)
+    def account_went(self, waiting: Waiting, loginfo: bytes | None) -> None:
+        """A checked DELAY went (DELAYED, at the time it went) or was refused after its
+        wait (REJECTED): account it."""
+        decision = waiting.decision
+        if waiting.rejected:
+            self._send(waiting.domain, REJECTED, waiting.identifier, decision.received_ms,
+                       None, loginfo)  # fmt: skip
         else:
-            went = until if until > decision.until_ms else decision.until_ms
-            self._send(domain, DELAYED, identifier, decision.received_ms, went, loginfo)
+            self._send(waiting.domain, DELAYED, waiting.identifier, decision.received_ms,
+                       max(waiting.went_at, decision.until_ms), loginfo)  # fmt: skip
 
     def _decide(
         self,
@@ -297,25 +296,30 @@ class _GatekeeperBase:
             self._apply_rules(frames)
             return
         self.counters.control_received += 1
-        try:
-            control = decode_control(frames)
-        except ProtocolError as exc:
-            self.counters.control_malformed += 1
-            self._malformed_log.warning("ignoring malformed control message: %s", exc)
+        control = self._decoded(decode_control, frames, "control message")
+        if control is None:
             return
         if self.domains is not None and control.domain not in self.domains:
             self.counters.control_ignored += 1
             return
         self.decider.control(control.domain, control.identifier, control.until_ms, now)
 
+    def _decoded(
+        self, decode: Callable[[list[bytes]], T], frames: list[bytes], what: str
+    ) -> T | None:
+        """``decode(frames)``, or None for a malformed message (counted, logged)."""
+        try:
+            return decode(frames)
+        except ProtocolError as exc:
+            self.counters.control_malformed += 1
+            self._malformed_log.warning("ignoring malformed %s: %s", what, exc)
+            return None
+
     def _apply_rules(self, frames: list[bytes]) -> None:
         """The master's offer of a domain's rules: they replace the configured ones."""
         self.counters.rules_received += 1
-        try:
-            offer = decode_rules(frames)
-        except ProtocolError as exc:
-            self.counters.control_malformed += 1
-            self._malformed_log.warning("ignoring malformed rules offer: %s", exc)
+        offer = self._decoded(decode_rules, frames, "rules offer")
+        if offer is None:
             return
         if not self.master_rules or (self.domains is not None and offer.domain not in self.domains):
             return
@@ -428,38 +432,25 @@ class Gatekeeper(_GatekeeperBase):
         with self._lock:
             super().release()
 
-
     def admit(self, domain: bytes, identifier: bytes, loginfo: bytes | None = None) -> Decision:
         """Decide, and sleep through a delay; the caller turns REJECT into a response."""
         with self._lock:
             decision = self._decide(domain, identifier, now_ms(), loginfo, True)
         if decision.verdict is not Verdict.DELAY:
             return decision
-        if not decision.paced:
-            try:
-                time.sleep(max(0, decision.until_ms - now_ms()) / 1000)
-            finally:
-                self.release()
-            return decision
-        went = 0
+        waiting = Waiting(self.decider, domain, identifier, decision, MAX_RECHECKS)
+        until: int | None = decision.until_ms
         try:
-            until = decision.until_ms
-            for held in holding(MAX_RECHECKS):
+            while until is not None:
                 time.sleep(max(0, until - now_ms()) / 1000)
                 with self._lock:
-                    went, until = (
-                        until,
-                        self.decider.recheck(domain, identifier, decision, now_ms(), held),
-                    )
-                if until <= 0:
-                    break
+                    until = waiting.woke(now_ms())
         finally:
             with self._lock:
                 self.decider.release()
-                self.account_delay(
-                    domain, identifier, decision, until if until < 0 else went, loginfo
-                )
-        return decision._replace(verdict=REJECT) if until < 0 else decision
+                if decision.paced:
+                    self.account_went(waiting, loginfo)
+        return decision._replace(verdict=REJECT) if waiting.rejected else decision
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -582,27 +573,22 @@ class AsyncGatekeeper(_GatekeeperBase):
         """Sleep until a DELAY decision's time, then free its slot (also when cancelled).
 
         After :meth:`check` (with its domain, identifier and loginfo): wait again while
-        the master has moved the identifier's time on meanwhile (:meth:`Decider.recheck`),
-        then account the request; False when that went past the longest delay: the
-        caller rejects the request."""
-        until = went = decision.until_ms
-        paced = decision.paced and domain is not None and identifier is not None
+        the master has moved the identifier's time on meanwhile (:class:`Waiting`), then
+        account the request; False when that went past the longest delay: the caller
+        rejects the request."""
+        if domain is None or identifier is None:  # nothing to recheck by
+            decision = decision._replace(paced=False)
+        waiting = Waiting(self.decider, domain or b"", identifier or b"", decision, MAX_RECHECKS)
+        until: int | None = decision.until_ms
         try:
-            for held in holding(MAX_RECHECKS):
+            while until is not None:
                 await asyncio.sleep(max(0, until - now_ms()) / 1000)
-                if not paced or domain is None or identifier is None:
-                    return True
-                went, until = (
-                    until,
-                    self.decider.recheck(domain, identifier, decision, now_ms(), held),
-                )
-                if until <= 0:
-                    break
+                until = waiting.woke(now_ms())
         finally:
             self.decider.release()
-        if domain is not None and identifier is not None:
-            self.account_delay(domain, identifier, decision, until if until < 0 else went, loginfo)
-        return until >= 0
+        if decision.paced:
+            self.account_went(waiting, loginfo)
+        return not waiting.rejected
 
     def _emit(self, pub: zmq.Socket[bytes], frames: list[bytes]) -> None:
         """Queue the message; :meth:`flush` sends the batch within ``flush_delay_s``.

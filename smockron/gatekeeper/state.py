@@ -250,8 +250,8 @@ class Decider:
             self._lines.pop(domain, None)
         else:
             self._lines[domain] = line
-        self._locals_lines = len(self._lines) - len(self._single) - (
-            line is not None and len(line.intervals) == 1
+        self._locals_lines = (
+            len(self._lines) - len(self._single) - (line is not None and len(line.intervals) == 1)
         )
         for table in (self._locals, self._next_free):
             for key in [key for key in table if key[0] == domain]:
@@ -408,3 +408,51 @@ class Decider:
         """A delayed request has been let through (or abandoned): free its slot."""
         if self.waiting > 0:
             self.waiting -= 1
+
+
+class Waiting:
+    """The waits of one delayed request, written once for every front (threads, asyncio,
+    ASGI): sleep until ``until``, then call :meth:`woke`; when it returns None the
+    request goes (or, :attr:`rejected`, is refused). Pure: the caller sleeps.
+
+    A DELAY that is not paced (no first line) goes at its time, as the original
+    gatekeepers' do. A paced one rechecks the master's latest time on waking
+    (:meth:`Decider.recheck`), at most ``tries`` times."""
+
+    __slots__ = ("decider", "decision", "domain", "held", "identifier", "tries", "until", "went")
+
+    def __init__(
+        self,
+        decider: Decider,
+        domain: bytes,
+        identifier: bytes,
+        decision: Decision,
+        tries: int = 100,
+    ) -> None:
+        self.decider, self.domain, self.identifier = decider, domain, identifier
+        self.decision = decision
+        self.until = self.went = decision.until_ms
+        self.tries = tries if decision.paced else 0
+        self.held = False  # after the first wake it sleeps in a slot recheck gave it
+
+    def woke(self, now_ms: int) -> int | None:
+        """The next time to sleep until, or None: done waiting."""
+        if self.tries <= 0:
+            return None
+        self.tries -= 1
+        self.went, self.until = (
+            self.until,
+            self.decider.recheck(self.domain, self.identifier, self.decision, now_ms, self.held),
+        )
+        self.held = True
+        return self.until if self.until > 0 else None
+
+    @property
+    def rejected(self) -> bool:
+        """Refused after waiting: the master's time went past the longest delay."""
+        return self.until < 0
+
+    @property
+    def went_at(self) -> int:
+        """When it went: the last time it slept until (its accounted delayed time)."""
+        return self.went

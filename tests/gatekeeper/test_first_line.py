@@ -159,3 +159,32 @@ def test_reject_verdict_value() -> None:
     d = decider(max_delay_ms=0)
     got = burst(d, 21)
     assert got[-1][0] == REJECT.value
+
+
+def test_waiting_goes_at_its_time_without_a_first_line() -> None:
+    from smockron.gatekeeper.state import Waiting
+
+    d = Decider()
+    d.control(D, b"x", T0 + 500, T0)
+    decision = d.decide(D, b"x", T0)
+    assert decision.verdict is DELAY and not decision.paced
+    d.control(D, b"x", T0 + 900, T0 + 100)  # a later verdict does not hold it back
+    waiting = Waiting(d, D, b"x", decision)
+    assert waiting.woke(T0 + 500) is None and not waiting.rejected
+
+
+def test_waiting_rechecks_a_paced_delay_until_it_may_go() -> None:
+    from smockron.gatekeeper.state import Waiting
+
+    d = decider()
+    burst(d, 20)
+    decision = d.decide(D, b"x", T0)
+    assert decision.paced and decision.until_ms == T0 + 100
+    waiting = Waiting(d, D, b"x", decision)
+    d.control(D, b"x", T0 + 400, T0 + 50)  # others went meanwhile
+    assert waiting.woke(T0 + 100) == T0 + 400
+    assert waiting.woke(T0 + 400) is None
+    assert (waiting.rejected, waiting.went_at) == (False, T0 + 400)
+    late = Waiting(d, D, b"x", d.decide(D, b"x", T0 + 400))
+    d.control(D, b"x", T0 + 60_000, T0 + 401)
+    assert late.woke(T0 + 500) is None and late.rejected

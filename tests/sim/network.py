@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from smockron.core.rules import Rule
-from smockron.gatekeeper.state import ACCEPT, DELAY, Decider, Decision, Line
+from smockron.gatekeeper.state import ACCEPT, DELAY, Decider, Decision, Line, Waiting
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.memory import MemoryStore
 from smockron.protocol import ACCEPTED, DELAYED, Control, decode_control, encode_accounting
@@ -77,29 +77,26 @@ class Network:
             self._went(now, gk, ident, decision, None)
         elif decision.verdict is DELAY:
             self.outcome.delayed[ident] = self.outcome.delayed.get(ident, 0) + 1
-            if decision.paced:  # accounted when it goes, after rechecking
-                self._at(decision.until_ms, lambda t: self._wake(t, gk, ident, decision, False))
-            else:  # accounted now, goes at its time (the original gatekeepers' way)
+            if not decision.paced:  # accounted now, as the original gatekeepers do
                 self._account(now, gk, ident, decision, decision.until_ms)
-                self._at(decision.until_ms, lambda t: self._go(t, gk, ident))
+            waiting = Waiting(self.deciders[gk], DOMAIN, ident, decision)
+            self._at(decision.until_ms, lambda t: self._wake(t, gk, waiting))
         else:
             self.outcome.rejected += 1
 
-    def _wake(self, now: int, gk: int, ident: bytes, decision: Decision, held: bool) -> None:
-        decider = self.deciders[gk]
-        again = decider.recheck(DOMAIN, ident, decision, now, held)
-        if again == 0:
-            decider.release()
-            self._went(now, gk, ident, decision, now)
-        elif again < 0:
-            decider.release()
-            self.outcome.rejected += 1
-        else:
-            self._at(again, lambda t: self._wake(t, gk, ident, decision, True))
-
-    def _go(self, now: int, gk: int, ident: bytes) -> None:
+    def _wake(self, now: int, gk: int, waiting: Waiting) -> None:
+        again = waiting.woke(now)
+        if again is not None:
+            self._at(again, lambda t: self._wake(t, gk, waiting))
+            return
         self.deciders[gk].release()
-        self.outcome.admitted.append((now, gk, ident))
+        ident, decision = waiting.identifier, waiting.decision
+        if waiting.rejected:
+            self.outcome.rejected += 1
+        elif decision.paced:  # accounted when it goes
+            self._went(now, gk, ident, decision, waiting.went_at)
+        else:
+            self.outcome.admitted.append((now, gk, ident))
 
     def _went(self, now: int, gk: int, ident: bytes, decision: Decision, went: int | None) -> None:
         self.outcome.admitted.append((now, gk, ident))
