@@ -104,15 +104,20 @@ def test_asgi_under_uvicorn(master: MasterSockets) -> None:
     assert not app.gatekeeper.started or app.gatekeeper._pub is None  # closed at shutdown
 
 
-def test_wsgi_under_waitress(master: MasterSockets) -> None:
-    app = SmockronWSGIMiddleware(
+def wsgi_app(master: MasterSockets, max_delay_ms: int) -> SmockronWSGIMiddleware:
+    """The Flask app behind the WSGI middleware, clients told by X-Client, on /api."""
+    return SmockronWSGIMiddleware(
         flask_app(),
         domain={"/api": "api"},
         accounting=master.accounting_addr,
         control=master.control_addr,
         identify=header("x-client"),
-        max_delay_ms=1000,
+        max_delay_ms=max_delay_ms,
     )
+
+
+def test_wsgi_under_waitress(master: MasterSockets) -> None:
+    app = wsgi_app(master, max_delay_ms=1000)
     try:
         with waitress_server(app) as port:
             _exercise(master, port)
@@ -249,14 +254,7 @@ def test_wsgi_first_line_learned_from_the_master(master: MasterSockets) -> None:
     from smockron.core.rules import Rule
     from smockron.protocol import encode_rules
 
-    app = SmockronWSGIMiddleware(
-        flask_app(),
-        domain={"/api": "api"},
-        accounting=master.accounting_addr,
-        control=master.control_addr,
-        identify=header("x-client"),
-        max_delay_ms=0,
-    )
+    app = wsgi_app(master, max_delay_ms=0)
     try:
         with waitress_server(app, threads=16) as port:
 
