@@ -41,6 +41,9 @@ STATUSES: Final = frozenset({ACCEPTED, DELAYED, REJECTED})
 RULES_TOPIC: Final = b"\0smockron\0"
 RULES: Final = b"RULES"
 MAX_OFFERED_RULES: Final = 64
+MIN_OFFERED_RATE: Final = 1e-9
+"""Requests per second: about one in 30 years; below it the times overflow."""
+MAX_OFFERED_RATE: Final = 1e9
 
 
 class Status(Enum):
@@ -255,6 +258,6 @@ def _decode_rule(frame: bytes) -> Rule:
     if len(frame) > 64 or not burst.isdigit():
         raise ValueError(f"bad rule {frame[:64]!r}")
     value = float(rate)
-    if not 0.0 < value < float("inf"):
-        raise ValueError(f"bad rate in {frame[:64]!r}")
+    if not MIN_OFFERED_RATE <= value <= MAX_OFFERED_RATE or len(burst) > 9:
+        raise ValueError(f"rate or burst out of range in {frame[:64]!r}")
     return Rule(value, int(burst))

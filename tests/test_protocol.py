@@ -154,3 +154,41 @@ def test_garbage_never_raises_anything_but_protocol_error(frames: list[bytes]) -
     for decode in (decode_accounting, decode_control):
         with contextlib.suppress(ProtocolError):
             decode(frames)
+
+
+@pytest.mark.parametrize(
+    ("rule", "reason"),
+    [
+        (b"10.0", "bad_rule"),
+        (b"inf 20", "bad_rule"),
+        (b"nan 20", "bad_rule"),
+        (b"1e-300 20", "bad_rule"),
+        (b"10.0 -1", "bad_rule"),
+        (b"10.0 0", "bad_rule"),
+        (b"10.0 9999999999", "bad_rule"),
+        (b"10.0  20", "bad_rule"),
+        (b"\xff 20", "bad_rule"),
+    ],
+)
+def test_decode_rules_refuses_bad_rules(rule: bytes, reason: str) -> None:
+    from smockron.protocol import RULES, RULES_TOPIC, decode_rules
+
+    with pytest.raises(ProtocolError) as err:
+        decode_rules([RULES_TOPIC, RULES, b"api", b"history", rule])
+    assert err.value.reason == reason
+
+
+def test_rules_offer_round_trip_and_shape() -> None:
+    from smockron.core.rules import Rule
+    from smockron.protocol import RULES_TOPIC, decode_rules, encode_rules
+
+    rules = (Rule(10.0, 20), Rule(1000 / 3600, 1000))
+    frames = encode_rules("api", "gcra", rules)
+    assert frames[0] == RULES_TOPIC and frames[2] == b"api"
+    offer = decode_rules(frames)
+    assert (offer.domain, offer.algorithm, offer.rules) == (b"api", "gcra", rules)
+    for bad in ([RULES_TOPIC, b"RULES", b"api", b"history"],  # no rule
+                [RULES_TOPIC, b"RULES", b"a\0b", b"history", b"1.0 1"],  # NUL in the domain
+                [RULES_TOPIC, b"RULES", b"api", b"history", *[b"1.0 1"] * 65]):  # fmt: skip
+        with pytest.raises(ProtocolError):
+            decode_rules(bad)

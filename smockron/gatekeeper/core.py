@@ -64,6 +64,9 @@ FLUSH_BATCH: Final = 256
 """A batch this large is sent at once, without waiting for the timer."""
 _MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 _MAX_TOPIC_FRAMES: Final = 10_000  # domains from a callable could be unbounded
+MAX_LINES: Final = 10_000
+"""Domains a gatekeeper takes rules offers for: whatever publishes on the control port
+cannot make it remember unbounded domains."""
 
 
 def _batch_io_thread(ctx: zmq.Context[Any]) -> None:
@@ -322,6 +325,10 @@ class _GatekeeperBase:
         if offer is None:
             return
         if not self.master_rules or (self.domains is not None and offer.domain not in self.domains):
+            return
+        if offer.domain not in self.decider.lines and len(self.decider.lines) >= MAX_LINES:
+            self._malformed_log.warning("ignoring rules offer for %r: %d domains have rules "
+                                        "already", offer.domain[:64], MAX_LINES)  # fmt: skip
             return
         if offer.algorithm not in ("history", "gcra", "history-literal"):
             self._malformed_log.warning("ignoring rules offer with unknown algorithm %r for %r",

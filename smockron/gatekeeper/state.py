@@ -18,9 +18,10 @@ whole burst through at ``X``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Final, NamedTuple
 
 from smockron.core.rules import Rule
@@ -235,9 +236,9 @@ class Decider:
         self.waiting = 0  # requests delayed and not yet released
 
     @property
-    def lines(self) -> dict[bytes, Line]:
-        """The first line of each domain that has one (a copy)."""
-        return dict(self._lines)
+    def lines(self) -> Mapping[bytes, Line]:
+        """The first line of each domain that has one (read-only)."""
+        return MappingProxyType(self._lines)
 
     def set_line(self, domain: bytes, line: Line | None) -> bool:
         """Install (or remove, with None) a domain's first line; True if it changed.

@@ -188,3 +188,25 @@ def test_waiting_rechecks_a_paced_delay_until_it_may_go() -> None:
     late = Waiting(d, D, b"x", d.decide(D, b"x", T0 + 400))
     d.control(D, b"x", T0 + 60_000, T0 + 401)
     assert late.woke(T0 + 500) is None and late.rejected
+
+
+def test_rules_offers_are_bounded_and_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever publishes on the control port cannot make a gatekeeper remember
+    unbounded domains, nor install rules it cannot use."""
+    from smockron.gatekeeper import core
+    from smockron.protocol import RULES, RULES_TOPIC, encode_rules
+
+    monkeypatch.setattr(core, "MAX_LINES", 3)
+    gk = core.Gatekeeper(None, None, None)  # every domain, no sockets
+    try:
+        for i in range(10):
+            gk._apply_control(encode_rules(f"d{i}", "history", (Rule(1.0, 1),)), T0)
+        assert sorted(gk.decider.lines) == [b"d0", b"d1", b"d2"]
+        gk._apply_control(encode_rules("d0", "history", (Rule(2.0, 2),)), T0)  # known: updated
+        assert gk.decider.lines[b"d0"] == Line.of("history", (Rule(2.0, 2),))
+        gk._apply_control([RULES_TOPIC, RULES, b"d1", b"history", b"inf 1"], T0)
+        gk._apply_control(encode_rules("d2", "leaky", (Rule(1.0, 1),)), T0)
+        assert gk.counters.control_malformed == 1 and gk.counters.rules_received == 13
+        assert gk.decider.lines[b"d2"] == Line.of("history", (Rule(1.0, 1),))  # unchanged
+    finally:
+        gk.close()
