@@ -9,6 +9,14 @@ node on loopback and measures, one call in flight, each as the median of ``--run
   included) vs the raw stub sending one prebuilt 1,000-item message.
 
 The ratio is client / raw: 1.00 means the client adds nothing measurable.
+
+Then the client CPU per check (this process's CPU time / checks), against the ``limits``
+library on Redis (installed by this script if missing; a redis-server on a free port):
+
+* coalesced: 100 concurrent checks at a time, asyncio tasks on one AsyncClient and
+  threads on one Client (goal <= 20 us per check);
+* sequential: one check at a time, Client.check and AsyncClient.check, against
+  ``limits``' FixedWindowRateLimiter.hit on Redis (goal: no more than it).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from smockron.cluster.client import MINUTE, AsyncClient, Client
 from smockron.cluster.model import RateLimitRequest
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
-from tests.support import free_ports, run_smockron, wait_port
+from tests.support import free_ports, run_smockron, start_redis, wait_port
 
 pb_grpc: Any = gubernator_pb2_grpc
 BATCH = 1000
@@ -114,19 +122,98 @@ async def async_rates(address: str, seconds: float) -> dict[str, float]:
         }
 
 
+def cpu_per_check(fn: Callable[[], int], seconds: float) -> float:
+    """Microseconds of this process's CPU per check while calling ``fn`` for ``seconds``."""
+    done, cpu, start = 0, time.process_time(), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        done += fn()
+    return (time.process_time() - cpu) / done * 1e6
+
+
+def client_cpu(address: str, seconds: float) -> dict[str, float]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    out: dict[str, float] = {}
+    with Client(address) as client, ThreadPoolExecutor(100) as pool:
+
+        def one() -> int:
+            client.check("bench", "k0", 1, 10**12, MINUTE)
+            return 1
+
+        def hundred_threads() -> int:
+            list(pool.map(lambda i: client.check("bench", f"k{i}", 1, 10**12, MINUTE),
+                          range(100)))  # fmt: skip
+            return 100
+
+        out["sequential: Client.check"] = cpu_per_check(one, seconds)
+        out["coalesced: 100 threads on one Client"] = cpu_per_check(hundred_threads, seconds)
+
+    async def run_async() -> None:
+        async with AsyncClient(address) as client:
+            loop = asyncio.get_running_loop()
+
+            async def hundred() -> None:
+                await asyncio.gather(*(client.check("bench", f"k{i}", 1, 10**12, MINUTE)
+                                       for i in range(100)))  # fmt: skip
+
+            async def one() -> None:
+                await client.check("bench", "k0", 1, 10**12, MINUTE)
+
+            cases = (
+                ("coalesced: 100 asyncio tasks on one AsyncClient", hundred, 100),
+                ("sequential: AsyncClient.check", one, 1),
+            )
+            for name, coro, n in cases:
+                done, cpu, start = 0, time.process_time(), loop.time()
+                while loop.time() - start < seconds:
+                    await coro()
+                    done += n
+                out[name] = (time.process_time() - cpu) / done * 1e6
+
+    asyncio.run(run_async())
+    return out
+
+
+def limits_cpu(redis_url: str, seconds: float) -> float:
+    from limits import parse
+    from limits.storage import storage_from_string
+    from limits.strategies import FixedWindowRateLimiter
+
+    limiter = FixedWindowRateLimiter(storage_from_string(redis_url))
+    item = parse("1000000000/minute")
+
+    def one() -> int:
+        limiter.hit(item, "bench", "k0")
+        return 1
+
+    return cpu_per_check(one, seconds)
+
+
+def ensure_limits() -> None:
+    try:
+        import limits  # noqa: F401
+    except ImportError:
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "limits[redis]"], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
 
+    ensure_limits()
     grpc_port, http_port = free_ports(2)
     address = f"127.0.0.1:{grpc_port}"
+    cpu: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         proc = run_smockron(
             ["cluster", "--grpc-address", address, "--http-address", f"127.0.0.1:{http_port}"],
             Path(tmp) / "node.log",
         )
+        redis = start_redis(Path(tmp))
         try:
             wait_port(grpc_port, 20)
             runs: dict[str, list[float]] = {}
@@ -135,7 +222,13 @@ def main() -> None:
                 found |= asyncio.run(async_rates(address, args.seconds))
                 for name, value in found.items():
                     runs.setdefault(name, []).append(value)
+                for name, value in client_cpu(address, args.seconds).items():
+                    cpu.setdefault(name, []).append(value)
+                cpu.setdefault("sequential: limits on Redis, hit()", []).append(
+                    limits_cpu(redis.url, args.seconds)
+                )
         finally:
+            redis.stop()
             proc.stop()
 
     medians = {name: statistics.median(values) for name, values in runs.items()}
@@ -149,6 +242,18 @@ def main() -> None:
     ]
     for label, mine, raw in pairs:
         print(f"  ratio client/raw, {label:20s} {medians[mine] / medians[raw]:.2f}")
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+    print(f"client CPU per check, median of {args.runs} runs x {args.seconds:.1f}s")
+    for name, value in cpu_medians.items():
+        print(f"  {name:50s} {value:8.1f} us")
+    redis_us = cpu_medians["sequential: limits on Redis, hit()"]
+    for name, value in cpu_medians.items():
+        if name.startswith("coalesced"):
+            print(f"  goal <= 20 us, {name}: {'MET' if value <= 20 else 'NOT MET'}")
+        elif "limits" not in name:
+            verdict = "MET" if value <= redis_us else "NOT MET"
+            print(f"  goal <= limits on Redis ({redis_us:.1f} us), {name}: "
+                  f"{verdict} ({value / redis_us:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":

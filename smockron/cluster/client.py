@@ -18,7 +18,10 @@ Errors (all from smockron.errors.SmockronError):
      └── ItemError           ``check()`` only: the server answered this item with an error
 
 ``get_rate_limits`` never raises ItemError: per-item errors stay in each response's
-``error``, as on the wire. Lists longer than the server's limit of 1,000 per call are
+``error``, as on the wire. Concurrent ``check`` calls (threads of one Client, tasks on
+one AsyncClient's loop) are coalesced into one call while another is in flight
+(smockron.cluster.coalesce; ``coalesce=False`` turns it off; a check with its own
+``timeout`` goes alone). Lists longer than the server's limit of 1,000 per call are
 split into several calls; the answers come back in request order.
 """
 
@@ -35,6 +38,7 @@ from typing import Any, Self
 import grpc
 import grpc.aio
 
+from smockron.cluster.coalesce import AsyncCoalescer, Coalescer
 from smockron.cluster.convert import request_to_pb, response_from_pb
 from smockron.cluster.model import (
     Algorithm,
@@ -256,6 +260,7 @@ class Client(_Base):
         timeout: float = 5.0,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        coalesce: bool = True,
     ) -> None:
         super().__init__(address, timeout, credentials, options)
         if credentials is None:
@@ -263,6 +268,8 @@ class Client(_Base):
         else:
             self._channel = grpc.secure_channel(self.address, credentials, options=self._options)
         self._stub = pb_grpc.V1Stub(self._channel)
+        self.coalescer = Coalescer(self.get_rate_limits) if coalesce else None
+        """Concurrent ``check`` calls of this client's threads go in one GetRateLimits."""
 
     def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
@@ -294,6 +301,8 @@ class Client(_Base):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
+        if self.coalescer is not None and timeout is None:
+            return _checked(self.coalescer.check(req), name, key)
         return _checked(self.get_rate_limits([req], timeout=timeout)[0], name, key)
 
     def health_check(self, *, timeout: float | None = None) -> HealthCheck:
@@ -335,6 +344,7 @@ class AsyncClient(_Base):
         timeout: float = 5.0,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        coalesce: bool = True,
     ) -> None:
         super().__init__(address, timeout, credentials, options)
         if credentials is None:
@@ -343,6 +353,8 @@ class AsyncClient(_Base):
             opts = self._options
             self._channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
         self._stub = pb_grpc.V1Stub(self._channel)
+        self.coalescer = AsyncCoalescer(self.get_rate_limits) if coalesce else None
+        """Concurrent ``check`` calls on this client's loop go in one GetRateLimits."""
 
     async def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
@@ -378,6 +390,8 @@ class AsyncClient(_Base):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
+        if self.coalescer is not None and timeout is None:
+            return _checked(await self.coalescer.check(req), name, key)
         return _checked((await self.get_rate_limits([req], timeout=timeout))[0], name, key)
 
     async def health_check(self, *, timeout: float | None = None) -> HealthCheck:
