@@ -195,7 +195,7 @@ def ensure_limits() -> None:
     except ImportError:
         import subprocess
 
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "limits[redis]"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "limits"], check=True)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from smockron.gatekeeper.identify import (
     as_identifier,
     peer_address,
 )
-from smockron.gatekeeper.state import ACCEPT, DELAY, Decision, Waiting
+from smockron.gatekeeper.state import ACCEPT, DELAY, MAX_AHEAD_MS, Decision, Waiting
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -124,6 +124,7 @@ class SmockronMiddleware:
         reject_sample: float = 1.0,
         rules: RuleConfig = (),
         master_rules: bool = True,
+        max_ahead_ms: int = MAX_AHEAD_MS,
         flush_delay_ms: float | None = None,
     ) -> None:
         self.app = app
@@ -138,6 +139,7 @@ class SmockronMiddleware:
             reject_sample=reject_sample,
             rules=rules,
             master_rules=master_rules,
+            max_ahead_ms=max_ahead_ms,
         )
         if flush_delay_ms is not None:
             if not 0 <= flush_delay_ms <= 1000:

@@ -21,12 +21,13 @@ from smockron.gatekeeper.proxy import GatekeeperProxy
 
 log = logging.getLogger("smockron.gatekeeper.cli")
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
-_UNIT_MS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0, None: 1000.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0,
+            None: 1000.0}  # fmt: skip
 
 
 def parse_duration_ms(text: str) -> int:
-    """``2s``, ``500ms``, ``1.5s``, ``1m`` or bare seconds (``5``) as milliseconds."""
+    """``2s``, ``500ms``, ``1.5s``, ``1m``, ``1h``, ``1d`` or bare seconds (``5``) as ms."""
     match = _DURATION_RE.match(text)
     if match is None:
         raise ConfigError(f"cannot parse duration {text!r}: use e.g. 2s, 500ms or 1m")
@@ -93,6 +94,13 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     help="Add X-Smockron-Decision: accept|delay|reject to responses.",
 )
 @click.option(
+    "--max-ahead",
+    default="1d",
+    show_default=True,
+    help="Refuse a DELAY_UNTIL further ahead than this (e.g. 1h, 1d): whatever holds the "
+    "control port cannot block a client for longer.",
+)
+@click.option(
     "--rule",
     "rules",
     multiple=True,
@@ -134,6 +142,7 @@ def proxy(
     reject_sample: float,
     loginfo: bool,
     decision_header: bool,
+    max_ahead: str,
     rules: tuple[str, ...],
     algorithms: tuple[str, ...],
     master_rules: bool,
@@ -158,6 +167,7 @@ def proxy(
             reject_sample=reject_sample,
             rules=rule_config(rules, algorithms),
             master_rules=master_rules,
+            max_ahead_ms=parse_duration_ms(max_ahead),
         )
         server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header)
     except ConfigError as exc:

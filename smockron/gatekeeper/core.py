@@ -28,6 +28,7 @@ from smockron.errors import ConfigError, ProtocolError
 from smockron.gatekeeper.state import (
     ACCEPT,
     DELAY,
+    MAX_AHEAD_MS,
     REJECT,
     Decider,
     Decision,
@@ -148,6 +149,7 @@ class _GatekeeperBase:
         max_entries: int = 1_000_000,
         rules: RuleConfig = (),
         master_rules: bool = True,
+        max_ahead_ms: int = MAX_AHEAD_MS,
     ) -> None:
         if not 0.0 <= reject_sample <= 1.0:
             raise ConfigError(f"reject_sample must be between 0 and 1, got {reject_sample}")
@@ -157,7 +159,7 @@ class _GatekeeperBase:
         self.domains = None if domains is None else frozenset(_as_bytes(d) for d in domains)
         for d in self.domains or ():
             topic(d)  # validates: no NUL
-        self.decider = Decider(max_delay_ms, max_delayed, max_entries)
+        self.decider = Decider(max_delay_ms, max_delayed, max_entries, max_ahead_ms)
         self.counters = self.decider.counters
         self.master_rules = master_rules
         self._configured: dict[bytes, Line | None] = {}
@@ -305,7 +307,19 @@ class _GatekeeperBase:
         if self.domains is not None and control.domain not in self.domains:
             self.counters.control_ignored += 1
             return
+        table = self.decider.table
+        refused, evicted = table.refused, table.evicted
         self.decider.control(control.domain, control.identifier, control.until_ms, now)
+        if table.refused != refused:
+            self._malformed_log.warning(
+                "refusing DELAY_UNTIL %d for %r/%r: more than %d ms ahead",
+                control.until_ms, control.domain[:64], control.identifier[:64], table.max_ahead_ms,
+            )  # fmt: skip
+        elif table.evicted != evicted:
+            self._malformed_log.warning(
+                "delay table full (%d entries): evicted the %d expiring soonest",
+                table.max_entries, table.evicted - evicted,
+            )  # fmt: skip
 
     def _decoded(
         self, decode: Callable[[list[bytes]], T], frames: list[bytes], what: str
@@ -399,7 +413,8 @@ class _GatekeeperBase:
         out = self.counters.as_dict()
         out["waiting"] = self.decider.waiting
         out["delay_entries"] = len(self.decider.table)
-        out["delay_table_dropped"] = self.decider.table.dropped
+        out["delay_table_evicted"] = self.decider.table.evicted
+        out["control_refused"] = self.decider.table.refused
         out["first_lines"] = len(self.decider.lines)
         out["master_connected"] = int(self.master_connected)
         return out

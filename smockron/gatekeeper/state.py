@@ -18,9 +18,11 @@ whole burst through at ``X``.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
@@ -29,6 +31,10 @@ from smockron.counters import CounterSet
 from smockron.errors import ConfigError
 
 Key = tuple[bytes, bytes]  # (domain, identifier)
+
+MAX_AHEAD_MS: Final = 86_400_000
+"""How far ahead a DELAY_UNTIL may reach (a day): whatever holds the control port cannot
+block a client until the year 9999. Longer than any window a rule of a day allows."""
 
 
 class Verdict(Enum):
@@ -70,15 +76,21 @@ _new_decision: Final = tuple.__new__
 class DelayTable:
     """``(domain, identifier) -> until_ms``, forward-only, expiring, bounded."""
 
-    __slots__ = ("_entries", "_sweep_at", "dropped", "max_entries")
+    __slots__ = ("_entries", "_sweep_at", "evicted", "max_ahead_ms", "max_entries", "refused")
 
-    def __init__(self, max_entries: int = 1_000_000) -> None:
+    def __init__(self, max_entries: int = 1_000_000, max_ahead_ms: int = MAX_AHEAD_MS) -> None:
         if max_entries < 1:
             raise ConfigError(f"max_entries must be >= 1, got {max_entries}")
+        if max_ahead_ms < 1:
+            raise ConfigError(f"max_ahead must be positive, got {max_ahead_ms} ms")
         self.max_entries = max_entries
+        self.max_ahead_ms = max_ahead_ms
         self._entries: dict[Key, int] = {}
         self._sweep_at = min(1024, max_entries)
-        self.dropped = 0  # DELAY_UNTILs not remembered because the table was full
+        self.evicted = 0
+        """Entries evicted (the soonest to expire) to make room in a full table."""
+        self.refused = 0
+        """DELAY_UNTILs further ahead than ``max_ahead_ms``: refused."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -86,6 +98,9 @@ class DelayTable:
     def update(self, domain: bytes, identifier: bytes, until_ms: int, now_ms: int) -> bool:
         """Remember a DELAY_UNTIL; True if it moved the identifier's time forward."""
         if until_ms <= now_ms:
+            return False
+        if until_ms - now_ms > self.max_ahead_ms:
+            self.refused += 1
             return False
         key = (domain, identifier)
         entries = self._entries
@@ -98,10 +113,19 @@ class DelayTable:
         if len(entries) >= self._sweep_at:
             self.sweep(now_ms)
             if len(entries) >= self.max_entries:
-                self.dropped += 1
-                return False
+                self._evict()
         entries[key] = until_ms
         return True
+
+    def _evict(self) -> None:
+        """Make room for an eighth of the table by forgetting the entries that expire
+        soonest: they matter least, and a flood of fresh ones cannot lock out the rest
+        (a full table that refused new entries would stop enforcement)."""
+        entries = self._entries
+        room = max(1, len(entries) // 8)
+        for key, _until in heapq.nsmallest(room, entries.items(), key=itemgetter(1)):
+            del entries[key]
+        self.evicted += room
 
     def until(self, domain: bytes, identifier: bytes, now_ms: int) -> int:
         """The DELAY_UNTIL in force for a key, or 0 when none is or it has passed.
@@ -210,7 +234,11 @@ class Decider:
     )
 
     def __init__(
-        self, max_delay_ms: int = 5000, max_delayed: int = 1000, max_entries: int = 1_000_000
+        self,
+        max_delay_ms: int = 5000,
+        max_delayed: int = 1000,
+        max_entries: int = 1_000_000,
+        max_ahead_ms: int = MAX_AHEAD_MS,
     ) -> None:
         if max_delay_ms < 0:
             raise ConfigError(f"max_delay must be >= 0, got {max_delay_ms} ms")
@@ -218,7 +246,7 @@ class Decider:
             raise ConfigError(f"max_delayed must be >= 0, got {max_delayed}")
         self.max_delay_ms = max_delay_ms
         self.max_delayed = max_delayed
-        self.table = DelayTable(max_entries)
+        self.table = DelayTable(max_entries, max_ahead_ms)
         self._entries = self.table._entries  # read directly: this runs on every request
         self._lines: dict[bytes, Line] = {}
         self._single: dict[bytes, tuple[float, float, dict[bytes, float]]] = {}

@@ -12,7 +12,7 @@ from typing import Any
 from smockron.gatekeeper.core import Gatekeeper, RuleConfig
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
-from smockron.gatekeeper.state import Verdict
+from smockron.gatekeeper.state import MAX_AHEAD_MS, Verdict
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
@@ -59,6 +59,7 @@ class SmockronWSGIMiddleware:
         reject_sample: float = 1.0,
         rules: RuleConfig = (),
         master_rules: bool = True,
+        max_ahead_ms: int = MAX_AHEAD_MS,
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
@@ -71,6 +72,7 @@ class SmockronWSGIMiddleware:
             reject_sample=reject_sample,
             rules=rules,
             master_rules=master_rules,
+            max_ahead_ms=max_ahead_ms,
         )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:

@@ -326,3 +326,19 @@ async def test_io_threads_run_under_sched_batch(master: MasterSockets) -> None:
         assert await batch_threads(before + 1) == before + 1
         async with AsyncGatekeeper(master.accounting_addr, master.control_addr, ["api"]):
             assert await batch_threads(before + 2) == before + 2
+
+
+def test_a_far_future_delay_until_is_refused_and_logged(
+    master: MasterSockets, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever holds the control port cannot block a client until the year 9999: the
+    real master could never lift it (the table only moves forward)."""
+    with Gatekeeper(master.accounting_addr, master.control_addr, ["api"],
+                    max_ahead_ms=3_600_000) as gk:  # fmt: skip
+        _connected(gk, master)
+        master.publish("api", b"victim", 253_402_300_799_000)
+        wait_for(lambda: gk.stats()["control_refused"] == 1, 5)
+        assert gk.decide(D, b"victim").verdict.value == "accept"
+        master.publish("api", b"victim", wall_ms() + 3_000_000)  # within the cap: taken
+        wait_for(lambda: gk.decider.table.until(D, b"victim", wall_ms()) > 0, 5)
+    assert any("refusing DELAY_UNTIL 253402300799000" in r.message for r in caplog.records)

@@ -32,10 +32,11 @@ def test_passed_entries_are_ignored_and_swept() -> None:
 
 def test_table_is_bounded() -> None:
     t = DelayTable(max_entries=10)
-    for i in range(25):
-        t.update(D, b"id%d" % i, 10_000, now_ms=0)
+    for i in range(25):  # later ones expire later: a full table forgets the earliest
+        t.update(D, b"id%d" % i, 10_000 + i, now_ms=0)
     assert len(t) == 10
-    assert t.dropped == 15
+    assert t.evicted == 15
+    assert t.until(D, b"id24", 0) == 10_024 and t.until(D, b"id0", 0) == 0
     # once the entries pass, room is made again on the next insert
     assert t.update(D, b"late", 30_000, now_ms=20_000)
     assert len(t) == 1
@@ -88,3 +89,22 @@ def test_defaults_are_the_original_gatekeepers_and_bounds_are_inclusive() -> Non
     d.table.update(D, ID, 6000, now_ms=1000)
     assert d.decide(D, ID, 1000).verdict is Verdict.DELAY  # a wait of exactly 5 s is allowed
     assert d.decide(D, ID, 999).verdict is Verdict.REJECT  # 5.001 s is not
+
+
+def test_a_flood_of_delay_untils_cannot_lock_out_new_ones() -> None:
+    """A table filled by a million fake identifiers still takes the real master's
+    next DELAY_UNTIL: the entries that expire soonest make room."""
+    t = DelayTable(max_entries=1000)
+    for i in range(5000):
+        t.update(D, b"fake%d" % i, 2000, now_ms=0)
+    assert len(t) <= 1000
+    assert t.update(D, b"abuser", 5000, now_ms=0)
+    assert t.until(D, b"abuser", 100) == 5000
+
+
+def test_far_future_delay_until_is_refused() -> None:
+    t = DelayTable(max_ahead_ms=60_000)
+    assert not t.update(D, b"victim", 253_402_300_799_000, now_ms=1000)  # the year 9999
+    assert not t.update(D, b"victim", 61_001 + 1000, now_ms=1000)
+    assert t.refused == 2 and t.until(D, b"victim", 1000) == 0
+    assert t.update(D, b"victim", 60_000 + 1000, now_ms=1000)
