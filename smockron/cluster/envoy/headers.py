@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from smockron.cluster.envoy.pb import rls_pb2
 from smockron.cluster.envoy.settings import EnvoySettings
 
-OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
-
 
 def speaking_status(
     statuses: Sequence[rls_pb2.RateLimitResponse.DescriptorStatus], refusing: Sequence[bool]
