@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -60,6 +61,8 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: weekly
     rate_limit: {unit: week, requests_per_unit: 2}
+  - key: monthly
+    rate_limit: {unit: month, requests_per_unit: 2}
   - key: near15
     detailed_metric: true
     rate_limit: {unit: hour, requests_per_unit: 15}
@@ -426,6 +429,9 @@ async def test_limit_override_only_for_a_known_domain(front: Front) -> None:
     ]
     assert [r.overall_code for r in known] == [OK, OVER]
     assert known[0].statuses[0].current_limit.requests_per_unit == 1
+    # Deliberate difference: an override with an unknown unit is ignored (upstream panics).
+    r = await front.ask("svc", desc(("limited", uid()), limit=(1, ratelimit_unit_pb2.UNKNOWN)))
+    assert r.overall_code == OK and r.statuses[0].current_limit.requests_per_unit == 10
 
 
 async def test_week_unit(front: Front) -> None:
@@ -437,6 +443,24 @@ async def test_week_unit(front: Front) -> None:
     # Upstream's week: 7-day windows counted from the epoch (Thursday 00:00 UTC).
     expected = 7 * 86_400 - int(time.time()) % (7 * 86_400)
     assert abs(status.duration_until_reset.seconds - expected) <= 1
+
+
+async def test_month_is_a_calendar_month(front: Front) -> None:
+    """Deliberate difference: upstream's month is 30 days counted from 1970-01-01."""
+    r = await front.ask("svc", desc(("monthly", uid())))
+    now = datetime.now(UTC)
+    year, month = divmod(now.year * 12 + now.month, 12)
+    next_month = datetime(year, month + 1, 1, tzinfo=UTC)
+    expected = (next_month - now).total_seconds()
+    assert r.statuses[0].current_limit.unit == Resp.RateLimit.MONTH
+    assert abs(r.statuses[0].duration_until_reset.seconds - expected) <= 2
+
+
+async def test_dynamic_metadata_limit_is_python_protobuf_text(quota_front: Front) -> None:
+    """Deliberate difference: the override is shown as Python's protobuf text format."""
+    r = await quota_front.ask("svc", desc(("meta", uid()), limit=(10, ratelimit_unit_pb2.DAY)))
+    got = json_format.MessageToDict(r.dynamic_metadata)
+    assert got["descriptors"][0]["limit"] == "requests_per_unit: 10 unit: DAY"
 
 
 # -- test/redis/fixed_cache_impl_test.go TestNearLimit ------------------------------------------
@@ -481,6 +505,9 @@ async def test_TestNearLimit(
     if code == OVER:  # refused hits count: the window stays over for a single hit
         again = await front.ask("svc", desc((key, value)))
         assert (again.overall_code, again.statuses[0].limit_remaining) == (OVER, 0)
+        # Deliberate difference: a 0-hit query is OK with 0 left (upstream: OVER_LIMIT).
+        query = await front.ask("svc", desc((key, value), hits=0))
+        assert (query.overall_code, query.statuses[0].limit_remaining) == (OK, 0)
 
 
 # -- integration-test/scripts: upstream's example.yaml through Envoy's descriptors ---------------
