@@ -267,7 +267,7 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
 @click.option(
     "--envoy-response-headers/--no-envoy-response-headers",
     default=None,
-    help="add x-ratelimit-limit/-remaining/-reset to Envoy answers "
+    help="add RateLimit-Limit/-Remaining/-Reset (renamed by LIMIT_*_HEADER) to Envoy answers "
     "[LIMIT_RESPONSE_HEADERS_ENABLED; off]",
 )
 def cluster(**flags: Any) -> None:

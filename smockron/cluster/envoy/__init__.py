@@ -7,21 +7,21 @@ Protobuf modules are generated into ``pb/`` by ``generate.sh``.
 
 from __future__ import annotations
 
-from smockron.cluster.envoy.config import EnvoyConfig, Limit, load_config, parse_domain
+from smockron.cluster.envoy.config import EnvoyConfig, Limit, Match, load_config, parse_domain
 from smockron.cluster.envoy.reload import ConfigReloader
-from smockron.cluster.envoy.service import (
-    EnvoyStats,
-    EnvoyStatsCollector,
-    RateLimitServicer,
-    add_to_server,
-)
+from smockron.cluster.envoy.service import RateLimitServicer, add_to_server
+from smockron.cluster.envoy.settings import EnvoySettings
+from smockron.cluster.envoy.stats import EnvoyStats, EnvoyStatsCollector, LimitStats
 
 __all__ = [
     "ConfigReloader",
     "EnvoyConfig",
+    "EnvoySettings",
     "EnvoyStats",
     "EnvoyStatsCollector",
     "Limit",
+    "LimitStats",
+    "Match",
     "RateLimitServicer",
     "add_to_server",
     "load_config",

@@ -1,35 +1,41 @@
-"""The ``X-RateLimit-*`` response headers envoyproxy/ratelimit can add (draft RFC 03 shape).
+"""The rate limit response headers envoyproxy/ratelimit adds (``LIMIT_RESPONSE_HEADERS_ENABLED``).
 
-Computed from the descriptor statuses of one answer: the limited status with the least
-``limit_remaining`` speaks for the request, as in envoyproxy/ratelimit.
+Three headers, plain numbers, named ``RateLimit-Limit``, ``RateLimit-Remaining`` and
+``RateLimit-Reset`` unless ``LIMIT_LIMIT_HEADER``, ``LIMIT_REMAINING_HEADER`` and
+``LIMIT_RESET_HEADER`` rename them. One descriptor speaks for the answer, chosen as upstream
+chooses: the last descriptor that made the answer OVER_LIMIT, else the limited descriptor
+with the least ``limit_remaining`` (the first of equals).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from smockron.cluster.envoy.pb import rls_pb2
+from smockron.cluster.envoy.settings import EnvoySettings
 
-LIMIT, REMAINING, RESET = "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"
 
-_UNIT_SECONDS = {1: 1, 2: 60, 3: 3600, 4: 86_400, 5: 30 * 86_400, 6: 365 * 86_400}
-"""Nominal window per ``RateLimit.Unit`` (SECOND=1 .. YEAR=6) for the ``w=`` parameter."""
+def speaking_status(
+    statuses: Sequence[rls_pb2.RateLimitResponse.DescriptorStatus], refusing: Sequence[bool]
+) -> int | None:
+    """Index of the status the headers describe; ``refusing[i]``: status i is OVER_LIMIT
+    and counts against the answer (not a quota)."""
+    chosen: int | None = None
+    least = 2**32 - 1
+    for i, status in enumerate(statuses):
+        if status.HasField("current_limit") and status.limit_remaining < least:
+            chosen, least = i, status.limit_remaining
+        if refusing[i]:
+            chosen, least = i, 0
+    return chosen
 
 
 def rate_limit_headers(
-    statuses: Iterable[rls_pb2.RateLimitResponse.DescriptorStatus],
+    status: rls_pb2.RateLimitResponse.DescriptorStatus, reset_s: int, settings: EnvoySettings
 ) -> list[tuple[str, str]]:
-    """``[(name, value)]`` for the most constraining limited status; empty when none is."""
-    limited = [s for s in statuses if s.HasField("current_limit")]
-    if not limited:
-        return []
-    status = min(limited, key=lambda s: s.limit_remaining)
-    limit = status.current_limit
-    window = _UNIT_SECONDS.get(limit.unit, 0)
-    until = status.duration_until_reset
-    reset_s = until.seconds + (1 if until.nanos > 0 else 0)
+    """``[(name, value)]`` describing ``status``; ``reset_s``: seconds to its window end."""
     return [
-        (LIMIT, f"{limit.requests_per_unit}, {limit.requests_per_unit};w={window}"),
-        (REMAINING, str(status.limit_remaining)),
-        (RESET, str(reset_s)),
+        (settings.limit_header, str(status.current_limit.requests_per_unit)),
+        (settings.remaining_header, str(status.limit_remaining)),
+        (settings.reset_header, str(reset_s)),
     ]

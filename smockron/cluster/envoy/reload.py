@@ -47,6 +47,7 @@ class ConfigReloader:
             log.error("envoy: keeping the running config, the new one does not load: %s", exc)
             return False
         self.servicer.config = config
+        self.servicer.stats.config_loads += 1
         log.info(
             "envoy: reloaded %d domain(s) from %d file(s)", len(config.domains), len(signature)
         )

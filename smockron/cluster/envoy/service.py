@@ -1,11 +1,24 @@
 """``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`` on any RateLimiter.
 
 Each request descriptor is looked up in the envoyproxy/ratelimit configuration (or uses
-the limit override Envoy sent with it) and becomes one Gubernator-style token-bucket
-request: name ``envoy/<domain>``, unique key ``k1=v1&k2=v2`` (URL-escaped entries), hits
+the limit override Envoy sent with it, when the domain is configured) and becomes one
+token-bucket request: name ``envoy/<domain>``, unique key ``k1=v1&k2=v2`` (URL-escaped
+entries; a ``share_threshold`` wildcard's pattern replaces the value; ``@<window start>``
+appended for second and week windows, which are aligned to the epoch as upstream's), hits
 = the descriptor's ``hits_addend``, else the request's, else 1. All descriptors of a call go
-to the limiter in one batch. A descriptor over its limit makes the whole answer
-OVER_LIMIT, unless its limit is in ``shadow_mode`` (judged and counted, answered OK).
+to the limiter in one batch.
+
+Upstream's fixed window (redis ``INCRBY``) counts refused hits too: once a window is over
+its limit, every later request with hits is refused until the window ends. A refused
+request that still left room (``limit_remaining`` > 0 before it) is therefore followed by
+a second check with ``DRAIN_OVER_LIMIT`` that empties the window. The first check consumes
+nothing when refused, so its answer gives the count before the request, from which the
+``over_limit`` / ``near_limit`` / ``within_limit`` counters are split as upstream splits them.
+
+The answer follows upstream's service: OVER_LIMIT when a descriptor that is not a quota is
+over, or when every quota descriptor is (``quota_mode`` / ``QUOTA_MODE``); ``shadow_mode``
+descriptors are judged, counted and answered OK; ``SHADOW_MODE`` makes every answer OK; a
+limit whose ``name`` another matched limit ``replaces`` is not checked.
 
 Failures: an empty domain or descriptor list is INVALID_ARGUMENT; a limiter exception is
 UNAVAILABLE (Envoy then applies its ``failure_mode_deny``); a per-item error from the
@@ -14,20 +27,31 @@ limiter fails open (OK) and is counted. Every failure is logged, rate-limited.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import grpc
+from google.protobuf import text_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
+from google.protobuf.struct_pb2 import Struct
 
-from smockron.cluster.envoy.config import UNIT_NAME, UNIT_NUMBER, EnvoyConfig, Limit
-from smockron.cluster.envoy.headers import rate_limit_headers
+from smockron.cluster.envoy.config import UNIT_NAME, UNIT_NUMBER, EnvoyConfig, Limit, Match
+from smockron.cluster.envoy.headers import rate_limit_headers, speaking_status
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
+from smockron.cluster.envoy.settings import EnvoySettings
+from smockron.cluster.envoy.stats import (
+    UPSTREAM_METRICS,
+    EnvoyStats,
+    EnvoyStatsCollector,
+    LimitStats,
+    near_threshold,
+    record,
+)
 from smockron.cluster.local import epoch_ms
 from smockron.cluster.model import (
     Algorithm,
@@ -39,8 +63,10 @@ from smockron.cluster.model import (
 )
 from smockron.cluster.native import NativeServer
 from smockron.cluster.threaded import ThreadedServer, fast_or_bridged, keep_none
-from smockron.counters import CounterSet
+from smockron.core import calendar
 from smockron.ratelog import RateLimitedLog
+
+__all__ = ["EnvoyStats", "EnvoyStatsCollector", "RateLimitServicer", "add_to_server"]
 
 log = logging.getLogger(__name__)
 
@@ -49,37 +75,33 @@ OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
 _MAX_UINT32 = 2**32 - 1
 
+Decide = Callable[[list[RateLimitRequest]], list[RateLimitResponse] | None]
+
 
 @dataclass(slots=True)
-class EnvoyStats(CounterSet):
-    """Counters of the Envoy front (exported by whoever runs it)."""
+class _Check:
+    """One descriptor that goes to the limiter."""
 
-    calls: int = 0
-    descriptors: int = 0
-    over_limit: int = 0
-    shadow_over_limit: int = 0
-    invalid: int = 0
-    limiter_errors: int = 0
-    config_errors: int = 0
+    index: int
+    match: Match
+    hits: int
+    window_end: int
+    request: RateLimitRequest
 
 
-class EnvoyStatsCollector(Collector):
-    """Exports an EnvoyStats as Prometheus counters ``smockron_envoy_<field>_total``.
+@dataclass(slots=True)
+class _Plan:
+    """What a call asks, resolved against the config before the limiter is asked."""
 
-    Register it on the registry behind ``/metrics``:
-    ``REGISTRY.register(EnvoyStatsCollector(servicer.stats))``.
-    """
+    request: rls_pb2.RateLimitRequest
+    now: int
+    known_domain: bool
+    unlimited: list[bool]
+    checks: list[_Check]
 
-    def __init__(self, stats: EnvoyStats) -> None:
-        self.stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        for name, value in self.stats.as_dict().items():
-            yield CounterMetricFamily(
-                f"smockron_envoy_{name}",
-                f"Envoy rate limit service: {name.replace('_', ' ')}",
-                value=value,
-            )
+    @property
+    def batch(self) -> list[RateLimitRequest]:
+        return [check.request for check in self.checks]
 
 
 class RateLimitServicer:
@@ -89,14 +111,28 @@ class RateLimitServicer:
         config: EnvoyConfig,
         clock: Callable[[], int] = epoch_ms,
         *,
-        response_headers: bool = False,
+        response_headers: bool | None = None,
+        settings: EnvoySettings | None = None,
     ) -> None:
+        """``settings`` default to envoyproxy/ratelimit's environment variables;
+        ``response_headers``, when given, overrides their LIMIT_RESPONSE_HEADERS_ENABLED."""
+        settings = settings if settings is not None else EnvoySettings.from_env()
+        if response_headers is not None:
+            settings = dataclasses.replace(settings, response_headers=response_headers)
         self.limiter = limiter
         self.config = config
-        self.response_headers = response_headers
-        self.stats = EnvoyStats()
+        self.settings = settings
+        self.stats = EnvoyStats(config_loads=1)
+        self.limit_stats: dict[str, LimitStats] = {}
+        self.domain_not_found: dict[str, int] = {}
+        self._near_ratio = settings.near_limit_ratio
         self._clock = clock
         self._log = RateLimitedLog(log)
+        UPSTREAM_METRICS.sources.add(self)
+
+    @property
+    def response_headers(self) -> bool:
+        return self.settings.response_headers
 
     async def ShouldRateLimit(
         self,
@@ -112,127 +148,269 @@ class RateLimitServicer:
             self.stats.invalid += 1
             what = "domain" if not request.domain else "descriptor list"
             self._log.warning("envoy: rejected request: empty %s", what, key="invalid")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rate limit {what} is empty")
-        limits, batch, now = self._plan(request)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"rate limit {what} must not be empty"
+            )
+        plan = self._plan(request)
         try:
-            answers = await self.limiter.get_rate_limits(batch) if batch else []
+            answers = await self.limiter.get_rate_limits(plan.batch) if plan.checks else []
         except Exception as exc:  # the limiter's failure must not look like a verdict
             self.stats.limiter_errors += 1
             self._log.warning("envoy: limiter failed: %r", exc, key="limiter")
             await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limiter unavailable")
-        return self._respond(limits, answers, now)
+        drains = self._drains(plan, answers)
+        if drains:
+            try:
+                await self.limiter.get_rate_limits(drains)
+            except Exception as exc:  # the verdict stands; only later calls may differ
+                self._drain_failed(repr(exc))
+        return self._respond(plan, answers)
 
     def answer_here(
-        self,
-        request: rls_pb2.RateLimitRequest,
-        decide: Callable[[list[RateLimitRequest]], list[RateLimitResponse] | None],
+        self, request: rls_pb2.RateLimitRequest, decide: Decide
     ) -> rls_pb2.RateLimitResponse | None:
         """ShouldRateLimit without the event loop, for the threaded server: None (nothing
         counted) when the request is invalid or ``decide`` (``Node.answer_here``) cannot
         answer alone; the caller then takes the asyncio path."""
         if not request.domain or not request.descriptors:
             return None
-        limits, batch, now = self._plan(request)
-        answers = decide(batch) if batch else []
+        plan = self._plan(request)
+        answers = decide(plan.batch) if plan.checks else []
         if answers is None:
             return None
+        drains = self._drains(plan, answers)
+        if drains and decide(drains) is None:  # owners moved between the two checks
+            self._drain_failed("not owned here any more")
         self.stats.calls += 1
-        return self._respond(limits, answers, now)
+        return self._respond(plan, answers)
 
-    def _plan(
-        self, request: rls_pb2.RateLimitRequest
-    ) -> tuple[list[Limit | None], list[RateLimitRequest], int]:
-        """(each descriptor's limit, the checks to make, now)."""
+    # -- before the limiter -----------------------------------------------------------------
+
+    def _plan(self, request: rls_pb2.RateLimitRequest) -> _Plan:
         now = self._clock()
-        limits = [self._limit_for(request.domain, d) for d in request.descriptors]
-        batch: list[RateLimitRequest] = []
-        for descriptor, limit in zip(request.descriptors, limits, strict=True):
-            if limit is not None and not limit.unlimited:
-                batch.append(self._to_request(request, descriptor, limit, now))
-        return limits, batch, now
-
-    def _respond(
-        self, limits: list[Limit | None], answer_list: list[RateLimitResponse], now: int
-    ) -> rls_pb2.RateLimitResponse:
-        answers = iter(answer_list)
-        response = rls_pb2.RateLimitResponse(overall_code=OK)
-        for limit in limits:
-            status = response.statuses.add()
-            self.stats.descriptors += 1
-            if limit is None or limit.unlimited:
-                status.code = OK
-                status.limit_remaining = _MAX_UINT32 if limit is not None else 0
+        domain = request.domain
+        matches = [self._match(domain, d) for d in request.descriptors]
+        unlimited = [m is not None and m.limit.unlimited for m in matches]
+        replaced = {name for m in matches if m is not None for name in m.limit.replaces}
+        checks = []
+        for i, (descriptor, match) in enumerate(zip(request.descriptors, matches, strict=True)):
+            if match is None or unlimited[i]:
                 continue
-            self._fill(status, limit, next(answers), now)
-            if status.code == OVER_LIMIT:
-                response.overall_code = OVER_LIMIT
-        if self.response_headers:
-            for name, value in rate_limit_headers(response.statuses):
-                response.response_headers_to_add.add(key=name, value=value)
-        return response
+            if match.limit.name and match.limit.name in replaced:
+                continue
+            checks.append(self._check(i, request, descriptor, match, now))
+        return _Plan(request, now, domain in self.config.domains, unlimited, checks)
 
-    def _limit_for(
-        self, domain: str, descriptor: ratelimit_pb2.RateLimitDescriptor
-    ) -> Limit | None:
-        if descriptor.HasField("limit") and descriptor.limit.unit in UNIT_NAME:
-            return Limit(descriptor.limit.requests_per_unit, UNIT_NAME[descriptor.limit.unit])
+    def _match(self, domain: str, descriptor: ratelimit_pb2.RateLimitDescriptor) -> Match | None:
         entries = [(e.key, e.value) for e in descriptor.entries]
-        return self.config.find(domain, entries)
+        override = None
+        if descriptor.HasField("limit") and descriptor.limit.unit in UNIT_NAME:
+            override = (descriptor.limit.requests_per_unit, UNIT_NAME[descriptor.limit.unit])
+        return self.config.lookup(domain, entries, override)
 
     @staticmethod
-    def _to_request(
+    def _check(
+        index: int,
         request: rls_pb2.RateLimitRequest,
         descriptor: ratelimit_pb2.RateLimitDescriptor,
-        limit: Limit,
+        match: Match,
         now: int,
-    ) -> RateLimitRequest:
+    ) -> _Check:
         if descriptor.HasField("hits_addend"):
             hits = descriptor.hits_addend.value
         else:
-            hits = request.hits_addend or 1
-        duration, gregorian = limit.window
-        key = "&".join(
-            f"{quote(e.key, safe='')}={quote(e.value, safe='')}" for e in descriptor.entries
-        )
-        return RateLimitRequest(
+            hits = max(1, request.hits_addend)
+        key = _counter_key(descriptor, match.share_patterns)
+        duration, gregorian = match.limit.window
+        if gregorian:
+            _, end = calendar.window(now, duration)
+        else:  # aligned to the epoch: the window is part of the key
+            start = now - now % duration
+            end = start + duration
+            key = f"{key}@{start}"
+        limiter_request = RateLimitRequest(
             name=f"envoy/{request.domain}",
-            unique_key=key or "-",
+            unique_key=key,
             hits=hits,
-            limit=limit.requests_per_unit,
+            limit=match.limit.requests_per_unit,
             duration=duration,
             algorithm=Algorithm.TOKEN_BUCKET,
             behavior=Behavior.DURATION_IS_GREGORIAN if gregorian else Behavior.BATCHING,
             created_at=now,
         )
+        return _Check(index, match, hits, end, limiter_request)
+
+    @staticmethod
+    def _drains(plan: _Plan, answers: list[RateLimitResponse]) -> list[RateLimitRequest]:
+        """Checks that empty the windows a refused request left room in (its refused hits
+        count, as upstream's counter counts them)."""
+        drains = []
+        for check, answer in zip(plan.checks, answers, strict=True):
+            if answer.status == Status.OVER_LIMIT and answer.remaining > 0 and not answer.error:
+                drains.append(
+                    dataclasses.replace(
+                        check.request,
+                        hits=answer.remaining,
+                        behavior=check.request.behavior | Behavior.DRAIN_OVER_LIMIT,
+                        metadata={},
+                    )
+                )
+        return drains
+
+    def _drain_failed(self, why: str) -> None:
+        self.stats.limiter_errors += 1
+        self._log.warning("envoy: could not count refused hits: %s", why, key="drain")
+
+    # -- the answer -------------------------------------------------------------------------
+
+    def _respond(self, plan: _Plan, answers: list[RateLimitResponse]) -> rls_pb2.RateLimitResponse:
+        request, settings = plan.request, self.settings
+        if not plan.known_domain:
+            count = self.domain_not_found.get(request.domain, 0)
+            self.domain_not_found[request.domain] = count + len(request.descriptors)
+        by_index = {c.index: (c, a) for c, a in zip(plan.checks, answers, strict=True)}
+        response = rls_pb2.RateLimitResponse()
+        refusing, passed = [False] * len(request.descriptors), []
+        failed_rate = failed_quota = total_quota = 0
+        for i in range(len(request.descriptors)):
+            status = response.statuses.add()
+            self.stats.descriptors += 1
+            if plan.unlimited[i]:
+                status.code, status.limit_remaining = OK, _MAX_UINT32
+                continue
+            checked = by_index.get(i)
+            quota = settings.quota_mode or (
+                checked is not None and checked[0].match.limit.quota_mode
+            )
+            total_quota += quota
+            if checked is None:
+                status.code = OK
+            else:
+                self._fill(status, checked[0], checked[1], plan.now)
+            if status.code == OVER_LIMIT:
+                refusing[i] = not quota
+                failed_quota += quota
+                failed_rate += not quota
+            else:
+                passed.append(i)
+        over = failed_rate > 0 or (total_quota > 0 and total_quota == failed_quota)
+        if settings.response_headers:
+            self._add_headers(response, refusing, by_index, plan.now)
+        if over and settings.shadow_mode:
+            over = False
+            self.stats.global_shadow_mode += 1
+        if settings.dynamic_metadata:
+            metadata = [by_index[i][0].match.metadata for i in passed if i in by_index]
+            response.dynamic_metadata.CopyFrom(_dynamic_metadata(request, metadata))
+        response.overall_code = OVER_LIMIT if over else OK
+        return response
 
     def _fill(
         self,
         status: rls_pb2.RateLimitResponse.DescriptorStatus,
-        limit: Limit,
+        check: _Check,
         answer: RateLimitResponse,
         now: int,
     ) -> None:
+        limit = check.match.limit
         status.current_limit.requests_per_unit = limit.requests_per_unit
         status.current_limit.unit = UNIT_NUMBER[limit.unit]  # type: ignore[assignment]
         status.current_limit.name = limit.name
+        status.duration_until_reset.CopyFrom(Duration(seconds=_ceil_s(check.window_end - now)))
         if answer.error:
             self.stats.limiter_errors += 1
             self._log.warning("envoy: limiter error, failing open: %s", answer.error, key="item")
             status.code = OK
             return
-        status.limit_remaining = max(0, min(_MAX_UINT32, answer.remaining))
-        status.duration_until_reset.CopyFrom(_duration_ms(max(0, answer.reset_time - now)))
         over = answer.status == Status.OVER_LIMIT
+        remaining = max(0, min(_MAX_UINT32, answer.remaining))
+        before = limit.requests_per_unit - remaining
+        if not over:
+            before -= check.hits
+        self._record(check, limit, before, over)
+        status.limit_remaining = 0 if over else remaining
+        status.code = OVER_LIMIT if over and not limit.shadow_mode else OK
+
+    def _record(self, check: _Check, limit: Limit, before: int, over: bool) -> None:
+        key = check.match.stats_key
+        stats = self.limit_stats.get(key)
+        if stats is None:
+            stats = self.limit_stats[key] = LimitStats()
+        near = near_threshold(limit.requests_per_unit, self._near_ratio)
+        record(stats, limit.requests_per_unit, before, check.hits, over, limit.shadow_mode, near)
         if over and limit.shadow_mode:
             self.stats.shadow_over_limit += 1
             self._log.warning("envoy: shadow_mode limit %r over limit", limit.name, key="shadow")
         elif over:
             self.stats.over_limit += 1
-        status.code = OVER_LIMIT if over and not limit.shadow_mode else OK
+
+    def _add_headers(
+        self,
+        response: rls_pb2.RateLimitResponse,
+        refusing: list[bool],
+        by_index: Mapping[int, tuple[_Check, RateLimitResponse]],
+        now: int,
+    ) -> None:
+        chosen = speaking_status(response.statuses, refusing)
+        if chosen is None or chosen not in by_index:
+            return
+        reset_s = _ceil_s(by_index[chosen][0].window_end - now)
+        for name, value in rate_limit_headers(response.statuses[chosen], reset_s, self.settings):
+            response.response_headers_to_add.add(key=name, value=value)
 
 
-def _duration_ms(ms: int) -> Duration:
-    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+def _counter_key(descriptor: ratelimit_pb2.RateLimitDescriptor, patterns: tuple[str, ...]) -> str:
+    """``k1=v1&k2=v2``, URL-escaped; a ``share_threshold`` pattern stands for its values."""
+    parts = []
+    for j, entry in enumerate(descriptor.entries):
+        value = patterns[j] if patterns and patterns[j] else entry.value
+        parts.append(f"{quote(entry.key, safe='')}={quote(value, safe='')}")
+    return "&".join(parts) or "-"
+
+
+def _ceil_s(ms: int) -> int:
+    """Whole seconds, rounded up, as upstream's ``CalculateReset`` (which counts from the
+    current whole second) gives them."""
+    return max(0, -(-ms // 1000))
+
+
+def _dynamic_metadata(
+    request: rls_pb2.RateLimitRequest, passed: list[Mapping[str, Any] | None]
+) -> Struct:
+    """Upstream's ``ratelimitToMetadata``: the request, and the merged ``metadata`` of the
+    limits that passed (the first one's value wins)."""
+    descriptors = []
+    for d in request.descriptors:
+        item: dict[str, Any] = {"entries": [f"{e.key}={e.value}" for e in d.entries]}
+        if d.HasField("limit"):
+            item["limit"] = text_format.MessageToString(d.limit, as_one_line=True)
+        if d.HasField("hits_addend"):
+            item["hitsAddend"] = float(d.hits_addend.value)
+        descriptors.append(item)
+    fields: dict[str, Any] = {"domain": request.domain, "descriptors": descriptors}
+    if request.hits_addend:
+        fields["hitsAddend"] = float(request.hits_addend)
+    merged: dict[str, Any] = {}
+    for metadata in passed:
+        if metadata:
+            _merge(merged, metadata)
+    if merged:
+        fields["metadata"] = merged
+    out = Struct()
+    out.update(fields)
+    return out
+
+
+def _merge(dest: dict[str, Any], src: Mapping[str, Any]) -> None:
+    for key, value in src.items():
+        if key not in dest:
+            dest[key] = _copy(value)
+        elif isinstance(dest[key], dict) and isinstance(value, Mapping):
+            _merge(dest[key], value)
+
+
+def _copy(value: Any) -> Any:
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def add_to_server(
@@ -241,17 +419,20 @@ def add_to_server(
     config: EnvoyConfig,
     clock: Callable[[], int] = epoch_ms,
     *,
-    response_headers: bool = False,
+    response_headers: bool | None = None,
+    settings: EnvoySettings | None = None,
 ) -> RateLimitServicer:
     """Serve ShouldRateLimit on ``server``; the servicer is returned for its stats/config.
 
-    ``response_headers=True`` adds ``x-ratelimit-limit``, ``-remaining`` and ``-reset`` to
-    ``response_headers_to_add`` (envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
+    ``settings`` default to envoyproxy/ratelimit's environment variables (settings.py);
+    ``response_headers`` overrides their LIMIT_RESPONSE_HEADERS_ENABLED.
 
     The handler is registered by hand (not with the generated helper) so that bytes that do
     not decode reach the servicer as None and are counted and logged like other bad input.
     """
-    servicer = RateLimitServicer(limiter, config, clock, response_headers=response_headers)
+    servicer = RateLimitServicer(
+        limiter, config, clock, response_headers=response_headers, settings=settings
+    )
     decide = getattr(limiter, "answer_here", None)
     if isinstance(server, ThreadedServer | NativeServer) and decide is not None:
         # checks the node decides alone are answered on the gRPC thread (see threaded.py)

@@ -13,6 +13,7 @@ class RateLimitUnit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DAY: _ClassVar[RateLimitUnit]
     MONTH: _ClassVar[RateLimitUnit]
     YEAR: _ClassVar[RateLimitUnit]
+    WEEK: _ClassVar[RateLimitUnit]
 UNKNOWN: RateLimitUnit
 SECOND: RateLimitUnit
 MINUTE: RateLimitUnit
@@ -20,3 +21,4 @@ HOUR: RateLimitUnit
 DAY: RateLimitUnit
 MONTH: RateLimitUnit
 YEAR: RateLimitUnit
+WEEK: RateLimitUnit
