@@ -43,7 +43,7 @@ from google.protobuf import json_format
 
 from smockron.core.hashring import HashRing
 from tests.cluster.test_cluster import Cluster, start_cluster
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, EtcdServer, Proc, free_ports, stopping, wait_port
 
 PROTO_DIR = REPO_ROOT / "smockron" / "cluster" / "proto"
 SECOND, MINUTE = 1000, 60_000
@@ -455,8 +455,8 @@ def test_TestGetPeerRateLimits(guber: Guber) -> None:
 
 def test_TestHealthCheck(api: Api, tmp_path: Path) -> None:
     """Every node is healthy and lists every node as a local peer (one data center:
-    upstream's second data center needs peers that carry one, which a static list does
-    not; tests/cluster/test_health.py covers the split). Then the cluster stops and
+    a static peer list carries no data center; test_TestHealthCheck_data_centers
+    covers upstream's two data centers with etcd discovery). Then the cluster stops and
     HealthCheck fails to connect."""
     with start_cluster(tmp_path) as cluster:
         channels = [grpc.insecure_channel(a) for a in cluster.addresses]
@@ -478,6 +478,41 @@ def test_TestHealthCheck(api: Api, tmp_path: Path) -> None:
         finally:
             for channel in channels:
                 channel.close()
+
+
+def test_TestHealthCheck_data_centers(api: Api, tmp_path: Path, etcd_server: EtcdServer) -> None:
+    """Upstream's data-center half of TestHealthCheck, with etcd discovery (whose
+    registrations carry a data center): two nodes in the unnamed data center, one in
+    "one". Each node lists the nodes of its own data center, itself included, as local
+    peers and the others as region peers; peer_count counts both."""
+    nodes = [("", "none-a"), ("", "none-b"), ("one", "one-a")]
+    procs: list[Proc] = []
+    with stopping(procs):
+        centers: dict[str, str] = {}
+        for center, label in nodes:
+            g, h = free_ports(2)
+            address = f"127.0.0.1:{g}"
+            etcd = ["--peer-discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint]
+            args = ["env", f"GUBER_DATA_CENTER={center}", sys.executable, "-m", "smockron",
+                    "cluster", "--grpc-address", address, "--http-address", f"127.0.0.1:{h}",
+                    *etcd]  # fmt: skip
+            procs.append(Proc(args, tmp_path / f"{label}.log"))
+            wait_port(g, 20)
+            centers[address] = center
+        for address, center in centers.items():
+            with grpc.insecure_channel(address) as channel:
+                stub = api.grpc.V1Stub(channel)
+                deadline = time.monotonic() + 15
+                resp = stub.HealthCheck(api.pb.HealthCheckReq(), timeout=5)
+                while resp.peer_count < 3 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    resp = stub.HealthCheck(api.pb.HealthCheckReq(), timeout=5)
+            assert (resp.status, resp.peer_count) == ("healthy", 3), resp.message
+            local = sorted((p.grpc_address, p.data_center) for p in resp.local_peers)
+            region = sorted((p.grpc_address, p.data_center) for p in resp.region_peers)
+            assert local == sorted((a, c) for a, c in centers.items() if c == center)
+            assert region == sorted((a, c) for a, c in centers.items() if c != center)
+            assert address in {a for a, _ in local}
 
 
 def test_TestGRPCGateway(guber: Guber) -> None:
