@@ -40,6 +40,7 @@ import grpc.aio
 
 from smockron.cluster.coalesce import AsyncCoalescer, Coalescer
 from smockron.cluster.convert import request_to_pb, response_from_pb
+from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -121,6 +122,10 @@ class HealthCheck:
     message: str
     peer_count: int
     advertise_address: str
+    local_peers: tuple[PeerInfo, ...] = ()
+    """The nodes of the answering node's data center, itself included."""
+    region_peers: tuple[PeerInfo, ...] = ()
+    """The nodes of other data centers."""
 
     @property
     def healthy(self) -> bool:
@@ -193,7 +198,14 @@ def _checked(resp: RateLimitResponse, name: str, key: str) -> RateLimitResponse:
 
 
 def _health(msg: pb.HealthCheckResp) -> HealthCheck:
-    return HealthCheck(msg.status, msg.message, msg.peer_count, msg.advertise_address)
+    return HealthCheck(
+        msg.status,
+        msg.message,
+        msg.peer_count,
+        msg.advertise_address,
+        tuple(PeerInfo(p.grpc_address, data_center=p.data_center) for p in msg.local_peers),
+        tuple(PeerInfo(p.grpc_address, data_center=p.data_center) for p in msg.region_peers),
+    )
 
 
 def grpc_target(addresses: str | Sequence[str]) -> str:

@@ -7,6 +7,14 @@ full (least recently used first). The request's ``created_at``, when set, is the
 for that item, as in Gubernator v2, so a forwarded request is judged at the time it was
 made. The cluster builds forwarding, batching and GLOBAL replication on top of it.
 
+A key is kept until its state expires (``expire_at``) and at least until the
+``created_at + duration`` of the request that last stored it (the end of its calendar
+interval with DURATION_IS_GREGORIAN), as Gubernator keeps a cache item until then: the
+expiry sweep runs on this node's clock, so a state made for a ``created_at`` behind that
+clock (a client's clock, a forward in flight) would otherwise be dropped between two
+requests made at the same ``created_at`` whenever the sweep reached it, and the second
+request would find a full bucket.
+
 The cache holds each state as a plain tuple of numbers (its expiry, its kind, its
 fields), not as the state object: CPython's garbage collector stops tracking exact
 tuples of numbers (after a pass or two), never a named tuple or a dataclass. With a
@@ -22,7 +30,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
-from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
+from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
+from smockron.core import calendar
 from smockron.core.algorithms import (
     HistoryState,
     InvalidParams,
@@ -37,6 +46,8 @@ from smockron.core.algorithms import (
 
 Clock = Callable[[], int]
 
+_GREGORIAN: Final = int(Behavior.DURATION_IS_GREGORIAN)
+
 _SWEEP_PER_CALL = 8
 """Expired keys removed from the cold end of the cache per call, so memory follows load."""
 
@@ -49,8 +60,8 @@ Entry = tuple[Any, ...]
 collector untracks one level of nested tuples per pass."""
 
 
-def _pack(state: State) -> Entry:
-    return (expire_at(state), _KIND[type(state)], *state)
+def _pack(state: State, keep_until: int = 0) -> Entry:
+    return (max(expire_at(state), keep_until), _KIND[type(state)], *state)
 
 
 def _unpack(entry: Entry) -> State:
@@ -125,7 +136,7 @@ class LocalLimiter:
             state, verdict = check(state, params, now)
         except InvalidParams as exc:
             return RateLimitResponse(error=str(exc))
-        self._store(key, state)
+        self._store(key, state, _keep_until(req, now))
         return RateLimitResponse(
             status=Status.OVER_LIMIT if verdict.over_limit else Status.UNDER_LIMIT,
             limit=verdict.limit,
@@ -133,9 +144,9 @@ class LocalLimiter:
             reset_time=verdict.reset_time,
         )
 
-    def _store(self, key: str, state: State) -> None:
+    def _store(self, key: str, state: State, keep_until: int = 0) -> None:
         cache = self._cache
-        cache[key] = _pack(state)
+        cache[key] = _pack(state, keep_until)
         cache.move_to_end(key)
         while len(cache) > self._max_keys:
             cache.popitem(last=False)
@@ -150,6 +161,14 @@ class LocalLimiter:
             if now < expires:
                 return
             del cache[key]
+
+
+def _keep_until(req: RateLimitRequest, now: int) -> int:
+    """Gubernator's cache expiry for a request made at ``now``: ``created_at + duration``,
+    or the end of the calendar interval."""
+    if int(req.behavior) & _GREGORIAN:
+        return calendar.window(now, req.duration)[1]
+    return now + req.duration
 
 
 def _invalid(req: RateLimitRequest) -> str:

@@ -393,18 +393,37 @@ class Node:
 
     # -- health -----------------------------------------------------------------------
     def health(self) -> tuple[str, str, int, str]:
-        """(status, message, peer_count, advertise_address) as Gubernator reports them."""
+        """(status, message, peer_count, advertise_address) as Gubernator reports them,
+        with its wording, so what operators grep for is found: one
+        ``error returned from local peer.GetLastErr: from host <addr>: ...`` per recent
+        peer error (``region peer`` for another data center), and ``this instance is not
+        found in the peer list``."""
+        local, _ = self.peer_groups()
+        here = {p.grpc_address for p in local}
         errors = [
-            f"peer {addr}: {msg}"
+            f"error returned from {'local' if addr in here else 'region'} peer.GetLastErr: "
+            f"from host {addr}: {msg}"
             for addr, client in sorted(self.clients.items())
             for msg in client.recent_errors()[-3:]
         ]
-        errors.extend(f"peer {addr} is down" for addr in sorted(self.down))
+        errors.extend(f"from host {a}: peer is down, routed around" for a in sorted(self.down))
         advertise = self.address if self.in_peer_list else ""
         if not advertise:
-            errors.append(f"this node's address {self.address} is not in the peer list")
+            errors.append("this instance is not found in the peer list")
         status = "unhealthy" if errors else "healthy"
         return status, "|".join(errors), len(self.peer_infos), advertise
+
+    def peer_groups(self) -> tuple[list[PeerInfo], list[PeerInfo]]:
+        """(local, region): the known nodes of this node's data center, this node
+        included, and those of other data centers, each sorted by address."""
+        mine = self.config.data_center
+        local: list[PeerInfo] = []
+        region: list[PeerInfo] = []
+        for addr, info in sorted(self.peer_infos.items()):
+            if addr == self.address:
+                info = replace(info, data_center=mine)
+            (local if info.data_center == mine else region).append(info)
+        return local, region
 
     async def close(self) -> None:
         await self.global_sync.close()

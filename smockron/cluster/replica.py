@@ -176,7 +176,10 @@ class ReplicaCache:
             resp = RateLimitResponse(Status.OVER_LIMIT, req.limit, budget - taken, item.reset_time)
             return Answer(resp, taken, available > budget)  # more may be lent: ask soon
         self._spend(item, hits)
-        left = min(available - hits, req.limit)
+        left = available - hits
+        ceiling = _ceiling(req)
+        if ceiling is not None:
+            left = min(left, ceiling)
         resp = RateLimitResponse(Status.UNDER_LIMIT, req.limit, left, item.reset_time)
         return Answer(resp, hits, not item.lease_until or self._urgent(item, req.limit))
 
@@ -194,6 +197,18 @@ class ReplicaCache:
     @staticmethod
     def _urgent(item: Replica, limit: int) -> bool:
         return item.budget * 10 < limit
+
+
+def _ceiling(req: RateLimitRequest) -> int | None:
+    """The most ``remaining`` can be after a give-back, as the owner's algorithm has it:
+    the token bucket has no ceiling (negative hits raise it above ``limit`` until the
+    window ends), the leaky bucket and the history rule stop at ``burst`` (default
+    ``limit``), the sliding window at ``limit``."""
+    if req.algorithm == Algorithm.TOKEN_BUCKET:
+        return None
+    if req.algorithm == Algorithm.SLIDING_WINDOW:
+        return req.limit
+    return req.burst or req.limit
 
 
 def _int(text: str) -> int:

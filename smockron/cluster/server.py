@@ -1,12 +1,16 @@
 """One running node: gRPC server (V1 + PeersV1), HTTP gateway and peer discovery.
 
-Used by ``smockron cluster`` and by tests that want a real node in-process.
+Used by ``smockron cluster`` and by tests that want a real node in-process. The start-up
+lines and listen errors use Gubernator's words (``GRPC Listening on <addr> ...``,
+``HTTP Gateway Listening on <addr> ...``, ``while starting GRPC listener: ...``), which
+operators and scripts wait or grep for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 
 import grpc
@@ -37,6 +41,26 @@ def split_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"address {address!r} is not host:port")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def bind_error(address: str) -> str:
+    """Why ``address`` cannot be listened on, worded like Go's net.Listen error (which
+    Gubernator prints): ``listen tcp 127.0.0.1:1051: bind: address already in use``."""
+    try:
+        host, port = split_address(address)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, port))
+    except (OSError, ValueError) as exc:
+        return _go_listen_error(address, exc)
+    return f"listen tcp {address}: cannot bind"
+
+
+def _go_listen_error(address: str, exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror[0].lower() + exc.strerror[1:]
+        return f"listen tcp {address}: bind: {reason}"
+    return f"listen tcp {address}: {exc}"
 
 
 class ClusterServer:
@@ -92,9 +116,11 @@ class ClusterServer:
         except RuntimeError:
             bound = 0
         if bound == 0:
-            raise OSError(f"cannot listen on gRPC address {self.config.grpc_address}")
+            reason = bind_error(self.config.grpc_address)
+            raise OSError(f"while starting GRPC listener: {reason}")
         await server.start()
         self._grpc = server
+        log.info("GRPC Listening on %s ...", self.config.grpc_address)
         if self.config.http_address:
             runner = web.AppRunner(make_app(self.node), access_log=None)
             await runner.setup()
@@ -103,9 +129,9 @@ class ClusterServer:
             try:
                 await web.TCPSite(runner, host, port).start()
             except OSError as exc:
-                raise OSError(
-                    f"cannot listen on HTTP address {self.config.http_address}: {exc.strerror}"
-                ) from None
+                reason = _go_listen_error(self.config.http_address, exc)
+                raise OSError(f"while starting HTTP listener: {reason}") from None
+            log.info("HTTP Gateway Listening on %s ...", self.config.http_address)
 
     async def stop(self) -> None:
         if self._discovery is not None:

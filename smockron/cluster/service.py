@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Histogram
 
 from smockron.cluster import convert
+from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import MAX_BATCH, Node
@@ -151,9 +152,19 @@ class PeersV1Servicer:
 
 def health_pb(node: Node) -> pb.HealthCheckResp:
     status, message, count, advertise = node.health()
+    local, region = node.peer_groups()
     return pb.HealthCheckResp(
-        status=status, message=message, peer_count=count, advertise_address=advertise
+        status=status,
+        message=message,
+        peer_count=count,
+        advertise_address=advertise,
+        local_peers=[_peer_pb(p) for p in local],
+        region_peers=[_peer_pb(p) for p in region],
     )
+
+
+def _peer_pb(peer: PeerInfo) -> pb.PeerHealthResp:
+    return pb.PeerHealthResp(grpc_address=peer.grpc_address, data_center=peer.data_center)
 
 
 async def _reject(context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:

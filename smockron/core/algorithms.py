@@ -180,9 +180,9 @@ def _validate(p: LimitParams) -> None:
         raise InvalidParams(f"burst must be >= 0, got {p.burst}")
     if int(p.behavior) & _GREGORIAN:
         if not calendar.is_gregorian(p.duration):
-            raise InvalidParams(
-                "behavior DURATION_IS_GREGORIAN is set; but duration "
-                f"{p.duration} is not a valid gregorian interval (0..5)"
+            raise InvalidParams(  # Gubernator's text first: clients match on it
+                "behavior DURATION_IS_GREGORIAN is set; but `Duration` is not a valid "
+                f"gregorian interval: got {p.duration} (0..5)"
             )
         if p.algorithm == Algorithm.SMOCKRON_HISTORY:
             raise InvalidParams("SMOCKRON_HISTORY does not support DURATION_IS_GREGORIAN")

@@ -195,6 +195,8 @@ async def test_http_health_live_metrics(node: Node) -> None:
                 "message": "",
                 "peer_count": 1,
                 "advertise_address": node.grpc_address,
+                "local_peers": [{"grpc_address": node.grpc_address, "data_center": ""}],
+                "region_peers": [],
             }
         async with session.get(f"{node.http}/v1/LiveCheck") as resp:
             assert (resp.status, await resp.json()) == (200, {})

@@ -63,6 +63,8 @@ async def test_async_client_batches_errors_and_health(nodes: Nodes) -> None:
         health = await client.health_check()
         assert health.healthy, health.message
         assert (health.peer_count, health.advertise_address) == (3, nodes.addresses[1])
+        assert sorted(p.grpc_address for p in health.local_peers) == sorted(nodes.addresses)
+        assert health.region_peers == ()
         await client.live_check()
 
         reqs = [

@@ -108,7 +108,9 @@ def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
         log = proc.log()
         proc.stop()
     assert code == 1
-    assert f"Error: cannot listen on gRPC address 127.0.0.1:{port}" in log
+    # Gubernator's words: errors.Wrap(err, "while starting GRPC listener") over Go's error
+    expected = f"while starting GRPC listener: listen tcp 127.0.0.1:{port}: bind: address"
+    assert f"Error: {expected} already in use" in log
     assert "Traceback" not in log
 
 

@@ -45,6 +45,17 @@ def test_wire_numbers_match_gubernator() -> None:
     assert {v.name: v.number for v in pb.Algorithm.DESCRIPTOR.values} == {
         a.name: a.value for a in Algorithm
     }
+    health = {f.name: f.number for f in pb.HealthCheckResp.DESCRIPTOR.fields}
+    assert health == {
+        "status": 1,
+        "message": 2,
+        "peer_count": 3,
+        "advertise_address": 4,
+        "local_peers": 5,
+        "region_peers": 6,
+    }
+    peer = {f.name: f.number for f in pb.PeerHealthResp.DESCRIPTOR.fields}
+    assert peer == {"grpc_address": 1, "data_center": 2}
     glob = {f.name: f.number for f in peers_pb2.UpdatePeerGlobal.DESCRIPTOR.fields}
     assert glob == {"key": 1, "status": 2, "algorithm": 3, "duration": 4, "created_at": 5}
     assert pb.DESCRIPTOR.package == "pb.gubernator"

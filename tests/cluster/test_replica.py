@@ -184,6 +184,27 @@ def test_negative_hits_give_back_and_reset_goes_to_owner() -> None:
     assert cache.answer(other, now=0) is None
 
 
+def test_negative_hits_raise_remaining_as_the_owner_does() -> None:
+    """Gubernator's TestGlobalNegativeHits: remaining 3 of a limit of 2, a give-back of
+    one -> 4 (the token bucket has no ceiling until its window ends); the leaky bucket
+    stops at its burst, the sliding window at its limit."""
+    cache = ReplicaCache()
+    cache.install("n_k", owner_says(3, limit=2), TB, 1000)
+    answer = cache.answer(req(-1, limit=2), now=0)
+    assert answer is not None
+    assert (answer.response.status, answer.response.remaining, answer.hits) == (UNDER, 4, -1)
+    for algorithm, burst, ceiling in (
+        (Algorithm.LEAKY_BUCKET, 0, 10),
+        (Algorithm.LEAKY_BUCKET, 12, 12),
+        (Algorithm.SLIDING_WINDOW, 0, 10),
+    ):
+        cache = ReplicaCache()
+        cache.install("n_k", owner_says(9), algorithm, 1000)
+        give_back = RateLimitRequest("n", "k", -5, 10, 1000, algorithm, Behavior.GLOBAL, burst)
+        answer = cache.answer(give_back, now=0)
+        assert answer is not None and answer.response.remaining == ceiling, algorithm
+
+
 def test_bounded_size_and_errors_ignored() -> None:
     cache = ReplicaCache(max_keys=2)
     for key in ("a", "b", "c"):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10gubernator.proto\x12\rpb.gubernator\"A\n\x10GetRateLimitsReq\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.pb.gubernator.RateLimitReq\"D\n\x11GetRateLimitsResp\x12/\n\tresponses\x18\x01 \x03(\x0b\x32\x1c.pb.gubernator.RateLimitResp\"\xdc\x02\n\x0cRateLimitReq\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nunique_key\x18\x02 \x01(\t\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\r\n\x05limit\x18\x04 \x01(\x03\x12\x10\n\x08\x64uration\x18\x05 \x01(\x03\x12+\n\talgorithm\x18\x06 \x01(\x0e\x32\x18.pb.gubernator.Algorithm\x12)\n\x08\x62\x65havior\x18\x07 \x01(\x0e\x32\x17.pb.gubernator.Behavior\x12\r\n\x05\x62urst\x18\x08 \x01(\x03\x12;\n\x08metadata\x18\t \x03(\x0b\x32).pb.gubernator.RateLimitReq.MetadataEntry\x12\x17\n\ncreated_at\x18\n \x01(\x03H\x00\x88\x01\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_created_at\"\xea\x01\n\rRateLimitResp\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.pb.gubernator.Status\x12\r\n\x05limit\x18\x02 \x01(\x03\x12\x11\n\tremaining\x18\x03 \x01(\x03\x12\x12\n\nreset_time\x18\x04 \x01(\x03\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12<\n\x08metadata\x18\x06 \x03(\x0b\x32*.pb.gubernator.RateLimitResp.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eHealthCheckReq\"a\n\x0fHealthCheckResp\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\npeer_count\x18\x03 \x01(\x05\x12\x19\n\x11\x61\x64vertise_address\x18\x04 \x01(\t\"\x0e\n\x0cLiveCheckReq\"\x0f\n\rLiveCheckResp*Y\n\tAlgorithm\x12\x10\n\x0cTOKEN_BUCKET\x10\x00\x12\x10\n\x0cLEAKY_BUCKET\x10\x01\x12\x12\n\x0eSLIDING_WINDOW\x10\x02\x12\x14\n\x10SMOCKRON_HISTORY\x10\x03*\x8d\x01\n\x08\x42\x65havior\x12\x0c\n\x08\x42\x41TCHING\x10\x00\x12\x0f\n\x0bNO_BATCHING\x10\x01\x12\n\n\x06GLOBAL\x10\x02\x12\x19\n\x15\x44URATION_IS_GREGORIAN\x10\x04\x12\x13\n\x0fRESET_REMAINING\x10\x08\x12\x10\n\x0cMULTI_REGION\x10\x10\x12\x14\n\x10\x44RAIN_OVER_LIMIT\x10 *)\n\x06Status\x12\x0f\n\x0bUNDER_LIMIT\x10\x00\x12\x0e\n\nOVER_LIMIT\x10\x01\x32\xf4\x01\n\x02V1\x12T\n\rGetRateLimits\x12\x1f.pb.gubernator.GetRateLimitsReq\x1a .pb.gubernator.GetRateLimitsResp\"\x00\x12N\n\x0bHealthCheck\x12\x1d.pb.gubernator.HealthCheckReq\x1a\x1e.pb.gubernator.HealthCheckResp\"\x00\x12H\n\tLiveCheck\x12\x1b.pb.gubernator.LiveCheckReq\x1a\x1c.pb.gubernator.LiveCheckResp\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10gubernator.proto\x12\rpb.gubernator\"A\n\x10GetRateLimitsReq\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.pb.gubernator.RateLimitReq\"D\n\x11GetRateLimitsResp\x12/\n\tresponses\x18\x01 \x03(\x0b\x32\x1c.pb.gubernator.RateLimitResp\"\xdc\x02\n\x0cRateLimitReq\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nunique_key\x18\x02 \x01(\t\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\r\n\x05limit\x18\x04 \x01(\x03\x12\x10\n\x08\x64uration\x18\x05 \x01(\x03\x12+\n\talgorithm\x18\x06 \x01(\x0e\x32\x18.pb.gubernator.Algorithm\x12)\n\x08\x62\x65havior\x18\x07 \x01(\x0e\x32\x17.pb.gubernator.Behavior\x12\r\n\x05\x62urst\x18\x08 \x01(\x03\x12;\n\x08metadata\x18\t \x03(\x0b\x32).pb.gubernator.RateLimitReq.MetadataEntry\x12\x17\n\ncreated_at\x18\n \x01(\x03H\x00\x88\x01\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_created_at\"\xea\x01\n\rRateLimitResp\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.pb.gubernator.Status\x12\r\n\x05limit\x18\x02 \x01(\x03\x12\x11\n\tremaining\x18\x03 \x01(\x03\x12\x12\n\nreset_time\x18\x04 \x01(\x03\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12<\n\x08metadata\x18\x06 \x03(\x0b\x32*.pb.gubernator.RateLimitResp.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eHealthCheckReq\";\n\x0ePeerHealthResp\x12\x14\n\x0cgrpc_address\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61ta_center\x18\x02 \x01(\t\"\xca\x01\n\x0fHealthCheckResp\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\npeer_count\x18\x03 \x01(\x05\x12\x19\n\x11\x61\x64vertise_address\x18\x04 \x01(\t\x12\x32\n\x0blocal_peers\x18\x05 \x03(\x0b\x32\x1d.pb.gubernator.PeerHealthResp\x12\x33\n\x0cregion_peers\x18\x06 \x03(\x0b\x32\x1d.pb.gubernator.PeerHealthResp\"\x0e\n\x0cLiveCheckReq\"\x0f\n\rLiveCheckResp*Y\n\tAlgorithm\x12\x10\n\x0cTOKEN_BUCKET\x10\x00\x12\x10\n\x0cLEAKY_BUCKET\x10\x01\x12\x12\n\x0eSLIDING_WINDOW\x10\x02\x12\x14\n\x10SMOCKRON_HISTORY\x10\x03*\x8d\x01\n\x08\x42\x65havior\x12\x0c\n\x08\x42\x41TCHING\x10\x00\x12\x0f\n\x0bNO_BATCHING\x10\x01\x12\n\n\x06GLOBAL\x10\x02\x12\x19\n\x15\x44URATION_IS_GREGORIAN\x10\x04\x12\x13\n\x0fRESET_REMAINING\x10\x08\x12\x10\n\x0cMULTI_REGION\x10\x10\x12\x14\n\x10\x44RAIN_OVER_LIMIT\x10 *)\n\x06Status\x12\x0f\n\x0bUNDER_LIMIT\x10\x00\x12\x0e\n\nOVER_LIMIT\x10\x01\x32\xf4\x01\n\x02V1\x12T\n\rGetRateLimits\x12\x1f.pb.gubernator.GetRateLimitsReq\x1a .pb.gubernator.GetRateLimitsResp\"\x00\x12N\n\x0bHealthCheck\x12\x1d.pb.gubernator.HealthCheckReq\x1a\x1e.pb.gubernator.HealthCheckResp\"\x00\x12H\n\tLiveCheck\x12\x1b.pb.gubernator.LiveCheckReq\x1a\x1c.pb.gubernator.LiveCheckResp\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RATELIMITREQ_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_RATELIMITRESP_METADATAENTRY']._loaded_options = None
   _globals['_RATELIMITRESP_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_ALGORITHM']._serialized_start=910
-  _globals['_ALGORITHM']._serialized_end=999
-  _globals['_BEHAVIOR']._serialized_start=1002
-  _globals['_BEHAVIOR']._serialized_end=1143
-  _globals['_STATUS']._serialized_start=1145
-  _globals['_STATUS']._serialized_end=1186
+  _globals['_ALGORITHM']._serialized_start=1077
+  _globals['_ALGORITHM']._serialized_end=1166
+  _globals['_BEHAVIOR']._serialized_start=1169
+  _globals['_BEHAVIOR']._serialized_end=1310
+  _globals['_STATUS']._serialized_start=1312
+  _globals['_STATUS']._serialized_end=1353
   _globals['_GETRATELIMITSREQ']._serialized_start=35
   _globals['_GETRATELIMITSREQ']._serialized_end=100
   _globals['_GETRATELIMITSRESP']._serialized_start=102
@@ -55,12 +55,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RATELIMITRESP_METADATAENTRY']._serialized_end=506
   _globals['_HEALTHCHECKREQ']._serialized_start=760
   _globals['_HEALTHCHECKREQ']._serialized_end=776
-  _globals['_HEALTHCHECKRESP']._serialized_start=778
-  _globals['_HEALTHCHECKRESP']._serialized_end=875
-  _globals['_LIVECHECKREQ']._serialized_start=877
-  _globals['_LIVECHECKREQ']._serialized_end=891
-  _globals['_LIVECHECKRESP']._serialized_start=893
-  _globals['_LIVECHECKRESP']._serialized_end=908
-  _globals['_V1']._serialized_start=1189
-  _globals['_V1']._serialized_end=1433
+  _globals['_PEERHEALTHRESP']._serialized_start=778
+  _globals['_PEERHEALTHRESP']._serialized_end=837
+  _globals['_HEALTHCHECKRESP']._serialized_start=840
+  _globals['_HEALTHCHECKRESP']._serialized_end=1042
+  _globals['_LIVECHECKREQ']._serialized_start=1044
+  _globals['_LIVECHECKREQ']._serialized_end=1058
+  _globals['_LIVECHECKRESP']._serialized_start=1060
+  _globals['_LIVECHECKRESP']._serialized_end=1075
+  _globals['_V1']._serialized_start=1356
+  _globals['_V1']._serialized_end=1600
 # @@protoc_insertion_point(module_scope)

@@ -112,17 +112,29 @@ class HealthCheckReq(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class PeerHealthResp(_message.Message):
+    __slots__ = ("grpc_address", "data_center")
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_CENTER_FIELD_NUMBER: _ClassVar[int]
+    grpc_address: str
+    data_center: str
+    def __init__(self, grpc_address: _Optional[str] = ..., data_center: _Optional[str] = ...) -> None: ...
+
 class HealthCheckResp(_message.Message):
-    __slots__ = ("status", "message", "peer_count", "advertise_address")
+    __slots__ = ("status", "message", "peer_count", "advertise_address", "local_peers", "region_peers")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PEER_COUNT_FIELD_NUMBER: _ClassVar[int]
     ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_PEERS_FIELD_NUMBER: _ClassVar[int]
+    REGION_PEERS_FIELD_NUMBER: _ClassVar[int]
     status: str
     message: str
     peer_count: int
     advertise_address: str
-    def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ..., peer_count: _Optional[int] = ..., advertise_address: _Optional[str] = ...) -> None: ...
+    local_peers: _containers.RepeatedCompositeFieldContainer[PeerHealthResp]
+    region_peers: _containers.RepeatedCompositeFieldContainer[PeerHealthResp]
+    def __init__(self, status: _Optional[str] = ..., message: _Optional[str] = ..., peer_count: _Optional[int] = ..., advertise_address: _Optional[str] = ..., local_peers: _Optional[_Iterable[_Union[PeerHealthResp, _Mapping]]] = ..., region_peers: _Optional[_Iterable[_Union[PeerHealthResp, _Mapping]]] = ...) -> None: ...
 
 class LiveCheckReq(_message.Message):
     __slots__ = ()
