@@ -170,6 +170,7 @@ class _GatekeeperBase:
         self.sndhwm = sndhwm
         self._sample_credit = 0.0
         self._peers = 0  # accounting connections up, from the PUB socket's monitor
+        self._control_peers = 0  # control connections up, from the SUB socket's monitor
         self._pub: zmq.Socket[bytes] | None = None
         self._malformed_log = RateLimitedLog(log)
         self._topic_frames: dict[bytes, bytes] = {}
@@ -178,6 +179,11 @@ class _GatekeeperBase:
 
     def _setup(self) -> None:
         """Subclass hook: create what the concurrency model needs."""
+
+    @property
+    def control_connected(self) -> bool:
+        """Whether the control socket is connected: verdicts can reach this gatekeeper."""
+        return self._control_peers > 0
 
     @property
     def master_connected(self) -> bool:
@@ -359,12 +365,21 @@ class _GatekeeperBase:
         self.decider.table.sweep(now)
         self.decider.sweep_local(now)
 
-    def _apply_monitor(self, frames: list[bytes]) -> None:
+    def _apply_monitor(self, frames: list[bytes], control: bool = False) -> None:
+        """A connection event of the accounting socket, or (``control``) the control one."""
         try:
             event = parse_monitor_message(frames)["event"]
         except Exception:  # monitor frames come from libzmq, but never let them kill us
             return
-        if event == zmq.EVENT_CONNECTED:
+        if control:
+            if event == zmq.EVENT_CONNECTED:
+                self._control_peers += 1
+                log.info("control connected to %s", self.control)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._control_peers = max(0, self._control_peers - 1)
+                log.warning("control disconnected from %s: no verdicts from the master until "
+                            "it is back", self.control)  # fmt: skip
+        elif event == zmq.EVENT_CONNECTED:
             self._peers += 1
             log.info("accounting connected to %s", self.accounting)
         elif event == zmq.EVENT_DISCONNECTED:
@@ -417,6 +432,7 @@ class _GatekeeperBase:
         out["control_refused"] = self.decider.table.refused
         out["first_lines"] = len(self.decider.lines)
         out["master_connected"] = int(self.master_connected)
+        out["control_connected"] = int(self.control_connected)
         return out
 
 
@@ -433,8 +449,10 @@ class Gatekeeper(_GatekeeperBase):
         if self._pub is not None and self.accounting:
             self._pub.connect(self.accounting)
         self._sub: zmq.Socket[bytes] | None = None
+        self._cmonitor: zmq.Socket[bytes] | None = None
         if self.control:
             self._sub = self._ctx.socket(zmq.SUB)
+            self._cmonitor = self._sub.get_monitor_socket(_MONITOR_EVENTS)
             self._connect_sub(self._sub)
         self._thread = threading.Thread(target=self._run, name="smockron-gatekeeper", daemon=True)
         self._thread.start()
@@ -476,7 +494,7 @@ class Gatekeeper(_GatekeeperBase):
 
     def _run(self) -> None:
         poller = zmq.Poller()
-        for sock in (self._sub, self._monitor):
+        for sock in (self._sub, self._monitor, self._cmonitor):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         next_sweep = time.monotonic() + SWEEP_INTERVAL_S
@@ -490,6 +508,9 @@ class Gatekeeper(_GatekeeperBase):
             if self._monitor is not None and self._monitor in ready:
                 with self._lock:
                     self._apply_monitor(self._monitor.recv_multipart())
+            if self._cmonitor is not None and self._cmonitor in ready:
+                with self._lock:
+                    self._apply_monitor(self._cmonitor.recv_multipart(), control=True)
             with self._lock:
                 self._poke()
             if time.monotonic() >= next_sweep:
@@ -511,10 +532,11 @@ class Gatekeeper(_GatekeeperBase):
         self._stop.set()
         self._thread.join(2.0)
         with self._lock:
-            if self._pub is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    self._pub.disable_monitor()
-            for sock in (self._monitor, self._sub, self._pub):
+            for watched in (self._pub, self._sub):
+                if watched is not None:
+                    with contextlib.suppress(zmq.ZMQError):
+                        watched.disable_monitor()
+            for sock in (self._monitor, self._cmonitor, self._sub, self._pub):
                 if sock is not None:
                     sock.close(0)
             self._pub = None
@@ -547,6 +569,7 @@ class AsyncGatekeeper(_GatekeeperBase):
         self._flush_timer = False  # a _timed_flush is scheduled
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: list[zmq.Socket[Any]] = []
+        self._watched: zmq.Socket[Any] | None = None  # the control socket, monitored
         self.started = False
 
     def start(self) -> None:
@@ -567,9 +590,12 @@ class AsyncGatekeeper(_GatekeeperBase):
             self._pub.connect(self.accounting or "")
         if self.control:
             sub = actx.socket(zmq.SUB)
+            cmonitor = sub.get_monitor_socket(_MONITOR_EVENTS)
             self._connect_sub(sub)
-            self._sockets.append(sub)
+            self._sockets += [sub, cmonitor]
+            self._watched = sub
             self._tasks.append(asyncio.create_task(self._read_control(sub)))
+            self._tasks.append(asyncio.create_task(self._read_monitor(cmonitor, control=True)))
         self._tasks.append(asyncio.create_task(self._sweep()))
 
     async def admit(
@@ -657,9 +683,9 @@ class AsyncGatekeeper(_GatekeeperBase):
             frames = await sub.recv_multipart()
             self._apply_control(frames, now_ms())
 
-    async def _read_monitor(self, monitor: zmq.asyncio.Socket) -> None:
+    async def _read_monitor(self, monitor: zmq.asyncio.Socket, control: bool = False) -> None:
         while True:
-            self._apply_monitor(await monitor.recv_multipart())
+            self._apply_monitor(await monitor.recv_multipart(), control)
 
     async def _sweep(self) -> None:
         next_sweep = time.monotonic() + SWEEP_INTERVAL_S
@@ -679,9 +705,10 @@ class AsyncGatekeeper(_GatekeeperBase):
             with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
                 await task
         self._tasks.clear()
-        if self._pub is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._pub.disable_monitor()
+        for watched in (self._pub, self._watched):
+            if watched is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    watched.disable_monitor()
         for sock in reversed(self._sockets):
             sock.close(0)
         self._sockets.clear()

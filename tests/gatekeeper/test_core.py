@@ -342,3 +342,30 @@ def test_a_far_future_delay_until_is_refused_and_logged(
         master.publish("api", b"victim", wall_ms() + 3_000_000)  # within the cap: taken
         wait_for(lambda: gk.decider.table.until(D, b"victim", wall_ms()) > 0, 5)
     assert any("refusing DELAY_UNTIL 253402300799000" in r.message for r in caplog.records)
+
+
+def test_control_connection_state_is_tracked_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A gatekeeper whose control connection is down hears no verdicts: it says so."""
+    a, c = free_ports(2)
+    caplog.set_level(logging.INFO, "smockron.gatekeeper")
+    master = make_master(a, c)
+    with Gatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
+        try:
+            wait_for(lambda: gk.stats()["control_connected"] == 1, 5)
+        finally:
+            master.close()
+        wait_for(lambda: not gk.control_connected, 5)
+    messages = [r.message for r in caplog.records]
+    assert any(m.startswith("control connected to tcp://127.0.0.1:") for m in messages)
+    assert any("control disconnected from" in m for m in messages)
+
+
+async def test_async_twin_tracks_the_control_connection(master: MasterSockets) -> None:
+    async with AsyncGatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
+        for _ in range(250):
+            if gk.control_connected:
+                break
+            await asyncio.sleep(0.02)
+        assert gk.stats()["control_connected"] == 1
