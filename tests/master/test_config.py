@@ -8,7 +8,7 @@ import pytest
 
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
-from smockron.master.config import MasterSettings, limits, load_settings
+from smockron.master.config import MasterSettings, limits, load_settings, rate_for_interval
 from smockron.master.engine import DomainPolicy
 from smockron.protocol import Limits
 
@@ -90,9 +90,11 @@ def test_original_yaml(tmp_path: Path) -> None:
     s = load_settings(path)
     assert (s.accounting, s.control) == ("tcp://*:5555", "tcp://*:5556")
     assert s.store == "redis://10.0.0.1:6380/0"
+    # as the original computes them: Math.round(1000 / 3) = 333 ms and 600 ms between
+    # requests; GCRA, its algorithm (tests/master/test_original_config.py has the rest)
     assert s.domains == {
-        "api": DomainPolicy((Rule(3.0, 5),)),
-        "web": DomainPolicy((Rule(100 / 60, 10),)),
+        "api": DomainPolicy((Rule(rate_for_interval(333), 5),), "gcra"),
+        "web": DomainPolicy((Rule(rate_for_interval(600), 10),), "gcra"),
     }
 
 

@@ -1,4 +1,5 @@
-"""Stores chosen by URI: ``memory://`` (default) or ``redis://HOST:PORT/DB``."""
+"""Stores chosen by URI: ``memory://`` (default) or ``redis://HOST:PORT/DB``, the latter
+optionally with ``?layout=original`` (the original Smockron master's keys and values)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,27 @@ from typing import TYPE_CHECKING
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Store, Table
 from smockron.master.stores.memory import MemoryStore
+from smockron.master.stores.uri import StoreURI, parse_store_uri
 
 if TYPE_CHECKING:
     from smockron.master.stores.redis import RedisStore
 
-__all__ = ["MemoryStore", "Scope", "State", "Store", "Table", "open_store"]
+__all__ = ["MemoryStore", "Scope", "State", "Store", "StoreURI", "Table", "open_store",
+           "parse_store_uri"]  # fmt: skip
 
 DEFAULT_STORE = "memory://"
 
 
 def open_store(uri: str) -> MemoryStore | RedisStore:
     """The store a URI names; Redis is imported only when asked for."""
-    scheme, sep, _rest = uri.partition("://")
-    if not sep:
-        raise ConfigError(f"store {uri!r} is not a URI: use memory:// or redis://HOST:PORT/DB")
-    if scheme == "memory":
+    parsed = parse_store_uri(uri)
+    if parsed.scheme == "memory":
         return MemoryStore()
-    if scheme in ("redis", "rediss", "unix"):
-        try:
-            from smockron.master.stores.redis import RedisStore
-        except ImportError as exc:
-            raise ConfigError(f"the redis store needs smockron[redis]: {exc}") from None
-        return RedisStore(uri)
-    raise ConfigError(f"unknown store scheme {scheme!r} in {uri!r}: use memory or redis")
+    try:
+        from smockron.master.stores.original import OriginalLayoutStore
+        from smockron.master.stores.redis import RedisStore
+    except ImportError as exc:
+        raise ConfigError(f"the redis store needs smockron[redis]: {exc}") from None
+    if parsed.layout == "original":
+        return OriginalLayoutStore(parsed.client_uri)
+    return RedisStore(parsed.client_uri)

@@ -18,6 +18,8 @@ several), so the master's own memory is the authority and Redis is its durable c
 No round trip per message, and the rule logic stays in one place (smockron.core).
 States are packed float64 arrays under ``smockron:history:api:10.0:20:<identifier>``.
 When Redis is unreachable the master goes on from memory and logs; nothing is dropped.
+A URI that cannot name a Redis (``redis://tcp://h:p``, a port that is not a number) is
+refused when the store is made, with the URI in the message.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from redis.exceptions import NoScriptError
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.master.stores.memory import MemoryTable, TableSet, scope_expiry
+from smockron.master.stores.uri import parse_store_uri
 from smockron.ratelog import RateLimitedLog
 
 KEY_PREFIX = b"smockron:"
@@ -97,12 +100,17 @@ class RedisStore(TableSet[RedisTable]):
     """Batched Redis persistence; see the module docstring."""
 
     scheme = "redis"
+    layout = "smockron"
+    write_lua = _WRITE_LUA
 
     def __init__(
         self, url: str, *, key_prefix: bytes = KEY_PREFIX, flush_interval_ms: float = 250.0
     ) -> None:
+        parsed = parse_store_uri(url)
+        if parsed.scheme == "memory" or parsed.layout not in ("smockron", self.layout):
+            raise ConfigError(f"{type(self).__name__} cannot use {url!r}: open it with open_store")
         try:
-            self.client: aioredis.Redis = aioredis.Redis.from_url(url)
+            self.client: aioredis.Redis = aioredis.Redis.from_url(parsed.client_uri)
         except ValueError as exc:
             raise ConfigError(f"bad redis URI {url!r}: {exc}") from None
         self.url = url
@@ -151,8 +159,20 @@ class RedisStore(TableSet[RedisTable]):
 
         With ``wait=False`` the write runs in the background (the previous one is awaited
         first, so writes stay in order); ``drain`` waits for it."""
+        records = self._records(self.now_ms)
+        self._flushed_ms = self.now_ms
+        await self.drain()
+        if records:
+            write = self._script("write", self.write_lua, b"".join(records))
+            if wait:
+                await write
+            else:
+                self._writing = asyncio.ensure_future(write)
+        return len(records)
+
+    def _records(self, now: float) -> list[bytes]:
+        """The write script's records of every changed state, each with its TTL."""
         records: list[bytes] = []
-        now = self._flushed_ms = self.now_ms
         for table in self.tables.values():
             prefix = table.prefix
             scope = table.scope
@@ -162,14 +182,7 @@ class RedisStore(TableSet[RedisTable]):
                 ttl = min(max(math.ceil(expires_at(state, scope) - now), 0), _MAX_TTL_MS)
                 records.append(_LEN(len(key)) + key + _LEN(len(value)) + value + _TTL(ttl))
             table.dirty.clear()
-        await self.drain()
-        if records:
-            write = self._script("write", _WRITE_LUA, b"".join(records))
-            if wait:
-                await write
-            else:
-                self._writing = asyncio.ensure_future(write)
-        return len(records)
+        return records
 
     async def drain(self) -> None:
         """Wait for the background write, if any; a failure is counted and logged."""

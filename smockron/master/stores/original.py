@@ -1,0 +1,180 @@
+"""``redis://HOST:PORT/DB?layout=original``: GCRA states kept exactly as the original
+Smockron master keeps them, so that it and smockron can share one Redis (a migration).
+
+The original master's datastore keeps, per domain and identifier, one string key::
+
+    throttle;<domain>;<identifier>   "1700000000333"   (decimal milliseconds)
+
+the time the identifier's next request is allowed, and updates it with one Lua script
+per accounting message (``t = max(ts, now)``, ``I`` the interval, ``B`` the burst in ms)::
+
+    new = (prev and prev >= t - B) and prev + I or t - B + I
+    SET key new; PEXPIREAT key t + B
+
+That is smockron's GCRA (``smockron.core.gcra``) with ``V = new``. This store keeps that
+layout, and so that both masters see each other's updates:
+
+* before every batch it reads from Redis every key the batch touches (after waiting for
+  its own previous write), so decisions start from what both masters have recorded;
+* after every batch it writes, in one script, each update as the original's own
+  formula with the floor ``t - B`` the engine used: applied to whatever Redis holds by
+  then, updates of the two masters in between are merged, not overwritten. (Values only
+  grow, so where the engine's update did not use the floor, Redis's value, at least the
+  engine's, is the one the original's formula picks as well.)
+* each key's expiry is set as the original sets it, ``t + B``. The store sees states,
+  not messages, so it infers ``t``: exactly when the update used the floor (a fresh or
+  rested identifier, ``t = floor + B``); otherwise as the later of the batch's ``now``
+  and the old value, which is ``t`` for an ACCEPTED request of an identifier that was
+  not throttled, and for a throttled one's request held until its DELAY_UNTIL (the old
+  value) and reported DELAYED at that time, as gatekeepers do. (An ACCEPTED request of a
+  throttled identifier, from a gatekeeper not yet told, makes the expiry later than the
+  original's, by at most the delay: the key is remembered longer, never shorter.)
+
+The value is written by Redis's Lua (``SET key <number>``), so it reads as the original
+writes it. Only GCRA domains of one rule can be kept so (one value per identifier).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+from smockron.errors import ConfigError
+from smockron.master.stores.base import Scope, State, Table, expires_at
+from smockron.master.stores.memory import MemoryTable
+from smockron.master.stores.redis import _LEN, _READ_LUA, RedisStore, RedisTable
+
+KEY_PREFIX = b"throttle;"
+
+_WRITE_LUA = """
+local blob, pos, n = ARGV[1], 1, 0
+while pos <= #blob do
+  local key, floor, interval, expire
+  key, floor, interval, expire, pos = struct.unpack('>I4c0ddd', blob, pos)
+  local prev = tonumber(redis.call('get', key))
+  local new
+  if prev and prev >= floor then
+    new = prev + interval
+  else
+    new = floor + interval
+  end
+  redis.call('set', key, new)
+  redis.call('pexpireat', key, expire)
+  n = n + 1
+end
+return n
+"""
+
+_OP = struct.Struct(">ddd").pack
+
+
+def original_key(domain: str, identifier: bytes) -> bytes:
+    """The original's key: ``throttle;<domain>;<identifier>``, the identifier read as
+    UTF-8 the way Node's ``Buffer.toString`` reads it (invalid bytes become U+FFFD)."""
+    text = identifier.decode("utf-8", "replace")
+    return KEY_PREFIX + f"{domain};{text}".encode()
+
+
+def check_scope(scope: Scope) -> None:
+    """The original layout holds one GCRA value per identifier of a domain."""
+    if scope.algorithm != "gcra":
+        raise ConfigError(
+            f"domain {scope.domain!r} runs {scope.algorithm!r}, but the store's original "
+            "layout keeps GCRA states only (the algorithm of the original Smockron master)"
+        )
+
+
+class OriginalTable(RedisTable):
+    """A memory table that records each GCRA update as the original's script applies it."""
+
+    __slots__ = ("domain", "interval", "now_ms", "ops", "tolerance")
+
+    def __init__(self, scope: Scope) -> None:
+        check_scope(scope)
+        super().__init__(KEY_PREFIX, scope)
+        self.domain = scope.domain
+        self.interval = scope.rule.interval_ms
+        self.tolerance = scope.rule.burst * self.interval  # B, as smockron.core.gcra has it
+        self.now_ms = 0.0
+        self.ops: list[bytes] = []
+        """Write-script records of the updates since the last flush, in order."""
+
+    def put(self, key: bytes, state: State) -> None:
+        old = self.get(key)
+        floor = state[0] - self.interval
+        # The floor t - B was used when it beat the old value: then t is known exactly.
+        # Else t is now, or (a request held until its DELAY_UNTIL, reported DELAYED at
+        # that time, the old value) the old value if it is later.
+        if old is None or floor > old[0]:
+            t = floor + self.tolerance
+        else:
+            t = old[0] if old[0] > self.now_ms else self.now_ms
+        MemoryTable.put(self, key, state)
+        name = original_key(self.domain, key)
+        self.ops.append(_LEN(len(name)) + name + _OP(floor, self.interval,
+                                                     math.ceil(t + self.tolerance)))  # fmt: skip
+
+    def forget(self, key: bytes) -> None:
+        self.current.pop(key, None)
+        self.previous.pop(key, None)
+        self.lasting.pop(key, None)
+
+    def tick(self, now_ms: float) -> None:
+        self.now_ms = now_ms
+        super().tick(now_ms)
+
+
+class OriginalLayoutStore(RedisStore):
+    """Redis in the original master's layout; see the module docstring."""
+
+    layout = "original"
+    write_lua = _WRITE_LUA
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, key_prefix=KEY_PREFIX, flush_interval_ms=0.0)
+
+    def _new_table(self, scope: Scope) -> OriginalTable:
+        return OriginalTable(scope)
+
+    async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
+        """Read every key the batch touches, once our own last write has landed."""
+        await self.drain()
+        wanted: dict[bytes, tuple[OriginalTable, bytes]] = {}
+        for table, ident in touched:
+            assert isinstance(table, OriginalTable)
+            wanted[original_key(table.domain, ident)] = (table, ident)
+        if not wanted:
+            return 0
+        blob = b"".join([_LEN(len(key)) + key for key in wanted])
+        values: list[Any] = await self._script("read", _READ_LUA, blob)
+        for (table, ident), raw in zip(wanted.values(), values, strict=True):
+            state = parse_value(raw)
+            if state is None:  # never set, or expired as the original expires it
+                table.forget(ident)
+                continue
+            MemoryTable.put(table, ident, state)
+            if state[0] > table.keep_after_ms:
+                table.keep(ident, state, expires_at(state, table.scope))
+        return len(wanted)
+
+    def _records(self, now: float) -> list[bytes]:
+        records: list[bytes] = []
+        for table in self.tables.values():
+            if isinstance(table, OriginalTable):
+                records += table.ops
+                table.ops.clear()
+            table.dirty.clear()
+        return records
+
+
+def parse_value(raw: bytes | None) -> State | None:
+    """A stored value as the original's ``tonumber`` reads it; None for none or junk."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return (value,) if math.isfinite(value) else None
