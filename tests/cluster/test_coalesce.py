@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,15 +15,8 @@ from smockron.cluster.client import SECOND, AsyncClient, Client, ClientUnavailab
 from smockron.cluster.coalesce import MAX_COALESCED, AsyncCoalescer, Coalescer
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 from tests.cluster.test_client import LimiterServicer, ServerThread
+from tests.cluster.test_client import server as server  # the fixture: a real grpc.aio server
 from tests.support import free_port
-
-
-@pytest.fixture
-def server() -> Iterator[tuple[ServerThread, LimiterServicer]]:
-    servicer = LimiterServicer()
-    thread = ServerThread(servicer)
-    yield thread, servicer
-    thread.close()
 
 
 def _req(key: str) -> RateLimitRequest:
