@@ -181,7 +181,13 @@ async def serve(server: GatekeeperProxy, host: str, port: int, stats_interval: f
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start(host, port)
+    try:
+        await server.start(host, port)
+    except OSError as exc:
+        await server.close()
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
     try:
         while True:
             try:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -65,6 +66,7 @@ FLUSH_BATCH: Final = 256
 """A batch this large is sent at once, without waiting for the timer."""
 _MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 _MAX_TOPIC_FRAMES: Final = 10_000  # domains from a callable could be unbounded
+_ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
 """Domains a gatekeeper takes rules offers for: whatever publishes on the control port
 cannot make it remember unbounded domains."""
@@ -153,6 +155,12 @@ class _GatekeeperBase:
     ) -> None:
         if not 0.0 <= reject_sample <= 1.0:
             raise ConfigError(f"reject_sample must be between 0 and 1, got {reject_sample}")
+        for name, address in (("accounting", accounting), ("control", control)):
+            if address and _ENDPOINT.match(address) is None:
+                raise ConfigError(
+                    f"bad {name} address {address!r}: expected a ZeroMQ endpoint such as "
+                    "tcp://127.0.0.1:10004"
+                )
         self.accounting = accounting
         self.control = control
         # None: subscribe to every domain (used when the domain comes from a callable)

@@ -81,5 +81,8 @@ def serve_metrics(address: str, stats: Stats, queue_depth: Any = None) -> Any:
     host, port = parse_listen(address)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(stats, queue_depth))
-    server, _thread = start_http_server(port, host, registry=registry)
+    try:
+        server, _thread = start_http_server(port, host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {address}: {exc.strerror or exc}") from None
     return server
