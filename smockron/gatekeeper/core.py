@@ -48,7 +48,7 @@ from smockron.protocol import (
     topic,
 )
 from smockron.ratelog import RateLimitedLog
-from smockron.zmqio import send_all
+from smockron.zmqio import drain, send_all, wait_readable
 
 log = logging.getLogger("smockron.gatekeeper")
 T = TypeVar("T")
@@ -62,6 +62,14 @@ MAX_RECHECKS: Final = 100
 _POLL_MS: Final = 100
 FLUSH_DELAY_S: Final = 0.002
 """How long the asyncio twin gathers accounting messages before one send burst."""
+CONTROL_BATCH: Final = 4096
+"""Control messages drained in one call."""
+CONTROL_SLICE: Final = 256
+"""...and applied between two turns of the loop (or lock hand-overs)."""
+CONTROL_HWM: Final = 100_000
+"""Control messages queued for the gatekeeper before ZeroMQ drops (the master's HWM too)."""
+CONTROL_BATCHES: Final = 64
+"""Batches the threaded reader drains before it sweeps and checks for stop."""
 FLUSH_BATCH: Final = 256
 """A batch this large is sent at once, without waiting for the timer."""
 _MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
@@ -425,6 +433,7 @@ class _GatekeeperBase:
     def _connect_sub(self, sub: zmq.Socket[Any]) -> None:
         """Subscribe a control socket (either twin's) to our domains and connect it."""
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         for t in self._topics():
@@ -527,13 +536,17 @@ class Gatekeeper(_GatekeeperBase):
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
-        for _ in range(10_000):  # bounded, so sweeping and stopping still happen
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+        """Everything queued, in batches (zmqio.drain: one compiled call each), applied
+        under the lock a slice at a time so requests are decided in between."""
+        for _ in range(CONTROL_BATCHES):  # bounded, so sweeping and stopping still happen
+            batch = drain(sub, CONTROL_BATCH)
+            if not batch:
                 return
-            with self._lock:  # the first line's times are shared with decide
-                self._apply_control(frames, now_ms())
+            for start in range(0, len(batch), CONTROL_SLICE):
+                now = now_ms()
+                with self._lock:  # the first line's times are shared with decide
+                    for frames in batch[start : start + CONTROL_SLICE]:
+                        self._apply_control(frames, now)
 
     def close(self) -> None:
         """Stop the reader thread and close the sockets."""
@@ -597,8 +610,8 @@ class AsyncGatekeeper(_GatekeeperBase):
             self._tasks.append(asyncio.create_task(self._read_monitor(monitor)))
             self._pub.connect(self.accounting or "")
         if self.control:
-            sub = actx.socket(zmq.SUB)
-            cmonitor = sub.get_monitor_socket(_MONITOR_EVENTS)
+            sub = sync_ctx.socket(zmq.SUB)  # sync socket: drained in batches, never awaited
+            cmonitor = zmq.asyncio.Socket.from_socket(sub.get_monitor_socket(_MONITOR_EVENTS))
             self._connect_sub(sub)
             self._sockets += [sub, cmonitor]
             self._watched = sub
@@ -686,10 +699,19 @@ class AsyncGatekeeper(_GatekeeperBase):
         counters.accounting_sent += sent
         counters.accounting_dropped += dropped
 
-    async def _read_control(self, sub: zmq.asyncio.Socket) -> None:
+    async def _read_control(self, sub: zmq.Socket[bytes]) -> None:
+        """Control messages in batches (one compiled call each), so a gatekeeper keeps
+        up with a master publishing at full rate; the loop runs requests in between."""
         while True:
-            frames = await sub.recv_multipart()
-            self._apply_control(frames, now_ms())
+            batch = drain(sub, CONTROL_BATCH)
+            if not batch:
+                await wait_readable(sub, 0.25)
+                continue
+            for start in range(0, len(batch), CONTROL_SLICE):
+                now = now_ms()
+                for frames in batch[start : start + CONTROL_SLICE]:
+                    self._apply_control(frames, now)
+                await asyncio.sleep(0)
 
     async def _read_monitor(self, monitor: zmq.asyncio.Socket, control: bool = False) -> None:
         while True:
