@@ -94,7 +94,7 @@ def one_round(kind: str, gatekeepers: int, messages: int, rate: float) -> list[f
             stdout=subprocess.PIPE,
             text=True,
             env=smockron_env(),
-        )  # fmt: skip
+        )
         for _ in range(gatekeepers)
     ]
     try:
