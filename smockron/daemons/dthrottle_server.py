@@ -30,6 +30,10 @@ log = logging.getLogger("smockron.dthrottle")
 _ratelog = RateLimitedLog(log)
 
 
+SOCKET_MODE = 0o660
+"""Permissions of a Unix listening socket: its owner and group may connect."""
+
+
 @dataclass
 class DThrottleStats:
     """Counters since start; logged periodically and read by tests."""
@@ -235,8 +239,14 @@ class DThrottleDaemon:
         loop = asyncio.get_running_loop()
         if listen.kind == "unix":
             _clear_stale_socket(listen.path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            # Owner and group only, from the moment the file exists (Linux gives the file
+            # the socket's mode at bind): anyone else could query or flood the daemon.
+            os.fchmod(sock.fileno(), SOCKET_MODE)
+            sock.bind(listen.path)
+            os.chmod(listen.path, SOCKET_MODE)
             server = await loop.create_unix_server(
-                lambda: LineProtocol(self), listen.path, backlog=4096
+                lambda: LineProtocol(self), sock=sock, backlog=4096
             )
             self._unix_paths.append(listen.path)
             self.addresses.append(str(listen))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import stat
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,7 @@ async def test_unix_socket_and_stale_file(tmp_path: Path) -> None:
     )
     await d.start()
     try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o660  # owner and group only
         reader, writer = await asyncio.open_unix_connection(str(path))
         writer.write(b"u\n" * 11)
         assert await reader.readexactly(33) == b"OK\n" * 10 + b"NO\n"
