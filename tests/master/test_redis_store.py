@@ -167,3 +167,40 @@ async def test_debt_survives_a_restart(redis_server: RedisServer, algorithm: str
         assert again and again[0] >= T0 + 9000
     finally:
         await second.close()
+
+
+async def test_a_stopped_redis_does_not_stall_the_master(redis_server: RedisServer) -> None:
+    """Redis SIGSTOPped (a network black hole alike): every batch is still decided
+    within the call timeout, from memory; one line says so; when Redis answers again,
+    what changed meanwhile is written."""
+    import os
+    import signal
+    import time
+
+    store = RedisStore(redis_server.url, timeout_s=0.1, retry_s=0.3)
+    eng = Engine({"api": DomainPolicy((Rule(1.0, 2),))}, store)  # one request: no delay
+    assert redis_server.proc is not None
+    pid = redis_server.proc.pid
+    try:
+        await run(eng, store, [acc(b"warm", T0)], T0)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            slowest, delays = 0.0, []
+            for step in range(12):
+                now = T0 + 100 * (step + 1)
+                started = time.monotonic()
+                batch = [acc(b"new-%d" % step, now), acc(b"abuser", now)]
+                delays += await run(eng, store, batch, now)
+                slowest = max(slowest, time.monotonic() - started)
+            assert store.down_since is not None and store.errors >= 1
+            assert slowest < 0.3, slowest  # the 0.1 s timeout, never a hang
+            assert len(delays) == 11  # the abuser is held back all along, from memory
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.35)  # the breaker's retry time
+        await run(eng, store, [acc(b"after", T0 + 2000)], T0 + 2000)
+        assert store.down_since is None
+        keys = {k.decode().rpartition(":")[2] for k in await store.client.keys("smockron:*")}
+        assert {"new-0", "new-11", "after"} <= keys  # written once Redis answered
+    finally:
+        await store.close()

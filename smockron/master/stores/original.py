@@ -138,7 +138,7 @@ class OriginalLayoutStore(RedisStore):
     def _new_table(self, scope: Scope) -> OriginalTable:
         return OriginalTable(scope)
 
-    async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
+    async def _load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
         """Read every key the batch touches, once our own last write has landed."""
         await self.drain()
         wanted: dict[bytes, tuple[OriginalTable, bytes]] = {}
@@ -149,6 +149,7 @@ class OriginalLayoutStore(RedisStore):
             return 0
         blob = b"".join([_LEN(len(key)) + key for key in wanted])
         values: list[Any] = await self._script("read", _READ_LUA, blob)
+        self._up()
         for (table, ident), raw in zip(wanted.values(), values, strict=True):
             state = parse_value(raw)
             if state is None:  # never set, or expired as the original expires it

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import math
 import struct
+import time
 from array import array
 from collections.abc import Iterable
 from typing import Any
@@ -42,6 +43,14 @@ from smockron.master.stores.uri import parse_store_uri
 from smockron.ratelog import RateLimitedLog
 
 KEY_PREFIX = b"smockron:"
+
+TIMEOUT_S = 0.15
+"""Every Redis call's deadline: a Redis that stops answering (stopped, a network black
+hole) holds the master's processing this long at most, then the breaker opens."""
+RETRY_S = 1.0
+"""How long the breaker stays open before Redis is tried again."""
+
+_log = logging.getLogger("smockron.master.redis")
 
 # Both scripts take one argument, a blob of length-prefixed records, and unpack it in
 # Lua: redis-py packs a command argument by argument in Python, which for thousands of
@@ -104,13 +113,21 @@ class RedisStore(TableSet[RedisTable]):
     write_lua = _WRITE_LUA
 
     def __init__(
-        self, url: str, *, key_prefix: bytes = KEY_PREFIX, flush_interval_ms: float = 250.0
+        self,
+        url: str,
+        *,
+        key_prefix: bytes = KEY_PREFIX,
+        flush_interval_ms: float = 250.0,
+        timeout_s: float = TIMEOUT_S,
+        retry_s: float = RETRY_S,
     ) -> None:
         parsed = parse_store_uri(url)
         if parsed.scheme == "memory" or parsed.layout not in ("smockron", self.layout):
             raise ConfigError(f"{type(self).__name__} cannot use {url!r}: open it with open_store")
         try:
-            self.client: aioredis.Redis = aioredis.Redis.from_url(parsed.client_uri)
+            self.client: aioredis.Redis = aioredis.Redis.from_url(
+                parsed.client_uri, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
         except ValueError as exc:
             raise ConfigError(f"bad redis URI {url!r}: {exc}") from None
         self.url = url
@@ -123,6 +140,10 @@ class RedisStore(TableSet[RedisTable]):
         self.flush_interval_ms = flush_interval_ms
         self._flushed_ms = 0.0
         self._log = RateLimitedLog(logging.getLogger("smockron.master.redis"), burst=10)
+        self.retry_s = retry_s
+        self.down_since: float | None = None
+        """When Redis stopped answering (monotonic), or None while it answers."""
+        self._retry_at = 0.0
 
     def _new_table(self, scope: Scope) -> RedisTable:
         return RedisTable(self.key_prefix + scope.key_prefix, scope)
@@ -131,8 +152,40 @@ class RedisStore(TableSet[RedisTable]):
         self.now_ms = now_ms
         super().tick(now_ms)
 
+    def available(self) -> bool:
+        """False while the breaker is open: Redis failed and the retry time has not come.
+        The master then goes on from memory without waiting for a timeout per batch."""
+        return self.down_since is None or time.monotonic() >= self._retry_at
+
+    def _up(self) -> None:
+        if self.down_since is not None:
+            _log.warning("redis %s answers again after %.1f s: writing what changed meanwhile",
+                         self.url, time.monotonic() - self.down_since)  # fmt: skip
+            self.down_since = None
+
+    def _down(self, exc: BaseException, what: str) -> None:
+        self.errors += 1
+        self._retry_at = time.monotonic() + self.retry_s
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            reason = str(exc) or type(exc).__name__
+            _log.warning("redis %s failed (%s: %s): going on from memory, retrying every "
+                         "%g s", self.url, what, reason, self.retry_s)  # fmt: skip
+        else:
+            self._log.warning("redis %s still failing (%s: %s)", self.url, what, exc)
+
     async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
-        """Fetch, in one command, the states a batch needs that memory lacks; how many."""
+        """Fetch, in one command, the states a batch needs that memory lacks; how many.
+        With Redis failing, none: the batch is decided from memory (fail-permissive)."""
+        if not self.available():
+            return 0
+        try:
+            return await self._load(touched)
+        except Exception as exc:
+            self._down(exc, "read")
+            return 0
+
+    async def _load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
         wanted: dict[bytes, tuple[RedisTable, bytes]] = {}
         for table, ident in touched:
             assert isinstance(table, RedisTable)
@@ -142,6 +195,7 @@ class RedisStore(TableSet[RedisTable]):
             return 0
         blob = b"".join([_LEN(len(key)) + key for key in wanted])
         values: list[Any] = await self._script("read", _READ_LUA, blob)
+        self._up()
         for (table, ident), raw in zip(wanted.values(), values, strict=True):
             if raw and not table.has(ident):
                 state = table.current[ident] = _unpack(raw)
@@ -159,16 +213,32 @@ class RedisStore(TableSet[RedisTable]):
 
         With ``wait=False`` the write runs in the background (the previous one is awaited
         first, so writes stay in order); ``drain`` waits for it."""
+        if not self.available():  # what changed stays dirty until Redis is back
+            return 0
+        changed = {table: dict(table.dirty) for table in self.tables.values() if table.dirty}
         records = self._records(self.now_ms)
         self._flushed_ms = self.now_ms
         await self.drain()
         if records:
-            write = self._script("write", self.write_lua, b"".join(records))
+            write = self._write(b"".join(records), changed)
             if wait:
                 await write
             else:
                 self._writing = asyncio.ensure_future(write)
         return len(records)
+
+    async def _write(self, blob: bytes, changed: dict[RedisTable, dict[bytes, State]]) -> None:
+        """One write; if it fails, its states are dirty again (newer ones kept), so they
+        are written once Redis answers: what Redis holds catches up with memory."""
+        try:
+            await self._script("write", self.write_lua, blob)
+        except Exception as exc:
+            self._down(exc, "write")
+            for table, states in changed.items():
+                for ident, state in states.items():
+                    table.dirty.setdefault(ident, state)
+            return
+        self._up()
 
     def _records(self, now: float) -> list[bytes]:
         """The write script's records of every changed state, each with its TTL."""
@@ -194,9 +264,8 @@ class RedisStore(TableSet[RedisTable]):
                 self.report(exc, "write")
 
     def report(self, exc: BaseException, what: str) -> None:
-        self.errors += 1
-        self._log.warning("redis %s failed (%d so far), going on from memory: %s",
-                          what, self.errors, exc)  # fmt: skip
+        """A failure seen by the caller: as one seen here."""
+        self._down(exc, what)
 
     async def _script(self, name: str, source: str, blob: bytes) -> Any:
         """EVALSHA, loading the script the first time and again after a Redis restart."""
