@@ -326,7 +326,25 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   PyObject* dispatch;
   const char* address;
   PyObject* options = nullptr;
-  if (!PyArg_ParseTuple(args, "Os|O", &dispatch, &address, &options)) return -1;
+  PyObject* tls = nullptr;
+  if (!PyArg_ParseTuple(args, "Os|OO", &dispatch, &address, &options, &tls)) return -1;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (tls != nullptr && tls != Py_None) {
+    // (key PEM, cert PEM, client CA PEM or None, grpc_ssl_client_certificate_request_type)
+    const char *key, *cert, *root = nullptr;
+    Py_ssize_t key_len, cert_len, root_len = 0;
+    int request = 0;
+    if (!PyArg_ParseTuple(tls, "y#y#z#i", &key, &key_len, &cert, &cert_len, &root, &root_len,
+                          &request)) {
+      return -1;
+    }
+    grpc::SslServerCredentialsOptions ssl(
+        static_cast<grpc_ssl_client_certificate_request_type>(request));
+    ssl.pem_key_cert_pairs.push_back(
+        {std::string(key, key_len), std::string(cert, cert_len)});
+    if (root != nullptr) ssl.pem_root_certs = std::string(root, root_len);
+    credentials = grpc::SslServerCredentials(ssl);
+  }
   if (!PyCallable_Check(dispatch)) {
     PyErr_SetString(PyExc_TypeError, "dispatch must be callable");
     return -1;
@@ -364,7 +382,7 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   core->dispatch = dispatch;
   core->service = std::make_unique<Service>(core);
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, credentials, &port);
   builder.RegisterCallbackGenericService(core->service.get());
   std::unique_ptr<grpc::Server> server;
   Py_BEGIN_ALLOW_THREADS

@@ -17,7 +17,12 @@ from typing import Any
 
 import click
 
-from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
+from smockron.cluster.config import (
+    CLIENT_AUTH_MODES,
+    ClusterConfig,
+    from_env,
+    parse_duration_ms,
+)
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
 from smockron.cluster.node import Node
@@ -269,6 +274,39 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     default=None,
     help="add RateLimit-Limit/-Remaining/-Reset (renamed by LIMIT_*_HEADER) to Envoy answers "
     "[LIMIT_RESPONSE_HEADERS_ENABLED; off]",
+)
+@click.option("--tls-cert", help="server certificate (PEM) [GUBER_TLS_CERT]; turns TLS on")
+@click.option("--tls-key", help="its private key (PEM) [GUBER_TLS_KEY]")
+@click.option("--tls-ca", help="CA that peers' certificates chain to [GUBER_TLS_CA]")
+@click.option("--tls-ca-key", help="the CA's key, to sign an auto certificate [GUBER_TLS_CA_KEY]")
+@click.option(
+    "--tls-auto/--no-tls-auto",
+    default=None,
+    help="generate a CA (unless --tls-ca/--tls-ca-key) and a server certificate at start "
+    "[GUBER_TLS_AUTO; off]",
+)
+@click.option(
+    "--tls-client-auth",
+    type=click.Choice(CLIENT_AUTH_MODES[1:]),
+    help="ask clients for a certificate [GUBER_TLS_CLIENT_AUTH; none]",
+)
+@click.option(
+    "--tls-client-auth-ca-cert",
+    help="CA client certificates must chain to [GUBER_TLS_CLIENT_AUTH_CA_CERT; --tls-ca]",
+)
+@click.option(
+    "--tls-client-auth-cert",
+    help="certificate shown to peers [GUBER_TLS_CLIENT_AUTH_CERT; --tls-cert]",
+)
+@click.option("--tls-client-auth-key", help="its key [GUBER_TLS_CLIENT_AUTH_KEY; --tls-key]")
+@click.option(
+    "--tls-client-auth-server-name",
+    help="name expected in peers' certificates [GUBER_TLS_CLIENT_AUTH_SERVER_NAME; the host]",
+)
+@click.option(
+    "--tls-insecure-skip-verify/--no-tls-insecure-skip-verify",
+    default=None,
+    help="[GUBER_TLS_INSECURE_SKIP_VERIFY; off] see docs/cluster.md, TLS",
 )
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""

@@ -111,6 +111,13 @@ class NativeServer:
         self._async: list[grpc.GenericRpcHandler[Any, Any]] = []
         self._cache: dict[str, _Entry | None] = {}
         self._server: Any = None
+        self._tls: tuple[bytes, bytes, bytes | None, int] | None = None
+
+    def use_tls(self, args: tuple[bytes, bytes, bytes | None, int]) -> None:
+        """Serve TLS on the port ``add_insecure_port`` binds (despite its name, which it keeps
+        for ``ClusterServer``): (key PEM, cert PEM, client CA
+        PEM or None, grpc_ssl_client_certificate_request_type)."""
+        self._tls = args
 
     def add_threaded_handlers(self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]) -> None:
         self._threaded.extend(handlers)
@@ -124,7 +131,7 @@ class NativeServer:
         """Bind and start serving (handlers are registered by now); 0 if it cannot bind."""
         if self._server is not None:
             raise RuntimeError("the native server listens on one address")
-        server = _native.Server(self._dispatch, address, self._options)
+        server = _native.Server(self._dispatch, address, self._options, self._tls)
         if server.port == 0:
             return 0
         self._server = server

@@ -29,6 +29,7 @@ from smockron.cluster.local import LocalLimiter, epoch_ms
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
+from smockron.cluster.tls import TLSMaterial
 from smockron.core.hashring import HashRing
 from smockron.ratelog import RateLimitedLog
 
@@ -56,8 +57,15 @@ _DRAIN_OVER_LIMIT = int(Behavior.DRAIN_OVER_LIMIT)
 
 
 class Node:
-    def __init__(self, config: ClusterConfig, limiter: LocalLimiter | None = None) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        limiter: LocalLimiter | None = None,
+        tls: TLSMaterial | None = None,
+    ) -> None:
         self.config = config
+        self.tls = tls
+        """Peer calls go over TLS with these certificates when set."""
         self.address = config.advertise
         self.limiter = limiter or LocalLimiter(max_keys=config.cache_size)
         self._clock = epoch_ms
@@ -108,6 +116,7 @@ class Node:
                     batch_wait_ms=self.config.batch_wait_ms,
                     batch_limit=self.config.batch_limit,
                     timeout_ms=self.config.batch_timeout_ms,
+                    tls=self.tls,
                 )
         self.peer_infos = infos
         self._rebuild_ring()

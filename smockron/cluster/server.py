@@ -16,7 +16,7 @@ from collections.abc import Callable
 import grpc
 from aiohttp import web
 
-from smockron.cluster import native, service
+from smockron.cluster import native, service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
 from smockron.cluster.http import make_app
@@ -71,7 +71,8 @@ class ClusterServer:
         extensions: tuple[Extension, ...] = (),
     ) -> None:
         self.config = config.validate()
-        self.node = Node(self.config)
+        self.tls = tls.load(self.config)
+        self.node = Node(self.config, tls=self.tls)
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
@@ -112,7 +113,7 @@ class ClusterServer:
         for extend in self._extensions:
             extend(server, self.node)
         try:
-            bound = server.add_insecure_port(self.config.grpc_address)
+            bound = self._bind(server)
         except RuntimeError:
             bound = 0
         if bound == 0:
@@ -120,6 +121,8 @@ class ClusterServer:
             raise OSError(f"while starting GRPC listener: {reason}")
         await server.start()
         self._grpc = server
+        if self.tls is not None:
+            log.info("gRPC and HTTP on TLS (client auth: %s)", self.tls.client_auth or "none")
         log.info("GRPC Listening on %s ...", self.config.grpc_address)
         if self.config.http_address:
             runner = web.AppRunner(make_app(self.node), access_log=None)
@@ -127,11 +130,26 @@ class ClusterServer:
             self._http = runner
             host, port = split_address(self.config.http_address)
             try:
-                await web.TCPSite(runner, host, port).start()
+                context = None if self.tls is None else self.tls.http_context()
+                await web.TCPSite(runner, host, port, ssl_context=context).start()
             except OSError as exc:
                 reason = _go_listen_error(self.config.http_address, exc)
                 raise OSError(f"while starting HTTP listener: {reason}") from None
             log.info("HTTP Gateway Listening on %s ...", self.config.http_address)
+
+    def _bind(self, server: GrpcServer) -> int:
+        address = self.config.grpc_address
+        if self.tls is None:
+            return server.add_insecure_port(address)
+        if isinstance(server, NativeServer):
+            server.use_tls(self.tls.native_args())
+            return server.add_insecure_port(address)
+        if self.tls.client_auth in ("request-cert", "verify-cert"):
+            log.warning("GUBER_TLS_CLIENT_AUTH=%s: the %s gRPC server cannot ask for a client "
+                        "certificate without requiring one, so it asks for none (the native "
+                        "server and the HTTP gateway do ask)",
+                        self.tls.client_auth, self.config.grpc_server)  # fmt: skip
+        return server.add_secure_port(address, self.tls.server_credentials())
 
     async def stop(self) -> None:
         if self._discovery is not None:

@@ -1,0 +1,163 @@
+"""TLS for a cluster node, as Gubernator's tls.go sets it up from GUBER_TLS_*.
+
+``load`` reads the files of a ``ClusterConfig`` (generating a CA and a server certificate
+when GUBER_TLS_AUTO asks for them) into ``TLSMaterial``: PEM bytes that every transport
+turns into its own credentials. The server certificate is also what this node shows its
+peers when they ask for a client certificate, unless GUBER_TLS_CLIENT_AUTH_CERT/KEY name
+another one (as upstream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import ssl
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from smockron.cluster.config import ClusterConfig
+from smockron.errors import ConfigError
+
+log = logging.getLogger("smockron.cluster")
+
+REQUIRE_MODES = ("require-any-cert", "require-and-verify")
+# GUBER_TLS_CLIENT_AUTH -> grpc_ssl_client_certificate_request_type (grpc_security_constants.h)
+NATIVE_CLIENT_AUTH = {
+    "": 0,  # GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+    "request-cert": 1,  # ..._REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY
+    "verify-cert": 2,  # ..._REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+    "require-any-cert": 3,  # ..._REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_BUT_DONT_VERIFY
+    "require-and-verify": 4,  # ..._REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TLSMaterial:
+    cert: bytes
+    key: bytes
+    ca: bytes | None
+    """Trusted CA: peers' server certificates are checked against it (system roots if None)."""
+    client_auth: str
+    client_ca: bytes | None
+    """CA that client certificates must chain to, when ``client_auth`` verifies them."""
+    client_cert: bytes
+    client_key: bytes
+    server_name: str
+    skip_verify: bool
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """For grpc.server / grpc.aio: they can require and verify a client certificate or
+        not ask for one; request-cert and verify-cert therefore do not ask."""
+        require = self.client_auth in REQUIRE_MODES
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)],
+            root_certificates=self.client_ca if require else None,
+            require_client_auth=require,
+        )
+
+    def native_args(self) -> tuple[bytes, bytes, bytes | None, int]:
+        """For the native server: every GUBER_TLS_CLIENT_AUTH mode exactly."""
+        root = self.client_ca if self.client_auth else None
+        return (self.key, self.cert, root, NATIVE_CLIENT_AUTH[self.client_auth])
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca,
+            private_key=self.client_key,
+            certificate_chain=self.client_cert,
+        )
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        if self.server_name:
+            return [("grpc.ssl_target_name_override", self.server_name)]
+        return []
+
+    def http_context(self) -> ssl.SSLContext:
+        """The HTTP gateway's context: verify-cert/request-cert check a certificate that is
+        shown; the require modes refuse a connection without one."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        with tempfile.TemporaryDirectory(prefix="smockron-tls-") as tmp:
+            cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+            cert.write_bytes(self.cert)
+            key.touch(0o600)
+            key.write_bytes(self.key)
+            context.load_cert_chain(cert, key)
+        if self.client_auth and self.client_ca:
+            context.load_verify_locations(cadata=self.client_ca.decode())
+            required = self.client_auth in REQUIRE_MODES
+            context.verify_mode = ssl.CERT_REQUIRED if required else ssl.CERT_OPTIONAL
+        return context
+
+
+def _read(path: str, what: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"while reading {what} '{path}': {exc.strerror}") from None
+
+
+def load(config: ClusterConfig) -> TLSMaterial | None:
+    """The node's TLS material, or None when TLS is off."""
+    if not config.tls:
+        return None
+    log.info("Detected TLS Configuration")
+    ca = _read(config.tls_ca, "GUBER_TLS_CA")
+    ca_key = _read(config.tls_ca_key, "GUBER_TLS_CA_KEY")
+    cert = _read(config.tls_cert, "GUBER_TLS_CERT")
+    key = _read(config.tls_key, "GUBER_TLS_KEY")
+    if config.tls_auto:
+        log.info("AutoTLS Enabled")
+        from smockron.cluster import tlsgen
+
+        if ca is None or ca_key is None:
+            ca, ca_key = tlsgen.make_ca()
+        if cert is None or key is None:
+            cert, key = tlsgen.make_cert(ca, ca_key, names(config))
+    assert cert is not None and key is not None  # validate() saw to it
+    client_cert = _read(config.tls_client_auth_cert, "GUBER_TLS_CLIENT_AUTH_CERT")
+    client_key = _read(config.tls_client_auth_key, "GUBER_TLS_CLIENT_AUTH_KEY")
+    if client_cert is None or client_key is None:
+        client_cert, client_key = cert, key
+    client_ca = _read(config.tls_client_auth_ca_cert, "GUBER_TLS_CLIENT_AUTH_CA_CERT") or ca
+    material = TLSMaterial(
+        cert=cert,
+        key=key,
+        ca=ca,
+        client_auth=config.tls_client_auth,
+        client_ca=client_ca,
+        client_cert=client_cert,
+        client_key=client_key,
+        server_name=config.tls_client_auth_server_name,
+        skip_verify=config.tls_insecure_skip_verify,
+    )
+    _check(material)
+    return material
+
+
+def _check(material: TLSMaterial) -> None:
+    """A bad certificate or key stops the command at start, naming the problem."""
+    try:
+        material.http_context()
+    except ssl.SSLError as exc:
+        raise ConfigError(f"while parsing server certificate and private key: {exc}") from None
+
+
+def names(config: ClusterConfig) -> list[str]:
+    """DNS names and IPs an auto-generated certificate is valid for: localhost, 127.0.0.1,
+    this host's name and address, and the hosts of the gRPC and advertise addresses."""
+    found = ["localhost", "127.0.0.1", socket.gethostname()]
+    for address in (config.grpc_address, config.advertise, config.http_address):
+        host = address.rpartition(":")[0].strip("[]")
+        if host and host not in ("0.0.0.0", "::"):
+            found.append(host)
+    with contextlib.suppress(OSError):
+        found.append(socket.gethostbyname(socket.gethostname()))
+    return list(dict.fromkeys(found))
