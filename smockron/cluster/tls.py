@@ -139,6 +139,12 @@ def load(config: ClusterConfig) -> TLSMaterial | None:
         skip_verify=config.tls_insecure_skip_verify,
     )
     _check(material)
+    if material.skip_verify:
+        log.warning(
+            "GUBER_TLS_INSECURE_SKIP_VERIFY: peer calls still verify the peers' "
+            "certificates (gRPC's Python client cannot skip it); give every node "
+            "the same GUBER_TLS_CA"
+        )
     return material
 
 
