@@ -7,6 +7,7 @@ and a client certificate from a second, client-auth CA.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import ssl
@@ -97,7 +98,7 @@ def credentials(certs: Certs, cert: str = "", ca: str = "ca.cert") -> grpc.Chann
     )
 
 
-def tls_request(key: str = "account:995", behavior: int = 0) -> pb.GetRateLimitsReq:
+def tls_request(key: str = "account:995", behavior: int = 0, hits: int = 1) -> pb.GetRateLimitsReq:
     return pb.GetRateLimitsReq(
         requests=[
             pb.RateLimitReq(
@@ -106,7 +107,7 @@ def tls_request(key: str = "account:995", behavior: int = 0) -> pb.GetRateLimits
                 algorithm=pb.TOKEN_BUCKET,
                 duration=30_000,
                 limit=100,
-                hits=1,
+                hits=hits,
                 behavior=behavior,  # type: ignore[arg-type]
             )
         ]
@@ -119,6 +120,7 @@ async def make_request(
     options: list[tuple[str, Any]] | None = None,
     key: str = "account:995",
     behavior: int = 0,
+    hits: int = 1,
 ) -> pb.RateLimitResp:
     if creds is None:
         channel = grpc.aio.insecure_channel(address)
@@ -126,7 +128,7 @@ async def make_request(
         channel = grpc.aio.secure_channel(address, creds, options=options)
     async with channel:
         stub = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
-        resp = await stub.GetRateLimits(tls_request(key, behavior), timeout=5)
+        resp = await stub.GetRateLimits(tls_request(key, behavior, hits), timeout=5)
     r: pb.RateLimitResp = resp.responses[0]
     return r
 
@@ -266,14 +268,19 @@ async def test_TestTLSClusterWithClientAuthentication(tmp_path: Path, certs: Cer
         assert (r.error, r.remaining) == ("", 99)
         assert r.metadata["owner"] == nodes[1].grpc_address
         key = owned_by(nodes, 1, "glob")
-        await make_request(nodes[0].grpc_address, creds, key=key, behavior=pb.GLOBAL)
+        r = await make_request(nodes[0].grpc_address, creds, key=key, behavior=pb.GLOBAL)
+        assert (r.error, r.remaining) == ("", 99)
         seen = -1
-        for _ in range(100):
-            r = await make_request(nodes[1].grpc_address, creds, key=key, behavior=pb.GLOBAL)
+        for _ in range(100):  # the hit taken on node 0 reaches its owner over TLS
+            r = await make_request(
+                nodes[1].grpc_address, creds, key=key, behavior=pb.GLOBAL, hits=0
+            )
             seen = r.remaining
-            if seen <= 98:
+            if seen == 99:
                 break
-        assert seen == 98  # the owner counted the hit sent through node 0, then its own
+            await asyncio.sleep(0.05)
+        assert seen == 99
+        assert f"peer {nodes[1].grpc_address}:" not in nodes[0].proc.log()  # no call failed
 
 
 async def test_TestHTTPSClientAuth(tmp_path: Path, certs: Certs) -> None:
