@@ -308,6 +308,11 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     default=None,
     help="[GUBER_TLS_INSECURE_SKIP_VERIFY; off] see docs/cluster.md, TLS",
 )
+@click.option(
+    "--tls-min-version",
+    type=click.Choice(["1.0", "1.1", "1.2", "1.3"]),
+    help="least TLS version of the HTTP gateway [GUBER_TLS_MIN_VERSION; 1.3]",
+)
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""
     env = dict(os.environ)

@@ -50,6 +50,7 @@ def parse_duration_ms(text: str) -> float:
 GRPC_SERVERS = ("threads", "asyncio", "native")
 CLIENT_AUTH_MODES = ("", "request-cert", "verify-cert", "require-any-cert", "require-and-verify")
 """GUBER_TLS_CLIENT_AUTH values (Go's tls.ClientAuthType, named as Gubernator names them)."""
+TLS_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,8 @@ class ClusterConfig:
     tls_client_auth_key: str = ""
     tls_client_auth_server_name: str = ""
     tls_insecure_skip_verify: bool = False
+    tls_min_version: str = "1.3"
+    """Least TLS version of the HTTP gateway: 1.0, 1.1, 1.2 or 1.3 (Gubernator's default)."""
 
     @property
     def tls(self) -> bool:
@@ -143,6 +146,11 @@ class ClusterConfig:
             raise ConfigError(
                 f"tls_client_auth must be one of {', '.join(CLIENT_AUTH_MODES[1:])}, "
                 f"got {self.tls_client_auth!r}"
+            )
+        if self.tls_min_version not in TLS_VERSIONS:
+            raise ConfigError(
+                f"tls_min_version must be one of {', '.join(TLS_VERSIONS)}, "
+                f"got {self.tls_min_version!r}"
             )
         if not self.tls_auto and bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both a certificate (GUBER_TLS_CERT) and its key "
@@ -221,6 +229,7 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_TLS_CLIENT_AUTH_KEY": ("tls_client_auth_key", str),
     "GUBER_TLS_CLIENT_AUTH_SERVER_NAME": ("tls_client_auth_server_name", str),
     "GUBER_TLS_INSECURE_SKIP_VERIFY": ("tls_insecure_skip_verify", _bool),
+    "GUBER_TLS_MIN_VERSION": ("tls_min_version", str),
 }
 
 # envoyproxy/ratelimit's TLS variables, read when GRPC_SERVER_USE_TLS is true; the

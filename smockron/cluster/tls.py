@@ -36,6 +36,14 @@ NATIVE_CLIENT_AUTH = {
 }
 
 
+MIN_VERSIONS = {
+    "1.0": ssl.TLSVersion.TLSv1,
+    "1.1": ssl.TLSVersion.TLSv1_1,
+    "1.2": ssl.TLSVersion.TLSv1_2,
+    "1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class TLSMaterial:
     cert: bytes
@@ -49,6 +57,8 @@ class TLSMaterial:
     client_key: bytes
     server_name: str
     skip_verify: bool
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
+    """Least TLS version of the HTTP gateway (GUBER_TLS_MIN_VERSION; upstream's 1.3)."""
 
     def server_credentials(self) -> grpc.ServerCredentials:
         """For grpc.server / grpc.aio: they can require and verify a client certificate or
@@ -81,7 +91,7 @@ class TLSMaterial:
         """The HTTP gateway's context: verify-cert/request-cert check a certificate that is
         shown; the require modes refuse a connection without one."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.minimum_version = self.min_version
         with tempfile.TemporaryDirectory(prefix="smockron-tls-") as tmp:
             cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
             cert.write_bytes(self.cert)
@@ -118,8 +128,11 @@ def load(config: ClusterConfig) -> TLSMaterial | None:
         from smockron.cluster import tlsgen
 
         if ca is None or ca_key is None:
+            log.info("Generating CA Certificates....")
             ca, ca_key = tlsgen.make_ca()
         if cert is None or key is None:
+            log.info("Generating Server Private Key and Certificate....")
+            log.info("Cert names: (%s)", ",".join(names(config)))
             cert, key = tlsgen.make_cert(ca, ca_key, names(config))
     assert cert is not None and key is not None  # validate() saw to it
     client_cert = _read(config.tls_client_auth_cert, "GUBER_TLS_CLIENT_AUTH_CERT")
@@ -137,6 +150,7 @@ def load(config: ClusterConfig) -> TLSMaterial | None:
         client_key=client_key,
         server_name=config.tls_client_auth_server_name,
         skip_verify=config.tls_insecure_skip_verify,
+        min_version=MIN_VERSIONS[config.tls_min_version],
     )
     _check(material)
     if material.skip_verify:

@@ -1,7 +1,8 @@
 """GUBER_TLS_AUTO's certificates: a self-signed CA and a server certificate it signs.
 
-As Gubernator's selfCA/selfCert: ECDSA P-256 keys, a year of validity, the server
-certificate good for both server and client authentication (peers show it to each other).
+As Gubernator's selfCA/selfCert: ECDSA keys (P-256, where upstream takes P-521), a year of
+validity, the server certificate good for both server and client authentication (peers
+show it to each other).
 Needs the ``cryptography`` package (the ``cluster`` extra).
 """
 

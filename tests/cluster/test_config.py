@@ -298,3 +298,10 @@ def test_unreadable_tls_file_stops_the_command(tmp_path: Path) -> None:
     config = replace(config, tls_cert=str(tmp_path / "bad.pem"), tls_key=str(tmp_path / "bad.pem"))
     with pytest.raises(ConfigError, match="while parsing server certificate"):
         tls.load(config)
+
+
+def test_tls_min_version() -> None:
+    assert from_env({"GUBER_TLS_AUTO": "1"}).tls_min_version == "1.3"
+    assert from_env({"GUBER_TLS_MIN_VERSION": "1.2"}).tls_min_version == "1.2"
+    with pytest.raises(ConfigError, match="tls_min_version must be one of"):
+        from_env({"GUBER_TLS_AUTO": "1", "GUBER_TLS_MIN_VERSION": "1.4"}).validate()

@@ -359,3 +359,19 @@ async def test_envoy_front_on_tls_from_ratelimit_variables(
                 else:
                     codes.append(rls_pb2.RateLimitResponse.Code.Name(resp.overall_code))
     assert codes == ["UNAVAILABLE", "OK", "OVER_LIMIT"]
+
+
+@pytest.mark.parametrize(("flags", "served"), [((), False), (("--tls-min-version", "1.2"), True)])
+async def test_min_version_on_the_http_gateway(
+    tmp_path: Path, certs: Certs, flags: tuple[str, ...], served: bool
+) -> None:
+    """GUBER_TLS_MIN_VERSION (default 1.3, as upstream): a TLS 1.2 client is refused."""
+    tls12 = ssl.create_default_context(cafile=certs.ca_cert)
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    with start_nodes(tmp_path, *server_flags(certs), *flags) as nodes:
+        if served:
+            data = await https_rate_limit(nodes[0].http_port, tls12)
+            assert int(data["responses"][0]["remaining"]) == 99
+        else:
+            with pytest.raises(aiohttp.ClientError):
+                await https_rate_limit(nodes[0].http_port, tls12)
