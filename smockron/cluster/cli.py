@@ -199,6 +199,11 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
 @click.option("--grpc-address", help="gRPC listen address [GUBER_GRPC_ADDRESS; 127.0.0.1:1051]")
 @click.option("--http-address", help="HTTP listen address [GUBER_HTTP_ADDRESS; 127.0.0.1:1050]")
 @click.option(
+    "--status-http-address",
+    help="with TLS: HTTPS listener for /v1/HealthCheck without client certificates "
+    "[GUBER_STATUS_HTTP_ADDRESS; off]",
+)
+@click.option(
     "--advertise-address",
     help="gRPC address peers use for this node [GUBER_ADVERTISE_ADDRESS; the gRPC address]",
 )

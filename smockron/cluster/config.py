@@ -57,6 +57,9 @@ TLS_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
 class ClusterConfig:
     grpc_address: str = "127.0.0.1:1051"
     http_address: str = "127.0.0.1:1050"
+    status_http_address: str = ""
+    """With TLS: another HTTPS listener serving only /v1/HealthCheck, asking no client
+    certificate (Gubernator's GUBER_STATUS_HTTP_ADDRESS)."""
     advertise_address: str = ""
     """The gRPC address peers use for this node; defaults to ``grpc_address``."""
     peer_discovery: str = "static"
@@ -192,6 +195,7 @@ def _int(name: str) -> Any:
 ENV: dict[str, tuple[str, Any]] = {
     "GUBER_GRPC_ADDRESS": ("grpc_address", str),
     "GUBER_HTTP_ADDRESS": ("http_address", str),
+    "GUBER_STATUS_HTTP_ADDRESS": ("status_http_address", str),
     "GUBER_ADVERTISE_ADDRESS": ("advertise_address", str),
     "GUBER_PEER_DISCOVERY_TYPE": ("peer_discovery", str),
     "GUBER_ETCD_ENDPOINTS": ("etcd_endpoints", _csv),

@@ -19,7 +19,7 @@ from aiohttp import web
 from smockron.cluster import native, service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
-from smockron.cluster.http import make_app
+from smockron.cluster.http import make_app, make_status_app
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
 from smockron.cluster.threaded import ThreadedServer
@@ -76,7 +76,7 @@ class ClusterServer:
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
-        self._http: web.AppRunner | None = None
+        self._http: list[web.AppRunner] = []
 
     async def start(self) -> None:
         # Peers first: a node that took calls before it knew its peers would count keys
@@ -125,17 +125,29 @@ class ClusterServer:
             log.info("gRPC and HTTP on TLS (client auth: %s)", self.tls.client_auth or "none")
         log.info("GRPC Listening on %s ...", self.config.grpc_address)
         if self.config.http_address:
-            runner = web.AppRunner(make_app(self.node), access_log=None)
-            await runner.setup()
-            self._http = runner
-            host, port = split_address(self.config.http_address)
-            try:
-                context = None if self.tls is None else self.tls.http_context()
-                await web.TCPSite(runner, host, port, ssl_context=context).start()
-            except OSError as exc:
-                reason = _go_listen_error(self.config.http_address, exc)
-                raise OSError(f"while starting HTTP listener: {reason}") from None
-            log.info("HTTP Gateway Listening on %s ...", self.config.http_address)
+            await self._serve_http(make_app(self.node), self.config.http_address, "HTTP")
+            gateway = "HTTPS Gateway" if self.tls else "HTTP Gateway"
+            log.info("%s Listening on %s ...", gateway, self.config.http_address)
+        if self.config.status_http_address and self.tls is not None:
+            # Gubernator's status listener: HealthCheck over TLS without client certificates,
+            # for probes that have none when clients must show one
+            app = make_status_app(self.node)
+            await self._serve_http(app, self.config.status_http_address, "status HTTP", False)
+            log.info("HTTPS Status Handler Listening on %s ...", self.config.status_http_address)
+
+    async def _serve_http(
+        self, app: web.Application, address: str, what: str, client_auth: bool = True
+    ) -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        self._http.append(runner)
+        host, port = split_address(address)
+        context = None if self.tls is None else self.tls.http_context(client_auth)
+        try:
+            await web.TCPSite(runner, host, port, ssl_context=context).start()
+        except OSError as exc:
+            reason = _go_listen_error(address, exc)
+            raise OSError(f"while starting {what} listener: {reason}") from None
 
     def _bind(self, server: GrpcServer) -> int:
         address = self.config.grpc_address
@@ -154,8 +166,8 @@ class ClusterServer:
     async def stop(self) -> None:
         if self._discovery is not None:
             await self._discovery.stop()
-        if self._http is not None:
-            await self._http.cleanup()
+        for runner in self._http:
+            await runner.cleanup()
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.node.close()

@@ -87,9 +87,10 @@ class TLSMaterial:
             return [("grpc.ssl_target_name_override", self.server_name)]
         return []
 
-    def http_context(self) -> ssl.SSLContext:
+    def http_context(self, client_auth: bool = True) -> ssl.SSLContext:
         """The HTTP gateway's context: verify-cert/request-cert check a certificate that is
-        shown; the require modes refuse a connection without one."""
+        shown; the require modes refuse a connection without one. Without ``client_auth``
+        (the status listener) no certificate is asked for."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = self.min_version
         with tempfile.TemporaryDirectory(prefix="smockron-tls-") as tmp:
@@ -98,7 +99,7 @@ class TLSMaterial:
             key.touch(0o600)
             key.write_bytes(self.key)
             context.load_cert_chain(cert, key)
-        if self.client_auth and self.client_ca:
+        if client_auth and self.client_auth and self.client_ca:
             context.load_verify_locations(cadata=self.client_ca.decode())
             required = self.client_auth in REQUIRE_MODES
             context.verify_mode = ssl.CERT_REQUIRED if required else ssl.CERT_OPTIONAL

@@ -284,21 +284,37 @@ async def test_TestTLSClusterWithClientAuthentication(tmp_path: Path, certs: Cer
 
 
 async def test_TestHTTPSClientAuth(tmp_path: Path, certs: Certs) -> None:
-    flags = (*server_flags(certs), "--tls-client-auth", "require-and-verify")
+    """Client certificates required on the HTTPS gateway, not on the status listener."""
+    (status_port,) = free_ports(1)
+    flags = (*server_flags(certs), "--tls-client-auth", "require-and-verify",
+             "--status-http-address", f"127.0.0.1:{status_port}")  # fmt: skip
     with start_nodes(tmp_path, *flags) as nodes:
+        wait_port(status_port)
         url = f"https://127.0.0.1:{nodes[0].http_port}/v1/HealthCheck"
+        status_url = f"https://127.0.0.1:{status_port}/v1/HealthCheck"
         with_cert = ssl.create_default_context(cafile=certs.ca_cert)
         with_cert.load_cert_chain(f"{certs.dir}/gubernator.pem", f"{certs.dir}/gubernator.key")
         without_cert = ssl.create_default_context(cafile=certs.ca_cert)
+        healths = []
         async with aiohttp.ClientSession() as session:
+            async with session.get(status_url, ssl=without_cert) as resp:
+                assert resp.status == 200
+                healths.append(await resp.json())
             with pytest.raises(aiohttp.ClientError):
                 async with session.get(url, ssl=without_cert) as resp:
                     await resp.read()
             async with session.get(url, ssl=with_cert) as resp:
                 assert resp.status == 200
-                health = await resp.json()
-        assert health["status"] == "healthy"
-        assert health["advertise_address"] == nodes[0].grpc_address
+                healths.append(await resp.json())
+            async with session.get(status_url.replace("HealthCheck", "LiveCheck"),
+                                   ssl=without_cert) as resp:  # fmt: skip
+                assert resp.status == 404  # the status listener serves HealthCheck only
+        for health in healths:
+            assert health["status"] == "healthy"
+            assert health["advertise_address"] == nodes[0].grpc_address
+        log = nodes[0].proc.log()
+        assert f"HTTPS Gateway Listening on 127.0.0.1:{nodes[0].http_port}" in log
+        assert f"HTTPS Status Handler Listening on 127.0.0.1:{status_port}" in log
 
 
 @pytest.mark.parametrize("server", ["native", "threads"])
