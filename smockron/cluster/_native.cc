@@ -21,6 +21,9 @@
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
@@ -330,20 +333,20 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   if (!PyArg_ParseTuple(args, "Os|OO", &dispatch, &address, &options, &tls)) return -1;
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (tls != nullptr && tls != Py_None) {
-    // (key PEM, cert PEM, client CA PEM or None, grpc_ssl_client_certificate_request_type)
+    // (key path, cert path, client CA path or None, grpc_ssl_client_certificate_request_type,
+    // refresh seconds): the files are watched, so a node reloads them without a restart
     const char *key, *cert, *root = nullptr;
-    Py_ssize_t key_len, cert_len, root_len = 0;
     int request = 0;
-    if (!PyArg_ParseTuple(tls, "y#y#z#i", &key, &key_len, &cert, &cert_len, &root, &root_len,
-                          &request)) {
-      return -1;
-    }
-    grpc::SslServerCredentialsOptions ssl(
+    unsigned int refresh = 1;
+    if (!PyArg_ParseTuple(tls, "ssziI", &key, &cert, &root, &request, &refresh)) return -1;
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        key, cert, root == nullptr ? "" : root, refresh);
+    grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
+    tls_options.watch_identity_key_cert_pairs();
+    if (root != nullptr) tls_options.watch_root_certs();
+    tls_options.set_cert_request_type(
         static_cast<grpc_ssl_client_certificate_request_type>(request));
-    ssl.pem_key_cert_pairs.push_back(
-        {std::string(key, key_len), std::string(cert, cert_len)});
-    if (root != nullptr) ssl.pem_root_certs = std::string(root, root_len);
-    credentials = grpc::SslServerCredentials(ssl);
+    credentials = grpc::experimental::TlsServerCredentials(tls_options);
   }
   if (!PyCallable_Check(dispatch)) {
     PyErr_SetString(PyExc_TypeError, "dispatch must be callable");

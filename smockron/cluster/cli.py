@@ -178,6 +178,7 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     try:
         await server.start()
     except OSError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 
 import grpc
@@ -23,6 +24,7 @@ from smockron.cluster.http import make_app, make_status_app
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
 from smockron.cluster.threaded import ThreadedServer
+from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.cluster")
 
@@ -77,6 +79,8 @@ class ClusterServer:
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
         self._http: list[web.AppRunner] = []
+        self._contexts: list[tuple[ssl.SSLContext, bool]] = []
+        self._certificates: tls.ServerCertificates | None = None
 
     async def start(self) -> None:
         # Peers first: a node that took calls before it knew its peers would count keys
@@ -142,7 +146,10 @@ class ClusterServer:
         await runner.setup()
         self._http.append(runner)
         host, port = split_address(address)
-        context = None if self.tls is None else self.tls.http_context(client_auth)
+        context = None
+        if self.tls is not None:
+            context = self.tls.http_context(client_auth)
+            self._contexts.append((context, client_auth))
         try:
             await web.TCPSite(runner, host, port, ssl_context=context).start()
         except OSError as exc:
@@ -154,14 +161,39 @@ class ClusterServer:
         if self.tls is None:
             return server.add_insecure_port(address)
         if isinstance(server, NativeServer):
-            server.use_tls(self.tls.native_args())
+            server.use_tls(self.tls)
             return server.add_insecure_port(address)
         if self.tls.client_auth in ("request-cert", "verify-cert"):
             log.warning("GUBER_TLS_CLIENT_AUTH=%s: the %s gRPC server cannot ask for a client "
                         "certificate without requiring one, so it asks for none (the native "
                         "server and the HTTP gateway do ask)",
                         self.tls.client_auth, self.config.grpc_server)  # fmt: skip
-        return server.add_secure_port(address, self.tls.server_credentials())
+        self._certificates = tls.ServerCertificates(self.tls)
+        return server.add_secure_port(address, self._certificates.credentials())
+
+    def reload_tls(self) -> bool:
+        """SIGHUP: read the certificate and key files again (upstream's keypairReloader);
+        new connections get them. A file that does not load keeps the old ones."""
+        if self.tls is None or not self.config.tls_cert:
+            log.info("no TLS certificate files to reload")
+            return False
+        log.info("Caught SIGHUP, reloading TLS certificate and key from %r and %r",
+                 self.config.tls_cert, self.config.tls_key)  # fmt: skip
+        try:
+            material = tls.load(self.config)
+        except ConfigError as exc:
+            log.error("Keeping old TLS certificate because the new one could not be loaded: %s",
+                      exc)  # fmt: skip
+            return False
+        assert material is not None
+        self.tls = self.node.tls = material
+        for context, client_auth in self._contexts:
+            material.load_into(context, client_auth)
+        if isinstance(self._grpc, NativeServer):
+            self._grpc.reload_tls(material)
+        elif self._certificates is not None:
+            self._certificates.update(material)
+        return True
 
     async def stop(self) -> None:
         if self._discovery is not None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import socket
 import ssl
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,21 +62,6 @@ class TLSMaterial:
     min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
     """Least TLS version of the HTTP gateway (GUBER_TLS_MIN_VERSION; upstream's 1.3)."""
 
-    def server_credentials(self) -> grpc.ServerCredentials:
-        """For grpc.server / grpc.aio: they can require and verify a client certificate or
-        not ask for one; request-cert and verify-cert therefore do not ask."""
-        require = self.client_auth in REQUIRE_MODES
-        return grpc.ssl_server_credentials(
-            [(self.key, self.cert)],
-            root_certificates=self.client_ca if require else None,
-            require_client_auth=require,
-        )
-
-    def native_args(self) -> tuple[bytes, bytes, bytes | None, int]:
-        """For the native server: every GUBER_TLS_CLIENT_AUTH mode exactly."""
-        root = self.client_ca if self.client_auth else None
-        return (self.key, self.cert, root, NATIVE_CLIENT_AUTH[self.client_auth])
-
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(
             root_certificates=self.ca,
@@ -93,6 +80,12 @@ class TLSMaterial:
         (the status listener) no certificate is asked for."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = self.min_version
+        self.load_into(context, client_auth)
+        return context
+
+    def load_into(self, context: ssl.SSLContext, client_auth: bool = True) -> None:
+        """Put the certificate (and the client CA) into ``context``; later handshakes use
+        them, which is how a reload reaches the HTTP gateway."""
         with tempfile.TemporaryDirectory(prefix="smockron-tls-") as tmp:
             cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
             cert.write_bytes(self.cert)
@@ -103,7 +96,74 @@ class TLSMaterial:
             context.load_verify_locations(cadata=self.client_ca.decode())
             required = self.client_auth in REQUIRE_MODES
             context.verify_mode = ssl.CERT_REQUIRED if required else ssl.CERT_OPTIONAL
-        return context
+
+
+class ServerCertificates:
+    """The gRPC credentials of the grpc.server/grpc.aio transports, which take a new
+    certificate at the next handshake after ``update``. They can require and verify a
+    client certificate or not ask for one: request-cert and verify-cert do not ask."""
+
+    def __init__(self, material: TLSMaterial) -> None:
+        self._material = material
+        self._changed = False
+        self._lock = threading.Lock()
+
+    def credentials(self) -> grpc.ServerCredentials:
+        require = self._material.client_auth in REQUIRE_MODES
+        # the fetcher returns None for "no change", as grpc documents (not its stubs)
+        return grpc.dynamic_ssl_server_credentials(
+            self._configuration(self._material),
+            self._fetch,  # type: ignore[arg-type]
+            require,
+        )
+
+    def update(self, material: TLSMaterial) -> None:
+        with self._lock:
+            self._material, self._changed = material, True
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        with self._lock:
+            if not self._changed:
+                return None
+            self._changed = False
+            return self._configuration(self._material)
+
+    @staticmethod
+    def _configuration(material: TLSMaterial) -> grpc.ServerCertificateConfiguration:
+        require = material.client_auth in REQUIRE_MODES
+        return grpc.ssl_server_certificate_configuration(
+            [(material.key, material.cert)], material.client_ca if require else None
+        )
+
+
+class CertDir:
+    """The native server's certificate files: libgrpc++ watches them (every second), and
+    ``write`` replaces them all at once (a new directory, then the ``current`` link)."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="smockron-tls-"))
+        self._generation = 0
+
+    def write(self, material: TLSMaterial) -> tuple[str, str, str | None]:
+        """Key, certificate and client CA paths (the CA None without client auth)."""
+        self._generation += 1
+        target = self.root / f"gen-{self._generation}"
+        target.mkdir(mode=0o700)
+        (target / "key.pem").touch(0o600)
+        (target / "key.pem").write_bytes(material.key)
+        (target / "cert.pem").write_bytes(material.cert)
+        (target / "ca.pem").write_bytes(material.client_ca or b"")
+        link = self.root / "current.new"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target.name)
+        link.replace(self.root / "current")
+        shutil.rmtree(self.root / f"gen-{self._generation - 2}", ignore_errors=True)
+        current = self.root / "current"
+        ca = str(current / "ca.pem") if material.client_auth and material.client_ca else None
+        return str(current / "key.pem"), str(current / "cert.pem"), ca
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _read(path: str, what: str) -> bytes | None:
