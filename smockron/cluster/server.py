@@ -186,7 +186,8 @@ class ClusterServer:
                       exc)  # fmt: skip
             return False
         assert material is not None
-        self.tls = self.node.tls = material
+        self.tls = material
+        self.node.use_tls(material)
         for context, client_auth in self._contexts:
             material.load_into(context, client_auth)
         if isinstance(self._grpc, NativeServer):

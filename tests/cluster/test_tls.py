@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ pytest.importorskip("cryptography")
 from smockron.cluster import tlsgen
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 SERVERS = ["native", "threads", "asyncio"]
 
@@ -391,3 +392,69 @@ async def test_min_version_on_the_http_gateway(
         else:
             with pytest.raises(aiohttp.ClientError):
                 await https_rate_limit(nodes[0].http_port, tls12)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_TestReloadTLS(tmp_path: Path, certs: Certs, server: str) -> None:
+    """SIGHUP reads the certificate files again: new connections get the new certificate;
+    a file that does not load keeps the old one."""
+    other_ca, other_ca_key = tlsgen.make_ca("other")
+    (tmp_path / "other-ca.pem").write_bytes(other_ca)
+    cert, key = tmp_path / "node.pem", tmp_path / "node.key"
+    cert.write_bytes(certs.read("gubernator.pem"))
+    key.write_bytes(certs.read("gubernator.key"))
+    flags = ("--grpc-server", server, "--tls-cert", str(cert), "--tls-key", str(key))
+    old = credentials(certs)
+    new = grpc.ssl_channel_credentials(root_certificates=other_ca)
+    with start_nodes(tmp_path, *flags) as nodes:
+        node = nodes[0]
+        assert (await make_request(node.grpc_address, old)).remaining == 99
+        # a broken file: the node keeps its certificate
+        cert.write_text("not a certificate")
+        node.proc.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: "Keeping old TLS certificate" in node.proc.log(), 5)
+        assert (await make_request(node.grpc_address, old)).remaining == 98
+        # a certificate from another CA
+        cert_pem, key_pem = tlsgen.make_cert(other_ca, other_ca_key, ["127.0.0.1"])
+        key.write_bytes(key_pem)
+        cert.write_bytes(cert_pem)
+        node.proc.popen.send_signal(signal.SIGHUP)
+        remaining = None
+        for _ in range(60):  # the native server's file watcher looks every second
+            try:
+                remaining = (await make_request(node.grpc_address, new)).remaining
+                break
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.1)
+        assert remaining == 97
+        with pytest.raises(grpc.aio.AioRpcError):
+            await make_request(node.grpc_address, old)
+        https = ssl.create_default_context(cafile=str(tmp_path / "other-ca.pem"))
+        data = await https_rate_limit(node.http_port, https)
+        assert int(data["responses"][0]["remaining"]) == 96
+
+
+async def test_reload_renews_peer_channels(tmp_path: Path, certs: Certs) -> None:
+    """After a reload a node calls its peers on new channels, showing the new certificate."""
+    ca_key = certs.read("ca.key")
+    cert, key = tmp_path / "node.pem", tmp_path / "node.key"
+    cert.write_bytes(certs.read("gubernator.pem"))
+    key.write_bytes(certs.read("gubernator.key"))
+    flags = ("--tls-ca", certs.ca_cert, "--tls-cert", str(cert), "--tls-key", str(key),
+             "--tls-client-auth", "require-and-verify")  # fmt: skip
+    creds = credentials(certs, "gubernator")
+    with start_nodes(tmp_path, *flags, nodes=2) as nodes:
+        key_name = owned_by(nodes, 1, "reload")
+        r = await make_request(nodes[0].grpc_address, creds, key=key_name)
+        assert (r.error, r.metadata["owner"]) == ("", nodes[1].grpc_address)
+        cert_pem, key_pem = tlsgen.make_cert(certs.read("ca.cert"), ca_key, ["127.0.0.1"])
+        key.write_bytes(key_pem)
+        cert.write_bytes(cert_pem)
+        nodes[0].proc.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reloading TLS certificate" in nodes[0].proc.log(), 5)
+        for remaining in (98, 97):
+            r = await make_request(nodes[0].grpc_address, creds, key=key_name)
+            assert (r.error, r.remaining, r.metadata["owner"]) == (
+                "", remaining, nodes[1].grpc_address,
+            )  # fmt: skip
+        assert f"peer {nodes[1].grpc_address}:" not in nodes[0].proc.log()
