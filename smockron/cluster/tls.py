@@ -186,15 +186,7 @@ def load(config: ClusterConfig) -> TLSMaterial | None:
     key = _read(config.tls_key, "GUBER_TLS_KEY")
     if config.tls_auto:
         log.info("AutoTLS Enabled")
-        from smockron.cluster import tlsgen
-
-        if ca is None or ca_key is None:
-            log.info("Generating CA Certificates....")
-            ca, ca_key = tlsgen.make_ca()
-        if cert is None or key is None:
-            log.info("Generating Server Private Key and Certificate....")
-            log.info("Cert names: (%s)", ",".join(names(config)))
-            cert, key = tlsgen.make_cert(ca, ca_key, names(config))
+        cert, key, ca = _auto(config, cert, key, ca, ca_key)
     assert cert is not None and key is not None  # validate() saw to it
     client_cert = _read(config.tls_client_auth_cert, "GUBER_TLS_CLIENT_AUTH_CERT")
     client_key = _read(config.tls_client_auth_key, "GUBER_TLS_CLIENT_AUTH_KEY")
@@ -221,6 +213,34 @@ def load(config: ClusterConfig) -> TLSMaterial | None:
             "the same GUBER_TLS_CA"
         )
     return material
+
+
+def _auto(
+    config: ClusterConfig,
+    cert: bytes | None,
+    key: bytes | None,
+    ca: bytes | None,
+    ca_key: bytes | None,
+) -> tuple[bytes, bytes, bytes]:
+    """GUBER_TLS_AUTO: a CA unless one was given with its key, a server certificate
+    unless one was given; (cert, key, CA)."""
+    try:
+        from smockron.cluster import tlsgen
+    except ImportError:
+        raise ConfigError(
+            "GUBER_TLS_AUTO needs the cryptography package (pip install 'smockron[cluster]')"
+        ) from None
+    try:
+        if ca is None or ca_key is None:
+            log.info("Generating CA Certificates....")
+            ca, ca_key = tlsgen.make_ca()
+        if cert is None or key is None:
+            log.info("Generating Server Private Key and Certificate....")
+            log.info("Cert names: (%s)", ",".join(names(config)))
+            cert, key = tlsgen.make_cert(ca, ca_key, names(config))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"while generating self signed server certs: {exc}") from None
+    return cert, key, ca
 
 
 def _check(material: TLSMaterial) -> None:

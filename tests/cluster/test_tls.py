@@ -458,3 +458,34 @@ async def test_reload_renews_peer_channels(tmp_path: Path, certs: Certs) -> None
                 "", remaining, nodes[1].grpc_address,
             )  # fmt: skip
         assert f"peer {nodes[1].grpc_address}:" not in nodes[0].proc.log()
+
+
+def test_auto_tls_with_a_bad_ca_key(tmp_path: Path) -> None:
+    from smockron.cluster import tls
+    from smockron.cluster.config import ClusterConfig
+    from smockron.errors import ConfigError
+
+    (tmp_path / "ca.pem").write_bytes(tlsgen.make_ca()[0])
+    (tmp_path / "ca.key").write_text("not a key")
+    config = ClusterConfig(
+        tls_auto=True, tls_ca=str(tmp_path / "ca.pem"), tls_ca_key=str(tmp_path / "ca.key")
+    )
+    with pytest.raises(ConfigError, match="while generating self signed server certs"):
+        tls.load(config.validate())
+
+
+def test_bad_tls_settings_stop_the_command(tmp_path: Path) -> None:
+    """One line naming the problem, no traceback, exit status 1."""
+    (port,) = free_ports(1)
+    proc = run_smockron(
+        ["cluster", "--grpc-address", f"127.0.0.1:{port}", "--http-address", "",
+         "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "k")],
+        tmp_path / "node.log",
+    )  # fmt: skip
+    try:
+        assert proc.popen.wait(timeout=30) == 1
+    finally:
+        proc.stop()
+    log = proc.log()
+    assert "while reading GUBER_TLS_CERT" in log
+    assert "Traceback" not in log
