@@ -242,6 +242,8 @@ def test_guber_tls_variables() -> None:
     assert config.tls_insecure_skip_verify and not config.tls_auto
     assert not ClusterConfig().tls
     assert from_env({"GUBER_TLS_AUTO": "true"}).validate().tls
+    status = from_env({"GUBER_STATUS_HTTP_ADDRESS": "127.0.0.1:1052"})
+    assert status.status_http_address == "127.0.0.1:1052"
 
 
 @pytest.mark.parametrize(

@@ -331,6 +331,8 @@ async def test_verify_cert_accepts_no_certificate(
             nodes[0].http_port, ssl.create_default_context(cafile=certs.ca_cert)
         )
         assert int(data["responses"][0]["remaining"]) == 98
+        warned = "cannot ask for a client certificate" in nodes[0].proc.log()
+        assert warned == (server != "native")
 
 
 async def test_guber_tls_environment(
