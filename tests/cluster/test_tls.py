@@ -491,3 +491,14 @@ def test_bad_tls_settings_stop_the_command(tmp_path: Path) -> None:
     log = proc.log()
     assert "while reading GUBER_TLS_CERT" in log
     assert "Traceback" not in log
+
+
+async def test_require_any_cert_on_the_native_server(tmp_path: Path, certs: Certs) -> None:
+    """require-any-cert: some certificate must be shown, from any CA (the native server;
+    the HTTP gateway verifies the certificates it is shown)."""
+    flags = (*server_flags(certs), "--tls-client-auth", "require-any-cert")
+    with start_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await make_request(nodes[0].grpc_address, credentials(certs))
+        r = await make_request(nodes[0].grpc_address, credentials(certs, "client-auth"))
+        assert (r.error, r.remaining) == ("", 99)
