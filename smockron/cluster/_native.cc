@@ -21,6 +21,9 @@
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
@@ -326,7 +329,25 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   PyObject* dispatch;
   const char* address;
   PyObject* options = nullptr;
-  if (!PyArg_ParseTuple(args, "Os|O", &dispatch, &address, &options)) return -1;
+  PyObject* tls = nullptr;
+  if (!PyArg_ParseTuple(args, "Os|OO", &dispatch, &address, &options, &tls)) return -1;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (tls != nullptr && tls != Py_None) {
+    // (key path, cert path, client CA path or None, grpc_ssl_client_certificate_request_type,
+    // refresh seconds): the files are watched, so a node reloads them without a restart
+    const char *key, *cert, *root = nullptr;
+    int request = 0;
+    unsigned int refresh = 1;
+    if (!PyArg_ParseTuple(tls, "ssziI", &key, &cert, &root, &request, &refresh)) return -1;
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        key, cert, root == nullptr ? "" : root, refresh);
+    grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
+    tls_options.watch_identity_key_cert_pairs();
+    if (root != nullptr) tls_options.watch_root_certs();
+    tls_options.set_cert_request_type(
+        static_cast<grpc_ssl_client_certificate_request_type>(request));
+    credentials = grpc::experimental::TlsServerCredentials(tls_options);
+  }
   if (!PyCallable_Check(dispatch)) {
     PyErr_SetString(PyExc_TypeError, "dispatch must be callable");
     return -1;
@@ -364,7 +385,7 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   core->dispatch = dispatch;
   core->service = std::make_unique<Service>(core);
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, credentials, &port);
   builder.RegisterCallbackGenericService(core->service.get());
   std::unique_ptr<grpc::Server> server;
   Py_BEGIN_ALLOW_THREADS

@@ -17,7 +17,12 @@ from typing import Any
 
 import click
 
-from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
+from smockron.cluster.config import (
+    CLIENT_AUTH_MODES,
+    ClusterConfig,
+    from_env,
+    parse_duration_ms,
+)
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
 from smockron.cluster.node import Node
@@ -173,6 +178,7 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     try:
         await server.start()
     except OSError as exc:
@@ -193,6 +199,11 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
 @click.command("cluster")
 @click.option("--grpc-address", help="gRPC listen address [GUBER_GRPC_ADDRESS; 127.0.0.1:1051]")
 @click.option("--http-address", help="HTTP listen address [GUBER_HTTP_ADDRESS; 127.0.0.1:1050]")
+@click.option(
+    "--status-http-address",
+    help="with TLS: HTTPS listener for /v1/HealthCheck without client certificates "
+    "[GUBER_STATUS_HTTP_ADDRESS; off]",
+)
 @click.option(
     "--advertise-address",
     help="gRPC address peers use for this node [GUBER_ADVERTISE_ADDRESS; the gRPC address]",
@@ -269,6 +280,44 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     default=None,
     help="add RateLimit-Limit/-Remaining/-Reset (renamed by LIMIT_*_HEADER) to Envoy answers "
     "[LIMIT_RESPONSE_HEADERS_ENABLED; off]",
+)
+@click.option("--tls-cert", help="server certificate (PEM) [GUBER_TLS_CERT]; turns TLS on")
+@click.option("--tls-key", help="its private key (PEM) [GUBER_TLS_KEY]")
+@click.option("--tls-ca", help="CA that peers' certificates chain to [GUBER_TLS_CA]")
+@click.option("--tls-ca-key", help="the CA's key, to sign an auto certificate [GUBER_TLS_CA_KEY]")
+@click.option(
+    "--tls-auto/--no-tls-auto",
+    default=None,
+    help="generate a CA (unless --tls-ca/--tls-ca-key) and a server certificate at start "
+    "[GUBER_TLS_AUTO; off]",
+)
+@click.option(
+    "--tls-client-auth",
+    type=click.Choice(CLIENT_AUTH_MODES[1:]),
+    help="ask clients for a certificate [GUBER_TLS_CLIENT_AUTH; none]",
+)
+@click.option(
+    "--tls-client-auth-ca-cert",
+    help="CA client certificates must chain to [GUBER_TLS_CLIENT_AUTH_CA_CERT; --tls-ca]",
+)
+@click.option(
+    "--tls-client-auth-cert",
+    help="certificate shown to peers [GUBER_TLS_CLIENT_AUTH_CERT; --tls-cert]",
+)
+@click.option("--tls-client-auth-key", help="its key [GUBER_TLS_CLIENT_AUTH_KEY; --tls-key]")
+@click.option(
+    "--tls-client-auth-server-name",
+    help="name expected in peers' certificates [GUBER_TLS_CLIENT_AUTH_SERVER_NAME; the host]",
+)
+@click.option(
+    "--tls-insecure-skip-verify/--no-tls-insecure-skip-verify",
+    default=None,
+    help="[GUBER_TLS_INSECURE_SKIP_VERIFY; off] see docs/cluster.md, TLS",
+)
+@click.option(
+    "--tls-min-version",
+    type=click.Choice(["1.0", "1.1", "1.2", "1.3"]),
+    help="least TLS version of the HTTP gateway [GUBER_TLS_MIN_VERSION; 1.3]",
 )
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""

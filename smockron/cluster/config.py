@@ -48,12 +48,18 @@ def parse_duration_ms(text: str) -> float:
 
 
 GRPC_SERVERS = ("threads", "asyncio", "native")
+CLIENT_AUTH_MODES = ("", "request-cert", "verify-cert", "require-any-cert", "require-and-verify")
+"""GUBER_TLS_CLIENT_AUTH values (Go's tls.ClientAuthType, named as Gubernator names them)."""
+TLS_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     grpc_address: str = "127.0.0.1:1051"
     http_address: str = "127.0.0.1:1050"
+    status_http_address: str = ""
+    """With TLS: another HTTPS listener serving only /v1/HealthCheck, asking no client
+    certificate (Gubernator's GUBER_STATUS_HTTP_ADDRESS)."""
     advertise_address: str = ""
     """The gRPC address peers use for this node; defaults to ``grpc_address``."""
     peer_discovery: str = "static"
@@ -88,6 +94,25 @@ class ClusterConfig:
     ``threads`` when it is not built), ``threads`` (grpc.server on a thread pool) or
     ``asyncio`` (grpc.aio); the first two answer client checks owned here on the gRPC
     thread. See docs/cluster.md."""
+    # TLS, as Gubernator's GUBER_TLS_* (smockron/cluster/tls.py; docs/cluster.md, TLS)
+    tls_ca: str = ""
+    tls_ca_key: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_auto: bool = False
+    tls_client_auth: str = ""
+    tls_client_auth_ca_cert: str = ""
+    tls_client_auth_cert: str = ""
+    tls_client_auth_key: str = ""
+    tls_client_auth_server_name: str = ""
+    tls_insecure_skip_verify: bool = False
+    tls_min_version: str = "1.3"
+    """Least TLS version of the HTTP gateway: 1.0, 1.1, 1.2 or 1.3 (Gubernator's default)."""
+
+    @property
+    def tls(self) -> bool:
+        """Are the gRPC port, the HTTP gateway and peer calls on TLS?"""
+        return bool(self.tls_auto or self.tls_cert or self.tls_key)
 
     @property
     def advertise(self) -> str:
@@ -116,7 +141,31 @@ class ClusterConfig:
         for name in ("batch_timeout_ms", "global_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        self._validate_tls()
         return self
+
+    def _validate_tls(self) -> None:
+        if self.tls_client_auth not in CLIENT_AUTH_MODES:
+            raise ConfigError(
+                f"tls_client_auth must be one of {', '.join(CLIENT_AUTH_MODES[1:])}, "
+                f"got {self.tls_client_auth!r}"
+            )
+        if self.tls_min_version not in TLS_VERSIONS:
+            raise ConfigError(
+                f"tls_min_version must be one of {', '.join(TLS_VERSIONS)}, "
+                f"got {self.tls_min_version!r}"
+            )
+        if not self.tls_auto and bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("TLS needs both a certificate (GUBER_TLS_CERT) and its key "
+                              "(GUBER_TLS_KEY), or GUBER_TLS_AUTO")  # fmt: skip
+        if self.tls_ca_key and not self.tls_ca:
+            raise ConfigError("GUBER_TLS_CA_KEY needs the CA certificate (GUBER_TLS_CA)")
+        if not self.tls and (self.tls_ca or self.tls_client_auth or self.tls_client_auth_ca_cert):
+            raise ConfigError("TLS settings given but no server certificate: set GUBER_TLS_CERT "
+                              "and GUBER_TLS_KEY, or GUBER_TLS_AUTO=true")  # fmt: skip
+        if self.tls_client_auth and not (self.tls_client_auth_ca_cert or self.tls_ca):
+            raise ConfigError("client auth enabled, but no CA's provided "
+                              "(GUBER_TLS_CLIENT_AUTH_CA_CERT or GUBER_TLS_CA)")  # fmt: skip
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -146,6 +195,7 @@ def _int(name: str) -> Any:
 ENV: dict[str, tuple[str, Any]] = {
     "GUBER_GRPC_ADDRESS": ("grpc_address", str),
     "GUBER_HTTP_ADDRESS": ("http_address", str),
+    "GUBER_STATUS_HTTP_ADDRESS": ("status_http_address", str),
     "GUBER_ADVERTISE_ADDRESS": ("advertise_address", str),
     "GUBER_PEER_DISCOVERY_TYPE": ("peer_discovery", str),
     "GUBER_ETCD_ENDPOINTS": ("etcd_endpoints", _csv),
@@ -172,12 +222,47 @@ ENV: dict[str, tuple[str, Any]] = {
         "peer_picker_replicas",
         _int("GUBER_REPLICATED_HASH_REPLICAS"),
     ),
+    "GUBER_TLS_CA": ("tls_ca", str),
+    "GUBER_TLS_CA_KEY": ("tls_ca_key", str),
+    "GUBER_TLS_CERT": ("tls_cert", str),
+    "GUBER_TLS_KEY": ("tls_key", str),
+    "GUBER_TLS_AUTO": ("tls_auto", _bool),
+    "GUBER_TLS_CLIENT_AUTH": ("tls_client_auth", str),
+    "GUBER_TLS_CLIENT_AUTH_CA_CERT": ("tls_client_auth_ca_cert", str),
+    "GUBER_TLS_CLIENT_AUTH_CERT": ("tls_client_auth_cert", str),
+    "GUBER_TLS_CLIENT_AUTH_KEY": ("tls_client_auth_key", str),
+    "GUBER_TLS_CLIENT_AUTH_SERVER_NAME": ("tls_client_auth_server_name", str),
+    "GUBER_TLS_INSECURE_SKIP_VERIFY": ("tls_insecure_skip_verify", _bool),
+    "GUBER_TLS_MIN_VERSION": ("tls_min_version", str),
 }
+
+# envoyproxy/ratelimit's TLS variables, read when GRPC_SERVER_USE_TLS is true; the
+# GUBER_TLS_* ones win. A client CA there means clients must show a certificate it signed.
+ENVOY_TLS_ENV: dict[str, tuple[str, Any]] = {
+    "GRPC_SERVER_TLS_CERT": ("tls_cert", str),
+    "GRPC_SERVER_TLS_KEY": ("tls_key", str),
+    "GRPC_CLIENT_TLS_CACERT": ("tls_client_auth_ca_cert", str),
+}
+
+
+def _envoy_tls(env: Mapping[str, str]) -> dict[str, Any]:
+    text = env.get("GRPC_SERVER_USE_TLS")
+    try:
+        if not text or not _bool(text):
+            return {}
+    except ConfigError as exc:
+        raise ConfigError(f"GRPC_SERVER_USE_TLS: {exc}") from None
+    changes = {name: env[var] for var, (name, _) in ENVOY_TLS_ENV.items() if env.get(var)}
+    if "tls_client_auth_ca_cert" in changes:
+        changes["tls_client_auth"] = "require-and-verify"
+    if not (changes.get("tls_cert") and changes.get("tls_key")):
+        raise ConfigError("GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+    return changes
 
 
 def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> ClusterConfig:
     """``base`` (or the defaults) overridden by every GUBER_* variable that is set."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = _envoy_tls(env)
     for var, (name, conv) in ENV.items():
         text = env.get(var)
         if text:

@@ -127,6 +127,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def make_status_app(node: Node) -> web.Application:
+    """Only /v1/HealthCheck: Gubernator's status listener (GUBER_STATUS_HTTP_ADDRESS)."""
+    app = web.Application(client_max_size=MAX_BODY)
+    app[_NODE] = node
+    app.router.add_get("/v1/HealthCheck", health_check)
+    return app
+
+
 def make_app(node: Node) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     app[_NODE] = node

@@ -30,6 +30,7 @@ import grpc
 from prometheus_client import Counter
 
 from smockron.cluster.threaded import Aborted, Deferred, bridge
+from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, TLSMaterial
 
 try:
     from smockron.cluster import _native  # type: ignore[attr-defined]
@@ -111,6 +112,20 @@ class NativeServer:
         self._async: list[grpc.GenericRpcHandler[Any, Any]] = []
         self._cache: dict[str, _Entry | None] = {}
         self._server: Any = None
+        self._tls: tuple[str, str, str | None, int, int] | None = None
+        self._certs: CertDir | None = None
+
+    def use_tls(self, material: TLSMaterial) -> None:
+        """Serve TLS on the port ``add_insecure_port`` binds (despite its name, which it
+        keeps for ``ClusterServer``), every GUBER_TLS_CLIENT_AUTH mode exactly."""
+        self._certs = CertDir()
+        key, cert, ca = self._certs.write(material)
+        self._tls = (key, cert, ca, NATIVE_CLIENT_AUTH[material.client_auth], 1)
+
+    def reload_tls(self, material: TLSMaterial) -> None:
+        """libgrpc++ picks the new files up within a second."""
+        if self._certs is not None:
+            self._certs.write(material)
 
     def add_threaded_handlers(self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]) -> None:
         self._threaded.extend(handlers)
@@ -124,7 +139,7 @@ class NativeServer:
         """Bind and start serving (handlers are registered by now); 0 if it cannot bind."""
         if self._server is not None:
             raise RuntimeError("the native server listens on one address")
-        server = _native.Server(self._dispatch, address, self._options)
+        server = _native.Server(self._dispatch, address, self._options, self._tls)
         if server.port == 0:
             return 0
         self._server = server
@@ -137,6 +152,8 @@ class NativeServer:
     async def stop(self, grace: float | None) -> None:
         """Stop taking calls; wait (off the loop, which asyncio calls still need) for the
         ones in progress, at most ``grace`` seconds, then cancel the rest."""
+        if self._certs is not None:
+            self._certs.close()
         server = self._server
         if server is None:
             return

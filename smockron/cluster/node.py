@@ -29,6 +29,7 @@ from smockron.cluster.local import LocalLimiter, epoch_ms
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
+from smockron.cluster.tls import TLSMaterial
 from smockron.core.hashring import HashRing
 from smockron.ratelog import RateLimitedLog
 
@@ -56,8 +57,15 @@ _DRAIN_OVER_LIMIT = int(Behavior.DRAIN_OVER_LIMIT)
 
 
 class Node:
-    def __init__(self, config: ClusterConfig, limiter: LocalLimiter | None = None) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        limiter: LocalLimiter | None = None,
+        tls: TLSMaterial | None = None,
+    ) -> None:
         self.config = config
+        self.tls = tls
+        """Peer calls go over TLS with these certificates when set."""
         self.address = config.advertise
         self.limiter = limiter or LocalLimiter(max_keys=config.cache_size)
         self._clock = epoch_ms
@@ -90,6 +98,7 @@ class Node:
         self._probe_task: asyncio.Task[None] | None = None
         self._closing: list[PeerClient] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._delayed: set[asyncio.Task[None]] = set()
 
     # -- membership -------------------------------------------------------------------
     def set_peers(self, peers: Iterable[PeerInfo]) -> None:
@@ -103,12 +112,7 @@ class Node:
                 self.down.discard(addr)
         for addr in infos:
             if addr != self.address and addr not in self.clients:
-                self.clients[addr] = PeerClient(
-                    addr,
-                    batch_wait_ms=self.config.batch_wait_ms,
-                    batch_limit=self.config.batch_limit,
-                    timeout_ms=self.config.batch_timeout_ms,
-                )
+                self.clients[addr] = self._new_client(addr)
         self.peer_infos = infos
         self._rebuild_ring()
         if self._closing:
@@ -118,10 +122,35 @@ class Node:
                 task.add_done_callback(self._tasks.discard)
         log.info("peers: %s (ring: %s)", sorted(infos), list(self.ring.nodes))
 
+    def _new_client(self, address: str) -> PeerClient:
+        return PeerClient(
+            address,
+            batch_wait_ms=self.config.batch_wait_ms,
+            batch_limit=self.config.batch_limit,
+            timeout_ms=self.config.batch_timeout_ms,
+            tls=self.tls,
+        )
+
+    def use_tls(self, tls: TLSMaterial) -> None:
+        """New certificates (a reload): every peer gets a new channel that shows them; the
+        old clients finish their calls and close. The dict is swapped whole, as gRPC
+        worker threads read it (``answer_here``)."""
+        self.tls = tls
+        old = self.clients
+        self.clients = {addr: self._new_client(addr) for addr in old}
+        self._closing.extend(old.values())
+        # calls in progress on the old channels have until their deadline to finish
+        grace = max(self.config.batch_timeout_ms, self.config.global_timeout_ms) / 1000
+        task = asyncio.get_running_loop().create_task(self._close_removed(after=grace))
+        self._delayed.add(task)
+        task.add_done_callback(self._delayed.discard)
+
     def _rebuild_ring(self) -> None:
         self.ring.set_nodes(a for a in self.peer_infos if a not in self.down)
 
-    async def _close_removed(self) -> None:
+    async def _close_removed(self, after: float = 0.0) -> None:
+        if after:
+            await asyncio.sleep(after)
         closing, self._closing = self._closing, []
         for client in closing:
             await client.close()
@@ -431,6 +460,10 @@ class Node:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe_task
+        for task in list(self._delayed):  # a reload's delayed close: done below instead
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         self._closing.extend(self.clients.values())
         self.clients.clear()
         await self._close_removed()

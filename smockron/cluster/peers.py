@@ -19,6 +19,7 @@ from smockron.cluster import convert
 from smockron.cluster.batching import Batcher
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import gubernator_pb2, gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
+from smockron.cluster.tls import TLSMaterial
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.peers")
@@ -41,10 +42,16 @@ class PeerClient:
         batch_wait_ms: float = 0.5,
         batch_limit: int = 1000,
         timeout_ms: float = 500.0,
+        tls: TLSMaterial | None = None,
     ) -> None:
         self.address = address
         self._timeout = timeout_ms / 1000.0
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.secure_channel(
+                address, tls.channel_credentials(), options=CHANNEL_OPTIONS + tls.channel_options()
+            )
         self._peers = peers_pb2_grpc.PeersV1Stub(self._channel)  # type: ignore[no-untyped-call]
         self._v1 = gubernator_pb2_grpc.V1Stub(self._channel)  # type: ignore[no-untyped-call]
         self._batcher: Batcher[RateLimitRequest, RateLimitResponse] = Batcher(

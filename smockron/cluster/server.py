@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 
 import grpc
 from aiohttp import web
 
-from smockron.cluster import native, service
+from smockron.cluster import native, service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
-from smockron.cluster.http import make_app
+from smockron.cluster.http import make_app, make_status_app
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
 from smockron.cluster.threaded import ThreadedServer
+from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.cluster")
 
@@ -71,11 +73,14 @@ class ClusterServer:
         extensions: tuple[Extension, ...] = (),
     ) -> None:
         self.config = config.validate()
-        self.node = Node(self.config)
+        self.tls = tls.load(self.config)
+        self.node = Node(self.config, tls=self.tls)
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
-        self._http: web.AppRunner | None = None
+        self._http: list[web.AppRunner] = []
+        self._contexts: list[tuple[ssl.SSLContext, bool]] = []
+        self._certificates: tls.ServerCertificates | None = None
 
     async def start(self) -> None:
         # Peers first: a node that took calls before it knew its peers would count keys
@@ -112,7 +117,7 @@ class ClusterServer:
         for extend in self._extensions:
             extend(server, self.node)
         try:
-            bound = server.add_insecure_port(self.config.grpc_address)
+            bound = self._bind(server)
         except RuntimeError:
             bound = 0
         if bound == 0:
@@ -120,24 +125,82 @@ class ClusterServer:
             raise OSError(f"while starting GRPC listener: {reason}")
         await server.start()
         self._grpc = server
+        if self.tls is not None:
+            log.info("gRPC and HTTP on TLS (client auth: %s)", self.tls.client_auth or "none")
         log.info("GRPC Listening on %s ...", self.config.grpc_address)
         if self.config.http_address:
-            runner = web.AppRunner(make_app(self.node), access_log=None)
-            await runner.setup()
-            self._http = runner
-            host, port = split_address(self.config.http_address)
-            try:
-                await web.TCPSite(runner, host, port).start()
-            except OSError as exc:
-                reason = _go_listen_error(self.config.http_address, exc)
-                raise OSError(f"while starting HTTP listener: {reason}") from None
-            log.info("HTTP Gateway Listening on %s ...", self.config.http_address)
+            await self._serve_http(make_app(self.node), self.config.http_address, "HTTP")
+            gateway = "HTTPS Gateway" if self.tls else "HTTP Gateway"
+            log.info("%s Listening on %s ...", gateway, self.config.http_address)
+        if self.config.status_http_address and self.tls is not None:
+            # Gubernator's status listener: HealthCheck over TLS without client certificates,
+            # for probes that have none when clients must show one
+            app = make_status_app(self.node)
+            await self._serve_http(app, self.config.status_http_address, "status HTTP", False)
+            log.info("HTTPS Status Handler Listening on %s ...", self.config.status_http_address)
+
+    async def _serve_http(
+        self, app: web.Application, address: str, what: str, client_auth: bool = True
+    ) -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        self._http.append(runner)
+        host, port = split_address(address)
+        context = None
+        if self.tls is not None:
+            context = self.tls.http_context(client_auth)
+            self._contexts.append((context, client_auth))
+        try:
+            await web.TCPSite(runner, host, port, ssl_context=context).start()
+        except OSError as exc:
+            reason = _go_listen_error(address, exc)
+            raise OSError(f"while starting {what} listener: {reason}") from None
+
+    def _bind(self, server: GrpcServer) -> int:
+        address = self.config.grpc_address
+        if self.tls is None:
+            return server.add_insecure_port(address)
+        if isinstance(server, NativeServer):
+            server.use_tls(self.tls)
+            return server.add_insecure_port(address)
+        if self.tls.client_auth in ("request-cert", "verify-cert"):
+            log.warning("GUBER_TLS_CLIENT_AUTH=%s: the %s gRPC server cannot ask for a client "
+                        "certificate without requiring one, so it asks for none (the native "
+                        "server and the HTTP gateway do ask)",
+                        self.tls.client_auth, self.config.grpc_server)  # fmt: skip
+        self._certificates = tls.ServerCertificates(self.tls)
+        return server.add_secure_port(address, self._certificates.credentials())
+
+    def reload_tls(self) -> bool:
+        """SIGHUP: read the certificate and key files again (upstream's keypairReloader);
+        new connections get them. A file that does not load keeps the old ones."""
+        if self.tls is None or not self.config.tls_cert:
+            log.info("no TLS certificate files to reload")
+            return False
+        log.info("Caught SIGHUP, reloading TLS certificate and key from %r and %r",
+                 self.config.tls_cert, self.config.tls_key)  # fmt: skip
+        try:
+            material = tls.load(self.config)
+        except ConfigError as exc:
+            log.error("Keeping old TLS certificate because the new one could not be loaded: %s",
+                      exc)  # fmt: skip
+            return False
+        assert material is not None
+        self.tls = material
+        self.node.use_tls(material)
+        for context, client_auth in self._contexts:
+            material.load_into(context, client_auth)
+        if isinstance(self._grpc, NativeServer):
+            self._grpc.reload_tls(material)
+        elif self._certificates is not None:
+            self._certificates.update(material)
+        return True
 
     async def stop(self) -> None:
         if self._discovery is not None:
             await self._discovery.stop()
-        if self._http is not None:
-            await self._http.cleanup()
+        for runner in self._http:
+            await runner.cleanup()
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.node.close()

@@ -169,6 +169,9 @@ class ThreadedServer:
     def add_insecure_port(self, address: str) -> int:
         return self._server.add_insecure_port(address)
 
+    def add_secure_port(self, address: str, credentials: grpc.ServerCredentials) -> int:
+        return self._server.add_secure_port(address, credentials)
+
     async def start(self) -> None:
         self._server.start()
 

@@ -212,3 +212,98 @@ def test_envoy_response_headers_from_env_and_flag() -> None:
     assert build_config(on, {"envoy_response_headers": False}).envoy_response_headers is False
     with pytest.raises(ConfigError, match="LIMIT_RESPONSE_HEADERS_ENABLED: must be true or false"):
         build_config({"LIMIT_RESPONSE_HEADERS_ENABLED": "sometimes"}, {})
+
+
+def test_guber_tls_variables() -> None:
+    env = {
+        "GUBER_TLS_CA": "/c/ca.pem",
+        "GUBER_TLS_CA_KEY": "/c/ca.key",
+        "GUBER_TLS_CERT": "/c/cert.pem",
+        "GUBER_TLS_KEY": "/c/key.pem",
+        "GUBER_TLS_AUTO": "false",
+        "GUBER_TLS_CLIENT_AUTH": "require-and-verify",
+        "GUBER_TLS_CLIENT_AUTH_CA_CERT": "/c/client-ca.pem",
+        "GUBER_TLS_CLIENT_AUTH_CERT": "/c/client.pem",
+        "GUBER_TLS_CLIENT_AUTH_KEY": "/c/client.key",
+        "GUBER_TLS_CLIENT_AUTH_SERVER_NAME": "gubernator",
+        "GUBER_TLS_INSECURE_SKIP_VERIFY": "true",
+    }
+    config = from_env(env).validate()
+    assert config.tls
+    assert (config.tls_ca, config.tls_ca_key, config.tls_cert, config.tls_key) == (
+        "/c/ca.pem", "/c/ca.key", "/c/cert.pem", "/c/key.pem",
+    )  # fmt: skip
+    assert config.tls_client_auth == "require-and-verify"
+    assert config.tls_client_auth_ca_cert == "/c/client-ca.pem"
+    assert (config.tls_client_auth_cert, config.tls_client_auth_key) == (
+        "/c/client.pem", "/c/client.key",
+    )  # fmt: skip
+    assert config.tls_client_auth_server_name == "gubernator"
+    assert config.tls_insecure_skip_verify and not config.tls_auto
+    assert not ClusterConfig().tls
+    assert from_env({"GUBER_TLS_AUTO": "true"}).validate().tls
+    status = from_env({"GUBER_STATUS_HTTP_ADDRESS": "127.0.0.1:1052"})
+    assert status.status_http_address == "127.0.0.1:1052"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GUBER_TLS_AUTO": "1", "GUBER_TLS_CLIENT_AUTH": "always"}, "tls_client_auth must"),
+        ({"GUBER_TLS_CERT": "/c.pem"}, "GUBER_TLS_KEY"),
+        ({"GUBER_TLS_CA": "/ca.pem"}, "no server certificate"),
+        ({"GUBER_TLS_AUTO": "1", "GUBER_TLS_CLIENT_AUTH": "verify-cert"}, "no CA's provided"),
+        ({"GUBER_TLS_AUTO": "1", "GUBER_TLS_CA_KEY": "/k"}, "needs the CA certificate"),
+        ({"GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT"),
+        ({"GUBER_TLS_AUTO": "maybe"}, "GUBER_TLS_AUTO"),
+    ],
+)
+def test_bad_tls_settings(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_env(env).validate()
+
+
+def test_envoy_ratelimit_tls_variables_are_aliases() -> None:
+    env = {
+        "GRPC_SERVER_USE_TLS": "true",
+        "GRPC_SERVER_TLS_CERT": "/r/cert.pem",
+        "GRPC_SERVER_TLS_KEY": "/r/key.pem",
+        "GRPC_CLIENT_TLS_CACERT": "/r/ca.pem",
+    }
+    config = from_env(env).validate()
+    assert (config.tls_cert, config.tls_key) == ("/r/cert.pem", "/r/key.pem")
+    assert config.tls_client_auth == "require-and-verify"
+    assert config.tls_client_auth_ca_cert == "/r/ca.pem"
+    # off unless GRPC_SERVER_USE_TLS; the GUBER_TLS_* variables win
+    assert not from_env({**env, "GRPC_SERVER_USE_TLS": "false"}).tls
+    both = from_env({**env, "GUBER_TLS_CERT": "/g/cert.pem"})
+    assert both.tls_cert == "/g/cert.pem"
+
+
+def test_tls_flags(tmp_path: Path) -> None:
+    config = build_config({"GUBER_TLS_CERT": "/env.pem"}, {
+        "tls_cert": "/flag.pem", "tls_key": "/flag.key", "tls_auto": None,
+        "tls_client_auth": "verify-cert", "tls_ca": "/ca.pem",
+    })  # fmt: skip
+    assert (config.tls_cert, config.tls_key, config.tls_client_auth) == (
+        "/flag.pem", "/flag.key", "verify-cert",
+    )  # fmt: skip
+
+
+def test_unreadable_tls_file_stops_the_command(tmp_path: Path) -> None:
+    from smockron.cluster import tls
+
+    config = ClusterConfig(tls_cert=str(tmp_path / "none.pem"), tls_key="/none.key")
+    with pytest.raises(ConfigError, match="while reading GUBER_TLS_CERT"):
+        tls.load(config.validate())
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    config = replace(config, tls_cert=str(tmp_path / "bad.pem"), tls_key=str(tmp_path / "bad.pem"))
+    with pytest.raises(ConfigError, match="while parsing server certificate"):
+        tls.load(config)
+
+
+def test_tls_min_version() -> None:
+    assert from_env({"GUBER_TLS_AUTO": "1"}).tls_min_version == "1.3"
+    assert from_env({"GUBER_TLS_MIN_VERSION": "1.2"}).tls_min_version == "1.2"
+    with pytest.raises(ConfigError, match="tls_min_version must be one of"):
+        from_env({"GUBER_TLS_AUTO": "1", "GUBER_TLS_MIN_VERSION": "1.4"}).validate()
