@@ -119,16 +119,24 @@ def test_bursts_over_several_proxies_are_held_to_the_rule(tmp_path: Path, proxie
             start = time.monotonic()
             tasks: list[asyncio.Task[str]] = []
             polite_tasks: list[asyncio.Task[str]] = []
-            k = 0
-            for b in range(int(duration / 0.25)):
-                await asyncio.sleep(max(0.0, start + b * 0.25 - time.monotonic()))
-                for _ in range(10):
-                    port = ports[k % len(ports)]
-                    tasks.append(asyncio.create_task(_get(session, port, "abuser")))
-                    k += 1
-                while b * 0.25 * 0.9 * RATE >= len(polite_tasks):
-                    port = ports[len(polite_tasks) % len(ports)]
+
+            async def abusive() -> None:
+                k = 0
+                for b in range(int(duration / 0.25)):
+                    await asyncio.sleep(max(0.0, start + b * 0.25 - time.monotonic()))
+                    for _ in range(10):
+                        port = ports[k % len(ports)]
+                        tasks.append(asyncio.create_task(_get(session, port, "abuser")))
+                        k += 1
+
+            async def polite_client() -> None:  # evenly spaced, at 0.9x the rule
+                for i in range(int(duration * 0.9 * RATE)):
+                    at = start + i / (0.9 * RATE)
+                    await asyncio.sleep(max(0.0, at - time.monotonic()))
+                    port = ports[i % len(ports)]
                     polite_tasks.append(asyncio.create_task(_get(session, port, "polite")))
+
+            await asyncio.gather(abusive(), polite_client())
             await asyncio.gather(*tasks)
             polite.update(await asyncio.gather(*polite_tasks))
         return polite, start
