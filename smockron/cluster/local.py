@@ -77,8 +77,13 @@ def _unpack(entry: Entry) -> State:
 
 Responses = list[RateLimitResponse]
 CompiledCheck = Callable[
-    [Sequence[RateLimitRequest], int, "OrderedDict[str, Entry]", int,
-     Callable[[RateLimitRequest, int], RateLimitResponse]],
+    [
+        Sequence[RateLimitRequest],
+        int,
+        "OrderedDict[str, Entry]",
+        int,
+        Callable[[RateLimitRequest, int], RateLimitResponse],
+    ],
     Responses,
 ]
 
