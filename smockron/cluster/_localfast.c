@@ -8,10 +8,10 @@
  * on int64 (same formulas, Python's floor division), writes the same cache entry
  * ``(expires, kind, *fields)`` a Python check would, and fills the response's slots.
  *
- * Only the common cases are done here: TOKEN_BUCKET, LEAKY_BUCKET and SLIDING_WINDOW,
- * hits >= 0, duration >= 1, no DURATION_IS_GREGORIAN / RESET_REMAINING /
- * DRAIN_OVER_LIMIT, a cached state made with the same limit, duration and burst, and
- * every number in ranges where no int64 operation can overflow. Anything else (and any
+ * Only the common cases are done here: hits >= 0, duration >= 1, no
+ * DURATION_IS_GREGORIAN / RESET_REMAINING / DRAIN_OVER_LIMIT, for the buckets a cached
+ * state made with the same limit, duration and burst, for SMOCKRON_HISTORY limit >= 1,
+ * and every number in ranges where no int64 operation can overflow. Anything else (and any
  * invalid item) is handed to ``slow(request, now)``, the Python check, so results stay
  * exactly those of core/algorithms.py; tests/cluster/test_local.py checks both paths
  * against each other on random sequences. Without a compiler the Python path is used.
@@ -36,7 +36,7 @@ static const char *resp_fields[N_RESP] = {"status", "limit", "remaining", "reset
 
 static PyTypeObject *req_type, *resp_type;
 static Py_ssize_t req_off[N_REQ], resp_off[N_RESP];
-static PyObject *under, *over, *empty, *kinds[3];
+static PyObject *under, *over, *empty, *kinds[4];
 
 static int slot_offsets(PyTypeObject *type, const char **names, int n, Py_ssize_t *out) {
     for (int i = 0; i < n; i++) {
@@ -68,9 +68,9 @@ static PyObject *localfast_bind(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* ``o`` as an int64 in [lo, hi]; 0 when it is not an int or out of range. */
+/* ``o`` as an int64 in [lo, hi]; 0 when it is not an int (or is a bool) or out of range. */
 static int as_i64(PyObject *o, int64_t lo, int64_t hi, int64_t *out) {
-    if (!PyLong_Check(o)) return 0;
+    if (!PyLong_Check(o) || PyBool_Check(o)) return 0;
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) {
@@ -213,6 +213,78 @@ static int sliding_window(PyObject *s, const Params *p, Outcome *o) {
     return o->entry ? 1 : -1;
 }
 
+#define MAX_HISTORY_BURST 10000 /* core/algorithms.py's: above it the item is invalid */
+
+static Py_ssize_t recent(PyObject *log, Py_ssize_t from, double horizon) {
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = from; i < PyTuple_GET_SIZE(log); i++)
+        n += PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, i)) > horizon;
+    return n;
+}
+
+static int64_t ceil_ms(double x) { /* algorithms._ceil */
+    int64_t n = (int64_t)x;
+    return (double)n < x ? n + 1 : n;
+}
+
+/* The seed's history rule (algorithms._history) with limit >= 1: the last ``burst``
+ * timestamps, each accepted hit recorded as ``float(now)``. */
+static int history(PyObject *s, const Params *p, Outcome *o) {
+    int64_t burst = p->burst ? p->burst : p->limit, now = p->now;
+    if (p->limit < 1 || burst > MAX_HISTORY_BURST) return 0;
+    PyObject *old = NULL;
+    Py_ssize_t from = 0, kept = 0;
+    if (s != NULL) {
+        if (PyTuple_GET_SIZE(s) != 6 || !PyTuple_CheckExact(old = PyTuple_GET_ITEM(s, 5)))
+            return 0;
+        kept = PyTuple_GET_SIZE(old);
+        for (Py_ssize_t i = 0; i < kept; i++)
+            if (!PyFloat_CheckExact(PyTuple_GET_ITEM(old, i))) return 0;
+        if (kept > burst) from = kept - burst, kept = burst;
+    }
+    double rate = (double)p->limit * 1000.0 / (double)p->duration;
+    double window = (double)burst * 1000.0 / rate, horizon = (double)now - window;
+    Py_ssize_t before = old ? recent(old, from, horizon) : 0;
+    o->over = p->hits > burst - before;
+    Py_ssize_t added = o->over ? 0 : (Py_ssize_t)min64(p->hits, burst);
+    Py_ssize_t drop = kept + added > burst ? kept + added - burst : 0;
+    PyObject *log;
+    if (old != NULL && from == 0 && added == 0) {
+        log = REF(old);
+    } else {
+        Py_ssize_t size = kept - drop + added;
+        PyObject *stamp = added ? PyFloat_FromDouble((double)now) : NULL;
+        if ((log = PyTuple_New(size)) == NULL || (added && stamp == NULL)) {
+            Py_XDECREF(log);
+            Py_XDECREF(stamp);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < kept - drop; i++)
+            PyTuple_SET_ITEM(log, i, REF(PyTuple_GET_ITEM(old, from + drop + i)));
+        for (Py_ssize_t i = kept - drop; i < size; i++) PyTuple_SET_ITEM(log, i, REF(stamp));
+        Py_XDECREF(stamp);
+        PyObject_GC_UnTrack(log);
+    }
+    o->remaining = burst - recent(log, 0, horizon);
+    int64_t expires = 0;
+    if (PyTuple_GET_SIZE(log)) {
+        double last = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, 0));
+        for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(log); i++)
+            if (PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, i)) > last)
+                last = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, i));
+        if (!(last + window < 9.0e15 && last + window > -9.0e15)) {
+            Py_DECREF(log);
+            return 0;
+        }
+        expires = ceil_ms(last + window);
+    }
+    o->reset = max64(now, PyTuple_GET_SIZE(log) ? expires : now);
+    PyObject *items[6] = {I(max64(expires, now + p->duration)), REF(kinds[3]),
+                          REF(p->limit_obj), REF(p->duration_obj), I(burst), log};
+    o->entry = entry_of(6, items);
+    return o->entry ? 1 : -1;
+}
+
 /* ``name + "_" + unique_key`` (RateLimitRequest.hash_key). */
 static PyObject *hash_key(PyObject *name, PyObject *key) {
     Py_ssize_t n = PyUnicode_GET_LENGTH(name), k = PyUnicode_GET_LENGTH(key);
@@ -269,7 +341,7 @@ static int check_one(PyObject *req, int64_t now, PyObject *cache, Py_ssize_t max
     int64_t algorithm, behavior, created;
     if (!as_i64(f[R_HITS], 0, BIG, &p.hits) || !as_i64(f[R_LIMIT], 0, BIG, &p.limit) ||
         !as_i64(f[R_DURATION], 1, BIG, &p.duration) || !as_i64(f[R_BURST], 0, BIG, &p.burst) ||
-        !as_i64(f[R_ALGORITHM], 0, 2, &algorithm) ||
+        !as_i64(f[R_ALGORITHM], 0, 3, &algorithm) ||
         !as_i64(f[R_BEHAVIOR], 0, 0xffff, &behavior) || (behavior & NO_PLAIN_BEHAVIOR))
         return 0;
     if (f[R_CREATED] != Py_None) {
@@ -298,7 +370,8 @@ static int check_one(PyObject *req, int64_t now, PyObject *cache, Py_ssize_t max
     Py_XINCREF(entry); /* the store below may free it */
     if (algorithm == 0) done = token_bucket(live, &p, &o);
     else if (algorithm == 1) done = leaky_bucket(live, &p, &o);
-    else done = sliding_window(live, &p, &o);
+    else if (algorithm == 2) done = sliding_window(live, &p, &o);
+    else done = history(live, &p, &o);
     Py_XDECREF(entry);
     if (done <= 0) goto finish;
     if (store(cache, key, entry != NULL, o.entry, max) < 0) done = -1;
@@ -365,6 +438,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_localfast", NULL, -
 
 PyMODINIT_FUNC PyInit__localfast(void) {
     empty = PyUnicode_FromString("");
-    for (int i = 0; i < 3; i++) kinds[i] = PyLong_FromLong(i);
+    for (int i = 0; i < 4; i++) kinds[i] = PyLong_FromLong(i);
     return PyModule_Create(&module);
 }

@@ -21,10 +21,12 @@ tuples of numbers (after a pass or two), never a named tuple or a dataclass. Wit
 million keys a full collection paused the node ~400 ms when it walked the states,
 ~65 ms now (what is left is the OrderedDict's own walk).
 
-The common cases of a check (token bucket, leaky bucket and sliding window with plain
-behaviors and unchanged params) run in C, ``smockron.cluster._localfast``, which writes
-the same entries and answers the same responses; every other item, and every item when
-the extension is not built or ``SMOCKRON_PURE_PYTHON=1``, goes through ``_check_one``.
+The common cases of a check (every algorithm with hits >= 0, no GREGORIAN, RESET or
+DRAIN behavior, a bucket's limit, duration and burst unchanged) run in C,
+``smockron.cluster._localfast``, which writes the same entries (untracked by the
+collector from the start) and answers the same responses; every other item, and every
+item when the extension is not built or ``SMOCKRON_PURE_PYTHON=1``, goes through
+``_check_one``. Entries made by either path are read by the other.
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ common_items = st.builds(  # what the compiled path answers, keeping states betw
     hits=st.integers(0, 4),
     limit=st.sampled_from([0, 3, 5]),
     duration=st.sampled_from([1, 7, 500, 1000]),
-    algorithm=st.sampled_from(list(Algorithm)[:3]),
+    algorithm=st.sampled_from(Algorithm),
     behavior=st.sampled_from([Behavior.BATCHING, Behavior.GLOBAL]),
     burst=st.sampled_from([0, 0, 2, 8]),
     created_at=st.sampled_from([None, None, None, T0 - 700, T0 + 3000]),
@@ -296,6 +296,8 @@ def test_compiled_path_answers_replicated_and_odd_states() -> None:
         TokenBucketState(3, 1000, False, -(1 << 60), T0, T0 + 1000),
         LeakyBucketState(3, 1000, False, 3, 1000, 5000, T0, None),
         SlidingWindowState(1000, False, T0, T0 + 1000, 1 << 40, 2),
+        HistoryState(3, 1000, 3, (float(T0), 1e300)),
+        HistoryState(5, 1000, 5, (float(T0 - 999), float(T0 - 500), float(T0), float(T0))),
     ]
     for state in odd:
         for a in Algorithm:
