@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 #include <stdint.h>
 
 #define BIG ((int64_t)1 << 30)   /* limit, burst, duration, |hits| stay below this */
@@ -215,10 +216,15 @@ static int sliding_window(PyObject *s, const Params *p, Outcome *o) {
 
 #define MAX_HISTORY_BURST 10000 /* core/algorithms.py's: above it the item is invalid */
 
+/* Timestamps of ``log[from:]`` after ``horizon``; -1 when ``log`` holds anything but
+ * floats that are not NaN (then Python decides). */
 static Py_ssize_t recent(PyObject *log, Py_ssize_t from, double horizon) {
     Py_ssize_t n = 0;
-    for (Py_ssize_t i = from; i < PyTuple_GET_SIZE(log); i++)
-        n += PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, i)) > horizon;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(log); i++) {
+        PyObject *ts = PyTuple_GET_ITEM(log, i);
+        if (!PyFloat_CheckExact(ts) || isnan(PyFloat_AS_DOUBLE(ts))) return -1;
+        n += i >= from && PyFloat_AS_DOUBLE(ts) > horizon;
+    }
     return n;
 }
 
@@ -238,47 +244,56 @@ static int history(PyObject *s, const Params *p, Outcome *o) {
         if (PyTuple_GET_SIZE(s) != 6 || !PyTuple_CheckExact(old = PyTuple_GET_ITEM(s, 5)))
             return 0;
         kept = PyTuple_GET_SIZE(old);
-        for (Py_ssize_t i = 0; i < kept; i++)
-            if (!PyFloat_CheckExact(PyTuple_GET_ITEM(old, i))) return 0;
         if (kept > burst) from = kept - burst, kept = burst;
     }
     double rate = (double)p->limit * 1000.0 / (double)p->duration;
     double window = (double)burst * 1000.0 / rate, horizon = (double)now - window;
     Py_ssize_t before = old ? recent(old, from, horizon) : 0;
+    if (before < 0) return 0;
     o->over = p->hits > burst - before;
     Py_ssize_t added = o->over ? 0 : (Py_ssize_t)min64(p->hits, burst);
     Py_ssize_t drop = kept + added > burst ? kept + added - burst : 0;
+    /* One pass over what is kept: copied, its maximum taken; what is dropped is
+     * subtracted from ``before``, what is added counted if recent. */
+    double newest = -HUGE_VAL, stamp_at = (double)now;
+    for (Py_ssize_t i = from; i < from + drop; i++)
+        before -= PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(old, i)) > horizon;
     PyObject *log;
+    Py_ssize_t size = kept - drop + added;
     if (old != NULL && from == 0 && added == 0) {
         log = REF(old);
+        for (Py_ssize_t i = 0; i < size; i++)
+            newest = fmax(newest, PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(old, i)));
     } else {
-        Py_ssize_t size = kept - drop + added;
-        PyObject *stamp = added ? PyFloat_FromDouble((double)now) : NULL;
+        PyObject *stamp = added ? PyFloat_FromDouble(stamp_at) : NULL;
         if ((log = PyTuple_New(size)) == NULL || (added && stamp == NULL)) {
             Py_XDECREF(log);
             Py_XDECREF(stamp);
             return -1;
         }
-        for (Py_ssize_t i = 0; i < kept - drop; i++)
-            PyTuple_SET_ITEM(log, i, REF(PyTuple_GET_ITEM(old, from + drop + i)));
+        for (Py_ssize_t i = 0; i < kept - drop; i++) {
+            PyObject *ts = PyTuple_GET_ITEM(old, from + drop + i);
+            newest = fmax(newest, PyFloat_AS_DOUBLE(ts));
+            PyTuple_SET_ITEM(log, i, REF(ts));
+        }
         for (Py_ssize_t i = kept - drop; i < size; i++) PyTuple_SET_ITEM(log, i, REF(stamp));
         Py_XDECREF(stamp);
         PyObject_GC_UnTrack(log);
+        if (added) {
+            newest = fmax(newest, stamp_at);
+            before += stamp_at > horizon ? added : 0;
+        }
     }
-    o->remaining = burst - recent(log, 0, horizon);
+    o->remaining = burst - before;
     int64_t expires = 0;
-    if (PyTuple_GET_SIZE(log)) {
-        double last = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, 0));
-        for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(log); i++)
-            if (PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, i)) > last)
-                last = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(log, i));
-        if (!(last + window < 9.0e15 && last + window > -9.0e15)) {
+    if (size) {
+        if (!(newest + window < 9.0e15 && newest + window > -9.0e15)) {
             Py_DECREF(log);
             return 0;
         }
-        expires = ceil_ms(last + window);
+        expires = ceil_ms(newest + window);
     }
-    o->reset = max64(now, PyTuple_GET_SIZE(log) ? expires : now);
+    o->reset = max64(now, size ? expires : now);
     PyObject *items[6] = {I(max64(expires, now + p->duration)), REF(kinds[3]),
                           REF(p->limit_obj), REF(p->duration_obj), I(burst), log};
     o->entry = entry_of(6, items);

@@ -297,6 +297,7 @@ def test_compiled_path_answers_replicated_and_odd_states() -> None:
         LeakyBucketState(3, 1000, False, 3, 1000, 5000, T0, None),
         SlidingWindowState(1000, False, T0, T0 + 1000, 1 << 40, 2),
         HistoryState(3, 1000, 3, (float(T0), 1e300)),
+        HistoryState(3, 1000, 3, (float(T0), float("nan"))),
         HistoryState(5, 1000, 5, (float(T0 - 999), float(T0 - 500), float(T0), float(T0))),
     ]
     for state in odd:
