@@ -228,6 +228,18 @@ static Py_ssize_t recent(PyObject *log, Py_ssize_t from, double horizon) {
     return n;
 }
 
+/* ``float(now)``, one object for every key stamped in the same millisecond: the keys'
+ * histories then point to a few hot floats instead of one object per hit. */
+static PyObject *stamp_of(double now) {
+    static PyObject *last;
+    if (last == NULL || PyFloat_AS_DOUBLE(last) != now) {
+        PyObject *f = PyFloat_FromDouble(now);
+        if (f == NULL) return NULL;
+        Py_XSETREF(last, f);
+    }
+    return REF(last);
+}
+
 static int64_t ceil_ms(double x) { /* algorithms._ceil */
     int64_t n = (int64_t)x;
     return (double)n < x ? n + 1 : n;
@@ -265,7 +277,7 @@ static int history(PyObject *s, const Params *p, Outcome *o) {
         for (Py_ssize_t i = 0; i < size; i++)
             newest = fmax(newest, PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(old, i)));
     } else {
-        PyObject *stamp = added ? PyFloat_FromDouble(stamp_at) : NULL;
+        PyObject *stamp = added ? stamp_of(stamp_at) : NULL;
         if ((log = PyTuple_New(size)) == NULL || (added && stamp == NULL)) {
             Py_XDECREF(log);
             Py_XDECREF(stamp);
