@@ -394,12 +394,10 @@ static int check_one(PyObject *req, int64_t now, PyObject *cache, Py_ssize_t max
         }
     }
     Outcome o;
-    Py_XINCREF(entry); /* the store below may free it */
     if (algorithm == 0) done = token_bucket(live, &p, &o);
     else if (algorithm == 1) done = leaky_bucket(live, &p, &o);
     else if (algorithm == 2) done = sliding_window(live, &p, &o);
     else done = history(live, &p, &o);
-    Py_XDECREF(entry);
     if (done <= 0) goto finish;
     if (store(cache, key, entry != NULL, o.entry, max) < 0) done = -1;
     Py_DECREF(o.entry);
