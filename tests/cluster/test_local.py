@@ -307,3 +307,14 @@ def test_compiled_path_answers_replicated_and_odd_states() -> None:
             batch = [req(algorithm=a), req(hits=0, algorithm=a)]
             assert fast.check(batch) == pure.check(batch)
             assert list(fast._cache.items()) == list(pure._cache.items())
+
+
+@compiled
+def test_compiled_entries_are_untracked_from_the_start() -> None:
+    """No collection needed: the C path writes entries the collector never sees."""
+    limiter = LocalLimiter(FakeClock())
+    limiter.check([req(f"k{int(a)}", algorithm=a) for a in Algorithm])
+    assert len(limiter) == len(Algorithm)
+    for entry in limiter._cache.values():
+        assert not gc.is_tracked(entry)
+        assert not any(gc.is_tracked(field) for field in entry)
