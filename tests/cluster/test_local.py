@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from smockron.cluster import local
 from smockron.cluster.local import LocalLimiter, check_compiled, epoch_ms
 from smockron.cluster.model import (
     Algorithm,
@@ -25,6 +26,18 @@ from smockron.core.algorithms import (
 
 T0 = 1_700_000_000_000
 OVER, UNDER = Status.OVER_LIMIT, Status.UNDER_LIMIT
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both paths: the C one (when built) and the Python one."""
+    if request.param == "python":
+        if "compiled" in request.node.name:
+            pytest.skip("compares the compiled path with the Python one itself")
+        monkeypatch.setattr(local, "check_compiled", None)
+    elif check_compiled is None:
+        pytest.skip("_localfast is not built")
+    return str(request.param)
 
 
 class FakeClock:
