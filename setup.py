@@ -9,6 +9,9 @@ built, installation goes on without it.
 - ``smockron.cluster._native``: the cluster's native gRPC transport (libgrpc++ generic
   server, smockron/cluster/_native.cc), built only when ``pkg-config --exists grpc++``
   succeeds; without it ``--grpc-server native`` falls back to ``threads``.
+- ``smockron.cluster._localfast``: LocalLimiter.check's common cases
+  (smockron/cluster/_localfast.c); without it every check runs core/algorithms.py,
+  with the same results.
 """
 
 import shutil
@@ -52,6 +55,12 @@ setup(
             "smockron._zmqfast",
             ["smockron/_zmqfast.c"],
             libraries=["dl"],
+            optional=True,
+        ),
+        Extension(
+            "smockron.cluster._localfast",
+            ["smockron/cluster/_localfast.c"],
+            extra_compile_args=["-O2"],
             optional=True,
         ),
         *native_extension(),

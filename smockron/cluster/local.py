@@ -20,10 +20,18 @@ fields), not as the state object: CPython's garbage collector stops tracking exa
 tuples of numbers (after a pass or two), never a named tuple or a dataclass. With a
 million keys a full collection paused the node ~400 ms when it walked the states,
 ~65 ms now (what is left is the OrderedDict's own walk).
+
+The common cases of a check (every algorithm with hits >= 0, no GREGORIAN, RESET or
+DRAIN behavior, a bucket's limit, duration and burst unchanged) run in C,
+``smockron.cluster._localfast``, which writes the same entries (untracked by the
+collector from the start) and answers the same responses; every other item, and every
+item when the extension is not built or ``SMOCKRON_PURE_PYTHON=1``, goes through
+``_check_one``. Entries made by either path are read by the other.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -69,6 +77,36 @@ def _unpack(entry: Entry) -> State:
     return cast(State, tuple.__new__(_KINDS[entry[1]], entry[2:]))
 
 
+Responses = list[RateLimitResponse]
+CompiledCheck = Callable[
+    [
+        Sequence[RateLimitRequest],
+        int,
+        "OrderedDict[str, Entry]",
+        int,
+        Callable[[RateLimitRequest, int], RateLimitResponse],
+    ],
+    Responses,
+]
+
+
+def _load_compiled() -> CompiledCheck | None:
+    """``_localfast.check`` bound to the model's types, or None (then Python checks all).
+    ``SMOCKRON_PURE_PYTHON=1`` forces Python (tests run both)."""
+    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
+        return None
+    try:
+        from smockron.cluster import _localfast  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _localfast.bind(RateLimitRequest, RateLimitResponse, Status.UNDER_LIMIT, Status.OVER_LIMIT)
+    return cast(CompiledCheck, _localfast.check)
+
+
+check_compiled: Final = _load_compiled()
+"""``(requests, now, cache, max_keys, slow) -> responses``: the C loop, or None."""
+
+
 def epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -83,6 +121,7 @@ class LocalLimiter:
         self._max_keys = max_keys
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._compiled = check_compiled
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -102,7 +141,12 @@ class LocalLimiter:
         """Answer every request in order; ``now_ms`` overrides the clock (tests, replay)."""
         now = self._clock() if now_ms is None else now_ms
         with self._lock:
-            responses = [self._check_one(req, now) for req in requests]
+            if self._compiled is not None:
+                responses = self._compiled(
+                    requests, now, self._cache, self._max_keys, self._check_one
+                )
+            else:
+                responses = [self._check_one(req, now) for req in requests]
             self._sweep(now)
         return responses
 

@@ -4,8 +4,11 @@ import gc
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from smockron.cluster.local import LocalLimiter, epoch_ms
+from smockron.cluster import local
+from smockron.cluster.local import LocalLimiter, check_compiled, epoch_ms
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -17,11 +20,24 @@ from smockron.core.algorithms import (
     HistoryState,
     LeakyBucketState,
     SlidingWindowState,
+    State,
     TokenBucketState,
 )
 
 T0 = 1_700_000_000_000
 OVER, UNDER = Status.OVER_LIMIT, Status.UNDER_LIMIT
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both paths: the C one (when built) and the Python one."""
+    if request.param == "python":
+        if "compiled" in request.node.name:
+            pytest.skip("compares the compiled path with the Python one itself")
+        monkeypatch.setattr(local, "check_compiled", None)
+    elif check_compiled is None:
+        pytest.skip("_localfast is not built")
+    return str(request.param)
 
 
 class FakeClock:
@@ -223,3 +239,95 @@ def test_cached_states_are_invisible_to_the_garbage_collector() -> None:
         assert type(state) is kind
     history = limiter.get_state(f"requests_k{int(Algorithm.SMOCKRON_HISTORY)}")
     assert isinstance(history, HistoryState) and history.history == (float(T0), float(T0))
+
+
+# -- the compiled path (smockron.cluster._localfast) against the Python one --------------
+
+compiled = pytest.mark.skipif(check_compiled is None, reason="_localfast is not built")
+BIG = 1 << 30  # the compiled path's bound on limit, burst, duration and hits
+numbers = st.sampled_from([0, 1, 2, 3, 5, 10, 1000, BIG - 1, BIG, BIG + 1])
+odd_items = st.builds(
+    RateLimitRequest,
+    name=st.sampled_from(["n", "", "\u00f1"]),
+    unique_key=st.sampled_from(["a", "b", "c", "\u20ac", ""]),
+    hits=st.one_of(st.integers(-3, 12), numbers),
+    limit=st.one_of(st.integers(0, 12), numbers),
+    duration=st.one_of(st.integers(0, 2000), numbers),
+    algorithm=st.sampled_from([*Algorithm, 7]),
+    behavior=st.sampled_from(
+        [Behavior.BATCHING, Behavior.GLOBAL | Behavior.NO_BATCHING, Behavior.MULTI_REGION]
+        + [Behavior(b) for b in (4, 8, 32, 8 | 32, 4 | 32)]
+    ),
+    burst=st.one_of(st.integers(0, 15), numbers),
+    created_at=st.sampled_from([None, 0, T0 - 700, T0 + 3000, -5, (1 << 50) + 1]),
+).filter(  # calendar windows end at year 9999: an error in both paths
+    lambda r: not (r.behavior & Behavior.DURATION_IS_GREGORIAN and (r.created_at or 0) > T0)
+)
+common_items = st.builds(  # what the compiled path answers, keeping states between calls
+    RateLimitRequest,
+    name=st.just("n"),
+    unique_key=st.sampled_from(["a", "b", "c", "\u20ac"]),
+    hits=st.integers(0, 4),
+    limit=st.sampled_from([0, 3, 5]),
+    duration=st.sampled_from([1, 7, 500, 1000]),
+    algorithm=st.sampled_from(Algorithm),
+    behavior=st.sampled_from([Behavior.BATCHING, Behavior.GLOBAL]),
+    burst=st.sampled_from([0, 0, 2, 8]),
+    created_at=st.sampled_from([None, None, None, T0 - 700, T0 + 3000]),
+)
+items = st.one_of(common_items, common_items, common_items, odd_items)
+batches = st.lists(
+    st.tuples(st.integers(-300, 2500), st.lists(items, max_size=6)), min_size=1, max_size=25
+)
+
+
+@compiled
+@settings(max_examples=400, deadline=None)
+@given(max_keys=st.sampled_from([2, 4, 1000]), seq=batches)
+def test_compiled_and_python_checks_agree(
+    max_keys: int, seq: list[tuple[int, list[RateLimitRequest]]]
+) -> None:
+    """Random batches (every algorithm, behavior, hits sign, changed params, created_at,
+    clock jumps back and forth, LRU eviction, numbers around the compiled bounds): the
+    same responses, the same cache entries in the same order."""
+    fast, pure = LocalLimiter(max_keys=max_keys), LocalLimiter(max_keys=max_keys)
+    pure._compiled = None
+    now = T0
+    for step, batch in seq:
+        now += step
+        assert fast.check(batch, now) == pure.check(batch, now)
+        assert list(fast._cache.items()) == list(pure._cache.items())
+
+
+@compiled
+def test_compiled_path_answers_replicated_and_odd_states() -> None:
+    """A state installed by set_state (GLOBAL) with values outside the compiled bounds, or
+    of another algorithm, is handled exactly as in Python."""
+    fast, pure = LocalLimiter(FakeClock()), LocalLimiter(FakeClock())
+    pure._compiled = None
+    odd: list[State] = [
+        TokenBucketState(3, 1000, False, -(1 << 60), T0, T0 + 1000),
+        LeakyBucketState(3, 1000, False, 3, 1000, 5000, T0, None),
+        SlidingWindowState(1000, False, T0, T0 + 1000, 1 << 40, 2),
+        HistoryState(3, 1000, 3, (float(T0), 1e300)),
+        HistoryState(3, 1000, 3, (float(T0), float("nan"))),
+        HistoryState(5, 1000, 5, (float(T0 - 999), float(T0 - 500), float(T0), float(T0))),
+    ]
+    for state in odd:
+        for a in Algorithm:
+            for lim in (fast, pure):
+                lim.set_state("requests_acct:1", state)
+            batch = [req(algorithm=a), req(hits=0, algorithm=a)]
+            assert fast.check(batch) == pure.check(batch)
+            assert list(fast._cache.items()) == list(pure._cache.items())
+
+
+@compiled
+def test_compiled_entries_are_untracked_from_the_start() -> None:
+    """No collection needed: the C path writes entries the collector never sees."""
+    limiter = LocalLimiter(FakeClock())
+    limiter.check([req(f"k{int(a)}", algorithm=a) for a in Algorithm])
+    assert len(limiter) == len(Algorithm)
+    for entry in limiter._cache.values():
+        assert not gc.is_tracked(entry)
+        assert not any(gc.is_tracked(field) for field in entry)
