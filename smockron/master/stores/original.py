@@ -39,12 +39,11 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable
-from typing import Any
 
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.master.stores.memory import MemoryTable
-from smockron.master.stores.redis import _LEN, _READ_LUA, RedisStore, RedisTable
+from smockron.master.stores.redis import _LEN, RedisStore, RedisTable
 
 KEY_PREFIX = b"throttle;"
 
@@ -147,9 +146,7 @@ class OriginalLayoutStore(RedisStore):
             wanted[original_key(table.domain, ident)] = (table, ident)
         if not wanted:
             return 0
-        blob = b"".join([_LEN(len(key)) + key for key in wanted])
-        values: list[Any] = await self._script("read", _READ_LUA, blob)
-        self._up()
+        values = await self._read(wanted)
         for (table, ident), raw in zip(wanted.values(), values, strict=True):
             state = parse_value(raw)
             if state is None:  # never set, or expired as the original expires it

@@ -193,15 +193,20 @@ class RedisStore(TableSet[RedisTable]):
                 wanted[table.prefix + ident] = (table, ident)
         if not wanted:
             return 0
-        blob = b"".join([_LEN(len(key)) + key for key in wanted])
-        values: list[Any] = await self._script("read", _READ_LUA, blob)
-        self._up()
+        values = await self._read(wanted)
         for (table, ident), raw in zip(wanted.values(), values, strict=True):
             if raw and not table.has(ident):
                 state = table.current[ident] = _unpack(raw)
                 if state and max(state) > table.keep_after_ms:  # e.g. after a restart
                     table.keep(ident, state, expires_at(state, table.scope))
         return len(wanted)
+
+    async def _read(self, keys: Iterable[bytes]) -> list[Any]:
+        """The values of ``keys`` (None where absent), in one command."""
+        blob = b"".join([_LEN(len(key)) + key for key in keys])
+        values: list[Any] = await self._script("read", _READ_LUA, blob)
+        self._up()
+        return values
 
     def due(self, now_ms: float) -> bool:
         """Whether a write is due: busy masters write every ``flush_interval_ms``, so
