@@ -6,9 +6,22 @@ Every network-facing part of smockron logs malformed input through this one clas
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escaped(value: object) -> object:
+    """``value`` for a log line: text (and exceptions, bytes) with every control
+    character written as an escape, so hostile input cannot forge lines (newline, CR),
+    drive a terminal (ESC) or cut a line (NUL). Numbers pass unchanged."""
+    if isinstance(value, int | float) or value is None:
+        return value
+    text = repr(value) if isinstance(value, bytes) else str(value)
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 @dataclass
@@ -54,7 +67,7 @@ class RateLimitedLog:
             window.suppressed += 1
             return False
         window.emitted += 1
-        self.logger.warning(msg + suffix, *args)
+        self.logger.warning(msg + suffix, *(escaped(arg) for arg in args))
         return True
 
     def suppressed(self, key: str = "") -> int:

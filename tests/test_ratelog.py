@@ -81,3 +81,15 @@ def test_hostile_text_without_args_is_not_formatted(caplog: pytest.LogCaptureFix
         "garbage %s %d %(x)s",
         "100% garbage (1 similar messages suppressed)",
     ]
+
+
+def test_arguments_are_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    """Hostile bytes cannot forge a log line, drive a terminal or cut a line."""
+    from smockron.ratelog import escaped
+
+    rl = RateLimitedLog(logging.getLogger("t"), burst=10)
+    with caplog.at_level(logging.WARNING):
+        rl.warning("bad %s from %s (%d)", "x\n2026 INFO forged\r\x1b[2J\x00\u2028", b"\xff\n", 7)
+    (line,) = messages(caplog)
+    assert line == "bad x\\n2026 INFO forged\\r\\x1b[2J\\x00\\u2028 from b'\\xff\\n' (7)"
+    assert escaped(ValueError("a\nb")) == "a\\nb" and escaped(None) is None
