@@ -33,6 +33,12 @@ _RATE_RE = re.compile(
 _BURST_RE = re.compile(r"^\s*(\d+)\s*$", re.ASCII)
 
 
+ALGORITHMS = ("history", "gcra", "history-literal")
+"""How a Smockron domain applies its rules: the history rule keeping the debt of
+late-known requests (the default), GCRA, and the original Smockron's history rule
+exactly as written. The master runs them; gatekeepers' first lines follow them."""
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """``rate`` requests per second, after a burst of ``burst`` requests."""

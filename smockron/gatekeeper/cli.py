@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from smockron.core.rules import parse_rule_spec
+from smockron.core.rules import ALGORITHMS, parse_rule_spec
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
@@ -49,7 +49,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
         config.setdefault(domain, []).append(spec.split(":", 1)[1])
     for spec in algorithms:
         domain, sep, algorithm = spec.partition("=")
-        if not sep or algorithm not in ("history", "gcra", "history-literal"):
+        if not sep or algorithm not in ALGORITHMS:
             raise ConfigError(f"cannot parse --algorithm {spec!r}: expected DOMAIN=history|gcra")
         if domain not in config:
             raise ConfigError(f"--algorithm given for domain {domain!r}, which has no --rule")

@@ -24,7 +24,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from smockron.core.rules import Rule, parse_rule_spec
+from smockron.core.rules import ALGORITHMS, Rule, parse_rule_spec
 from smockron.errors import ConfigError, ProtocolError
 from smockron.gatekeeper.state import (
     ACCEPT,
@@ -120,7 +120,7 @@ def first_lines(rules: RuleConfig) -> dict[bytes, Line | None]:
         for spec in specs:
             if isinstance(spec, Rule):
                 by_domain.setdefault(domain, []).append(spec)
-            elif spec in ("history", "gcra", "history-literal"):
+            elif spec in ALGORITHMS:
                 algorithms[domain] = spec
             else:
                 by_domain.setdefault(domain, []).append(parse_rule_spec(f"{domain}:{spec}")[1])
@@ -178,9 +178,7 @@ class _GatekeeperBase:
         self.decider = Decider(max_delay_ms, max_delayed, max_entries, max_ahead_ms)
         self.counters = self.decider.counters
         self.master_rules = master_rules
-        self._configured: dict[bytes, Line | None] = {}
         for domain, line in first_lines(rules).items():
-            self._configured[domain] = line
             self.decider.set_line(domain, line)
         self.reject_sample = reject_sample
         self.sndhwm = sndhwm
@@ -226,12 +224,11 @@ class _GatekeeperBase:
         """Like :meth:`decide`, except that a DELAY is accounted when the request goes:
         pass the same domain, identifier and loginfo to ``wait_out`` (asyncio) after it,
         which waits, rechecks the master's latest time and sends the DELAYED message.
-        A request that never goes (rejected after its wait) is then not charged."""
+        A request that never goes (rejected after its wait) is then not charged. A DELAY
+        of a domain without a first line is accounted at once, as the original
+        gatekeepers do, and goes at its time: with no rules to pace by, waking requests
+        would all go together at the master's latest time."""
         return self._decide(domain, identifier, now_ms() if now is None else now, loginfo, True)
-
-    # A DELAY of a domain without a first line is accounted when it is decided, as the
-    # original gatekeepers do, and goes at its time: with no rules to pace by, waking
-    # requests would all go together at the master's latest time.
 
     def account_went(self, waiting: Waiting, loginfo: bytes | None) -> None:
         """A checked DELAY went (DELAYED, at the time it went) or was refused after its
@@ -242,7 +239,7 @@ class _GatekeeperBase:
                        None, loginfo)  # fmt: skip
         else:
             self._send(waiting.domain, DELAYED, waiting.identifier, decision.received_ms,
-                       max(waiting.went_at, decision.until_ms), loginfo)  # fmt: skip
+                       waiting.went_at, loginfo)  # fmt: skip
 
     def _decide(
         self,
@@ -366,7 +363,7 @@ class _GatekeeperBase:
             self._malformed_log.warning("ignoring rules offer for %r: %d domains have rules "
                                         "already", offer.domain[:64], MAX_LINES)  # fmt: skip
             return
-        if offer.algorithm not in ("history", "gcra", "history-literal"):
+        if offer.algorithm not in ALGORITHMS:
             self._malformed_log.warning("ignoring rules offer with unknown algorithm %r for %r",
                                         offer.algorithm, offer.domain)  # fmt: skip
             return

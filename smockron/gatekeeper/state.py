@@ -175,6 +175,12 @@ class Line(NamedTuple):
 _NEVER: Final = float("-inf")
 
 
+def _ceil_ms(t: float) -> int:
+    """A time as the next whole millisecond (a DELAY_UNTIL is never early)."""
+    whole = int(t)
+    return whole + (whole < t)
+
+
 def line_admit(
     line: Line, tats: tuple[float, ...] | None, until: float, now: float
 ) -> tuple[float, tuple[float, ...]]:
@@ -223,8 +229,8 @@ class Decider:
         "_entries",
         "_lines",
         "_locals",
-        "_locals_lines",
         "_next_free",
+        "_several",
         "_single",
         "counters",
         "max_delay_ms",
@@ -253,8 +259,8 @@ class Decider:
         """Domains of one rule (most): interval, tolerance, and each identifier's
         theoretical arrival time, keyed by the identifier alone (its hash is cached):
         ``decide``'s fast path."""
-        self._locals_lines = 0
-        """How many domains have several rules."""
+        self._several = False
+        """Whether some domain has several rules (``_decide_rules``)."""
         self._cap = max_entries
         self._locals: dict[Key, tuple[float, ...]] = {}
         """Those of the others, one per rule."""
@@ -279,9 +285,6 @@ class Decider:
             self._lines.pop(domain, None)
         else:
             self._lines[domain] = line
-        self._locals_lines = (
-            len(self._lines) - len(self._single) - (line is not None and len(line.intervals) == 1)
-        )
         for table in (self._locals, self._next_free):
             for key in [key for key in table if key[0] == domain]:
                 del table[key]
@@ -290,6 +293,7 @@ class Decider:
             tol = line.tolerances[0]
             held = {i: u + tol for (d, i), u in self._entries.items() if d == domain}
             self._single[domain] = (line.intervals[0], tol, held)
+        self._several = len(self._lines) > len(self._single)
         return True
 
     def decide(self, domain: bytes, identifier: bytes, now_ms: int) -> Decision:
@@ -312,8 +316,7 @@ class Decider:
                 local[identifier] = (tat if tat > now_ms else now_ms) + interval
                 self.counters.accepted += 1
                 return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
-            wait = int(at)
-            wait += wait < at
+            wait = _ceil_ms(at)
             if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
                 if len(local) < self._cap or identifier in local:
                     local[identifier] = tat + interval
@@ -322,7 +325,7 @@ class Decider:
             return _new_decision(Decision, (REJECT, now_ms, wait, False))
         key = (domain, identifier)
         until = self._entries.get(key, 0)
-        if self._locals_lines:
+        if self._several:
             line = self._lines.get(domain)
             if line is not None:
                 return self._decide_rules(line, key, until, now_ms)
@@ -344,8 +347,7 @@ class Decider:
                 locals_[key] = new
             self.counters.accepted += 1
             return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
-        wait = int(at)
-        wait += wait < at
+        wait = _ceil_ms(at)
         if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
             if fits:
                 locals_[key] = new
@@ -404,8 +406,7 @@ class Decider:
         if until <= now_ms and (held or free <= now_ms):
             return 0
         slot = until if until > free else free
-        wait = int(slot)
-        wait += wait < slot
+        wait = _ceil_ms(slot)
         if wait - decision.received_ms > self.max_delay_ms:  # rejected: it takes no slot
             self.counters.rejected_after_delay += 1
             return -1
@@ -448,7 +449,7 @@ class Waiting:
     gatekeepers' do. A paced one rechecks the master's latest time on waking
     (:meth:`Decider.recheck`), at most ``tries`` times."""
 
-    __slots__ = ("decider", "decision", "domain", "held", "identifier", "tries", "until", "went")
+    __slots__ = ("decider", "decision", "domain", "held", "identifier", "tries", "until", "went_at")
 
     def __init__(
         self,
@@ -460,7 +461,9 @@ class Waiting:
     ) -> None:
         self.decider, self.domain, self.identifier = decider, domain, identifier
         self.decision = decision
-        self.until = self.went = decision.until_ms
+        self.until = decision.until_ms
+        self.went_at = decision.until_ms
+        """When it went: the last time it slept until (never before its first)."""
         self.tries = tries if decision.paced else 0
         self.held = False  # after the first wake it sleeps in a slot recheck gave it
 
@@ -469,7 +472,7 @@ class Waiting:
         if self.tries <= 0:
             return None
         self.tries -= 1
-        self.went, self.until = (
+        self.went_at, self.until = (
             self.until,
             self.decider.recheck(self.domain, self.identifier, self.decision, now_ms, self.held),
         )
@@ -480,8 +483,3 @@ class Waiting:
     def rejected(self) -> bool:
         """Refused after waiting: the master's time went past the longest delay."""
         return self.until < 0
-
-    @property
-    def went_at(self) -> int:
-        """When it went: the last time it slept until (its accounted delayed time)."""
-        return self.went

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from smockron.core.gcra import gcra_update
 from smockron.core.history import next_allowed, recorded
-from smockron.core.rules import Rule
+from smockron.core.rules import ALGORITHMS, Rule
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
 from smockron.master.stores.base import Scope, State, Store, Table
@@ -45,10 +45,6 @@ from smockron.protocol import (
 )
 
 Frames = Sequence[bytes]
-MAX_DEBT_MS = 60_000.0
-"""How far past its own time a late-known request may be recorded: as far as a DELAYED
-timestamp may reach (``max_delay_ahead_ms``'s default), so forged ACCEPTED messages
-cannot hold an identifier back longer than forged DELAYED ones."""
 LATE_AFTER_MS = 500.0
 BACKLOG_MS = 2000.0
 """A gatekeeper that loses its master may queue accounting (ZeroMQ keeps up to its
@@ -59,11 +55,6 @@ clients for what they did while nobody was counting, polite ones included. So fo
 counted as ``late`` and dropped; younger ones are charged at their own time."""
 MalformedHook = Callable[[ProtocolError, Frames], None]
 
-
-ALGORITHMS = ("history", "gcra", "history-literal")
-"""What a domain may run: the history rule keeping the debt of late-known requests (the
-default), GCRA, and the original Smockron's history rule exactly as written, which
-forgives it (for exact reproduction of the original master; see docs/master.md)."""
 
 _STORED_AS = {"history-literal": "history"}
 """Both history variants keep the same states: switching between them keeps them."""
@@ -305,6 +296,7 @@ class Engine:
         """Account decoded messages at ``now_ms``; DELAY_UNTIL frames for throttled ones."""
         out: list[list[bytes]] = []
         tolerance = self.skew_tolerance_ms
+        ahead = self.max_delay_ahead_ms  # also the most debt a message can add
         late_before = now_ms - self.late_after_ms if now_ms < self._backlog_until else -math.inf
         for dom, _status, ident, received_ms, delayed_ms in decoded:
             if delayed_ms is None:  # ACCEPTED, the common case, inline
@@ -323,17 +315,19 @@ class Engine:
             if dom.gcra:
                 until = _apply_gcra(dom, ident, ts, now_ms)
             else:
-                until = _apply_history(dom, ident, ts, now_ms)
+                until = _apply_history(dom, ident, ts, now_ms, ahead)
             if until is not None:
                 out.append([dom.topic, DELAY_UNTIL, ident, b"%d" % math.ceil(until)])
                 dom.stats.published += 1
         return out
 
 
-def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
+def _apply_history(
+    dom: _Domain, ident: bytes, ts: float, now_ms: float, ahead: float
+) -> float | None:
     one = dom.one
     if one is None:
-        return _apply_histories(dom, ident, ts, now_ms)
+        return _apply_histories(dom, ident, ts, now_ms, ahead)
     # One rule (most domains): _apply_histories inlined, with ``recorded`` and
     # ``next_allowed`` too. A stored history holds at most ``burst`` timestamps, so it is
     # full (``burst`` of them within a window of a time) exactly when its oldest one is
@@ -345,7 +339,7 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
         last = old[-1]
         nxt = last + interval
         if nxt > ts and min(old) > last - window:
-            ts = nxt if nxt - ts <= MAX_DEBT_MS else ts + MAX_DEBT_MS
+            ts = nxt if nxt - ts <= ahead else ts + ahead
     state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)
     table.put(ident, state)
     if ts > table.keep_after_ms:
@@ -360,7 +354,9 @@ def _apply_history(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> floa
     return None
 
 
-def _apply_histories(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
+def _apply_histories(
+    dom: _Domain, ident: bytes, ts: float, now_ms: float, ahead: float
+) -> float | None:
     """The history rule for every rule of the domain; the latest "next allowed" wins.
 
     Debt: a request the master learns of after the time its identifier was next allowed
@@ -377,7 +373,7 @@ def _apply_histories(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> fl
     scopes = dom.scopes
     olds = [table.get(ident) or () for _rule, table, _window in scopes]
     if dom.debt:
-        ts = served_at(scopes, olds, ts)
+        ts = served_at(scopes, olds, ts, ahead)
     at = ts if ts < now_ms else now_ms
     until: float | None = None
     for (rule, table, window), old in zip(scopes, olds, strict=True):
@@ -393,7 +389,7 @@ def _apply_histories(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> fl
 
 
 def served_at(
-    scopes: Sequence[tuple[Rule, Table, float]], states: Sequence[State], ts: float
+    scopes: Sequence[tuple[Rule, Table, float]], states: Sequence[State], ts: float, ahead: float
 ) -> float:
     """When a request at ``ts`` should have been served given the stored ``states``: the
     next allowed time the rules had computed after their newest entry, if that is later.
@@ -401,7 +397,9 @@ def served_at(
     That time is the newest entry plus one interval when the history is full (its
     ``burst`` entries all within one window of the newest), which is exactly when the
     master published a DELAY_UNTIL for it; a gatekeeper obeying that DELAY_UNTIL sends
-    nothing before it. Debt is bounded like a DELAYED timestamp: ``MAX_DEBT_MS`` ahead.
+    nothing before it. Debt reaches at most ``ahead`` past ``ts``, as a DELAYED timestamp
+    may (``max_delay_ahead_ms``): forged ACCEPTED messages hold no longer than forged
+    DELAYED ones.
     """
     due = ts
     for (rule, _table, window), state in zip(scopes, states, strict=True):
@@ -409,7 +407,7 @@ def served_at(
             nxt = state[-1] + rule.interval_ms
             if nxt > due and min(state) > state[-1] - window:
                 due = nxt
-    return due if due - ts <= MAX_DEBT_MS else ts + MAX_DEBT_MS
+    return due if due - ts <= ahead else ts + ahead
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

@@ -17,8 +17,6 @@ from smockron.core.rules import Rule
 
 State = tuple[float, ...]
 
-ALGORITHMS = ("history", "gcra")
-
 
 @dataclass(frozen=True, slots=True)
 class Scope:
