@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Final
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import MAX_RECHECKS, AsyncGatekeeper, RuleConfig, now_ms
+from smockron.gatekeeper.core import AsyncGatekeeper, RuleConfig, now_ms
 from smockron.gatekeeper.httpgate import LOGINFO_MAX, HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import (
     DomainOf,
@@ -212,7 +212,7 @@ class SmockronMiddleware:
         replay: deque[Message] = deque()
         pending: asyncio.Future[Message] | None = None
         gatekeeper = self.gatekeeper
-        waiting = Waiting(gatekeeper.decider, domain, identifier, decision, MAX_RECHECKS)
+        waiting = Waiting(gatekeeper.decider, domain, identifier, decision)
         until: int | None = decision.until_ms
         gone = False
         try:

@@ -54,11 +54,6 @@ log = logging.getLogger("smockron.gatekeeper")
 T = TypeVar("T")
 
 SWEEP_INTERVAL_S: Final = 1.0
-MAX_RECHECKS: Final = 100
-"""A delayed request waits again at most this many times for a later DELAY_UNTIL
-(each wait is bounded anyway by ``max_delay_ms`` from its arrival)."""
-
-
 _POLL_MS: Final = 100
 FLUSH_DELAY_S: Final = 0.002
 """How long the asyncio twin gathers accounting messages before one send burst."""
@@ -492,7 +487,7 @@ class Gatekeeper(_GatekeeperBase):
             decision = self._decide(domain, identifier, now_ms(), loginfo, True)
         if decision.verdict is not Verdict.DELAY:
             return decision
-        waiting = Waiting(self.decider, domain, identifier, decision, MAX_RECHECKS)
+        waiting = Waiting(self.decider, domain, identifier, decision)
         until: int | None = decision.until_ms
         try:
             while until is not None:
@@ -644,7 +639,7 @@ class AsyncGatekeeper(_GatekeeperBase):
         rejects the request."""
         if domain is None or identifier is None:  # nothing to recheck by
             decision = decision._replace(paced=False)
-        waiting = Waiting(self.decider, domain or b"", identifier or b"", decision, MAX_RECHECKS)
+        waiting = Waiting(self.decider, domain or b"", identifier or b"", decision)
         until: int | None = decision.until_ms
         try:
             while until is not None:

@@ -173,6 +173,9 @@ class Line(NamedTuple):
 
 
 _NEVER: Final = float("-inf")
+MAX_RECHECKS: Final = 100
+"""A delayed request waits again at most this many times for a later DELAY_UNTIL
+(each wait is bounded anyway by ``max_delay_ms`` from its arrival)."""
 
 
 def _ceil_ms(t: float) -> int:
@@ -457,7 +460,7 @@ class Waiting:
         domain: bytes,
         identifier: bytes,
         decision: Decision,
-        tries: int = 100,
+        tries: int = MAX_RECHECKS,
     ) -> None:
         self.decider, self.domain, self.identifier = decider, domain, identifier
         self.decision = decision

@@ -75,6 +75,8 @@ class Master:
         self.ctx = context or zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.pub = self.ctx.socket(zmq.PUB)
+        self._offers: list[list[bytes]] = []
+        self._encode_offers()
         self.monitor: zmq.Socket[bytes] | None = None
         self.pending: deque[Batch] = deque()
         self.pending_count = 0
@@ -123,6 +125,7 @@ class Master:
         self.engine.limits = limits(new)
         self.engine.configure(new.domains)
         self.settings = new
+        self._encode_offers()
         self.offer_rules()
         log.info("reloaded: %d domain(s): %s", len(new.domains), _describe(new))
 
@@ -299,11 +302,14 @@ class Master:
 
     def offer_rules(self) -> None:
         """Publish every domain's rules once, for the gatekeepers' first line."""
-        domains = sorted(self.engine.domains.items())
-        offers = [encode_rules(name, p.algorithm, p.rules) for name, p in domains if p.rules]
-        if offers:
+        if self._offers:
             with contextlib.suppress(zmq.ZMQError):
-                send_all(self.pub, offers)
+                send_all(self.pub, self._offers)
+
+    def _encode_offers(self) -> None:
+        """The rules offers of the rules in force (encoded once per configuration)."""
+        domains = sorted(self.engine.domains.items())
+        self._offers = [encode_rules(name, p.algorithm, p.rules) for name, p in domains if p.rules]
 
     async def _offer_rules(self) -> None:
         while True:

@@ -157,13 +157,13 @@ class OriginalLayoutStore(RedisStore):
                 table.keep(ident, state, expires_at(state, table.scope))
         return len(wanted)
 
-    def _records(self, now: float) -> list[bytes]:
+    def _records(self, now: float, changed: dict[RedisTable, dict[bytes, State]]) -> list[bytes]:
+        """The original's updates, in order (``changed`` is what they produced)."""
         records: list[bytes] = []
         for table in self.tables.values():
             if isinstance(table, OriginalTable):
                 records += table.ops
                 table.ops.clear()
-            table.dirty.clear()
         return records
 
 

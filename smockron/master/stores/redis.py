@@ -220,8 +220,11 @@ class RedisStore(TableSet[RedisTable]):
         first, so writes stay in order); ``drain`` waits for it."""
         if not self.available():  # what changed stays dirty until Redis is back
             return 0
-        changed = {table: dict(table.dirty) for table in self.tables.values() if table.dirty}
-        records = self._records(self.now_ms)
+        # the dirty maps are handed over, not copied: a failed write gives them back
+        changed = {table: table.dirty for table in self.tables.values() if table.dirty}
+        for table in changed:
+            table.dirty = {}
+        records = self._records(self.now_ms, changed)
         self._flushed_ms = self.now_ms
         await self.drain()
         if records:
@@ -245,18 +248,17 @@ class RedisStore(TableSet[RedisTable]):
             return
         self._up()
 
-    def _records(self, now: float) -> list[bytes]:
-        """The write script's records of every changed state, each with its TTL."""
+    def _records(self, now: float, changed: dict[RedisTable, dict[bytes, State]]) -> list[bytes]:
+        """The write script's records of the ``changed`` states, each with its TTL."""
         records: list[bytes] = []
-        for table in self.tables.values():
+        for table, states in changed.items():
             prefix = table.prefix
             scope = table.scope
-            for ident, state in table.dirty.items():
+            for ident, state in states.items():
                 key = prefix + ident
                 value = array("d", state).tobytes()
                 ttl = min(max(math.ceil(expires_at(state, scope) - now), 0), _MAX_TTL_MS)
                 records.append(_LEN(len(key)) + key + _LEN(len(value)) + value + _TTL(ttl))
-            table.dirty.clear()
         return records
 
     async def drain(self) -> None:
