@@ -199,16 +199,6 @@ class _GatekeeperBase:
         """Whether the accounting socket currently has a connection to a master."""
         return self._peers > 0
 
-    def decide(
-        self,
-        domain: bytes,
-        identifier: bytes,
-        now: int | None = None,
-        loginfo: bytes | None = None,
-    ) -> Decision:
-        """Decide and account one request. After a DELAY, call :meth:`release`."""
-        return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
-
     def release(self) -> None:
         """Free the waiting slot a DELAY decision took."""
         self.decider.release()
@@ -223,7 +213,7 @@ class _GatekeeperBase:
         of a domain without a first line is accounted at once, as the original
         gatekeepers do, and goes at its time: with no rules to pace by, waking requests
         would all go together at the master's latest time."""
-        return self._decide(domain, identifier, now_ms() if now is None else now, loginfo, True)
+        return self.decide(domain, identifier, now, loginfo, True)
 
     def account_went(self, waiting: Waiting, loginfo: bytes | None) -> None:
         """A checked DELAY went (DELAYED, at the time it went) or was refused after its
@@ -236,14 +226,18 @@ class _GatekeeperBase:
             self._send(waiting.domain, DELAYED, waiting.identifier, decision.received_ms,
                        waiting.went_at, loginfo)  # fmt: skip
 
-    def _decide(
+    def decide(
         self,
         domain: bytes,
         identifier: bytes,
-        now: int,
-        loginfo: bytes | None,
+        now: int | None = None,
+        loginfo: bytes | None = None,
         defer: bool = False,
     ) -> Decision:
+        """Decide and account one request. After a DELAY, call :meth:`release`.
+        (``defer``: as :meth:`check` does; one method, as this runs for every request.)"""
+        if now is None:
+            now = now_ms()
         decision = self.decider.decide(domain, identifier, now)
         verdict = decision[0]
         if verdict is ACCEPT:  # _send inlined: this runs for nearly every request
@@ -472,10 +466,11 @@ class Gatekeeper(_GatekeeperBase):
         identifier: bytes,
         now: int | None = None,
         loginfo: bytes | None = None,
+        defer: bool = False,
     ) -> Decision:
         """:meth:`_GatekeeperBase.decide` under the lock shared with the socket thread."""
         with self._lock:
-            return self._decide(domain, identifier, now_ms() if now is None else now, loginfo)
+            return _GatekeeperBase.decide(self, domain, identifier, now, loginfo, defer)
 
     def release(self) -> None:
         with self._lock:
@@ -484,7 +479,7 @@ class Gatekeeper(_GatekeeperBase):
     def admit(self, domain: bytes, identifier: bytes, loginfo: bytes | None = None) -> Decision:
         """Decide, and sleep through a delay; the caller turns REJECT into a response."""
         with self._lock:
-            decision = self._decide(domain, identifier, now_ms(), loginfo, True)
+            decision = _GatekeeperBase.decide(self, domain, identifier, None, loginfo, True)
         if decision.verdict is not Verdict.DELAY:
             return decision
         waiting = Waiting(self.decider, domain, identifier, decision)
@@ -617,7 +612,7 @@ class AsyncGatekeeper(_GatekeeperBase):
         """Decide, and wait out a delay without blocking the loop."""
         if not self.started:
             self.start()
-        decision = self._decide(domain, identifier, now_ms(), loginfo, True)
+        decision = self.decide(domain, identifier, None, loginfo, True)
         if decision.verdict is Verdict.DELAY and not await self.wait_out(
             decision, domain, identifier, loginfo
         ):
