@@ -23,6 +23,13 @@ one AsyncClient's loop) are coalesced into one call while another is in flight
 (smockron.cluster.coalesce; ``coalesce=False`` turns it off; a check with its own
 ``timeout`` goes alone). Lists longer than the server's limit of 1,000 per call are
 split into several calls; the answers come back in request order.
+
+Transport: when the optional extension smockron.cluster._nativeclient is built (it
+needs libgrpc++, as the native server does) a plain-text client calls through it, at a
+fraction of grpcio's CPU per call; otherwise, for TLS (``credentials``), or with
+``native=False``, it calls through grpcio. Both send the same bytes (the generated
+protobuf classes encode) and raise the same errors; ``client.native`` says which is in
+use.
 """
 
 from __future__ import annotations
@@ -52,7 +59,24 @@ from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.errors import SmockronError
 
+try:
+    from smockron.cluster import _nativeclient  # type: ignore[attr-defined]
+except ImportError:  # built only where libgrpc++ is installed
+    _nativeclient = None
+
 pb_grpc: Any = gubernator_pb2_grpc  # generated without type hints
+
+NATIVE_AVAILABLE = _nativeclient is not None
+"""True when the native channel (smockron.cluster._nativeclient) is built."""
+
+
+class _NeverRaised(Exception):
+    """Stands for _nativeclient.CallError when the extension is not built."""
+
+
+_CallError: type[Exception] = _NeverRaised if _nativeclient is None else _nativeclient.CallError
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_PATH = "/pb.gubernator.V1/"
 
 # the model types are re-exported so one import gives a user everything
 __all__ = [
@@ -68,6 +92,7 @@ __all__ = [
     "ClientError",
     "ClientTimeout",
     "ClientUnavailable",
+    "NATIVE_AVAILABLE",
     "HealthCheck",
     "ItemError",
     "RateLimitRequest",
@@ -135,6 +160,18 @@ class HealthCheck:
 def _error(exc: grpc.RpcError, address: str, method: str) -> ClientError:
     code: grpc.StatusCode | None = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else "") or ""
+    return _status_error(code, details, address, method)
+
+
+def _native_error(exc: Exception, address: str, method: str) -> ClientError:
+    """A ClientError from _nativeclient.CallError(code, details), as from grpcio."""
+    code, details = exc.args
+    return _status_error(_CODES.get(code, grpc.StatusCode.UNKNOWN), details, address, method)
+
+
+def _status_error(
+    code: grpc.StatusCode | None, details: str, address: str, method: str
+) -> ClientError:
     message = f"{method} on {address} failed: {code.name if code else 'error'}: {details}"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return ClientTimeout(message, code, details)
@@ -240,6 +277,18 @@ def _ip_family(address: str) -> str | None:
         return None
 
 
+def _use_native(native: bool | None, credentials: grpc.ChannelCredentials | None) -> bool:
+    """The native channel unless asked not to, not built, or TLS (grpcio credentials
+    objects cannot be handed to libgrpc++)."""
+    if native is None:
+        return NATIVE_AVAILABLE and credentials is None
+    if native and not NATIVE_AVAILABLE:
+        raise ValueError("native=True but smockron.cluster._nativeclient is not built")
+    if native and credentials is not None:
+        raise ValueError("native=True does not do TLS; leave native unset to use grpcio")
+    return native
+
+
 class _Base:
     def __init__(
         self,
@@ -247,6 +296,7 @@ class _Base:
         timeout: float,
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
+        native: bool | None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
@@ -257,6 +307,9 @@ class _Base:
         self._options = list(options)
         if not any(name == "grpc.lb_policy_name" for name, _ in self._options):
             self._options.append(("grpc.lb_policy_name", "round_robin"))
+        self.native = _use_native(native, credentials)
+        """True: calls go through smockron.cluster._nativeclient; False: through grpcio."""
+        self._native: Any = _nativeclient.Channel(self.address, self._options) if self.native else None
 
     def _deadline(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else timeout
@@ -273,13 +326,18 @@ class Client(_Base):
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
         coalesce: bool = True,
+        native: bool | None = None,
     ) -> None:
-        super().__init__(address, timeout, credentials, options)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(self.address, options=self._options)
-        else:
-            self._channel = grpc.secure_channel(self.address, credentials, options=self._options)
-        self._stub = pb_grpc.V1Stub(self._channel)
+        super().__init__(address, timeout, credentials, options, native)
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        if self._native is None:
+            if credentials is None:
+                self._channel = grpc.insecure_channel(self.address, options=self._options)
+            else:
+                opts = self._options
+                self._channel = grpc.secure_channel(self.address, credentials, options=opts)
+            self._stub = pb_grpc.V1Stub(self._channel)
         self.coalescer = Coalescer(self.get_rate_limits) if coalesce else None
         """Concurrent ``check`` calls of this client's threads go in one GetRateLimits."""
 
@@ -289,12 +347,22 @@ class Client(_Base):
         """One response per request, in order; per-item errors are in ``error``."""
         out: list[RateLimitResponse] = []
         for batch in _batches(requests):
-            try:
-                got = self._stub.GetRateLimits(batch, timeout=self._deadline(timeout))
-            except grpc.RpcError as exc:
-                raise _error(exc, self.address, "GetRateLimits") from exc
+            got = self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
             out.extend(_responses(batch, got, self.address))
         return out
+
+    def _invoke(self, method: str, request: Any, answer: Any, timeout: float | None) -> Any:
+        """One unary call of V1 ``method``; the ``answer`` message, or a ClientError."""
+        deadline = self._deadline(timeout)
+        try:
+            if self._native is not None:
+                raw = self._native.call(_PATH + method, request.SerializeToString(), deadline)
+                return answer.FromString(raw)
+            return getattr(self._stub, method)(request, timeout=deadline)
+        except grpc.RpcError as exc:
+            raise _error(exc, self.address, method) from exc
+        except _CallError as exc:
+            raise _native_error(exc, self.address, method) from exc
 
     def check(
         self,
@@ -318,21 +386,17 @@ class Client(_Base):
         return _checked(self.get_rate_limits([req], timeout=timeout)[0], name, key)
 
     def health_check(self, *, timeout: float | None = None) -> HealthCheck:
-        try:
-            msg = self._stub.HealthCheck(pb.HealthCheckReq(), timeout=self._deadline(timeout))
-        except grpc.RpcError as exc:
-            raise _error(exc, self.address, "HealthCheck") from exc
-        return _health(msg)
+        return _health(self._invoke("HealthCheck", pb.HealthCheckReq(), pb.HealthCheckResp, timeout))
 
     def live_check(self, *, timeout: float | None = None) -> None:
         """Returns if the server process answers at all (Gubernator's LiveCheck)."""
-        try:
-            self._stub.LiveCheck(pb.LiveCheckReq(), timeout=self._deadline(timeout))
-        except grpc.RpcError as exc:
-            raise _error(exc, self.address, "LiveCheck") from exc
+        self._invoke("LiveCheck", pb.LiveCheckReq(), pb.LiveCheckResp, timeout)
 
     def close(self) -> None:
-        self._channel.close()
+        if self._native is not None:
+            self._native.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> Self:
         return self
@@ -357,14 +421,21 @@ class AsyncClient(_Base):
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
         coalesce: bool = True,
+        native: bool | None = None,
     ) -> None:
-        super().__init__(address, timeout, credentials, options)
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
-        else:
-            opts = self._options
-            self._channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
-        self._stub = pb_grpc.V1Stub(self._channel)
+        super().__init__(address, timeout, credentials, options, native)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop watching the native channel's completions (set by the first call)."""
+        self._waiting: set[asyncio.Future[tuple[int, bytes | None, str]]] = set()
+        if self._native is None:
+            if credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            else:
+                opts = self._options
+                self._channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
+            self._stub = pb_grpc.V1Stub(self._channel)
         self.coalescer = AsyncCoalescer(self.get_rate_limits) if coalesce else None
         """Concurrent ``check`` calls on this client's loop go in one GetRateLimits."""
 
@@ -379,11 +450,46 @@ class AsyncClient(_Base):
     async def _call(
         self, batch: pb.GetRateLimitsReq, timeout: float | None
     ) -> list[RateLimitResponse]:
-        try:
-            got = await self._stub.GetRateLimits(batch, timeout=self._deadline(timeout))
-        except grpc.RpcError as exc:
-            raise _error(exc, self.address, "GetRateLimits") from exc
+        got = await self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
         return _responses(batch, got, self.address)
+
+    async def _invoke(
+        self, method: str, request: Any, answer: Any, timeout: float | None
+    ) -> Any:
+        """One unary call of V1 ``method``; the ``answer`` message, or a ClientError."""
+        deadline = self._deadline(timeout)
+        if self._native is None:
+            try:
+                return await getattr(self._stub, method)(request, timeout=deadline)
+            except grpc.RpcError as exc:
+                raise _error(exc, self.address, method) from exc
+        future = self._watch().create_future()
+        try:
+            self._native.start(_PATH + method, request.SerializeToString(), deadline, future)
+        except _CallError as exc:
+            raise _native_error(exc, self.address, method) from exc
+        self._waiting.add(future)
+        try:
+            code, raw, details = await future
+        finally:
+            self._waiting.discard(future)
+        if raw is None:
+            raise _status_error(_CODES.get(code, grpc.StatusCode.UNKNOWN), details,
+                                self.address, method)  # fmt: skip
+        return answer.FromString(raw)
+
+    def _watch(self) -> asyncio.AbstractEventLoop:
+        """The running loop, reading the native channel's completions from now on."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._native.fileno(), self._deliver)
+        return self._loop
+
+    def _deliver(self) -> None:
+        """Each finished native call's outcome to its future (unless cancelled)."""
+        for future, code, raw, details in self._native.completions():
+            if not future.done():
+                future.set_result((code, raw, details))
 
     async def check(
         self,
@@ -407,20 +513,22 @@ class AsyncClient(_Base):
         return _checked((await self.get_rate_limits([req], timeout=timeout))[0], name, key)
 
     async def health_check(self, *, timeout: float | None = None) -> HealthCheck:
-        try:
-            msg = await self._stub.HealthCheck(pb.HealthCheckReq(), timeout=self._deadline(timeout))
-        except grpc.RpcError as exc:
-            raise _error(exc, self.address, "HealthCheck") from exc
-        return _health(msg)
+        req = pb.HealthCheckReq()
+        return _health(await self._invoke("HealthCheck", req, pb.HealthCheckResp, timeout))
 
     async def live_check(self, *, timeout: float | None = None) -> None:
-        try:
-            await self._stub.LiveCheck(pb.LiveCheckReq(), timeout=self._deadline(timeout))
-        except grpc.RpcError as exc:
-            raise _error(exc, self.address, "LiveCheck") from exc
+        await self._invoke("LiveCheck", pb.LiveCheckReq(), pb.LiveCheckResp, timeout)
 
     async def close(self) -> None:
-        await self._channel.close(grace=None)
+        """Calls still in flight are cancelled, as grpc.aio does."""
+        if self._native is not None:
+            self._native.close()
+            if self._loop is not None:
+                self._loop.remove_reader(self._native.fileno())
+            for future in list(self._waiting):
+                future.cancel()
+        if self._channel is not None:
+            await self._channel.close(grace=None)
 
     aclose = close
 
