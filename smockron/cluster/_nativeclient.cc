@@ -20,7 +20,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <sys/eventfd.h>
@@ -84,6 +84,9 @@ struct Core {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
   std::map<std::string, std::unique_ptr<grpc::internal::RpcMethod>> methods;  // GIL-guarded
+  // Completion queues of finished blocking calls, reused: one per call would be created
+  // and destroyed per call otherwise (as grpc::internal::BlockingUnaryCall does).
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues;  // under mu
   int event_fd = -1;
   std::mutex mu;
   std::deque<Pending*> done;        // under mu
@@ -129,6 +132,41 @@ PyObject* raise_status(const grpc::Status& status) {
   return nullptr;
 }
 
+// One unary call on a pooled completion queue, waited for on this thread (no hand-off).
+void blocking_call(Core* core, const grpc::internal::RpcMethod& method, grpc::ClientContext& ctx,
+                   const grpc::ByteBuffer& request, grpc::ByteBuffer& response,
+                   grpc::Status& status) {
+  std::unique_ptr<grpc::CompletionQueue> cq;
+  {
+    std::lock_guard<std::mutex> lock(core->mu);
+    if (!core->queues.empty()) {
+      cq = std::move(core->queues.back());
+      core->queues.pop_back();
+    }
+  }
+  if (!cq) cq = std::make_unique<grpc::CompletionQueue>();
+  {
+    std::unique_ptr<grpc::ClientAsyncResponseReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientAsyncResponseReaderHelper::Create<grpc::ByteBuffer>(
+            core->channel.get(), cq.get(), method, &ctx, request));
+    reader->StartCall();
+    reader->Finish(&response, &status, cq.get());
+    void* tag = nullptr;
+    bool ok = false;
+    cq->Next(&tag, &ok);  // the only tag on this queue: the call's end
+  }
+  std::lock_guard<std::mutex> lock(core->mu);
+  core->queues.push_back(std::move(cq));
+}
+
+void drain(grpc::CompletionQueue& cq) {
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
 PyObject* Channel_call(PyObject* op, PyObject* args) {
   auto* self = reinterpret_cast<ChannelObject*>(op);
   const char* name;
@@ -147,9 +185,8 @@ PyObject* Channel_call(PyObject* op, PyObject* args) {
   grpc::ClientContext ctx;
   set_deadline(ctx, timeout);
   grpc::Status status;
-  std::shared_ptr<grpc::Channel> channel = core->channel;  // alive even if closed meanwhile
   Py_BEGIN_ALLOW_THREADS
-  status = grpc::internal::BlockingUnaryCall(channel.get(), method, &ctx, request, &response);
+  blocking_call(core, method, ctx, request, response, status);
   Py_END_ALLOW_THREADS
   if (!status.ok()) return raise_status(status);
   return to_bytes(response);
@@ -345,6 +382,7 @@ void Channel_dealloc(PyObject* op) {
       delete pending;
     }
     if (idle) {
+      for (auto& cq : core->queues) drain(*cq);
       close(core->event_fd);
       core->methods.clear();
       core->stub.reset();

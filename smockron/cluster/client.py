@@ -46,7 +46,6 @@ import grpc
 import grpc.aio
 
 from smockron.cluster.coalesce import AsyncCoalescer, Coalescer
-from smockron.cluster.convert import request_to_pb, response_from_pb
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import (
     Algorithm,
@@ -84,6 +83,7 @@ __all__ = [
     "MAX_BATCH_SIZE",
     "MILLISECOND",
     "MINUTE",
+    "NATIVE_AVAILABLE",
     "SECOND",
     "Algorithm",
     "AsyncClient",
@@ -92,7 +92,6 @@ __all__ = [
     "ClientError",
     "ClientTimeout",
     "ClientUnavailable",
-    "NATIVE_AVAILABLE",
     "HealthCheck",
     "ItemError",
     "RateLimitRequest",
@@ -211,21 +210,42 @@ def _request(
 
 
 def _batches(requests: Sequence[RateLimitRequest]) -> list[pb.GetRateLimitsReq]:
-    return [
-        pb.GetRateLimitsReq(requests=[request_to_pb(r) for r in requests[i : i + MAX_BATCH_SIZE]])
-        for i in range(0, len(requests), MAX_BATCH_SIZE)
-    ]
+    """The same message convert.request_to_pb gives, built in place (``requests.add``):
+    a third of the CPU, which a single check pays on every call."""
+    out = []
+    for i in range(0, len(requests), MAX_BATCH_SIZE):
+        msg = pb.GetRateLimitsReq()
+        add = msg.requests.add
+        for r in requests[i : i + MAX_BATCH_SIZE]:
+            item = add(
+                name=r.name, unique_key=r.unique_key, hits=r.hits, limit=r.limit,
+                duration=r.duration, algorithm=r.algorithm.value, behavior=r.behavior.value,
+                burst=r.burst,
+            )  # fmt: skip
+            if r.metadata:
+                item.metadata.update(r.metadata)
+            if r.created_at is not None:
+                item.created_at = r.created_at
+        out.append(msg)
+    return out
 
 
 def _responses(
     sent: pb.GetRateLimitsReq, got: pb.GetRateLimitsResp, address: str
 ) -> list[RateLimitResponse]:
+    """As convert.response_from_pb for each, inlined: this runs once per check."""
     if len(got.responses) != len(sent.requests):
         raise ClientError(
             f"GetRateLimits on {address}: {len(got.responses)} responses "
             f"for {len(sent.requests)} requests"
         )
-    return [response_from_pb(r) for r in got.responses]
+    return [_response(m) for m in got.responses]
+
+
+def _response(m: pb.RateLimitResp) -> RateLimitResponse:
+    status = Status.OVER_LIMIT if m.status == pb.OVER_LIMIT else Status.UNDER_LIMIT
+    metadata = dict(m.metadata) if m.metadata else {}
+    return RateLimitResponse(status, m.limit, m.remaining, m.reset_time, m.error, metadata)
 
 
 def _checked(resp: RateLimitResponse, name: str, key: str) -> RateLimitResponse:
@@ -309,7 +329,9 @@ class _Base:
             self._options.append(("grpc.lb_policy_name", "round_robin"))
         self.native = _use_native(native, credentials)
         """True: calls go through smockron.cluster._nativeclient; False: through grpcio."""
-        self._native: Any = _nativeclient.Channel(self.address, self._options) if self.native else None
+        self._native: Any = None
+        if self.native:
+            self._native = _nativeclient.Channel(self.address, self._options)
 
     def _deadline(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else timeout
@@ -386,7 +408,8 @@ class Client(_Base):
         return _checked(self.get_rate_limits([req], timeout=timeout)[0], name, key)
 
     def health_check(self, *, timeout: float | None = None) -> HealthCheck:
-        return _health(self._invoke("HealthCheck", pb.HealthCheckReq(), pb.HealthCheckResp, timeout))
+        req = pb.HealthCheckReq()
+        return _health(self._invoke("HealthCheck", req, pb.HealthCheckResp, timeout))
 
     def live_check(self, *, timeout: float | None = None) -> None:
         """Returns if the server process answers at all (Gubernator's LiveCheck)."""
@@ -453,9 +476,7 @@ class AsyncClient(_Base):
         got = await self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
         return _responses(batch, got, self.address)
 
-    async def _invoke(
-        self, method: str, request: Any, answer: Any, timeout: float | None
-    ) -> Any:
+    async def _invoke(self, method: str, request: Any, answer: Any, timeout: float | None) -> Any:
         """One unary call of V1 ``method``; the ``answer`` message, or a ClientError."""
         deadline = self._deadline(timeout)
         if self._native is None:
