@@ -360,7 +360,7 @@ class Client(_Base):
                 opts = self._options
                 self._channel = grpc.secure_channel(self.address, credentials, options=opts)
             self._stub = pb_grpc.V1Stub(self._channel)
-        self.coalescer = Coalescer(self.get_rate_limits) if coalesce else None
+        self.coalescer = Coalescer(self.get_rate_limits, self._one) if coalesce else None
         """Concurrent ``check`` calls of this client's threads go in one GetRateLimits."""
 
     def get_rate_limits(
@@ -372,6 +372,15 @@ class Client(_Base):
             got = self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
             out.extend(_responses(batch, got, self.address))
         return out
+
+    def _one(self, request: RateLimitRequest, timeout: float | None = None) -> RateLimitResponse:
+        """get_rate_limits for a single request, without the list machinery (a lone
+        check's path: every microsecond here is paid per check)."""
+        batch = _batches((request,))[0]
+        got = self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
+        if len(got.responses) != 1:
+            _responses(batch, got, self.address)  # raises the count error
+        return _response(got.responses[0])
 
     def _invoke(self, method: str, request: Any, answer: Any, timeout: float | None) -> Any:
         """One unary call of V1 ``method``; the ``answer`` message, or a ClientError."""
@@ -405,7 +414,7 @@ class Client(_Base):
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
         if self.coalescer is not None and timeout is None:
             return _checked(self.coalescer.check(req), name, key)
-        return _checked(self.get_rate_limits([req], timeout=timeout)[0], name, key)
+        return _checked(self._one(req, timeout), name, key)
 
     def health_check(self, *, timeout: float | None = None) -> HealthCheck:
         req = pb.HealthCheckReq()
@@ -467,6 +476,8 @@ class AsyncClient(_Base):
     ) -> list[RateLimitResponse]:
         """One response per request, in order; batches of 1,000 are sent concurrently."""
         batches = _batches(requests)
+        if len(batches) == 1:  # the common case needs no tasks (gather makes one each)
+            return await self._call(batches[0], timeout)
         answers = await asyncio.gather(*(self._call(b, timeout) for b in batches))
         return [resp for answer in answers for resp in answer]
 

@@ -92,9 +92,13 @@ class Coalescer:
     first), so nobody waits for more than the call in flight and its own."""
 
     def __init__(
-        self, call: Callable[[Sequence[RateLimitRequest]], list[RateLimitResponse]]
+        self,
+        call: Callable[[Sequence[RateLimitRequest]], list[RateLimitResponse]],
+        one: Callable[[RateLimitRequest], RateLimitResponse] | None = None,
     ) -> None:
         self._call = call
+        self._one = one or (lambda request: call([request])[0])
+        """Sends a lone check (``call`` for one request, maybe by a cheaper path)."""
         self._lock = threading.Lock()
         self._queue: list[_Slot] = []
         self._sending = False
@@ -112,7 +116,7 @@ class Coalescer:
                 self._queue.append(slot)
         if lead:
             try:
-                return self._call([request])[0]
+                return self._one(request)
             finally:
                 self._hand_over()
         slot.done.acquire()  # released by the sender: answered, or made the next sender
