@@ -245,6 +245,27 @@ def limits_cpu(redis_url: str, seconds: float) -> float:
     return cpu_per_check(one, seconds)
 
 
+def limits_async_cpu(redis_url: str, seconds: float) -> float:
+    """``limits``' asyncio FixedWindowRateLimiter (redis.asyncio), one hit at a time."""
+    from limits import parse
+    from limits.aio.storage import RedisStorage
+    from limits.aio.strategies import FixedWindowRateLimiter
+
+    async def run() -> float:
+        url = redis_url.replace("redis://", "async+redis://", 1)
+        limiter = FixedWindowRateLimiter(RedisStorage(url, implementation="redispy"))
+        item = parse("1000000000/minute")
+        loop = asyncio.get_running_loop()
+        await limiter.hit(item, "bench", "k0")
+        done, cpu, start = 0, time.process_time(), loop.time()
+        while loop.time() - start < seconds:
+            await limiter.hit(item, "bench", "k0")
+            done += 1
+        return (time.process_time() - cpu) / done * 1e6
+
+    return asyncio.run(run())
+
+
 def ensure_limits() -> None:
     try:
         import limits  # noqa: F401
@@ -283,6 +304,9 @@ def main() -> None:
                 cpu.setdefault("sequential: limits on Redis, hit()", []).append(
                     limits_cpu(redis.url, args.seconds)
                 )
+                cpu.setdefault("sequential: limits on Redis, asyncio hit()", []).append(
+                    limits_async_cpu(redis.url, args.seconds)
+                )
         finally:
             redis.stop()
             proc.stop()
@@ -304,6 +328,7 @@ def main() -> None:
     for name, value in cpu_medians.items():
         print(f"  {name:50s} {value:8.1f} us")
     redis_us = cpu_medians["sequential: limits on Redis, hit()"]
+    aredis_us = cpu_medians["sequential: limits on Redis, asyncio hit()"]
     for name, value in cpu_medians.items():
         if name.startswith("("):
             continue  # for comparison only
@@ -313,6 +338,8 @@ def main() -> None:
             verdict = "MET" if value <= redis_us else "NOT MET"
             print(f"  goal <= limits on Redis ({redis_us:.1f} us), {name}: "
                   f"{verdict} ({value / redis_us:.2f}x)")  # fmt: skip
+            if "Async" in name:
+                print(f"    (vs limits' asyncio hit, {aredis_us:.1f} us: {value / aredis_us:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -468,7 +468,7 @@ class AsyncClient(_Base):
                 opts = self._options
                 self._channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
             self._stub = pb_grpc.V1Stub(self._channel)
-        self.coalescer = AsyncCoalescer(self.get_rate_limits) if coalesce else None
+        self.coalescer = AsyncCoalescer(self.get_rate_limits, self._one) if coalesce else None
         """Concurrent ``check`` calls on this client's loop go in one GetRateLimits."""
 
     async def get_rate_limits(
@@ -480,6 +480,16 @@ class AsyncClient(_Base):
             return await self._call(batches[0], timeout)
         answers = await asyncio.gather(*(self._call(b, timeout) for b in batches))
         return [resp for answer in answers for resp in answer]
+
+    async def _one(
+        self, request: RateLimitRequest, timeout: float | None = None
+    ) -> RateLimitResponse:
+        """get_rate_limits for a single request, as the sync client's ``_one``."""
+        batch = _batches((request,))[0]
+        got = await self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
+        if len(got.responses) != 1:
+            _responses(batch, got, self.address)  # raises the count error
+        return _response(got.responses[0])
 
     async def _call(
         self, batch: pb.GetRateLimitsReq, timeout: float | None
@@ -542,7 +552,7 @@ class AsyncClient(_Base):
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
         if self.coalescer is not None and timeout is None:
             return _checked(await self.coalescer.check(req), name, key)
-        return _checked((await self.get_rate_limits([req], timeout=timeout))[0], name, key)
+        return _checked(await self._one(req, timeout), name, key)
 
     async def health_check(self, *, timeout: float | None = None) -> HealthCheck:
         req = pb.HealthCheckReq()

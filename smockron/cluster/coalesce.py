@@ -31,9 +31,13 @@ class AsyncCoalescer:
     """For one event loop: ``await check(request)``; one call in flight at a time."""
 
     def __init__(
-        self, call: Callable[[Sequence[RateLimitRequest]], Awaitable[list[RateLimitResponse]]]
+        self,
+        call: Callable[[Sequence[RateLimitRequest]], Awaitable[list[RateLimitResponse]]],
+        one: Callable[[RateLimitRequest], Awaitable[RateLimitResponse]] | None = None,
     ) -> None:
         self._call = call
+        self._one = one or self._one_of_many
+        """Sends a lone check (``call`` for one request, maybe by a cheaper path)."""
         self._queue: list[tuple[RateLimitRequest, asyncio.Future[RateLimitResponse]]] = []
         self._sending = False
         self.calls = 0
@@ -47,12 +51,15 @@ class AsyncCoalescer:
         self._sending = True
         self.calls += 1
         try:
-            return (await self._call([request]))[0]
+            return await self._one(request)
         finally:  # whatever queued meanwhile goes next, also if this waiter was cancelled
             if self._queue:
                 asyncio.get_running_loop().create_task(self._send())
             else:
                 self._sending = False
+
+    async def _one_of_many(self, request: RateLimitRequest) -> RateLimitResponse:
+        return (await self._call([request]))[0]
 
     async def _send(self) -> None:
         try:
