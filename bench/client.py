@@ -194,6 +194,7 @@ def client_cpu(address: str, seconds: float) -> dict[str, float]:
             return 1
 
         out["(sequential: Client.check over grpcio)"] = cpu_per_check(one_grpcio, seconds)
+        out["(coalesced: 100 threads looping, over grpcio)"] = threads_cpu(grpcio_client, seconds)
 
     async def run_async() -> None:
         async with AsyncClient(address, native=False) as grpcio_client:
@@ -203,6 +204,14 @@ def client_cpu(address: str, seconds: float) -> dict[str, float]:
                 await grpcio_client.check("bench", "k0", 1, 10**12, MINUTE)
                 done += 1
             out["(sequential: AsyncClient.check over grpcio)"] = (
+                (time.process_time() - cpu) / done * 1e6
+            )
+            done, cpu, start = 0, time.process_time(), loop.time()
+            while loop.time() - start < seconds:
+                await asyncio.gather(*(grpcio_client.check("bench", f"k{i}", 1, 10**12, MINUTE)
+                                       for i in range(100)))  # fmt: skip
+                done += 100
+            out["(coalesced: 100 asyncio tasks, over grpcio)"] = (
                 (time.process_time() - cpu) / done * 1e6
             )
         async with AsyncClient(address) as client:
