@@ -297,11 +297,18 @@ def _ip_family(address: str) -> str | None:
         return None
 
 
-def _use_native(native: bool | None, credentials: grpc.ChannelCredentials | None) -> bool:
-    """The native channel unless asked not to, not built, or TLS (grpcio credentials
-    objects cannot be handed to libgrpc++)."""
+def _use_native(
+    native: bool | None,
+    credentials: grpc.ChannelCredentials | None,
+    options: Sequence[tuple[str, Any]],
+) -> bool:
+    """The native channel unless asked not to, not built, TLS (grpcio credentials
+    objects cannot be handed to libgrpc++), or an option value it cannot take."""
+    plain = all(isinstance(value, int | str) for _, value in options)
     if native is None:
-        return NATIVE_AVAILABLE and credentials is None
+        return NATIVE_AVAILABLE and credentials is None and plain
+    if native and not plain:
+        raise ValueError("native=True takes only int and str channel option values")
     if native and not NATIVE_AVAILABLE:
         raise ValueError("native=True but smockron.cluster._nativeclient is not built")
     if native and credentials is not None:
@@ -327,7 +334,7 @@ class _Base:
         self._options = list(options)
         if not any(name == "grpc.lb_policy_name" for name, _ in self._options):
             self._options.append(("grpc.lb_policy_name", "round_robin"))
-        self.native = _use_native(native, credentials)
+        self.native = _use_native(native, credentials, self._options)
         """True: calls go through smockron.cluster._nativeclient; False: through grpcio."""
         self._native: Any = None
         if self.native:

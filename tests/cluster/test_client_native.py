@@ -165,6 +165,8 @@ def test_transport_choice() -> None:
         assert tls.native is False  # TLS always goes through grpcio
     with Client("127.0.0.1:1", native=False) as plain:
         assert plain.native is False
+    with Client("127.0.0.1:1", options=[("grpc.keepalive_time_ms", 1.5)]) as odd:
+        assert odd.native is False  # a value libgrpc++ cannot take: grpcio
     if NATIVE_AVAILABLE:
         with Client("127.0.0.1:1") as default:
             assert default.native is True
