@@ -196,16 +196,18 @@ def _request(
     burst: int,
     metadata: Mapping[str, str] | None,
 ) -> RateLimitRequest:
+    # conversions only when needed: this runs once per check, and the enum calls alone
+    # cost twice the rest
     return RateLimitRequest(
-        name=name,
-        unique_key=key,
-        hits=hits,
-        limit=limit,
-        duration=_ms(duration),
-        algorithm=Algorithm(algorithm),
-        behavior=Behavior(behavior),
-        burst=burst,
-        metadata=dict(metadata or {}),
+        name,
+        key,
+        hits,
+        limit,
+        duration if type(duration) is int else _ms(duration),
+        algorithm if type(algorithm) is Algorithm else Algorithm(algorithm),
+        behavior if type(behavior) is Behavior else Behavior(behavior),
+        burst,
+        dict(metadata) if metadata else {},
     )
 
 
