@@ -452,7 +452,9 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """asyncio client on a ``grpc.aio`` channel; create and use it inside one event loop."""
+    """asyncio client; create and use it inside one event loop. On the native channel a
+    call's end reaches the loop through an eventfd it watches (no thread per call); on
+    grpcio it is a ``grpc.aio`` channel."""
 
     def __init__(
         self,
