@@ -480,7 +480,8 @@ def assert_keys_are_options(name: str, config: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "file"), [("proxy", "proxy-api.toml"), ("jarl", "jarl-payments.toml")]
+    ("name", "file"),
+    [("proxy", "proxy-api.toml"), ("jarl", "jarl-payments.toml"), ("router", "router.toml")],
 )
 def test_example_config_keys_are_options(name: str, file: str) -> None:
     assert_keys_are_options(name, tomllib_loads((CONFIG / file).read_text()))
