@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import zmq
 
 from smockron.core.hashring import HashRing
+from smockron.curve import AllowList, CurveClient, CurveServer, bind_mode
 from smockron.errors import ConfigError
 from smockron.master.server import MAX_FRAME_BYTES
 from smockron.ratelog import RateLimitedLog
@@ -63,6 +64,9 @@ class Router:
         hwm: int = 100_000,
         batch: int = 2_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        curve_server: CurveServer | None = None,
+        curve_client: CurveClient | None = None,
+        insecure_bind: bool = False,
     ) -> None:
         if not masters:
             raise ConfigError("the router needs at least one --master")
@@ -85,9 +89,27 @@ class Router:
         self.relayed = 0
         self.discarded = 0
         self.discard_log = RateLimitedLog(log, burst=10)
+        self.curve_server = curve_server  # towards the gatekeepers
+        self.curve_client = curve_client  # towards the masters
+        self.insecure_bind = insecure_bind
+        self.auth: AllowList | None = None
         self._stopping = asyncio.Event()
 
+    def secure(self) -> None:
+        """As the master's: protected mode, then CURVE on both sides, before binding."""
+        allowed = None
+        if self.curve_server is not None:
+            self.auth = self.curve_server.allow_list(self.ctx)
+            allowed = len(self.auth.keys)
+            for sock in (self.frontend, self.control_out):
+                self.curve_server.secure(sock)
+        if self.curve_client is not None:
+            self.curve_client.secure(self.control_in)
+        level, line = bind_mode((self.accounting, self.control), allowed, self.insecure_bind)
+        log.log(level, line)
+
     def bind(self) -> None:
+        self.secure()
         for sock in (self.frontend, self.control_in, self.control_out):
             sock.setsockopt(zmq.LINGER, 200)
         for sock in (self.frontend, self.control_in):
@@ -101,6 +123,8 @@ class Router:
             pub = self.ctx.socket(zmq.PUB)
             pub.setsockopt(zmq.SNDHWM, self.hwm)
             pub.setsockopt(zmq.LINGER, 200)
+            if self.curve_client is not None:
+                self.curve_client.secure(pub)
             pub.connect(m.accounting)
             self.to_master[m.accounting] = pub
             self.control_in.connect(m.control)
@@ -157,6 +181,8 @@ class Router:
     def close(self) -> None:
         for sock in (self.frontend, self.control_in, self.control_out, *self.to_master.values()):
             sock.close()
+        if self.auth is not None:
+            self.auth.stop()
 
     async def _accounting(self) -> None:
         while True:
