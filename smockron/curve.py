@@ -192,7 +192,7 @@ class AllowList(ThreadAuthenticator):
         self.on_denied = on_denied
         self._verdict: bool | None = None
         self._denied_log = RateLimitedLog(log, burst=5)
-        self.configure_curve_callback("*", self)
+        self.configure_curve_callback(ZAP_DOMAIN, self)
 
     def callback(self, domain: str, key: bytes) -> bool:
         """zmq.auth's credentials provider: ``key`` (Z85) is allowed."""
@@ -209,9 +209,11 @@ class AllowList(ThreadAuthenticator):
         return len(self.keys)
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
-        self._verdict = None
+        """zmq.auth's handler; a request our callback did not allow is a denial (a
+        malformed request or another ZAP domain never reaches the callback)."""
+        self._verdict = False
         await super().handle_zap_message(msg)
-        if self._verdict is False:
+        if not self._verdict:
             self.denied += 1
             if self.on_denied is not None:
                 self.on_denied()
@@ -219,7 +221,7 @@ class AllowList(ThreadAuthenticator):
             key = msg[6] if len(msg) > 6 else b""
             self._denied_log.warning(
                 "CURVE handshake denied: %s is not an allowed key (peer %s)",
-                z85.encode(key) if len(key) == 32 else key[:64],
+                z85.encode(key).decode() if len(key) == 32 else key[:64],
                 peer[:64].decode("utf-8", "replace"),
             )
 

@@ -68,14 +68,18 @@ CONTROL_BATCHES: Final = 64
 """Batches the threaded reader drains before it sweeps and checks for stop."""
 FLUSH_BATCH: Final = 256
 """A batch this large is sent at once, without waiting for the timer."""
-_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 _HANDSHAKE_FAILED: Final = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
+_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
 _CURVE_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
 """With CURVE a connection counts once its handshake proved the master's key."""
+REDIAL_S: Final = 1.0
+"""After a failed handshake libzmq stops reconnecting that socket for good; it is dialled
+again this much later, so a process squatting the master's port (or a key the master
+allows only later) cannot cut the gatekeeper off until it restarts."""
 _MAX_TOPIC_FRAMES: Final = 10_000  # domains from a callable could be unbounded
 _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
@@ -194,6 +198,7 @@ class _GatekeeperBase:
         self._pub: zmq.Socket[bytes] | None = None
         self._malformed_log = RateLimitedLog(log)
         self._handshake_log = RateLimitedLog(log, interval=60.0)
+        self._redial: dict[bool, float] = {}  # control? -> when to dial again (monotonic)
         self._topic_frames: dict[bytes, bytes] = {}
         self._stamp_ms, self._stamp = 0, b"0"  # the last receive time and its frame
         self._setup()
@@ -410,12 +415,35 @@ class _GatekeeperBase:
             log.warning("accounting disconnected from %s: failing open", self.accounting)
 
     def _handshake_failed(self, control: bool) -> None:
-        self._handshake_log.warning(
-            "CURVE handshake with %s failed: the peer does not hold the secret key of the "
-            "master this gatekeeper pins (--curve-server), or does not allow its key",
-            self.control if control else self.accounting,
-            key="control" if control else "accounting",
-        )
+        if self.curve is None:
+            why = "is it a Smockron master?"
+        else:
+            why = ("the peer does not hold the secret key of the master this gatekeeper "
+                   "pins (--curve-server), or does not allow this gatekeeper's key")  # fmt: skip
+        self._handshake_log.warning("handshake with %s failed: %s",
+                                    self.control if control else self.accounting, why,
+                                    key="control" if control else "accounting")  # fmt: skip
+        self._redial.setdefault(control, time.monotonic() + REDIAL_S)
+
+    def _control_socket(self) -> zmq.Socket[Any] | None:
+        """Subclass hook: the control SUB socket, once made."""
+        return None
+
+    def _dial_again(self) -> None:
+        """Reconnect the sockets whose handshake failed ``REDIAL_S`` ago."""
+        now = time.monotonic()
+        for control, due in list(self._redial.items()):
+            if due > now:
+                continue
+            del self._redial[control]
+            sock = self._control_socket() if control else self._pub
+            endpoint = self.control if control else self.accounting
+            if sock is None or not endpoint:
+                continue
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disconnect(endpoint)
+            with contextlib.suppress(zmq.ZMQError):
+                sock.connect(endpoint)
 
     def _poke(self) -> None:
         """Let the PUB socket process its pending commands (new subscriptions among them).
@@ -423,8 +451,10 @@ class _GatekeeperBase:
         libzmq processes a socket's commands only when its own thread calls into it, and
         sends do so throttled; a periodic no-op call keeps a quiet gatekeeper's view of
         the master's subscription fresh, so its first messages after a reconnection are
-        not dropped for want of it.
+        not dropped for want of it. Sockets whose handshake failed are dialled again.
         """
+        if self._redial:
+            self._dial_again()
         if self._pub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._pub.getsockopt(zmq.EVENTS)
@@ -531,6 +561,9 @@ class Gatekeeper(_GatekeeperBase):
                 if decision.paced:
                     self.account_went(waiting, loginfo)
         return decision._replace(verdict=REJECT) if waiting.rejected else decision
+
+    def _control_socket(self) -> zmq.Socket[Any] | None:
+        return self._sub
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -723,6 +756,9 @@ class AsyncGatekeeper(_GatekeeperBase):
         counters = self.counters
         counters.accounting_sent += sent
         counters.accounting_dropped += dropped
+
+    def _control_socket(self) -> zmq.Socket[Any] | None:
+        return self._watched
 
     async def _read_control(self, sub: zmq.Socket[bytes]) -> None:
         """Control messages in batches (one compiled call each), so a gatekeeper keeps

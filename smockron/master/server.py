@@ -132,7 +132,10 @@ class Master:
         self._work.set()
 
     def reload(self) -> None:
-        """SIGHUP: install the config file's rules; on error keep the old ones."""
+        """SIGHUP: read the allowed keys again, and install the config file's rules; on
+        error keep the old ones."""
+        if self.auth is not None:
+            log.info("control plane: CURVE, %d allowed gatekeeper key(s)", self.auth.reload())
         if self.reload_settings is None:
             log.warning("SIGHUP ignored: no --config file to reload")
             return
@@ -143,8 +146,6 @@ class Master:
             return
         if new.store != self.settings.store:
             log.warning("reload: a store change (%s) needs a restart; ignored", new.store)
-        if self.auth is not None:
-            log.info("control plane: CURVE, %d allowed gatekeeper key(s)", self.auth.reload())
         self.engine.skew_tolerance_ms = new.skew_tolerance * 1000.0
         self.engine.limits = limits(new)
         self.engine.configure(new.domains)
