@@ -137,7 +137,8 @@ class Master:
         if self.auth is not None:
             log.info("control plane: CURVE, %d allowed gatekeeper key(s)", self.auth.reload())
         if self.reload_settings is None:
-            log.warning("SIGHUP ignored: no --config file to reload")
+            if self.auth is None:
+                log.warning("SIGHUP ignored: no --config file to reload")
             return
         try:
             new = self.reload_settings()
