@@ -40,6 +40,19 @@ ZAP_DOMAIN = "smockron"
 """The ZAP domain of every CURVE server socket (ZeroMQ asks the handler only with one)."""
 
 
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+"""Monitor events of a handshake that failed (a wrong key, or no CURVE on the other end)."""
+
+REDIAL_S = 1.0
+"""After a failed handshake libzmq gives the connecting socket up for good; a connecting
+side dials again this much later, so a process squatting the master's port (or a key
+the master allows only later) cannot cut it off until it restarts."""
+
+
 class InsecureBindError(ConfigError):
     """A master or router asked to bind a non-loopback address with no keys configured."""
 

@@ -25,7 +25,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.rules import ALGORITHMS, Rule, parse_rule_spec
-from smockron.curve import CurveClient
+from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient
 from smockron.errors import ConfigError, ProtocolError
 from smockron.gatekeeper.state import (
     ACCEPT,
@@ -68,18 +68,9 @@ CONTROL_BATCHES: Final = 64
 """Batches the threaded reader drains before it sweeps and checks for stop."""
 FLUSH_BATCH: Final = 256
 """A batch this large is sent at once, without waiting for the timer."""
-_HANDSHAKE_FAILED: Final = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
-_CURVE_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
+_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
+_CURVE_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
 """With CURVE a connection counts once its handshake proved the master's key."""
-REDIAL_S: Final = 1.0
-"""After a failed handshake libzmq stops reconnecting that socket for good; it is dialled
-again this much later, so a process squatting the master's port (or a key the master
-allows only later) cannot cut the gatekeeper off until it restarts."""
 _MAX_TOPIC_FRAMES: Final = 10_000  # domains from a callable could be unbounded
 _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
@@ -390,7 +381,7 @@ class _GatekeeperBase:
             event = parse_monitor_message(frames)["event"]
         except Exception:  # monitor frames come from libzmq, but never let them kill us
             return
-        if event & _HANDSHAKE_FAILED:
+        if event & HANDSHAKE_FAILED:
             self._handshake_failed(control)
             return
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # watched with CURVE only

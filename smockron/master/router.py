@@ -22,13 +22,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.hashring import HashRing
-from smockron.curve import AllowList, CurveClient, CurveServer, bind_mode
+from smockron.curve import (
+    HANDSHAKE_FAILED,
+    REDIAL_S,
+    AllowList,
+    CurveClient,
+    CurveServer,
+    bind_mode,
+)
 from smockron.errors import ConfigError
 from smockron.master.server import MAX_FRAME_BYTES
 from smockron.ratelog import RateLimitedLog
@@ -93,6 +102,8 @@ class Router:
         self.curve_client = curve_client  # towards the masters
         self.insecure_bind = insecure_bind
         self.auth: AllowList | None = None
+        self._watched: list[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]] = []  # (sock, monitor)
+        self.handshake_log = RateLimitedLog(log, interval=60.0)
         self._stopping = asyncio.Event()
 
     def secure(self) -> None:
@@ -104,7 +115,7 @@ class Router:
             for sock in (self.frontend, self.control_out):
                 self.curve_server.secure(sock)
         if self.curve_client is not None:
-            self.curve_client.secure(self.control_in)
+            self._watch(self.control_in)
         level, line = bind_mode((self.accounting, self.control), allowed, self.insecure_bind)
         log.log(level, line)
 
@@ -124,7 +135,7 @@ class Router:
             pub.setsockopt(zmq.SNDHWM, self.hwm)
             pub.setsockopt(zmq.LINGER, 200)
             if self.curve_client is not None:
-                self.curve_client.secure(pub)
+                self._watch(pub)
             pub.connect(m.accounting)
             self.to_master[m.accounting] = pub
             self.control_in.connect(m.control)
@@ -135,6 +146,35 @@ class Router:
             len(self.masters),
             ", ".join(f"{m.accounting}|{m.control}" for m in self.masters),
         )
+
+    def _watch(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE towards the masters, and a monitor of failed handshakes (see _redial)."""
+        assert self.curve_client is not None
+        self.curve_client.secure(sock)
+        self._watched.append((sock, sock.get_monitor_socket(HANDSHAKE_FAILED)))
+
+    async def _redial(self) -> None:
+        """Dial a master again ``REDIAL_S`` after a failed handshake (libzmq gives up)."""
+        due: dict[tuple[int, str], float] = {}
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for i, (_sock, monitor) in enumerate(self._watched):
+                while monitor.poll(0):
+                    endpoint = parse_monitor_message(monitor.recv_multipart())["endpoint"]
+                    address = endpoint.decode("utf-8", "replace")
+                    self.handshake_log.warning("handshake with master %s failed: does it "
+                                               "hold --curve-server's key, and allow this "
+                                               "router's key?", address, key=address)  # fmt: skip
+                    due.setdefault((i, address), now + REDIAL_S)
+            for (i, address), when in list(due.items()):
+                if when <= now:
+                    del due[(i, address)]
+                    sock = self._watched[i][0]
+                    with contextlib.suppress(zmq.ZMQError):
+                        sock.disconnect(address)
+                    with contextlib.suppress(zmq.ZMQError):
+                        sock.connect(address)
 
     def owner(self, domain_frame: bytes) -> zmq.Socket[bytes]:
         """The PUB towards the master owning a domain (its frame, NUL included)."""
@@ -161,6 +201,8 @@ class Router:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
         tasks = [asyncio.create_task(self._accounting()), asyncio.create_task(self._control())]
+        if self._watched:
+            tasks.append(asyncio.create_task(self._redial()))
         try:
             await self._stopping.wait()
         finally:
@@ -179,6 +221,10 @@ class Router:
             )
 
     def close(self) -> None:
+        for sock, monitor in self._watched:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(0)
         for sock in (self.frontend, self.control_in, self.control_out, *self.to_master.values()):
             sock.close()
         if self.auth is not None:
