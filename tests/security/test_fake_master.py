@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import zmq
 
 from smockron.gatekeeper.core import Gatekeeper
 from smockron.gatekeeper.state import Verdict
@@ -55,3 +56,22 @@ def test_a_fake_master_feeds_no_gatekeeper(
             real.close()
     finally:
         gk.close()
+
+
+def test_the_middlewares_pass_the_keys_to_their_gatekeeper(keys: Keys) -> None:
+    from smockron.gatekeeper.asgi import SmockronMiddleware
+    from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
+
+    acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
+    curve = keys.client("gk")
+    asgi = SmockronMiddleware(lambda *a: None, domain="api", accounting=acc, control=ctl,
+                              curve=curve)  # fmt: skip
+    assert asgi.gatekeeper.curve is curve
+    wsgi = SmockronWSGIMiddleware(lambda *a: [], domain="api", accounting=acc, control=ctl,
+                                  curve=curve)  # fmt: skip
+    try:
+        assert wsgi.gatekeeper.curve is curve
+        sub = wsgi.gatekeeper._control_socket()
+        assert sub is not None and sub.getsockopt(zmq.MECHANISM) == zmq.CURVE
+    finally:
+        wsgi.close()
