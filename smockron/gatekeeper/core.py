@@ -407,7 +407,7 @@ class _GatekeeperBase:
 
     def _handshake_failed(self, control: bool) -> None:
         if self.curve is None:
-            why = "is it a Smockron master?"
+            why = "the master may require CURVE keys (--curve-secret, --curve-server)"
         else:
             why = ("the peer does not hold the secret key of the master this gatekeeper "
                    "pins (--curve-server), or does not allow this gatekeeper's key")  # fmt: skip

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from smockron.curve import InsecureBindError, bind_mode, is_loopback
-from smockron.master.config import MasterSettings
+from smockron.master.config import MasterSettings, load_settings
 from tests.master.client import FakeGatekeeper
+from tests.security.conftest import Keys
 from tests.support import REPO_ROOT, free_ports, run_smockron, smockron_env, stopping, wait_for
 
 
@@ -112,3 +113,18 @@ def test_loopback_default_serves_an_original_protocol_gatekeeper(tmp_path: Path)
     ):
         gk.handshake("probe")  # a DELAY_UNTIL came back to a plain ZeroMQ gatekeeper
         assert master.log().count("control plane: no authentication, loopback only") == 1
+
+
+def test_keys_and_insecure_bind_in_the_config_file(tmp_path: Path, keys: Keys) -> None:
+    """The master's TOML file says it as the flags do; an absent flag keeps the file's."""
+    path = tmp_path / "master.toml"
+    path.write_text(
+        f'accounting = "tcp://0.0.0.0:10004"\ninsecure_bind = true\n'
+        f'curve_secret = "{keys.secret("master")}"\ncurve_clients = "{keys.clients}"\n'
+    )
+    flags = {"insecure_bind": None, "curve_secret": None, "curve_clients": None}
+    settings = load_settings(path, overrides=flags)
+    assert settings.insecure_bind is True
+    assert settings.curve_secret == str(keys.secret("master"))
+    assert settings.curve_clients == str(keys.clients)
+    assert load_settings(path, overrides={"insecure_bind": False}).insecure_bind is False
