@@ -190,6 +190,7 @@ class _GatekeeperBase:
         self._malformed_log = RateLimitedLog(log)
         self._handshake_log = RateLimitedLog(log, interval=60.0)
         self._redial: dict[bool, float] = {}  # control? -> when to dial again (monotonic)
+        self.handshakes_failed = 0
         self._topic_frames: dict[bytes, bytes] = {}
         self._stamp_ms, self._stamp = 0, b"0"  # the last receive time and its frame
         self._setup()
@@ -414,6 +415,7 @@ class _GatekeeperBase:
         self._handshake_log.warning("handshake with %s failed: %s",
                                     self.control if control else self.accounting, why,
                                     key="control" if control else "accounting")  # fmt: skip
+        self.handshakes_failed += 1
         self._redial.setdefault(control, time.monotonic() + REDIAL_S)
 
     def _control_socket(self) -> zmq.Socket[Any] | None:
@@ -493,6 +495,7 @@ class _GatekeeperBase:
         out["first_lines"] = len(self.decider.lines)
         out["master_connected"] = int(self.master_connected)
         out["control_connected"] = int(self.control_connected)
+        out["handshakes_failed"] = self.handshakes_failed
         return out
 
 

@@ -214,10 +214,11 @@ class Router:
                     loop.remove_signal_handler(sig)
             self.close()
             log.info(
-                "router stopped: forwarded %d, relayed %d, discarded %d",
+                "router stopped: forwarded %d, relayed %d, discarded %d, denied %d",
                 self.forwarded,
                 self.relayed,
                 self.discarded,
+                self.auth.denied if self.auth is not None else 0,
             )
 
     def close(self) -> None:
