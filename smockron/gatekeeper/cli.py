@@ -14,6 +14,7 @@ import click
 
 from smockron.core.rules import ALGORITHMS, parse_rule_spec
 from smockron.curve import curve_client
+from smockron.curve_cli import curve_options
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
@@ -129,18 +130,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     show_default=True,
     help="Log the gatekeeper's counters this often, in seconds (0: never).",
 )
-@click.option(
-    "--curve-secret",
-    envvar="SMOCKRON_PROXY_CURVE_SECRET",
-    metavar="FILE",
-    help="This gatekeeper's CURVE secret key (.key_secret from `smockron keygen`).",
-)
-@click.option(
-    "--curve-server",
-    envvar="SMOCKRON_PROXY_CURVE_SERVER",
-    metavar="FILE",
-    help="The master's public key (.key): pinned, so no other process can pose as the master.",
-)
+@curve_options("proxy", server=False, client=True)
 def proxy(
     listen: str,
     upstream: str,

@@ -12,47 +12,12 @@ from typing import Any
 import click
 
 from smockron.curve import InsecureBindError
+from smockron.curve_cli import Refused, curve_options
 from smockron.errors import ConfigError, SmockronError
 from smockron.master.config import DEFAULT_ACCOUNTING, DEFAULT_CONTROL, MasterSettings
 from smockron.master.config import load_settings as _load_settings
 
 log = logging.getLogger("smockron.master")
-
-
-class Refused(click.ClickException):
-    """A non-loopback bind without keys: one line, exit status 2 (a usage error)."""
-
-    exit_code = 2
-
-
-def curve_options(command: str, *, server: bool, client: bool) -> Callable[[Any], Any]:
-    """``--curve-secret`` and, for a binding side, ``--curve-clients`` and
-    ``--insecure-bind``; for a connecting side ``--curve-server``."""
-    env = f"SMOCKRON_{command.upper()}_"
-    options = [
-        click.option("--curve-secret", envvar=env + "CURVE_SECRET", metavar="FILE",
-                     help="This process's CURVE secret key (.key_secret from `smockron keygen`)."),
-    ]  # fmt: skip
-    if server:
-        options += [
-            click.option("--curve-clients", envvar=env + "CURVE_CLIENTS", metavar="DIR",
-                         help="Directory of the allowed gatekeepers' public keys (*.key)."),
-            click.option("--insecure-bind", envvar=env + "INSECURE_BIND", is_flag=True,
-                         default=None, help="Allow a non-loopback address without CURVE keys."),
-        ]  # fmt: skip
-    if client:
-        options.append(
-            click.option("--curve-server", envvar=env + "CURVE_SERVER", metavar="FILE",
-                         help="The master's public key (.key): pinned, so no other process "
-                         "can pose as the master."),
-        )  # fmt: skip
-
-    def decorate(f: Any) -> Any:
-        for option in reversed(options):
-            f = option(f)
-        return f
-
-    return decorate
 
 
 def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
