@@ -30,6 +30,7 @@ import click
 import pytest
 import yaml
 
+from smockron.curve import keygen
 from tests.support import REPO_ROOT, free_ports, smockron_proc, wait_for, wait_port
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -502,6 +503,11 @@ def test_example_master_config_starts_a_master(tmp_path: Path) -> None:
     text = text.replace("tcp://0.0.0.0:10005", f"tcp://127.0.0.1:{ctl}")
     text = text.replace("0.0.0.0:9105", f"127.0.0.1:{metrics}")
     assert str(metrics) in text and str(ctl) in text
+    keys = tmp_path / "keys"  # the example authenticates the control plane with CURVE
+    keygen(keys, "master")
+    keygen(keys / "gatekeepers", "gk1")
+    text = text.replace("/etc/smockron/keys", str(keys))
+    assert str(keys) in text
     (tmp_path / "master.toml").write_text(text)
     with smockron_proc(
         ["master", "--config", str(tmp_path / "master.toml")], tmp_path / "master.log"

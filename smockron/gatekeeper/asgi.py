@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Final
 
+from smockron.curve import CurveClient
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper, RuleConfig, now_ms
 from smockron.gatekeeper.httpgate import LOGINFO_MAX, HttpGate, LogInfo, http_loginfo
@@ -125,6 +126,7 @@ class SmockronMiddleware:
         rules: RuleConfig = (),
         master_rules: bool = True,
         max_ahead_ms: int = MAX_AHEAD_MS,
+        curve: CurveClient | None = None,
         flush_delay_ms: float | None = None,
     ) -> None:
         self.app = app
@@ -140,6 +142,7 @@ class SmockronMiddleware:
             rules=rules,
             master_rules=master_rules,
             max_ahead_ms=max_ahead_ms,
+            curve=curve,
         )
         if flush_delay_ms is not None:
             if not 0 <= flush_delay_ms <= 1000:

@@ -13,6 +13,8 @@ from typing import Any
 import click
 
 from smockron.core.rules import ALGORITHMS, parse_rule_spec
+from smockron.curve import curve_client
+from smockron.curve_cli import curve_options
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
@@ -128,6 +130,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     show_default=True,
     help="Log the gatekeeper's counters this often, in seconds (0: never).",
 )
+@curve_options("proxy", server=False, client=True)
 def proxy(
     listen: str,
     upstream: str,
@@ -147,6 +150,8 @@ def proxy(
     algorithms: tuple[str, ...],
     master_rules: bool,
     stats_interval: float,
+    curve_secret: str | None,
+    curve_server: str | None,
 ) -> None:
     """Run a gatekeeper reverse proxy in front of UPSTREAM."""
     try:
@@ -168,6 +173,7 @@ def proxy(
             rules=rule_config(rules, algorithms),
             master_rules=master_rules,
             max_ahead_ms=parse_duration_ms(max_ahead),
+            curve=curve_client(curve_secret, curve_server),
         )
         server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header)
     except ConfigError as exc:

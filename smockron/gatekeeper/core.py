@@ -25,6 +25,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.rules import ALGORITHMS, Rule, parse_rule_spec
+from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient
 from smockron.errors import ConfigError, ProtocolError
 from smockron.gatekeeper.state import (
     ACCEPT,
@@ -67,7 +68,9 @@ CONTROL_BATCHES: Final = 64
 """Batches the threaded reader drains before it sweeps and checks for stop."""
 FLUSH_BATCH: Final = 256
 """A batch this large is sent at once, without waiting for the timer."""
-_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
+_CURVE_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
+"""With CURVE a connection counts once its handshake proved the master's key."""
 _MAX_TOPIC_FRAMES: Final = 10_000  # domains from a callable could be unbounded
 _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
@@ -155,6 +158,7 @@ class _GatekeeperBase:
         rules: RuleConfig = (),
         master_rules: bool = True,
         max_ahead_ms: int = MAX_AHEAD_MS,
+        curve: CurveClient | None = None,
     ) -> None:
         if not 0.0 <= reject_sample <= 1.0:
             raise ConfigError(f"reject_sample must be between 0 and 1, got {reject_sample}")
@@ -166,6 +170,8 @@ class _GatekeeperBase:
                 )
         self.accounting = accounting
         self.control = control
+        self.curve = curve
+        self._monitor_events = _MONITOR_EVENTS if curve is None else _CURVE_EVENTS
         # None: subscribe to every domain (used when the domain comes from a callable)
         self.domains = None if domains is None else frozenset(_as_bytes(d) for d in domains)
         for d in self.domains or ():
@@ -182,6 +188,9 @@ class _GatekeeperBase:
         self._control_peers = 0  # control connections up, from the SUB socket's monitor
         self._pub: zmq.Socket[bytes] | None = None
         self._malformed_log = RateLimitedLog(log)
+        self._handshake_log = RateLimitedLog(log, interval=60.0)
+        self._redial: dict[bool, float] = {}  # control? -> when to dial again (monotonic)
+        self.handshakes_failed = 0
         self._topic_frames: dict[bytes, bytes] = {}
         self._stamp_ms, self._stamp = 0, b"0"  # the last receive time and its frame
         self._setup()
@@ -373,6 +382,15 @@ class _GatekeeperBase:
             event = parse_monitor_message(frames)["event"]
         except Exception:  # monitor frames come from libzmq, but never let them kill us
             return
+        if event & HANDSHAKE_FAILED:
+            self._handshake_failed(control)
+            return
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # watched with CURVE only
+            event = zmq.EVENT_CONNECTED  # the master's key proved: now it counts
+        elif event == zmq.EVENT_DISCONNECTED and self.curve is not None:
+            up = self._control_peers if control else self._peers
+            if not up:
+                return  # the end of a failed handshake, logged already
         if control:
             if event == zmq.EVENT_CONNECTED:
                 self._control_peers += 1
@@ -388,14 +406,48 @@ class _GatekeeperBase:
             self._peers = max(0, self._peers - 1)
             log.warning("accounting disconnected from %s: failing open", self.accounting)
 
+    def _handshake_failed(self, control: bool) -> None:
+        if self.curve is None:
+            why = "the master may require CURVE keys (--curve-secret, --curve-server)"
+        else:
+            why = ("the peer does not hold the secret key of the master this gatekeeper "
+                   "pins (--curve-server), or does not allow this gatekeeper's key")  # fmt: skip
+        self._handshake_log.warning("handshake with %s failed: %s",
+                                    self.control if control else self.accounting, why,
+                                    key="control" if control else "accounting")  # fmt: skip
+        self.handshakes_failed += 1
+        self._redial.setdefault(control, time.monotonic() + REDIAL_S)
+
+    def _control_socket(self) -> zmq.Socket[Any] | None:
+        """Subclass hook: the control SUB socket, once made."""
+        return None
+
+    def _dial_again(self) -> None:
+        """Reconnect the sockets whose handshake failed ``REDIAL_S`` ago."""
+        now = time.monotonic()
+        for control, due in list(self._redial.items()):
+            if due > now:
+                continue
+            del self._redial[control]
+            sock = self._control_socket() if control else self._pub
+            endpoint = self.control if control else self.accounting
+            if sock is None or not endpoint:
+                continue
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disconnect(endpoint)
+            with contextlib.suppress(zmq.ZMQError):
+                sock.connect(endpoint)
+
     def _poke(self) -> None:
         """Let the PUB socket process its pending commands (new subscriptions among them).
 
         libzmq processes a socket's commands only when its own thread calls into it, and
         sends do so throttled; a periodic no-op call keeps a quiet gatekeeper's view of
         the master's subscription fresh, so its first messages after a reconnection are
-        not dropped for want of it.
+        not dropped for want of it. Sockets whose handshake failed are dialled again.
         """
+        if self._redial:
+            self._dial_again()
         if self._pub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._pub.getsockopt(zmq.EVENTS)
@@ -409,15 +461,22 @@ class _GatekeeperBase:
     def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
         if not self.accounting:
             return None
-        pub = ctx.socket(zmq.PUB)
+        pub = self._secure(ctx.socket(zmq.PUB))
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.RECONNECT_IVL, 100)
         pub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         return pub  # connected by the caller once its monitor is watching
 
+    def _secure(self, sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
+        """CURVE on a socket before it connects, when configured (the one place)."""
+        if self.curve is not None:
+            self.curve.secure(sock)
+        return sock
+
     def _connect_sub(self, sub: zmq.Socket[Any]) -> None:
         """Subscribe a control socket (either twin's) to our domains and connect it."""
+        self._secure(sub)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -436,6 +495,7 @@ class _GatekeeperBase:
         out["first_lines"] = len(self.decider.lines)
         out["master_connected"] = int(self.master_connected)
         out["control_connected"] = int(self.control_connected)
+        out["handshakes_failed"] = self.handshakes_failed
         return out
 
 
@@ -448,14 +508,14 @@ class Gatekeeper(_GatekeeperBase):
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         _batch_io_thread(self._ctx)  # it is woken by every accounting message sent
         self._pub = self._setup_pub(self._ctx)
-        self._monitor = self._pub.get_monitor_socket(_MONITOR_EVENTS) if self._pub else None
+        self._monitor = self._pub.get_monitor_socket(self._monitor_events) if self._pub else None
         if self._pub is not None and self.accounting:
             self._pub.connect(self.accounting)
         self._sub: zmq.Socket[bytes] | None = None
         self._cmonitor: zmq.Socket[bytes] | None = None
         if self.control:
             self._sub = self._ctx.socket(zmq.SUB)
-            self._cmonitor = self._sub.get_monitor_socket(_MONITOR_EVENTS)
+            self._cmonitor = self._sub.get_monitor_socket(self._monitor_events)
             self._connect_sub(self._sub)
         self._thread = threading.Thread(target=self._run, name="smockron-gatekeeper", daemon=True)
         self._thread.start()
@@ -495,6 +555,9 @@ class Gatekeeper(_GatekeeperBase):
                 if decision.paced:
                     self.account_went(waiting, loginfo)
         return decision._replace(verdict=REJECT) if waiting.rejected else decision
+
+    def _control_socket(self) -> zmq.Socket[Any] | None:
+        return self._sub
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -592,13 +655,15 @@ class AsyncGatekeeper(_GatekeeperBase):
         self._pub = self._setup_pub(sync_ctx)  # sync socket: NOBLOCK sends, no futures
         if self._pub is not None:
             self._sockets.append(self._pub)
-            monitor = zmq.asyncio.Socket.from_socket(self._pub.get_monitor_socket(_MONITOR_EVENTS))
+            events = self._monitor_events
+            monitor = zmq.asyncio.Socket.from_socket(self._pub.get_monitor_socket(events))
             self._sockets.append(monitor)
             self._tasks.append(asyncio.create_task(self._read_monitor(monitor)))
             self._pub.connect(self.accounting or "")
         if self.control:
             sub = sync_ctx.socket(zmq.SUB)  # sync socket: drained in batches, never awaited
-            cmonitor = zmq.asyncio.Socket.from_socket(sub.get_monitor_socket(_MONITOR_EVENTS))
+            events = self._monitor_events
+            cmonitor = zmq.asyncio.Socket.from_socket(sub.get_monitor_socket(events))
             self._connect_sub(sub)
             self._sockets += [sub, cmonitor]
             self._watched = sub
@@ -685,6 +750,9 @@ class AsyncGatekeeper(_GatekeeperBase):
         counters = self.counters
         counters.accounting_sent += sent
         counters.accounting_dropped += dropped
+
+    def _control_socket(self) -> zmq.Socket[Any] | None:
+        return self._watched
 
     async def _read_control(self, sub: zmq.Socket[bytes]) -> None:
         """Control messages in batches (one compiled call each), so a gatekeeper keeps

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from smockron.curve import CurveClient
 from smockron.gatekeeper.core import Gatekeeper, RuleConfig
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
@@ -60,6 +61,7 @@ class SmockronWSGIMiddleware:
         rules: RuleConfig = (),
         master_rules: bool = True,
         max_ahead_ms: int = MAX_AHEAD_MS,
+        curve: CurveClient | None = None,
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
@@ -73,6 +75,7 @@ class SmockronWSGIMiddleware:
             rules=rules,
             master_rules=master_rules,
             max_ahead_ms=max_ahead_ms,
+            curve=curve,
         )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:

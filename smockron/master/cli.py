@@ -11,7 +11,9 @@ from typing import Any
 
 import click
 
-from smockron.errors import SmockronError
+from smockron.curve import InsecureBindError
+from smockron.curve_cli import Refused, curve_options
+from smockron.errors import ConfigError, SmockronError
 from smockron.master.config import DEFAULT_ACCOUNTING, DEFAULT_CONTROL, MasterSettings
 from smockron.master.config import load_settings as _load_settings
 
@@ -73,6 +75,7 @@ def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 )
 @click.option("--max-domain", type=int, metavar="BYTES", help="Longest domain [default: 256].")
 @click.option("--max-loginfo", type=int, metavar="BYTES", help="Longest log info [default: 8192].")
+@curve_options("master", server=True, client=False)
 def master(
     config: Path | None,
     rules: tuple[str, ...],
@@ -97,6 +100,8 @@ def master(
         raise click.ClickException(str(exc)) from None
     try:
         _run(server.run)
+    except InsecureBindError as exc:
+        raise Refused(str(exc)) from None
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
@@ -138,13 +143,41 @@ def master(
     show_default=True,
     help="ZeroMQ high-water mark of every socket.",
 )
-def router(accounting: str, control: str, masters: tuple[str, ...], hwm: int) -> None:
-    """Shard accounting over several masters by domain; relay all their control."""
+@curve_options("router", server=True, client=True)
+def router(
+    accounting: str,
+    control: str,
+    masters: tuple[str, ...],
+    hwm: int,
+    curve_secret: str | None,
+    curve_clients: str | None,
+    curve_server: str | None,
+    insecure_bind: bool | None,
+) -> None:
+    """Shard accounting over several masters by domain; relay all their control.
+
+    With CURVE, the gatekeepers' keys are checked against --curve-clients, and the
+    masters (which allow this router's key) are pinned by --curve-server."""
+    from smockron.curve import curve_client
+    from smockron.curve import curve_server as server_curve
     from smockron.master.router import MasterAddress, Router
 
     try:
+        if curve_secret is not None and curve_clients is None and curve_server is None:
+            raise ConfigError("--curve-secret needs --curve-clients, --curve-server or both")
         targets = [MasterAddress.parse(spec) for spec in masters]
-        server = Router(accounting, control, targets, hwm=hwm)
+        server = Router(
+            accounting,
+            control,
+            targets,
+            hwm=hwm,
+            curve_server=server_curve(curve_secret, curve_clients) if curve_clients else None,
+            curve_client=curve_client(curve_secret, curve_server) if curve_server else None,
+            insecure_bind=bool(insecure_bind),
+        )
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
-    _run(server.run)
+    try:
+        _run(server.run)
+    except InsecureBindError as exc:
+        raise Refused(str(exc)) from None

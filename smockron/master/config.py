@@ -2,8 +2,8 @@
 
 Two file formats. TOML (``*.toml``) says everything the flags say::
 
-    accounting = "tcp://*:10004"
-    control = "tcp://*:10005"
+    accounting = "tcp://127.0.0.1:10004"
+    control = "tcp://127.0.0.1:10005"
     store = "memory://"
     rules = ["api:10/s:20"]            # same syntax as --rule
     algorithms = { api = "gcra" }      # same as --algorithm api=gcra
@@ -53,8 +53,8 @@ from smockron.master.engine import DomainPolicy
 from smockron.master.stores.uri import parse_store_uri
 from smockron.protocol import DEFAULT_LIMITS, Limits
 
-DEFAULT_ACCOUNTING = "tcp://*:10004"
-DEFAULT_CONTROL = "tcp://*:10005"
+DEFAULT_ACCOUNTING = "tcp://127.0.0.1:10004"
+DEFAULT_CONTROL = "tcp://127.0.0.1:10005"
 ORIGINAL_PORT = 10004
 """The original master's accounting port when ``server.listen`` names none."""
 ORIGINAL_ALGORITHM = "gcra"
@@ -84,6 +84,12 @@ class MasterSettings:
     max_identifier: int = DEFAULT_LIMITS.max_identifier
     max_loginfo: int = DEFAULT_LIMITS.max_loginfo
     """Decoder limits (bytes): a bigger domain, identifier or loginfo frame is malformed."""
+    curve_secret: str | None = None
+    """This master's CURVE ``.key_secret`` file (see smockron/curve.py)."""
+    curve_clients: str | None = None
+    """Directory of the allowed gatekeepers' public ``.key`` files."""
+    insecure_bind: bool = False
+    """Bind a non-loopback address without keys (otherwise refused)."""
     domains: Mapping[str, DomainPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

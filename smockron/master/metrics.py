@@ -60,6 +60,11 @@ class StatsCollector(Collector):
             "Messages dropped by the full queue, whatever their domain",
             value=self.stats.dropped,
         )
+        yield CounterMetricFamily(
+            "smockron_master_auth_denied",
+            "CURVE handshakes refused: the key is not an allowed gatekeeper's",
+            value=self.stats.auth_denied,
+        )
         if self.queue_depth is not None:
             yield GaugeMetricFamily(
                 "smockron_master_queue_depth",

@@ -22,12 +22,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.hashring import HashRing
+from smockron.curve import (
+    HANDSHAKE_FAILED,
+    REDIAL_S,
+    AllowList,
+    CurveClient,
+    CurveServer,
+    bind_mode,
+)
 from smockron.errors import ConfigError
 from smockron.master.server import MAX_FRAME_BYTES
 from smockron.ratelog import RateLimitedLog
@@ -63,6 +73,9 @@ class Router:
         hwm: int = 100_000,
         batch: int = 2_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        curve_server: CurveServer | None = None,
+        curve_client: CurveClient | None = None,
+        insecure_bind: bool = False,
     ) -> None:
         if not masters:
             raise ConfigError("the router needs at least one --master")
@@ -85,9 +98,29 @@ class Router:
         self.relayed = 0
         self.discarded = 0
         self.discard_log = RateLimitedLog(log, burst=10)
+        self.curve_server = curve_server  # towards the gatekeepers
+        self.curve_client = curve_client  # towards the masters
+        self.insecure_bind = insecure_bind
+        self.auth: AllowList | None = None
+        self._watched: list[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]] = []  # (sock, monitor)
+        self.handshake_log = RateLimitedLog(log, interval=60.0)
         self._stopping = asyncio.Event()
 
+    def secure(self) -> None:
+        """As the master's: protected mode, then CURVE on both sides, before binding."""
+        allowed = None
+        if self.curve_server is not None:
+            self.auth = self.curve_server.allow_list(self.ctx)
+            allowed = len(self.auth.keys)
+            for sock in (self.frontend, self.control_out):
+                self.curve_server.secure(sock)
+        if self.curve_client is not None:
+            self._watch(self.control_in)
+        level, line = bind_mode((self.accounting, self.control), allowed, self.insecure_bind)
+        log.log(level, line)
+
     def bind(self) -> None:
+        self.secure()
         for sock in (self.frontend, self.control_in, self.control_out):
             sock.setsockopt(zmq.LINGER, 200)
         for sock in (self.frontend, self.control_in):
@@ -101,6 +134,8 @@ class Router:
             pub = self.ctx.socket(zmq.PUB)
             pub.setsockopt(zmq.SNDHWM, self.hwm)
             pub.setsockopt(zmq.LINGER, 200)
+            if self.curve_client is not None:
+                self._watch(pub)
             pub.connect(m.accounting)
             self.to_master[m.accounting] = pub
             self.control_in.connect(m.control)
@@ -111,6 +146,35 @@ class Router:
             len(self.masters),
             ", ".join(f"{m.accounting}|{m.control}" for m in self.masters),
         )
+
+    def _watch(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE towards the masters, and a monitor of failed handshakes (see _redial)."""
+        assert self.curve_client is not None
+        self.curve_client.secure(sock)
+        self._watched.append((sock, sock.get_monitor_socket(HANDSHAKE_FAILED)))
+
+    async def _redial(self) -> None:
+        """Dial a master again ``REDIAL_S`` after a failed handshake (libzmq gives up)."""
+        due: dict[tuple[int, str], float] = {}
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for i, (_sock, monitor) in enumerate(self._watched):
+                while monitor.poll(0):
+                    endpoint = parse_monitor_message(monitor.recv_multipart())["endpoint"]
+                    address = endpoint.decode("utf-8", "replace")
+                    self.handshake_log.warning("handshake with master %s failed: does it "
+                                               "hold --curve-server's key, and allow this "
+                                               "router's key?", address, key=address)  # fmt: skip
+                    due.setdefault((i, address), now + REDIAL_S)
+            for (i, address), when in list(due.items()):
+                if when <= now:
+                    del due[(i, address)]
+                    sock = self._watched[i][0]
+                    with contextlib.suppress(zmq.ZMQError):
+                        sock.disconnect(address)
+                    with contextlib.suppress(zmq.ZMQError):
+                        sock.connect(address)
 
     def owner(self, domain_frame: bytes) -> zmq.Socket[bytes]:
         """The PUB towards the master owning a domain (its frame, NUL included)."""
@@ -137,6 +201,8 @@ class Router:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.stop)
         tasks = [asyncio.create_task(self._accounting()), asyncio.create_task(self._control())]
+        if self._watched:
+            tasks.append(asyncio.create_task(self._redial()))
         try:
             await self._stopping.wait()
         finally:
@@ -148,15 +214,22 @@ class Router:
                     loop.remove_signal_handler(sig)
             self.close()
             log.info(
-                "router stopped: forwarded %d, relayed %d, discarded %d",
+                "router stopped: forwarded %d, relayed %d, discarded %d, denied %d",
                 self.forwarded,
                 self.relayed,
                 self.discarded,
+                self.auth.denied if self.auth is not None else 0,
             )
 
     def close(self) -> None:
+        for sock, monitor in self._watched:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(0)
         for sock in (self.frontend, self.control_in, self.control_out, *self.to_master.values()):
             sock.close()
+        if self.auth is not None:
+            self.auth.stop()
 
     async def _accounting(self) -> None:
         while True:

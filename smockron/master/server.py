@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import zmq
 
+from smockron.curve import AllowList, bind_mode, curve_server
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
@@ -72,6 +73,8 @@ class Master:
             stats=self.stats,
             on_malformed=self._log_malformed,
         )
+        self.curve = curve_server(settings.curve_secret, settings.curve_clients)
+        self.auth: AllowList | None = None
         self.ctx = context or zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.pub = self.ctx.socket(zmq.PUB)
@@ -83,7 +86,24 @@ class Master:
         self._work = asyncio.Event()
         self._stopping = asyncio.Event()
 
+    def secure(self) -> None:
+        """Protected mode, then CURVE and its ZAP handler on both sockets, before they
+        bind: a non-loopback address without keys is refused (InsecureBindError)."""
+        endpoints = (self.settings.accounting, self.settings.control)
+        allowed = None
+        if self.curve is not None:
+            self.auth = self.curve.allow_list(self.ctx, self._auth_denied)
+            allowed = len(self.auth.keys)
+            for sock in (self.sub, self.pub):
+                self.curve.secure(sock)
+        level, line = bind_mode(endpoints, allowed, self.settings.insecure_bind)
+        log.log(level, line)
+
+    def _auth_denied(self) -> None:
+        self.stats.auth_denied += 1
+
     def bind(self) -> None:
+        self.secure()
         if not self.settings.domains:
             log.warning("no rules configured: every accounting message will be ignored")
         self.sub.setsockopt(zmq.RCVHWM, self.settings.hwm)
@@ -91,8 +111,10 @@ class Master:
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.subscribe(b"")
         self.sub.bind(self.settings.accounting)
-        # Connections accepted: what a gatekeeper queued meanwhile comes right after.
-        self.monitor = self.sub.get_monitor_socket(zmq.EVENT_ACCEPTED)
+        # Connections accepted: what a gatekeeper queued meanwhile comes right after
+        # (with CURVE, once its key is allowed: a denied peer is no gatekeeper).
+        event = zmq.EVENT_HANDSHAKE_SUCCEEDED if self.curve else zmq.EVENT_ACCEPTED
+        self.monitor = self.sub.get_monitor_socket(event)
         self.pub.setsockopt(zmq.SNDHWM, self.settings.hwm)
         self.pub.setsockopt(zmq.LINGER, 200)
         self.pub.bind(self.settings.control)
@@ -110,9 +132,13 @@ class Master:
         self._work.set()
 
     def reload(self) -> None:
-        """SIGHUP: install the config file's rules; on error keep the old ones."""
+        """SIGHUP: read the allowed keys again, and install the config file's rules; on
+        error keep the old ones."""
+        if self.auth is not None:
+            log.info("control plane: CURVE, %d allowed gatekeeper key(s)", self.auth.reload())
         if self.reload_settings is None:
-            log.warning("SIGHUP ignored: no --config file to reload")
+            if self.auth is None:
+                log.warning("SIGHUP ignored: no --config file to reload")
             return
         try:
             new = self.reload_settings()
@@ -181,6 +207,8 @@ class Master:
             self.monitor.close(0)
         self.sub.close()
         self.pub.close()
+        if self.auth is not None:
+            self.auth.stop()
 
     async def _receive(self) -> None:
         sub = self.sub

@@ -42,6 +42,8 @@ class Stats:
     dropped: int = 0
     """Messages dropped because the master's bounded queue was full."""
     batches: int = 0
+    auth_denied: int = 0
+    """CURVE handshakes the allow-list refused (a key that is not a known gatekeeper's)."""
     """Batches processed; messages / batches is the mean batch size."""
 
     def domain(self, name: str) -> DomainStats:

@@ -1,0 +1,285 @@
+"""The control plane's authentication: CURVE keys, the ZAP allow-list, protected binds.
+
+Who holds what (ZeroMQ's CURVE, key files in zmq.auth's certificate format):
+
+* the master, and a router towards its gatekeepers, is the CURVE *server*: its secret
+  key proves to every gatekeeper that it is the master, and a ZAP handler
+  (:class:`AllowList`) lets in only the gatekeepers whose public key is in a directory;
+* a gatekeeper, and a router towards its masters, is a CURVE *client* that pins the
+  master's public key: a process that takes the control port without the master's
+  secret key completes no handshake, so it feeds the gatekeeper nothing.
+
+Without keys the sockets speak the original protocol unchanged, and the master and the
+router bind loopback addresses only unless told ``insecure_bind`` (as Redis' protected
+mode): an open control plane is something the operator writes down, not a default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+from smockron.errors import ConfigError
+from smockron.ratelog import RateLimitedLog
+
+log = logging.getLogger("smockron.curve")
+
+ZAP_DOMAIN = "smockron"
+"""The ZAP domain of every CURVE server socket (ZeroMQ asks the handler only with one)."""
+
+
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+"""Monitor events of a handshake that failed (a wrong key, or no CURVE on the other end)."""
+
+REDIAL_S = 1.0
+"""After a failed handshake libzmq gives the connecting socket up for good; a connecting
+side dials again this much later, so a process squatting the master's port (or a key
+the master allows only later) cannot cut it off until it restarts."""
+
+
+class InsecureBindError(ConfigError):
+    """A master or router asked to bind a non-loopback address with no keys configured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keypair:
+    """A CURVE key pair, each key Z85-encoded (40 bytes) as libzmq takes it."""
+
+    public: bytes
+    secret: bytes
+
+
+def keygen(directory: str | Path, name: str) -> tuple[Path, Path]:
+    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (secret, mode 0600) in
+    ``directory`` (created, mode 0700, when missing); an existing pair is never
+    overwritten: a replaced key would lock out whoever holds the old one."""
+    if not name or "/" in name or name.startswith("."):
+        raise ConfigError(f"bad key name {name!r}: expected a plain file name such as 'master'")
+    folder = Path(directory)
+    public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
+    for path in (public, secret):
+        if path.exists():
+            raise ConfigError(f"{str(path)!r} exists: remove it first to make a new key pair")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        old = os.umask(0o077)  # the secret file is never readable by others, not even briefly
+        try:
+            zmq.auth.create_certificates(folder, name)
+        finally:
+            os.umask(old)
+        public.chmod(0o644)
+        secret.chmod(0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write keys in {str(folder)!r}: {exc.strerror or exc}") from None
+    return public, secret
+
+
+def load_keypair(path: str | Path) -> Keypair:
+    """Own keys from a ``.key_secret`` file; warns when others may read it."""
+    public, secret = _load(path)
+    if secret is None:
+        raise ConfigError(f"{str(path)!r} holds no secret key: give the .key_secret file")
+    with contextlib.suppress(OSError):
+        if stat.S_IMODE(os.stat(path).st_mode) & 0o077:
+            log.warning("%s is readable by other users: chmod 600 it", path)
+    return Keypair(public, secret)
+
+
+def load_public(path: str | Path) -> bytes:
+    """A peer's public key from its ``.key`` (or ``.key_secret``) file."""
+    return _load(path)[0]
+
+
+def load_allowed(directory: str | Path) -> frozenset[bytes]:
+    """Every public key in the ``*.key`` files of ``directory`` (secret files ignored)."""
+    if not Path(directory).is_dir():
+        raise ConfigError(f"{str(directory)!r} is not a directory of public keys (*.key)")
+    try:
+        return frozenset(zmq.auth.load_certificates(directory))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read public keys in {str(directory)!r}: {exc}") from None
+
+
+def _load(path: str | Path) -> tuple[bytes, bytes | None]:
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read key file {str(path)!r}: {exc}") from None
+    return public, secret
+
+
+@dataclass(frozen=True, slots=True)
+class CurveServer:
+    """What a binding side (master, router) needs: its keys and the allow-list folder."""
+
+    keypair: Keypair
+    clients: Path
+
+    def secure(self, sock: zmq.Socket[Any]) -> None:
+        """Make ``sock`` a CURVE server (before it binds)."""
+        sock.curve_server = True
+        sock.curve_secretkey = self.keypair.secret
+        sock.curve_publickey = self.keypair.public
+        sock.zap_domain = ZAP_DOMAIN.encode()
+
+    def allow_list(
+        self, context: zmq.Context[Any], on_denied: Callable[[], None] | None = None
+    ) -> AllowList:
+        """The ZAP handler for ``context``, started: start it before anything binds."""
+        auth = AllowList(context, self.clients, on_denied)
+        auth.start()
+        return auth
+
+
+@dataclass(frozen=True, slots=True)
+class CurveClient:
+    """What a connecting side (gatekeeper, router) needs: its keys, the master's key."""
+
+    keypair: Keypair
+    server_key: bytes
+
+    def secure(self, sock: zmq.Socket[Any]) -> None:
+        """Make ``sock`` a CURVE client pinning the master's key (before it connects)."""
+        sock.curve_secretkey = self.keypair.secret
+        sock.curve_publickey = self.keypair.public
+        sock.curve_serverkey = self.server_key
+
+
+def curve_server(secret: str | Path | None, clients: str | Path | None) -> CurveServer | None:
+    """The master's CURVE from ``--curve-secret`` and ``--curve-clients`` (both or none)."""
+    if secret is None and clients is None:
+        return None
+    if secret is None or clients is None:
+        raise ConfigError(
+            "CURVE needs both --curve-secret (this master's .key_secret) and "
+            "--curve-clients (a directory of allowed gatekeepers' .key files)"
+        )
+    load_allowed(clients)  # fails now, not at the first connection
+    return CurveServer(load_keypair(secret), Path(clients))
+
+
+def curve_client(secret: str | Path | None, server: str | Path | None) -> CurveClient | None:
+    """A gatekeeper's CURVE from ``--curve-secret`` and ``--curve-server`` (both or none)."""
+    if secret is None and server is None:
+        return None
+    if secret is None or server is None:
+        raise ConfigError(
+            "CURVE needs both --curve-secret (this gatekeeper's .key_secret) "
+            "and --curve-server (the master's public .key)"
+        )
+    return CurveClient(load_keypair(secret), load_public(server))
+
+
+class AllowList(ThreadAuthenticator):
+    """pyzmq's ZAP handler (in its own thread) with an allow-list of public keys.
+
+    A denied handshake is counted (``denied``, and ``on_denied``) and logged at most
+    once per 10 s with the peer's address escaped, so a scan cannot flood the log."""
+
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        clients: str | Path,
+        on_denied: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(context, log=logging.getLogger("smockron.curve.zap"))
+        self.clients = Path(clients)
+        self.keys = load_allowed(clients)
+        self.denied = 0
+        self.on_denied = on_denied
+        self._verdict: bool | None = None
+        self._denied_log = RateLimitedLog(log, burst=5)
+        self.configure_curve_callback(ZAP_DOMAIN, self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """zmq.auth's credentials provider: ``key`` (Z85) is allowed."""
+        self._verdict = key in self.keys
+        return self._verdict
+
+    def reload(self) -> int:
+        """Read the directory again (SIGHUP): keys added or removed apply to new
+        connections. On error the current list stays. Returns how many keys are allowed."""
+        try:
+            self.keys = load_allowed(self.clients)
+        except ConfigError as exc:
+            log.error("keeping the current %d allowed key(s): %s", len(self.keys), exc)
+        return len(self.keys)
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        """zmq.auth's handler; a request our callback did not allow is a denial (a
+        malformed request or another ZAP domain never reaches the callback)."""
+        self._verdict = False
+        await super().handle_zap_message(msg)
+        if not self._verdict:
+            self.denied += 1
+            if self.on_denied is not None:
+                self.on_denied()
+            peer = msg[3] if len(msg) > 3 else b"?"
+            key = msg[6] if len(msg) > 6 else b""
+            self._denied_log.warning(
+                "CURVE handshake denied: %s is not an allowed key (peer %s)",
+                z85.encode(key).decode() if len(key) == 32 else key[:64],
+                peer[:64].decode("utf-8", "replace"),
+            )
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether binding ``endpoint`` is reachable from this host only: ``ipc://`` and
+    ``inproc://``, or TCP (or WebSocket) on 127.0.0.0/8, ::1 or ``localhost``. A wildcard,
+    an interface name or any other name counts as reachable from the network."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        return False
+    if scheme in ("ipc", "inproc"):
+        return True
+    if scheme not in ("tcp", "ws", "wss"):
+        return False  # pgm, epgm, vmci...: network transports
+    hostport = rest.split("/", 1)[0]
+    host = hostport.rpartition(":")[0] if ":" in hostport else hostport
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_mode(
+    endpoints: Sequence[str], allowed: int | None, insecure_bind: bool
+) -> tuple[int, str]:
+    """The startup line (level, text) of a master or router about to bind ``endpoints``
+    with CURVE and ``allowed`` gatekeeper keys, or without keys (``allowed`` None).
+    Raises :class:`InsecureBindError` for a non-loopback address without keys, unless
+    ``insecure_bind``."""
+    if allowed is not None:
+        plural = "" if allowed == 1 else "s"
+        return logging.INFO, f"control plane: CURVE, {allowed} allowed gatekeeper{plural}"
+    exposed = [e for e in endpoints if not is_loopback(e)]
+    if not exposed:
+        return logging.INFO, "control plane: no authentication, loopback only"
+    if not insecure_bind:
+        raise InsecureBindError(
+            f"refusing to bind {', '.join(exposed)} without authentication: give "
+            "--curve-secret and --curve-clients (keys from `smockron keygen`), bind a "
+            "loopback address such as tcp://127.0.0.1:10004, or pass --insecure-bind"
+        )
+    return logging.WARNING, (
+        f"control plane: NO AUTHENTICATION on {', '.join(exposed)} (--insecure-bind)"
+    )

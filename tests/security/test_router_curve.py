@@ -1,0 +1,50 @@
+"""``smockron router`` with keys on both sides: CURVE server to the gatekeepers (its own
+allow-list), CURVE client to the masters (pinning their key, dialling again after a
+refused handshake)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from smockron.curve import keygen
+from smockron.protocol import ACCEPTED, encode_accounting
+from tests.security.conftest import Keys
+from tests.security.peers import Peer
+from tests.support import free_ports, run_smockron, stopping, wait_for
+
+
+def probe(peer: Peer) -> bool:
+    at = int(time.time() * 1000)
+    peer.send([encode_accounting("probe", ACCEPTED, b"p", at) for _ in range(5)])
+    return any(c.identifier == b"p" for c in peer.controls(0.1))
+
+
+def test_router_with_keys_on_both_sides(keys: Keys, tmp_path: Path) -> None:
+    keygen(keys.dir, "router")
+    master_clients = tmp_path / "master-clients"
+    master_clients.mkdir()  # the router's key is not allowed yet
+    acc, ctl, racc, rctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
+    master_args = ["master", "--accounting", acc, "--control", ctl, "--rule", "probe:1/s:1",
+                   "--curve-secret", str(keys.secret("master")),
+                   "--curve-clients", str(master_clients)]  # fmt: skip
+    router_args = ["router", "--accounting", racc, "--control", rctl, "--master", f"{acc},{ctl}",
+                   "--curve-secret", str(keys.secret("router")),
+                   "--curve-clients", str(keys.clients),
+                   "--curve-server", str(keys.public("master"))]  # fmt: skip
+    master = run_smockron(master_args, tmp_path / "master.log")
+    router = run_smockron(router_args, tmp_path / "router.log")
+    with stopping([master, router]):
+        wait_for(lambda: "router: accounting" in router.log(), 15)
+        assert "control plane: CURVE, 1 allowed gatekeeper" in router.log()
+        gk = Peer(racc, rctl, keys.client("gk", master="router"))  # it pins the router
+        try:
+            wait_for(lambda: "handshake with master" in router.log(), 10)
+            assert not probe(gk)
+            shutil.copy(keys.public("router"), master_clients)
+            master.popen.send_signal(signal.SIGHUP)
+            wait_for(lambda: probe(gk), 15, 0)  # the router dialled the master again
+        finally:
+            gk.close()
