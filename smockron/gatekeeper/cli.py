@@ -128,6 +128,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     show_default=True,
     help="Log the gatekeeper's counters this often, in seconds (0: never).",
 )
+@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
 def proxy(
     listen: str,
     upstream: str,
@@ -147,6 +148,7 @@ def proxy(
     algorithms: tuple[str, ...],
     master_rules: bool,
     stats_interval: float,
+    metrics: str | None,
 ) -> None:
     """Run a gatekeeper reverse proxy in front of UPSTREAM."""
     try:
@@ -169,7 +171,9 @@ def proxy(
             master_rules=master_rules,
             max_ahead_ms=parse_duration_ms(max_ahead),
         )
-        server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header)
+        server = GatekeeperProxy(
+            upstream, gate, gatekeeper, decision_header=decision_header, metrics=metrics
+        )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     run(serve(server, host, port, stats_interval))
@@ -188,6 +192,9 @@ async def serve(server: GatekeeperProxy, host: str, port: int, stats_interval: f
         raise click.ClickException(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from None
+    except ConfigError as exc:  # the --metrics listener
+        await server.close()
+        raise click.ClickException(str(exc)) from None
     try:
         while True:
             try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -80,7 +79,6 @@ def master(
     **overrides: Any,
 ) -> None:
     """Run the Smockron master: apply rules to accounting, publish DELAY_UNTIL."""
-    from smockron.master.metrics import serve_metrics
     from smockron.master.server import Master
 
     def load() -> MasterSettings:
@@ -89,10 +87,6 @@ def master(
     try:
         settings = load()
         server = Master(settings, reload=load if config is not None else None)
-        metrics = None
-        if settings.metrics:
-            metrics = serve_metrics(settings.metrics, server.stats, lambda: server.pending_count)
-            log.info("metrics on http://%s/metrics", settings.metrics)
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -103,11 +97,6 @@ def master(
         if type(exc).__name__ == "ZMQError":
             raise click.ClickException(f"cannot bind: {exc}") from None
         raise
-    finally:
-        if metrics is not None:
-            with contextlib.suppress(Exception):
-                metrics.shutdown()
-                metrics.server_close()
 
 
 @click.command()
@@ -138,13 +127,19 @@ def master(
     show_default=True,
     help="ZeroMQ high-water mark of every socket.",
 )
-def router(accounting: str, control: str, masters: tuple[str, ...], hwm: int) -> None:
+@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
+def router(
+    accounting: str, control: str, masters: tuple[str, ...], hwm: int, metrics: str | None
+) -> None:
     """Shard accounting over several masters by domain; relay all their control."""
     from smockron.master.router import MasterAddress, Router
 
     try:
         targets = [MasterAddress.parse(spec) for spec in masters]
-        server = Router(accounting, control, targets, hwm=hwm)
+        server = Router(accounting, control, targets, hwm=hwm, metrics=metrics)
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
-    _run(server.run)
+    try:
+        _run(server.run)
+    except SmockronError as exc:
+        raise click.ClickException(str(exc)) from None

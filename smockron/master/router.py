@@ -26,10 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
+from prometheus_client import CollectorRegistry
 
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
 from smockron.master.server import MAX_FRAME_BYTES
+from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
+from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
 from smockron.zmqio import drain, send_all, wait_readable
 
@@ -63,6 +66,7 @@ class Router:
         hwm: int = 100_000,
         batch: int = 2_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        metrics: str | None = None,
     ) -> None:
         if not masters:
             raise ConfigError("the router needs at least one --master")
@@ -86,6 +90,9 @@ class Router:
         self.discarded = 0
         self.discard_log = RateLimitedLog(log, burst=10)
         self._stopping = asyncio.Event()
+        self.metrics = metrics
+        self.listener: ObserveServer | None = None
+        self.bound = False
 
     def bind(self) -> None:
         for sock in (self.frontend, self.control_in, self.control_out):
@@ -104,6 +111,7 @@ class Router:
             pub.connect(m.accounting)
             self.to_master[m.accounting] = pub
             self.control_in.connect(m.control)
+        self.bound = True
         log.info(
             "router: accounting on %s, control on %s, %d master(s): %s",
             self.accounting,
@@ -111,6 +119,16 @@ class Router:
             len(self.masters),
             ", ".join(f"{m.accounting}|{m.control}" for m in self.masters),
         )
+
+    def stats(self) -> dict[str, int]:
+        return {"forwarded": self.forwarded, "relayed": self.relayed, "discarded": self.discarded}
+
+    def observe(self, address: str) -> ObserveServer:
+        """/metrics (forwarded, relayed, discarded), /healthz, /readyz (both sides bound)."""
+        registry = CollectorRegistry()
+        registry.register(CountersCollector(ROUTER, self.stats))
+        readiness = Readiness({"bound": lambda: None if self.bound else "sockets not bound yet"})
+        return serve(address, readiness, registry)
 
     def owner(self, domain_frame: bytes) -> zmq.Socket[bytes]:
         """The PUB towards the master owning a domain (its frame, NUL included)."""
@@ -130,6 +148,8 @@ class Router:
         loop = asyncio.get_running_loop()
         try:
             self.bind()
+            if self.metrics:
+                self.listener = self.observe(self.metrics)
         except BaseException:
             self.close()
             raise
@@ -155,6 +175,9 @@ class Router:
             )
 
     def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         for sock in (self.frontend, self.control_in, self.control_out, *self.to_master.values()):
             sock.close()
 
