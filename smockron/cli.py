@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "cluster": "smockron.cluster.cli:cluster",
     "jarl": "smockron.daemons.jarl_cli:jarl",
     "dthrottle": "smockron.daemons.dthrottle_cli:dthrottle",
+    "top": "smockron.observe.top:top",
 }
 
 
