@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from smockron.gatekeeper.asgi import SmockronMiddleware
 from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
