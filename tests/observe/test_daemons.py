@@ -7,7 +7,7 @@ import json
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,8 @@ def lost_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc,
     listen, met, nobody_acc, nobody_ctl = free_ports(4)
     args = ["proxy", "--listen", f"127.0.0.1:{listen}", "--upstream", "http://127.0.0.1:1",
             "--domain", "api", "--accounting", f"tcp://127.0.0.1:{nobody_acc}",
-            "--control", f"tcp://127.0.0.1:{nobody_ctl}", "--metrics", f"127.0.0.1:{met}"]  # fmt: skip
+            "--control", f"tcp://127.0.0.1:{nobody_ctl}",
+            "--metrics", f"127.0.0.1:{met}"]  # fmt: skip
     proc = run_smockron(args, tmp_path_factory.mktemp("lost") / "proxy.log")
     with stopping([proc]):
         yield proc, met
@@ -168,7 +169,7 @@ def test_dthrottle(tmp_path: Path) -> None:
         wait_for(lambda: sample(met, "smockron_dthrottle_overlong_total") == 1, 5)
 
 
-def _post(port: int, body: dict[str, object]) -> dict[str, object]:
+def _post(port: int, body: Mapping[str, object]) -> dict[str, object]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/GetRateLimits",
                                  data=json.dumps(body).encode(), method="POST")  # fmt: skip
     with urllib.request.urlopen(req, timeout=5) as resp:
@@ -179,7 +180,8 @@ def _post(port: int, body: dict[str, object]) -> dict[str, object]:
 def test_cluster(tmp_path: Path) -> None:
     g, h, m = free_ports(3)
     args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
-            f"127.0.0.1:{h}", "--peers", f"127.0.0.1:{g}", "--metrics", f"127.0.0.1:{m}"]  # fmt: skip
+            f"127.0.0.1:{h}", "--peers", f"127.0.0.1:{g}",
+            "--metrics", f"127.0.0.1:{m}"]  # fmt: skip
     with smockron_proc(args, tmp_path / "node.log"):
         for port in (h, m):
             wait_port(port, 20)

@@ -7,18 +7,16 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from smockron.gatekeeper.asgi import SmockronMiddleware
-from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
+from smockron.gatekeeper.asgi import Receive, Scope, Send, SmockronMiddleware
+from smockron.gatekeeper.wsgi import Environ, SmockronWSGIMiddleware, StartResponse
 
 
-async def _asgi_ok(scope: dict[str, object], receive: object, send: object) -> None:
-    assert callable(send)
+async def _asgi_ok(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def _wsgi_ok(environ: dict[str, object], start_response: object) -> list[bytes]:
-    assert callable(start_response)
+def _wsgi_ok(environ: Environ, start_response: StartResponse) -> list[bytes]:
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"ok"]
 
@@ -38,8 +36,9 @@ def _decisions(registry: CollectorRegistry) -> dict[str, float]:
 async def test_asgi_middleware_metrics_in_the_given_registry() -> None:
     registry = CollectorRegistry()
     apps = [
-        SmockronMiddleware(_asgi_ok, domain="api", rules={"api": ["1/s:3"]},
-                           max_delay_ms=0, registry=registry)  # fmt: skip
+        SmockronMiddleware(
+            _asgi_ok, domain="api", rules={"api": ["1/s:3"]}, max_delay_ms=0, registry=registry
+        )
         for _ in range(2)
     ]
     statuses = []
