@@ -79,10 +79,8 @@ def render(before: Snapshot | None, after: Snapshot, source: str) -> RenderableT
             *(f"{per_second[name][s]:.1f}" for s in STATUSES),
             *(str(counts.get(s, 0)) for s in (*STATUSES, "published")),
         )
-    top = Table(
-        title=Text(f"most throttled (DELAY_UNTILs in the last {after.get('top_window_s', 0):g} s)"),
-        title_justify="left",
-    )
+    heading = Text(f"most throttled: DELAY_UNTILs in the last {after.get('top_window_s', 0):g} s")
+    top = Table()
     top.add_column("domain")
     top.add_column("identifier")
     top.add_column("delay_until", justify="right")
@@ -93,7 +91,7 @@ def render(before: Snapshot | None, after: Snapshot, source: str) -> RenderableT
         f"queue {after.get('queue_depth', 0)}  dropped {after.get('dropped', 0)}  "
         f"malformed {after.get('malformed', 0)}  unknown domain {after.get('unknown_domain', 0)}"
     )
-    return Group(domains, top, footer)
+    return Group(domains, heading, top, footer)
 
 
 def _error_frame(exc: Exception, last: RenderableType | None) -> RenderableType:

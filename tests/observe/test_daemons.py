@@ -27,7 +27,7 @@ from tests.support import (
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def lost_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, int]]:
     """A proxy whose master address is wrong, started early: its grace runs meanwhile."""
     listen, met, nobody_acc, nobody_ctl = free_ports(4)
