@@ -159,3 +159,25 @@ def test_loop_alive_tells_a_stuck_loop() -> None:
         thread.join(5)
         loop.close()
     assert not loop_alive(loop)
+
+
+def test_monitoring_guide_names_every_metric() -> None:
+    from pathlib import Path
+
+    from smockron.gatekeeper.state import Counters
+    from smockron.observe.layouts import DTHROTTLE, GATEKEEPER, JARL, ROUTER
+
+    guide = (Path(__file__).parents[2] / "docs" / "monitoring.md").read_text()
+    gatekeeper_keys = set(Counters().as_dict()) | {"waiting", "delay_entries", "first_lines",
+        "master_connected", "control_connected", "delay_table_evicted", "control_refused",
+        "fail_open_errors", "bad_requests", "abandoned"}  # fmt: skip
+    expected = [
+        (GATEKEEPER, gatekeeper_keys),
+        (ROUTER, {"forwarded", "relayed", "discarded"}),
+        (JARL, {"accepted", "delayed", "accept_errors"}),
+        (DTHROTTLE, set(DTHROTTLE.docs) | {"accepted", "refused"}),
+    ]
+    for layout, keys in expected:
+        for family in layout.families(dict.fromkeys(keys, 0)):
+            name = family.name + ("_total" if family.type == "counter" else "")
+            assert f"`{name}" in guide, name
