@@ -93,7 +93,9 @@ class Master:
         self._stopping = asyncio.Event()
         self.throttled = TopThrottled()  # for /stats and smockron top
         self.bound = False
-        self.store_problem: str | None = None  # why the store is unreachable (readiness)
+        # why the store is unreachable (readiness); a pingable store is not ready until it answers
+        pingable = getattr(self.store, "ping", None) is not None
+        self.store_problem = f"store {settings.store} not checked yet" if pingable else None
         self.listener: ObserveServer | None = None
 
     def readiness(self) -> Readiness:

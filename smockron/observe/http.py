@@ -29,6 +29,8 @@ LOOP_DEADLINE_S = 2.0
 """A loop that does not run a no-op within this long is reported dead by /healthz."""
 REQUEST_TIMEOUT_S = 5.0
 """A probe connection idle this long is closed (a slow client cannot pin a thread)."""
+MAX_CLIENTS = 32
+"""Connections served at once; more are closed at once (a flood cannot spawn threads)."""
 
 StatsSource = Callable[[], dict[str, Any]]
 
@@ -102,6 +104,7 @@ class ObserveServer(ThreadingHTTPServer):
         self.registry = registry
         self.loop = loop
         self.bad_requests = 0
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
         self.routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
             "/metrics": self._metrics,
             "/healthz": self._healthz,
@@ -117,6 +120,25 @@ class ObserveServer(ThreadingHTTPServer):
                                         daemon=True)  # fmt: skip
         self._thread.start()
         log.info("metrics, /healthz and /readyz on http://%s:%d/", host, self.port)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.bad_requests += 1
+            _bad_log.warning("more than %d connections to the metrics listener: closing one",
+                             MAX_CLIENTS, key="flood")  # fmt: skip
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     @property
     def port(self) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -23,7 +25,9 @@ from smockron.observe import (
     loop_alive,
     parse_listen,
 )
+from smockron.observe.http import MAX_CLIENTS
 from smockron.observe.throttled import TopThrottled, escape_identifier
+from tests.support import wait_for
 
 
 def test_master_watch_not_ready_at_once_warns_after_grace_then_rate_limited() -> None:
@@ -181,3 +185,23 @@ def test_monitoring_guide_names_every_metric() -> None:
         for family in layout.families(dict.fromkeys(keys, 0)):
             name = family.name + ("_total" if family.type == "counter" else "")
             assert f"`{name}" in guide, name
+
+
+def test_listener_bounds_its_connections() -> None:
+    server = ObserveServer("127.0.0.1:0", readiness=Readiness())
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_CLIENTS)]
+    try:
+        deadline = time.monotonic() + 5
+        while server._slots._value > 0 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.01)  # every idle connection has its thread
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            assert extra.recv(100) == b""  # closed unanswered
+        assert server.bad_requests == 1
+    finally:
+        for s in idle:
+            s.close()
+    try:
+        wait_for(lambda: _get(server.port, "/healthz")[0] == 200, 5)
+    finally:
+        server.close()
