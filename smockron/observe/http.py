@@ -59,8 +59,11 @@ def loop_alive(loop: asyncio.AbstractEventLoop | None, deadline_s: float = LOOP_
 
 class _Handler(BaseHTTPRequestHandler):
     server: ObserveServer
-    timeout = REQUEST_TIMEOUT_S
     protocol_version = "HTTP/1.0"
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # type: ignore[misc]
+        super().setup()
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -98,8 +101,10 @@ class ObserveServer(ThreadingHTTPServer):
         registry: CollectorRegistry = REGISTRY,
         loop: asyncio.AbstractEventLoop | None = None,
         stats: StatsSource | None = None,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         host, port = parse_listen(address)
+        self.request_timeout_s = request_timeout_s
         self.readiness = readiness
         self.registry = registry
         self.loop = loop

@@ -188,12 +188,13 @@ def test_monitoring_guide_names_every_metric() -> None:
 
 
 def test_listener_bounds_its_connections() -> None:
-    server = ObserveServer("127.0.0.1:0", readiness=Readiness())
+    server = ObserveServer("127.0.0.1:0", readiness=Readiness(), request_timeout_s=60)
     idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_CLIENTS)]
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while server._slots._value > 0 and time.monotonic() < deadline:  # type: ignore[attr-defined]
             time.sleep(0.01)  # every idle connection has its thread
+        assert server._slots._value == 0  # type: ignore[attr-defined]
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as extra:
             extra.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
             assert extra.recv(100) == b""  # closed unanswered
