@@ -360,7 +360,8 @@ class Master:
             controls = apply(decoded[start : start + PUBLISH_EVERY], now)
             if controls:
                 send_all(pub, controls)
-                self.throttled.add(controls, now / 1000.0)
+                if self.listener is not None:  # only /stats reads them
+                    self.throttled.add(controls, now / 1000.0)
 
     def offer_rules(self) -> None:
         """Publish every domain's rules once, for the gatekeepers' first line."""
