@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from smockron.errors import ConfigError
 from smockron.observe.readiness import Readiness
-from smockron.ratelog import RateLimitedLog
+from smockron.ratelog import RateLimitedLog, escaped
 
 log = logging.getLogger("smockron.observe")
 _bad_log = RateLimitedLog(log)
@@ -71,7 +72,12 @@ class _Handler(BaseHTTPRequestHandler):
         if route is None:
             self._reply(404, "text/plain; charset=utf-8", b"not found\n")
             return
-        self._reply(*route())
+        try:
+            answer = route()
+        except Exception as exc:  # a collector's bug must not kill the probe's answer
+            _bad_log.warning("%s failed: %r", path, exc, key="route")
+            answer = 500, "text/plain; charset=utf-8", b"internal error\n"
+        self._reply(*answer)
 
     def _reply(self, status: int, content_type: str, body: bytes) -> None:
         self.send_response(status)
@@ -81,7 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        log.debug("%s %s", self.address_string(), escaped(format % args))
 
     def log_error(self, format: str, *args: Any) -> None:
         self.server.bad_requests += 1
@@ -104,6 +110,8 @@ class ObserveServer(ThreadingHTTPServer):
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         host, port = parse_listen(address)
+        if ":" in host:
+            self.address_family = socket.AF_INET6
         self.request_timeout_s = request_timeout_s
         self.readiness = readiness
         self.registry = registry

@@ -206,3 +206,24 @@ def test_listener_bounds_its_connections() -> None:
         wait_for(lambda: _get(server.port, "/healthz")[0] == 200, 5)
     finally:
         server.close()
+
+
+def test_listener_on_ipv6_and_a_failing_route() -> None:
+    def broken() -> dict[str, object]:
+        raise RuntimeError("collector bug")
+
+    try:
+        server = ObserveServer("[::1]:0", readiness=Readiness(), stats=broken)
+    except ConfigError:
+        pytest.skip("no IPv6 loopback on this machine")
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{server.port}/healthz", timeout=5) as resp:
+            assert resp.read() == b"ok\n"
+        try:
+            urllib.request.urlopen(f"http://[::1]:{server.port}/stats", timeout=5)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 500
+        else:
+            raise AssertionError("a failing route answered 200")
+    finally:
+        server.close()
