@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "jarl": "smockron.daemons.jarl_cli:jarl",
     "dthrottle": "smockron.daemons.dthrottle_cli:dthrottle",
     "keygen": "smockron.curve_cli:keygen",
+    "top": "smockron.observe.top:top",
 }
 
 

@@ -25,6 +25,7 @@ from smockron.cluster.config import (
 )
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
+from smockron.cluster.http import observe
 from smockron.cluster.node import Node
 from smockron.cluster.server import ClusterServer, GrpcServer
 from smockron.errors import ConfigError
@@ -173,7 +174,9 @@ def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
     )
 
 
-async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
+async def serve(
+    server: ClusterServer, front: EnvoyFront | None = None, metrics: str | None = None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -187,10 +190,18 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
         await server.stop()
         raise click.ClickException(str(exc)) from None
     click.echo(f"smockron cluster: node {server.node.address} serving", err=True)
+    listener = None
     try:
+        if metrics:
+            try:
+                listener = observe(server.node, metrics)
+            except ConfigError as exc:
+                raise click.ClickException(str(exc)) from None
         await stop.wait()
     finally:
         log.info("shutting down")
+        if listener is not None:
+            listener.close()
         if front is not None:
             await front.close()
         await server.stop()
@@ -325,6 +336,7 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     type=click.Choice(["1.0", "1.1", "1.2", "1.3"]),
     help="least TLS version of the HTTP gateway [GUBER_TLS_MIN_VERSION; 1.3]",
 )
+@click.option("--metrics", metavar="HOST:PORT", help="Also serve /metrics, /healthz, /readyz here.")
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""
     env = dict(os.environ)
@@ -337,4 +349,4 @@ def cluster(**flags: Any) -> None:
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(server, front))
+        asyncio.run(serve(server, front, flags.get("metrics")))

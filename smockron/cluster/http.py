@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.service import TOO_MANY, answer, health_pb
+from smockron.observe import ObserveServer, Readiness, serve
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.http")
@@ -123,6 +124,33 @@ async def live_check(request: web.Request) -> web.Response:
     return web.json_response({})
 
 
+def readiness(node: Node) -> Readiness:
+    """Ready: peers listed, and this node among them (in the ring)."""
+    return Readiness(
+        {
+            "peers": lambda: None if node.peer_infos else "no peers listed yet",
+            "ring": lambda: None if node.in_peer_list else f"{node.address} is not in the ring",
+        }
+    )
+
+
+def observe(node: Node, address: str) -> ObserveServer:
+    """The ``--metrics`` listener: the process's metrics, /healthz, /readyz."""
+    return serve(address, readiness(node))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")  # answered: the loop is alive
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks = readiness(request.app[_NODE])
+    failing = checks.failing()
+    if failing:
+        return web.json_response({"ready": False, "failing": failing}, status=503)
+    return web.json_response({"ready": True, "checks": checks.names})
+
+
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -142,6 +170,8 @@ def make_app(node: Node) -> web.Application:
     app.router.add_get("/v1/HealthCheck", health_check)
     app.router.add_get("/v1/LiveCheck", live_check)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     server_log = logging.getLogger("aiohttp.server")
     if _parser_filter not in server_log.filters:
         # aiohttp logs non-HTTP bytes at DEBUG; let those reach the filter, which counts

@@ -133,6 +133,7 @@ def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) ->
     hidden=True,
     help="Test only: read the time from this file instead of the monotonic clock.",
 )
+@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
 def dthrottle(
     config_file: Path | None, test_clock_file: Path | None, stats_interval: float, **flags: Any
 ) -> None:
@@ -149,6 +150,7 @@ def dthrottle(
     (BURST, RATE, LISTEN, PEERS, WHITELIST, CONFIG, ...; lists separated by spaces).
     Flags win over the environment, which wins over the --config file.
     """
+    metrics = flags.pop("metrics")
     flags["rule"] = [{"prefix": p, "burst": b, "rate": r} for p, b, r in flags.pop("rules")]
     try:
         config = DThrottleConfig.from_sources(config_file, flags)
@@ -156,7 +158,9 @@ def dthrottle(
         raise click.ClickException(str(exc)) from exc
     clock: Clock | None = FileClock(test_clock_file) if test_clock_file else None
     _raise_fd_limit()
-    daemon = DThrottleDaemon(config, clock=clock, stats_every=stats_interval or None)
+    daemon = DThrottleDaemon(
+        config, clock=clock, stats_every=stats_interval or None, metrics=metrics
+    )
 
     async def main() -> None:
         stop = _runtime.stop_event_on_signals({signal.SIGUSR1: daemon.report_now})

@@ -18,12 +18,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from prometheus_client import CollectorRegistry
+
 from smockron.daemons.clock import Clock, MonotonicClock
 from smockron.daemons.dthrottle import Throttle
 from smockron.daemons.dthrottle_config import DThrottleConfig, Listen
 from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
 from smockron.daemons.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError
+from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
+from smockron.observe.layouts import DTHROTTLE
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.dthrottle")
@@ -128,6 +132,7 @@ class DThrottleDaemon:
         clock: Clock | None = None,
         sender_id: int | None = None,
         stats_every: float | None = 60.0,
+        metrics: str | None = None,
     ) -> None:
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
@@ -142,6 +147,29 @@ class DThrottleDaemon:
         self._stats_every = stats_every
         self._tasks: list[asyncio.Task[None]] = []
         self._unix_paths: list[str] = []
+        self.metrics = metrics
+        self.listener: ObserveServer | None = None
+        self.started = False
+
+    def counters(self) -> dict[str, int]:
+        """For /metrics: the stats with tags answered OK (accepted) and NO (refused)."""
+        s = self.stats
+        return {
+            "accepted": s.queries - s.refused, "refused": s.refused,
+            "connections": s.connections, "open_connections": s.open_connections,
+            "overlong": s.overlong, "malformed": sum(s.garbage.values()),
+            "reports_sent": s.reports_sent, "datagrams_sent": s.datagrams_sent,
+            "datagrams_received": s.datagrams_received, "parts_applied": s.parts_applied,
+            "own_echoes": s.own_echoes, "duplicates": s.duplicates,
+            "buckets": len(self.throttle.buckets), "peers": self.ledger.peers,
+        }  # fmt: skip
+
+    def observe(self, address: str) -> ObserveServer:
+        """/metrics, /healthz, /readyz (every listener and peer transport is up)."""
+        registry = CollectorRegistry()
+        registry.register(CountersCollector(DTHROTTLE, self.counters))
+        ready = Readiness({"listening": lambda: None if self.started else "not listening yet"})
+        return serve(address, ready, registry)
 
     # -- queries ---------------------------------------------------------------------
     def answer(self, tags: list[bytes]) -> bytes:
@@ -222,6 +250,9 @@ class DThrottleDaemon:
             for listen in self.config.listen:
                 await self._listen(listen)
             await self._start_peers()
+            self.started = True
+            if self.metrics:
+                self.listener = self.observe(self.metrics)
         except BaseException:
             await self.stop()
             raise
@@ -284,6 +315,10 @@ class DThrottleDaemon:
         raise LookupError("no TCP listener")
 
     async def stop(self) -> None:
+        self.started = False
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

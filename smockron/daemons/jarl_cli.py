@@ -7,6 +7,7 @@ import click
 from smockron.daemons import _runtime
 from smockron.daemons.jarl import Jarl
 from smockron.daemons.jarl_server import JarlServer
+from smockron.errors import SmockronError
 
 
 def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -49,7 +50,16 @@ def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int
     show_default=True,
     help="Log a line every minute with the connections answered and delayed.",
 )
-def jarl(service: str, requests_: int, period: int, ip: str, port: int, log_counts: bool) -> None:
+@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
+def jarl(
+    service: str,
+    requests_: int,
+    period: int,
+    ip: str,
+    port: int,
+    log_counts: bool,
+    metrics: str | None,
+) -> None:
     """JARL - Just A Rate Limiter: how long must I wait before calling SERVICE?
 
     Every TCP connection gets, without sending anything, the number of seconds to wait
@@ -65,8 +75,9 @@ def jarl(service: str, requests_: int, period: int, ip: str, port: int, log_coun
         --ip 0.0.0.0 --port 1234
     """
     server = JarlServer(
-        Jarl(requests_, period), ip, port, service=service, log_every=60.0 if log_counts else None
-    )
+        Jarl(requests_, period), ip, port, service=service,
+        log_every=60.0 if log_counts else None, metrics=metrics,
+    )  # fmt: skip
 
     async def main() -> None:
         stop = _runtime.stop_event_on_signals()
@@ -74,6 +85,9 @@ def jarl(service: str, requests_: int, period: int, ip: str, port: int, log_coun
             await server.start()
         except OSError as exc:
             raise click.ClickException(f"cannot listen on {ip}:{port}: {exc}") from exc
+        except SmockronError as exc:  # the --metrics listener
+            await server.stop()
+            raise click.ClickException(str(exc)) from None
         await stop.wait()
         await server.stop()
 

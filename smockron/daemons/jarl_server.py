@@ -16,7 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
+
 from smockron.daemons.jarl import Jarl, format_delay
+from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
+from smockron.observe.layouts import JARL
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.jarl")
@@ -32,6 +36,7 @@ class JarlStats:
 
     answered: int = 0
     delayed: int = 0
+    accept_errors: int = 0
 
 
 class JarlServer:
@@ -46,6 +51,7 @@ class JarlServer:
         service: str = "",
         clock: Callable[[], float] = time.monotonic,
         log_every: float | None = None,
+        metrics: str | None = None,
     ) -> None:
         self.jarl = jarl
         self.host = host
@@ -57,6 +63,21 @@ class JarlServer:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_task: asyncio.Task[None] | None = None
+        self.metrics = metrics
+        self.listener: ObserveServer | None = None
+
+    def counters(self) -> dict[str, int]:
+        """For /metrics: connections answered at once (accepted) or told to wait."""
+        s = self.stats
+        return {"accepted": s.answered - s.delayed, "delayed": s.delayed,
+                "accept_errors": s.accept_errors}  # fmt: skip
+
+    def observe(self, address: str) -> ObserveServer:
+        """/metrics, /healthz, /readyz (the JARL socket is listening)."""
+        registry = CollectorRegistry()
+        registry.register(CountersCollector(JARL, self.counters))
+        ready = Readiness({"listening": lambda: None if self._sock else "not listening"})
+        return serve(address, ready, registry)
 
     async def start(self) -> None:
         family, kind, proto, _, address = socket.getaddrinfo(
@@ -81,6 +102,8 @@ class JarlServer:
         )  # fmt: skip
         if self._log_every:
             self._log_task = asyncio.create_task(self._log_counts(self._log_every))
+        if self.metrics:
+            self.listener = self.observe(self.metrics)
 
     def _accept_ready(self) -> None:
         sock, jarl, clock, stats = self._sock, self.jarl, self._clock, self.stats
@@ -106,6 +129,7 @@ class JarlServer:
 
     def _accept_failed(self, exc: OSError) -> None:
         """Out of descriptors (or similar): pause accepting briefly instead of spinning."""
+        self.stats.accept_errors += 1
         _ratelog.warning("cannot accept connections: %s", exc, key="accept")
         if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
             assert self._loop is not None and self._sock is not None
@@ -129,6 +153,9 @@ class JarlServer:
             answered, delayed = now_answered, now_delayed
 
     async def stop(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         if self._log_task is not None:
             self._log_task.cancel()
             await asyncio.gather(self._log_task, return_exceptions=True)

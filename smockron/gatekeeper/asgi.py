@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Final
 
+from prometheus_client import REGISTRY, CollectorRegistry
+
 from smockron.curve import CurveClient
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper, RuleConfig, now_ms
@@ -27,6 +29,8 @@ from smockron.gatekeeper.identify import (
     peer_address,
 )
 from smockron.gatekeeper.state import ACCEPT, DELAY, MAX_AHEAD_MS, Decision, Waiting
+from smockron.observe.collect import register_summed
+from smockron.observe.layouts import GATEKEEPER
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -107,6 +111,10 @@ class SmockronMiddleware:
 
     ``abandoned`` counts the delayed requests whose client disconnected during their
     delay: those never reach the app.
+
+    ``registry``: the prometheus-client registry the ``smockron_gatekeeper_*`` metrics
+    are read into at scrape time (default the global one; None: no metrics). Several
+    middlewares in one registry add up.
     """
 
     def __init__(
@@ -128,6 +136,7 @@ class SmockronMiddleware:
         max_ahead_ms: int = MAX_AHEAD_MS,
         curve: CurveClient | None = None,
         flush_delay_ms: float | None = None,
+        registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
@@ -149,6 +158,8 @@ class SmockronMiddleware:
                 raise ConfigError(f"flush_delay_ms must be in [0, 1000], got {flush_delay_ms}")
             self.gatekeeper.flush_delay_s = flush_delay_ms / 1000
         self.abandoned = 0
+        if registry is not None:
+            register_summed(registry, GATEKEEPER, self)
         # The defaults (one fixed domain, the peer address, the seed's loginfo or none)
         # read the scope directly: no RequestInfo, one header scan. Same result as
         # HttpGate.resolve, at a fraction of its cost on every request.
@@ -161,6 +172,14 @@ class SmockronMiddleware:
         )
         self._fast_domain = domain.encode() if fast and isinstance(domain, str) else None
         self._fast_loginfo = loginfo is not None
+
+    def stats(self) -> dict[str, int]:
+        """The gatekeeper's counters plus this middleware's own (for logs and metrics)."""
+        return {
+            **self.gatekeeper.stats(),
+            "fail_open_errors": self.gate.errors,
+            "abandoned": self.abandoned,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

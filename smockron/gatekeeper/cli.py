@@ -131,6 +131,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     help="Log the gatekeeper's counters this often, in seconds (0: never).",
 )
 @curve_options("proxy", server=False, client=True)
+@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
 def proxy(
     listen: str,
     upstream: str,
@@ -152,6 +153,7 @@ def proxy(
     stats_interval: float,
     curve_secret: str | None,
     curve_server: str | None,
+    metrics: str | None,
 ) -> None:
     """Run a gatekeeper reverse proxy in front of UPSTREAM."""
     try:
@@ -175,7 +177,9 @@ def proxy(
             max_ahead_ms=parse_duration_ms(max_ahead),
             curve=curve_client(curve_secret, curve_server),
         )
-        server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header)
+        server = GatekeeperProxy(
+            upstream, gate, gatekeeper, decision_header=decision_header, metrics=metrics
+        )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     run(serve(server, host, port, stats_interval))
@@ -194,6 +198,9 @@ async def serve(server: GatekeeperProxy, host: str, port: int, stats_interval: f
         raise click.ClickException(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from None
+    except ConfigError as exc:  # the --metrics listener
+        await server.close()
+        raise click.ClickException(str(exc)) from None
     try:
         while True:
             try:

@@ -38,6 +38,7 @@ from smockron.gatekeeper.state import (
     Verdict,
     Waiting,
 )
+from smockron.observe.heard import MasterWatch
 from smockron.protocol import (
     ACCEPTED,
     DELAYED,
@@ -193,6 +194,7 @@ class _GatekeeperBase:
         self.handshakes_failed = 0
         self._topic_frames: dict[bytes, bytes] = {}
         self._stamp_ms, self._stamp = 0, b"0"  # the last receive time and its frame
+        self.watch = MasterWatch(control, now_ms())  # readiness, and the silent-master warning
         self._setup()
 
     def _setup(self) -> None:
@@ -202,6 +204,16 @@ class _GatekeeperBase:
     def control_connected(self) -> bool:
         """Whether the control socket is connected: verdicts can reach this gatekeeper."""
         return self._control_peers > 0
+
+    def master_problem(self, now: int | None = None) -> str | None:
+        """Why this gatekeeper does not hear from its master, or None (readiness)."""
+        return self.watch.problem(now_ms() if now is None else now, self.control_connected)
+
+    def _watch_master(self, now: int) -> None:
+        """One loud line when the master stays silent (then again at most every minute)."""
+        message = self.watch.warning(now, self.control_connected)
+        if message is not None:
+            log.warning("%s", message)
 
     @property
     def master_connected(self) -> bool:
@@ -394,6 +406,7 @@ class _GatekeeperBase:
         if control:
             if event == zmq.EVENT_CONNECTED:
                 self._control_peers += 1
+                self.watch.heard(now_ms())
                 log.info("control connected to %s", self.control)
             elif event == zmq.EVENT_DISCONNECTED:
                 self._control_peers = max(0, self._control_peers - 1)
@@ -583,6 +596,7 @@ class Gatekeeper(_GatekeeperBase):
             if time.monotonic() >= next_sweep:
                 with self._lock:
                     self._forget_passed(now_ms())
+                    self._watch_master(now_ms())
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
@@ -592,6 +606,7 @@ class Gatekeeper(_GatekeeperBase):
             batch = drain(sub, CONTROL_BATCH)
             if not batch:
                 return
+            self.watch.heard(now_ms())
             for start in range(0, len(batch), CONTROL_SLICE):
                 now = now_ms()
                 with self._lock:  # the first line's times are shared with decide
@@ -648,6 +663,7 @@ class AsyncGatekeeper(_GatekeeperBase):
         if self.started:
             return
         self.started = True
+        self.watch.started_ms = now_ms()  # the grace before the warning counts from here
         self._loop = asyncio.get_running_loop()
         self._actx = actx = zmq.asyncio.Context()
         _batch_io_thread(actx)
@@ -762,6 +778,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             if not batch:
                 await wait_readable(sub, 0.25)
                 continue
+            self.watch.heard(now_ms())
             for start in range(0, len(batch), CONTROL_SLICE):
                 now = now_ms()
                 for frames in batch[start : start + CONTROL_SLICE]:
@@ -779,6 +796,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             self._poke()
             if time.monotonic() >= next_sweep:
                 self._forget_passed(now_ms())
+                self._watch_master(now_ms())
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     async def aclose(self) -> None:

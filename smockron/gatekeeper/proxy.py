@@ -15,12 +15,15 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
+from prometheus_client import CollectorRegistry
 
 from smockron.errors import ConfigError
 from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
 from smockron.gatekeeper.state import Verdict
+from smockron.observe import CountersCollector, ObserveServer, Readiness, bound, serve
+from smockron.observe.layouts import GATEKEEPER
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.gatekeeper.proxy")
@@ -107,6 +110,7 @@ class GatekeeperProxy:
         *,
         decision_header: bool = False,
         upstream_timeout_s: float = 60.0,
+        metrics: str | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -121,6 +125,8 @@ class GatekeeperProxy:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.server_log = ServerLog()
+        self.metrics = metrics
+        self.listener: ObserveServer | None = None
 
     def stats(self) -> dict[str, int]:
         """The gatekeeper's counters plus requests let through on errors."""
@@ -148,8 +154,25 @@ class GatekeeperProxy:
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port, reuse_address=True).start()
         log.info("gatekeeper proxy on %s:%d -> %s", host, port, self.upstream)
+        if self.metrics:
+            self.listener = self.observe(self.metrics)
+
+    def observe(self, address: str) -> ObserveServer:
+        """/metrics (the gatekeeper's counters), /healthz, /readyz (listening, master heard)."""
+        registry = CollectorRegistry()
+        registry.register(CountersCollector(GATEKEEPER, self.stats))
+        readiness = Readiness(
+            {
+                "listening": bound(lambda: self._runner is not None, "HTTP listener"),
+                "master": self.gatekeeper.master_problem,
+            }
+        )
+        return serve(address, readiness, registry)
 
     async def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

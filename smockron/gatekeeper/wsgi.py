@@ -9,11 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from prometheus_client import REGISTRY, CollectorRegistry
+
 from smockron.curve import CurveClient
 from smockron.gatekeeper.core import Gatekeeper, RuleConfig
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
 from smockron.gatekeeper.state import MAX_AHEAD_MS, Verdict
+from smockron.observe.collect import register_summed
+from smockron.observe.layouts import GATEKEEPER
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
@@ -42,7 +46,8 @@ def request_info(environ: Environ) -> RequestInfo:
 class SmockronWSGIMiddleware:
     """Rate-limit a WSGI app through a Smockron master.
 
-    ``rules`` and ``master_rules``: the first line, as for the ASGI middleware."""
+    ``rules`` and ``master_rules``: the first line, and ``registry``: where its
+    ``smockron_gatekeeper_*`` metrics go, as for the ASGI middleware."""
 
     def __init__(
         self,
@@ -62,6 +67,7 @@ class SmockronWSGIMiddleware:
         master_rules: bool = True,
         max_ahead_ms: int = MAX_AHEAD_MS,
         curve: CurveClient | None = None,
+        registry: CollectorRegistry | None = REGISTRY,
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
@@ -77,6 +83,12 @@ class SmockronWSGIMiddleware:
             max_ahead_ms=max_ahead_ms,
             curve=curve,
         )
+        if registry is not None:
+            register_summed(registry, GATEKEEPER, self)
+
+    def stats(self) -> dict[str, int]:
+        """The gatekeeper's counters plus requests let through on errors."""
+        return {**self.gatekeeper.stats(), "fail_open_errors": self.gate.errors}
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         req = request_info(environ)

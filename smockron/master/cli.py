@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -83,7 +82,6 @@ def master(
     **overrides: Any,
 ) -> None:
     """Run the Smockron master: apply rules to accounting, publish DELAY_UNTIL."""
-    from smockron.master.metrics import serve_metrics
     from smockron.master.server import Master
 
     def load() -> MasterSettings:
@@ -92,10 +90,6 @@ def master(
     try:
         settings = load()
         server = Master(settings, reload=load if config is not None else None)
-        metrics = None
-        if settings.metrics:
-            metrics = serve_metrics(settings.metrics, server.stats, lambda: server.pending_count)
-            log.info("metrics on http://%s/metrics", settings.metrics)
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -108,11 +102,6 @@ def master(
         if type(exc).__name__ == "ZMQError":
             raise click.ClickException(f"cannot bind: {exc}") from None
         raise
-    finally:
-        if metrics is not None:
-            with contextlib.suppress(Exception):
-                metrics.shutdown()
-                metrics.server_close()
 
 
 @click.command()
@@ -144,6 +133,7 @@ def master(
     help="ZeroMQ high-water mark of every socket.",
 )
 @curve_options("router", server=True, client=True)
+@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
 def router(
     accounting: str,
     control: str,
@@ -153,6 +143,7 @@ def router(
     curve_clients: str | None,
     curve_server: str | None,
     insecure_bind: bool | None,
+    metrics: str | None,
 ) -> None:
     """Shard accounting over several masters by domain; relay all their control.
 
@@ -174,6 +165,7 @@ def router(
             curve_server=server_curve(curve_secret, curve_clients) if curve_clients else None,
             curve_client=curve_client(curve_secret, curve_server) if curve_server else None,
             insecure_bind=bool(insecure_bind),
+            metrics=metrics,
         )
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
@@ -181,3 +173,5 @@ def router(
         _run(server.run)
     except InsecureBindError as exc:
         raise Refused(str(exc)) from None
+    except SmockronError as exc:
+        raise click.ClickException(str(exc)) from None

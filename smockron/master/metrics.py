@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from smockron.errors import ConfigError
 from smockron.master.stats import Stats
+from smockron.observe import ObserveServer, Readiness, parse_listen, serve
+from smockron.observe.throttled import TopThrottled
+
+__all__ = ["StatsCollector", "parse_listen", "serve_metrics", "stats_json"]
 
 _PER_DOMAIN = {
     "published": ("smockron_master_delay_until_published", "DELAY_UNTIL messages published"),
@@ -73,21 +77,38 @@ class StatsCollector(Collector):
             )
 
 
-def parse_listen(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (or ``:PORT`` for all interfaces)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"cannot parse metrics address {address!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+def stats_json(
+    stats: Stats, throttled: TopThrottled | None = None, queue_depth: Any = None
+) -> dict[str, Any]:
+    """The ``/stats`` body ``smockron top`` reads: per-domain counters, the top throttled
+    identifiers (escaped) and the time, so rates come from two readings."""
+    return {
+        "time": time.time(),
+        "domains": {name: s.as_dict() for name, s in sorted(stats.domains.items())},
+        "unknown_domain": stats.unknown_domain,
+        "dropped": stats.dropped,
+        "malformed": sum(stats.malformed.values()),
+        "queue_depth": queue_depth() if queue_depth is not None else 0,
+        "top": throttled.top() if throttled is not None else {},
+        "top_window_s": throttled.window_s if throttled is not None else 0,
+    }
 
 
-def serve_metrics(address: str, stats: Stats, queue_depth: Any = None) -> Any:
-    """Start the HTTP endpoint in a daemon thread; returns the server (``.shutdown()``)."""
-    host, port = parse_listen(address)
+def serve_metrics(
+    address: str,
+    stats: Stats,
+    queue_depth: Any = None,
+    *,
+    readiness: Readiness | None = None,
+    throttled: TopThrottled | None = None,
+) -> ObserveServer:
+    """Start the listener (/metrics, /healthz, /readyz, /stats) in a daemon thread;
+    returns it (``.close()``). Call from the master's loop, which /healthz watches."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(stats, queue_depth))
-    try:
-        server, _thread = start_http_server(port, host, registry=registry)
-    except OSError as exc:
-        raise ConfigError(f"cannot serve metrics on {address}: {exc.strerror or exc}") from None
-    return server
+    return serve(
+        address,
+        readiness or Readiness(),
+        registry,
+        stats=lambda: stats_json(stats, throttled, queue_depth),
+    )

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
+from prometheus_client import CollectorRegistry
 from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.hashring import HashRing
@@ -40,6 +41,8 @@ from smockron.curve import (
 )
 from smockron.errors import ConfigError
 from smockron.master.server import MAX_FRAME_BYTES
+from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
+from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
 from smockron.zmqio import drain, send_all, wait_readable
 
@@ -76,6 +79,7 @@ class Router:
         curve_server: CurveServer | None = None,
         curve_client: CurveClient | None = None,
         insecure_bind: bool = False,
+        metrics: str | None = None,
     ) -> None:
         if not masters:
             raise ConfigError("the router needs at least one --master")
@@ -105,6 +109,9 @@ class Router:
         self._watched: list[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]] = []  # (sock, monitor)
         self.handshake_log = RateLimitedLog(log, interval=60.0)
         self._stopping = asyncio.Event()
+        self.metrics = metrics
+        self.listener: ObserveServer | None = None
+        self.bound = False
 
     def secure(self) -> None:
         """As the master's: protected mode, then CURVE on both sides, before binding."""
@@ -139,6 +146,7 @@ class Router:
             pub.connect(m.accounting)
             self.to_master[m.accounting] = pub
             self.control_in.connect(m.control)
+        self.bound = True
         log.info(
             "router: accounting on %s, control on %s, %d master(s): %s",
             self.accounting,
@@ -176,6 +184,22 @@ class Router:
                     with contextlib.suppress(zmq.ZMQError):
                         sock.connect(address)
 
+    def stats(self) -> dict[str, int]:
+        denied = self.auth.denied if self.auth is not None else 0
+        return {
+            "forwarded": self.forwarded,
+            "relayed": self.relayed,
+            "discarded": self.discarded,
+            "denied": denied,
+        }
+
+    def observe(self, address: str) -> ObserveServer:
+        """/metrics (forwarded, relayed, discarded), /healthz, /readyz (both sides bound)."""
+        registry = CollectorRegistry()
+        registry.register(CountersCollector(ROUTER, self.stats))
+        readiness = Readiness({"bound": lambda: None if self.bound else "sockets not bound yet"})
+        return serve(address, readiness, registry)
+
     def owner(self, domain_frame: bytes) -> zmq.Socket[bytes]:
         """The PUB towards the master owning a domain (its frame, NUL included)."""
         sock = self._owners.get(domain_frame)
@@ -194,6 +218,8 @@ class Router:
         loop = asyncio.get_running_loop()
         try:
             self.bind()
+            if self.metrics:
+                self.listener = self.observe(self.metrics)
         except BaseException:
             self.close()
             raise
@@ -226,6 +252,9 @@ class Router:
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
             monitor.close(0)
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         for sock in (self.frontend, self.control_in, self.control_out, *self.to_master.values()):
             sock.close()
         if self.auth is not None:

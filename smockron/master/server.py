@@ -26,6 +26,8 @@ from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
 from smockron.master.stores import MemoryStore, open_store
+from smockron.observe import ObserveServer, Readiness
+from smockron.observe.throttled import TopThrottled
 from smockron.protocol import ACCEPTED, DELAYED, REJECTED, encode_rules
 from smockron.ratelog import RateLimitedLog
 from smockron.zmqio import drain, drain_accounting_compiled, send_all, wait_readable
@@ -48,6 +50,13 @@ gatekeeper that (re)connects has its first line within this long."""
 
 MAX_FRAME_BYTES = 64 * 1024
 """ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected by libzmq itself."""
+
+STORE_CHECK_S = 2.0
+"""How often the store is pinged for /readyz (and a silent outage is noticed)."""
+STORE_DEADLINE_S = 2.0
+"""A ping not answered within this long counts as a failure."""
+STORE_REWARN_S = 60.0
+"""An unreachable store is warned about again at most this often."""
 
 
 class Master:
@@ -85,6 +94,51 @@ class Master:
         self.pending_count = 0
         self._work = asyncio.Event()
         self._stopping = asyncio.Event()
+        self.throttled = TopThrottled()  # for /stats and smockron top
+        self.bound = False
+        # why the store is unreachable (readiness); a pingable store is not ready until it answers
+        pingable = getattr(self.store, "ping", None) is not None
+        self.store_problem = f"store {settings.store} not checked yet" if pingable else None
+        self.listener: ObserveServer | None = None
+
+    def readiness(self) -> Readiness:
+        """/readyz: sockets bound, store reachable (its last ping answered in time)."""
+        return Readiness(
+            {
+                "bound": lambda: None if self.bound else "sockets not bound yet",
+                "store": lambda: self.store_problem,
+            }
+        )
+
+    def observe(self, address: str) -> ObserveServer:
+        from smockron.master.metrics import serve_metrics
+
+        return serve_metrics(address, self.stats, lambda: self.pending_count,
+                             readiness=self.readiness(), throttled=self.throttled)  # fmt: skip
+
+    async def _watch_store(self) -> None:
+        """Ping the store on the loop; record the outcome for /readyz, and warn (once a
+        minute at most) while it does not answer, even with no traffic to notice."""
+        ping = getattr(self.store, "ping", None)
+        if ping is None:
+            return
+        warned = -STORE_REWARN_S
+        while True:
+            try:
+                await asyncio.wait_for(ping(), STORE_DEADLINE_S)
+            except Exception as exc:
+                reason = str(exc) or type(exc).__name__
+                self.store_problem = f"store {self.settings.store} unreachable: {reason}"
+                if time.monotonic() - warned >= STORE_REWARN_S:
+                    warned = time.monotonic()
+                    log.warning("%s (not ready until it answers; deciding from memory)",
+                                self.store_problem)  # fmt: skip
+            else:
+                if self.store_problem is not None:
+                    log.info("store %s answers again", self.settings.store)
+                self.store_problem = None
+                warned = -STORE_REWARN_S
+            await asyncio.sleep(STORE_CHECK_S)
 
     def secure(self) -> None:
         """Protected mode, then CURVE and its ZAP handler on both sockets, before they
@@ -118,6 +172,7 @@ class Master:
         self.pub.setsockopt(zmq.SNDHWM, self.settings.hwm)
         self.pub.setsockopt(zmq.LINGER, 200)
         self.pub.bind(self.settings.control)
+        self.bound = True
         log.info(
             "master: accounting SUB on %s, control PUB on %s, store %s, %d domain(s): %s",
             self.settings.accounting,
@@ -159,6 +214,8 @@ class Master:
         loop = asyncio.get_running_loop()
         try:
             self.bind()
+            if self.settings.metrics:
+                self.listener = self.observe(self.settings.metrics)
         except BaseException:
             await self.close()
             raise
@@ -176,6 +233,7 @@ class Master:
         if self.settings.stats_interval > 0:
             tasks.append(asyncio.create_task(self._log_stats(), name="stats"))
         tasks.append(asyncio.create_task(self._offer_rules(), name="rules"))
+        tasks.append(asyncio.create_task(self._watch_store(), name="store"))
         try:
             await self._stopping.wait()
             await tasks[1]  # the processor finishes what was received
@@ -191,6 +249,9 @@ class Master:
 
     async def close(self) -> None:
         """Write what changed (Redis), then close the store and the sockets."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         flush = getattr(self.store, "flush", None)
         if flush is not None:
             try:
@@ -327,6 +388,8 @@ class Master:
             controls = apply(decoded[start : start + PUBLISH_EVERY], now)
             if controls:
                 send_all(pub, controls)
+                if self.listener is not None:  # only /stats reads them
+                    self.throttled.add(controls, now / 1000.0)
 
     def offer_rules(self) -> None:
         """Publish every domain's rules once, for the gatekeepers' first line."""

@@ -1,0 +1,145 @@
+"""``smockron top``: a live terminal view of a running master, read from its ``/stats``.
+
+Two readings of the master's counters give each domain's accepted, delayed and rejected
+rates; the master also reports its most throttled identifiers of the current window
+(escaped on its side; shown here as plain text, never as markup).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import click
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from smockron.errors import SmockronError
+from smockron.observe.http import parse_listen
+
+Snapshot = dict[str, Any]
+STATUSES = ("accepted", "delayed", "rejected")
+FETCH_TIMEOUT_S = 3.0
+MAX_BODY = 4 * 1024 * 1024
+
+
+class FetchError(SmockronError):
+    """The master's /stats could not be read."""
+
+
+def stats_url(address: str) -> str:
+    host, port = parse_listen(address)
+    host = "127.0.0.1" if host == "0.0.0.0" else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/stats"
+
+
+def fetch(url: str, timeout: float = FETCH_TIMEOUT_S) -> Snapshot:
+    """One reading of the master's /stats."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read(MAX_BODY)
+        data = json.loads(body)
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+        raise FetchError(f"cannot read {url}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("domains"), dict):
+        raise FetchError(f"{url} did not answer with the master's stats")
+    return data
+
+
+def rates(before: Snapshot | None, after: Snapshot) -> dict[str, dict[str, float]]:
+    """Per-domain rates (per second) between two readings; zero without a first one."""
+    out: dict[str, dict[str, float]] = {}
+    elapsed = float(after["time"]) - float(before["time"]) if before else 0.0
+    for name, counts in after["domains"].items():
+        old = (before or {}).get("domains", {}).get(name, {})
+        out[name] = {
+            s: (counts.get(s, 0) - old.get(s, 0)) / elapsed if elapsed > 0 else 0.0
+            for s in STATUSES
+        }
+    return out
+
+
+def render(before: Snapshot | None, after: Snapshot, source: str) -> RenderableType:
+    """One frame: the domains table, then the top throttled identifiers."""
+    per_second = rates(before, after)
+    domains = Table(title=Text(f"smockron master {source}"), title_justify="left", expand=False)
+    domains.add_column("domain")
+    for status in STATUSES:
+        domains.add_column(f"{status}/s", justify="right")
+    for status in (*STATUSES, "published"):
+        domains.add_column(status, justify="right")
+    for name, counts in sorted(after["domains"].items()):
+        domains.add_row(
+            Text(name),
+            *(f"{per_second[name][s]:.1f}" for s in STATUSES),
+            *(str(counts.get(s, 0)) for s in (*STATUSES, "published")),
+        )
+    heading = Text(f"most throttled: DELAY_UNTILs in the last {after.get('top_window_s', 0):g} s")
+    top = Table()
+    top.add_column("domain")
+    top.add_column("identifier")
+    top.add_column("delay_until", justify="right")
+    for name, rows in sorted(after.get("top", {}).items()):
+        for ident, count in rows:
+            top.add_row(Text(name), Text(str(ident)), str(count))
+    footer = Text(
+        f"queue {after.get('queue_depth', 0)}  dropped {after.get('dropped', 0)}  "
+        f"malformed {after.get('malformed', 0)}  unknown domain {after.get('unknown_domain', 0)}"
+    )
+    return Group(domains, heading, top, footer)
+
+
+def _error_frame(exc: Exception, last: RenderableType | None) -> RenderableType:
+    line = Text(str(exc), style="bold red")
+    return line if last is None else Group(last, line)
+
+
+def run_live(url: str, source: str, interval: float, console: Console) -> None:
+    before = fetch(url)
+    frame: RenderableType = render(None, before, source)
+    with Live(frame, console=console, refresh_per_second=4) as live:
+        while True:
+            time.sleep(interval)
+            try:
+                after = fetch(url)
+            except FetchError as exc:
+                live.update(_error_frame(exc, frame))
+                continue
+            frame = render(before, after, source)
+            live.update(frame)
+            before = after
+
+
+@click.command()
+@click.argument("address", metavar="HOST:PORT")
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.1, 3600),
+    default=2.0,
+    show_default=True,
+    help="Seconds between two readings.",
+)
+@click.option("--once", is_flag=True, help="Print one frame (rates over one interval), exit.")
+def top(address: str, interval: float, once: bool) -> None:
+    """Live per-domain rates and most throttled identifiers of a master.
+
+    HOST:PORT is the master's --metrics listener; it serves the /stats read here.
+    """
+    console = Console()
+    try:
+        url = stats_url(address)
+        if once:
+            before = fetch(url)
+            time.sleep(interval)
+            console.print(render(before, fetch(url), address))
+            return
+        run_live(url, address, interval, console)
+    except SmockronError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

@@ -1,0 +1,121 @@
+"""``smockron top`` against a live master that received traffic."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.master.client import FakeGatekeeper
+from tests.observe.endpoints import sample
+from tests.support import REPO_ROOT, free_ports, smockron_env, smockron_proc, wait_for, wait_port
+
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.fixture(scope="module")
+def busy_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, FakeGatekeeper]]:
+    """A master with two domains; bob is throttled, carol (with a hostile name) too."""
+    acc, ctl, met = free_ports(3)
+    args = ["master", "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
+            f"tcp://127.0.0.1:{ctl}", "--metrics", f"127.0.0.1:{met}",
+            "--rule", "api:1/s:2", "--rule", "login:1/s:1", "--rule", "probe:1/s:1"]  # fmt: skip
+    log = tmp_path_factory.mktemp("top") / "master.log"
+    with smockron_proc(args, log), FakeGatekeeper(acc, ctl) as gk:
+        wait_port(met)
+        gk.handshake()
+        for _ in range(7):
+            gk.accepted("api", b"bob")
+        for _ in range(3):
+            gk.accepted("login", b"carol\x1b[2J[bold]")
+        wait_for(lambda: (sample(met, "smockron_master_messages_total", domain="login",
+                                 status="accepted") or 0) >= 3)  # fmt: skip
+        yield met, gk
+
+
+def top_once(met: int, interval: float = 0.2) -> subprocess.Popen[str]:
+    env = {**smockron_env(), "COLUMNS": "160", "TERM": "dumb"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "smockron", "top", f"127.0.0.1:{met}", "--once",
+         "--interval", str(interval)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+
+
+def test_once_renders_domains_rates_counts_and_top_identifiers(
+    busy_master: tuple[int, FakeGatekeeper],
+) -> None:
+    met, gk = busy_master
+    before = sample(met, "smockron_master_messages_total", domain="api", status="accepted") or 0
+    proc = top_once(met, interval=1.0)
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:  # traffic all along its life
+        gk.accepted("api", b"dave")
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "\x1b" not in out  # the hostile identifier's escape is shown, not sent
+    cells = {}
+    for line in out.splitlines():
+        row = [c.strip() for c in line.split("│")[1:-1]]
+        if len(row) == 8:  # domain, 3 rates, accepted, delayed, rejected, published
+            cells[row[0]] = row
+    wait_for(lambda: (sample(met, "smockron_master_messages_total", domain="api",
+                             status="accepted") or 0) > before)  # fmt: skip
+    after = sample(met, "smockron_master_messages_total", domain="api", status="accepted") or 0
+    assert before < int(cells["api"][4]) <= after, out
+    assert float(cells["api"][1]) > 0, out  # accepted/s: ~20 sent per second
+    assert cells["login"][4] == "3" and float(cells["login"][1]) == 0, out
+    assert re.search(r"│ api\s+│ (bob|dave)\s+│\s+\d+ │", out), out
+    assert "carol\\x1b[2J[bold]" in out  # escaped, and not taken as markup
+
+
+def test_unreachable_master_is_one_line_exit_1() -> None:
+    (port,) = free_ports(1)
+    proc = top_once(port)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert err.startswith("Error: cannot read http://127.0.0.1:")
+    assert "Traceback" not in err
+
+
+def test_live_view_in_a_pty(busy_master: tuple[int, FakeGatekeeper], tmp_path: Path) -> None:
+    """The live view as a terminal shows it; Ctrl-C ends it with 130 and no traceback."""
+    leader, follower = os.openpty()
+    env = {**smockron_env(), "COLUMNS": "150", "LINES": "40", "TERM": "xterm-256color"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smockron", "top", f"127.0.0.1:{busy_master[0]}",
+         "--interval", "0.3"],
+        stdin=follower, stdout=follower, stderr=follower, env=env, cwd=REPO_ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(follower)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (b"bob" in seen and b"login" in seen):
+            if select.select([leader], [], [], 0.2)[0]:
+                seen += os.read(leader, 65536)
+        text = ANSI.sub(b"", seen).decode(errors="replace")
+        assert "api" in text and "login" in text and "bob" in text, text
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(10) == 130
+        while select.select([leader], [], [], 0.2)[0]:
+            try:
+                seen += os.read(leader, 65536)
+            except OSError:
+                break
+        assert b"Traceback" not in seen
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        os.close(leader)
