@@ -40,7 +40,9 @@ import zmq  # noqa: E402
 from bench import fuzz  # noqa: E402
 from tests.support import Proc, free_ports, run_smockron, wait_for, wait_port  # noqa: E402
 
-LOG_BAD_INPUT = re.compile(r"malformed|bad request|ignoring|closing connection|dropped", re.I)
+LOG_BAD_INPUT = re.compile(
+    r"malformed|bad request|ignoring|closing connection|dropped|do not decode", re.I
+)
 
 
 def now_ms() -> int:
@@ -55,6 +57,34 @@ def rss_bytes(pid: int) -> int:
     raise LookupError(f"no VmRSS for pid {pid}")
 
 
+def scrape(port: int, prefix: str) -> float:
+    """The sum of the Prometheus samples at 127.0.0.1:``port`` whose name starts with
+    ``prefix`` (every label)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith(prefix) and not line.startswith("#")
+    )
+
+
+def last_count(proc: Proc, pattern: str) -> float:
+    """The number ``pattern`` (a regex with one group) captures in the daemon's newest
+    statistics line that has it; waits up to 3 s for one (they come every 0.5 s)."""
+    regex = re.compile(pattern)
+    deadline = time.monotonic() + 3
+    while True:
+        found = regex.findall(proc.log())
+        if found or time.monotonic() > deadline:
+            return float(found[-1]) if found else -1.0
+        time.sleep(0.1)
+
+
 class Target(Protocol):
     """One listener under soak: a daemon, a way to fuzz it and a way to check it."""
 
@@ -63,6 +93,10 @@ class Target(Protocol):
     def fuzz(self, rng: random.Random) -> None: ...
 
     def check(self, k: int) -> bool: ...
+
+    def counters(self) -> dict[str, float]:
+        """The daemon's own counters of bad input, read before it stops."""
+        ...
 
     def close(self) -> None: ...
 
@@ -78,6 +112,7 @@ class Result:
     rss_after: int
     alive: bool
     bad_input_lines: int
+    counters: dict[str, float]
     resent: int
     """Valid checks sent again because the first copy was lost (see the targets)."""
     log: bytes
@@ -121,18 +156,27 @@ def soak(target: Target, messages: int, seconds: float, check_every: int, seed: 
     log = target.proc.log_path.read_bytes()
     lines = sum(1 for line in log.decode("utf-8", "replace").splitlines()
                 if LOG_BAD_INPUT.search(line))  # fmt: skip
+    counters = target.counters() if alive else {}
     resent = getattr(target, "resent", 0)
-    return Result(name, sent, elapsed, checks, ok, before, after, alive, lines, resent, log)
+    return Result(
+        name, sent, elapsed, checks, ok, before, after, alive, lines, counters, resent, log
+    )
+
+
+LINE_START = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|smockron \w+: ")
+"""How every line a daemon writes starts: the logger's timestamp, or the banner a CLI
+prints (``smockron cluster: node ... serving``)."""
 
 
 def forged_lines(log: bytes) -> list[bytes]:
-    """What hostile input leaves in a log it reaches unescaped: lines starting with
-    the fuzz's ``FORGED`` (it follows every newline and CR the fuzz writes), and lines
-    with a raw ESC or NUL byte."""
+    """Log lines hostile input could have made: lines that do not start as the logger
+    (or the CLI banner) starts them, say after a raw newline or CR from the input (the
+    fuzz writes ``FORGED`` after each), and lines with a raw ESC or NUL byte. A log
+    record that spans lines, or a traceback, shows here too: one record, one line."""
     return [
         line
         for line in log.splitlines()
-        if line.lstrip().startswith(fuzz.FORGED) or b"\x1b" in line or b"\x00" in line
+        if line and (not LINE_START.match(line) or b"\x1b" in line or b"\x00" in line)
     ]
 
 
@@ -146,8 +190,9 @@ class MasterTarget:
     def __init__(self, workdir: Path) -> None:
         from tests.master.client import FakeGatekeeper
 
-        acc, ctl = free_ports(2)
+        acc, ctl, self.metrics = free_ports(3)
         self.proc = run_smockron(["master", "--accounting", f"tcp://127.0.0.1:{acc}",
+                                  "--metrics", f"127.0.0.1:{self.metrics}",
                                   "--control", f"tcp://127.0.0.1:{ctl}", "--stats-interval", "0",
                                   "--rule", "api:1/s:1", "--rule", "probe:1/s:1"],
                                  workdir / "master.log")  # fmt: skip
@@ -183,6 +228,9 @@ class MasterTarget:
                     return got.until_ms == self.now + 1000
             self.resent += 1
         return False
+
+    def counters(self) -> dict[str, float]:
+        return {"malformed": scrape(self.metrics, "smockron_master_malformed_total")}
 
     def close(self) -> None:
         self.huge.close()
@@ -222,7 +270,7 @@ class ProxyTarget:
                                   "--accounting", f"tcp://127.0.0.1:{acc}",
                                   "--control", f"tcp://127.0.0.1:{ctl}",
                                   "--identify", "header:X-Client", "--no-master-rules",
-                                  "--stats-interval", "0"], workdir / "proxy.log")  # fmt: skip
+                                  "--stats-interval", "0.5"], workdir / "proxy.log")  # fmt: skip
         wait_port(listen)
         self.http = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
         self.now = now_ms()
@@ -261,6 +309,9 @@ class ProxyTarget:
             self.resent += 1
         return False
 
+    def counters(self) -> dict[str, float]:
+        return {"control_malformed": last_count(self.proc, r"'control_malformed': (\d+)")}
+
     def close(self) -> None:
         self.http.close()
         self.pub.close()
@@ -292,7 +343,7 @@ class DThrottleTarget:
     def __init__(self, workdir: Path) -> None:
         (self.port,) = free_ports(1)
         self.proc = run_smockron(["dthrottle", "--listen", f"tcp:127.0.0.1:{self.port}",
-                                  "--burst", "3", "--rate", "0.001",
+                                  "--burst", "3", "--rate", "0.001", "--stats-interval", "0.5",
                                   "--max-tag-length", str(self.MAX_TAG)],
                                  workdir / "dthrottle.log")  # fmt: skip
         wait_port(self.port)
@@ -320,6 +371,9 @@ class DThrottleTarget:
     def check(self, k: int) -> bool:
         self.clean.sendall(b"valid-%d\n" % k * 4)
         return _read_exact(self.clean, 12) == b"OK\nOK\nOK\nNO\n"
+
+    def counters(self) -> dict[str, float]:
+        return {"overlong": last_count(self.proc, r"overlong (\d+)")}
 
     def close(self) -> None:
         self._reopen()
@@ -365,6 +419,9 @@ class JarlTarget:
         with self._connect("127.0.0.1") as s:
             return s.recv(16) == b"0.000" and self.wrong == 0
 
+    def counters(self) -> dict[str, float]:
+        return {"wrong_answers": self.wrong}
+
     def close(self) -> None:
         pass
 
@@ -372,10 +429,10 @@ class JarlTarget:
 # --- cluster: HTTP gateway and gRPC ---------------------------------------------------
 
 
-def _cluster(workdir: Path, name: str) -> tuple[Proc, int, int]:
+def _cluster(workdir: Path, name: str, server: str) -> tuple[Proc, int, int]:
     grpc_port, http_port = free_ports(2)
     proc = run_smockron(["cluster", "--grpc-address", f"127.0.0.1:{grpc_port}",
-                         "--http-address", f"127.0.0.1:{http_port}"],
+                         "--http-address", f"127.0.0.1:{http_port}", "--grpc-server", server],
                         workdir / f"{name}.log")  # fmt: skip
     wait_port(grpc_port)
     wait_port(http_port)
@@ -388,7 +445,7 @@ class ClusterHttpTarget:
     answers remaining 1, then 0, then OVER_LIMIT."""
 
     def __init__(self, workdir: Path) -> None:
-        self.proc, _, self.port = _cluster(workdir, "cluster-http")
+        self.proc, _, self.port = _cluster(workdir, "cluster-http", "native")
         self.http = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
 
     def _post(self, body: bytes) -> tuple[int, bytes]:
@@ -435,6 +492,9 @@ class ClusterHttpTarget:
             got.append((item.get("status", "UNDER_LIMIT"), item.get("remaining", "0")))
         return got == [("UNDER_LIMIT", "1"), ("UNDER_LIMIT", "0"), ("OVER_LIMIT", "0")]
 
+    def counters(self) -> dict[str, float]:
+        return {"malformed": scrape(self.port, "smockron_cluster_http_malformed_total")}
+
     def close(self) -> None:
         self.http.close()
 
@@ -444,14 +504,14 @@ class ClusterGrpcTarget:
     and peer methods. Checks: GetRateLimits for a fresh key with limit 2 answers
     remaining 1, then 0, then OVER_LIMIT."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, server: str = "native") -> None:
         import grpc
 
         from smockron.cluster.pb import gubernator_pb2 as pb
         from smockron.cluster.pb import gubernator_pb2_grpc
 
         self.pb, self.grpc = pb, grpc
-        self.proc, port, _ = _cluster(workdir, "cluster-grpc")
+        self.proc, port, self.http_port = _cluster(workdir, f"cluster-grpc-{server}", server)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = gubernator_pb2_grpc.V1Stub(self.channel)  # type: ignore[no-untyped-call]
         self.calls: dict[str, Callable[..., Any]] = {}
@@ -475,6 +535,12 @@ class ClusterGrpcTarget:
             got.append((item.status, item.remaining))
         return got == [(pb.UNDER_LIMIT, 1), (pb.UNDER_LIMIT, 0), (pb.OVER_LIMIT, 0)]
 
+    def counters(self) -> dict[str, float]:
+        return {
+            name: scrape(self.http_port, f"smockron_cluster_grpc_{name}_total")
+            for name in ("malformed", "unknown_method")
+        }
+
     def close(self) -> None:
         self.channel.close()
 
@@ -486,6 +552,7 @@ TARGETS: dict[str, Callable[[Path], Target]] = {
     "jarl": JarlTarget,
     "cluster-http": ClusterHttpTarget,
     "cluster-grpc": ClusterGrpcTarget,
+    "cluster-grpc-threads": lambda workdir: ClusterGrpcTarget(workdir, "threads"),
 }
 
 
@@ -519,7 +586,7 @@ def main() -> None:
     print(HEADER, flush=True)
     for name in args.only.split(","):
         result = run(name, args.workdir, args.messages, args.seconds, args.check_every)
-        print(result.row(), flush=True)
+        print(result.row(), result.counters, flush=True)
         forged = forged_lines(result.log)
         if forged:
             print(f"  {name}: {len(forged)} log lines not written by the logger, e.g. "
