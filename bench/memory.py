@@ -6,12 +6,18 @@ traffic), right after a wave of ``--identifiers`` distinct identifiers, then eve
 for ``--settle`` seconds while their states expire and are swept; the final RSS is
 compared with the baseline (goal: within 20%).
 
-- master (memory store, ``api:1/s:1``): one ACCEPTED per identifier;
-- proxy (a first line ``api:1/s:1``): one DELAY_UNTIL two seconds ahead per identifier,
-  published by this bench as the master (both the delay table and the first line fill);
-- dthrottle (burst 1, 1,000/s, reports every second): one query per tag.
+Each state is made to last ``--hold`` seconds (default 30), so the whole wave is held
+at once:
 
-Run: python bench/memory.py [--identifiers 1000000] [--settle 40] [--only master]
+- master (memory store, ``api:1/HOLDs:1``: one request per window): one ACCEPTED per
+  identifier; a state expires two to three windows after its last message;
+- proxy (a first line ``api:1/s:1``): one DELAY_UNTIL ``HOLD`` seconds ahead per
+  identifier, published by this bench as the master (the delay table and the first
+  line fill);
+- dthrottle (burst 1, refilled in ``HOLD`` seconds, reports every second): one query per
+  tag; a bucket is forgotten once full again.
+
+Run: python bench/memory.py [--identifiers 1000000] [--hold 30] [--settle 120] [--only master]
 """
 
 from __future__ import annotations
@@ -36,12 +42,12 @@ from tests.support import Proc, free_ports, run_smockron, wait_for, wait_port  #
 MB = 1 << 20
 
 
-def master_wave(workdir: Path, n: int) -> tuple[Proc, Callable[[], None]]:
+def master_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], None]]:
     from tests.master.client import FakeGatekeeper, now_ms
 
     acc, ctl = free_ports(2)
     proc = run_smockron(["master", "--accounting", f"tcp://127.0.0.1:{acc}",
-                         "--control", f"tcp://127.0.0.1:{ctl}", "--rule", "api:1/s:1",
+                         "--control", f"tcp://127.0.0.1:{ctl}", "--rule", f"api:1/{hold}s:1",
                          "--rule", "probe:1/s:1", "--stats-interval", "0",
                          "--queue", "2000000"], workdir / "memory-master.log")  # fmt: skip
     gk = FakeGatekeeper(acc, ctl)
@@ -59,7 +65,7 @@ def master_wave(workdir: Path, n: int) -> tuple[Proc, Callable[[], None]]:
     return proc, wave
 
 
-def proxy_wave(workdir: Path, n: int) -> tuple[Proc, Callable[[], None]]:
+def proxy_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], None]]:
     listen, ctl, acc, up = free_ports(4)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pub = ctx.socket(zmq.PUB)
@@ -82,7 +88,7 @@ def proxy_wave(workdir: Path, n: int) -> tuple[Proc, Callable[[], None]]:
         start = received()
         for i in range(n):
             if i % 5_000 == 0:
-                until = b"%d" % (int(time.time() * 1000) + 2000)
+                until = b"%d" % (int(time.time() * 1000) + hold * 1000)
                 time.sleep(0.25)  # paced: a gatekeeper reads its control socket at its pace
             pub.send_multipart([b"api\0", b"DELAY_UNTIL", b"wave-%d" % i, until])
         time.sleep(2.5)
@@ -91,10 +97,10 @@ def proxy_wave(workdir: Path, n: int) -> tuple[Proc, Callable[[], None]]:
     return proc, wave
 
 
-def dthrottle_wave(workdir: Path, n: int) -> tuple[Proc, Callable[[], None]]:
+def dthrottle_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], None]]:
     (port,) = free_ports(1)
     proc = run_smockron(["dthrottle", "--listen", f"tcp:127.0.0.1:{port}", "--burst", "1",
-                         "--rate", "1000", "--report-interval", "1"],
+                         "--rate", f"1/{hold}s", "--report-interval", "1"],
                         workdir / "memory-dthrottle.log")  # fmt: skip
     wait_port(port)
 
@@ -112,8 +118,8 @@ def dthrottle_wave(workdir: Path, n: int) -> tuple[Proc, Callable[[], None]]:
 WAVES = {"master": master_wave, "proxy": proxy_wave, "dthrottle": dthrottle_wave}
 
 
-def measure(name: str, workdir: Path, n: int, settle: float) -> tuple[int, int, int]:
-    proc, wave = WAVES[name](workdir, n)
+def measure(name: str, workdir: Path, n: int, hold: int, settle: float) -> tuple[int, int, int]:
+    proc, wave = WAVES[name](workdir, n, hold)
     try:
         pid = proc.popen.pid
         time.sleep(1.0)
@@ -127,8 +133,8 @@ def measure(name: str, workdir: Path, n: int, settle: float) -> tuple[int, int, 
         while time.monotonic() < deadline:
             time.sleep(1.0)
             samples.append(rss_bytes(pid))
-        trace = " ".join(f"{s / MB:.0f}" for s in samples[::5])
-        print(f"  {name}: RSS every 5 s after the wave (MB): {trace}", flush=True)
+        trace = " ".join(f"{s / MB:.0f}" for s in samples[::10])
+        print(f"  {name}: RSS every 10 s after the wave (MB): {trace}", flush=True)
         wait_for(proc.alive, 1)
         return baseline, peak, samples[-1]
     finally:
@@ -138,7 +144,8 @@ def measure(name: str, workdir: Path, n: int, settle: float) -> tuple[int, int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--identifiers", type=int, default=1_000_000)
-    parser.add_argument("--settle", type=float, default=40.0)
+    parser.add_argument("--hold", type=int, default=30, help="seconds a state lasts")
+    parser.add_argument("--settle", type=float, default=120.0)
     parser.add_argument("--only", default=",".join(WAVES))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/smockron-memory"))
     args = parser.parse_args()
@@ -146,7 +153,7 @@ def main() -> None:
     print("| daemon | identifiers | baseline MB | after the wave MB | after expiry MB "
           "| after / baseline |\n|---|---|---|---|---|---|", flush=True)  # fmt: skip
     for name in args.only.split(","):
-        base, peak, end = measure(name, args.workdir, args.identifiers, args.settle)
+        base, peak, end = measure(name, args.workdir, args.identifiers, args.hold, args.settle)
         print(f"| {name} | {args.identifiers:,} | {base / MB:.1f} | {peak / MB:.1f} | "
               f"{end / MB:.1f} | {end / base:.2f} |", flush=True)  # fmt: skip
 

@@ -9,7 +9,12 @@ Two things keep a daemon's RSS high after its tables have emptied:
   once its dynamic mmap threshold has grown (it grows each time a large block is freed),
   and small objects freed all over the heap leave pages it cannot release from the top;
   ``malloc_trim(0)`` hands every whole free page back. :class:`Reclaimer` calls it once
-  enough entries have been freed to be worth the few milliseconds it takes.
+  enough entries have been freed to be worth the few milliseconds it takes;
+- CPython's small-object allocator returns a 1 MiB arena only when every object in it is
+  gone, and a few survivors pin many: the 100 floats of the float free list, emptied only
+  by a full garbage collection, were measured pinning 24 arenas after a wave. So when a
+  wave has gone (more freed since the last trim than is left), the reclaimer collects
+  first; a collection costs O(live objects), paid only after freeing more than that.
 
 Only on glibc (found through ctypes); elsewhere :func:`trim` does nothing and says so.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import sys
 from collections.abc import Callable
 from typing import Any, Final
@@ -79,18 +85,24 @@ def compact(table: dict[Any, Any]) -> bool:
 
 
 class Reclaimer:
-    """Counts the entries a component frees and trims the C heap when enough have."""
+    """Counts the entries a component frees; once enough have gone, :meth:`reclaim`
+    gives the memory back. :meth:`note` only counts, so a table may call it under a lock
+    and its owner calls :meth:`reclaim` outside (a collection can take milliseconds)."""
 
-    __slots__ = ("compacted", "freed", "threshold", "trims")
+    __slots__ = ("collect_due", "collections", "compacted", "freed", "threshold", "trims")
 
     def __init__(self, threshold: int = TRIM_AFTER_ENTRIES) -> None:
         self.threshold = threshold
         self.freed = 0
         """Entries freed since the last trim."""
+        self.collect_due = False
+        """A wave has gone since the last trim: collect garbage before it."""
         self.trims = 0
         """``malloc_trim`` calls made (for tests and statistics)."""
         self.compacted = 0
         """Dicts rebuilt by :meth:`compact`."""
+        self.collections = 0
+        """Full garbage collections made before a trim, after a wave."""
 
     def compact(self, table: dict[Any, Any]) -> bool:
         """:func:`compact`, counted; a rebuilt table makes the next trim worth it."""
@@ -100,13 +112,28 @@ class Reclaimer:
         self.freed = max(self.freed, self.threshold)
         return True
 
-    def note(self, freed: int) -> bool:
-        """``freed`` more entries are gone; trim if enough are. True if it trimmed."""
+    def note(self, freed: int, remaining: int = 0) -> None:
+        """``freed`` more entries are gone and ``remaining`` are left in the caller's
+        tables. A wave has gone when more are gone than are left (at least a quarter of
+        ``threshold``): its few survivors are worth a collection (free lists too)."""
         self.freed += freed
-        if self.freed < self.threshold:
+        if self.freed > remaining and self.freed >= self.threshold // 4:
+            self.collect_due = True
+
+    @property
+    def due(self) -> bool:
+        """Whether :meth:`reclaim` has work to do."""
+        return TRIM_AVAILABLE and (self.collect_due or self.freed >= self.threshold)
+
+    def reclaim(self) -> bool:
+        """Trim the C heap if enough has been freed, collecting first after a wave.
+        True if it trimmed."""
+        if not self.due:
             return False
-        self.freed = 0
-        if trim():
-            self.trims += 1
-            return True
-        return False
+        if self.collect_due:
+            gc.collect()
+            self.collections += 1
+        self.freed, self.collect_due = 0, False
+        trim()
+        self.trims += 1
+        return True

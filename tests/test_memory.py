@@ -52,11 +52,19 @@ def test_trim_runs_on_glibc() -> None:
     assert memory.trim()
 
 
+@pytest.mark.skipif(not memory.TRIM_AVAILABLE, reason="malloc_trim is glibc's")
 def test_reclaimer_trims_once_enough_is_freed() -> None:
     reclaimer = memory.Reclaimer(threshold=100)
-    assert not reclaimer.note(99)
-    assert reclaimer.note(1) == memory.TRIM_AVAILABLE
-    assert reclaimer.freed == 0 and reclaimer.trims == int(memory.TRIM_AVAILABLE)
+    reclaimer.note(99, remaining=1000)  # steady churn, under the threshold
+    assert not reclaimer.due and not reclaimer.reclaim()
+    reclaimer.note(1, remaining=1000)
+    assert reclaimer.reclaim()
+    assert (reclaimer.freed, reclaimer.trims, reclaimer.collections) == (0, 1, 0)
+    reclaimer.note(24, remaining=0)  # a wave gone, but a small one
+    assert not reclaimer.due
+    reclaimer.note(1, remaining=10)  # 25 > 10: a wave: collect, then trim
+    assert reclaimer.reclaim()
+    assert (reclaimer.freed, reclaimer.trims, reclaimer.collections) == (0, 2, 1)
 
 
 def test_master_table_frees_a_wave_and_rebuilds_lasting() -> None:
@@ -89,6 +97,10 @@ def test_delay_table_and_first_line_rebuilt_after_a_wave() -> None:
     # rebuilt in place: the decider still reads the table the control thread writes
     assert decider._entries is decider.table._entries is entries
     assert decider.reclaimer.compacted == 2
+    # counted under the gatekeeper's lock; the memory goes back outside it
+    assert decider.reclaimer.due == memory.TRIM_AVAILABLE
+    assert decider.reclaimer.reclaim() == memory.TRIM_AVAILABLE
+    assert not decider.reclaimer.due
     decider.control(b"api", b"late", 20_000, 10_000)
     assert decider.decide(b"api", b"late", 10_001).until_ms == 20_000
 

@@ -176,7 +176,8 @@ class DThrottleDaemon:
         back (:mod:`smockron.memory`)."""
         if forgotten:
             self.reclaimer.compact(self.throttle.buckets)
-            self.reclaimer.note(forgotten)
+            self.reclaimer.note(forgotten, len(self.throttle.buckets))
+            self.reclaimer.reclaim()
 
     def on_datagram(self, data: bytes, addr: Any) -> None:
         """Apply a peer's report part; garbage is counted and logged, never raised."""

@@ -142,7 +142,7 @@ class DelayTable:
         for key, _until in heapq.nsmallest(room, entries.items(), key=itemgetter(1)):
             del entries[key]
         self.evicted += room
-        self.reclaimer.note(room)
+        self.reclaimer.note(room, len(entries))
 
     def until(self, domain: bytes, identifier: bytes, now_ms: int) -> int:
         """The DELAY_UNTIL in force for a key, or 0 when none is or it has passed.
@@ -164,7 +164,7 @@ class DelayTable:
         self._sweep_at = min(self.max_entries, max(1024, 2 * len(entries)))
         if passed:
             self.reclaimer.compact(entries)
-            self.reclaimer.note(len(passed))
+            self.reclaimer.note(len(passed), len(entries))
         return len(passed)
 
 
@@ -468,7 +468,9 @@ class Decider:
             compact(self._next_free)
         if passed_n:
             compact(self._locals)
-        self.reclaimer.note(swept + len(next_free) + len(passed_n))
+        held = sum(len(local) for _i, _t, local in self._single.values())
+        held += len(self._locals) + len(self._next_free)
+        self.reclaimer.note(swept + len(next_free) + len(passed_n), held)
         return swept + len(passed_n)
 
     def release(self) -> None:

@@ -119,7 +119,12 @@ class MemoryTable:
 
     def tick(self, now_ms: float) -> None:
         """Rotate when a period has passed; after two idle periods only ``lasting``
-        states that still matter are left."""
+        states that still matter are left. Memory freed goes back to the system."""
+        self._rotate(now_ms)
+        if self.reclaimer.due:
+            self.reclaimer.reclaim()
+
+    def _rotate(self, now_ms: float) -> None:
         if self.dropped:
             self._release()
         if self.started_ms is None:
@@ -130,8 +135,7 @@ class MemoryTable:
         if elapsed < self.period_ms:
             return
         # Whatever an earlier rotation left unreleased is freed here, at once.
-        if self.dropped:
-            self.reclaimer.note(sum(map(len, self.dropped)))
+        unreleased = sum(map(len, self.dropped))
         if elapsed >= 2 * self.period_ms:  # idle: both generations are done with
             self.dropped = [self.previous, self.current]
             self.previous = {}
@@ -141,6 +145,8 @@ class MemoryTable:
         self.current = {}
         self.started_ms = now_ms
         self.keep_after_ms = now_ms + self.period_ms
+        if unreleased:
+            self.reclaimer.note(unreleased, self._held())
         if self.due_order:
             self._expire(now_ms)
 
@@ -148,12 +154,14 @@ class MemoryTable:
         dropped = self.dropped[-1]
         if len(dropped) <= RELEASE_PER_TICK:
             self.dropped.pop()
-            self.reclaimer.note(len(dropped))
+            last = len(dropped)
+            del dropped  # its hash table, sized for the whole generation, goes with it
+            self.reclaimer.note(last, self._held())
             return
         popitem = dropped.popitem
         for _ in range(RELEASE_PER_TICK):
             popitem()
-        self.reclaimer.note(RELEASE_PER_TICK)
+        self.reclaimer.note(RELEASE_PER_TICK, self._held())
 
     def _expire(self, now_ms: float) -> None:
         """Drop the ``lasting`` states whose bucket has passed and that have expired."""
@@ -171,7 +179,11 @@ class MemoryTable:
                     self.keep(key, state, until)
         if len(lasting) < before:
             self.reclaimer.compact(lasting)
-            self.reclaimer.note(before - len(lasting))
+            self.reclaimer.note(before - len(lasting), self._held())
+
+    def _held(self) -> int:
+        """States held in the live tables (an upper bound: a state may be in two)."""
+        return len(self.current) + len(self.previous) + len(self.lasting)
 
     def __len__(self) -> int:
         if not self.lasting:
