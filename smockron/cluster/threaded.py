@@ -144,6 +144,16 @@ class _Bridged(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         return handler
 
 
+class _CountUnknown(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+    """Registered last: a method no other handler serves is counted here (the server
+    then answers UNIMPLEMENTED, as it would anyway)."""
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> None:
+        from smockron.cluster.native import UNKNOWN_METHOD  # native imports this module
+
+        UNKNOWN_METHOD.inc()
+
+
 class ThreadedServer:
     """``grpc.server`` with a thread pool, taking the same handlers as ``grpc.aio``."""
 
@@ -173,6 +183,7 @@ class ThreadedServer:
         return self._server.add_secure_port(address, credentials)
 
     async def start(self) -> None:
+        self._server.add_generic_rpc_handlers((_CountUnknown(),))
         self._server.start()
 
     async def stop(self, grace: float | None) -> None:

@@ -26,6 +26,7 @@ from smockron.daemons.dthrottle_config import DThrottleConfig, Listen
 from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
 from smockron.daemons.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError
+from smockron.memory import Reclaimer
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import DTHROTTLE
 from smockron.ratelog import RateLimitedLog
@@ -138,6 +139,7 @@ class DThrottleDaemon:
         self.clock: Clock = clock or MonotonicClock()
         self.sender_id = sender_id if sender_id is not None else secrets.randbits(64)
         self.throttle = Throttle(config.rule_table())
+        self.reclaimer = Reclaimer()
         self.stats = DThrottleStats()
         self.ledger = PeerLedger()
         self.transports: list[PeerTransport] = []
@@ -182,7 +184,9 @@ class DThrottleDaemon:
     # -- reports ---------------------------------------------------------------------
     def report_now(self) -> int:
         """Publish the hits since the last report; returns the datagrams sent."""
+        buckets = len(self.throttle.buckets)
         hits = self.throttle.take_report(self.clock.now())
+        self._reclaim(buckets - len(self.throttle.buckets))
         if not hits or not self.transports:
             return 0
         self._seq = (self._seq + 1) & 0xFFFFFFFF
@@ -193,6 +197,15 @@ class DThrottleDaemon:
         self.stats.datagrams_sent += len(datagrams)
         log.debug("sent report %d: %d tags in %d datagrams", self._seq, len(hits), len(datagrams))
         return len(datagrams)
+
+    def _reclaim(self, forgotten: int) -> None:
+        """After a report forgot ``forgotten`` buckets (full again): once a wave of tags
+        has gone, rebuild the bucket table (a dict never shrinks) and give the memory
+        back (:mod:`smockron.memory`)."""
+        if forgotten:
+            self.reclaimer.compact(self.throttle.buckets)
+            self.reclaimer.note(forgotten, len(self.throttle.buckets))
+            self.reclaimer.reclaim()
 
     def on_datagram(self, data: bytes, addr: Any) -> None:
         """Apply a peer's report part; garbage is counted and logged, never raised."""

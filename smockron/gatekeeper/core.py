@@ -597,6 +597,7 @@ class Gatekeeper(_GatekeeperBase):
                 with self._lock:
                     self._forget_passed(now_ms())
                     self._watch_master(now_ms())
+                self.decider.reclaimer.reclaim()  # memory back after a wave, unlocked
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
@@ -797,6 +798,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             if time.monotonic() >= next_sweep:
                 self._forget_passed(now_ms())
                 self._watch_master(now_ms())
+                self.decider.reclaimer.reclaim()  # memory back after a wave
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     async def aclose(self) -> None:

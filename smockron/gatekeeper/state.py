@@ -29,6 +29,7 @@ from typing import Final, NamedTuple
 from smockron.core.rules import Rule
 from smockron.counters import CounterSet
 from smockron.errors import ConfigError
+from smockron.memory import Reclaimer
 
 Key = tuple[bytes, bytes]  # (domain, identifier)
 
@@ -76,9 +77,22 @@ _new_decision: Final = tuple.__new__
 class DelayTable:
     """``(domain, identifier) -> until_ms``, forward-only, expiring, bounded."""
 
-    __slots__ = ("_entries", "_sweep_at", "evicted", "max_ahead_ms", "max_entries", "refused")
+    __slots__ = (
+        "_entries",
+        "_sweep_at",
+        "evicted",
+        "max_ahead_ms",
+        "max_entries",
+        "reclaimer",
+        "refused",
+    )
 
-    def __init__(self, max_entries: int = 1_000_000, max_ahead_ms: int = MAX_AHEAD_MS) -> None:
+    def __init__(
+        self,
+        max_entries: int = 1_000_000,
+        max_ahead_ms: int = MAX_AHEAD_MS,
+        reclaimer: Reclaimer | None = None,
+    ) -> None:
         if max_entries < 1:
             raise ConfigError(f"max_entries must be >= 1, got {max_entries}")
         if max_ahead_ms < 1:
@@ -91,6 +105,8 @@ class DelayTable:
         """Entries evicted (the soonest to expire) to make room in a full table."""
         self.refused = 0
         """DELAY_UNTILs further ahead than ``max_ahead_ms``: refused."""
+        self.reclaimer = reclaimer or Reclaimer()
+        """Gives memory back once a wave of entries has passed (see :meth:`sweep`)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -126,6 +142,7 @@ class DelayTable:
         for key, _until in heapq.nsmallest(room, entries.items(), key=itemgetter(1)):
             del entries[key]
         self.evicted += room
+        self.reclaimer.note(room, len(entries))
 
     def until(self, domain: bytes, identifier: bytes, now_ms: int) -> int:
         """The DELAY_UNTIL in force for a key, or 0 when none is or it has passed.
@@ -137,12 +154,17 @@ class DelayTable:
         return until if until > now_ms else 0
 
     def sweep(self, now_ms: int) -> int:
-        """Forget every passed entry; amortised so sweeps stay O(1) per update."""
+        """Forget every passed entry; amortised so sweeps stay O(1) per update. After a
+        wave has passed the table is rebuilt in place (the same dict, which ``Decider``
+        reads directly) and the memory given back."""
         entries = self._entries
         passed = [k for k, v in entries.items() if v <= now_ms]
         for k in passed:
             del entries[k]
         self._sweep_at = min(self.max_entries, max(1024, 2 * len(entries)))
+        if passed:
+            self.reclaimer.compact(entries)
+            self.reclaimer.note(len(passed), len(entries))
         return len(passed)
 
 
@@ -238,6 +260,7 @@ class Decider:
         "counters",
         "max_delay_ms",
         "max_delayed",
+        "reclaimer",
         "table",
         "waiting",
     )
@@ -256,6 +279,7 @@ class Decider:
         self.max_delay_ms = max_delay_ms
         self.max_delayed = max_delayed
         self.table = DelayTable(max_entries, max_ahead_ms)
+        self.reclaimer = self.table.reclaimer
         self._entries = self.table._entries  # read directly: this runs on every request
         self._lines: dict[bytes, Line] = {}
         self._single: dict[bytes, tuple[float, float, dict[bytes, float]]] = {}
@@ -423,18 +447,30 @@ class Decider:
         return wait
 
     def sweep_local(self, now_ms: int) -> int:
-        """Forget first-line times that have passed (they admit as no time would)."""
+        """Forget first-line times that have passed (they admit as no time would);
+        tables that shed most of their entries are rebuilt in place, memory returned."""
         swept = 0
+        compact = self.reclaimer.compact
         for _interval, _tol, local in self._single.values():
             passed = [k for k, v in local.items() if v <= now_ms]
             for ident in passed:
                 del local[ident]
             swept += len(passed)
-        for k in [k for k, v in self._next_free.items() if v <= now_ms]:
+            if passed:
+                compact(local)
+        next_free = [k for k, v in self._next_free.items() if v <= now_ms]
+        for k in next_free:
             del self._next_free[k]
         passed_n = [k for k, v in self._locals.items() if max(v) <= now_ms]
         for k in passed_n:
             del self._locals[k]
+        if next_free:
+            compact(self._next_free)
+        if passed_n:
+            compact(self._locals)
+        held = sum(len(local) for _i, _t, local in self._single.values())
+        held += len(self._locals) + len(self._next_free)
+        self.reclaimer.note(swept + len(next_free) + len(passed_n), held)
         return swept + len(passed_n)
 
     def release(self) -> None:

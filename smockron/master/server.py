@@ -39,6 +39,9 @@ Batch = tuple[list[Decoded], list[list[bytes]]]
 
 FLUSH_IDLE_S = 0.05
 """An idle master with the Redis store writes what changed after this long."""
+IDLE_TICK_S = 0.1
+"""An idle master with the memory store ticks it this often: expired states are
+released (and their memory returned) without waiting for the next message."""
 
 PUBLISH_EVERY = 64
 """A large batch is applied and its DELAY_UNTILs published in slices of this many
@@ -350,8 +353,11 @@ class Master:
                     await asyncio.wait_for(self._work.wait(), FLUSH_IDLE_S)
                 except TimeoutError:
                     await self._flush_redis()
-            else:
-                await self._work.wait()
+            else:  # idle: states still expire and are released (memory goes back)
+                try:
+                    await asyncio.wait_for(self._work.wait(), IDLE_TICK_S)
+                except TimeoutError:
+                    self.store.tick(time.time() * 1000.0)
 
     async def _process_redis(self, decoded: list[Decoded]) -> None:
         from smockron.master.stores.redis import RedisStore

@@ -22,6 +22,11 @@ A dropped generation is released incrementally, ``RELEASE_PER_TICK`` states per 
 rather than all at once: freeing a dict of a million states takes some 60 ms, a pause
 every message queued behind it would wait for. What is left of it at the next rotation
 is freed at once, so memory stays bounded by three generations plus ``lasting``.
+
+Memory goes back to the system, not only to Python: ``lasting`` is rebuilt when it has
+shed most of its entries (a dict never shrinks), and once enough states have been freed
+the C heap is trimmed (:mod:`smockron.memory`). The master ticks an idle store too, so a
+wave of identifiers that stops is released all the same.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from smockron.master.stores.base import Scope, State, expires_at
+from smockron.memory import Reclaimer
 
 RELEASE_PER_TICK = 1_000
 """States of a dropped generation freed per ``tick`` (per batch): ~0.1 ms of work."""
@@ -50,11 +56,20 @@ class MemoryTable:
         "lasting",
         "period_ms",
         "previous",
+        "reclaimer",
         "started_ms",
     )
 
-    def __init__(self, period_ms: float, expiry: Callable[[State], float] | None = None) -> None:
+    def __init__(
+        self,
+        period_ms: float,
+        expiry: Callable[[State], float] | None = None,
+        reclaimer: Reclaimer | None = None,
+    ) -> None:
         self.period_ms = period_ms
+        self.reclaimer = reclaimer or Reclaimer()
+        """Told of every state freed; gives the memory back after a wave (shared by the
+        tables of one store)."""
         self.expiry: Callable[[State], float] = expiry or (lambda state: max(state) + period_ms)
         """When a state can no longer affect a decision (default: the history rule's)."""
         self.current: dict[bytes, State] = {}
@@ -104,7 +119,12 @@ class MemoryTable:
 
     def tick(self, now_ms: float) -> None:
         """Rotate when a period has passed; after two idle periods only ``lasting``
-        states that still matter are left."""
+        states that still matter are left. Memory freed goes back to the system."""
+        self._rotate(now_ms)
+        if self.reclaimer.due:
+            self.reclaimer.reclaim()
+
+    def _rotate(self, now_ms: float) -> None:
         if self.dropped:
             self._release()
         if self.started_ms is None:
@@ -115,6 +135,7 @@ class MemoryTable:
         if elapsed < self.period_ms:
             return
         # Whatever an earlier rotation left unreleased is freed here, at once.
+        unreleased = sum(map(len, self.dropped))
         if elapsed >= 2 * self.period_ms:  # idle: both generations are done with
             self.dropped = [self.previous, self.current]
             self.previous = {}
@@ -124,6 +145,8 @@ class MemoryTable:
         self.current = {}
         self.started_ms = now_ms
         self.keep_after_ms = now_ms + self.period_ms
+        if unreleased:
+            self.reclaimer.note(unreleased, self._held())
         if self.due_order:
             self._expire(now_ms)
 
@@ -131,14 +154,19 @@ class MemoryTable:
         dropped = self.dropped[-1]
         if len(dropped) <= RELEASE_PER_TICK:
             self.dropped.pop()
+            last = len(dropped)
+            del dropped  # its hash table, sized for the whole generation, goes with it
+            self.reclaimer.note(last, self._held())
             return
         popitem = dropped.popitem
         for _ in range(RELEASE_PER_TICK):
             popitem()
+        self.reclaimer.note(RELEASE_PER_TICK, self._held())
 
     def _expire(self, now_ms: float) -> None:
         """Drop the ``lasting`` states whose bucket has passed and that have expired."""
         period, order, due, lasting = self.period_ms, self.due_order, self.due, self.lasting
+        before = len(lasting)
         while order and (order[0] + 1) * period <= now_ms:
             for key in due.pop(heapq.heappop(order)):
                 state = lasting.get(key)
@@ -149,6 +177,13 @@ class MemoryTable:
                     del lasting[key]
                 else:  # extended since it was filed: file it again, later
                     self.keep(key, state, until)
+        if len(lasting) < before:
+            self.reclaimer.compact(lasting)
+            self.reclaimer.note(before - len(lasting), self._held())
+
+    def _held(self) -> int:
+        """States held in the live tables (an upper bound: a state may be in two)."""
+        return len(self.current) + len(self.previous) + len(self.lasting)
 
     def __len__(self) -> int:
         if not self.lasting:
@@ -201,5 +236,9 @@ class MemoryStore(TableSet[MemoryTable]):
 
     scheme = "memory"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.reclaimer = Reclaimer()
+
     def _new_table(self, scope: Scope) -> MemoryTable:
-        return MemoryTable(scope.rule.window_ms, scope_expiry(scope))
+        return MemoryTable(scope.rule.window_ms, scope_expiry(scope), self.reclaimer)
