@@ -20,8 +20,8 @@ COMMANDS: dict[str, str] = {
     "proxy": "smockron.gatekeeper.cli:proxy",
     "demo": "smockron.demo:demo",
     "cluster": "smockron.cluster.cli:cluster",
-    "jarl": "smockron.daemons.jarl_cli:jarl",
-    "dthrottle": "smockron.daemons.dthrottle_cli:dthrottle",
+    "jarl": "smockron.daemons.jarl.cli:jarl",
+    "dthrottle": "smockron.daemons.dthrottle.cli:dthrottle",
 }
 
 

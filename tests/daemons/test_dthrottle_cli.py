@@ -165,7 +165,7 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
 def test_a_stats_interval_that_would_flood_the_log_is_refused(value: str) -> None:
     from click.testing import CliRunner
 
-    from smockron.daemons.dthrottle_cli import dthrottle
+    from smockron.daemons.dthrottle.cli import dthrottle
 
     result = CliRunner().invoke(dthrottle, ["--stats-interval", value])
     assert result.exit_code == 2
@@ -242,7 +242,7 @@ def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> Non
 def test_bad_flags_are_refused_before_listening(args: list[str], message: str) -> None:
     from click.testing import CliRunner
 
-    from smockron.daemons.dthrottle_cli import dthrottle
+    from smockron.daemons.dthrottle.cli import dthrottle
 
     result = CliRunner().invoke(dthrottle, args)
     assert result.exit_code == 1, result.output

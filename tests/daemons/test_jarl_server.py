@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from smockron.daemons.jarl import Jarl
-from smockron.daemons.jarl_server import JarlServer
+from smockron.daemons.jarl.algorithm import Jarl
+from smockron.daemons.jarl.server import JarlServer
 from tests.support import free_port, smockron_env, smockron_proc, wait_port
 
 
@@ -88,7 +88,7 @@ def test_cli_refuses_zero_or_fractional_limits_with_a_clear_message(
 def test_help_explains_the_answer() -> None:
     from click.testing import CliRunner
 
-    from smockron.daemons.jarl_cli import jarl
+    from smockron.daemons.jarl.cli import jarl
 
     result = CliRunner().invoke(jarl, ["-h"])
     assert result.exit_code == 0

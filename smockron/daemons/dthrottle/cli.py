@@ -13,8 +13,8 @@ import click
 
 from smockron.daemons import _runtime
 from smockron.daemons.clock import Clock, FileClock
-from smockron.daemons.dthrottle_config import DThrottleConfig
-from smockron.daemons.dthrottle_server import DThrottleDaemon
+from smockron.daemons.dthrottle.config import DThrottleConfig
+from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.dthrottle")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from smockron.daemons.jarl import Jarl, format_delay
+from smockron.daemons.jarl.algorithm import Jarl, format_delay
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.jarl")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from smockron.daemons import _runtime
-from smockron.daemons.jarl import Jarl
-from smockron.daemons.jarl_server import JarlServer
+from smockron.daemons.jarl.algorithm import Jarl
+from smockron.daemons.jarl.server import JarlServer
 
 
 def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int:

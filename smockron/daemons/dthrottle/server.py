@@ -1,6 +1,6 @@
 """The DThrottle daemon: line-protocol listeners, the report schedule, the peers.
 
-All decisions are made by :class:`~smockron.daemons.dthrottle.Throttle`; this module only
+All decisions are made by :class:`~smockron.daemons.dthrottle.algorithm.Throttle`; this module only
 moves bytes. Queries arriving in one read are answered with one write, which is what
 makes pipelining fast.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from smockron.daemons.clock import Clock, MonotonicClock
-from smockron.daemons.dthrottle import Throttle
-from smockron.daemons.dthrottle_config import DThrottleConfig, Listen
+from smockron.daemons.dthrottle.algorithm import Throttle
+from smockron.daemons.dthrottle.config import DThrottleConfig, Listen
 from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
 from smockron.daemons.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from smockron.core.rules import parse_rate
-from smockron.daemons.dthrottle import PrefixRule, RuleTable, whitelist
+from smockron.daemons.dthrottle.algorithm import PrefixRule, RuleTable, whitelist
 from smockron.daemons.report import DEFAULT_MAX_DATAGRAM, check_sizes
 from smockron.errors import ConfigError
 
