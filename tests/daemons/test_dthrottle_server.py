@@ -338,7 +338,7 @@ async def test_stats_line_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     await d.start()
     try:
         await query(d.tcp_port(), b"s\n", 3)
-        await until(lambda: "queries 1 (refused 0)" in caplog.text)
+        await until(lambda: "queries=1 refused=0" in caplog.text)
     finally:
         await d.stop()
 

@@ -113,7 +113,7 @@ async def test_per_interval_count_log_and_client_garbage(caplog: pytest.LogCaptu
         await asyncio.sleep(0.12)
     finally:
         await server.stop()
-    assert "3 connections answered, 1 told to wait" in caplog.text
+    assert "answered=3 delayed=1" in caplog.text
 
 
 def test_a_port_in_use_is_a_clear_error() -> None:

@@ -15,7 +15,7 @@ import secrets
 import socket
 import stat
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from smockron.daemons.clock import Clock, MonotonicClock
@@ -24,6 +24,7 @@ from smockron.daemons.dthrottle.config import DThrottleConfig, Listen
 from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
 from smockron.daemons.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError
+from smockron.runtime import log_stats
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.dthrottle")
@@ -151,6 +152,21 @@ class DThrottleDaemon:
         stats.refused += out.count(b"N")
         return out
 
+    def reconfigure(self, config: DThrottleConfig) -> None:
+        """SIGHUP: new rules, rate, burst and whitelist at once; listeners and peers need
+        a restart."""
+        fixed = ("listen", "peers", "peer_bind", "multicast", "multicast_interface",
+                 "multicast_ttl", "max_datagram", "max_tag_length")  # fmt: skip
+        changed = [name for name in fixed if getattr(config, name) != getattr(self.config, name)]
+        if changed:
+            log.warning("reload: %s changed; they need a restart, ignored", ", ".join(changed))
+        self.throttle.reconfigure(config.rule_table())
+        self.config = replace(self.config, burst=config.burst, rate=config.rate,
+                              rules=config.rules, whitelist=config.whitelist,
+                              report_interval=config.report_interval)  # fmt: skip
+        log.info("reloaded: burst %d, rate %g/s, %d rules, %d whitelisted",
+                 config.burst, config.rate, len(config.rules), len(config.whitelist))  # fmt: skip
+
     # -- reports ---------------------------------------------------------------------
     def report_now(self) -> int:
         """Publish the hits since the last report; returns the datagrams sent."""
@@ -206,15 +222,14 @@ class DThrottleDaemon:
         while True:
             await asyncio.sleep(every)
             s = self.stats
-            log.info(
-                "queries %d (refused %d), connections %d open, overlong %d, buckets %d, "
-                "reports sent %d, parts applied %d, peers %d, missed %d, garbage %s, "
-                "from strangers %d",
-                s.queries, s.refused, s.open_connections, s.overlong,
-                len(self.throttle.buckets), s.reports_sent, s.parts_applied,
-                self.ledger.peers, self.ledger.missed_reports, dict(s.garbage),
-                sum(getattr(t, "strangers", 0) for t in self.transports),
-            )  # fmt: skip
+            garbage = {f"garbage_{reason}": n for reason, n in sorted(s.garbage.items())}
+            log_stats(log, {
+                "queries": s.queries, "refused": s.refused, "connections": s.open_connections,
+                "overlong": s.overlong, "buckets": len(self.throttle.buckets),
+                "reports_sent": s.reports_sent, "parts_applied": s.parts_applied,
+                "peers": self.ledger.peers, "missed": self.ledger.missed_reports, **garbage,
+                "strangers": sum(getattr(t, "strangers", 0) for t in self.transports),
+            })  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from smockron.daemons.jarl.algorithm import Jarl, format_delay
 from smockron.ratelog import RateLimitedLog
+from smockron.runtime import log_stats
 
 log = logging.getLogger("smockron.jarl")
 _ratelog = RateLimitedLog(log)
@@ -122,10 +123,8 @@ class JarlServer:
         while True:
             await asyncio.sleep(every)
             now_answered, now_delayed = self.stats.answered, self.stats.delayed
-            log.info(
-                "last %gs: %d connections answered, %d told to wait (total %d)",
-                every, now_answered - answered, now_delayed - delayed, now_answered,
-            )  # fmt: skip
+            log_stats(log, {"interval_s": every, "answered": now_answered - answered,
+                            "delayed": now_delayed - delayed, "answered_total": now_answered})  # fmt: skip
             answered, delayed = now_answered, now_delayed
 
     async def stop(self) -> None:
