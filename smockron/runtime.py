@@ -73,7 +73,9 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
     level = (level or os.environ.get("SMOCKRON_LOG_LEVEL") or "INFO").upper()
     fmt = (fmt or os.environ.get("SMOCKRON_LOG_FORMAT") or "text").lower()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ConfigError(f"log level {level!r} (SMOCKRON_LOG_LEVEL?): use DEBUG, INFO, WARNING, ERROR")
+        raise ConfigError(
+            f"log level {level!r} (SMOCKRON_LOG_LEVEL?): use DEBUG, INFO, WARNING, ERROR"
+        )
     if fmt not in ("text", "json"):
         raise ConfigError(f"log format {fmt!r} (SMOCKRON_LOG_FORMAT?): use text or json")
     handler = logging.StreamHandler(sys.stderr)

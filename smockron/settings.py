@@ -24,9 +24,9 @@ import os
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -193,7 +193,9 @@ _KEYS = "smockron.settings.keys"
 _PRINT = "smockron.settings.print"
 
 
-def load_toml_defaults(path: Path, params: Sequence[click.Parameter]) -> tuple[dict[str, Any], dict[str, str]]:
+def load_toml_defaults(
+    path: Path, params: Sequence[click.Parameter]
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The TOML file as a click ``default_map``, and which key gave each value.
 
     Keys are option names with dashes or underscores (``max-delay``, ``max_delay``);
@@ -243,6 +245,12 @@ def _config_arg(args: Sequence[str]) -> str | None:
         if arg.startswith("--config="):
             return arg.split("=", 1)[1]
     return None
+
+
+class BadValue(click.ClickException):
+    """A bad setting found after click's own checks (a ConfigError): exit 2, like a bad flag."""
+
+    exit_code = 2
 
 
 class SmockronCommand(click.Command):
@@ -310,8 +318,11 @@ class SmockronCommand(click.Command):
         ctx.meta[_PRINT] = ctx.params.pop("print_settings", False)
         if self.file_format == "toml":
             ctx.params.pop("config", None)  # read into the default_map already
-        runtime.configure_logging(level, fmt)
-        return super().invoke(ctx)
+        try:
+            runtime.configure_logging(level, fmt)
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            raise BadValue(str(exc)) from None
 
 
 def _common_options() -> list[click.Option]:
@@ -354,20 +365,3 @@ def _jsonable(value: Any) -> Any:
 def sources(ctx: click.Context) -> dict[str, str]:
     """Where each parameter of ``ctx`` came from (flag, variable, file:key, default)."""
     return {p.name: source_of(ctx, p) for p in ctx.command.params if p.name and p.name not in _OWN}
-
-
-def fail(message: str) -> NoReturn:
-    """A usage error in a value click could not check: one line, exit 2."""
-    raise ConfigError(message)
-
-
-def converter(parse: Callable[[str], Any], what: str) -> Callable[[Any], Any]:
-    """``parse`` with its ConfigError prefixed by ``what``."""
-
-    def convert(value: Any) -> Any:
-        try:
-            return parse(value)
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc}") from None
-
-    return convert

@@ -177,7 +177,10 @@ def _from_toml(data: dict[str, Any], path: Path) -> MasterSettings:
     unknown = set(data) - _SCALARS
     if unknown:
         raise ConfigError(f"{str(path)!r}: unknown settings {sorted(unknown)}")
-    settings = MasterSettings(**data, domains=domains)
+    try:
+        settings = MasterSettings(**data, domains=domains)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     flags = [f"{d}={a}" for d, a in algos.items()]
     return replace(settings, domains=_with_flags(domains, rules, flags))
 

@@ -166,9 +166,7 @@ def dthrottle(
             await daemon.start()
         except (OSError, ConfigError) as exc:
             raise click.ClickException(f"cannot start: {exc}") from None
-        runtime.startup_line(
-            "dthrottle", listen=",".join(daemon.addresses), peers=_peers(config)
-        )
+        runtime.startup_line("dthrottle", listen=",".join(daemon.addresses), peers=_peers(config))
         await stop.wait()
         await daemon.stop()
         log.info("dthrottle stopped after %d queries", daemon.stats.queries)
