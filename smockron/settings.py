@@ -135,10 +135,13 @@ class HostPort(click.ParamType):
 
     name = "host:port"
 
-    def __init__(self, *, listen: bool = False) -> None:
+    def __init__(self, *, listen: bool = False, optional: bool = False) -> None:
         self.listen = listen
+        self.optional = optional  # "" turns the listener off
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if self.optional and str(value) == "":
+            return ""
         try:
             parse_host_port(str(value), listen=self.listen)
         except ConfigError as exc:
