@@ -15,8 +15,14 @@ from smockron import runtime
 from smockron.errors import ConfigError, SmockronError
 from smockron.master.config import DEFAULT_ACCOUNTING, DEFAULT_CONTROL, MasterSettings
 from smockron.master.config import load_settings as _load_settings
-from smockron.settings import Duration, HostPort, SmockronCommand, ZmqAddress
-from smockron.settings import check_zmq_address, print_settings_if_asked
+from smockron.settings import (
+    Duration,
+    HostPort,
+    SmockronCommand,
+    ZmqAddress,
+    check_zmq_address,
+    print_settings_if_asked,
+)
 
 log = logging.getLogger("smockron.master")
 

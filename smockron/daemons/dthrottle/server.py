@@ -24,8 +24,8 @@ from smockron.daemons.dthrottle.config import DThrottleConfig, Listen
 from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
 from smockron.daemons.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError
-from smockron.runtime import log_stats
 from smockron.ratelog import RateLimitedLog
+from smockron.runtime import log_stats
 
 log = logging.getLogger("smockron.dthrottle")
 _ratelog = RateLimitedLog(log)
