@@ -40,6 +40,7 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
     "message", "asctime", "taskName",
 }  # fmt: skip
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_format = "text"
 
 
 class JsonFormatter(logging.Formatter):
@@ -78,13 +79,38 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
         )
     if fmt not in ("text", "json"):
         raise ConfigError(f"log format {fmt!r} (SMOCKRON_LOG_FORMAT?): use text or json")
-    handler = logging.StreamHandler(sys.stderr)
+    global _format
+    _format = fmt
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (a test may swap it); ours to
+    replace when a subcommand's own ``--log-format`` overrides the group's."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def announce(text: str) -> None:
+    """A line for the operator whatever the log level (``... serving``): plain in text
+    mode, an object in JSON mode so every line of stderr still parses."""
+    if _format == "json":
+        record = logging.LogRecord("smockron", logging.INFO, "", 0, text, None, None)
+        text = JsonFormatter().format(record)
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def logfmt(fields: Mapping[str, Any]) -> str:

@@ -26,7 +26,7 @@ import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -35,14 +35,15 @@ from smockron.errors import ConfigError
 
 # ---------------------------------------------------------------------------- durations
 
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
-           "m": 60.0, "h": 3600.0, "d": 86400.0}  # fmt: skip
+_UNIT_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "μs": 1e-3, "ms": 1.0, "s": 1000.0,
+            "m": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0}  # fmt: skip
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|μs|ms|s|m|h|d)")
 _NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
 
-def parse_duration(text: str, *, bare: str | None = "s") -> float:
-    """A duration in seconds: ``500ms``, ``2s``, ``1.5m``, ``1h``, ``1d`` or Go's ``1m30s``.
+def parse_duration_ms(text: str, *, bare: str | None = "s") -> float:
+    """A duration in milliseconds: ``500ms``, ``2s``, ``1.5m``, ``1h``, ``1d`` or Go's
+    ``1m30s``.
 
     A bare number is in the unit ``bare`` names; with ``bare=None`` it is refused (except
     ``0``), for flags whose bare numbers once meant milliseconds: refusing beats silently
@@ -52,21 +53,21 @@ def parse_duration(text: str, *, bare: str | None = "s") -> float:
     if _NUMBER.fullmatch(value):
         if bare is None and float(value) != 0:
             raise ConfigError(f"duration {text!r} has no unit: write e.g. {value}ms or {value}s")
-        return float(value) * _UNIT_S[bare or "s"]
+        return float(value) * _UNIT_MS[bare or "s"]
     pos, total = 0, 0.0
     for match in _PART.finditer(value):
         if match.start() != pos:
             break
-        total += float(match.group(1)) * _UNIT_S[match.group(2)]
+        total += float(match.group(1)) * _UNIT_MS[match.group(2)]
         pos = match.end()
     if pos == 0 or pos != len(value):
         raise ConfigError(f"cannot parse duration {text!r}: use e.g. 500ms, 2s, 1m30s, 1h")
     return total
 
 
-def parse_duration_ms(text: str, *, bare: str | None = "s") -> float:
-    """:func:`parse_duration` in milliseconds."""
-    return parse_duration(text, bare=bare) * 1000.0
+def parse_duration(text: str, *, bare: str | None = "s") -> float:
+    """:func:`parse_duration_ms` in seconds."""
+    return parse_duration_ms(text, bare=bare) / 1000.0
 
 
 # ---------------------------------------------------------------------------- addresses
@@ -105,32 +106,40 @@ def check_zmq_address(text: str) -> str:
         raise ConfigError(f"address {text!r}: expected tcp://HOST:PORT (or ipc://, inproc://)")
     if rest.endswith(":*"):
         rest = rest[:-1] + "0"
-    parse_host_port(rest, listen=True)
+    try:
+        parse_host_port(rest, listen=True)
+    except ConfigError as exc:
+        raise ConfigError(f"ZeroMQ address {text!r}: {exc}") from None
     return text
 
 
 # ---------------------------------------------------------------------------- click types
 
+if TYPE_CHECKING:  # generic from click 8.2 on; the package accepts 8.1
+    _ParamType = click.ParamType[Any, Any]
+else:
+    _ParamType = click.ParamType
 
-class Duration(click.ParamType):
+
+class Duration(_ParamType):
     """A duration flag, converted to seconds (or ms with ``unit="ms"``)."""
 
     name = "duration"
 
     def __init__(self, *, bare: str | None = "s", unit: str = "s") -> None:
         self.bare = bare
-        self.scale = 1000.0 if unit == "ms" else 1.0
+        self.divisor = 1.0 if unit == "ms" else 1000.0
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool):
             value = str(value)  # a TOML number: the same rule as a bare flag value
         try:
-            return parse_duration(str(value), bare=self.bare) * self.scale
+            return parse_duration_ms(str(value), bare=self.bare) / self.divisor
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class HostPort(click.ParamType):
+class HostPort(_ParamType):
     """A ``HOST:PORT`` flag, checked and kept as text (IPv6 in brackets)."""
 
     name = "host:port"
@@ -149,7 +158,7 @@ class HostPort(click.ParamType):
         return str(value)
 
 
-class ZmqAddress(click.ParamType):
+class ZmqAddress(_ParamType):
     """A ZeroMQ endpoint flag (``tcp://HOST:PORT``), checked and kept as text."""
 
     name = "tcp://host:port"
@@ -262,7 +271,8 @@ class SmockronCommand(click.Command):
     ``file_format="toml"`` adds ``--config FILE`` read as a ``default_map``;
     ``file_format=None`` means the command reads its own file (master, dthrottle).
     Every option gets ``envvar`` ``SMOCKRON_<COMMAND>_<OPTION>`` (with ``legacy_env``,
-    also ``SMOCKRON_<COMMAND>_<PARAMETER>`` where the names differ), and ``--print-settings``, ``--log-level`` and ``--log-format`` are added.
+    also ``SMOCKRON_<COMMAND>_<PARAMETER>`` where the names differ), and
+    ``--print-settings``, ``--log-level`` and ``--log-format`` are added.
     """
 
     def __init__(

@@ -188,6 +188,11 @@ class EnvoyFront:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def reload(self) -> None:
+        """SIGHUP: check the descriptor files now rather than at the next poll."""
+        if self._reloader is not None and not self._reloader.check():
+            log.info("envoy: SIGHUP: the descriptor files are unchanged")
+
 
 def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
     if not config.envoy_config:
@@ -198,14 +203,12 @@ def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
         headers=config.envoy_response_headers,
     )
 
-    def reload(self) -> None:
-        """SIGHUP: check the descriptor files now rather than at the next poll."""
-        if self._reloader is not None and not self._reloader.check():
-            log.info("envoy: SIGHUP: the descriptor files are unchanged")
-
 
 async def serve(
-    server: ClusterServer, front: EnvoyFront | None = None, stop: asyncio.Event | None = None
+    server: ClusterServer,
+    front: EnvoyFront | None = None,
+    stop: asyncio.Event | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> None:
     """Start, serve until ``stop`` (the runtime's SIGTERM/SIGINT), then stop cleanly."""
     stop = stop or asyncio.Event()
@@ -216,7 +219,8 @@ async def serve(
             await front.close()
         await server.stop()
         raise click.ClickException(str(exc)) from None
-    click.echo(f"smockron cluster: node {server.node.address} serving", err=True)
+    runtime.startup_line("cluster", **(facts or {}))
+    runtime.announce(f"smockron cluster: node {server.node.address} serving")
     try:
         await stop.wait()
     finally:
@@ -387,11 +391,6 @@ def cluster(**flags: Any) -> None:
         server = ClusterServer(config, discovery, () if front is None else (front,))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    runtime.startup_line(
-        "cluster", grpc=config.grpc_address, grpc_server=config.grpc_server,
-        discovery=config.peer_discovery, tls="on" if config.tls else "off",
-        envoy=config.envoy_config or "off",
-    )  # fmt: skip
     runtime.run(
         lambda stop: serve(server, front, stop),
         name="cluster",

@@ -159,13 +159,15 @@ def master(
         except ConfigError as exc:  # a busy port: a startup failure, not a bad value
             raise click.ClickException(str(exc)) from None
         log.info("metrics on http://%s/metrics", settings.metrics)
-    runtime.startup_line("master", store=settings.store, domains=len(settings.domains),
-                         config=str(config) if config else "none", tls="off")  # fmt: skip
+
+    async def main(stop: asyncio.Event) -> None:
+        runtime.startup_line("master", store=settings.store, domains=len(settings.domains),
+                             config=str(config) if config else "none", tls="off")  # fmt: skip
+        await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
+
     try:
         runtime.run(
-            lambda stop: _until_stopped(
-                lambda: server.run(handle_signals=False), server.stop, stop
-            ),
+            main,
             name="master",
             reload=server.reload if config is not None else None,
         )
@@ -227,8 +229,10 @@ def router(accounting: str, control: str, masters: tuple[str, ...], hwm: int) ->
         server = Router(accounting, control, targets, hwm=hwm)
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
-    runtime.startup_line("router", accounting=accounting, control=control, masters=len(targets))
-    runtime.run(
-        lambda stop: _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop),
-        name="router",
-    )
+
+    async def main(stop: asyncio.Event) -> None:
+        runtime.startup_line("router", accounting=accounting, control=control,
+                             masters=len(targets))  # fmt: skip
+        await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
+
+    runtime.run(main, name="router")

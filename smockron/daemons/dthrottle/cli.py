@@ -17,7 +17,7 @@ from smockron.daemons.clock import Clock, FileClock
 from smockron.daemons.dthrottle.config import DThrottleConfig
 from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.errors import ConfigError
-from smockron.settings import SmockronCommand, print_settings_if_asked
+from smockron.settings import SmockronCommand, print_settings_if_asked, source_of
 
 log = logging.getLogger("smockron.dthrottle")
 
@@ -152,7 +152,7 @@ def dthrottle(
     Flags win over the environment, which wins over the --config file.
     """
     flags["rule"] = [{"prefix": p, "burst": b, "rate": r} for p, b, r in flags.pop("rules")]
-    config = DThrottleConfig.from_sources(config_file, flags)
+    config = _config(config_file, flags)
     print_settings_if_asked({**vars_of(config), "stats_interval": stats_interval})
     clock: Clock | None = FileClock(test_clock_file) if test_clock_file else None
     _raise_fd_limit()
@@ -177,6 +177,33 @@ def dthrottle(
         reload=reload if config_file is not None else None,
         extra_signals={signal.SIGUSR1: daemon.report_now},
     )
+
+
+def _config(file: Path | None, flags: dict[str, Any]) -> DThrottleConfig:
+    """The settings; a bad value's error names where it came from (flag, variable, file),
+    found by leaving each source out in turn."""
+    try:
+        return DThrottleConfig.from_sources(file, flags)
+    except ConfigError as exc:
+        error = exc
+    ctx = click.get_current_context()
+    params = {p.name: p for p in ctx.command.params}
+    for key, value in flags.items():
+        if value in (None, (), []) or key not in params:
+            continue
+        if _loads(file, {k: v for k, v in flags.items() if k != key}):
+            raise ConfigError(f"{source_of(ctx, params[key])}: {error}")
+    if file is not None and _loads(None, flags):
+        raise ConfigError(f"{file}: {error}")
+    raise error
+
+
+def _loads(file: Path | None, flags: dict[str, Any]) -> bool:
+    try:
+        DThrottleConfig.from_sources(file, flags)
+    except ConfigError:
+        return False
+    return True
 
 
 def vars_of(config: DThrottleConfig) -> dict[str, Any]:

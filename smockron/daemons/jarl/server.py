@@ -124,7 +124,7 @@ class JarlServer:
             await asyncio.sleep(every)
             now_answered, now_delayed = self.stats.answered, self.stats.delayed
             log_stats(log, {"interval_s": every, "answered": now_answered - answered,
-                            "delayed": now_delayed - delayed, "answered_total": now_answered})  # fmt: skip
+                            "delayed": now_delayed - delayed, "total": now_answered})  # fmt: skip
             answered, delayed = now_answered, now_delayed
 
     async def stop(self) -> None:
