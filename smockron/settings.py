@@ -103,7 +103,7 @@ def check_zmq_address(text: str) -> str:
     if sep and scheme in ("ipc", "inproc") and rest:
         return text
     if not sep or scheme != "tcp":
-        raise ConfigError(f"address {text!r}: expected tcp://HOST:PORT (or ipc://, inproc://)")
+        raise ConfigError(f"ZeroMQ address {text!r}: expected tcp://HOST:PORT (or ipc://, inproc://)")
     if rest.endswith(":*"):
         rest = rest[:-1] + "0"
     try:

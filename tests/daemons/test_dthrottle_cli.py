@@ -116,13 +116,13 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path: Path) -> None:
         )  # fmt: skip
 
     out = run("--report-interval", "0")
-    assert out.returncode == 1 and "report interval must be 1..3600 s, got 0" in out.stderr
+    assert out.returncode == 2 and "report interval must be 1..3600 s, got 0" in out.stderr
     out = run("--listen", "udp:1.2.3.4:5")
-    assert out.returncode == 1 and "--listen must be tcp:HOST:PORT or unix:PATH" in out.stderr
+    assert out.returncode == 2 and "--listen must be tcp:HOST:PORT or unix:PATH" in out.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text("burst = 10\nbrust = 3\n")
     out = run("--config", str(bad))
-    assert out.returncode == 1 and "unknown DThrottle setting(s): brust" in out.stderr
+    assert out.returncode == 2 and "unknown DThrottle setting(s): brust" in out.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -245,5 +245,5 @@ def test_bad_flags_are_refused_before_listening(args: list[str], message: str) -
     from smockron.daemons.dthrottle.cli import dthrottle
 
     result = CliRunner().invoke(dthrottle, args)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # a usage error, like any bad value
     assert message in result.output
