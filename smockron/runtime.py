@@ -215,7 +215,8 @@ class Lifecycle:
         if sig == signal.SIGINT:  # the one line of Ctrl-C (through logging: JSON stays JSON)
             log.warning("%s: interrupted, stopping", self.name)
         else:
-            log.info("%s: received %s, stopping (deadline %g s)", self.name, sig.name, self.grace)
+            log.info("%s: received %s, shutting down (deadline %g s)", self.name, sig.name,
+                     self.grace)  # fmt: skip
         asyncio.get_running_loop().call_later(self.grace, self._too_slow)
         self.stop.set()
 

@@ -103,7 +103,9 @@ def check_zmq_address(text: str) -> str:
     if sep and scheme in ("ipc", "inproc") and rest:
         return text
     if not sep or scheme != "tcp":
-        raise ConfigError(f"ZeroMQ address {text!r}: expected tcp://HOST:PORT (or ipc://, inproc://)")
+        raise ConfigError(
+            f"ZeroMQ address {text!r}: expected tcp://HOST:PORT (or ipc://, inproc://)"
+        )
     if rest.endswith(":*"):
         rest = rest[:-1] + "0"
     try:
@@ -197,7 +199,7 @@ def source_of(ctx: click.Context, param: click.Parameter) -> str:
         return f"{file}:{key}"
     if source is ParameterSource.DEFAULT:
         return "default"
-    return _long_name(param) or (param.name or "argument")
+    return f"'{_long_name(param) or param.name}'"  # quoted, as click quotes a flag
 
 
 _FILE = "smockron.settings.file"

@@ -58,7 +58,7 @@ def test_startup_failures_are_one_line(busy_port: int) -> None:
         (["proxy", "--listen", f"127.0.0.1:{busy_port}", "--upstream", "http://127.0.0.1:9",
           "--domain", "api"], f"cannot listen on 127.0.0.1:{busy_port}", 1),
         (["proxy", "--listen", "127.0.0.1:1", "--upstream", "http://127.0.0.1:9",
-          "--domain", "api", "--accounting", "garbage"], "--accounting: ZeroMQ address 'garbage'",
+          "--domain", "api", "--accounting", "garbage"], "'--accounting': ZeroMQ address 'garbage'",
          2),
         (["master", "--rule", "a:1/s:1", "--accounting", "tcp://127.0.0.1:0", "--control",
           "tcp://127.0.0.1:0", "--metrics", f"127.0.0.1:{busy_port}"],

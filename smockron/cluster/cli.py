@@ -387,9 +387,9 @@ def cluster(**flags: Any) -> None:
     print_settings_if_asked({f: getattr(config, f) for f in sorted(_FIELDS)})
     discovery = build_discovery(config, env)
     front = _envoy_front(config)
-    try:
+    try:  # the values are checked; what fails now is reading files (TLS): a startup failure
         server = ClusterServer(config, discovery, () if front is None else (front,))
-    except ValueError as exc:
+    except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     runtime.run(
         lambda stop: serve(server, front, stop),

@@ -75,7 +75,7 @@ def test_seed_example_with_two_real_daemons(tmp_path: Path) -> None:
         set_file_clock(clock, 9.0)
         assert ask(tcp_a, [C, C]) == b"OK\nNO\n"
         assert ask(tcp_b, [C, C]) == b"OK\nNO\n"
-        assert a.stop(signal.SIGTERM) == 0 and b.stop(signal.SIGINT) == 0
+        assert a.stop(signal.SIGTERM) == 0 and b.stop(signal.SIGINT) == 130
     for proc in (a, b):
         assert "Traceback" not in proc.log()
 
