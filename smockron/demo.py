@@ -33,7 +33,7 @@ from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import header
 from smockron.gatekeeper.proxy import DECISION_HEADER, GatekeeperProxy
-from smockron.settings import SmockronCommand
+from smockron.settings import SmockronCommand, print_settings_if_asked
 
 DOMAIN = "demo"
 CLIENTS = ("polite", "abusive", "bursty")
@@ -304,6 +304,7 @@ def demo(duration: float, rate: str, burst: int, abuse: float) -> None:
         rule = Rule(parse_rate(rate), burst)
     except Exception as exc:
         raise click.BadParameter(str(exc)) from None
+    print_settings_if_asked({"duration": duration, "rate": rate, "burst": burst, "abuse": abuse})
     scenario = Scenario(rule, duration, 0.6 * rule.rate, abuse * rule.rate)
     logging.getLogger("smockron.gatekeeper").setLevel(logging.WARNING)  # the table says it all
 

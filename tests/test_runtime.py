@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from smockron.runtime import logfmt
-from tests.support import Proc, free_port, free_ports, run_smockron, smockron_env, wait_for
+from tests.support import (
+    Proc,
+    free_port,
+    free_ports,
+    run_smockron,
+    smockron_env,
+    wait_for,
+    wait_port,
+)
 
 
 def _daemon_args(command: str) -> list[str]:
@@ -107,7 +115,9 @@ def test_sighup_reloads_dthrottle_rules(tmp_path: Path) -> None:
 
 
 def test_sighup_without_a_config_file_says_so_and_keeps_serving(tmp_path: Path) -> None:
-    proc = run_smockron(_daemon_args("jarl"), tmp_path / "j.log")
+    """Also: ``--log-format json`` before the subcommand, the level from the environment."""
+    args = ["--log-format", "json", *_daemon_args("jarl")]
+    proc = run_smockron(args, tmp_path / "j.log")
     try:
         wait_for(_started(proc, "jarl"))
         proc.popen.send_signal(signal.SIGHUP)
@@ -115,6 +125,24 @@ def test_sighup_without_a_config_file_says_so_and_keeps_serving(tmp_path: Path) 
         assert proc.alive()
     finally:
         assert proc.stop() == 0
+    entries = [json.loads(line) for line in proc.log().splitlines()]
+    assert any("no config file to reload" in e["msg"] for e in entries)
+
+
+def test_log_level_and_format_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SMOCKRON_LOG_FORMAT", "json")
+    monkeypatch.setenv("SMOCKRON_LOG_LEVEL", "WARNING")  # hides the INFO startup line
+    args = _daemon_args("jarl")
+    proc = run_smockron(args, tmp_path / "j.log")
+    try:
+        wait_port(int(args[args.index("--port") + 1]), timeout=20)  # serving: signals handled
+    finally:
+        code = proc.stop(signal.SIGINT)
+    entries = [json.loads(line) for line in proc.log().splitlines()]
+    assert code == 130
+    assert [e["level"] for e in entries] == ["WARNING"], entries  # only the Ctrl-C line
 
 
 STUCK = """
