@@ -54,15 +54,36 @@ def parse_duration_ms(text: str, *, bare: str | None = "s") -> float:
         if bare is None and float(value) != 0:
             raise ConfigError(f"duration {text!r} has no unit: write e.g. {value}ms or {value}s")
         return float(value) * _UNIT_MS[bare or "s"]
+    total = _sum_parts(value, _PART)
+    if total is None:
+        raise ConfigError(f"cannot parse duration {text!r}: use e.g. 500ms, 2s, 1m30s, 1h")
+    return total
+
+
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_go_duration_ms(text: str) -> float:
+    """Go's ``time.ParseDuration`` syntax (``500us``, ``1m30s``; no spaces, no days), in
+    ms, for the ``GUBER_*`` variables; a bare number is ms, as smockron always read them."""
+    value = text.strip()
+    if _NUMBER.fullmatch(value):
+        return float(value)
+    total = _sum_parts(value, _GO_PART)
+    if total is None:
+        raise ConfigError(f"invalid duration {text!r}: use e.g. 500us, 100ms, 1s")
+    return total
+
+
+def _sum_parts(value: str, part: re.Pattern[str]) -> float | None:
+    """``1m30s`` as ms: every character in a NUMBER+UNIT part, or None."""
     pos, total = 0, 0.0
-    for match in _PART.finditer(value):
+    for match in part.finditer(value):
         if match.start() != pos:
             break
         total += float(match.group(1)) * _UNIT_MS[match.group(2)]
         pos = match.end()
-    if pos == 0 or pos != len(value):
-        raise ConfigError(f"cannot parse duration {text!r}: use e.g. 500ms, 2s, 1m30s, 1h")
-    return total
+    return total if pos != 0 and pos == len(value) else None
 
 
 def parse_duration(text: str, *, bare: str | None = "s") -> float:
