@@ -184,7 +184,10 @@ class HostPort(_ParamType):
 class ZmqAddress(_ParamType):
     """A ZeroMQ endpoint flag (``tcp://HOST:PORT``), checked and kept as text."""
 
-    name = "tcp://host:port"
+    name = "endpoint"
+
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str:
+        return "tcp://HOST:PORT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
