@@ -93,9 +93,6 @@ def parse_duration(text: str, *, bare: str | None = "s") -> float:
 
 # ---------------------------------------------------------------------------- addresses
 
-WILDCARDS = ("*", "0.0.0.0", "::", "")
-
-
 def parse_host_port(text: str, *, listen: bool = False) -> tuple[str, int]:
     """``HOST:PORT``, ``[IPV6]:PORT`` or (to listen) ``*:PORT`` / ``:PORT``.
 
@@ -400,7 +397,3 @@ def _jsonable(value: Any) -> Any:
         return {k: getattr(value, k) for k in value.__dataclass_fields__}
     return str(value)
 
-
-def sources(ctx: click.Context) -> dict[str, str]:
-    """Where each parameter of ``ctx`` came from (flag, variable, file:key, default)."""
-    return {p.name: source_of(ctx, p) for p in ctx.command.params if p.name and p.name not in _OWN}
