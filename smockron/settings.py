@@ -93,6 +93,7 @@ def parse_duration(text: str, *, bare: str | None = "s") -> float:
 
 # ---------------------------------------------------------------------------- addresses
 
+
 def parse_host_port(text: str, *, listen: bool = False) -> tuple[str, int]:
     """``HOST:PORT``, ``[IPV6]:PORT`` or (to listen) ``*:PORT`` / ``:PORT``.
 
@@ -396,4 +397,3 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "__dataclass_fields__"):
         return {k: getattr(value, k) for k in value.__dataclass_fields__}
     return str(value)
-
