@@ -8,6 +8,7 @@ it does not need, and a missing optional extra only breaks the command that need
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -81,8 +82,10 @@ def _where(argv: Sequence[str]) -> str:
 
 
 def _die(where: str, message: str, code: int) -> NoReturn:
+    from smockron import runtime
+
     line = " ".join(message.split())  # one line, whatever the message held
-    sys.stderr.write(f"{where}: error: {line}\n")
+    runtime.announce(f"{where}: error: {line}", logging.ERROR)
     sys.exit(code)
 
 

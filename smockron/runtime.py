@@ -103,11 +103,11 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def announce(text: str) -> None:
-    """A line for the operator whatever the log level (``... serving``): plain in text
-    mode, an object in JSON mode so every line of stderr still parses."""
+def announce(text: str, level: int = logging.INFO) -> None:
+    """A line for the operator whatever the log level (``... serving``, a fatal error):
+    plain in text mode, an object in JSON mode so every line of stderr still parses."""
     if _format == "json":
-        record = logging.LogRecord("smockron", logging.INFO, "", 0, text, None, None)
+        record = logging.LogRecord("smockron", level, "", 0, text, None, None)
         text = JsonFormatter().format(record)
     sys.stderr.write(text + "\n")
     sys.stderr.flush()

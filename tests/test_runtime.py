@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -114,6 +115,31 @@ def test_sighup_reloads_dthrottle_rules(tmp_path: Path) -> None:
         assert proc.stop() == 0
 
 
+ENVOY = """
+domain: edge
+descriptors:
+  - key: generic_key
+    value: slowpath
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"""
+
+
+def test_sighup_reloads_the_cluster_envoy_files(tmp_path: Path) -> None:
+    """With polling off (interval 0), SIGHUP alone reloads the Envoy descriptor files."""
+    conf = tmp_path / "edge.yaml"
+    conf.write_text(ENVOY)
+    args = [*_daemon_args("cluster"), "--envoy-config", str(conf), "--envoy-reload-interval", "0"]
+    proc = run_smockron(args, tmp_path / "c.log")
+    try:
+        wait_for(_started(proc, "cluster"), timeout=20)
+        conf.write_text(ENVOY.replace("requests_per_unit: 3", "requests_per_unit: 70"))
+        proc.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: "envoy: reloaded 1 domain(s)" in proc.log())
+        assert proc.alive()
+    finally:
+        assert proc.stop() == 0
+
+
 def test_sighup_without_a_config_file_says_so_and_keeps_serving(tmp_path: Path) -> None:
     """Also: ``--log-format json`` before the subcommand, the level from the environment."""
     args = ["--log-format", "json", *_daemon_args("jarl")]
@@ -187,6 +213,22 @@ def test_demo_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     log = proc.log()
     assert code == 130, log
     assert "interrupted" in log and "Traceback" not in log and "never retrieved" not in log
+
+
+def test_a_startup_failure_in_json_mode_is_one_json_line(tmp_path: Path) -> None:
+    args = _daemon_args("jarl")
+    port = int(args[args.index("--port") + 1])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        command = [sys.executable, "-m", "smockron", "--log-format", "json", *args]
+        out = subprocess.run(
+            command, capture_output=True, text=True, env=smockron_env(), timeout=60, check=False
+        )
+    entries = [json.loads(line) for line in out.stderr.splitlines()]
+    assert out.returncode == 1
+    assert entries[-1]["level"] == "ERROR"
+    assert entries[-1]["msg"].startswith(f"smockron jarl: error: cannot listen on 127.0.0.1:{port}")
 
 
 def test_logfmt_quotes_what_needs_it() -> None:
