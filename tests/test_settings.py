@@ -257,3 +257,14 @@ def test_log_options_on_either_side_of_the_subcommand() -> None:
     assert result.exit_code == 2 and "'yaml' is not one of 'text', 'json'" in result.stderr
     result = _run(["--log-level", "loud", "jarl"])
     assert result.exit_code == 2 and "--log-level" in result.stderr
+
+
+def test_master_toml_takes_dashes_and_durations_with_units(tmp_path: Path) -> None:
+    config = tmp_path / "master.toml"
+    config.write_text('stats-interval = "2m"\nskew_tolerance = 3\nrules = ["a:1/s:1"]\n')
+    printed = json.loads(_run(["master", "--config", str(config), "--print-settings"]).stdout)
+    assert (printed["stats_interval"], printed["skew_tolerance"]) == (120.0, 3)
+    config.write_text('stats_interval = "soon"\n')
+    result = _run(["master", "--config", str(config)])
+    assert result.exit_code == 2
+    assert f"{config}:stats_interval: cannot parse duration 'soon'" in result.stderr
