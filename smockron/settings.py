@@ -246,11 +246,11 @@ def load_toml_defaults(
     by_key: dict[str, str] = {}
     for param in params:
         long = _long_name(param)
-        if param.name and long and param.name not in _OWN:
+        if param.name and long and param.name not in _NOT_IN_FILE:
             by_key[long[2:].replace("-", "_")] = param.name
     options = sorted(by_key)
     for param in params:
-        if param.name and param.name not in _OWN:
+        if param.name and param.name not in _NOT_IN_FILE:
             by_key.setdefault(param.name, param.name)
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
@@ -267,6 +267,7 @@ def load_toml_defaults(
 # ---------------------------------------------------------------------------- the command
 
 _OWN = ("config", "print_settings", "log_level", "log_format")
+_NOT_IN_FILE = ("config", "print_settings")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
 
@@ -349,9 +350,8 @@ class SmockronCommand(click.Command):
     def invoke(self, ctx: click.Context) -> Any:
         from smockron import runtime
 
-        parent = ctx.parent.params if ctx.parent is not None else {}
-        level = ctx.params.pop("log_level", None) or parent.get("log_level")
-        fmt = ctx.params.pop("log_format", None) or parent.get("log_format")
+        level = _log_option(ctx, "log_level")
+        fmt = _log_option(ctx, "log_format")
         ctx.meta[_PRINT] = ctx.params.pop("print_settings", False)
         if self.file_format == "toml":
             ctx.params.pop("config", None)  # read into the default_map already
@@ -360,6 +360,16 @@ class SmockronCommand(click.Command):
             return super().invoke(ctx)
         except ConfigError as exc:
             raise BadValue(str(exc)) from None
+
+
+def _log_option(ctx: click.Context, name: str) -> str | None:
+    """``--log-level``/``--log-format``: after the subcommand, then before it or
+    ``SMOCKRON_LOG_*``, then the command's config file."""
+    own = ctx.params.pop(name, None)
+    if own is not None and ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+        return str(own)
+    parent = ctx.parent.params.get(name) if ctx.parent is not None else None
+    return parent or os.environ.get(f"SMOCKRON_{name.upper()}") or own
 
 
 def _common_options() -> list[click.Option]:

@@ -268,3 +268,19 @@ def test_master_toml_takes_dashes_and_durations_with_units(tmp_path: Path) -> No
     result = _run(["master", "--config", str(config)])
     assert result.exit_code == 2
     assert f"{config}:stats_interval: cannot parse duration 'soon'" in result.stderr
+
+
+def test_log_settings_in_the_file_lose_to_flags_and_environment(tmp_path: Path) -> None:
+    """A config file may set log_level/log_format; either flag and the variables win."""
+    config = tmp_path / "jarl.toml"
+    config.write_text('log_level = "ERROR"\nlog_format = "json"\n')
+    base = ["--service", "s", "--requests", "1", "--period", "1", "--ip", "127.0.0.1"]
+    cases = [
+        ([], {}, logging.ERROR),
+        (["--log-level", "DEBUG"], {}, logging.DEBUG),
+        ([], {"SMOCKRON_LOG_LEVEL": "WARNING"}, logging.WARNING),
+    ]
+    for before, env, level in cases:
+        args = [*before, "jarl", *base, "--port", "1", "--config", str(config), "--print-settings"]
+        assert _run(args, env).exit_code == 0
+        assert logging.getLogger().level == level, (before, env)

@@ -298,6 +298,12 @@ def _reload(server: ClusterServer, front: EnvoyFront | None) -> None:
     type=_DURATION,
     help="[GUBER_GLOBAL_TIMEOUT; 500ms]",
 )
+@click.option(
+    "--global-mode",
+    type=click.Choice(["lend", "gubernator"]),
+    help="GLOBAL at non-owners: lend (each node spends only what its owner lends it) or "
+    "gubernator (Gubernator's answers, and its over-admission) [SMOCKRON_GLOBAL_MODE; lend]",
+)
 @click.option("--cache-size", type=int, help="max rate limits kept [GUBER_CACHE_SIZE; 50000]")
 @click.option(
     "--peer-down-after",
