@@ -27,12 +27,13 @@ import aiohttp
 import click
 from aiohttp import web
 
+from smockron import runtime
 from smockron.core.rules import Rule, parse_rate
-from smockron.gatekeeper.cli import run
 from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import header
 from smockron.gatekeeper.proxy import DECISION_HEADER, GatekeeperProxy
+from smockron.settings import SmockronCommand, print_settings_if_asked
 
 DOMAIN = "demo"
 CLIENTS = ("polite", "abusive", "bursty")
@@ -142,14 +143,19 @@ async def drive(
         else:
             tally.errors[client] += 1
 
-    for i, offset in enumerate(offsets):
-        if (wait := t0 + offset - time.monotonic()) > 0:
-            await asyncio.sleep(wait)
-        task = asyncio.create_task(one(i))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks, timeout=10)
+    try:
+        for i, offset in enumerate(offsets):
+            if (wait := t0 + offset - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            task = asyncio.create_task(one(i))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+    finally:  # cut short (Ctrl-C) or timed out: no request outlives its session
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def held(tally: Tally, scenario: Scenario, t0: float, client: str, how: str) -> list[str]:
@@ -270,6 +276,10 @@ async def show_live(
             break
         except TimeoutError:
             pass
+        except asyncio.CancelledError:  # Ctrl-C: the clients stop with the table
+            drivers.cancel()
+            await asyncio.gather(drivers, return_exceptions=True)
+            raise
         text = table(tally, scenario, time.monotonic() - t0)
         if live and height:
             sys.stdout.write(f"\x1b[{height}F\x1b[J")
@@ -281,7 +291,7 @@ async def show_live(
         sys.stdout.write(f"\x1b[{height}F\x1b[J")
 
 
-@click.command()
+@click.command(cls=SmockronCommand)
 @click.option("--duration", type=float, default=15.0, show_default=True, help="Seconds of traffic.")
 @click.option("--rate", default="5/s", show_default=True, help="The rule's rate.")
 @click.option("--burst", type=int, default=10, show_default=True, help="The rule's burst.")
@@ -294,12 +304,26 @@ def demo(duration: float, rate: str, burst: int, abuse: float) -> None:
         rule = Rule(parse_rate(rate), burst)
     except Exception as exc:
         raise click.BadParameter(str(exc)) from None
+    print_settings_if_asked({"duration": duration, "rate": rate, "burst": burst, "abuse": abuse})
     scenario = Scenario(rule, duration, 0.6 * rule.rate, abuse * rule.rate)
     logging.getLogger("smockron.gatekeeper").setLevel(logging.WARNING)  # the table says it all
 
-    async def main() -> None:
+    async def main(stop: asyncio.Event) -> None:
+        """The demo, cut short (cleanly: proxies closed, master stopped) by Ctrl-C."""
         with tempfile.TemporaryDirectory(prefix="smockron-demo-") as tmp:
-            lines = await run_demo(scenario, Path(tmp) / "master.log", sys.stdout.isatty())
+            work = asyncio.create_task(
+                run_demo(scenario, Path(tmp) / "master.log", sys.stdout.isatty())
+            )
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not work.done():  # Ctrl-C: the runtime said it in one line; the rest is noise
+                logging.getLogger("smockron.gatekeeper").setLevel(logging.ERROR)
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                return
+            lines = work.result()
         print("\n".join(lines), flush=True)
 
-    run(main())
+    runtime.run(main, name="demo")

@@ -15,8 +15,8 @@ import pytest
 
 from smockron import memory
 from smockron.core.rules import Rule
-from smockron.daemons.dthrottle_config import DThrottleConfig, parse_listen
-from smockron.daemons.dthrottle_server import DThrottleDaemon
+from smockron.daemons.dthrottle.config import DThrottleConfig, parse_listen
+from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.gatekeeper.state import Decider, DelayTable, Line
 from smockron.master.config import MasterSettings
 from smockron.master.engine import DomainPolicy

@@ -1,7 +1,10 @@
 """``smockron cluster``: a Gubernator-compatible node.
 
-Every flag has a Gubernator ``GUBER_*`` environment variable (flags win). Durations
-take Go syntax (``500us``, ``100ms``, ``1s``) or a number of milliseconds.
+Settings, first found wins: the flag; ``SMOCKRON_CLUSTER_<FLAG>``; Gubernator's ``GUBER_*``
+variable (and envoyproxy/ratelimit's names for the Envoy front); the ``--config`` TOML
+file; the default. Duration flags need a unit (``500us``, ``100ms``, ``1s``, ``1m30s``): a
+bare number once meant milliseconds here and is now refused rather than reread; the
+``GUBER_*`` variables keep Gubernator's Go syntax.
 """
 
 from __future__ import annotations
@@ -10,18 +13,19 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import fields, replace
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
+from smockron import runtime
 from smockron.cluster.config import (
     CLIENT_AUTH_MODES,
     ClusterConfig,
     from_env,
-    parse_duration_ms,
 )
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
@@ -29,6 +33,13 @@ from smockron.cluster.http import observe
 from smockron.cluster.node import Node
 from smockron.cluster.server import ClusterServer, GrpcServer
 from smockron.errors import ConfigError
+from smockron.settings import (
+    Duration,
+    HostPort,
+    SmockronCommand,
+    parse_host_port,
+    print_settings_if_asked,
+)
 
 log = logging.getLogger("smockron.cluster")
 
@@ -42,23 +53,38 @@ _DISCOVERY_FLAGS = {
 }
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration_ms(value)
-    except ConfigError as exc:
-        raise click.BadParameter(str(exc)) from None
+_DURATION = Duration(bare=None, unit="ms")  # a bare number used to be ms: refused
+_FIELDS = frozenset(f.name for f in fields(ClusterConfig))
 
 
-def build_config(env: dict[str, str], flags: dict[str, Any]) -> ClusterConfig:
-    config = from_env(env)
-    changes = {k: v for k, v in flags.items() if v is not None and hasattr(config, k)}
-    if flags.get("peers"):
-        changes["peers"] = tuple(p.strip() for p in flags["peers"].split(",") if p.strip())
-    if flags.get("etcd_endpoints"):
-        changes["etcd_endpoints"] = tuple(flags["etcd_endpoints"].split(","))
-    config = replace(config, **changes)
+def _changes(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flag values (click's, already converted) as ClusterConfig changes."""
+    changes = {k: v for k, v in values.items() if v is not None and k in _FIELDS}
+    if values.get("peers"):
+        changes["peers"] = _addresses(values["peers"], "peers")
+    if values.get("etcd_endpoints"):
+        changes["etcd_endpoints"] = _addresses(values["etcd_endpoints"], "etcd endpoints")
+    return changes
+
+
+def _addresses(text: str, what: str) -> tuple[str, ...]:
+    """A comma-separated list of HOST:PORT, each checked."""
+    items = tuple(p.strip() for p in str(text).split(",") if p.strip())
+    for item in items:
+        try:
+            parse_host_port(item)
+        except ConfigError as exc:
+            raise ConfigError(f"{what}: {exc}") from None
+    return items
+
+
+def build_config(
+    env: Mapping[str, str], flags: Mapping[str, Any], file: Mapping[str, Any] | None = None
+) -> ClusterConfig:
+    """Defaults, then the ``file`` values, then ``GUBER_*`` (``env``), then ``flags`` (the
+    command line and ``SMOCKRON_CLUSTER_*``)."""
+    base = replace(ClusterConfig(), **_changes(file or {}))
+    config = replace(from_env(env, base), **_changes(flags))
     return replace(config, **_listen_everywhere(config)).validate()
 
 
@@ -86,7 +112,7 @@ def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
     return changes
 
 
-def build_discovery(config: ClusterConfig, env: dict[str, str]) -> Discovery:
+def build_discovery(config: ClusterConfig, env: Mapping[str, str]) -> Discovery:
     me = PeerInfo(config.advertise, config.http_address, config.data_center)
     kind = config.peer_discovery.lower()
     if kind in ("static", "none", ""):
@@ -107,7 +133,7 @@ _GUBER_LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "warning":
                  "error": "ERROR", "fatal": "CRITICAL", "panic": "CRITICAL"}  # fmt: skip
 
 
-def guber_log_level(env: dict[str, str]) -> str | None:
+def guber_log_level(env: Mapping[str, str]) -> str | None:
     """Gubernator's GUBER_DEBUG / GUBER_LOG_LEVEL as a logging level name, or None."""
     if env.get("GUBER_DEBUG", "").lower() in ("1", "true", "yes", "on"):
         return "DEBUG"
@@ -121,15 +147,14 @@ def guber_log_level(env: dict[str, str]) -> str | None:
     return level
 
 
-def _apply_guber_log_level(env: dict[str, str]) -> None:
-    """GUBER_* logging applies unless ``smockron --log-level`` or SMOCKRON_LOG_LEVEL chose."""
+def _apply_guber_log_level(env: Mapping[str, str]) -> None:
+    """GUBER_* logging applies unless ``--log-level`` (either level) or SMOCKRON_LOG_LEVEL
+    chose."""
     ctx = click.get_current_context(silent=True)
-    parent = ctx.parent if ctx is not None else None
-    if parent is not None and parent.get_parameter_source("log_level") not in (
-        None,
-        click.core.ParameterSource.DEFAULT,
-    ):
-        return
+    while ctx is not None:
+        if ctx.get_parameter_source("log_level") not in (None, ParameterSource.DEFAULT):
+            return
+        ctx = ctx.parent
     level = guber_log_level(env)
     if level is not None and "SMOCKRON_LOG_LEVEL" not in env:
         logging.getLogger().setLevel(level)
@@ -148,20 +173,26 @@ class EnvoyFront:
         self.reload_interval = reload_interval
         self.headers = headers
         self._task: asyncio.Task[None] | None = None
+        self._reloader: Any = None
 
     def __call__(self, server: GrpcServer, node: Node) -> None:
         servicer = self._envoy.add_to_server(
             server, node, self.loaded, response_headers=self.headers
         )
+        self._reloader = self._envoy.ConfigReloader(servicer, self.paths, self.reload_interval)
         if self.reload_interval > 0:
-            reloader = self._envoy.ConfigReloader(servicer, self.paths, self.reload_interval)
-            self._task = asyncio.get_running_loop().create_task(reloader.run())
+            self._task = asyncio.get_running_loop().create_task(self._reloader.run())
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def reload(self) -> None:
+        """SIGHUP: check the descriptor files now rather than at the next poll."""
+        if self._reloader is not None and not self._reloader.check():
+            log.info("envoy: SIGHUP: the descriptor files are unchanged")
 
 
 def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
@@ -175,13 +206,14 @@ def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
 
 
 async def serve(
-    server: ClusterServer, front: EnvoyFront | None = None, metrics: str | None = None
+    server: ClusterServer,
+    front: EnvoyFront | None = None,
+    stop: asyncio.Event | None = None,
+    facts: Mapping[str, Any] | None = None,
+    metrics: str | None = None,
 ) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+    """Start, serve until ``stop`` (the runtime's SIGTERM/SIGINT), then stop cleanly."""
+    stop = stop or asyncio.Event()
     try:
         await server.start()
     except OSError as exc:
@@ -189,7 +221,8 @@ async def serve(
             await front.close()
         await server.stop()
         raise click.ClickException(str(exc)) from None
-    click.echo(f"smockron cluster: node {server.node.address} serving", err=True)
+    runtime.startup_line("cluster", **(facts or {}))
+    runtime.announce(f"smockron cluster: node {server.node.address} serving")
     listener = None
     try:
         if metrics:
@@ -207,16 +240,33 @@ async def serve(
         await server.stop()
 
 
-@click.command("cluster")
-@click.option("--grpc-address", help="gRPC listen address [GUBER_GRPC_ADDRESS; 127.0.0.1:1051]")
-@click.option("--http-address", help="HTTP listen address [GUBER_HTTP_ADDRESS; 127.0.0.1:1050]")
+def _reload(server: ClusterServer, front: EnvoyFront | None) -> None:
+    """SIGHUP: the TLS certificate and key files, and the Envoy descriptor files."""
+    server.reload_tls()
+    if front is not None:
+        front.reload()
+
+
+@click.command("cluster", cls=SmockronCommand)
+@click.option(
+    "--grpc-address",
+    type=HostPort(listen=True, optional=True),
+    help="gRPC listen address [GUBER_GRPC_ADDRESS; 127.0.0.1:1051]",
+)
+@click.option(
+    "--http-address",
+    type=HostPort(listen=True, optional=True),
+    help="HTTP listen address [GUBER_HTTP_ADDRESS; 127.0.0.1:1050]",
+)
 @click.option(
     "--status-http-address",
+    type=HostPort(listen=True, optional=True),
     help="with TLS: HTTPS listener for /v1/HealthCheck without client certificates "
     "[GUBER_STATUS_HTTP_ADDRESS; off]",
 )
 @click.option(
     "--advertise-address",
+    type=HostPort(optional=True),
     help="gRPC address peers use for this node [GUBER_ADVERTISE_ADDRESS; the gRPC address]",
 )
 @click.option("--peers", help="static peer list: gRPC addresses of every node, this one included")
@@ -233,20 +283,20 @@ async def serve(
 @click.option(
     "--batch-wait",
     "batch_wait_ms",
-    callback=_duration,
+    type=_DURATION,
     help="how long forwards wait to fill a batch [GUBER_BATCH_WAIT; 500us]",
 )
 @click.option("--batch-limit", type=int, help="items per forwarded batch [GUBER_BATCH_LIMIT; 1000]")
 @click.option(
     "--batch-timeout",
     "batch_timeout_ms",
-    callback=_duration,
+    type=_DURATION,
     help="deadline of a peer call [GUBER_BATCH_TIMEOUT; 500ms]",
 )
 @click.option(
     "--global-sync-wait",
     "global_sync_wait_ms",
-    callback=_duration,
+    type=_DURATION,
     help="GLOBAL hits/broadcast interval [GUBER_GLOBAL_SYNC_WAIT; 100ms]",
 )
 @click.option(
@@ -255,7 +305,7 @@ async def serve(
 @click.option(
     "--global-timeout",
     "global_timeout_ms",
-    callback=_duration,
+    type=_DURATION,
     help="[GUBER_GLOBAL_TIMEOUT; 500ms]",
 )
 @click.option(
@@ -289,7 +339,7 @@ async def serve(
 @click.option(
     "--envoy-reload-interval",
     "envoy_reload_interval_ms",
-    callback=_duration,
+    type=_DURATION,
     help="how often the Envoy config files are checked for changes; 0 = never [5s]",
 )
 @click.option(
@@ -338,15 +388,28 @@ async def serve(
 )
 @click.option("--metrics", metavar="HOST:PORT", help="Also serve /metrics, /healthz, /readyz here.")
 def cluster(**flags: Any) -> None:
-    """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON)."""
+    """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON).
+
+    Each flag may also come from SMOCKRON_CLUSTER_<FLAG>, then Gubernator's GUBER_*
+    variable, then the --config TOML file. SIGHUP reloads the TLS files and the Envoy
+    descriptor files.
+    """
     env = dict(os.environ)
-    try:
-        _apply_guber_log_level(env)
-        config = build_config(env, flags)
-        discovery = build_discovery(config, env)
-        front = _envoy_front(config)
+    ctx = click.get_current_context()
+    from_file = ParameterSource.DEFAULT_MAP
+    given = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) != from_file}
+    filed = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) == from_file}
+    _apply_guber_log_level(env)
+    config = build_config(env, given, filed)
+    print_settings_if_asked({f: getattr(config, f) for f in sorted(_FIELDS)})
+    discovery = build_discovery(config, env)
+    front = _envoy_front(config)
+    try:  # the values are checked; what fails now is reading files (TLS): a startup failure
         server = ClusterServer(config, discovery, () if front is None else (front,))
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(server, front, flags.get("metrics")))
+    runtime.run(
+        lambda stop: serve(server, front, stop, metrics=flags.get("metrics")),
+        name="cluster",
+        reload=lambda: _reload(server, front),
+    )

@@ -1,50 +1,22 @@
 """Configuration of a cluster node: defaults, Gubernator's GUBER_* variables, Go durations.
 
-Flags win over environment variables, which win over the defaults here; the defaults are
-Gubernator's (batch wait 500 us, batch limit 1,000, global sync wait 100 ms...).
+Flags and ``SMOCKRON_CLUSTER_*`` win over the ``GUBER_*`` variables, which win over the
+``--config`` file, then the defaults here; the defaults are Gubernator's (batch wait
+500 us, batch limit 1,000, global sync wait 100 ms...). See smockron/cluster/cli.py.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from smockron.core.hashring import DEFAULT_REPLICAS, HASHES
 from smockron.errors import ConfigError
+from smockron.settings import parse_go_duration_ms
 
-_GO_UNITS_MS = {
-    "ns": 1e-6,
-    "us": 1e-3,
-    "µs": 1e-3,
-    "μs": 1e-3,
-    "ms": 1.0,
-    "s": 1000.0,
-    "m": 60_000.0,
-    "h": 3_600_000.0,
-}
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_duration_ms(text: str) -> float:
-    """A Go duration (``500us``, ``1m30s``) or a bare number of milliseconds, in ms."""
-    value = text.strip()
-    if not value:
-        raise ConfigError("empty duration")
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    pos, total = 0, 0.0
-    for match in _GO_PART.finditer(value):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _GO_UNITS_MS[match.group(2)]
-        pos = match.end()
-    if pos != len(value) or pos == 0:
-        raise ConfigError(f"invalid duration {text!r}: use e.g. 500us, 100ms, 1s")
-    return total
+parse_duration_ms = parse_go_duration_ms
+"""The ``GUBER_*`` durations: Go syntax, or a bare number of ms (settings.py)."""
 
 
 GRPC_SERVERS = ("threads", "asyncio", "native")

@@ -1,6 +1,6 @@
 """Drop-in replacements for two small rate-limiting daemons: JARL and DThrottle.
 
-Each daemon is a pure algorithm module (``jarl``, ``dthrottle``, ``report``) plus thin
-asyncio adapters (``jarl_server``, ``dthrottle_server``, ``peers``) and a click command
-(``jarl_cli``, ``dthrottle_cli``). See docs/daemons.md.
+Each daemon is a sub-package (``jarl/``, ``dthrottle/``): a pure ``algorithm`` module plus
+thin asyncio adapters (``server``, and the shared ``peers``, ``report``, ``clock``) and a
+click command (``cli``). See docs/daemons.md.
 """

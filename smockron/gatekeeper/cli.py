@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import re
-import signal
-from collections.abc import Coroutine
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
+from smockron import runtime
 from smockron.core.rules import ALGORITHMS, parse_rule_spec
 from smockron.curve import curve_client
 from smockron.curve_cli import curve_options
@@ -20,27 +18,25 @@ from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
 from smockron.gatekeeper.identify import parse_identify
 from smockron.gatekeeper.proxy import GatekeeperProxy
+from smockron.settings import (
+    Duration,
+    HostPort,
+    SmockronCommand,
+    ZmqAddress,
+    parse_duration_ms,
+    parse_host_port,
+    print_settings_if_asked,
+)
 
 log = logging.getLogger("smockron.gatekeeper.cli")
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_MS = {"ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0,
-            None: 1000.0}  # fmt: skip
-
-
-def parse_duration_ms(text: str) -> int:
-    """``2s``, ``500ms``, ``1.5s``, ``1m``, ``1h``, ``1d`` or bare seconds (``5``) as ms."""
-    match = _DURATION_RE.match(text)
-    if match is None:
-        raise ConfigError(f"cannot parse duration {text!r}: use e.g. 2s, 500ms or 1m")
-    return round(float(match.group(1)) * _UNIT_MS[match.group(2)])
+__all__ = ["parse_duration_ms", "parse_listen", "proxy", "rule_config"]
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"cannot parse --listen {text!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    """``HOST:PORT`` to listen on; ``*`` or an empty host is every interface."""
+    host, port = parse_host_port(text, listen=True)
+    return ("0.0.0.0" if host in ("", "*") else host), port
 
 
 def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str, list[str]]:
@@ -59,14 +55,19 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     return config
 
 
-@click.command()
-@click.option("--listen", required=True, help="HOST:PORT to serve on, e.g. 127.0.0.1:8080.")
+@click.command(cls=SmockronCommand)
+@click.option(
+    "--listen",
+    required=True,
+    type=HostPort(listen=True),
+    help="HOST:PORT to serve on, e.g. 127.0.0.1:8080.",
+)
 @click.option(
     "--upstream", required=True, help="The protected service, e.g. http://127.0.0.1:9000."
 )
 @click.option("--domain", required=True, help="The Smockron domain of every request.")
-@click.option("--accounting", default="tcp://127.0.0.1:10004", show_default=True)
-@click.option("--control", default="tcp://127.0.0.1:10005", show_default=True)
+@click.option("--accounting", type=ZmqAddress(), default="tcp://127.0.0.1:10004", show_default=True)
+@click.option("--control", type=ZmqAddress(), default="tcp://127.0.0.1:10005", show_default=True)
 @click.option("--identify", default="ip", show_default=True, help="ip or header:NAME.")
 @click.option(
     "--trusted-proxy",
@@ -74,7 +75,11 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     help="Address or CIDR whose X-Forwarded-For / Forwarded is believed (repeatable).",
 )
 @click.option(
-    "--max-delay", default="5s", show_default=True, help="Longest delay before rejecting."
+    "--max-delay",
+    type=Duration(unit="ms"),
+    default="5s",
+    show_default=True,
+    help="Longest delay before rejecting (a bare number is seconds).",
 )
 @click.option(
     "--max-delayed", default=1000, show_default=True, help="Most requests waiting at once."
@@ -97,6 +102,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
 )
 @click.option(
     "--max-ahead",
+    type=Duration(unit="ms"),
     default="1d",
     show_default=True,
     help="Refuse a DELAY_UNTIL further ahead than this (e.g. 1h, 1d): whatever holds the "
@@ -125,10 +131,10 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
 )
 @click.option(
     "--stats-interval",
-    type=float,
-    default=60.0,
+    type=Duration(),
+    default="60s",
     show_default=True,
-    help="Log the gatekeeper's counters this often, in seconds (0: never).",
+    help="Log the gatekeeper's counters this often (a bare number is seconds; 0: never).",
 )
 @curve_options("proxy", server=False, client=True)
 @click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
@@ -140,13 +146,13 @@ def proxy(
     control: str,
     identify: str,
     trusted_proxy: tuple[str, ...],
-    max_delay: str,
+    max_delay: float,
     max_delayed: int,
     reject_status: str,
     reject_sample: float,
     loginfo: bool,
     decision_header: bool,
-    max_ahead: str,
+    max_ahead: float,
     rules: tuple[str, ...],
     algorithms: tuple[str, ...],
     master_rules: bool,
@@ -155,10 +161,13 @@ def proxy(
     curve_server: str | None,
     metrics: str | None,
 ) -> None:
-    """Run a gatekeeper reverse proxy in front of UPSTREAM."""
+    """Run a gatekeeper reverse proxy in front of UPSTREAM.
+
+    Every flag may also come from SMOCKRON_PROXY_<FLAG> or a --config TOML file.
+    """
+    print_settings_if_asked({k: v for k, v in locals().items() if not k.startswith("_")})
+    host, port = parse_listen(listen)
     try:
-        host, port = parse_listen(listen)
-        max_delay_ms = parse_duration_ms(max_delay)
         gate = HttpGate(
             domain,
             parse_identify(identify, trusted_proxy),
@@ -169,28 +178,26 @@ def proxy(
             accounting,
             control,
             gate.domains,
-            max_delay_ms=max_delay_ms,
+            max_delay_ms=round(max_delay),
             max_delayed=max_delayed,
             reject_sample=reject_sample,
             rules=rule_config(rules, algorithms),
             master_rules=master_rules,
-            max_ahead_ms=parse_duration_ms(max_ahead),
+            max_ahead_ms=round(max_ahead),
             curve=curve_client(curve_secret, curve_server),
-        )
-        server = GatekeeperProxy(
-            upstream, gate, gatekeeper, decision_header=decision_header, metrics=metrics
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    run(serve(server, host, port, stats_interval))
+    server = GatekeeperProxy(
+        upstream, gate, gatekeeper, decision_header=decision_header, metrics=metrics
+    )
+    runtime.run(lambda stop: serve(server, host, port, stats_interval, stop), name="proxy")
 
 
-async def serve(server: GatekeeperProxy, host: str, port: int, stats_interval: float) -> None:
-    """Serve until SIGTERM or SIGINT, then close cleanly."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+async def serve(
+    server: GatekeeperProxy, host: str, port: int, stats_interval: float, stop: asyncio.Event
+) -> None:
+    """Serve until ``stop`` (SIGTERM, SIGINT), logging stats, then close cleanly."""
     try:
         await server.start(host, port)
     except OSError as exc:
@@ -201,24 +208,27 @@ async def serve(server: GatekeeperProxy, host: str, port: int, stats_interval: f
     except ConfigError as exc:  # the --metrics listener
         await server.close()
         raise click.ClickException(str(exc)) from None
+    runtime.startup_line("proxy", listen=f"{host}:{port}", upstream=server.upstream,
+                         accounting=server.gatekeeper.accounting or "none",
+                         curve="on" if server.gatekeeper.curve is not None else "off")  # fmt: skip
     try:
         while True:
             try:
                 await asyncio.wait_for(stop.wait(), stats_interval if stats_interval > 0 else None)
                 break
             except TimeoutError:
-                log.info("stats %s", server.stats())
+                runtime.log_stats(log, _flat(server.stats()))
     finally:
-        log.info("stopping; stats %s", server.stats())
+        runtime.log_stats(log, _flat(server.stats()), event="stopping")
         await server.close()
 
 
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    """Run on uvloop when it is installed (it roughly doubles proxy throughput)."""
-    with contextlib.suppress(KeyboardInterrupt):
-        try:
-            import uvloop
-        except ImportError:
-            asyncio.run(coro)
+def _flat(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """A stats mapping, nested mappings flattened to ``outer_inner`` keys."""
+    out: dict[str, Any] = {}
+    for key, value in stats.items():
+        if isinstance(value, Mapping):
+            out.update({f"{key}_{k}": v for k, v in value.items()})
         else:
-            uvloop.run(coro)
+            out[key] = value
+    return out

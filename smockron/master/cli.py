@@ -10,34 +10,63 @@ from typing import Any
 
 import click
 
+from smockron import runtime
 from smockron.curve import InsecureBindError
 from smockron.curve_cli import Refused, curve_options
 from smockron.errors import ConfigError, SmockronError
 from smockron.master.config import DEFAULT_ACCOUNTING, DEFAULT_CONTROL, MasterSettings
 from smockron.master.config import load_settings as _load_settings
+from smockron.settings import (
+    Duration,
+    HostPort,
+    SmockronCommand,
+    ZmqAddress,
+    check_zmq_address,
+    print_settings_if_asked,
+)
 
 log = logging.getLogger("smockron.master")
 
 
-def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """uvloop when installed (faster event loop), plain asyncio otherwise."""
+async def _until_stopped(
+    run: Callable[[], Coroutine[Any, Any, None]],
+    stop_server: Callable[[], None],
+    stop: asyncio.Event,
+) -> None:
+    """Run a server's own ``run`` and call its ``stop`` when the runtime says so."""
+    serving = asyncio.create_task(run())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if stopping.done():
+        stop_server()
+    stopping.cancel()
     try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
+        await serving
+    except InsecureBindError as exc:
+        raise Refused(str(exc)) from None
+    except SmockronError as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        if type(exc).__name__ == "ZMQError":
+            raise click.ClickException(f"cannot bind: {exc}") from None
+        raise
 
 
-@click.command()
+@click.command(cls=SmockronCommand, file_format=None)  # reads its own TOML or YAML
 @click.option(
     "--config",
     "config",
     type=click.Path(dir_okay=False, path_type=Path),
     help="TOML file (or the original master's YAML); reloaded on SIGHUP.",
 )
-@click.option("--accounting", help=f"SUB address for accounting [default: {DEFAULT_ACCOUNTING}]")
-@click.option("--control", help=f"PUB address for control [default: {DEFAULT_CONTROL}]")
+@click.option(
+    "--accounting",
+    type=ZmqAddress(),
+    help=f"SUB address for accounting [default: {DEFAULT_ACCOUNTING}]",
+)
+@click.option(
+    "--control", type=ZmqAddress(), help=f"PUB address for control [default: {DEFAULT_CONTROL}]"
+)
 @click.option(
     "--rule",
     "rules",
@@ -53,27 +82,51 @@ def _run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     help="history (default, the seed's rule) or gcra, per domain. Repeatable.",
 )
 @click.option("--store", help="memory:// (default) or redis://HOST:PORT/DB")
-@click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@click.option(
+    "--metrics",
+    type=HostPort(listen=True),
+    metavar="HOST:PORT",
+    help="Serve /metrics, /healthz, /readyz here.",
+)
 @click.option(
     "--stats-interval",
-    type=float,
-    metavar="SECONDS",
-    help="Log a statistics line this often (0: never) [default: 60].",
+    type=Duration(),
+    metavar="DURATION",
+    help="Log a statistics line this often (0: never; a bare number is seconds) [default: 60s].",
 )
 @click.option(
     "--skew-tolerance",
-    type=float,
-    metavar="SECONDS",
+    type=Duration(),
+    metavar="DURATION",
     help="Timestamps farther than this from the master's clock are replaced by it [default: 2].",
 )
-@click.option("--hwm", type=int, help="ZeroMQ high-water mark, messages [default: 100000].")
-@click.option("--queue", type=int, help="Internal queue bound, messages [default: 100000].")
-@click.option("--batch", type=int, help="Messages processed in one go [default: 2000].")
 @click.option(
-    "--max-identifier", type=int, metavar="BYTES", help="Longest identifier [default: 1024]."
+    "--hwm", type=click.IntRange(min=1), help="ZeroMQ high-water mark, messages [default: 100000]."
 )
-@click.option("--max-domain", type=int, metavar="BYTES", help="Longest domain [default: 256].")
-@click.option("--max-loginfo", type=int, metavar="BYTES", help="Longest log info [default: 8192].")
+@click.option(
+    "--queue", type=click.IntRange(min=1), help="Internal queue bound, messages [default: 100000]."
+)
+@click.option(
+    "--batch", type=click.IntRange(min=1), help="Messages processed in one go [default: 2000]."
+)
+@click.option(
+    "--max-identifier",
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Longest identifier [default: 1024].",
+)
+@click.option(
+    "--max-domain",
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Longest domain [default: 256].",
+)
+@click.option(
+    "--max-loginfo",
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Longest log info [default: 8192].",
+)
 @curve_options("master", server=True, client=False)
 def master(
     config: Path | None,
@@ -81,38 +134,47 @@ def master(
     algorithms: tuple[str, ...],
     **overrides: Any,
 ) -> None:
-    """Run the Smockron master: apply rules to accounting, publish DELAY_UNTIL."""
+    """Run the Smockron master: apply rules to accounting, publish DELAY_UNTIL.
+
+    Every flag may also come from SMOCKRON_MASTER_<FLAG>; then the --config file
+    (TOML, or the original Smockron master's YAML; reloaded on SIGHUP); then defaults.
+    """
     from smockron.master.server import Master
 
     def load() -> MasterSettings:
         return _load_settings(config, overrides=overrides, rules=rules, algorithms=algorithms)
 
+    settings = load()
+    print_settings_if_asked(
+        {**{name: getattr(settings, name) for name in settings.__dataclass_fields__},
+         "config": str(config) if config else None}
+    )  # fmt: skip
     try:
-        settings = load()
         server = Master(settings, reload=load if config is not None else None)
-    except SmockronError as exc:
-        raise click.ClickException(str(exc)) from None
-    try:
-        _run(server.run)
-    except InsecureBindError as exc:
-        raise Refused(str(exc)) from None
-    except SmockronError as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:
-        if type(exc).__name__ == "ZMQError":
-            raise click.ClickException(f"cannot bind: {exc}") from None
+    except ConfigError:
         raise
+    except SmockronError as exc:
+        raise click.ClickException(str(exc)) from None
+    async def main(stop: asyncio.Event) -> None:
+        runtime.startup_line("master", store=settings.store, domains=len(settings.domains),
+                             config=str(config) if config else "none",
+                             curve="on" if settings.curve_secret else "off")  # fmt: skip
+        await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
+
+    runtime.run(main, name="master", reload=server.reload)
 
 
-@click.command()
+@click.command(cls=SmockronCommand)
 @click.option(
     "--accounting",
+    type=ZmqAddress(),
     default=DEFAULT_ACCOUNTING,
     show_default=True,
     help="SUB address the gatekeepers publish accounting to.",
 )
 @click.option(
     "--control",
+    type=ZmqAddress(),
     default=DEFAULT_CONTROL,
     show_default=True,
     help="PUB address the gatekeepers subscribe to for control.",
@@ -133,7 +195,12 @@ def master(
     help="ZeroMQ high-water mark of every socket.",
 )
 @curve_options("router", server=True, client=True)
-@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
+@click.option(
+    "--metrics",
+    type=HostPort(listen=True),
+    metavar="HOST:PORT",
+    help="Serve /metrics, /healthz, /readyz here.",
+)
 def router(
     accounting: str,
     control: str,
@@ -147,16 +214,29 @@ def router(
 ) -> None:
     """Shard accounting over several masters by domain; relay all their control.
 
-    With CURVE, the gatekeepers' keys are checked against --curve-clients, and the
-    masters (which allow this router's key) are pinned by --curve-server."""
+    Every flag may also come from SMOCKRON_ROUTER_<FLAG> or a --config TOML file. With
+    CURVE, the gatekeepers' keys are checked against --curve-clients, and the masters
+    (which allow this router's key) are pinned by --curve-server.
+    """
     from smockron.curve import curve_client
     from smockron.curve import curve_server as server_curve
     from smockron.master.router import MasterAddress, Router
 
+    print_settings_if_asked(
+        {"accounting": accounting, "control": control, "masters": masters, "hwm": hwm,
+         "curve_secret": curve_secret, "curve_clients": curve_clients,
+         "curve_server": curve_server, "insecure_bind": insecure_bind, "metrics": metrics}
+    )  # fmt: skip
+    if curve_secret is not None and curve_clients is None and curve_server is None:
+        raise ConfigError("--curve-secret needs --curve-clients, --curve-server or both")
     try:
-        if curve_secret is not None and curve_clients is None and curve_server is None:
-            raise ConfigError("--curve-secret needs --curve-clients, --curve-server or both")
         targets = [MasterAddress.parse(spec) for spec in masters]
+        for spec in masters:
+            for address in spec.split(","):
+                check_zmq_address(address.strip())
+    except SmockronError as exc:
+        raise ConfigError(f"--master: {exc}") from None
+    try:
         server = Router(
             accounting,
             control,
@@ -169,9 +249,11 @@ def router(
         )
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
-    try:
-        _run(server.run)
-    except InsecureBindError as exc:
-        raise Refused(str(exc)) from None
-    except SmockronError as exc:
-        raise click.ClickException(str(exc)) from None
+
+    async def main(stop: asyncio.Event) -> None:
+        runtime.startup_line("router", accounting=accounting, control=control,
+                             masters=len(targets),
+                             curve="on" if curve_secret else "off")  # fmt: skip
+        await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
+
+    runtime.run(main, name="router")

@@ -1,6 +1,7 @@
 """Settings of the master: defaults, then a config file, then command-line flags.
 
-Two file formats. TOML (``*.toml``) says everything the flags say::
+Two file formats. TOML (``*.toml``) says everything the flags say (keys with underscores
+or dashes, durations in seconds or with a unit)::
 
     accounting = "tcp://127.0.0.1:10004"
     control = "tcp://127.0.0.1:10005"
@@ -52,6 +53,7 @@ from smockron.errors import ConfigError, RuleError
 from smockron.master.engine import DomainPolicy
 from smockron.master.stores.uri import parse_store_uri
 from smockron.protocol import DEFAULT_LIMITS, Limits
+from smockron.settings import parse_duration
 
 DEFAULT_ACCOUNTING = "tcp://127.0.0.1:10004"
 DEFAULT_CONTROL = "tcp://127.0.0.1:10005"
@@ -170,11 +172,22 @@ def read_file(path: Path) -> MasterSettings:
         raise ConfigError(f"{str(path)!r}: {exc}") from None
 
 
+_DURATIONS = ("stats_interval", "skew_tolerance")
+"""Seconds; the file may also write them with a unit (``"30s"``), as the flags."""
+
+
 def _from_toml(data: dict[str, Any], path: Path) -> MasterSettings:
     data = dict(data)
     nested = data.pop("master", None)  # a shared file may keep these under [master]
     if isinstance(nested, dict):
         data.update(nested)
+    data = {key.replace("-", "_"): value for key, value in data.items()}  # as the flags
+    for key in _DURATIONS:
+        if isinstance(data.get(key), str):
+            try:
+                data[key] = parse_duration(data[key])
+            except ConfigError as exc:
+                raise ConfigError(f"{path}:{key}: {exc}") from None
     rules = _list_of_str(data.pop("rules", []), "rules", path)
     algos = data.pop("algorithms", {})
     if not isinstance(algos, dict):
@@ -183,7 +196,10 @@ def _from_toml(data: dict[str, Any], path: Path) -> MasterSettings:
     unknown = set(data) - _SCALARS
     if unknown:
         raise ConfigError(f"{str(path)!r}: unknown settings {sorted(unknown)}")
-    settings = MasterSettings(**data, domains=domains)
+    try:
+        settings = MasterSettings(**data, domains=domains)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     flags = [f"{d}={a}" for d, a in algos.items()]
     return replace(settings, domains=_with_flags(domains, rules, flags))
 

@@ -214,7 +214,9 @@ class Router:
     def stop(self) -> None:
         self._stopping.set()
 
-    async def run(self) -> None:
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Serve until ``stop``; with ``handle_signals`` SIGTERM/SIGINT call it (the
+        ``smockron`` command leaves signals to smockron.runtime instead)."""
         loop = asyncio.get_running_loop()
         try:
             self.bind()
@@ -224,8 +226,9 @@ class Router:
             self.close()
             raise
         for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, self.stop)
+            if handle_signals:
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self.stop)
         tasks = [asyncio.create_task(self._accounting()), asyncio.create_task(self._control())]
         if self._watched:
             tasks.append(asyncio.create_task(self._redial()))
@@ -235,7 +238,7 @@ class Router:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.remove_signal_handler(sig)
             self.close()

@@ -213,7 +213,9 @@ class Master:
         self.offer_rules()
         log.info("reloaded: %d domain(s): %s", len(new.domains), _describe(new))
 
-    async def run(self) -> None:
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Serve until ``stop``; with ``handle_signals`` SIGTERM/SIGINT call it (the
+        ``smockron`` command leaves signals to smockron.runtime instead)."""
         loop = asyncio.get_running_loop()
         try:
             self.bind()
@@ -227,8 +229,9 @@ class Master:
             (signal.SIGINT, self.stop),
             (signal.SIGHUP, self.reload),
         ):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, handler)
+            if handle_signals:
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, handler)
         tasks = [
             asyncio.create_task(self._receive(), name="receive"),
             asyncio.create_task(self._process(), name="process"),
@@ -244,7 +247,7 @@ class Master:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if handle_signals else ():
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.remove_signal_handler(sig)
             await self.close()

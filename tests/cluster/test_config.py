@@ -110,7 +110,7 @@ def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 1
     # Gubernator's words: errors.Wrap(err, "while starting GRPC listener") over Go's error
     expected = f"while starting GRPC listener: listen tcp 127.0.0.1:{port}: bind: address"
-    assert f"Error: {expected} already in use" in log
+    assert f"smockron cluster: error: {expected} already in use" in log
     assert "Traceback" not in log
 
 

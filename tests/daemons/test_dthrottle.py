@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from smockron.daemons.dthrottle import NO, OK, PrefixRule, RuleTable, Throttle, whitelist
+from smockron.daemons.dthrottle.algorithm import NO, OK, PrefixRule, RuleTable, Throttle, whitelist
 from smockron.errors import ConfigError
 
 C = b"C"

@@ -75,7 +75,7 @@ def test_seed_example_with_two_real_daemons(tmp_path: Path) -> None:
         set_file_clock(clock, 9.0)
         assert ask(tcp_a, [C, C]) == b"OK\nNO\n"
         assert ask(tcp_b, [C, C]) == b"OK\nNO\n"
-        assert a.stop(signal.SIGTERM) == 0 and b.stop(signal.SIGINT) == 0
+        assert a.stop(signal.SIGTERM) == 0 and b.stop(signal.SIGINT) == 130
     for proc in (a, b):
         assert "Traceback" not in proc.log()
 
@@ -116,13 +116,13 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path: Path) -> None:
         )  # fmt: skip
 
     out = run("--report-interval", "0")
-    assert out.returncode == 1 and "report interval must be 1..3600 s, got 0" in out.stderr
+    assert out.returncode == 2 and "report interval must be 1..3600 s, got 0" in out.stderr
     out = run("--listen", "udp:1.2.3.4:5")
-    assert out.returncode == 1 and "--listen must be tcp:HOST:PORT or unix:PATH" in out.stderr
+    assert out.returncode == 2 and "--listen must be tcp:HOST:PORT or unix:PATH" in out.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text("burst = 10\nbrust = 3\n")
     out = run("--config", str(bad))
-    assert out.returncode == 1 and "unknown DThrottle setting(s): brust" in out.stderr
+    assert out.returncode == 2 and "unknown DThrottle setting(s): brust" in out.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -165,7 +165,7 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
 def test_a_stats_interval_that_would_flood_the_log_is_refused(value: str) -> None:
     from click.testing import CliRunner
 
-    from smockron.daemons.dthrottle_cli import dthrottle
+    from smockron.daemons.dthrottle.cli import dthrottle
 
     result = CliRunner().invoke(dthrottle, ["--stats-interval", value])
     assert result.exit_code == 2
@@ -242,8 +242,8 @@ def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> Non
 def test_bad_flags_are_refused_before_listening(args: list[str], message: str) -> None:
     from click.testing import CliRunner
 
-    from smockron.daemons.dthrottle_cli import dthrottle
+    from smockron.daemons.dthrottle.cli import dthrottle
 
     result = CliRunner().invoke(dthrottle, args)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # a usage error, like any bad value
     assert message in result.output

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from smockron.daemons.dthrottle import PrefixRule
-from smockron.daemons.dthrottle_config import DThrottleConfig, Listen, parse_listen
+from smockron.daemons.dthrottle.algorithm import PrefixRule
+from smockron.daemons.dthrottle.config import DThrottleConfig, Listen, parse_listen
 from smockron.errors import ConfigError
 
 

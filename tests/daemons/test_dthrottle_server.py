@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from smockron.daemons.dthrottle import PrefixRule
-from smockron.daemons.dthrottle_config import DThrottleConfig, parse_listen
-from smockron.daemons.dthrottle_server import DThrottleDaemon
+from smockron.daemons.dthrottle.algorithm import PrefixRule
+from smockron.daemons.dthrottle.config import DThrottleConfig, parse_listen
+from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.daemons.report import decode_report, encode_report
 from tests.support import free_port
 
@@ -338,7 +338,7 @@ async def test_stats_line_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     await d.start()
     try:
         await query(d.tcp_port(), b"s\n", 3)
-        await until(lambda: "queries 1 (refused 0)" in caplog.text)
+        await until(lambda: "queries=1 refused=0" in caplog.text)
     finally:
         await d.stop()
 

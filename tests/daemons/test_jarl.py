@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from smockron.daemons.jarl import Jarl, format_delay
+from smockron.daemons.jarl.algorithm import Jarl, format_delay
 from smockron.errors import ConfigError
 
 

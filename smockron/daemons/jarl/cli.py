@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import click
 
-from smockron.daemons import _runtime
-from smockron.daemons.jarl import Jarl
-from smockron.daemons.jarl_server import JarlServer
+from smockron import runtime
+from smockron.daemons.jarl.algorithm import Jarl
+from smockron.daemons.jarl.server import JarlServer
 from smockron.errors import SmockronError
+from smockron.settings import SmockronCommand, print_settings_if_asked
 
 
 def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -21,7 +24,7 @@ def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int
     return value
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=SmockronCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--service",
     required=True,
@@ -69,26 +72,32 @@ def jarl(
     oldest of them ages out plus PERIOD/REQUESTS (at least 0.01 s) per caller already
     waiting. SIGTERM or SIGINT stops the server cleanly.
 
+    Every flag may also come from SMOCKRON_JARL_<FLAG> or a --config TOML file.
+
     \b
     Example:
       smockron jarl --service PaymentGateway --period 1 --requests 100 \\
         --ip 0.0.0.0 --port 1234
     """
+    print_settings_if_asked(
+        {"service": service, "requests": requests_, "period": period, "ip": ip, "port": port,
+         "log_counts": log_counts, "metrics": metrics}
+    )  # fmt: skip
     server = JarlServer(
         Jarl(requests_, period), ip, port, service=service,
         log_every=60.0 if log_counts else None, metrics=metrics,
     )  # fmt: skip
 
-    async def main() -> None:
-        stop = _runtime.stop_event_on_signals()
+    async def main(stop: asyncio.Event) -> None:
         try:
             await server.start()
         except OSError as exc:
-            raise click.ClickException(f"cannot listen on {ip}:{port}: {exc}") from exc
+            raise click.ClickException(f"cannot listen on {ip}:{port}: {exc}") from None
         except SmockronError as exc:  # the --metrics listener
             await server.stop()
             raise click.ClickException(str(exc)) from None
+        runtime.startup_line("jarl", listen=f"{ip}:{server.port}")
         await stop.wait()
         await server.stop()
 
-    _runtime.run(main)
+    runtime.run(main, name="jarl")

@@ -1,6 +1,6 @@
 """The DThrottle daemon: line-protocol listeners, the report schedule, the peers.
 
-All decisions are made by :class:`~smockron.daemons.dthrottle.Throttle`; this module only
+All decisions are made by :class:`~smockron.daemons.dthrottle.algorithm.Throttle`; this module only
 moves bytes. Queries arriving in one read are answered with one write, which is what
 makes pipelining fast.
 """
@@ -15,14 +15,14 @@ import secrets
 import socket
 import stat
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
 from smockron.daemons.clock import Clock, MonotonicClock
-from smockron.daemons.dthrottle import Throttle
-from smockron.daemons.dthrottle_config import DThrottleConfig, Listen
+from smockron.daemons.dthrottle.algorithm import Throttle
+from smockron.daemons.dthrottle.config import DThrottleConfig, Listen
 from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
 from smockron.daemons.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError
@@ -30,6 +30,7 @@ from smockron.memory import Reclaimer
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import DTHROTTLE
 from smockron.ratelog import RateLimitedLog
+from smockron.runtime import log_stats
 
 log = logging.getLogger("smockron.dthrottle")
 _ratelog = RateLimitedLog(log)
@@ -181,6 +182,21 @@ class DThrottleDaemon:
         stats.refused += out.count(b"N")
         return out
 
+    def reconfigure(self, config: DThrottleConfig) -> None:
+        """SIGHUP: new rules, rate, burst and whitelist at once; listeners and peers need
+        a restart."""
+        fixed = ("listen", "peers", "peer_bind", "multicast", "multicast_interface",
+                 "multicast_ttl", "max_datagram", "max_tag_length")  # fmt: skip
+        changed = [name for name in fixed if getattr(config, name) != getattr(self.config, name)]
+        if changed:
+            log.warning("reload: %s changed; they need a restart, ignored", ", ".join(changed))
+        self.throttle.reconfigure(config.rule_table())
+        self.config = replace(self.config, burst=config.burst, rate=config.rate,
+                              rules=config.rules, whitelist=config.whitelist,
+                              report_interval=config.report_interval)  # fmt: skip
+        log.info("reloaded: burst %d, rate %g/s, %d rules, %d whitelisted",
+                 config.burst, config.rate, len(config.rules), len(config.whitelist))  # fmt: skip
+
     # -- reports ---------------------------------------------------------------------
     def report_now(self) -> int:
         """Publish the hits since the last report; returns the datagrams sent."""
@@ -247,15 +263,14 @@ class DThrottleDaemon:
         while True:
             await asyncio.sleep(every)
             s = self.stats
-            log.info(
-                "queries %d (refused %d), connections %d open, overlong %d, buckets %d, "
-                "reports sent %d, parts applied %d, peers %d, missed %d, garbage %s, "
-                "from strangers %d",
-                s.queries, s.refused, s.open_connections, s.overlong,
-                len(self.throttle.buckets), s.reports_sent, s.parts_applied,
-                self.ledger.peers, self.ledger.missed_reports, dict(s.garbage),
-                sum(getattr(t, "strangers", 0) for t in self.transports),
-            )  # fmt: skip
+            garbage = {f"garbage_{reason}": n for reason, n in sorted(s.garbage.items())}
+            log_stats(log, {
+                "queries": s.queries, "refused": s.refused, "connections": s.open_connections,
+                "overlong": s.overlong, "buckets": len(self.throttle.buckets),
+                "reports_sent": s.reports_sent, "parts_applied": s.parts_applied,
+                "peers": self.ledger.peers, "missed": self.ledger.missed_reports, **garbage,
+                "strangers": sum(getattr(t, "strangers", 0) for t in self.transports),
+            })  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:

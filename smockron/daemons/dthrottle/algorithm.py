@@ -94,6 +94,14 @@ class Throttle:
         bucket = self.buckets[tag] = Bucket.full(rule.burst, rule.rate, now)
         return bucket
 
+    def reconfigure(self, rules: RuleTable) -> None:
+        """Take new rules (SIGHUP); a tag whose rule changed gets a new, full bucket on its
+        next query, the others keep theirs (and their debt)."""
+        old, self.rules = self.rules, rules
+        self._free.clear()
+        for tag in [t for t in self.buckets if old.rule_for(t) != rules.rule_for(t)]:
+            del self.buckets[tag]
+
     def allow(self, tag: bytes, now: float) -> bool:
         """Answer one query: True (OK) takes a token, False (NO) costs nothing."""
         bucket = self.buckets.get(tag)

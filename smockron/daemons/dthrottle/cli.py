@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import resource
@@ -11,11 +12,12 @@ from typing import Any
 
 import click
 
-from smockron.daemons import _runtime
+from smockron import runtime
 from smockron.daemons.clock import Clock, FileClock
-from smockron.daemons.dthrottle_config import DThrottleConfig
-from smockron.daemons.dthrottle_server import DThrottleDaemon
+from smockron.daemons.dthrottle.config import DThrottleConfig
+from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.errors import ConfigError
+from smockron.settings import SmockronCommand, print_settings_if_asked, source_of
 
 log = logging.getLogger("smockron.dthrottle")
 
@@ -42,18 +44,18 @@ def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) ->
 
 
 @click.command(
-    context_settings={
-        "help_option_names": ["-h", "--help"],
-        "auto_envvar_prefix": "SMOCKRON_DTHROTTLE",
-        "show_default": False,
-    }
+    cls=SmockronCommand,
+    file_format=None,  # DThrottle's own TOML layout, read by DThrottleConfig
+    legacy_env=True,  # SMOCKRON_DTHROTTLE_PEERS as well as ..._PEER
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": False},
 )
 @click.option(
     "--config",
     "config_file",
     envvar="SMOCKRON_DTHROTTLE_CONFIG",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="TOML file with any of these settings (flags win). See docs/daemons.md.",
+    help="TOML file with any of these settings (flags and environment win); reloaded "
+    "on SIGHUP. See docs/daemons.md.",
 )
 @click.option(
     "--listen",
@@ -144,7 +146,7 @@ def dthrottle(
     refilled at RATE per second; an OK takes a token. Every REPORT-INTERVAL seconds
     each daemon tells its peers (--peer or --multicast) how many requests it served per
     tag, and the peers take those tokens too. SIGUSR1 sends a report at once;
-    SIGTERM or SIGINT stops cleanly.
+    SIGHUP reloads the --config file's rules; SIGTERM or SIGINT stops cleanly.
 
     Every flag may also come from an environment variable SMOCKRON_DTHROTTLE_<NAME>
     (BURST, RATE, LISTEN, PEERS, WHITELIST, CONFIG, ...; lists separated by spaces).
@@ -152,24 +154,67 @@ def dthrottle(
     """
     metrics = flags.pop("metrics")
     flags["rule"] = [{"prefix": p, "burst": b, "rate": r} for p, b, r in flags.pop("rules")]
-    try:
-        config = DThrottleConfig.from_sources(config_file, flags)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
+    config = _config(config_file, flags)
+    print_settings_if_asked({**vars_of(config), "stats_interval": stats_interval})
     clock: Clock | None = FileClock(test_clock_file) if test_clock_file else None
     _raise_fd_limit()
     daemon = DThrottleDaemon(
         config, clock=clock, stats_every=stats_interval or None, metrics=metrics
     )
 
-    async def main() -> None:
-        stop = _runtime.stop_event_on_signals({signal.SIGUSR1: daemon.report_now})
+    def reload() -> None:
+        daemon.reconfigure(DThrottleConfig.from_sources(config_file, flags))
+
+    async def main(stop: asyncio.Event) -> None:
         try:
             await daemon.start()
         except (OSError, ConfigError) as exc:
-            raise click.ClickException(f"cannot start: {exc}") from exc
+            raise click.ClickException(f"cannot start: {exc}") from None
+        runtime.startup_line("dthrottle", listen=",".join(daemon.addresses), peers=_peers(config))
         await stop.wait()
         await daemon.stop()
         log.info("dthrottle stopped after %d queries", daemon.stats.queries)
 
-    _runtime.run(main)
+    runtime.run(
+        main,
+        name="dthrottle",
+        reload=reload if config_file is not None else None,
+        extra_signals={signal.SIGUSR1: daemon.report_now},
+    )
+
+
+def _config(file: Path | None, flags: dict[str, Any]) -> DThrottleConfig:
+    """The settings; a bad value's error names where it came from (flag, variable, file),
+    found by leaving each source out in turn."""
+    try:
+        return DThrottleConfig.from_sources(file, flags)
+    except ConfigError as exc:
+        error = exc
+    ctx = click.get_current_context()
+    params = {p.name: p for p in ctx.command.params}
+    for key, value in flags.items():
+        if value in (None, (), []) or key not in params:
+            continue
+        if _loads(file, {k: v for k, v in flags.items() if k != key}):
+            raise ConfigError(f"{source_of(ctx, params[key])}: {error}")
+    if file is not None and _loads(None, flags):
+        raise ConfigError(f"{file}: {error}")
+    raise error
+
+
+def _loads(file: Path | None, flags: dict[str, Any]) -> bool:
+    try:
+        DThrottleConfig.from_sources(file, flags)
+    except ConfigError:
+        return False
+    return True
+
+
+def vars_of(config: DThrottleConfig) -> dict[str, Any]:
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+def _peers(config: DThrottleConfig) -> str:
+    if config.multicast is not None:
+        return "multicast"
+    return "unicast" if config.peers else "none"

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from smockron.daemons.jarl import Jarl, format_delay
+from smockron.daemons.jarl.algorithm import Jarl, format_delay
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import JARL
 from smockron.ratelog import RateLimitedLog
+from smockron.runtime import log_stats
 
 log = logging.getLogger("smockron.jarl")
 _ratelog = RateLimitedLog(log)
@@ -146,10 +147,8 @@ class JarlServer:
         while True:
             await asyncio.sleep(every)
             now_answered, now_delayed = self.stats.answered, self.stats.delayed
-            log.info(
-                "last %gs: %d connections answered, %d told to wait (total %d)",
-                every, now_answered - answered, now_delayed - delayed, now_answered,
-            )  # fmt: skip
+            log_stats(log, {"interval_s": every, "answered": now_answered - answered,
+                            "delayed": now_delayed - delayed, "total": now_answered})  # fmt: skip
             answered, delayed = now_answered, now_delayed
 
     async def stop(self) -> None:

@@ -29,8 +29,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from smockron import settings
 from smockron.core.rules import parse_rate
-from smockron.daemons.dthrottle import PrefixRule, RuleTable, whitelist
+from smockron.daemons.dthrottle.algorithm import PrefixRule, RuleTable, whitelist
 from smockron.daemons.report import DEFAULT_MAX_DATAGRAM, check_sizes
 from smockron.errors import ConfigError
 
@@ -53,11 +54,14 @@ class Listen:
 
 
 def parse_host_port(text: str, what: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT``."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what} must be HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
+    """``HOST:PORT`` or ``[V6]:PORT`` (port 0: any free one), by smockron's one parser."""
+    try:
+        host, port = settings.parse_host_port(text, listen=True)
+    except ConfigError as exc:
+        raise ConfigError(f"{what} must be HOST:PORT, got {text!r} ({exc})") from None
+    if not host:
+        raise ConfigError(f"{what} must be HOST:PORT, got {text!r} (no host)")
+    return host, port
 
 
 def parse_listen(text: str) -> Listen:
