@@ -310,7 +310,7 @@ class ProxyTarget:
         return False
 
     def counters(self) -> dict[str, float]:
-        return {"control_malformed": last_count(self.proc, r"'control_malformed': (\d+)")}
+        return {"control_malformed": last_count(self.proc, r"control_malformed=(\d+)")}
 
     def close(self) -> None:
         self.http.close()
@@ -373,7 +373,7 @@ class DThrottleTarget:
         return _read_exact(self.clean, 12) == b"OK\nOK\nOK\nNO\n"
 
     def counters(self) -> dict[str, float]:
-        return {"overlong": last_count(self.proc, r"overlong (\d+)")}
+        return {"overlong": last_count(self.proc, r"overlong=(\d+)")}
 
     def close(self) -> None:
         self._reopen()

@@ -135,6 +135,7 @@ EXTENSIONS = {
     "_zmqfast": "smockron._zmqfast",
     "_native": "smockron.cluster._native",
     "_localfast": "smockron.cluster._localfast",
+    "_nativeclient": "smockron.cluster._nativeclient",
 }
 
 

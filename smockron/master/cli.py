@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from smockron import runtime
-from smockron.curve import InsecureBindError
+from smockron.curve import InsecureBindError, bind_mode
 from smockron.curve_cli import Refused, curve_options
 from smockron.errors import ConfigError, SmockronError
 from smockron.master.config import DEFAULT_ACCOUNTING, DEFAULT_CONTROL, MasterSettings
@@ -50,6 +50,15 @@ async def _until_stopped(
         if type(exc).__name__ == "ZMQError":
             raise click.ClickException(f"cannot bind: {exc}") from None
         raise
+
+
+def _refuse_open_binds(endpoints: tuple[str, str], clients: str | None, insecure: bool) -> None:
+    """Before anything starts: a non-loopback bind without keys is a usage error (one
+    line, exit 2) unless ``--insecure-bind`` (the process checks again when it binds)."""
+    try:
+        bind_mode(endpoints, 0 if clients else None, insecure)
+    except InsecureBindError as exc:
+        raise Refused(str(exc)) from None
 
 
 @click.command(cls=SmockronCommand, file_format=None)  # reads its own TOML or YAML
@@ -149,12 +158,15 @@ def master(
         {**{name: getattr(settings, name) for name in settings.__dataclass_fields__},
          "config": str(config) if config else None}
     )  # fmt: skip
+    _refuse_open_binds((settings.accounting, settings.control), settings.curve_clients,
+                       settings.insecure_bind)  # fmt: skip
     try:
         server = Master(settings, reload=load if config is not None else None)
     except ConfigError:
         raise
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
+
     async def main(stop: asyncio.Event) -> None:
         runtime.startup_line("master", store=settings.store, domains=len(settings.domains),
                              config=str(config) if config else "none",
@@ -236,6 +248,7 @@ def router(
                 check_zmq_address(address.strip())
     except SmockronError as exc:
         raise ConfigError(f"--master: {exc}") from None
+    _refuse_open_binds((accounting, control), curve_clients, bool(insecure_bind))
     try:
         server = Router(
             accounting,

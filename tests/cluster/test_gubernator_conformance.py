@@ -31,6 +31,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,15 +135,21 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Api:
     return generate_stubs(tmp_path_factory.mktemp("upstream_stubs"))
 
 
-@pytest.fixture(scope="module")
-def guber(tmp_path_factory: pytest.TempPathFactory, api: Api) -> Iterator[Guber]:
-    tmp = tmp_path_factory.mktemp("conformance")
-    with start_cluster(tmp, "--global-sync-wait", SYNC_WAIT) as cluster:
+@contextmanager
+def running(tmp: Path, api: Api, *flags: str) -> Iterator[Guber]:
+    """Three real nodes started with ``flags``, seen through the generated stubs."""
+    with start_cluster(tmp, *flags) as cluster:
         nodes = Guber(cluster, api)
         try:
             yield nodes
         finally:
             nodes.close()
+
+
+@pytest.fixture(scope="module")
+def guber(tmp_path_factory: pytest.TempPathFactory, api: Api) -> Iterator[Guber]:
+    with running(tmp_path_factory.mktemp("conformance"), api, "--global-sync-wait", SYNC_WAIT) as g:
+        yield g
 
 
 class Clock:
@@ -714,12 +721,8 @@ def test_TestGlobalBehavior(guber: Guber, where: str, hits: int) -> None:
 @pytest.fixture(scope="module")
 def guber_compat(tmp_path_factory: pytest.TempPathFactory, api: Api) -> Iterator[Guber]:
     tmp = tmp_path_factory.mktemp("conformance_gubernator_mode")
-    with start_cluster(tmp, "--global-sync-wait", "300ms", "--global-mode", "gubernator") as c:
-        nodes = Guber(c, api)
-        try:
-            yield nodes
-        finally:
-            nodes.close()
+    with running(tmp, api, "--global-sync-wait", "300ms", "--global-mode", "gubernator") as g:
+        yield g
 
 
 def _sender(guber: Guber, fields: dict[str, Any]) -> Callable[[str, int, int, int], Any]:

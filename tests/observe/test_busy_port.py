@@ -37,6 +37,6 @@ def test_busy_metrics_port_is_one_line(command: str) -> None:
         done = subprocess.run([sys.executable, "-m", "smockron", *args], capture_output=True,
                               text=True, env=smockron_env(), cwd=REPO_ROOT, timeout=30)  # fmt: skip
     assert done.returncode == 1, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith(f"smockron {command}: error:")]
     assert len(errors) == 1 and f"cannot serve metrics on 127.0.0.1:{busy}" in errors[0]
     assert "Traceback" not in done.stderr

@@ -83,7 +83,7 @@ def test_unreachable_master_is_one_line_exit_1() -> None:
     proc = top_once(port)
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
-    assert err.startswith("Error: cannot read http://127.0.0.1:")
+    assert err.startswith("smockron top: error: cannot read http://127.0.0.1:")
     assert "Traceback" not in err
 
 

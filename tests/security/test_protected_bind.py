@@ -80,7 +80,8 @@ def test_a_wildcard_bind_without_keys_is_refused_in_one_line(command: str) -> No
     assert done.returncode == 2
     lines = (done.stdout + done.stderr).splitlines()
     assert lines == [
-        f"Error: refusing to bind tcp://*:{acc} without authentication: give --curve-secret "
+        f"smockron {command}: error: refusing to bind tcp://*:{acc} without authentication: "
+        "give --curve-secret "
         "and --curve-clients (keys from `smockron keygen`), bind a loopback address such as "
         "tcp://127.0.0.1:10004, or pass --insecure-bind"
     ]
