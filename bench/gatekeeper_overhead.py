@@ -70,8 +70,8 @@ import zmq
 
 from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
 from smockron.gatekeeper.state import Decider
-from smockron.protocol import encode_accounting
-from smockron.zmqio import send_all
+from smockron.wire.batchio import send_all
+from smockron.wire.codec import encode_accounting
 from tests.support import free_port, free_ports, wait_port
 
 N = 200_000

@@ -747,7 +747,7 @@ def main() -> None:
     if args.only_reaction:
         args.runs, args.reaction = 0, True
 
-    from smockron.zmqio import drain_compiled
+    from smockron.wire.batchio import drain_compiled
 
     if args.runs > 0:
         print(f"messages per run: {sum(n for _, n in workload(args.messages))}, "

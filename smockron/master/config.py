@@ -51,7 +51,7 @@ from smockron.core.rules import (
 from smockron.errors import ConfigError, RuleError
 from smockron.master.engine import DomainPolicy
 from smockron.master.stores.uri import parse_store_uri
-from smockron.protocol import DEFAULT_LIMITS, Limits
+from smockron.wire.codec import DEFAULT_LIMITS, Limits
 
 DEFAULT_ACCOUNTING = "tcp://*:10004"
 DEFAULT_CONTROL = "tcp://*:10005"

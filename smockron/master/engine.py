@@ -33,13 +33,14 @@ from smockron.core.rules import ALGORITHMS, Rule
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
 from smockron.master.stores.base import Scope, State, Store, Table
-from smockron.protocol import (
+from smockron.wire.accounting import Record, split_accounting
+from smockron.wire.codec import (
     ACCEPTED,
     DEFAULT_LIMITS,
-    DELAY_UNTIL,
     DELAYED,
     REJECTED,
     Limits,
+    control_frames,
     decode_accounting,
     topic,
 )
@@ -103,10 +104,8 @@ class _Domain:
             self.one = (table, window, rule.interval_ms, rule.burst)
 
 
-# (domain, status, identifier, receive ms, delayed ms or None). Timestamps are floats
-# (integral, below 2**53): the engine compares them with ``now`` and with the stored
-# states, all floats, and CPython compares an int with a float far more slowly.
-Decoded = tuple[_Domain, bytes, bytes, float, float | None]
+Decoded = Record[_Domain]
+"""(domain, status, identifier, receive ms, delayed ms or None): see smockron.wire."""
 
 
 class Engine:
@@ -191,12 +190,13 @@ class Engine:
         """Configured domains by topic (name + NUL), for a compiled receive loop."""
         return self._by_topic
 
-    def ingest(self, fast: Iterable[Decoded], raw: Iterable[Frames]) -> list[Decoded]:
-        """Like ``decode``, for a batch a compiled loop already split into messages it
-        decoded exactly as ``decode``'s fast path would (``fast``) and the rest (``raw``)."""
+    def ingest(self, records: Iterable[Decoded], raw: Iterable[Frames]) -> list[Decoded]:
+        """Count a batch split by :mod:`smockron.wire.accounting` (records decoded while
+        received, and raw messages for the codec); the records ``apply`` is to account:
+        REJECTED, unknown and malformed messages are counted and dropped."""
         out: list[Decoded] = []
         append = out.append
-        for item in fast:
+        for item in records:
             status = item[1]
             if status == ACCEPTED:
                 item[0].stats.accepted += 1
@@ -206,7 +206,8 @@ class Engine:
                 append(item)
             else:
                 item[0].stats.rejected += 1
-        out.extend(self.decode(raw))
+        for frames in raw:
+            self._decode_raw(frames, append)
         return out
 
     def process(self, batch: Iterable[Frames], now_ms: float) -> list[list[bytes]]:
@@ -215,53 +216,11 @@ class Engine:
         return self.apply(self.decode(batch), now_ms)
 
     def decode(self, batch: Iterable[Frames]) -> list[Decoded]:
-        """Validate a batch; count REJECTED, unknown and malformed messages and drop them."""
-        by_topic = self._by_topic
-        limits = self.limits
-        max_id = limits.max_identifier
-        max_log = limits.max_loginfo
-        max_digits = limits.max_timestamp_digits
-        max_ts = limits.max_timestamp_ms
-        out: list[Decoded] = []
-        append = out.append
-        for frames in batch:
-            # Fast path: a valid message for a configured domain, checked inline.
-            n = len(frames)
-            if n == 5 or n == 6:
-                dom = by_topic.get(frames[0])
-                received_f = frames[3]
-                if (
-                    dom is not None
-                    and received_f.isdigit()
-                    and len(received_f) <= max_digits
-                    and len(frames[2]) <= max_id
-                    and (n == 5 or len(frames[5]) <= max_log)
-                ):
-                    status = frames[1]
-                    delayed_f = frames[4]
-                    received = int(received_f)
-                    if received <= max_ts:
-                        if status == ACCEPTED and not delayed_f:
-                            dom.stats.accepted += 1
-                            append((dom, status, frames[2], float(received), None))
-                            continue
-                        if status == REJECTED and not delayed_f:
-                            dom.stats.rejected += 1
-                            continue
-                        if (
-                            status == DELAYED
-                            and delayed_f.isdigit()
-                            and len(delayed_f) <= max_digits
-                            and int(delayed_f) <= max_ts
-                        ):
-                            dom.stats.delayed += 1
-                            append((dom, status, frames[2], float(received), float(delayed_f)))
-                            continue
-            self._decode_slow(frames, append)
-        return out
+        """Split a batch of messages as a receive loop does, then :meth:`ingest` it."""
+        return self.ingest(*split_accounting(batch, self._by_topic, self.limits))
 
-    def _decode_slow(self, frames: Frames, append: Callable[[Decoded], None]) -> None:
-        """Anything the fast path did not accept: the codec names the problem, if any."""
+    def _decode_raw(self, frames: Frames, append: Callable[[Decoded], None]) -> None:
+        """A message the split did not decode: the codec names the problem, if any."""
         try:
             msg = decode_accounting(list(frames), self.limits)
         except ProtocolError as exc:
@@ -317,7 +276,7 @@ class Engine:
             else:
                 until = _apply_history(dom, ident, ts, now_ms, ahead)
             if until is not None:
-                out.append([dom.topic, DELAY_UNTIL, ident, b"%d" % math.ceil(until)])
+                out.append(control_frames(dom.topic, ident, math.ceil(until)))
                 dom.stats.published += 1
         return out
 

@@ -31,7 +31,7 @@ from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
 from smockron.master.server import MAX_FRAME_BYTES
 from smockron.ratelog import RateLimitedLog
-from smockron.zmqio import drain, send_all, wait_readable
+from smockron.wire.batchio import drain, send_all, wait_readable
 
 log = logging.getLogger("smockron.router")
 

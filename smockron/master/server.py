@@ -25,14 +25,15 @@ from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
 from smockron.master.stores import MemoryStore, open_store
-from smockron.protocol import ACCEPTED, DELAYED, REJECTED, encode_rules
 from smockron.ratelog import RateLimitedLog
-from smockron.zmqio import drain, drain_accounting_compiled, send_all, wait_readable
+from smockron.wire.accounting import drain_accounting
+from smockron.wire.batchio import send_all, wait_readable
+from smockron.wire.codec import encode_rules
 
 log = logging.getLogger("smockron.master")
 
-Batch = tuple[list[Decoded], list[list[bytes]]]
-"""Messages already decoded by the compiled loop, and raw ones for the engine to decode."""
+Batch = tuple[list[Decoded], list[Frames]]
+"""Records decoded while received, and raw messages for the engine's codec."""
 
 FLUSH_IDLE_S = 0.05
 """An idle master with the Redis store writes what changed after this long."""
@@ -186,19 +187,13 @@ class Master:
         sub = self.sub
         limit = self.settings.batch
         engine = self.engine
-        fast = drain_accounting_compiled
-        statuses = (ACCEPTED, DELAYED, REJECTED)
         monitor = self.monitor
         while not self._stopping.is_set():
             if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
                 self._connections(monitor)
-            if fast is not None:  # decoded while received (see Engine.ingest)
-                lim = engine.limits  # read per batch: SIGHUP may change it
-                limits = (lim.max_identifier, lim.max_loginfo, lim.max_timestamp_digits,
-                          lim.max_timestamp_ms)  # fmt: skip
-                batch: Batch = fast(sub, limit, engine.topics, statuses, limits)
-            else:
-                batch = ([], drain(sub, limit))
+            # decoded while received; topics and limits are read per batch: SIGHUP
+            # may change them
+            batch: Batch = drain_accounting(sub, limit, engine.topics, engine.limits)
             if batch[0] or batch[1]:
                 self._enqueue(batch)
                 await asyncio.sleep(0)
@@ -228,7 +223,7 @@ class Master:
             self.pending_count += len(decoded) + len(raw)
             self._work.set()
 
-    def _count_dropped(self, decoded: list[Decoded], raw: list[list[bytes]]) -> None:
+    def _count_dropped(self, decoded: list[Decoded], raw: list[Frames]) -> None:
         self.stats.dropped += len(decoded) + len(raw)
         for item in decoded:
             item[0].stats.dropped += 1

@@ -16,7 +16,7 @@ import pytest
 from smockron.errors import ConfigError
 from smockron.gatekeeper.asgi import ASGIRequestInfo, SmockronMiddleware, scope_loginfo
 from smockron.gatekeeper.httpgate import http_loginfo
-from smockron.protocol import ACCEPTED
+from smockron.wire.codec import ACCEPTED
 from tests.gatekeeper.conftest import MasterSockets, wall_ms
 from tests.gatekeeper.servers import uvicorn_server
 from tests.support import wait_for

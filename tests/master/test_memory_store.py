@@ -8,7 +8,7 @@ from smockron.core.rules import Rule
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.base import Scope
 from smockron.master.stores.memory import RELEASE_PER_TICK, MemoryStore, MemoryTable
-from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 
 T0 = 1_700_000_000_000
 

@@ -22,7 +22,7 @@ from smockron.master.config import load_settings
 from smockron.master.engine import Engine
 from smockron.master.stores import open_store
 from smockron.master.stores.original import OriginalLayoutStore, original_key
-from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 from tests.support import RedisServer
 
 # The original master's update of one key, as its datastore makes it (arguments

@@ -11,7 +11,7 @@ from smockron.core.rules import Rule
 from smockron.master.config import MasterSettings
 from smockron.master.engine import DomainPolicy
 from smockron.master.server import Master
-from smockron.protocol import ACCEPTED, encode_accounting
+from smockron.wire.codec import ACCEPTED, encode_accounting
 from tests.support import RedisServer
 
 
