@@ -181,9 +181,7 @@ class Engine:
             by_topic[dom.topic] = dom
         self._policies = dict(domains)
         self._by_topic = by_topic
-        retain = getattr(self.store, "retain", None)
-        if retain is not None:
-            retain({Scope(n, r, p.stored_as) for n, p in domains.items() for r in p.rules})
+        self.store.retain({Scope(n, r, p.stored_as) for n, p in domains.items() for r in p.rules})
 
     @property
     def topics(self) -> dict[bytes, _Domain]:

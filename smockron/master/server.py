@@ -24,7 +24,7 @@ from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
-from smockron.master.stores import MemoryStore, open_store
+from smockron.master.stores import open_store
 from smockron.ratelog import RateLimitedLog
 from smockron.wire.accounting import drain_accounting
 from smockron.wire.batchio import send_all, wait_readable
@@ -166,16 +166,12 @@ class Master:
 
     async def close(self) -> None:
         """Write what changed (Redis), then close the store and the sockets."""
-        flush = getattr(self.store, "flush", None)
-        if flush is not None:
-            try:
-                await flush(wait=True)
-            except Exception as exc:
-                log.warning("final write to the store failed: %s", exc)
-        close = getattr(self.store, "close", None)
-        if close is not None:
-            with contextlib.suppress(Exception):
-                await close()
+        try:
+            await self.store.flush(wait=True)
+        except Exception as exc:
+            log.warning("final write to the store failed: %s", exc)
+        with contextlib.suppress(Exception):
+            await self.store.close()
         if self.monitor is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self.sub.disable_monitor()
@@ -234,56 +230,36 @@ class Master:
                 domain.dropped += 1
 
     async def _process(self) -> None:
-        redis = not isinstance(self.store, MemoryStore)
+        """One loop for every store: ``Store`` says what to load and when to write."""
+        store = self.store
+        idle_flush_s = FLUSH_IDLE_S if store.writes_behind else None
         while True:
             while self.pending:
                 fast, raw = self.pending.popleft()
                 self.pending_count -= len(fast) + len(raw)
                 self.stats.batches += 1
-                decoded = self.engine.ingest(fast, raw)
-                if redis:
-                    await self._process_redis(decoded)
-                else:
-                    now = time.time() * 1000.0
-                    self.store.tick(now)
-                    self._apply(decoded, now)
+                await self._process_batch(self.engine.ingest(fast, raw))
                 await asyncio.sleep(0)
             if self._stopping.is_set():
                 return
             self._work.clear()
-            if redis:  # idle: what changed is written after at most one interval
-                try:
-                    await asyncio.wait_for(self._work.wait(), FLUSH_IDLE_S)
-                except TimeoutError:
-                    await self._flush_redis()
-            else:
-                await self._work.wait()
+            try:  # idle: what changed is written after at most one interval
+                await asyncio.wait_for(self._work.wait(), idle_flush_s)
+            except TimeoutError:
+                await store.flush(wait=False)
 
-    async def _process_redis(self, decoded: list[Decoded]) -> None:
-        from smockron.master.stores.redis import RedisStore
-
+    async def _process_batch(self, decoded: list[Decoded]) -> None:
+        """Load what the batch touches (Redis: one round trip; memory: nothing), apply it,
+        and write when the store says it is due."""
         store = self.store
-        assert isinstance(store, RedisStore)
-        store.tick(time.time() * 1000.0)
-        try:
-            await store.load(self.engine.touched(decoded))
-        except Exception as exc:  # Redis down: go on from memory (fail permissive)
-            store.report(exc, "read")
         now = time.time() * 1000.0
         store.tick(now)
+        if await store.load(self.engine.touched(decoded)):  # time passed: read it again
+            now = time.time() * 1000.0
+            store.tick(now)
         self._apply(decoded, now)
         if store.due(now):
-            await self._flush_redis()
-
-    async def _flush_redis(self) -> None:
-        from smockron.master.stores.redis import RedisStore
-
-        store = self.store
-        assert isinstance(store, RedisStore)
-        try:
             await store.flush(wait=False)
-        except Exception as exc:
-            store.report(exc, "write")
 
     def _apply(self, decoded: list[Decoded], now: float) -> None:
         """Apply a batch and publish its DELAY_UNTILs, ``PUBLISH_EVERY`` messages at a

@@ -3,15 +3,10 @@ optionally with ``?layout=original`` (the original Smockron master's keys and va
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Store, Table
 from smockron.master.stores.memory import MemoryStore
 from smockron.master.stores.uri import StoreURI, parse_store_uri
-
-if TYPE_CHECKING:
-    from smockron.master.stores.redis import RedisStore
 
 __all__ = ["MemoryStore", "Scope", "State", "Store", "StoreURI", "Table", "open_store",
            "parse_store_uri"]  # fmt: skip
@@ -19,7 +14,7 @@ __all__ = ["MemoryStore", "Scope", "State", "Store", "StoreURI", "Table", "open_
 DEFAULT_STORE = "memory://"
 
 
-def open_store(uri: str) -> MemoryStore | RedisStore:
+def open_store(uri: str) -> Store:
     """The store a URI names; Redis is imported only when asked for."""
     parsed = parse_store_uri(uri)
     if parsed.scheme == "memory":
