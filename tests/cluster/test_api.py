@@ -354,8 +354,8 @@ async def test_multi_region_is_accepted_without_effect(node: Node) -> None:
         (pb.UNDER_LIMIT, 3, ""), (pb.UNDER_LIMIT, 1, ""), (pb.OVER_LIMIT, 1, ""),
     ]  # fmt: skip
     item = {"name": "mr", "uniqueKey": "http", "hits": 1, "limit": 5, "duration": 60_000}
-    for behavior in ("MULTI_REGION", pb.MULTI_REGION | pb.NO_BATCHING):
-        status, data = await post(node, json.dumps({"requests": [item | {"behavior": behavior}]}))
+    for named in ("MULTI_REGION", pb.MULTI_REGION | pb.NO_BATCHING):
+        status, data = await post(node, json.dumps({"requests": [item | {"behavior": named}]}))
         assert status == 200 and data["responses"][0]["error"] == ""
     assert data["responses"][0]["remaining"] == "3"
 

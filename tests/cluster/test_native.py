@@ -56,14 +56,14 @@ async def test_garbage_and_unknown_methods_are_counted_and_serving_goes_on(
     malformed = counter(MALFORMED, method="GetRateLimits")
     unknown = counter(native.UNKNOWN_METHOD)
     async with grpc.aio.insecure_channel(node.config.grpc_address) as channel:
-        raw = channel.unary_unary("/pb.gubernator.V1/GetRateLimits")
+        raw = channel.unary_unary("/pb.gubernator.V1/GetRateLimits", None, None)
         for garbage in (b"\xff\xff\xff", b"\x0a\x05abc", bytes(range(256))):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await raw(garbage, timeout=5)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         for path in ("/pb.gubernator.V1/Nope", "/no.Such/Service", "/x"):
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await channel.unary_unary(path)(b"", timeout=5)
+                await channel.unary_unary(path, None, None)(b"", timeout=5)
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
         req = pb.RateLimitReq(name="n", unique_key="k", hits=1, limit=5, duration=60_000)

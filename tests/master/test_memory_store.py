@@ -78,7 +78,7 @@ def test_table_keeps_a_state_until_its_expiry_then_forgets_it() -> None:
 def test_table_refiles_a_kept_state_that_was_replaced() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    state = (5_000.0,)
+    state: tuple[float, ...] = (5_000.0,)
     table.put(b"a", state)
     table.keep(b"a", state, 6_000)
     table.tick(3_000)
