@@ -29,8 +29,9 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
-from smockron.cluster.threaded import Aborted, Deferred, bridge
+from smockron.cluster.threaded import Deferred, bridge
 from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, TLSMaterial
+from smockron.errors import Aborted
 
 try:
     from smockron.cluster import _native  # type: ignore[attr-defined]

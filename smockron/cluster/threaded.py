@@ -22,6 +22,8 @@ from typing import Any
 
 import grpc
 
+from smockron.errors import Aborted
+
 MAX_WORKERS = 128
 """Threads start only when no idle one is left (about ten at 2,000 calls/s); a call bridged
 to the event loop holds its thread until answered, so this bounds such calls in progress:
@@ -46,14 +48,6 @@ def keep_none(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
         return UNDECODED if request is None else request
 
     return call
-
-
-class Aborted(Exception):
-    """Raised by ``LoopContext.abort``; the bridge aborts the real call with it."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(code, details)
-        self.code, self.details = code, details
 
 
 class Deferred:

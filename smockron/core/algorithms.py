@@ -36,7 +36,7 @@ from typing import NamedTuple, TypeAlias
 
 from smockron.core import calendar, history
 from smockron.core.rules import Rule
-from smockron.errors import SmockronError
+from smockron.errors import InvalidParams
 
 
 class Algorithm(IntEnum):
@@ -65,10 +65,6 @@ _ALGORITHMS = frozenset(int(a) for a in Algorithm)
 _GREGORIAN = int(Behavior.DURATION_IS_GREGORIAN)
 _RESET = int(Behavior.RESET_REMAINING)
 _DRAIN = int(Behavior.DRAIN_OVER_LIMIT)
-
-
-class InvalidParams(SmockronError, ValueError):
-    """Parameters no algorithm can apply; the message becomes the item's ``error``."""
 
 
 @dataclass(slots=True)

@@ -27,10 +27,9 @@ from smockron.cluster.discovery import make_discovery
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.kubernetes import (
     KubernetesDiscovery,
-    MalformedEvent,
     peers_from_slice,
 )
-from smockron.errors import ConfigError
+from smockron.errors import ConfigError, MalformedEvent
 from tests.cluster.test_discovery_support import Recorder
 from tests.support import Proc, free_port, free_ports, run_smockron, stopping, wait_port
 
