@@ -21,9 +21,9 @@ The client's errors are also importable from :mod:`smockron.cluster.client`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import typing
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     import grpc
 
     from smockron.cluster.model import RateLimitResponse
