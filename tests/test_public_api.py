@@ -21,8 +21,8 @@ PUBLIC: dict[str, list[str]] = {
         "RuleError", "SmockronError",
     ],
     "smockron.core": [
-        "Bucket", "History", "Rule", "gcra_update", "next_allowed", "parse_rate",
-        "parse_rule_spec", "record",
+        "ALGORITHMS", "Algorithm", "History", "Rule", "TokenBucket", "gcra_update",
+        "next_allowed", "parse_rate", "parse_rule_spec", "record",
     ],
     "smockron.wire": [
         "ACCEPTED", "DEFAULT_LIMITS", "DELAYED", "DELAY_UNTIL", "REJECTED", "RULES",

@@ -18,8 +18,9 @@ from smockron.cluster.model import (
     Status,
 )
 from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.core.vocabulary import BY_NUMBER
 
-_ALGORITHMS = {int(a): a for a in Algorithm}
+_ALGORITHMS = BY_NUMBER
 
 
 def algorithm_from_int(value: int) -> Algorithm:

@@ -27,9 +27,11 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from smockron.core.gcra import expires_at as gcra_expires_at
 from smockron.core.gcra import gcra_update
 from smockron.core.history import next_allowed, recorded
-from smockron.core.rules import ALGORITHMS, Rule
+from smockron.core.rules import Rule
+from smockron.core.vocabulary import ALGORITHMS, stored_as
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
 from smockron.master.stores.base import Scope, State, Store, Table
@@ -57,10 +59,6 @@ counted as ``late`` and dropped; younger ones are charged at their own time."""
 MalformedHook = Callable[[ProtocolError, Frames], None]
 
 
-_STORED_AS = {"history-literal": "history"}
-"""Both history variants keep the same states: switching between them keeps them."""
-
-
 @dataclass(frozen=True, slots=True)
 class DomainPolicy:
     """The rules of one domain and the algorithm that applies them."""
@@ -77,7 +75,7 @@ class DomainPolicy:
     @property
     def stored_as(self) -> str:
         """The store's name for this algorithm's states."""
-        return _STORED_AS.get(self.algorithm, self.algorithm)
+        return stored_as(self.algorithm)
 
 
 class _Domain:
@@ -370,14 +368,14 @@ def served_at(
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
     """GCRA for every rule of the domain; the latest DELAY_UNTIL wins."""
     until: float | None = None
-    for rule, table, window in dom.scopes:
+    for rule, table, _window in dom.scopes:
         state = table.get(ident)
         result = gcra_update(state[0] if state else None, ts, now_ms, rule)
         value = result.value
         state = (value,)
         table.put(ident, state)
         if value > table.keep_after_ms:  # far ahead: keep the state longer
-            table.keep(ident, state, value + window)
+            table.keep(ident, state, gcra_expires_at(value, rule))
         nxt = result.delay_until
         if nxt is not None and (until is None or nxt > until):
             until = nxt

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from smockron.core import gcra, history
 from smockron.core.rules import Rule
 
 State = tuple[float, ...]
@@ -34,11 +35,10 @@ class Scope:
 
 
 def expires_at(state: State, scope: Scope) -> float:
-    """History: the newest timestamp plus the window. GCRA: ``V + B``, after which the
-    floor ``now - B`` is above ``V`` and the state is reset anyway."""
+    """When a stored state can no longer throttle anything, as its algorithm says."""
     if scope.algorithm == "gcra":
-        return state[0] + scope.rule.window_ms
-    return max(state) + scope.rule.window_ms
+        return gcra.expires_at(state[0], scope.rule)
+    return history.expires_at(state, scope.rule)
 
 
 class Table(Protocol):
