@@ -47,29 +47,38 @@ async def answer(
     valid, indexes, results = decode(msgs)
     if valid:
         resps = await (node.peer_rate_limits(valid) if peer else node.get_rate_limits(valid))
-        for i, resp in zip(indexes, resps, strict=True):
-            results[i] = resp
-    out = [convert.response_to_pb(r) for r in results if r is not None]
-    metrics = node.metrics
-    (metrics.peer_duration if peer else metrics.client_duration).observe(
-        time.perf_counter() - start
-    )
-    return out
+        _place(results, indexes, resps)
+    return _encode(node, results, peer, start)
 
 
 def answer_here(
     node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
 ) -> list[pb.RateLimitResp] | None:
     """``answer`` without the event loop, or None when an item needs it (see
-    ``Node.answer_here``); for the threaded server's gRPC threads."""
+    ``Node.answer_here``); for the threaded servers' gRPC threads."""
     start = time.perf_counter()
     valid, indexes, results = decode(msgs)
     if valid:
         resps = node.answer_here(valid, peer=peer)
         if resps is None:
             return None
-        for i, resp in zip(indexes, resps, strict=True):
-            results[i] = resp
+        _place(results, indexes, resps)
+    return _encode(node, results, peer, start)
+
+
+def _place(
+    results: list[RateLimitResponse | None],
+    indexes: list[int],
+    resps: Sequence[RateLimitResponse],
+) -> None:
+    """Put the decided items back at their places among the per-item errors."""
+    for i, resp in zip(indexes, resps, strict=True):
+        results[i] = resp
+
+
+def _encode(
+    node: Node, results: list[RateLimitResponse | None], peer: bool, start: float
+) -> list[pb.RateLimitResp]:
     out = [convert.response_to_pb(r) for r in results if r is not None]
     metrics = node.metrics
     (metrics.peer_duration if peer else metrics.client_duration).observe(

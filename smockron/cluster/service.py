@@ -7,7 +7,7 @@ servers take (see transports.py). What a call means is decided in api.py.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -35,11 +35,8 @@ class V1Servicer:
     async def GetRateLimits(
         self, request: pb.GetRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetRateLimitsResp:
-        if request is None:
-            await _reject(self._node, context, "GetRateLimits")
-        if len(request.requests) > MAX_BATCH:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, TOO_MANY)
-        return pb.GetRateLimitsResp(responses=await answer(self._node, request.requests))
+        items = await _items(self._node, request, context, "GetRateLimits", TOO_MANY)
+        return pb.GetRateLimitsResp(responses=await answer(self._node, items))
 
     async def HealthCheck(
         self, request: pb.HealthCheckReq, context: grpc.aio.ServicerContext[Any, Any]
@@ -61,11 +58,8 @@ class PeersV1Servicer:
     async def GetPeerRateLimits(
         self, request: peers_pb2.GetPeerRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peers_pb2.GetPeerRateLimitsResp:
-        if request is None:
-            await _reject(self._node, context, "GetPeerRateLimits")
-        if len(request.requests) > MAX_BATCH:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, PEER_TOO_MANY)
-        resps = await answer(self._node, request.requests, peer=True)
+        items = await _items(self._node, request, context, "GetPeerRateLimits", PEER_TOO_MANY)
+        resps = await answer(self._node, items, peer=True)
         return peers_pb2.GetPeerRateLimitsResp(rate_limits=resps)
 
     async def UpdatePeerGlobals(
@@ -78,6 +72,23 @@ class PeersV1Servicer:
             for g in request.globals
         )
         return peers_pb2.UpdatePeerGlobalsResp()
+
+
+async def _items(
+    node: Node,
+    request: pb.GetRateLimitsReq | peers_pb2.GetPeerRateLimitsReq | None,
+    context: grpc.aio.ServicerContext[Any, Any],
+    method: str,
+    too_many: str,
+) -> Sequence[pb.RateLimitReq]:
+    """The items of a check call; a call that did not decode, or has too many, is
+    aborted (``context.abort`` raises)."""
+    if request is None:
+        await _reject(node, context, method)
+        raise AssertionError("unreachable: abort raises")
+    if len(request.requests) > MAX_BATCH:
+        await context.abort(grpc.StatusCode.OUT_OF_RANGE, too_many)
+    return request.requests
 
 
 async def _reject(
