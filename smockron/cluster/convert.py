@@ -8,8 +8,6 @@ flags, so unknown bits are kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -128,7 +126,3 @@ def response_from_pb(msg: pb.RateLimitResp) -> RateLimitResponse:
         error=msg.error,
         metadata=dict(msg.metadata) if msg.metadata else {},
     )
-
-
-def responses_to_pb(resps: Iterable[RateLimitResponse]) -> list[pb.RateLimitResp]:
-    return [response_to_pb(r) for r in resps]

@@ -28,7 +28,6 @@ from smockron.cluster.threaded import ThreadedServer
 log = logging.getLogger("smockron.cluster")
 
 Handler: TypeAlias = "grpc.GenericRpcHandler[Any, Any]"
-KINDS = ("asyncio", "threads", "native")
 
 
 class GrpcServer(Protocol):

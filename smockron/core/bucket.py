@@ -40,13 +40,6 @@ class TokenBucket:
             return True
         return False
 
-    def try_take_whole(self, now: float, n: float = 1.0) -> bool:
-        """Take ``n`` tokens only if at least ``n`` are there (all or nothing)."""
-        if self.refill(now) >= n:
-            self.tokens -= n
-            return True
-        return False
-
     def subtract(self, now: float, n: float) -> None:
         """Remove ``n`` tokens unconditionally; the balance may go negative."""
         self.refill(now)
