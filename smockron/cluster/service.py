@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from smockron.cluster import convert
 from smockron.cluster.api import PEER_TOO_MANY, TOO_MANY, answer, answer_here, health_pb
@@ -22,6 +22,7 @@ from smockron.cluster.threaded import fast_or_bridged, keep_none
 from smockron.cluster.transports import GrpcServer, ThreadedTransport
 from smockron.ratelog import RateLimitedLog
 
+M = TypeVar("M", bound=Message)
 log = logging.getLogger("smockron.cluster.grpc")
 _bad_log = RateLimitedLog(log, interval=1.0)
 
@@ -100,11 +101,11 @@ async def _reject(
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method} request")
 
 
-def _lenient(message: Any) -> Callable[[bytes], Any]:
+def _lenient(message: type[M]) -> Callable[[bytes], M | None]:
     """A deserializer that yields None for bad bytes, so the servicer counts and rejects them
     (grpc's own path logs a traceback per call)."""
 
-    def parse(data: bytes) -> Any:
+    def parse(data: bytes) -> M | None:
         try:
             return message.FromString(data)
         except DecodeError:
@@ -114,7 +115,11 @@ def _lenient(message: Any) -> Callable[[bytes], Any]:
 
 
 def _handler(
-    method: Any, request: Any, response: Any, *, threaded: bool = False
+    method: Callable[..., Any],
+    request: type[Message],
+    response: type[Message],
+    *,
+    threaded: bool = False,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     parse = _lenient(request)
     return grpc.unary_unary_rpc_method_handler(
@@ -130,14 +135,16 @@ def add_threaded_fast_paths(server: ThreadedTransport, node: Node) -> None:
     those two methods go to the asyncio servicers on the event loop. Register before
     ``add_to_server``."""
 
-    def client_checks(request: Any) -> Any:
+    def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | None:
         if len(request.requests) <= MAX_BATCH:
             out = answer_here(node, request.requests)
             if out is not None:
                 return pb.GetRateLimitsResp(responses=out)
         return None
 
-    def peer_checks(request: Any) -> Any:
+    def peer_checks(
+        request: peers_pb2.GetPeerRateLimitsReq,
+    ) -> peers_pb2.GetPeerRateLimitsResp | None:
         if len(request.requests) <= MAX_BATCH:
             out = answer_here(node, request.requests, peer=True)
             if out is not None:
@@ -149,7 +156,7 @@ def add_threaded_fast_paths(server: ThreadedTransport, node: Node) -> None:
         peer_checks, PeersV1Servicer(node).GetPeerRateLimits, server.loop
     )
 
-    def live_check(request: Any, context: grpc.ServicerContext) -> Any:
+    def live_check(request: pb.LiveCheckReq, context: grpc.ServicerContext) -> pb.LiveCheckResp:
         return pb.LiveCheckResp()
 
     server.add_threaded_handlers(

@@ -18,7 +18,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -31,6 +31,8 @@ to the event loop holds its thread until answered, so this bounds such calls in 
 on a dead peer until its timeout."""
 
 
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 UNDECODED: Any = object()
 """What ``keep_none`` turns a deserializer's None into: ``grpc.server`` fails a call whose
 request deserializes to None with INTERNAL, before the handler could count and reject it
@@ -94,16 +96,16 @@ def bridge(
 
 
 def fast_or_bridged(
-    fast: Callable[[Any], Any | None],
-    handler: Callable[[Any, Any], Any],
+    fast: Callable[[Req], Resp | None],
+    handler: Callable[[Req, Any], Any],
     loop: asyncio.AbstractEventLoop,
-) -> Callable[[Any, grpc.ServicerContext], Any]:
+) -> Callable[[Req, grpc.ServicerContext], Any]:
     """A threaded unary handler answering with ``fast(request)`` on the gRPC thread, or,
     when that returns None (or the request did not decode), with the asyncio
     ``handler`` on ``loop``."""
     slow = bridge(handler, loop)
 
-    def call(request: Any, context: grpc.ServicerContext) -> Any:
+    def call(request: Req, context: grpc.ServicerContext) -> Any:
         if request is not UNDECODED:
             response = fast(request)
             if response is not None:
