@@ -17,7 +17,9 @@ hostile gatekeeper cannot hold an identifier back for hours. Within the toleranc
 history rule is applied at the message's timestamp when the master is behind it, so
 queueing never lengthens a delay.
 
-Processing is split in ``decode`` and ``apply`` so that a store needing I/O (Redis) can
+Frames are decoded once, by :mod:`smockron.wire.accounting` (while they are received,
+in the server) and the codec; ``ingest`` counts the records and ``apply`` accounts them.
+Processing is split in ``ingest`` and ``apply`` so that a store needing I/O (Redis) can
 fetch exactly the states a batch touches between the two, in one round trip.
 """
 
@@ -183,7 +185,7 @@ class Engine:
 
     @property
     def topics(self) -> dict[bytes, _Domain]:
-        """Configured domains by topic (name + NUL), for a compiled receive loop."""
+        """Configured domains by topic (name + NUL): what smockron.wire.accounting splits by."""
         return self._by_topic
 
     def ingest(self, records: Iterable[Decoded], raw: Iterable[Frames]) -> list[Decoded]:
