@@ -194,12 +194,13 @@ class Engine:
         REJECTED, unknown and malformed messages are counted and dropped."""
         out: list[Decoded] = []
         append = out.append
+        accepted, delayed = ACCEPTED, DELAYED
         for item in records:
             status = item[1]
-            if status == ACCEPTED:
+            if status == accepted:
                 item[0].stats.accepted += 1
                 append(item)
-            elif status == DELAYED:
+            elif status == delayed:
                 item[0].stats.delayed += 1
                 append(item)
             else:

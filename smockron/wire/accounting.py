@@ -42,10 +42,13 @@ def split_accounting(batch: Iterable[Raw], topics: dict[bytes, D], limits: Limit
     max_ts = limits.max_timestamp_ms
     records: list[Record[D]] = []
     raw: list[Raw] = []
+    keep, spill = records.append, raw.append
+    get = topics.get
+    accepted, delayed, rejected = ACCEPTED, DELAYED, REJECTED
     for frames in batch:
         n = len(frames)
         if n == 5 or n == 6:
-            dom = topics.get(frames[0])
+            dom = get(frames[0])
             received_f = frames[3]
             if (
                 dom is not None
@@ -53,22 +56,24 @@ def split_accounting(batch: Iterable[Raw], topics: dict[bytes, D], limits: Limit
                 and len(received_f) <= max_digits
                 and len(frames[2]) <= max_id
                 and (n == 5 or len(frames[5]) <= max_log)
-                and int(received_f) <= max_ts
             ):
+                received = int(received_f)
                 status = frames[1]
                 delayed_f = frames[4]
-                if status in (ACCEPTED, REJECTED) and not delayed_f:
-                    records.append((dom, status, frames[2], float(received_f), None))
-                    continue
-                if (
-                    status == DELAYED
-                    and delayed_f.isdigit()
-                    and len(delayed_f) <= max_digits
-                    and int(delayed_f) <= max_ts
-                ):
-                    records.append((dom, status, frames[2], float(received_f), float(delayed_f)))
-                    continue
-        raw.append(frames)
+                if received <= max_ts:
+                    # two comparisons: cheaper than a tuple built per message
+                    if (status == accepted or status == rejected) and not delayed_f:  # noqa: SIM109
+                        keep((dom, status, frames[2], float(received), None))
+                        continue
+                    if (
+                        status == delayed
+                        and delayed_f.isdigit()
+                        and len(delayed_f) <= max_digits
+                        and int(delayed_f) <= max_ts
+                    ):
+                        keep((dom, status, frames[2], float(received), float(delayed_f)))
+                        continue
+        spill(frames)
     return records, raw
 
 
