@@ -88,3 +88,12 @@ def test_every_listed_name_exists_and_nothing_else_is_public(package: str) -> No
     assert [name for name in module.__all__ if name not in namespace] == []
     extra = _public_names(module) - set(module.__all__)
     assert extra == set(), f"{package} exposes names not in __all__: {sorted(extra)}"
+
+
+@pytest.mark.parametrize(("old", "new"), [("smockron.protocol", "smockron.wire.codec"),
+                                          ("smockron.zmqio", "smockron.wire.batchio")])  # fmt: skip
+def test_moved_modules_keep_their_old_names(old: str, new: str) -> None:
+    """Code written against the old module paths keeps working, with the same objects."""
+    moved, home = importlib.import_module(old), importlib.import_module(new)
+    assert moved.__all__ == home.__all__
+    assert all(getattr(moved, name) is getattr(home, name) for name in home.__all__)

@@ -1,49 +1,13 @@
 """The Gubernator-compatible cluster: gRPC and HTTP APIs, ring, batching, GLOBAL, discovery.
 
 What a user imports is the client (:class:`Client`, :class:`AsyncClient`) and the types it
-speaks; the server is started by ``smockron cluster`` (:mod:`smockron.cluster.node`).
+speaks, exactly :mod:`smockron.cluster.client`'s public names; the server is started by
+``smockron cluster`` (:mod:`smockron.cluster.server`).
 """
 
 from __future__ import annotations
 
-from smockron.cluster.client import (
-    HOUR,
-    MAX_BATCH_SIZE,
-    MILLISECOND,
-    MINUTE,
-    SECOND,
-    Algorithm,
-    AsyncClient,
-    Behavior,
-    Client,
-    ClientError,
-    ClientTimeout,
-    ClientUnavailable,
-    HealthCheck,
-    ItemError,
-    RateLimitRequest,
-    RateLimitResponse,
-    Status,
-    grpc_target,
-)
+from smockron.cluster import client as _client
+from smockron.cluster.client import *  # noqa: F403
 
-__all__ = [
-    "HOUR",
-    "MAX_BATCH_SIZE",
-    "MILLISECOND",
-    "MINUTE",
-    "SECOND",
-    "Algorithm",
-    "AsyncClient",
-    "Behavior",
-    "Client",
-    "ClientError",
-    "ClientTimeout",
-    "ClientUnavailable",
-    "HealthCheck",
-    "ItemError",
-    "RateLimitRequest",
-    "RateLimitResponse",
-    "Status",
-    "grpc_target",
-]
+__all__ = _client.__all__
