@@ -1,4 +1,4 @@
-"""Both receive loops (compiled and pure Python) drain the same messages the same way."""
+"""Both receive loops (compiled and pure Python) drain, send and decode the same way."""
 
 from __future__ import annotations
 
