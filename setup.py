@@ -9,6 +9,9 @@ built, installation goes on without it.
 - ``smockron.cluster._native``: the cluster's native gRPC transport (libgrpc++ generic
   server, smockron/cluster/_native.cc), built only when ``pkg-config --exists grpc++``
   succeeds; without it ``--grpc-server native`` falls back to ``threads``.
+- ``smockron.cluster._nativeclient``: the Python client's native channel (libgrpc++
+  unary calls on bytes, smockron/cluster/_nativeclient.cc), built under the same
+  condition; without it the client calls through grpcio, with the same results.
 - ``smockron.cluster._localfast``: LocalLimiter.check's common cases
   (smockron/cluster/_localfast.c); without it every check runs core/algorithms.py,
   with the same results.
@@ -39,12 +42,16 @@ def native_extension() -> list[Extension]:
     libs = pkg_config("--libs", "grpc++") or []
     return [
         Extension(
-            "smockron.cluster._native",
-            ["smockron/cluster/_native.cc"],
+            name,
+            [source],
             language="c++",
             extra_compile_args=["-std=c++17", "-O2", *cflags],
             extra_link_args=libs,
             optional=True,
+        )
+        for name, source in (
+            ("smockron.cluster._native", "smockron/cluster/_native.cc"),
+            ("smockron.cluster._nativeclient", "smockron/cluster/_nativeclient.cc"),
         )
     ]
 

@@ -14,9 +14,17 @@ Then the client CPU per check (this process's CPU time / checks), against the ``
 library on Redis (installed by this script if missing; a redis-server on a free port):
 
 * coalesced: 100 concurrent checks at a time, asyncio tasks on one AsyncClient and
-  threads on one Client (goal <= 20 us per check);
+  threads on one Client (goal <= 20 us per check). Threads twice: 100 long-lived
+  threads each checking in a loop (a threaded server's workers), and rounds of 100
+  checks handed to a 100-thread ThreadPoolExecutor, whose own hand-off is counted too
+  (it costs ~10-40 us per item here without any client: the ``pool.map, no client``
+  line measures it);
 * sequential: one check at a time, Client.check and AsyncClient.check, against
   ``limits``' FixedWindowRateLimiter.hit on Redis (goal: no more than it).
+
+Every client case runs on the client's default transport: the native libgrpc++ channel
+when smockron.cluster._nativeclient is built (the header line says which), and the
+sequential cases once more with ``native=False`` (grpcio), for comparison.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import asyncio
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,7 +45,7 @@ import grpc.aio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from smockron.cluster.client import MINUTE, AsyncClient, Client
+from smockron.cluster.client import MINUTE, NATIVE_AVAILABLE, AsyncClient, Client
 from smockron.cluster.model import RateLimitRequest
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
@@ -130,6 +139,31 @@ def cpu_per_check(fn: Callable[[], int], seconds: float) -> float:
     return (time.process_time() - cpu) / done * 1e6
 
 
+def threads_cpu(client: Client, seconds: float, threads: int = 100) -> float:
+    """CPU per check of ``threads`` threads each calling ``client.check`` in a loop for
+    ``seconds`` (at most 100,000 checks each)."""
+    counts = [0] * threads
+    stop = time.perf_counter() + seconds
+    start_gate = threading.Barrier(threads + 1)
+
+    def worker(i: int) -> None:
+        start_gate.wait()
+        done = 0
+        while time.perf_counter() < stop and done < 100_000:
+            client.check("bench", f"k{i}", 1, 10**12, MINUTE)
+            done += 1
+        counts[i] = done
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    cpu = time.process_time()
+    start_gate.wait()
+    for t in pool:
+        t.join()
+    return (time.process_time() - cpu) / sum(counts) * 1e6
+
+
 def client_cpu(address: str, seconds: float) -> dict[str, float]:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -145,10 +179,41 @@ def client_cpu(address: str, seconds: float) -> dict[str, float]:
                           range(100)))  # fmt: skip
             return 100
 
+        def pool_alone() -> int:
+            list(pool.map(lambda i: time.sleep(0.0002), range(100)))
+            return 100
+
         out["sequential: Client.check"] = cpu_per_check(one, seconds)
-        out["coalesced: 100 threads on one Client"] = cpu_per_check(hundred_threads, seconds)
+        out["coalesced: 100 threads looping on one Client"] = threads_cpu(client, seconds)
+        out["coalesced: 100 pool.map items on one Client"] = cpu_per_check(hundred_threads, seconds)
+        out["(pool.map, no client: 100 items sleeping 0.2 ms)"] = cpu_per_check(pool_alone, seconds)
+    with Client(address, native=False) as grpcio_client:
+
+        def one_grpcio() -> int:
+            grpcio_client.check("bench", "k0", 1, 10**12, MINUTE)
+            return 1
+
+        out["(sequential: Client.check over grpcio)"] = cpu_per_check(one_grpcio, seconds)
+        out["(coalesced: 100 threads looping, over grpcio)"] = threads_cpu(grpcio_client, seconds)
 
     async def run_async() -> None:
+        async with AsyncClient(address, native=False) as grpcio_client:
+            loop = asyncio.get_running_loop()
+            done, cpu, start = 0, time.process_time(), loop.time()
+            while loop.time() - start < seconds:
+                await grpcio_client.check("bench", "k0", 1, 10**12, MINUTE)
+                done += 1
+            out["(sequential: AsyncClient.check over grpcio)"] = (
+                (time.process_time() - cpu) / done * 1e6
+            )
+            done, cpu, start = 0, time.process_time(), loop.time()
+            while loop.time() - start < seconds:
+                await asyncio.gather(*(grpcio_client.check("bench", f"k{i}", 1, 10**12, MINUTE)
+                                       for i in range(100)))  # fmt: skip
+                done += 100
+            out["(coalesced: 100 asyncio tasks, over grpcio)"] = (
+                (time.process_time() - cpu) / done * 1e6
+            )
         async with AsyncClient(address) as client:
             loop = asyncio.get_running_loop()
 
@@ -189,6 +254,27 @@ def limits_cpu(redis_url: str, seconds: float) -> float:
     return cpu_per_check(one, seconds)
 
 
+def limits_async_cpu(redis_url: str, seconds: float) -> float:
+    """``limits``' asyncio FixedWindowRateLimiter (redis.asyncio), one hit at a time."""
+    from limits import parse
+    from limits.aio.storage import RedisStorage
+    from limits.aio.strategies import FixedWindowRateLimiter
+
+    async def run() -> float:
+        url = redis_url.replace("redis://", "async+redis://", 1)
+        limiter = FixedWindowRateLimiter(RedisStorage(url, implementation="redispy"))
+        item = parse("1000000000/minute")
+        loop = asyncio.get_running_loop()
+        await limiter.hit(item, "bench", "k0")
+        done, cpu, start = 0, time.process_time(), loop.time()
+        while loop.time() - start < seconds:
+            await limiter.hit(item, "bench", "k0")
+            done += 1
+        return (time.process_time() - cpu) / done * 1e6
+
+    return asyncio.run(run())
+
+
 def ensure_limits() -> None:
     try:
         import limits  # noqa: F401
@@ -227,6 +313,9 @@ def main() -> None:
                 cpu.setdefault("sequential: limits on Redis, hit()", []).append(
                     limits_cpu(redis.url, args.seconds)
                 )
+                cpu.setdefault("sequential: limits on Redis, asyncio hit()", []).append(
+                    limits_async_cpu(redis.url, args.seconds)
+                )
         finally:
             redis.stop()
             proc.stop()
@@ -243,17 +332,23 @@ def main() -> None:
     for label, mine, raw in pairs:
         print(f"  ratio client/raw, {label:20s} {medians[mine] / medians[raw]:.2f}")
     cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
-    print(f"client CPU per check, median of {args.runs} runs x {args.seconds:.1f}s")
+    transport = "native libgrpc++ channel" if NATIVE_AVAILABLE else "grpcio (native not built)"
+    print(f"client CPU per check, median of {args.runs} runs x {args.seconds:.1f}s, {transport}")
     for name, value in cpu_medians.items():
         print(f"  {name:50s} {value:8.1f} us")
     redis_us = cpu_medians["sequential: limits on Redis, hit()"]
+    aredis_us = cpu_medians["sequential: limits on Redis, asyncio hit()"]
     for name, value in cpu_medians.items():
+        if name.startswith("("):
+            continue  # for comparison only
         if name.startswith("coalesced"):
             print(f"  goal <= 20 us, {name}: {'MET' if value <= 20 else 'NOT MET'}")
         elif "limits" not in name:
             verdict = "MET" if value <= redis_us else "NOT MET"
             print(f"  goal <= limits on Redis ({redis_us:.1f} us), {name}: "
                   f"{verdict} ({value / redis_us:.2f}x)")  # fmt: skip
+            if "Async" in name:
+                print(f"    (vs limits' asyncio hit, {aredis_us:.1f} us: {value / aredis_us:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -247,6 +247,12 @@ async def serve(server: ClusterServer, front: EnvoyFront | None = None) -> None:
     callback=_duration,
     help="[GUBER_GLOBAL_TIMEOUT; 500ms]",
 )
+@click.option(
+    "--global-mode",
+    type=click.Choice(["lend", "gubernator"]),
+    help="GLOBAL at non-owners: lend (each node spends only what its owner lends it) or "
+    "gubernator (Gubernator's answers, and its over-admission) [SMOCKRON_GLOBAL_MODE; lend]",
+)
 @click.option("--cache-size", type=int, help="max rate limits kept [GUBER_CACHE_SIZE; 50000]")
 @click.option(
     "--peer-down-after",

@@ -9,15 +9,17 @@ sequential caller waits no longer than without coalescing. Gubernator's own peer
 between nodes the same way.
 
 Both twins deliver to each waiter its own response, or the error of the call that
-carried it.
+carried it. The check that finds no call in flight sends its own request straight away
+(no queue, no task, no thread hand-off): a sequential caller pays nothing for coalescing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from _thread import LockType, allocate_lock
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 
@@ -29,21 +31,35 @@ class AsyncCoalescer:
     """For one event loop: ``await check(request)``; one call in flight at a time."""
 
     def __init__(
-        self, call: Callable[[Sequence[RateLimitRequest]], Awaitable[list[RateLimitResponse]]]
+        self,
+        call: Callable[[Sequence[RateLimitRequest]], Awaitable[list[RateLimitResponse]]],
+        one: Callable[[RateLimitRequest], Awaitable[RateLimitResponse]] | None = None,
     ) -> None:
         self._call = call
+        self._one = one or self._one_of_many
+        """Sends a lone check (``call`` for one request, maybe by a cheaper path)."""
         self._queue: list[tuple[RateLimitRequest, asyncio.Future[RateLimitResponse]]] = []
         self._sending = False
         self.calls = 0
         """GetRateLimits calls made (checks / calls is the mean batch)."""
 
     async def check(self, request: RateLimitRequest) -> RateLimitResponse:
-        future: asyncio.Future[RateLimitResponse] = asyncio.get_running_loop().create_future()
-        self._queue.append((request, future))
-        if not self._sending:
-            self._sending = True
-            asyncio.get_running_loop().create_task(self._send())
-        return await future
+        if self._sending:
+            future: asyncio.Future[RateLimitResponse] = asyncio.get_running_loop().create_future()
+            self._queue.append((request, future))
+            return await future
+        self._sending = True
+        self.calls += 1
+        try:
+            return await self._one(request)
+        finally:  # whatever queued meanwhile goes next, also if this waiter was cancelled
+            if self._queue:
+                asyncio.get_running_loop().create_task(self._send())
+            else:
+                self._sending = False
+
+    async def _one_of_many(self, request: RateLimitRequest) -> RateLimitResponse:
+        return (await self._call([request]))[0]
 
     async def _send(self) -> None:
         try:
@@ -67,7 +83,9 @@ class AsyncCoalescer:
 @dataclass(slots=True)
 class _Slot:
     request: RateLimitRequest
-    done: threading.Event | None = None
+    done: LockType = field(default_factory=allocate_lock)
+    """Held from creation; released once the answer (or the lead) is in. A bare lock is
+    the cheapest way to park a thread: an Event costs a Condition and a second lock."""
     response: RateLimitResponse | None = None
     error: BaseException | None = None
     lead: bool = False
@@ -76,13 +94,18 @@ class _Slot:
 
 class Coalescer:
     """For threads: ``check(request)`` blocks. The first caller to find no call in flight
-    sends, for itself and every check queued meanwhile; once its own answer is in, it
-    hands the sending over to the oldest waiter, so nobody waits for others' calls."""
+    sends its own request; checks made meanwhile queue. Once its answer is in, the sender
+    hands the sending over to the oldest waiter, which sends everything queued (itself
+    first), so nobody waits for more than the call in flight and its own."""
 
     def __init__(
-        self, call: Callable[[Sequence[RateLimitRequest]], list[RateLimitResponse]]
+        self,
+        call: Callable[[Sequence[RateLimitRequest]], list[RateLimitResponse]],
+        one: Callable[[RateLimitRequest], RateLimitResponse] | None = None,
     ) -> None:
         self._call = call
+        self._one = one or (lambda request: call([request])[0])
+        """Sends a lone check (``call`` for one request, maybe by a cheaper path)."""
         self._lock = threading.Lock()
         self._queue: list[_Slot] = []
         self._sending = False
@@ -91,45 +114,55 @@ class Coalescer:
     def check(self, request: RateLimitRequest) -> RateLimitResponse:
         slot = _Slot(request)
         with self._lock:
-            self._queue.append(slot)
             lead = not self._sending
-            if not lead:
-                slot.done = threading.Event()
-            self._sending = True
-        if not lead:
-            assert slot.done is not None
-            slot.done.wait()
-            lead = slot.lead and slot.response is None and slot.error is None
+            if lead:
+                self._sending = True
+                self.calls += 1
+            else:
+                slot.done.acquire()
+                self._queue.append(slot)
         if lead:
-            self._send(slot)
+            try:
+                return self._one(request)
+            finally:
+                self._hand_over()
+        slot.done.acquire()  # released by the sender: answered, or made the next sender
+        if slot.lead:
+            try:
+                self._send(slot)
+            finally:
+                self._hand_over()
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None
         return slot.response
 
     def _send(self, mine: _Slot) -> None:
-        while mine.response is None and mine.error is None:
-            with self._lock:
-                batch = self._queue[:MAX_COALESCED]
-                del self._queue[:MAX_COALESCED]
-                self.calls += 1
-            try:
-                responses = self._call([slot.request for slot in batch])
-            except BaseException as exc:  # delivered to every waiter, the sender included
-                for slot in batch:
-                    slot.error = exc
-                    if slot.done is not None:
-                        slot.done.set()
-                continue
-            for slot, response in zip(batch, responses, strict=True):
-                slot.response = response
-                if slot.done is not None:
-                    slot.done.set()
+        """One call for the oldest queued checks, ``mine`` (the oldest) among them."""
         with self._lock:
-            if self._queue:  # hand over to the oldest waiter
+            batch = self._queue[:MAX_COALESCED]
+            del self._queue[:MAX_COALESCED]
+            self.calls += 1
+        try:
+            responses = self._call([slot.request for slot in batch])
+            if len(responses) != len(batch):
+                raise ValueError(f"{len(responses)} responses for {len(batch)} requests")
+        except BaseException as exc:  # delivered to every waiter, the sender included
+            for slot in batch:
+                slot.error = exc
+                if slot is not mine:
+                    slot.done.release()
+            return
+        for slot, response in zip(batch, responses, strict=True):
+            slot.response = response
+            if slot is not mine:
+                slot.done.release()
+
+    def _hand_over(self) -> None:
+        with self._lock:
+            if self._queue:  # the oldest waiter sends next
                 heir = self._queue[0]
                 heir.lead = True
-                assert heir.done is not None
-                heir.done.set()
+                heir.done.release()
             else:
                 self._sending = False

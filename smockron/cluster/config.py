@@ -48,6 +48,7 @@ def parse_duration_ms(text: str) -> float:
 
 
 GRPC_SERVERS = ("threads", "asyncio", "native")
+GLOBAL_MODES = ("lend", "gubernator")
 CLIENT_AUTH_MODES = ("", "request-cert", "verify-cert", "require-any-cert", "require-and-verify")
 """GUBER_TLS_CLIENT_AUTH values (Go's tls.ClientAuthType, named as Gubernator names them)."""
 TLS_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
@@ -78,6 +79,12 @@ class ClusterConfig:
     global_sync_wait_ms: float = 100.0
     global_batch_limit: int = 1000
     global_timeout_ms: float = 500.0
+    global_mode: str = "lend"
+    """How non-owners spend a GLOBAL limit: ``lend`` (default) admits only the budget the
+    owner lends each node, so the cluster never spends the same remaining twice;
+    ``gubernator`` behaves as Gubernator does (a fresh local bucket for a key a node has
+    not heard of, then the whole remaining it last heard of), for exact drop-in answers at
+    the price of Gubernator's over-admission (up to the remaining times the nodes)."""
     cache_size: int = 50_000
     peer_down_after: int = 3
     """Consecutive failed calls after which a peer leaves the ring until it answers again."""
@@ -122,6 +129,10 @@ class ClusterConfig:
         if self.grpc_server not in GRPC_SERVERS:
             raise ConfigError(
                 f"grpc_server must be one of {', '.join(GRPC_SERVERS)}, got {self.grpc_server!r}"
+            )
+        if self.global_mode not in GLOBAL_MODES:
+            raise ConfigError(
+                f"global_mode must be one of {', '.join(GLOBAL_MODES)}, got {self.global_mode!r}"
             )
         if self.peer_picker_hash not in HASHES:
             known = ", ".join(HASHES)
@@ -216,6 +227,7 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_PEERS": ("peers", _csv),
     "GUBER_PEER_PICKER_HASH": ("peer_picker_hash", str),
     "SMOCKRON_GRPC_SERVER": ("grpc_server", str),
+    "SMOCKRON_GLOBAL_MODE": ("global_mode", str),
     # envoyproxy/ratelimit's own variable, for the Envoy front
     "LIMIT_RESPONSE_HEADERS_ENABLED": ("envoy_response_headers", _bool),
     "GUBER_REPLICATED_HASH_REPLICAS": (

@@ -94,14 +94,17 @@ class GlobalSync:
         agg = self._hits.get(key)
         if agg is None:
             behavior = (req.behavior & ~Behavior.RESET_REMAINING) | Behavior.DRAIN_OVER_LIMIT
+            # a lending node's hits count when they reach the owner; Gubernator's carry
+            # the first request's created_at (the window a fresh local bucket opened)
+            created_at = req.created_at if not self._address else None
             self._hits[key] = replace(
-                req, hits=hits, behavior=Behavior(behavior), created_at=None, metadata={}
+                req, hits=hits, behavior=Behavior(behavior), created_at=created_at, metadata={}
             )
         else:
             agg.hits += hits
         asked = req.hits if demand is None else demand
         self._demand[key] = self._demand.get(key, 0) + max(asked, 0)
-        if asked > 0:
+        if asked > 0 and self._address:
             self._asked(key, self._hits[key])
         self._schedule(len(self._hits), urgent)
 
@@ -149,7 +152,9 @@ class GlobalSync:
         demand, self._demand = self._demand, {}
         self._give_back_idle(hits, demand)
         for key, req in hits.items():
-            req.metadata = {lending.PEER: self._address, lending.DEMAND: str(demand.get(key, 0))}
+            if self._address:  # a lending node names itself and its demand
+                asked = str(demand.get(key, 0))
+                req.metadata = {lending.PEER: self._address, lending.DEMAND: asked}
         broadcasts, self._broadcasts = self._broadcasts, {}
         loop = asyncio.get_running_loop()
         for coro in (self._send_hits(hits), self._send_broadcasts(broadcasts)):

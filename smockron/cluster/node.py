@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from smockron.cluster import lending
@@ -69,9 +69,11 @@ class Node:
         self.clients: dict[str, PeerClient] = {}
         self.down: set[str] = set()
         lease_ms = max(int(3 * config.global_sync_wait_ms), 100)
-        self.replicas = ReplicaCache(
-            config.cache_size, lease_ms=lease_ms, nodes=lambda: len(self.ring.nodes)
-        )
+        self.lends = config.global_mode == "lend"
+        """GLOBAL budgets lent by owners; else Gubernator's (a replica spends its whole
+        remaining, which an equal share over one node is)."""
+        nodes: Callable[[], int] = (lambda: len(self.ring.nodes)) if self.lends else (lambda: 1)
+        self.replicas = ReplicaCache(config.cache_size, lease_ms=lease_ms, nodes=nodes)
         # hits admitted under a lease reach the owner within a sync wait of its end
         hold_ms = lease_ms + int(2 * config.global_sync_wait_ms) + 100
         self.ledger = lending.Ledger(hold_ms=hold_ms, max_keys=config.cache_size)
@@ -85,7 +87,7 @@ class Node:
             batch_limit=config.global_batch_limit,
             timeout_ms=config.global_timeout_ms,
             clock=self._clock,
-            address=self.address,
+            address=self.address if self.lends else "",
         )
         self._probe_task: asyncio.Task[None] | None = None
         self._closing: list[PeerClient] = []
@@ -198,6 +200,10 @@ class Node:
             flags = int(req.behavior)  # IntFlag's own & builds a new flag: slow per item
             if flags & _GLOBAL:
                 answered = self.replicas.answer(req, now)
+                if answered is None and not self.lends:
+                    if req.created_at is None:  # as Gubernator stamps it, for the owner
+                        req = replace(req, created_at=now)
+                    answered = self.replicas.fresh(req, now)
                 if answered is not None:
                     resp, hits, urgent = answered
                     resp.metadata["owner"] = owner
@@ -205,9 +211,10 @@ class Node:
                     self.global_sync.queue_hits(req, hits, urgent=urgent)
                     self.metrics.checks.labels("global_replica").inc()
                     continue
-                if sent is None:
-                    sent = list(requests)
-                req = sent[i] = self._leasing(req)
+                if self.lends:
+                    if sent is None:
+                        sent = list(requests)
+                    req = sent[i] = self._leasing(req)
             if flags & _NO_BATCHING:
                 unbatched.setdefault(owner, []).append(i)
             else:

@@ -183,6 +183,18 @@ class ReplicaCache:
         resp = RateLimitResponse(Status.UNDER_LIMIT, req.limit, left, item.reset_time)
         return Answer(resp, hits, not item.lease_until or self._urgent(item, req.limit))
 
+    def fresh(self, req: RateLimitRequest, now: int) -> Answer | None:
+        """Gubernator's answer for a key this node has not heard of: a full local bucket
+        (its window from ``created_at``), spent like a replica; the owner's word replaces
+        it with its next answer. None when a replica exists or only the owner can answer."""
+        if req.hash_key in self._items or int(req.behavior) & _RESET_REMAINING:
+            return None
+        full = req.limit if req.algorithm != Algorithm.LEAKY_BUCKET else req.burst or req.limit
+        start = req.created_at if req.created_at is not None else now
+        resp = RateLimitResponse(Status.UNDER_LIMIT, req.limit, full, start + max(req.duration, 0))
+        self.install(req.hash_key, resp, req.algorithm, req.duration)
+        return self.answer(req, now)
+
     def forget(self, key: str) -> None:
         self._items.pop(key, None)
 

@@ -105,6 +105,11 @@ async def test_revoked_lease_is_regranted(etcd_server: EtcdServer, raw: aetcd.Cl
     await rec_b.wait_for({"127.0.0.2:1051"}, timeout=10)
     await rec_b.wait_for({"127.0.0.1:1051", "127.0.0.2:1051"}, timeout=10)
     assert len(rec_b.lists) >= seen + 2
+    # b may see the new key before a hears etcd's answer to its put
+    for _ in range(100):
+        if a.registrations >= 2:
+            break
+        await asyncio.sleep(0.05)
     assert a.registrations >= 2 and a.lease_id != first_lease
     got = await raw.get(f"{PREFIX}127.0.0.1:1050".encode())
     assert got is not None and got.lease == a.lease_id

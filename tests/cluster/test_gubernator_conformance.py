@@ -702,6 +702,99 @@ def test_TestGlobalBehavior(guber: Guber, where: str, hits: int) -> None:
         assert (rl.status, rl.remaining) == (U, limit - hits), address
 
 
+# -- GLOBAL as Gubernator answers it (--global-mode gubernator) ----------------------------
+#
+# With ``--global-mode gubernator`` a non-owner answers a key it has not heard of from a
+# fresh local bucket and then spends the whole remaining it last heard of, as Gubernator
+# does: upstream's GLOBAL tests pass as written (peers[i] is our non-owner i % 2). The
+# sync wait is long enough that a broadcast cannot overtake the steps upstream runs
+# back to back.
+
+
+@pytest.fixture(scope="module")
+def guber_compat(tmp_path_factory: pytest.TempPathFactory, api: Api) -> Iterator[Guber]:
+    tmp = tmp_path_factory.mktemp("conformance_gubernator_mode")
+    with start_cluster(tmp, "--global-sync-wait", "300ms", "--global-mode", "gubernator") as c:
+        nodes = Guber(c, api)
+        try:
+            yield nodes
+        finally:
+            nodes.close()
+
+
+def _sender(guber: Guber, fields: dict[str, Any]) -> Callable[[str, int, int, int], Any]:
+    def send(address: str, hits: int, remaining: int, status: int) -> Any:
+        rl = guber.check(address, hits=hits, **fields)
+        assert (rl.error, rl.remaining, rl.status) == ("", remaining, status), (address, hits)
+        return rl
+
+    return send
+
+
+def test_TestGlobalRateLimits_gubernator_mode(guber_compat: Guber) -> None:
+    guber = guber_compat
+    name, key = "TestGlobalRateLimits", random_key()
+    peers = guber.non_owners(name, key)
+    fields = global_fields(name, key, algorithm=0, duration=3 * MINUTE, limit=5)
+    send = _sender(guber, fields)
+    got = [send(peers[0], 1, 4, U)]  # a fresh local bucket, hits queued for the owner
+    got.append(send(peers[0], 2, 2, U))  # as if this node owned it
+    assert guber.eventually(peers[1], 2, **fields).remaining == 2  # waitForBroadcast
+    got.append(send(peers[1], 0, 2, U))
+    got.append(send(peers[0], 0, 2, U))
+    got.append(send(peers[1], 2, 0, U))  # computed before forwarding to the owner
+    assert guber.eventually(peers[0], 0, **fields).remaining == 0
+    got.append(send(peers[0], 1, 0, OVER))
+    assert {rl.limit for rl in got} == {5}
+    assert len({rl.reset_time for rl in got}) == 1  # reset_time does not change
+    assert all(rl.metadata["owner"] == guber.owner(name, key) for rl in got)
+
+
+def test_TestGlobalRequestMoreThanAvailable_gubernator_mode(guber_compat: Guber) -> None:
+    guber = guber_compat
+    name, key = "TestGlobalRequestMoreThanAvailable", random_key()
+    peers = guber.non_owners(name, key)
+    fields = global_fields(name, key, algorithm=1, duration=1000 * MINUTE, limit=100)
+    for peer in peers:
+        assert guber.check(peer, hits=0, **fields).status == U
+    for peer in peers:  # each spends the whole remaining it knows: Gubernator over-consumes
+        assert guber.check(peer, hits=50, **fields).status == U
+    assert guber.eventually(peers[0], 0, **fields).remaining == 0
+    rl = guber.check(peers[0], hits=1, **fields)
+    assert (rl.error, rl.status) == ("", OVER)
+
+
+def test_TestGlobalNegativeHits_gubernator_mode(guber_compat: Guber) -> None:
+    guber = guber_compat
+    name, key = "TestGlobalNegativeHits", random_key()
+    peers = guber.non_owners(name, key)
+    fields = global_fields(name, key, algorithm=0, duration=100 * MINUTE, limit=2)
+    send = _sender(guber, fields)
+    send(peers[0], -1, 3, U)
+    assert guber.eventually(peers[1], 3, **fields).remaining == 3
+    send(peers[1], -1, 4, U)
+    assert guber.eventually(peers[0], 4, **fields).remaining == 4
+    send(peers[0], 4, 0, U)  # "should have 4 in the remainder"
+    assert guber.eventually(peers[1], 0, **fields).remaining == 0
+    send(peers[1], 0, 0, U)
+
+
+def test_TestGlobalResetRemaining_gubernator_mode(guber_compat: Guber) -> None:
+    guber = guber_compat
+    name, key = "TestGlobalResetRemaining", random_key()
+    peers = guber.non_owners(name, key)
+    fields = global_fields(name, key, algorithm=1, duration=1000 * MINUTE, limit=100)
+    send = _sender(guber, fields)
+    for peer in peers:  # each from its own fresh bucket
+        send(peer, 50, 50, U)
+    assert guber.eventually(peers[0], 0, **fields).remaining == 0
+    send(peers[0], 1, 0, OVER)
+    reset = {**fields, "behavior": 2 | 8}  # GLOBAL | RESET_REMAINING, through the owner
+    rl = guber.check(peers[0], hits=0, **reset)
+    assert (rl.error, rl.remaining) == ("", 100)
+    assert guber.eventually(peers[1], 100, **fields).remaining == 100
+
+
 # -- interval_test.go: calendar windows, through a token bucket's reset_time ---------------
 
 
