@@ -42,9 +42,10 @@ PUBLIC: dict[str, list[str]] = {
         "header", "http_loginfo", "now_ms", "peer_address",
     ],
     "smockron.cluster": [
-        "HOUR", "MAX_BATCH_SIZE", "MILLISECOND", "MINUTE", "SECOND", "Algorithm", "AsyncClient",
-        "Behavior", "Client", "ClientError", "ClientTimeout", "ClientUnavailable", "HealthCheck",
-        "ItemError", "RateLimitRequest", "RateLimitResponse", "Status", "grpc_target",
+        "HOUR", "MAX_BATCH_SIZE", "MILLISECOND", "MINUTE", "NATIVE_AVAILABLE", "SECOND",
+        "Algorithm", "AsyncClient", "Behavior", "Client", "ClientError", "ClientTimeout",
+        "ClientUnavailable", "HealthCheck", "ItemError", "RateLimitRequest", "RateLimitResponse",
+        "Status", "grpc_target",
     ],
     "smockron.cluster.discovery": [
         "MECHANISMS", "Discovery", "OnChange", "PeerInfo", "make_discovery", "options_from_env",
