@@ -21,6 +21,7 @@ from smockron.cluster import service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
 from smockron.cluster.http import make_app, make_status_app
+from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
 from smockron.cluster.threaded import ThreadedServer
@@ -72,10 +73,12 @@ class ClusterServer:
         config: ClusterConfig,
         discovery: Discovery | None = None,
         extensions: tuple[Extension, ...] = (),
+        metrics: ClusterMetrics | None = None,
     ) -> None:
+        """``metrics``: the node's counters, on a registry of its own unless given one."""
         self.config = config.validate()
         self.tls = tls.load(self.config)
-        self.node = Node(self.config, tls=self.tls)
+        self.node = Node(self.config, tls=self.tls, metrics=metrics)
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
