@@ -3,9 +3,9 @@
 Everything else is in pyproject.toml. Both extensions are optional: when one cannot be
 built, installation goes on without it.
 
-- ``smockron._zmqfast``: batch ZeroMQ receive and send (the master's receive loop, the
-  gatekeepers' accounting); without it the pure-Python loops in smockron/zmqio.py are
-  used, which behave the same.
+- ``smockron.wire._zmqfast``: batch ZeroMQ receive and send (the master's receive loop,
+  the gatekeepers' accounting); without it the pure-Python loops in
+  smockron/wire/batchio.py and smockron/wire/accounting.py are used, which behave the same.
 - ``smockron.cluster._native``: the cluster's native gRPC transport (libgrpc++ generic
   server, smockron/cluster/_native.cc), built only when ``pkg-config --exists grpc++``
   succeeds; without it ``--grpc-server native`` falls back to ``threads``.
@@ -59,8 +59,8 @@ def native_extension() -> list[Extension]:
 setup(
     ext_modules=[
         Extension(
-            "smockron._zmqfast",
-            ["smockron/_zmqfast.c"],
+            "smockron.wire._zmqfast",
+            ["smockron/wire/_zmqfast.c"],
             libraries=["dl"],
             optional=True,
         ),

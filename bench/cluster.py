@@ -301,10 +301,11 @@ async def global_accuracy(addrs: list[str], runs: int, limit: int = 100) -> None
     for _ in range(runs):
         key = f"acc-moving-{time.time_ns()}"
         owner = addrs.index(ring.owner(f"acc_{key}"))
-        moved.append(
-            await round_robin(addrs, key, limit, total, 500.0, pb.GLOBAL,
-                              route=lambda i, o=owner: i % 3 if i < 30 else o)
-        )  # fmt: skip
+
+        def route(i: int, o: int = owner) -> int:
+            return i % 3 if i < 30 else o
+
+        moved.append(await round_robin(addrs, key, limit, total, 500.0, pb.GLOBAL, route=route))
     report("GLOBAL, round-robin, all to the owner after 30 calls", moved, limit, total)
     fast = [
         await round_robin(addrs, f"acc-open-{time.time_ns()}", limit, 20 * limit, 2000.0,

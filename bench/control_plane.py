@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import zmq
 
-from smockron.protocol import encode_control
-from smockron.zmqio import send_all
+from smockron.wire.batchio import send_all
+from smockron.wire.codec import encode_control
 from tests.support import free_port, smockron_env
 
 

@@ -62,7 +62,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -70,8 +70,11 @@ import zmq
 
 from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
 from smockron.gatekeeper.state import Decider
-from smockron.protocol import encode_accounting
-from smockron.zmqio import send_all
+from smockron.wire.batchio import send_all
+from smockron.wire.codec import encode_accounting
+
+if TYPE_CHECKING:
+    from smockron.gatekeeper.asgi import ASGIApp, Receive, Scope, Send
 from tests.support import free_port, free_ports, wait_port
 
 N = 200_000
@@ -318,7 +321,7 @@ def bench_core(rounds: int) -> dict[str, float]:
 # ---- HTTP part -------------------------------------------------------------------------
 
 
-async def hello(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+async def hello(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
     await send(
@@ -337,14 +340,14 @@ def serve(port: int, accounting: str | None, control: str | None) -> None:
 
     from smockron.gatekeeper.asgi import SmockronMiddleware
 
-    app: object = hello
+    app: ASGIApp = hello
     if accounting == "none":  # the middleware with no master configured: Python cost only
         app = SmockronMiddleware(hello, domain="api")
     elif accounting:
         app = SmockronMiddleware(hello, domain="api", accounting=accounting, control=control)
     uvicorn.run(
         app, host="127.0.0.1", port=port, log_level="error", access_log=False, lifespan="on"
-    )  # type: ignore[arg-type]
+    )
 
 
 async def _load(port: int, seconds: float, conns: int) -> int:

@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -406,8 +407,9 @@ def run_traced_master(argv: list[str], trace_path: str) -> None:
     import json
 
     import smockron.master.server as server
+    import smockron.wire.accounting as accounting
     from smockron.cli import main as cli_main
-    from smockron.master.engine import Engine
+    from smockron.master.engine import Decoded, Engine
     from smockron.master.stores.memory import MemoryTable
 
     events: list[tuple[str, float, float, int]] = []  # kind, start, seconds, size
@@ -433,24 +435,23 @@ def run_traced_master(argv: list[str], trace_path: str) -> None:
     MemoryTable.tick = traced_tick  # type: ignore[method-assign]
     apply = Engine.apply
 
-    def traced_apply(self: Engine, decoded: list[Any], now_ms: float) -> list[list[bytes]]:
+    def traced_apply(self: Engine, decoded: Sequence[Decoded], now_ms: float) -> list[list[bytes]]:
         t0 = clock()
         out = apply(self, decoded, now_ms)
         events.append(("apply", t0, clock() - t0, len(decoded)))
         return out
 
-    Engine.apply = traced_apply  # type: ignore[method-assign]
-    fast = server.drain_accounting_compiled
-    if fast is not None:
+    Engine.apply = traced_apply  # type: ignore[method-assign,assignment]
+    drain = accounting.drain_accounting
 
-        def traced_drain(*args: Any) -> Any:
-            t0 = clock()
-            out = fast(*args)
-            if out[0] or out[1]:
-                events.append(("drain", t0, clock() - t0, len(out[0]) + len(out[1])))
-            return out
+    def traced_drain(*args: Any) -> Any:
+        t0 = clock()
+        out = drain(*args)
+        if out[0] or out[1]:
+            events.append(("drain", t0, clock() - t0, len(out[0]) + len(out[1])))
+        return out
 
-        server.drain_accounting_compiled = traced_drain
+    server.drain_accounting = traced_drain  # type: ignore[attr-defined,assignment]
     sys.argv = ["smockron", *argv]
     try:
         cli_main()
@@ -747,12 +748,12 @@ def main() -> None:
     if args.only_reaction:
         args.runs, args.reaction = 0, True
 
-    from smockron.zmqio import drain_compiled
+    from smockron.wire.accounting import COMPILED
 
     if args.runs > 0:
         print(f"messages per run: {sum(n for _, n in workload(args.messages))}, "
               f"{IDENTIFIERS} identifiers, 20% over '{RULE}', {args.senders} sender processes, "
-              f"receive loop: {'compiled' if drain_compiled else 'pure Python'}")  # fmt: skip
+              f"receive loop: {'compiled' if COMPILED else 'pure Python'}")  # fmt: skip
         results: dict[str, list[float]] = {"baseline": [], "memory": [], "redis": []}
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)

@@ -31,12 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "bench"):  # the repository (tests.support), this folder (soak)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import zmq  # noqa: E402
+from soak import rss_bytes  # noqa: E402
 
-from bench.soak import rss_bytes  # noqa: E402
 from tests.support import Proc, free_ports, run_smockron, wait_for, wait_port  # noqa: E402
 
 MB = 1 << 20

@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "bench"):  # the repository (tests.support), this folder (fuzz)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
+import fuzz  # noqa: E402
 import zmq  # noqa: E402
 
-from bench import fuzz  # noqa: E402
 from tests.support import Proc, free_ports, run_smockron, wait_for, wait_port  # noqa: E402
 
 LOG_BAD_INPUT = re.compile(

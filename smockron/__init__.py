@@ -1,6 +1,6 @@
 """Smockron: a distributed rate limiter.
 
-The pure core lives in :mod:`smockron.core` (algorithms) and :mod:`smockron.protocol`
+The pure core lives in :mod:`smockron.core` (algorithms) and :mod:`smockron.wire`
 (the Smockron wire codec); every front end (master, gatekeepers, cluster, daemons)
 is a thin adapter around them.
 """

@@ -21,8 +21,8 @@ from smockron.gatekeeper.state import Decider, DelayTable, Line
 from smockron.master.config import MasterSettings
 from smockron.master.engine import DomainPolicy
 from smockron.master.server import Master
-from smockron.master.stores.memory import MemoryTable
-from smockron.protocol import ACCEPTED, encode_accounting
+from smockron.master.stores.memory import MemoryStore, MemoryTable
+from smockron.wire.codec import ACCEPTED, encode_accounting
 from tests.support import free_ports
 
 WAVE = 50_000
@@ -145,18 +145,20 @@ async def test_idle_master_releases_expired_states() -> None:
         domains={"api": DomainPolicy((Rule(20.0, 1),))},  # a 50 ms window
     )
     master = Master(settings)
+    store = master.store
+    assert isinstance(store, MemoryStore)
     task = asyncio.create_task(master.run())
     try:
         now = int(time.time() * 1000)
         wave = [encode_accounting("api", ACCEPTED, b"id-%d" % i, now) for i in range(5000)]
         master._enqueue((master.engine.decode(wave), []))
         deadline = time.monotonic() + 5
-        while len(master.store) < 5000 and time.monotonic() < deadline:
+        while len(store) < 5000 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        assert len(master.store) == 5000
-        while len(master.store) and time.monotonic() < deadline:
+        assert len(store) == 5000
+        while len(store) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert len(master.store) == 0
+        assert len(store) == 0
     finally:
         master.stop()
         await asyncio.wait_for(task, 5)

@@ -56,7 +56,7 @@ from smockron.cluster.model import (
 )
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
-from smockron.errors import SmockronError
+from smockron.errors import ClientError, ClientTimeout, ClientUnavailable, ItemError
 
 try:
     from smockron.cluster import _nativeclient  # type: ignore[attr-defined]
@@ -110,33 +110,6 @@ MAX_BATCH_SIZE = 1000
 """Gubernator rejects a GetRateLimits call with more items than this."""
 
 DEFAULT_ADDRESS = "127.0.0.1:1051"
-
-
-class ClientError(SmockronError):
-    """A call failed as a whole; ``code`` is the gRPC status code (None if not from gRPC)."""
-
-    def __init__(
-        self, message: str, code: grpc.StatusCode | None = None, details: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.details = details
-
-
-class ClientUnavailable(ClientError):
-    """No server answers at the address, or the connection broke mid-call."""
-
-
-class ClientTimeout(ClientError, TimeoutError):
-    """The call's deadline passed before the server answered."""
-
-
-class ItemError(ClientError):
-    """``check()``: the server answered the item with an error (e.g. a bad algorithm)."""
-
-    def __init__(self, message: str, response: RateLimitResponse) -> None:
-        super().__init__(message)
-        self.response = response
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,6 @@ flags, so unknown bits are kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -18,8 +16,9 @@ from smockron.cluster.model import (
     Status,
 )
 from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.core.vocabulary import BY_NUMBER
 
-_ALGORITHMS = {int(a): a for a in Algorithm}
+_ALGORITHMS = BY_NUMBER
 
 
 def algorithm_from_int(value: int) -> Algorithm:
@@ -127,7 +126,3 @@ def response_from_pb(msg: pb.RateLimitResp) -> RateLimitResponse:
         error=msg.error,
         metadata=dict(msg.metadata) if msg.metadata else {},
     )
-
-
-def responses_to_pb(resps: Iterable[RateLimitResponse]) -> list[pb.RateLimitResp]:
-    return [response_to_pb(r) for r in resps]

@@ -17,9 +17,9 @@ from aiohttp import web
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
+from smockron.cluster.api import TOO_MANY, answer, health_pb
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
-from smockron.cluster.service import TOO_MANY, answer, health_pb
 from smockron.observe import ObserveServer, Readiness, serve
 from smockron.ratelog import RateLimitedLog
 
@@ -152,7 +152,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """The process's counters, then the node's own (smockron.cluster.metrics)."""
+    body = generate_latest() + generate_latest(request.app[_NODE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def make_status_app(node: Node) -> web.Application:

@@ -42,7 +42,6 @@ from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.core import calendar
 from smockron.core.algorithms import (
     HistoryState,
-    InvalidParams,
     LeakyBucketState,
     LimitParams,
     SlidingWindowState,
@@ -51,6 +50,7 @@ from smockron.core.algorithms import (
     check,
     expire_at,
 )
+from smockron.errors import InvalidParams
 
 Clock = Callable[[], int]
 

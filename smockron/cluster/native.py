@@ -27,10 +27,11 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
-from prometheus_client import Counter
 
-from smockron.cluster.threaded import Aborted, Deferred, bridge
+from smockron.cluster.metrics import ClusterMetrics
+from smockron.cluster.threaded import Deferred, bridge
 from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, TLSMaterial
+from smockron.errors import Aborted
 
 try:
     from smockron.cluster import _native  # type: ignore[attr-defined]
@@ -40,11 +41,6 @@ except ImportError:  # built only where libgrpc++ is installed (setup.py)
 log = logging.getLogger("smockron.cluster")
 
 AVAILABLE = _native is not None
-
-UNKNOWN_METHOD = Counter(
-    "smockron_cluster_grpc_unknown_method_total",
-    "gRPC calls to a method this node does not serve (native server).",
-)
 
 _OK = grpc.StatusCode.OK.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
@@ -102,11 +98,15 @@ class NativeServer:
     """``ThreadedServer``'s interface over the libgrpc++ transport."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, options: Sequence[tuple[str, Any]] = ()
+        self,
+        loop: asyncio.AbstractEventLoop,
+        options: Sequence[tuple[str, Any]] = (),
+        metrics: ClusterMetrics | None = None,
     ) -> None:
         if _native is None:
             raise RuntimeError("smockron.cluster._native is not built (no libgrpc++)")
         self.loop = loop
+        self._unknown_method = (metrics or ClusterMetrics()).unknown_method
         self._options = list(options)
         self._threaded: list[grpc.GenericRpcHandler[Any, Any]] = []
         self._async: list[grpc.GenericRpcHandler[Any, Any]] = []
@@ -189,7 +189,7 @@ class NativeServer:
             if len(self._cache) < 1024:  # method names come from clients
                 self._cache[method] = entry
         if entry is None:
-            UNKNOWN_METHOD.inc()
+            self._unknown_method.inc()
             call.finish(_UNIMPLEMENTED, None, "Method not found!")
             return
         parse, handler, serialize = entry

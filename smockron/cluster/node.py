@@ -18,14 +18,13 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-from prometheus_client import Counter
-
 from smockron.cluster import lending
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.convert import algorithm_from_int
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.global_sync import GlobalSync
 from smockron.cluster.local import LocalLimiter, epoch_ms
+from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
@@ -35,15 +34,6 @@ from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.node")
 
-CHECKS = Counter("smockron_cluster_checks_total", "Rate-limit checks answered, by how.", ["route"])
-PEER_FAILURES = Counter(
-    "smockron_cluster_peer_failures_total",
-    "Items whose peer call failed (forwards answered here, GLOBAL hits lost).",
-)
-BAD_GLOBALS = Counter(
-    "smockron_cluster_peer_globals_rejected_total",
-    "UpdatePeerGlobals entries skipped because their algorithm is unknown.",
-)
 _bad_globals_log = RateLimitedLog(log, interval=1.0)
 MAX_BATCH = 1000
 """Gubernator's maxBatchSize: requests per GetRateLimits call."""
@@ -62,8 +52,10 @@ class Node:
         config: ClusterConfig,
         limiter: LocalLimiter | None = None,
         tls: TLSMaterial | None = None,
+        metrics: ClusterMetrics | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else ClusterMetrics()
         self.tls = tls
         """Peer calls go over TLS with these certificates when set."""
         self.address = config.advertise
@@ -162,7 +154,7 @@ class Node:
         return None if owner == self.address else self.clients.get(owner)
 
     def _peer_failed(self, client: PeerClient) -> None:
-        PEER_FAILURES.inc()
+        self.metrics.peer_failures.inc()
         if (
             client.consecutive_failures >= self.config.peer_down_after
             and client.address in self.clients
@@ -217,7 +209,7 @@ class Node:
                     resp.metadata["owner"] = owner
                     results[i] = resp
                     self.global_sync.queue_hits(req, hits, urgent=urgent)
-                    CHECKS.labels("global_replica").inc()
+                    self.metrics.checks.labels("global_replica").inc()
                     continue
                 if self.lends:
                     if sent is None:
@@ -258,7 +250,7 @@ class Node:
         for resp in resps:
             if not resp.error:
                 resp.metadata["owner"] = address
-        CHECKS.labels("peer" if peer else _LOCAL).inc(len(resps))
+        self.metrics.checks.labels("peer" if peer else _LOCAL).inc(len(resps))
         return resps
 
     async def peer_rate_limits(
@@ -275,7 +267,7 @@ class Node:
             try:
                 self.replicas.install(key, resp, algorithm_from_int(algorithm), duration)
             except ValueError:
-                BAD_GLOBALS.inc()
+                self.metrics.bad_globals.inc()
                 _bad_globals_log.warning(
                     "UpdatePeerGlobals: unknown algorithm %r for %r", algorithm, key[:200]
                 )
@@ -302,7 +294,7 @@ class Node:
             results[i] = resp
         for i in lent:
             results[i] = self._within_loans(requests[i], route, now)
-        CHECKS.labels(route).inc(len(idx) + len(lent))
+        self.metrics.checks.labels(route).inc(len(idx) + len(lent))
 
     def _owned(
         self,
@@ -406,7 +398,8 @@ class Node:
         for idx in unbatched.values():
             for i in idx:
                 self._after_forward(requests[i], results[i], sent_at)
-        CHECKS.labels("forwarded").inc(len(waits) + sum(map(len, unbatched.values())) - len(failed))
+        forwarded = len(waits) + sum(map(len, unbatched.values())) - len(failed)
+        self.metrics.checks.labels("forwarded").inc(forwarded)
         if failed:
             failed.sort()
             self._answer_locally(requests, failed, results, route="owner_failed")

@@ -17,13 +17,16 @@ from collections.abc import Callable
 import grpc
 from aiohttp import web
 
-from smockron.cluster import native, service, tls
+from smockron.cluster import service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
 from smockron.cluster.http import make_app, make_status_app
+from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
 from smockron.cluster.threaded import ThreadedServer
+from smockron.cluster.transports import GrpcServer as GrpcServer  # for cli.py
+from smockron.cluster.transports import make_grpc_server
 from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.cluster")
@@ -33,7 +36,6 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 
-GrpcServer = grpc.aio.Server | ThreadedServer | NativeServer
 Extension = Callable[[GrpcServer, Node], None]
 """Adds another service to the gRPC server (the Envoy front)."""
 
@@ -71,10 +73,12 @@ class ClusterServer:
         config: ClusterConfig,
         discovery: Discovery | None = None,
         extensions: tuple[Extension, ...] = (),
+        metrics: ClusterMetrics | None = None,
     ) -> None:
+        """``metrics``: the node's counters, on a registry of its own unless given one."""
         self.config = config.validate()
         self.tls = tls.load(self.config)
-        self.node = Node(self.config, tls=self.tls)
+        self.node = Node(self.config, tls=self.tls, metrics=metrics)
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
@@ -100,19 +104,11 @@ class ClusterServer:
         )
 
     async def _listen(self) -> None:
-        server: GrpcServer
-        kind = self.config.grpc_server
-        if kind == "native" and not native.AVAILABLE:
-            log.warning("gRPC server: native extension not built (no libgrpc++); using threads")
-            kind = "threads"
-        if kind == "native":
-            server = NativeServer(asyncio.get_running_loop(), GRPC_OPTIONS)
-            service.add_threaded_fast_paths(server, self.node)
-        elif kind == "threads":
-            server = ThreadedServer(asyncio.get_running_loop(), GRPC_OPTIONS)
-            service.add_threaded_fast_paths(server, self.node)
-        else:
-            server = grpc.aio.server(options=GRPC_OPTIONS)
+        server, threaded = make_grpc_server(
+            self.config.grpc_server, asyncio.get_running_loop(), GRPC_OPTIONS, self.node.metrics
+        )
+        if threaded is not None:
+            service.add_threaded_fast_paths(threaded, self.node)
         service.add_to_server(server, self.node)
         for extend in self._extensions:
             extend(server, self.node)
@@ -160,7 +156,7 @@ class ClusterServer:
         address = self.config.grpc_address
         if self.tls is None:
             return server.add_insecure_port(address)
-        if isinstance(server, NativeServer):
+        if isinstance(server, NativeServer):  # TLS inside libgrpc++, set before binding
             server.use_tls(self.tls)
             return server.add_insecure_port(address)
         if self.tls.client_auth in ("request-cert", "verify-cert"):
@@ -168,6 +164,7 @@ class ClusterServer:
                         "certificate without requiring one, so it asks for none (the native "
                         "server and the HTTP gateway do ask)",
                         self.tls.client_auth, self.config.grpc_server)  # fmt: skip
+        assert isinstance(server, grpc.aio.Server | ThreadedServer)
         self._certificates = tls.ServerCertificates(self.tls)
         return server.add_secure_port(address, self._certificates.credentials())
 

@@ -1,96 +1,30 @@
 """The gRPC fronts: V1 for clients, PeersV1 for other nodes, both calling one Node.
 
-Each item is decoded on its own, so an item with (say) an unknown algorithm gets its own
-``error`` while the rest of the call is answered; more than 1,000 items fail the whole
-call with OUT_OF_RANGE and Gubernator's message.
+gRPC only: the servicers, the lenient deserializers and the handler tables the three
+servers take (see transports.py). What a call means is decided in api.py.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
-from prometheus_client import Counter, Histogram
+from google.protobuf.message import DecodeError, Message
 
 from smockron.cluster import convert
-from smockron.cluster.discovery.base import PeerInfo
-from smockron.cluster.model import RateLimitRequest, RateLimitResponse
-from smockron.cluster.native import NativeServer
+from smockron.cluster.api import PEER_TOO_MANY, TOO_MANY, answer, answer_here, health_pb
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import peers_pb2
-from smockron.cluster.threaded import ThreadedServer, fast_or_bridged, keep_none
+from smockron.cluster.threaded import fast_or_bridged, keep_none
+from smockron.cluster.transports import GrpcServer, ThreadedTransport
 from smockron.ratelog import RateLimitedLog
 
+M = TypeVar("M", bound=Message)
 log = logging.getLogger("smockron.cluster.grpc")
 _bad_log = RateLimitedLog(log, interval=1.0)
-MALFORMED = Counter(
-    "smockron_cluster_grpc_malformed_total",
-    "gRPC calls whose request bytes did not decode, by method.",
-    ["method"],
-)
-DURATION = Histogram(
-    "smockron_cluster_request_duration_seconds",
-    "Time to decide a GetRateLimits (client) or GetPeerRateLimits (peer) call.",
-    ["kind"],
-    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5),
-)
-_CLIENT, _PEER = DURATION.labels("client"), DURATION.labels("peer")
-TOO_MANY = f"Requests.RateLimits list too large; max size is '{MAX_BATCH}'"
-
-
-def decode(
-    msgs: Sequence[pb.RateLimitReq],
-) -> tuple[list[RateLimitRequest], list[int], list[RateLimitResponse | None]]:
-    """(valid requests, their indexes, per-index error responses for the others)."""
-    valid: list[RateLimitRequest] = []
-    indexes: list[int] = []
-    errors: list[RateLimitResponse | None] = [None] * len(msgs)
-    for i, msg in enumerate(msgs):
-        try:
-            valid.append(convert.request_from_pb(msg))
-        except ValueError as exc:
-            errors[i] = RateLimitResponse(error=str(exc))
-            continue
-        indexes.append(i)
-    return valid, indexes, errors
-
-
-async def answer(
-    node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
-) -> list[pb.RateLimitResp]:
-    """Decide every item (client or peer semantics), in request order, as protobuf."""
-    start = time.perf_counter()
-    valid, indexes, results = decode(msgs)
-    if valid:
-        resps = await (node.peer_rate_limits(valid) if peer else node.get_rate_limits(valid))
-        for i, resp in zip(indexes, resps, strict=True):
-            results[i] = resp
-    out = [convert.response_to_pb(r) for r in results if r is not None]
-    (_PEER if peer else _CLIENT).observe(time.perf_counter() - start)
-    return out
-
-
-def answer_here(
-    node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
-) -> list[pb.RateLimitResp] | None:
-    """``answer`` without the event loop, or None when an item needs it (see
-    ``Node.answer_here``); for the threaded server's gRPC threads."""
-    start = time.perf_counter()
-    valid, indexes, results = decode(msgs)
-    if valid:
-        resps = node.answer_here(valid, peer=peer)
-        if resps is None:
-            return None
-        for i, resp in zip(indexes, resps, strict=True):
-            results[i] = resp
-    out = [convert.response_to_pb(r) for r in results if r is not None]
-    (_PEER if peer else _CLIENT).observe(time.perf_counter() - start)
-    return out
 
 
 class V1Servicer:
@@ -102,11 +36,8 @@ class V1Servicer:
     async def GetRateLimits(
         self, request: pb.GetRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetRateLimitsResp:
-        if request is None:
-            await _reject(context, "GetRateLimits")
-        if len(request.requests) > MAX_BATCH:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, TOO_MANY)
-        return pb.GetRateLimitsResp(responses=await answer(self._node, request.requests))
+        items = await _items(self._node, request, context, "GetRateLimits", TOO_MANY)
+        return pb.GetRateLimitsResp(responses=await answer(self._node, items))
 
     async def HealthCheck(
         self, request: pb.HealthCheckReq, context: grpc.aio.ServicerContext[Any, Any]
@@ -128,21 +59,15 @@ class PeersV1Servicer:
     async def GetPeerRateLimits(
         self, request: peers_pb2.GetPeerRateLimitsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peers_pb2.GetPeerRateLimitsResp:
-        if request is None:
-            await _reject(context, "GetPeerRateLimits")
-        if len(request.requests) > MAX_BATCH:
-            await context.abort(
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"'PeerRequest.rate_limits' list too large; max size is '{MAX_BATCH}'",
-            )
-        resps = await answer(self._node, request.requests, peer=True)
+        items = await _items(self._node, request, context, "GetPeerRateLimits", PEER_TOO_MANY)
+        resps = await answer(self._node, items, peer=True)
         return peers_pb2.GetPeerRateLimitsResp(rate_limits=resps)
 
     async def UpdatePeerGlobals(
         self, request: peers_pb2.UpdatePeerGlobalsReq, context: grpc.aio.ServicerContext[Any, Any]
     ) -> peers_pb2.UpdatePeerGlobalsResp:
         if request is None:
-            await _reject(context, "UpdatePeerGlobals")
+            await _reject(self._node, context, "UpdatePeerGlobals")
         self._node.update_globals(
             (g.key, convert.response_from_pb(g.status), g.algorithm, g.duration)
             for g in request.globals
@@ -150,35 +75,37 @@ class PeersV1Servicer:
         return peers_pb2.UpdatePeerGlobalsResp()
 
 
-def health_pb(node: Node) -> pb.HealthCheckResp:
-    status, message, count, advertise = node.health()
-    local, region = node.peer_groups()
-    return pb.HealthCheckResp(
-        status=status,
-        message=message,
-        peer_count=count,
-        advertise_address=advertise,
-        local_peers=[_peer_pb(p) for p in local],
-        region_peers=[_peer_pb(p) for p in region],
-    )
+async def _items(
+    node: Node,
+    request: pb.GetRateLimitsReq | peers_pb2.GetPeerRateLimitsReq | None,
+    context: grpc.aio.ServicerContext[Any, Any],
+    method: str,
+    too_many: str,
+) -> Sequence[pb.RateLimitReq]:
+    """The items of a check call; a call that did not decode, or has too many, is
+    aborted (``context.abort`` raises)."""
+    if request is None:
+        await _reject(node, context, method)
+        raise AssertionError("unreachable: abort raises")
+    if len(request.requests) > MAX_BATCH:
+        await context.abort(grpc.StatusCode.OUT_OF_RANGE, too_many)
+    return request.requests
 
 
-def _peer_pb(peer: PeerInfo) -> pb.PeerHealthResp:
-    return pb.PeerHealthResp(grpc_address=peer.grpc_address, data_center=peer.data_center)
-
-
-async def _reject(context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
-    MALFORMED.labels(method).inc()
+async def _reject(
+    node: Node, context: grpc.aio.ServicerContext[Any, Any], method: str
+) -> None:
+    node.metrics.grpc_malformed.labels(method).inc()
     peer = context.peer()
     _bad_log.warning("%s from %s: request bytes do not decode", method, peer)
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method} request")
 
 
-def _lenient(message: Any) -> Callable[[bytes], Any]:
+def _lenient(message: type[M]) -> Callable[[bytes], M | None]:
     """A deserializer that yields None for bad bytes, so the servicer counts and rejects them
     (grpc's own path logs a traceback per call)."""
 
-    def parse(data: bytes) -> Any:
+    def parse(data: bytes) -> M | None:
         try:
             return message.FromString(data)
         except DecodeError:
@@ -188,7 +115,11 @@ def _lenient(message: Any) -> Callable[[bytes], Any]:
 
 
 def _handler(
-    method: Any, request: Any, response: Any, *, threaded: bool = False
+    method: Callable[..., Any],
+    request: type[Message],
+    response: type[Message],
+    *,
+    threaded: bool = False,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     parse = _lenient(request)
     return grpc.unary_unary_rpc_method_handler(
@@ -198,20 +129,22 @@ def _handler(
     )
 
 
-def add_threaded_fast_paths(server: ThreadedServer | NativeServer, node: Node) -> None:
+def add_threaded_fast_paths(server: ThreadedTransport, node: Node) -> None:
     """On the threaded server: GetRateLimits and GetPeerRateLimits calls that this node
     decides alone, and LiveCheck, are answered on the gRPC thread; the other calls of
     those two methods go to the asyncio servicers on the event loop. Register before
     ``add_to_server``."""
 
-    def client_checks(request: Any) -> Any:
+    def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | None:
         if len(request.requests) <= MAX_BATCH:
             out = answer_here(node, request.requests)
             if out is not None:
                 return pb.GetRateLimitsResp(responses=out)
         return None
 
-    def peer_checks(request: Any) -> Any:
+    def peer_checks(
+        request: peers_pb2.GetPeerRateLimitsReq,
+    ) -> peers_pb2.GetPeerRateLimitsResp | None:
         if len(request.requests) <= MAX_BATCH:
             out = answer_here(node, request.requests, peer=True)
             if out is not None:
@@ -223,7 +156,7 @@ def add_threaded_fast_paths(server: ThreadedServer | NativeServer, node: Node) -
         peer_checks, PeersV1Servicer(node).GetPeerRateLimits, server.loop
     )
 
-    def live_check(request: Any, context: grpc.ServicerContext) -> Any:
+    def live_check(request: pb.LiveCheckReq, context: grpc.ServicerContext) -> pb.LiveCheckResp:
         return pb.LiveCheckResp()
 
     server.add_threaded_handlers(
@@ -254,7 +187,7 @@ def add_threaded_fast_paths(server: ThreadedServer | NativeServer, node: Node) -
     )
 
 
-def add_to_server(server: grpc.aio.Server | ThreadedServer | NativeServer, node: Node) -> None:
+def add_to_server(server: GrpcServer, node: Node) -> None:
     """Register V1 and PeersV1 by hand (same names as the generated helpers)."""
     v1, peers = V1Servicer(node), PeersV1Servicer(node)
     v1_methods = {

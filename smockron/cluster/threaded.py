@@ -18,9 +18,12 @@ import asyncio
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+from prometheus_client import Counter
+
+from smockron.errors import Aborted
 
 MAX_WORKERS = 128
 """Threads start only when no idle one is left (about ten at 2,000 calls/s); a call bridged
@@ -29,6 +32,8 @@ to the event loop holds its thread until answered, so this bounds such calls in 
 on a dead peer until its timeout."""
 
 
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 UNDECODED: Any = object()
 """What ``keep_none`` turns a deserializer's None into: ``grpc.server`` fails a call whose
 request deserializes to None with INTERNAL, before the handler could count and reject it
@@ -46,14 +51,6 @@ def keep_none(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
         return UNDECODED if request is None else request
 
     return call
-
-
-class Aborted(Exception):
-    """Raised by ``LoopContext.abort``; the bridge aborts the real call with it."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(code, details)
-        self.code, self.details = code, details
 
 
 class Deferred:
@@ -100,16 +97,16 @@ def bridge(
 
 
 def fast_or_bridged(
-    fast: Callable[[Any], Any | None],
-    handler: Callable[[Any, Any], Any],
+    fast: Callable[[Req], Resp | None],
+    handler: Callable[[Req, Any], Any],
     loop: asyncio.AbstractEventLoop,
-) -> Callable[[Any, grpc.ServicerContext], Any]:
+) -> Callable[[Req, grpc.ServicerContext], Any]:
     """A threaded unary handler answering with ``fast(request)`` on the gRPC thread, or,
     when that returns None (or the request did not decode), with the asyncio
     ``handler`` on ``loop``."""
     slow = bridge(handler, loop)
 
-    def call(request: Any, context: grpc.ServicerContext) -> Any:
+    def call(request: Req, context: grpc.ServicerContext) -> Any:
         if request is not UNDECODED:
             response = fast(request)
             if response is not None:
@@ -148,10 +145,12 @@ class _CountUnknown(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     """Registered last: a method no other handler serves is counted here (the server
     then answers UNIMPLEMENTED, as it would anyway)."""
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> None:
-        from smockron.cluster.native import UNKNOWN_METHOD  # native imports this module
+    def __init__(self, counter: Counter | None) -> None:
+        self._counter = counter
 
-        UNKNOWN_METHOD.inc()
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> None:
+        if self._counter is not None:
+            self._counter.inc()
 
 
 class ThreadedServer:
@@ -162,8 +161,10 @@ class ThreadedServer:
         loop: asyncio.AbstractEventLoop,
         options: Sequence[tuple[str, Any]] = (),
         max_workers: int = MAX_WORKERS,
+        unknown_method: Counter | None = None,
     ) -> None:
         self.loop = loop
+        self._unknown_method = unknown_method
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="smockron-grpc")
         self._server = grpc.server(self._pool, options=options)
 
@@ -183,7 +184,7 @@ class ThreadedServer:
         return self._server.add_secure_port(address, credentials)
 
     async def start(self) -> None:
-        self._server.add_generic_rpc_handlers((_CountUnknown(),))
+        self._server.add_generic_rpc_handlers((_CountUnknown(self._unknown_method),))
         self._server.start()
 
     async def stop(self, grace: float | None) -> None:

@@ -30,21 +30,15 @@ every difference from Gubernator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum, IntFlag
+from enum import IntFlag
 from functools import lru_cache
 from typing import NamedTuple, TypeAlias
 
 from smockron.core import calendar, history
 from smockron.core.rules import Rule
-from smockron.errors import SmockronError
-
-
-class Algorithm(IntEnum):
-    TOKEN_BUCKET = 0
-    LEAKY_BUCKET = 1
-    # smockron's additions, beyond Gubernator's enum
-    SLIDING_WINDOW = 2
-    SMOCKRON_HISTORY = 3
+from smockron.core.vocabulary import BY_NUMBER
+from smockron.core.vocabulary import Algorithm as Algorithm
+from smockron.errors import InvalidParams
 
 
 class Behavior(IntFlag):
@@ -60,15 +54,11 @@ class Behavior(IntFlag):
 MAX_HISTORY_BURST = 10_000
 """SMOCKRON_HISTORY stores up to ``burst`` timestamps per key and scans them per check."""
 
-_ALGORITHMS = frozenset(int(a) for a in Algorithm)
+_ALGORITHMS = frozenset(BY_NUMBER)
 # Plain ints: IntFlag arithmetic costs a microsecond per operation on the hot path.
 _GREGORIAN = int(Behavior.DURATION_IS_GREGORIAN)
 _RESET = int(Behavior.RESET_REMAINING)
 _DRAIN = int(Behavior.DRAIN_OVER_LIMIT)
-
-
-class InvalidParams(SmockronError, ValueError):
-    """Parameters no algorithm can apply; the message becomes the item's ``error``."""
 
 
 @dataclass(slots=True)

@@ -1,9 +1,11 @@
-"""A token bucket with continuous refill, the primitive behind several front ends.
+"""The textbook token bucket: a capacity (``burst``), a continuous refill ``rate``, and
+requests that take tokens. DThrottle calls it a "leaky bucket"; it runs the DThrottle
+front. It is not the cluster's TOKEN_BUCKET (Gubernator's, a fixed window) nor its
+LEAKY_BUCKET (kept in exact integer units): those are in core/algorithms.py.
 
-DThrottle's "leaky bucket" and Gubernator's LEAKY_BUCKET are both this: a capacity
-(``burst``), a refill rate, and requests that take tokens. The balance may go below
-zero when hits reported by peers are subtracted (DThrottle), which then delays refill.
-Times are in seconds or milliseconds as long as ``rate`` uses the same unit.
+The balance may go below zero when hits reported by peers are subtracted (DThrottle),
+which then delays refill. Times are in seconds or milliseconds as long as ``rate`` uses
+the same unit; floats, so not for exact oracles.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 
 @dataclass(slots=True)
-class Bucket:
+class TokenBucket:
     """``tokens`` as of ``updated``; refill at ``rate`` per time unit up to ``burst``."""
 
     burst: float
@@ -21,7 +23,7 @@ class Bucket:
     updated: float
 
     @classmethod
-    def full(cls, burst: float, rate: float, now: float) -> Bucket:
+    def full(cls, burst: float, rate: float, now: float) -> TokenBucket:
         return cls(burst, rate, float(burst), now)
 
     def refill(self, now: float) -> float:
@@ -38,13 +40,6 @@ class Bucket:
             return True
         return False
 
-    def try_take_whole(self, now: float, n: float = 1.0) -> bool:
-        """Take ``n`` tokens only if at least ``n`` are there (all or nothing)."""
-        if self.refill(now) >= n:
-            self.tokens -= n
-            return True
-        return False
-
     def subtract(self, now: float, n: float) -> None:
         """Remove ``n`` tokens unconditionally; the balance may go negative."""
         self.refill(now)
@@ -57,3 +52,7 @@ class Bucket:
         """How long until ``n`` tokens are available (0 when they are now)."""
         missing = n - self.refill(now)
         return missing / self.rate if missing > 0 else 0.0
+
+
+Bucket = TokenBucket
+"""The former name, for the DThrottle front's import until it moves to ``TokenBucket``."""

@@ -16,6 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from smockron.core.vocabulary import ALGORITHMS as ALGORITHMS  # the names: vocabulary.py
 from smockron.errors import RuleError
 
 _UNIT_SECONDS: dict[str, float] = {
@@ -31,12 +32,6 @@ _RATE_RE = re.compile(
     r"^\s*(\d+(?:\.\d+)?)\s*(?:/|\s+per\s+)\s*(\d+(?:\.\d+)?)?\s*([a-zA-Z]+)\s*$", re.ASCII
 )
 _BURST_RE = re.compile(r"^\s*(\d+)\s*$", re.ASCII)
-
-
-ALGORITHMS = ("history", "gcra", "history-literal")
-"""How a Smockron domain applies its rules: the history rule keeping the debt of
-late-known requests (the default), GCRA, and the original Smockron's history rule
-exactly as written. The master runs them; gatekeepers' first lines follow them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,9 @@ from smockron.gatekeeper.state import (
     Waiting,
 )
 from smockron.observe.heard import MasterWatch
-from smockron.protocol import (
+from smockron.ratelog import RateLimitedLog
+from smockron.wire.batchio import drain, send_all, wait_readable
+from smockron.wire.codec import (
     ACCEPTED,
     DELAYED,
     REJECTED,
@@ -49,8 +51,6 @@ from smockron.protocol import (
     decode_rules,
     topic,
 )
-from smockron.ratelog import RateLimitedLog
-from smockron.zmqio import drain, send_all, wait_readable
 
 log = logging.getLogger("smockron.gatekeeper")
 T = TypeVar("T")
@@ -315,7 +315,7 @@ class _GatekeeperBase:
     def _emit(self, pub: zmq.Socket[bytes], frames: list[bytes]) -> None:
         """Send one message now (the asyncio twin batches instead)."""
         try:
-            # zmqio.send_all: every frame in one compiled call, no pyzmq wrapper per frame
+            # wire.batchio.send_all: every frame in one compiled call, no pyzmq wrapper per frame
             sent = send_all(pub, [frames])
         except zmq.ZMQError:
             sent = 0
@@ -601,7 +601,7 @@ class Gatekeeper(_GatekeeperBase):
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
-        """Everything queued, in batches (zmqio.drain: one compiled call each), applied
+        """Everything queued, in batches (wire.batchio.drain: one compiled call each), applied
         under the lock a slice at a time so requests are decided in between."""
         for _ in range(CONTROL_BATCHES):  # bounded, so sweeping and stopping still happen
             batch = drain(sub, CONTROL_BATCH)

@@ -8,6 +8,7 @@ Layers, innermost first: ``engine`` (pure: frames and ``now`` in, control frames
 from __future__ import annotations
 
 from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.server import Master
 from smockron.master.stats import DomainStats, Stats
 
-__all__ = ["DomainPolicy", "DomainStats", "Engine", "Stats"]
+__all__ = ["DomainPolicy", "DomainStats", "Engine", "Master", "Stats"]

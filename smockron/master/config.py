@@ -52,8 +52,8 @@ from smockron.core.rules import (
 from smockron.errors import ConfigError, RuleError
 from smockron.master.engine import DomainPolicy
 from smockron.master.stores.uri import parse_store_uri
-from smockron.protocol import DEFAULT_LIMITS, Limits
 from smockron.settings import parse_duration
+from smockron.wire.codec import DEFAULT_LIMITS, Limits
 
 DEFAULT_ACCOUNTING = "tcp://127.0.0.1:10004"
 DEFAULT_CONTROL = "tcp://127.0.0.1:10005"

@@ -17,7 +17,9 @@ hostile gatekeeper cannot hold an identifier back for hours. Within the toleranc
 history rule is applied at the message's timestamp when the master is behind it, so
 queueing never lengthens a delay.
 
-Processing is split in ``decode`` and ``apply`` so that a store needing I/O (Redis) can
+Frames are decoded once, by :mod:`smockron.wire.accounting` (while they are received,
+in the server) and the codec; ``ingest`` counts the records and ``apply`` accounts them.
+Processing is split in ``ingest`` and ``apply`` so that a store needing I/O (Redis) can
 fetch exactly the states a batch touches between the two, in one round trip.
 """
 
@@ -27,19 +29,22 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from smockron.core.gcra import expires_at as gcra_expires_at
 from smockron.core.gcra import gcra_update
 from smockron.core.history import next_allowed, recorded
-from smockron.core.rules import ALGORITHMS, Rule
+from smockron.core.rules import Rule
+from smockron.core.vocabulary import ALGORITHMS, stored_as
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
 from smockron.master.stores.base import Scope, State, Store, Table
-from smockron.protocol import (
+from smockron.wire.accounting import Record, split_accounting
+from smockron.wire.codec import (
     ACCEPTED,
     DEFAULT_LIMITS,
-    DELAY_UNTIL,
     DELAYED,
     REJECTED,
     Limits,
+    control_frames,
     decode_accounting,
     topic,
 )
@@ -54,10 +59,6 @@ clients for what they did while nobody was counting, polite ones included. So fo
 ``BACKLOG_MS`` after a gatekeeper connects, a message older than ``LATE_AFTER_MS`` is
 counted as ``late`` and dropped; younger ones are charged at their own time."""
 MalformedHook = Callable[[ProtocolError, Frames], None]
-
-
-_STORED_AS = {"history-literal": "history"}
-"""Both history variants keep the same states: switching between them keeps them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ class DomainPolicy:
     @property
     def stored_as(self) -> str:
         """The store's name for this algorithm's states."""
-        return _STORED_AS.get(self.algorithm, self.algorithm)
+        return stored_as(self.algorithm)
 
 
 class _Domain:
@@ -103,10 +104,8 @@ class _Domain:
             self.one = (table, window, rule.interval_ms, rule.burst)
 
 
-# (domain, status, identifier, receive ms, delayed ms or None). Timestamps are floats
-# (integral, below 2**53): the engine compares them with ``now`` and with the stored
-# states, all floats, and CPython compares an int with a float far more slowly.
-Decoded = tuple[_Domain, bytes, bytes, float, float | None]
+Decoded = Record[_Domain]
+"""(domain, status, identifier, receive ms, delayed ms or None): see smockron.wire."""
 
 
 class Engine:
@@ -182,31 +181,32 @@ class Engine:
             by_topic[dom.topic] = dom
         self._policies = dict(domains)
         self._by_topic = by_topic
-        retain = getattr(self.store, "retain", None)
-        if retain is not None:
-            retain({Scope(n, r, p.stored_as) for n, p in domains.items() for r in p.rules})
+        self.store.retain({Scope(n, r, p.stored_as) for n, p in domains.items() for r in p.rules})
 
     @property
     def topics(self) -> dict[bytes, _Domain]:
-        """Configured domains by topic (name + NUL), for a compiled receive loop."""
+        """Configured domains by topic (name + NUL): what smockron.wire.accounting splits by."""
         return self._by_topic
 
-    def ingest(self, fast: Iterable[Decoded], raw: Iterable[Frames]) -> list[Decoded]:
-        """Like ``decode``, for a batch a compiled loop already split into messages it
-        decoded exactly as ``decode``'s fast path would (``fast``) and the rest (``raw``)."""
+    def ingest(self, records: Iterable[Decoded], raw: Iterable[Frames]) -> list[Decoded]:
+        """Count a batch split by :mod:`smockron.wire.accounting` (records decoded while
+        received, and raw messages for the codec); the records ``apply`` is to account:
+        REJECTED, unknown and malformed messages are counted and dropped."""
         out: list[Decoded] = []
         append = out.append
-        for item in fast:
+        accepted, delayed = ACCEPTED, DELAYED
+        for item in records:
             status = item[1]
-            if status == ACCEPTED:
+            if status == accepted:
                 item[0].stats.accepted += 1
                 append(item)
-            elif status == DELAYED:
+            elif status == delayed:
                 item[0].stats.delayed += 1
                 append(item)
             else:
                 item[0].stats.rejected += 1
-        out.extend(self.decode(raw))
+        for frames in raw:
+            self._decode_raw(frames, append)
         return out
 
     def process(self, batch: Iterable[Frames], now_ms: float) -> list[list[bytes]]:
@@ -215,53 +215,11 @@ class Engine:
         return self.apply(self.decode(batch), now_ms)
 
     def decode(self, batch: Iterable[Frames]) -> list[Decoded]:
-        """Validate a batch; count REJECTED, unknown and malformed messages and drop them."""
-        by_topic = self._by_topic
-        limits = self.limits
-        max_id = limits.max_identifier
-        max_log = limits.max_loginfo
-        max_digits = limits.max_timestamp_digits
-        max_ts = limits.max_timestamp_ms
-        out: list[Decoded] = []
-        append = out.append
-        for frames in batch:
-            # Fast path: a valid message for a configured domain, checked inline.
-            n = len(frames)
-            if n == 5 or n == 6:
-                dom = by_topic.get(frames[0])
-                received_f = frames[3]
-                if (
-                    dom is not None
-                    and received_f.isdigit()
-                    and len(received_f) <= max_digits
-                    and len(frames[2]) <= max_id
-                    and (n == 5 or len(frames[5]) <= max_log)
-                ):
-                    status = frames[1]
-                    delayed_f = frames[4]
-                    received = int(received_f)
-                    if received <= max_ts:
-                        if status == ACCEPTED and not delayed_f:
-                            dom.stats.accepted += 1
-                            append((dom, status, frames[2], float(received), None))
-                            continue
-                        if status == REJECTED and not delayed_f:
-                            dom.stats.rejected += 1
-                            continue
-                        if (
-                            status == DELAYED
-                            and delayed_f.isdigit()
-                            and len(delayed_f) <= max_digits
-                            and int(delayed_f) <= max_ts
-                        ):
-                            dom.stats.delayed += 1
-                            append((dom, status, frames[2], float(received), float(delayed_f)))
-                            continue
-            self._decode_slow(frames, append)
-        return out
+        """Split a batch of messages as a receive loop does, then :meth:`ingest` it."""
+        return self.ingest(*split_accounting(batch, self._by_topic, self.limits))
 
-    def _decode_slow(self, frames: Frames, append: Callable[[Decoded], None]) -> None:
-        """Anything the fast path did not accept: the codec names the problem, if any."""
+    def _decode_raw(self, frames: Frames, append: Callable[[Decoded], None]) -> None:
+        """A message the split did not decode: the codec names the problem, if any."""
         try:
             msg = decode_accounting(list(frames), self.limits)
         except ProtocolError as exc:
@@ -317,7 +275,7 @@ class Engine:
             else:
                 until = _apply_history(dom, ident, ts, now_ms, ahead)
             if until is not None:
-                out.append([dom.topic, DELAY_UNTIL, ident, b"%d" % math.ceil(until)])
+                out.append(control_frames(dom.topic, ident, math.ceil(until)))
                 dom.stats.published += 1
         return out
 
@@ -413,14 +371,14 @@ def served_at(
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
     """GCRA for every rule of the domain; the latest DELAY_UNTIL wins."""
     until: float | None = None
-    for rule, table, window in dom.scopes:
+    for rule, table, _window in dom.scopes:
         state = table.get(ident)
         result = gcra_update(state[0] if state else None, ts, now_ms, rule)
         value = result.value
         state = (value,)
         table.put(ident, state)
         if value > table.keep_after_ms:  # far ahead: keep the state longer
-            table.keep(ident, state, value + window)
+            table.keep(ident, state, gcra_expires_at(value, rule))
         nxt = result.delay_until
         if nxt is not None and (until is None or nxt > until):
             until = nxt

@@ -44,7 +44,7 @@ from smockron.master.server import MAX_FRAME_BYTES
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
-from smockron.zmqio import drain, send_all, wait_readable
+from smockron.wire.batchio import drain, send_all, wait_readable
 
 log = logging.getLogger("smockron.router")
 

@@ -25,17 +25,18 @@ from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
-from smockron.master.stores import MemoryStore, open_store
+from smockron.master.stores import open_store
 from smockron.observe import ObserveServer, Readiness
 from smockron.observe.throttled import TopThrottled
-from smockron.protocol import ACCEPTED, DELAYED, REJECTED, encode_rules
 from smockron.ratelog import RateLimitedLog
-from smockron.zmqio import drain, drain_accounting_compiled, send_all, wait_readable
+from smockron.wire.accounting import drain_accounting
+from smockron.wire.batchio import send_all, wait_readable
+from smockron.wire.codec import encode_rules
 
 log = logging.getLogger("smockron.master")
 
-Batch = tuple[list[Decoded], list[list[bytes]]]
-"""Messages already decoded by the compiled loop, and raw ones for the engine to decode."""
+Batch = tuple[list[Decoded], list[Frames]]
+"""Records decoded while received, and raw messages for the engine's codec."""
 
 FLUSH_IDLE_S = 0.05
 """An idle master with the Redis store writes what changed after this long."""
@@ -99,9 +100,8 @@ class Master:
         self._stopping = asyncio.Event()
         self.throttled = TopThrottled()  # for /stats and smockron top
         self.bound = False
-        # why the store is unreachable (readiness); a pingable store is not ready until it answers
-        pingable = getattr(self.store, "ping", None) is not None
-        self.store_problem = f"store {settings.store} not checked yet" if pingable else None
+        # why the store is unreachable (readiness); not ready until its first ping answers
+        self.store_problem: str | None = f"store {settings.store} not checked yet"
         self.listener: ObserveServer | None = None
 
     def readiness(self) -> Readiness:
@@ -122,9 +122,7 @@ class Master:
     async def _watch_store(self) -> None:
         """Ping the store on the loop; record the outcome for /readyz, and warn (once a
         minute at most) while it does not answer, even with no traffic to notice."""
-        ping = getattr(self.store, "ping", None)
-        if ping is None:
-            return
+        ping = self.store.ping
         warned = -STORE_REWARN_S
         while True:
             try:
@@ -258,16 +256,12 @@ class Master:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
-        flush = getattr(self.store, "flush", None)
-        if flush is not None:
-            try:
-                await flush(wait=True)
-            except Exception as exc:
-                log.warning("final write to the store failed: %s", exc)
-        close = getattr(self.store, "close", None)
-        if close is not None:
-            with contextlib.suppress(Exception):
-                await close()
+        try:
+            await self.store.flush(wait=True)
+        except Exception as exc:
+            log.warning("final write to the store failed: %s", exc)
+        with contextlib.suppress(Exception):
+            await self.store.close()
         if self.monitor is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self.sub.disable_monitor()
@@ -281,19 +275,13 @@ class Master:
         sub = self.sub
         limit = self.settings.batch
         engine = self.engine
-        fast = drain_accounting_compiled
-        statuses = (ACCEPTED, DELAYED, REJECTED)
         monitor = self.monitor
         while not self._stopping.is_set():
             if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
                 self._connections(monitor)
-            if fast is not None:  # decoded while received (see Engine.ingest)
-                lim = engine.limits  # read per batch: SIGHUP may change it
-                limits = (lim.max_identifier, lim.max_loginfo, lim.max_timestamp_digits,
-                          lim.max_timestamp_ms)  # fmt: skip
-                batch: Batch = fast(sub, limit, engine.topics, statuses, limits)
-            else:
-                batch = ([], drain(sub, limit))
+            # decoded while received; topics and limits are read per batch: SIGHUP
+            # may change them
+            batch: Batch = drain_accounting(sub, limit, engine.topics, engine.limits)
             if batch[0] or batch[1]:
                 self._enqueue(batch)
                 await asyncio.sleep(0)
@@ -323,7 +311,7 @@ class Master:
             self.pending_count += len(decoded) + len(raw)
             self._work.set()
 
-    def _count_dropped(self, decoded: list[Decoded], raw: list[list[bytes]]) -> None:
+    def _count_dropped(self, decoded: list[Decoded], raw: list[Frames]) -> None:
         self.stats.dropped += len(decoded) + len(raw)
         for item in decoded:
             item[0].stats.dropped += 1
@@ -334,59 +322,38 @@ class Master:
                 domain.dropped += 1
 
     async def _process(self) -> None:
-        redis = not isinstance(self.store, MemoryStore)
+        """One loop for every store: ``Store`` says what to load and when to write."""
+        store = self.store
+        idle_s = FLUSH_IDLE_S if store.writes_behind else IDLE_TICK_S
         while True:
             while self.pending:
                 fast, raw = self.pending.popleft()
                 self.pending_count -= len(fast) + len(raw)
                 self.stats.batches += 1
-                decoded = self.engine.ingest(fast, raw)
-                if redis:
-                    await self._process_redis(decoded)
-                else:
-                    now = time.time() * 1000.0
-                    self.store.tick(now)
-                    self._apply(decoded, now)
+                await self._process_batch(self.engine.ingest(fast, raw))
                 await asyncio.sleep(0)
             if self._stopping.is_set():
                 return
             self._work.clear()
-            if redis:  # idle: what changed is written after at most one interval
-                try:
-                    await asyncio.wait_for(self._work.wait(), FLUSH_IDLE_S)
-                except TimeoutError:
-                    await self._flush_redis()
-            else:  # idle: states still expire and are released (memory goes back)
-                try:
-                    await asyncio.wait_for(self._work.wait(), IDLE_TICK_S)
-                except TimeoutError:
-                    self.store.tick(time.time() * 1000.0)
+            try:  # idle: what changed is written after at most one interval, and
+                # states still expire and are released (memory goes back)
+                await asyncio.wait_for(self._work.wait(), idle_s)
+            except TimeoutError:
+                store.tick(time.time() * 1000.0)
+                await store.flush(wait=False)
 
-    async def _process_redis(self, decoded: list[Decoded]) -> None:
-        from smockron.master.stores.redis import RedisStore
-
+    async def _process_batch(self, decoded: list[Decoded]) -> None:
+        """Load what the batch touches (Redis: one round trip; memory: nothing), apply it,
+        and write when the store says it is due."""
         store = self.store
-        assert isinstance(store, RedisStore)
-        store.tick(time.time() * 1000.0)
-        try:
-            await store.load(self.engine.touched(decoded))
-        except Exception as exc:  # Redis down: go on from memory (fail permissive)
-            store.report(exc, "read")
         now = time.time() * 1000.0
         store.tick(now)
+        if await store.load(self.engine.touched(decoded)):  # time passed: read it again
+            now = time.time() * 1000.0
+            store.tick(now)
         self._apply(decoded, now)
         if store.due(now):
-            await self._flush_redis()
-
-    async def _flush_redis(self) -> None:
-        from smockron.master.stores.redis import RedisStore
-
-        store = self.store
-        assert isinstance(store, RedisStore)
-        try:
             await store.flush(wait=False)
-        except Exception as exc:
-            store.report(exc, "write")
 
     def _apply(self, decoded: list[Decoded], now: float) -> None:
         """Apply a batch and publish its DELAY_UNTILs, ``PUBLISH_EVERY`` messages at a

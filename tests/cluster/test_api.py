@@ -304,15 +304,14 @@ async def test_garbage_on_grpc_port(node: Node) -> None:
 async def test_update_peer_globals_with_unknown_algorithm_is_counted_and_skipped(
     node: Node, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prometheus_client import REGISTRY
-
     from smockron.cluster import node as node_module
     from smockron.cluster.pb import peers_pb2, peers_pb2_grpc
 
     # the log is rate-limited per process: start a fresh window (the other server's run)
     monkeypatch.setattr(node_module._bad_globals_log, "_windows", {})
     metric = "smockron_cluster_peer_globals_rejected_total"
-    before = REGISTRY.get_sample_value(metric) or 0.0
+    registry = node.server.node.metrics.registry  # the node's own: nothing counted before
+    assert registry.get_sample_value(metric) == 0.0
     status = pb.RateLimitResp(limit=10, remaining=3, reset_time=2**40)
     bad = peers_pb2.UpdatePeerGlobal(key="g_bad", status=status, algorithm=99, duration=1000)  # type: ignore[arg-type]
     good = peers_pb2.UpdatePeerGlobal(key="g_good", status=status, algorithm=1, duration=1000)  # type: ignore[arg-type]
@@ -320,7 +319,9 @@ async def test_update_peer_globals_with_unknown_algorithm_is_counted_and_skipped
         peers: Any = peers_pb2_grpc.PeersV1Stub(channel)  # type: ignore[no-untyped-call]
         for _ in range(30):
             await peers.UpdatePeerGlobals(peers_pb2.UpdatePeerGlobalsReq(globals=[bad, good]))
-    assert (REGISTRY.get_sample_value(metric) or 0.0) - before == 30
+    assert registry.get_sample_value(metric) == 30
+    async with aiohttp.ClientSession() as session, session.get(f"{node.http}/metrics") as resp:
+        assert f"{metric} 30.0" in (await resp.text()).splitlines()  # served on /metrics
     lines = [r for r in caplog.records if "unknown algorithm" in r.getMessage()]
     assert 1 <= len(lines) <= 2  # rate-limited: one line a second, not one per entry
     replicas = node.server.node.replicas
@@ -354,8 +355,8 @@ async def test_multi_region_is_accepted_without_effect(node: Node) -> None:
         (pb.UNDER_LIMIT, 3, ""), (pb.UNDER_LIMIT, 1, ""), (pb.OVER_LIMIT, 1, ""),
     ]  # fmt: skip
     item = {"name": "mr", "uniqueKey": "http", "hits": 1, "limit": 5, "duration": 60_000}
-    for behavior in ("MULTI_REGION", pb.MULTI_REGION | pb.NO_BATCHING):
-        status, data = await post(node, json.dumps({"requests": [item | {"behavior": behavior}]}))
+    for named in ("MULTI_REGION", pb.MULTI_REGION | pb.NO_BATCHING):
+        status, data = await post(node, json.dumps({"requests": [item | {"behavior": named}]}))
         assert status == 200 and data["responses"][0]["error"] == ""
     assert data["responses"][0]["remaining"] == "3"
 

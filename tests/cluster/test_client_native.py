@@ -62,10 +62,13 @@ def test_sync_answers_and_errors(server: tuple[ServerThread, Any], native: bool)
             (Status.UNDER_LIMIT, 1), (Status.UNDER_LIMIT, 0), (Status.OVER_LIMIT, 0),
         ]  # fmt: skip
         assert got[0].reset_time == NOW + SECOND
-        plain_ints = client.check("nat_lb", f"i{native}", 1, 5, SECOND, algorithm=1, behavior=0)
+        # plain ints, as callers without the enums pass them (the signature says the enums)
+        plain_ints = client.check(
+            "nat_lb", f"i{native}", 1, 5, SECOND, algorithm=1, behavior=0  # type: ignore[arg-type]
+        )
         assert (plain_ints.status, plain_ints.remaining) == (Status.UNDER_LIMIT, 4)
         with pytest.raises(ValueError):
-            client.check("nat_lb", "k", 1, 5, SECOND, algorithm=7)  # no such algorithm
+            client.check("nat_lb", "k", 1, 5, SECOND, algorithm=7)  # type: ignore[arg-type]
         many = [RateLimitRequest("nat_n", f"{native}{i}", 1, 5, SECOND) for i in range(1001)]
         assert [r.remaining for r in client.get_rate_limits(many)] == [4] * 1001
         assert client.health_check().advertise_address == "me:1051"

@@ -27,12 +27,11 @@ from smockron.cluster.discovery import make_discovery
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.kubernetes import (
     KubernetesDiscovery,
-    MalformedEvent,
     peers_from_slice,
 )
-from smockron.errors import ConfigError
+from smockron.errors import ConfigError, MalformedEvent
 from tests.cluster.test_discovery_support import Recorder
-from tests.support import free_port, free_ports, run_smockron, stopping, wait_port
+from tests.support import Proc, free_port, free_ports, run_smockron, stopping, wait_port
 
 NS = "rate"
 PATH = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
@@ -368,7 +367,7 @@ async def test_two_cluster_nodes_follow_endpoint_slices(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("GUBER_K8S_POD_PORT", str(grpc_port))
     state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": True}))
-    procs = []
+    procs: list[Proc] = []
     with stopping(procs):
         for ip, http in (("127.0.0.1", http_a), ("127.0.0.2", http_b)):
             args = ["cluster", "--grpc-address", f"{ip}:{grpc_port}",

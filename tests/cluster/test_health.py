@@ -3,11 +3,11 @@ the peers are never called)."""
 
 from __future__ import annotations
 
+from smockron.cluster.api import health_pb
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.node import Node
 from smockron.cluster.pb import gubernator_pb2 as pb
-from smockron.cluster.service import health_pb
 
 
 async def test_local_and_region_peers_split_by_data_center() -> None:

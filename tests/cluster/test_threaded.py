@@ -103,7 +103,7 @@ async def test_bridged_abort_and_undecodable_request(bridged: tuple[Probe, str])
     handlers get None as under grpc.aio, and their ``await context.abort`` sets the code."""
     _, address = bridged
     async with grpc.aio.insecure_channel(address) as channel:
-        raw = channel.unary_unary("/pb.gubernator.V1/LiveCheck")
+        raw = channel.unary_unary("/pb.gubernator.V1/LiveCheck", None, None)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await raw(b"\xff\xff", timeout=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -15,7 +15,6 @@ from smockron.core import calendar, history
 from smockron.core.algorithms import (
     Algorithm,
     Behavior,
-    InvalidParams,
     LimitParams,
     State,
     Verdict,
@@ -23,6 +22,7 @@ from smockron.core.algorithms import (
     expire_at,
 )
 from smockron.core.rules import Rule
+from smockron.errors import InvalidParams
 
 TB, LB = Algorithm.TOKEN_BUCKET, Algorithm.LEAKY_BUCKET
 SW, SH = Algorithm.SLIDING_WINDOW, Algorithm.SMOCKRON_HISTORY

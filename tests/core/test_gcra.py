@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smockron.core.gcra import gcra_update
+from smockron.core.gcra import expires_at, gcra_update
 from smockron.core.rules import Rule
 
 
@@ -12,18 +12,18 @@ def test_cold_key_admits_burst_plus_one() -> None:
     value = None
     delays = []
     for _ in range(5):
-        value, expires, delay = gcra_update(value, 0, 0, rule)
+        value, delay = gcra_update(value, 0, 0, rule)
         delays.append(delay)
     assert delays == [None, None, None, 1000.0, 2000.0]
-    assert expires == 3000.0
     assert value == 2000.0
+    assert expires_at(value, rule) == 5000.0  # V + B: from then on the floor t - B is above V
 
 
 def test_message_from_the_past_uses_now() -> None:
     rule = Rule(10.0, 1)  # I = 100, B = 100
     result = gcra_update(None, ts=0, now=5000, rule=rule)
     assert result.value == 5000.0
-    assert result.expires == 5100.0
+    assert expires_at(result.value, rule) == 5100.0
     assert result.delay_until is None
 
 
@@ -38,9 +38,9 @@ def test_idle_key_recovers_full_burst() -> None:
     rule = Rule(2.0, 2)  # I = 500, B = 1000
     value = None
     for _ in range(4):
-        value, _, _ = gcra_update(value, 0, 0, rule)
+        value, _ = gcra_update(value, 0, 0, rule)
     assert value == 1000.0
-    value, _, delay = gcra_update(value, 10_000, 10_000, rule)
+    value, delay = gcra_update(value, 10_000, 10_000, rule)
     assert value == 9500.0 and delay is None
 
 
@@ -62,7 +62,7 @@ def test_obedient_client_bound(rate: float, burst: int, gaps: list[int]) -> None
         if delay_until is not None and delay_until > now:
             now = delay_until
         times.append(now)
-        value, _, delay_until = gcra_update(value, now, now, rule)
+        value, delay_until = gcra_update(value, now, now, rule)
     for i, start in enumerate(times):
         for j in range(i, len(times)):
             span = times[j] - start
@@ -98,7 +98,9 @@ def test_matches_brute_force_oracle(rate: float, burst: int, steps: list[tuple[i
         now += gap
         ts.append(now + offset)
         nows.append(now)
-        value, expires, delay = gcra_update(value, ts[-1], now, rule)
+        value, delay = gcra_update(value, ts[-1], now, rule)
         assert value == gcra_oracle(ts, nows, rule)
         assert delay == (value if value > now else None)
-        assert expires == max(ts[-1], now) + burst * rule.interval_ms
+        # after its expiry the state is reset anyway: the floor t - B is above V
+        later = expires_at(value, rule) + 1
+        assert gcra_update(value, later, later, rule) == gcra_update(None, later, later, rule)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import zmq
 
-from smockron.protocol import Accounting, decode_accounting, encode_control
+from smockron.wire.codec import Accounting, decode_accounting, encode_control
 from tests.support import free_ports
 
 

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -36,6 +37,10 @@ def master_args(acc: int, ctl: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def heard_rules(proc: Proc) -> bool:
+    return "first line for 'api'" in proc.log()
+
+
 @contextmanager
 def system(
     tmp_path: Path, proxies: int, *proxy_extra: str, master: bool = True
@@ -55,7 +60,7 @@ def system(
                 wait_port(p)
             if master:  # each proxy has heard the master's rules
                 for proc in procs[1:]:
-                    wait_for(lambda proc=proc: "first line for 'api'" in proc.log(), 15)
+                    wait_for(partial(heard_rules, proc), 15)
             yield ports, seen, procs
 
 

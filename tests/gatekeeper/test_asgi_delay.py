@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
 
 import pytest
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.asgi import ASGIRequestInfo, SmockronMiddleware, scope_loginfo
+from smockron.gatekeeper.asgi import (
+    ASGIRequestInfo,
+    Receive,
+    Scope,
+    Send,
+    SmockronMiddleware,
+    scope_loginfo,
+)
 from smockron.gatekeeper.httpgate import http_loginfo
-from smockron.protocol import ACCEPTED
+from smockron.wire.codec import ACCEPTED
 from tests.gatekeeper.conftest import MasterSockets, wall_ms
 from tests.gatekeeper.servers import uvicorn_server
 from tests.support import wait_for
@@ -30,7 +36,7 @@ class EchoApp:
     def __init__(self) -> None:
         self.calls: list[tuple[str, bytes]] = []
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()

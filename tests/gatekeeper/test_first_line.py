@@ -194,7 +194,7 @@ def test_rules_offers_are_bounded_and_validated(monkeypatch: pytest.MonkeyPatch)
     """Whatever publishes on the control port cannot make a gatekeeper remember
     unbounded domains, nor install rules it cannot use."""
     from smockron.gatekeeper import core
-    from smockron.protocol import RULES, RULES_TOPIC, encode_rules
+    from smockron.wire.codec import RULES, RULES_TOPIC, encode_rules
 
     monkeypatch.setattr(core, "MAX_LINES", 3)
     gk = core.Gatekeeper(None, None, None)  # every domain, no sockets

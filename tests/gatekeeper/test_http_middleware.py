@@ -16,7 +16,7 @@ from starlette.routing import Route
 from smockron.gatekeeper.asgi import SmockronMiddleware
 from smockron.gatekeeper.identify import header
 from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
-from smockron.protocol import ACCEPTED, DELAYED, REJECTED
+from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED
 from tests.gatekeeper.conftest import MasterSockets, wall_ms
 from tests.gatekeeper.servers import uvicorn_server, waitress_server
 from tests.support import wait_for
@@ -186,7 +186,9 @@ async def test_asgi_non_http_scopes_pass_through() -> None:
 
     inner = Starlette(routes=[Route("/", starlette_app()), WebSocketRoute("/ws", echo)])
     app = SmockronMiddleware(inner, domain="api")  # no master at all
-    base = {"path": "/", "query_string": b"", "headers": [], "client": ("192.0.2.9", 4000)}
+    base: dict[str, object] = {
+        "path": "/", "query_string": b"", "headers": [], "client": ("192.0.2.9", 4000)
+    }  # fmt: skip
 
     async def call(scope: dict[str, object], inbound: list[dict[str, object]]) -> list[Any]:
         sent: list[Any] = []
@@ -252,7 +254,7 @@ def test_asgi_first_line_from_its_own_rules_without_a_master() -> None:
 
 def test_wsgi_first_line_learned_from_the_master(master: MasterSockets) -> None:
     from smockron.core.rules import Rule
-    from smockron.protocol import encode_rules
+    from smockron.wire.codec import encode_rules
 
     app = wsgi_app(master, max_delay_ms=0)
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from smockron.protocol import ACCEPTED, REJECTED
+from smockron.wire.codec import ACCEPTED, REJECTED
 from tests.gatekeeper.backend import Seen, backend
 from tests.gatekeeper.commands import proxy_args
 from tests.gatekeeper.conftest import MasterSockets, wall_ms

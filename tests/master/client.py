@@ -7,7 +7,7 @@ from types import TracebackType
 
 import zmq
 
-from smockron.protocol import (
+from smockron.wire.codec import (
     ACCEPTED,
     RULES_TOPIC,
     Control,

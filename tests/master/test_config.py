@@ -10,7 +10,7 @@ from smockron.core.rules import Rule
 from smockron.errors import ConfigError
 from smockron.master.config import MasterSettings, limits, load_settings, rate_for_interval
 from smockron.master.engine import DomainPolicy
-from smockron.protocol import Limits
+from smockron.wire.codec import Limits
 
 TOML = """
 accounting = "tcp://127.0.0.1:7000"

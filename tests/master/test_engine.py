@@ -10,7 +10,7 @@ from smockron.core.rules import Rule
 from smockron.errors import ConfigError
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.memory import MemoryStore
-from smockron.protocol import ACCEPTED, DELAYED, REJECTED, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, decode_control, encode_accounting
 
 T0 = 1_700_000_000_000  # a realistic "now" in ms
 

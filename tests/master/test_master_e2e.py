@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from smockron.protocol import ACCEPTED, DELAYED, REJECTED, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, encode_accounting
 from tests.master.client import FakeGatekeeper, now_ms
 from tests.support import RedisServer, free_ports, smockron_proc, wait_for, wait_port
 

@@ -8,7 +8,7 @@ from smockron.core.rules import Rule
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.base import Scope
 from smockron.master.stores.memory import RELEASE_PER_TICK, MemoryStore, MemoryTable
-from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 
 T0 = 1_700_000_000_000
 
@@ -78,7 +78,7 @@ def test_table_keeps_a_state_until_its_expiry_then_forgets_it() -> None:
 def test_table_refiles_a_kept_state_that_was_replaced() -> None:
     table = MemoryTable(1000.0)
     table.tick(0)
-    state = (5_000.0,)
+    state: tuple[float, ...] = (5_000.0,)
     table.put(b"a", state)
     table.keep(b"a", state, 6_000)
     table.tick(3_000)

@@ -17,7 +17,7 @@ from smockron.errors import ConfigError
 from smockron.master.config import load_settings, rate_for_interval
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores import MemoryStore
-from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 
 # The original's config/default.yaml, verbatim.
 ORIGINAL_DEFAULT_YAML = """\

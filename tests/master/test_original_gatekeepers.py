@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from smockron.protocol import ACCEPTED, RULES_TOPIC, decode_control, decode_rules, encode_accounting
+from smockron.wire.codec import (
+    ACCEPTED,
+    RULES_TOPIC,
+    decode_control,
+    decode_rules,
+    encode_accounting,
+)
 from tests.master.client import FakeGatekeeper, now_ms
 from tests.master.test_master_e2e import master_args
 from tests.support import free_ports, smockron_proc, wait_for

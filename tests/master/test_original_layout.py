@@ -22,7 +22,7 @@ from smockron.master.config import load_settings
 from smockron.master.engine import Engine
 from smockron.master.stores import open_store
 from smockron.master.stores.original import OriginalLayoutStore, original_key
-from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 from tests.support import RedisServer
 
 # The original master's update of one key, as its datastore makes it (arguments
@@ -102,10 +102,15 @@ def clients(redis_server: RedisServer) -> Iterator[tuple[redis.Redis, redis.Redi
         reference.close()
 
 
+def pexpiretime(client: redis.Redis, key: bytes | str) -> int:
+    """PEXPIRETIME of a key given as Redis returns it (bytes; redis-py's stubs say str)."""
+    return int(client.pexpiretime(key))  # type: ignore[arg-type]
+
+
 def expire_passed(client: redis.Redis, now: float) -> None:
     """What Redis does when its clock passes a key's PEXPIREAT, at the test's clock."""
     for key in client.keys("throttle;*"):
-        if 0 <= client.pexpiretime(key) < now:  # Redis: expired once past it
+        if 0 <= pexpiretime(client, key) < now:  # Redis: expired once past it
             client.delete(key)
 
 
@@ -154,7 +159,7 @@ async def test_both_masters_see_each_others_state(
                 assert await ours.step(frames, now) == expected
             for k in reference.keys("throttle;*") + shared.keys("throttle;*"):
                 assert shared.get(k) == reference.get(k), k
-                assert shared.pexpiretime(k) == reference.pexpiretime(k), k
+                assert pexpiretime(shared, k) == pexpiretime(reference, k), k
         assert min(steps.values()) > 150
     finally:
         await ours.store.close()
@@ -172,7 +177,7 @@ async def test_keys_values_and_expiry_are_the_originals(
         assert await ours.step(encode_accounting("api", ACCEPTED, b"1.2.3.4", int(now)), now) == []
         assert shared.keys("*") == [b"throttle;api;1.2.3.4"]
         assert shared.get(b"throttle;api;1.2.3.4") == b"%d" % (now - BURST + INTERVAL)
-        assert shared.pexpiretime(b"throttle;api;1.2.3.4") == now + BURST
+        assert pexpiretime(shared, b"throttle;api;1.2.3.4") == now + BURST
         assert original_key("api", b"caf\xc3\xa9") == "throttle;api;caf\u00e9".encode()
         assert original_key("api", b"x\xff") == "throttle;api;x\ufffd".encode()
     finally:

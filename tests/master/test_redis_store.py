@@ -9,7 +9,7 @@ from smockron.errors import ConfigError
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores import MemoryStore, open_store
 from smockron.master.stores.redis import RedisStore
-from smockron.protocol import ACCEPTED, DELAYED, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 from tests.support import RedisServer
 
 T0 = 1_700_000_000_000

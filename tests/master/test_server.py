@@ -9,9 +9,9 @@ import zmq
 
 from smockron.core.rules import Rule
 from smockron.master.config import MasterSettings
-from smockron.master.engine import DomainPolicy
+from smockron.master.engine import DomainPolicy, Frames
 from smockron.master.server import Master
-from smockron.protocol import ACCEPTED, encode_accounting
+from smockron.wire.codec import ACCEPTED, encode_accounting
 from tests.support import RedisServer
 
 
@@ -47,7 +47,7 @@ def test_full_queue_drops_newest_and_counts_them() -> None:
         valid = [encode_accounting("api", ACCEPTED, b"id%d" % i, now) for i in range(4)]
         decoded = master.engine.decode(valid)
         master.engine.stats.domains["api"].accepted = 0  # only the queue is tested here
-        raw = [[b"api\0", b"garbage"], [b"other\0"], [b"api\0", b"x"]]
+        raw: list[Frames] = [[b"api\0", b"garbage"], [b"other\0"], [b"api\0", b"x"]]
         master._enqueue((decoded, raw))
         assert master.pending_count == 5
         assert master.stats.dropped == 2

@@ -14,7 +14,7 @@ import zmq
 from smockron.curve import CurveClient, CurveServer
 from smockron.master.config import MasterSettings
 from smockron.master.server import Master
-from smockron.protocol import RULES_TOPIC, Control, decode_control
+from smockron.wire.codec import RULES_TOPIC, Control, decode_control
 
 
 @contextlib.contextmanager

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import zmq
 
 from smockron.gatekeeper.core import Gatekeeper
 from smockron.gatekeeper.state import Verdict
-from smockron.protocol import encode_control
+from smockron.wire.codec import encode_control
 from tests.security.conftest import Keys
 from tests.security.peers import MasterSockets
 from tests.support import free_ports
@@ -65,7 +66,10 @@ def test_the_middlewares_pass_the_keys_to_their_gatekeeper(keys: Keys) -> None:
 
     acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
     curve = keys.client("gk")
-    asgi = SmockronMiddleware(lambda *a: None, domain="api", accounting=acc, control=ctl,
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    asgi = SmockronMiddleware(app, domain="api", accounting=acc, control=ctl,
                               curve=curve)  # fmt: skip
     assert asgi.gatekeeper.curve is curve
     wsgi = SmockronWSGIMiddleware(lambda *a: [], domain="api", accounting=acc, control=ctl,

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from smockron.curve import keygen
-from smockron.protocol import ACCEPTED, encode_accounting
+from smockron.wire.codec import ACCEPTED, encode_accounting
 from tests.security.conftest import Keys
 from tests.security.peers import Peer
 from tests.support import free_ports, run_smockron, stopping, wait_for

@@ -17,7 +17,7 @@ from smockron.core.rules import Rule
 from smockron.gatekeeper.state import ACCEPT, DELAY, Decider, Decision, Line, Waiting
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.memory import MemoryStore
-from smockron.protocol import ACCEPTED, DELAYED, Control, decode_control, encode_accounting
+from smockron.wire.codec import ACCEPTED, DELAYED, Control, decode_control, encode_accounting
 
 DOMAIN = b"api"
 T0 = 1_700_000_000_000

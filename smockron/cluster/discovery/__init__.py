@@ -11,8 +11,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from smockron import errors
 from smockron.cluster.discovery.base import Discovery, OnChange, PeerInfo
-from smockron.errors import ConfigError
 
 # kind -> "module:class"; "k8s" is Gubernator's GUBER_PEER_DISCOVERY_TYPE spelling.
 MECHANISMS: dict[str, str] = {
@@ -38,13 +38,13 @@ def make_discovery(kind: str, **options: Any) -> Discovery:
     target = MECHANISMS.get(kind.lower())
     if target is None:
         choices = ", ".join(sorted(MECHANISMS))
-        raise ConfigError(f"unknown peer discovery {kind!r}; choices are {choices}")
+        raise errors.ConfigError(f"unknown peer discovery {kind!r}; choices are {choices}")
     module_name, cls_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     try:
         discovery: Discovery = cls(**options)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"bad options for {kind} discovery: {exc}") from exc
+        raise errors.ConfigError(f"bad options for {kind} discovery: {exc}") from exc
     return discovery
 
 
@@ -70,13 +70,15 @@ def options_from_env(
     if kind == "k8s":
         return "k8s", _k8s_env(environ)
     choices = "etcd, dns, k8s, none (or smockron's --peers static list)"
-    raise ConfigError(f"GUBER_PEER_DISCOVERY_TYPE={kind!r} is not supported; choices are {choices}")
+    raise errors.ConfigError(
+        f"GUBER_PEER_DISCOVERY_TYPE={kind!r} is not supported; choices are {choices}"
+    )
 
 
 def _required(environ: Mapping[str, str], name: str) -> str:
     value = environ.get(name, "").strip()
     if not value:
-        raise ConfigError(f"{name} must be set for this peer discovery type")
+        raise errors.ConfigError(f"{name} must be set for this peer discovery type")
     return value
 
 
@@ -97,12 +99,12 @@ def _etcd_env(environ: Mapping[str, str], advertise: PeerInfo) -> dict[str, Any]
 def _k8s_env(environ: Mapping[str, str]) -> dict[str, Any]:
     mechanism = environ.get("GUBER_K8S_WATCH_MECHANISM", "endpointslices").lower()
     if mechanism not in ("", "endpoints", "endpointslices"):
-        raise ConfigError(
+        raise errors.ConfigError(
             f"GUBER_K8S_WATCH_MECHANISM={mechanism!r}: only endpointslices is supported"
         )
     port = environ.get("GUBER_K8S_POD_PORT", "1051")
     if not port.isdigit():
-        raise ConfigError(f"GUBER_K8S_POD_PORT={port!r} is not a port number")
+        raise errors.ConfigError(f"GUBER_K8S_POD_PORT={port!r} is not a port number")
     return {
         "namespace": environ.get("GUBER_K8S_NAMESPACE", "default"),
         "selector": _required(environ, "GUBER_K8S_ENDPOINTS_SELECTOR"),

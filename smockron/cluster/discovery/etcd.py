@@ -38,14 +38,11 @@ from smockron.cluster.discovery._common import (
     split_host_port,
 )
 from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.errors import LeaseLost
 from smockron.ratelog import RateLimitedLog
 
 DEFAULT_KEY_PREFIX = "/gubernator-peers"
 """Gubernator's default (``GUBER_ETCD_KEY_PREFIX``); keys are this plus the address."""
-
-
-class LeaseLost(Exception):
-    """Our lease expired or was revoked, or our key vanished: register again."""
 
 
 def encode_peer(peer: PeerInfo) -> bytes:

@@ -33,6 +33,7 @@ from smockron.cluster.discovery._common import (
     log,
 )
 from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.errors import MalformedEvent
 from smockron.ratelog import RateLimitedLog
 
 # The client is only partly typed (untyped Watch, config loaders, raw responses): use it as Any.
@@ -41,10 +42,6 @@ k8s_config: Any = kubernetes.config
 k8s_watch: Any = kubernetes.watch
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-
-
-class MalformedEvent(ValueError):
-    """A watch line or object that is not a usable EndpointSlice event."""
 
 
 def peers_from_slice(obj: Mapping[str, Any], port: int, pod_ip: str = "") -> list[PeerInfo]:

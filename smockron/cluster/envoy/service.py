@@ -63,6 +63,7 @@ from smockron.cluster.model import (
 )
 from smockron.cluster.native import NativeServer
 from smockron.cluster.threaded import ThreadedServer, fast_or_bridged, keep_none
+from smockron.cluster.transports import GrpcServer
 from smockron.core import calendar
 from smockron.ratelog import RateLimitedLog
 
@@ -414,7 +415,7 @@ def _copy(value: Any) -> Any:
 
 
 def add_to_server(
-    server: grpc.aio.Server | ThreadedServer | NativeServer,
+    server: GrpcServer,
     limiter: RateLimiter,
     config: EnvoyConfig,
     clock: Callable[[], int] = epoch_ms,

@@ -3,23 +3,15 @@ optionally with ``?layout=original`` (the original Smockron master's keys and va
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from smockron.errors import ConfigError
+from smockron import errors
 from smockron.master.stores.base import Scope, State, Store, Table
 from smockron.master.stores.memory import MemoryStore
 from smockron.master.stores.uri import StoreURI, parse_store_uri
 
-if TYPE_CHECKING:
-    from smockron.master.stores.redis import RedisStore
-
 __all__ = ["MemoryStore", "Scope", "State", "Store", "StoreURI", "Table", "open_store",
            "parse_store_uri"]  # fmt: skip
 
-DEFAULT_STORE = "memory://"
-
-
-def open_store(uri: str) -> MemoryStore | RedisStore:
+def open_store(uri: str) -> Store:
     """The store a URI names; Redis is imported only when asked for."""
     parsed = parse_store_uri(uri)
     if parsed.scheme == "memory":
@@ -28,7 +20,7 @@ def open_store(uri: str) -> MemoryStore | RedisStore:
         from smockron.master.stores.original import OriginalLayoutStore
         from smockron.master.stores.redis import RedisStore
     except ImportError as exc:
-        raise ConfigError(f"the redis store needs smockron[redis]: {exc}") from None
+        raise errors.ConfigError(f"the redis store needs smockron[redis]: {exc}") from None
     if parsed.layout == "original":
         return OriginalLayoutStore(parsed.client_uri)
     return RedisStore(parsed.client_uri)

@@ -10,9 +10,11 @@ so stores can forget it then.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from smockron.core import gcra, history
 from smockron.core.rules import Rule
 
 State = tuple[float, ...]
@@ -33,11 +35,10 @@ class Scope:
 
 
 def expires_at(state: State, scope: Scope) -> float:
-    """History: the newest timestamp plus the window. GCRA: ``V + B``, after which the
-    floor ``now - B`` is above ``V`` and the state is reset anyway."""
+    """When a stored state can no longer throttle anything, as its algorithm says."""
     if scope.algorithm == "gcra":
-        return state[0] + scope.rule.window_ms
-    return max(state) + scope.rule.window_ms
+        return gcra.expires_at(state[0], scope.rule)
+    return history.expires_at(state, scope.rule)
 
 
 class Table(Protocol):
@@ -56,8 +57,48 @@ class Table(Protocol):
 
 
 class Store(Protocol):
-    """A factory of tables; ``tick`` lets it expire idle states once per batch."""
+    """Everything the master asks of a store, in the order of one batch: ``tick`` (expire
+    idle states), ``load`` (fetch what the batch touches and memory lacks), the engine's
+    ``table`` reads and writes, then ``flush`` when ``due``. Memory needs none of the I/O
+    steps and answers them at once; one processing loop serves every store.
 
-    def table(self, scope: Scope) -> Table: ...
+    A store that persists is fail-permissive: ``load`` and ``flush`` count and log a
+    failing backend themselves and return, so the master goes on deciding from memory.
+    """
 
-    def tick(self, now_ms: float) -> None: ...
+    writes_behind: bool
+    """True when changes reach the backend only on ``flush`` (the master then flushes
+    an idle store after a short while); False when there is nothing to write."""
+
+    def table(self, scope: Scope) -> Table:
+        """The table of one scope, created on first use; unchanged scopes keep theirs."""
+        ...
+
+    def retain(self, scopes: set[Scope]) -> None:
+        """Forget the tables of every other scope (rules removed by a reload)."""
+        ...
+
+    def tick(self, now_ms: float) -> None:
+        """Let idle states expire; called once per batch with the master's clock."""
+        ...
+
+    async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
+        """Fetch the states among ``touched`` that memory lacks; how many were asked."""
+        ...
+
+    def due(self, now_ms: float) -> bool:
+        """Whether the changes since the last ``flush`` should be written now."""
+        ...
+
+    async def flush(self, *, wait: bool = True) -> int:
+        """Write what changed; how many states. ``wait=False`` may write in the
+        background (``close`` waits for it)."""
+        ...
+
+    async def ping(self) -> bool:
+        """Whether the backend answers (readiness); memory always does."""
+        ...
+
+    async def close(self) -> None:
+        """Finish a background write and release the connection."""
+        ...

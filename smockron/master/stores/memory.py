@@ -32,10 +32,10 @@ wave of identifiers that stops is released all the same.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-from smockron.master.stores.base import Scope, State, expires_at
+from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.memory import Reclaimer
 
 RELEASE_PER_TICK = 1_000
@@ -232,9 +232,10 @@ def scope_expiry(scope: Scope) -> Callable[[State], float]:
 
 
 class MemoryStore(TableSet[MemoryTable]):
-    """The default store."""
+    """The default store: states in this process only; every I/O step is a no-op."""
 
     scheme = "memory"
+    writes_behind = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -242,3 +243,18 @@ class MemoryStore(TableSet[MemoryTable]):
 
     def _new_table(self, scope: Scope) -> MemoryTable:
         return MemoryTable(scope.rule.window_ms, scope_expiry(scope), self.reclaimer)
+
+    async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
+        return 0
+
+    def due(self, now_ms: float) -> bool:
+        return False
+
+    async def flush(self, *, wait: bool = True) -> int:
+        return 0
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None

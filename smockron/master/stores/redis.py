@@ -110,6 +110,7 @@ class RedisStore(TableSet[RedisTable]):
 
     scheme = "redis"
     layout = "smockron"
+    writes_behind = True
     write_lua = _WRITE_LUA
 
     def __init__(
@@ -214,7 +215,8 @@ class RedisStore(TableSet[RedisTable]):
         return now_ms - self._flushed_ms >= self.flush_interval_ms
 
     async def flush(self, *, wait: bool = True) -> int:
-        """Write every changed state with its TTL in one command; how many.
+        """Write every changed state with its TTL in one command; how many. A failing
+        write is counted and logged here, and its states stay dirty.
 
         With ``wait=False`` the write runs in the background (the previous one is awaited
         first, so writes stay in order); ``drain`` waits for it."""
@@ -268,11 +270,7 @@ class RedisStore(TableSet[RedisTable]):
             try:
                 await writing
             except Exception as exc:  # Redis down: memory stays the authority
-                self.report(exc, "write")
-
-    def report(self, exc: BaseException, what: str) -> None:
-        """A failure seen by the caller: as one seen here."""
-        self._down(exc, what)
+                self._down(exc, "write")
 
     async def _script(self, name: str, source: str, blob: bytes) -> Any:
         """EVALSHA, loading the script the first time and again after a Redis restart."""

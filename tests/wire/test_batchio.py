@@ -1,8 +1,8 @@
-"""Both receive loops (compiled and pure Python) drain the same messages the same way."""
+"""Both receive loops (compiled and pure Python) drain, send and decode the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -11,18 +11,24 @@ import zmq
 from smockron.core.rules import Rule
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.memory import MemoryStore
-from smockron.protocol import ACCEPTED, DEFAULT_LIMITS, DELAYED, REJECTED
-from smockron.zmqio import (
+from smockron.wire.accounting import (
+    COMPILED,
+    DrainAccounting,
+    drain_accounting_compiled,
+    drain_accounting_python,
+    split_accounting,
+)
+from smockron.wire.batchio import (
     MAX_FRAMES,
     Drain,
     SendAll,
-    drain_accounting_compiled,
     drain_compiled,
     drain_python,
     send_all_compiled,
     send_all_python,
     wait_readable,
 )
+from smockron.wire.codec import DEFAULT_LIMITS
 from tests.support import wait_for
 
 LOOPS = [pytest.param(drain_python, id="python")]
@@ -150,11 +156,16 @@ def test_send_all_error_says_how_many_went_out(send_all: SendAll) -> None:
         ctx.term()
 
 
-@pytest.mark.skipif(drain_accounting_compiled is None, reason="compiled loop not built")
-def test_compiled_decode_matches_the_engine(
+DECODERS = [pytest.param(drain_accounting_python, id="python")]
+if COMPILED:
+    DECODERS.append(pytest.param(drain_accounting_compiled, id="compiled"))
+
+
+@pytest.mark.parametrize("drain_accounting", DECODERS)
+def test_both_decoders_split_as_the_codec_contract_says(
+    drain_accounting: DrainAccounting[Any],
     pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
 ) -> None:
-    assert drain_accounting_compiled is not None
     push, pull = pair
     messages: list[list[bytes]] = [
         [b"api\0", b"ACCEPTED", b"a", b"1700000000000", b""],
@@ -184,15 +195,12 @@ def test_compiled_decode_matches_the_engine(
     def engine() -> Engine:
         return Engine({"api": DomainPolicy((Rule(1.0, 1),))}, MemoryStore())
 
-    compiled, python = engine(), engine()
+    received, python = engine(), engine()
     decoded: list[Any] = []
-    raw: list[list[bytes]] = []
+    raw: list[Sequence[bytes]] = []
 
     def received_all() -> bool:
-        d, r = drain_accounting_compiled(  # type: ignore[misc]
-            pull, 7, compiled.topics, (ACCEPTED, DELAYED, REJECTED),
-            (1024, 8192, 16, DEFAULT_LIMITS.max_timestamp_ms),
-        )  # fmt: skip
+        d, r = drain_accounting(pull, 7, received.topics, DEFAULT_LIMITS)
         assert len(d) + len(r) <= 7
         decoded.extend(d)
         raw.extend(r)
@@ -200,9 +208,11 @@ def test_compiled_decode_matches_the_engine(
 
     wait_for(received_all)
     assert len(decoded) == 5  # the plainly valid ones for "api"
-    got = compiled.ingest(decoded, raw)
+    pure = split_accounting(messages, received.topics, DEFAULT_LIMITS)
+    assert (decoded, [list(m) for m in raw]) == (pure[0], [m[:MAX_FRAMES] for m in pure[1]])
+    got = received.ingest(decoded, raw)
     expected = python.decode(messages)
     key = lambda d: (d[1], d[2], d[3], d[4])  # noqa: E731
     assert sorted(map(key, got)) == sorted(map(key, expected))
-    assert compiled.stats.summary() == python.stats.summary()
-    assert compiled.stats.malformed == python.stats.malformed
+    assert received.stats.summary() == python.stats.summary()
+    assert received.stats.malformed == python.stats.malformed

@@ -9,7 +9,7 @@
  * zmq.h, and a second copy of libzmq must never touch pyzmq's sockets. bind() is given
  * the path of the libzmq pyzmq already loaded and takes the few symbols needed from
  * that very copy (dlopen RTLD_NOLOAD). The declarations below follow zmq.h (4.x ABI).
- * Without a compiler smockron uses the pure-Python loops in zmqio.py instead.
+ * Without a compiler smockron uses the pure-Python twins in batchio.py and accounting.py.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -242,7 +242,7 @@ static int frame_is(zmq_msg_t *m, PyObject *word) {
            memcmp(p_msg_data(m), PyBytes_AS_STRING(word), n) == 0;
 }
 
-/* The accounting fast path of smockron.master.engine.Engine.decode, in C. A message that
+/* The twin of smockron.wire.accounting.split_accounting, in C. A message that
  * is plainly valid for a configured domain becomes the engine's tuple
  * (domain, status, identifier, received, delayed or None), timestamps as floats; anything else is returned
  * as raw frames for the Python codec, which names the problem (or finds it valid). */

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from smockron.errors import ProtocolError
-from smockron.protocol import (
+from smockron.wire.codec import (
     ACCEPTED,
     DELAYED,
     REJECTED,
@@ -171,7 +171,7 @@ def test_garbage_never_raises_anything_but_protocol_error(frames: list[bytes]) -
     ],
 )
 def test_decode_rules_refuses_bad_rules(rule: bytes, reason: str) -> None:
-    from smockron.protocol import RULES, RULES_TOPIC, decode_rules
+    from smockron.wire.codec import RULES, RULES_TOPIC, decode_rules
 
     with pytest.raises(ProtocolError) as err:
         decode_rules([RULES_TOPIC, RULES, b"api", b"history", rule])
@@ -180,7 +180,7 @@ def test_decode_rules_refuses_bad_rules(rule: bytes, reason: str) -> None:
 
 def test_rules_offer_round_trip_and_shape() -> None:
     from smockron.core.rules import Rule
-    from smockron.protocol import RULES_TOPIC, decode_rules, encode_rules
+    from smockron.wire.codec import RULES_TOPIC, decode_rules, encode_rules
 
     rules = (Rule(10.0, 20), Rule(1000 / 3600, 1000))
     frames = encode_rules("api", "gcra", rules)

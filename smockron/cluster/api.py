@@ -1,0 +1,104 @@
+"""The cluster's request handling, whatever carries the call: the gRPC servicers
+(service.py, on any of the three servers) and the HTTP gateway (http.py) both decode,
+decide and answer through these functions, so a call means the same on every transport.
+
+Each item is decoded on its own, so an item with (say) an unknown algorithm gets its own
+``error`` while the rest of the call is answered; more than 1,000 items fail the whole
+call with OUT_OF_RANGE and Gubernator's message (``TOO_MANY``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from smockron.cluster import convert
+from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.model import RateLimitRequest, RateLimitResponse
+from smockron.cluster.node import MAX_BATCH, Node
+from smockron.cluster.pb import gubernator_pb2 as pb
+
+TOO_MANY = f"Requests.RateLimits list too large; max size is '{MAX_BATCH}'"
+PEER_TOO_MANY = f"'PeerRequest.rate_limits' list too large; max size is '{MAX_BATCH}'"
+
+
+def decode(
+    msgs: Sequence[pb.RateLimitReq],
+) -> tuple[list[RateLimitRequest], list[int], list[RateLimitResponse | None]]:
+    """(valid requests, their indexes, per-index error responses for the others)."""
+    valid: list[RateLimitRequest] = []
+    indexes: list[int] = []
+    errors: list[RateLimitResponse | None] = [None] * len(msgs)
+    for i, msg in enumerate(msgs):
+        try:
+            valid.append(convert.request_from_pb(msg))
+        except ValueError as exc:
+            errors[i] = RateLimitResponse(error=str(exc))
+            continue
+        indexes.append(i)
+    return valid, indexes, errors
+
+
+async def answer(
+    node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
+) -> list[pb.RateLimitResp]:
+    """Decide every item (client or peer semantics), in request order, as protobuf."""
+    start = time.perf_counter()
+    valid, indexes, results = decode(msgs)
+    if valid:
+        resps = await (node.peer_rate_limits(valid) if peer else node.get_rate_limits(valid))
+        _place(results, indexes, resps)
+    return _encode(node, results, peer, start)
+
+
+def answer_here(
+    node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
+) -> list[pb.RateLimitResp] | None:
+    """``answer`` without the event loop, or None when an item needs it (see
+    ``Node.answer_here``); for the threaded servers' gRPC threads."""
+    start = time.perf_counter()
+    valid, indexes, results = decode(msgs)
+    if valid:
+        resps = node.answer_here(valid, peer=peer)
+        if resps is None:
+            return None
+        _place(results, indexes, resps)
+    return _encode(node, results, peer, start)
+
+
+def _place(
+    results: list[RateLimitResponse | None],
+    indexes: list[int],
+    resps: Sequence[RateLimitResponse],
+) -> None:
+    """Put the decided items back at their places among the per-item errors."""
+    for i, resp in zip(indexes, resps, strict=True):
+        results[i] = resp
+
+
+def _encode(
+    node: Node, results: list[RateLimitResponse | None], peer: bool, start: float
+) -> list[pb.RateLimitResp]:
+    out = [convert.response_to_pb(r) for r in results if r is not None]
+    metrics = node.metrics
+    (metrics.peer_duration if peer else metrics.client_duration).observe(
+        time.perf_counter() - start
+    )
+    return out
+
+
+def health_pb(node: Node) -> pb.HealthCheckResp:
+    status, message, count, advertise = node.health()
+    local, region = node.peer_groups()
+    return pb.HealthCheckResp(
+        status=status,
+        message=message,
+        peer_count=count,
+        advertise_address=advertise,
+        local_peers=[_peer_pb(p) for p in local],
+        region_peers=[_peer_pb(p) for p in region],
+    )
+
+
+def _peer_pb(peer: PeerInfo) -> pb.PeerHealthResp:
+    return pb.PeerHealthResp(grpc_address=peer.grpc_address, data_center=peer.data_center)

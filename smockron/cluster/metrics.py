@@ -1,0 +1,55 @@
+"""The counters of one cluster node, registered on a registry of its own.
+
+Per instance, not module globals: several nodes in one process (tests, the functional
+cluster) each count their own calls, and the names stay those an operator scrapes. The
+node's ``/metrics`` serves this registry after prometheus-client's default one (which
+holds the process-wide counters: HTTP gateway, discovery, the Envoy front).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5)
+
+
+class ClusterMetrics:
+    """What one node counts; ``registry`` defaults to a fresh one."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = self.registry
+        self.checks = Counter(
+            "smockron_cluster_checks_total", "Rate-limit checks answered, by how.", ["route"],
+            registry=reg,
+        )  # fmt: skip
+        self.peer_failures = Counter(
+            "smockron_cluster_peer_failures_total",
+            "Items whose peer call failed (forwards answered here, GLOBAL hits lost).",
+            registry=reg,
+        )
+        self.bad_globals = Counter(
+            "smockron_cluster_peer_globals_rejected_total",
+            "UpdatePeerGlobals entries skipped because their algorithm is unknown.",
+            registry=reg,
+        )
+        self.grpc_malformed = Counter(
+            "smockron_cluster_grpc_malformed_total",
+            "gRPC calls whose request bytes did not decode, by method.",
+            ["method"],
+            registry=reg,
+        )
+        duration = Histogram(
+            "smockron_cluster_request_duration_seconds",
+            "Time to decide a GetRateLimits (client) or GetPeerRateLimits (peer) call.",
+            ["kind"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.client_duration = duration.labels("client")
+        self.peer_duration = duration.labels("peer")
+        self.unknown_method = Counter(
+            "smockron_cluster_grpc_unknown_method_total",
+            "gRPC calls to a method this node does not serve (native server).",
+            registry=reg,
+        )

@@ -1,0 +1,147 @@
+"""Draining a ZeroMQ socket in batches, and sending batches: the master's costliest part,
+and the gatekeepers' accounting.
+
+``recv_multipart`` asks libzmq "more frames?" through ``getsockopt(RCVMORE)`` after
+every frame, which costs more than receiving the frame. This module reads each frame
+with ``recv(copy=False)`` and its ``.more`` attribute instead, and takes whole batches
+without blocking (``NOBLOCK``) so the caller processes them in one go. A compiled
+version (``smockron.wire._zmqfast``, hand-written C in ``_zmqfast.c``, built by
+``setup.py`` as an optional extension when a compiler is available) calls libzmq
+directly; this pure-Python loop is the fallback and behaves the same. The accounting
+decode done while receiving is in :mod:`smockron.wire.accounting`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any, cast
+
+import zmq
+
+__all__ = [
+    "MAX_FRAMES",
+    "Drain",
+    "SendAll",
+    "drain",
+    "drain_compiled",
+    "drain_python",
+    "send_all",
+    "send_all_compiled",
+    "send_all_python",
+    "wait_readable",
+]
+
+MAX_FRAMES = 16
+"""Frames beyond this are read and discarded (the message is malformed anyway)."""
+
+Drain = Callable[[zmq.Socket[bytes], int], list[list[bytes]]]
+SendAll = Callable[[zmq.Socket[bytes], list[list[bytes]]], int]
+DrainAccountingC = Callable[..., tuple[list[Any], list[list[bytes]]]]
+
+
+def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
+    """Up to ``limit`` whole messages that are already queued; never blocks."""
+    out: list[list[bytes]] = []
+    recv = sock.recv
+    noblock = zmq.NOBLOCK
+    try:
+        while len(out) < limit:
+            frame = recv(noblock, copy=False)
+            msg = [frame.bytes]
+            while frame.more:  # the rest of a multipart message has arrived with it
+                frame = recv(0, copy=False)
+                if len(msg) < MAX_FRAMES:
+                    msg.append(frame.bytes)
+            out.append(msg)
+    except zmq.Again:
+        pass
+    return out
+
+
+def send_all_python(sock: zmq.Socket[bytes], messages: list[list[bytes]]) -> int:
+    """Send whole messages without blocking; one the socket cannot take is skipped.
+    Another error is raised with ``sent``: how many messages went out before it."""
+    send = sock.send_multipart
+    sent = 0
+    for frames in messages:
+        try:
+            send(frames, zmq.NOBLOCK)
+        except zmq.Again:  # a PUB drops at its high-water mark anyway
+            continue
+        except zmq.ZMQError as exc:
+            exc.sent = sent  # type: ignore[attr-defined]
+            raise
+        sent += 1
+    return sent
+
+
+def _loaded_libzmq() -> str | None:
+    """The path of the libzmq that pyzmq loaded (Linux: from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").partition("/")[2]
+                name = path.rpartition("/")[2]
+                if name.startswith("libzmq") and ".so" in name:
+                    return "/" + path
+    except OSError:
+        pass
+    return None
+
+
+def _load_compiled() -> tuple[Drain, SendAll, DrainAccountingC] | None:
+    """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used).
+    ``SMOCKRON_PURE_PYTHON=1`` forces the Python loop (tests run both)."""
+    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
+        return None
+    try:
+        from smockron.wire import _zmqfast  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    path = _loaded_libzmq()
+    if path is None:
+        return None
+    try:
+        _zmqfast.bind(path, zmq.ZMQError)
+    except ImportError:
+        return None
+    return _zmqfast.drain, _zmqfast.send_all, _zmqfast.drain_accounting
+
+
+_compiled = _load_compiled()
+drain_compiled: Drain | None = _compiled[0] if _compiled else None
+send_all_compiled: SendAll | None = _compiled[1] if _compiled else None
+drain: Drain = drain_compiled or drain_python
+send_all: SendAll = send_all_compiled or send_all_python
+drain_accounting_c: DrainAccountingC | None = _compiled[2] if _compiled else None
+"""The raw C entry point behind :func:`smockron.wire.accounting.drain_accounting`."""
+
+
+async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:
+    """Wait until ``sock`` has a message (or ``timeout``). ZeroMQ's FD is edge-triggered,
+    so ZMQ_EVENTS is checked after registering the reader, not only before."""
+    if _has_message(sock):
+        return
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = cast(int, sock.getsockopt(zmq.FD))
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        if _has_message(sock):
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ready, timeout)
+    finally:
+        loop.remove_reader(fd)
+
+
+def _has_message(sock: zmq.Socket[bytes]) -> bool:
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
