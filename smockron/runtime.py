@@ -132,7 +132,7 @@ def log_stats(logger: logging.Logger, fields: Mapping[str, Any], event: str = "s
 # ---------------------------------------------------------------------------- startup line
 
 EXTENSIONS = {
-    "_zmqfast": "smockron._zmqfast",
+    "_zmqfast": "smockron.wire._zmqfast",
     "_native": "smockron.cluster._native",
     "_localfast": "smockron.cluster._localfast",
     "_nativeclient": "smockron.cluster._nativeclient",
