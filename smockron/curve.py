@@ -161,28 +161,33 @@ class CurveClient:
         sock.curve_serverkey = self.server_key
 
 
+def _both_or_none(secret: str | Path | None, other: str | Path | None, needs: str) -> bool:
+    """Whether CURVE is on: both files given (True), neither (False), else an error."""
+    if secret is None and other is None:
+        return False
+    if secret is None or other is None:
+        raise ConfigError(f"CURVE needs both {needs}")
+    return True
+
+
 def curve_server(secret: str | Path | None, clients: str | Path | None) -> CurveServer | None:
     """The master's CURVE from ``--curve-secret`` and ``--curve-clients`` (both or none)."""
-    if secret is None and clients is None:
+    needs = ("--curve-secret (this master's .key_secret) and --curve-clients (a directory "
+             "of allowed gatekeepers' .key files)")  # fmt: skip
+    if not _both_or_none(secret, clients, needs):
         return None
-    if secret is None or clients is None:
-        raise ConfigError(
-            "CURVE needs both --curve-secret (this master's .key_secret) and "
-            "--curve-clients (a directory of allowed gatekeepers' .key files)"
-        )
+    assert secret is not None and clients is not None
     load_allowed(clients)  # fails now, not at the first connection
     return CurveServer(load_keypair(secret), Path(clients))
 
 
 def curve_client(secret: str | Path | None, server: str | Path | None) -> CurveClient | None:
     """A gatekeeper's CURVE from ``--curve-secret`` and ``--curve-server`` (both or none)."""
-    if secret is None and server is None:
+    needs = ("--curve-secret (this gatekeeper's .key_secret) and --curve-server (the "
+             "master's public .key)")  # fmt: skip
+    if not _both_or_none(secret, server, needs):
         return None
-    if secret is None or server is None:
-        raise ConfigError(
-            "CURVE needs both --curve-secret (this gatekeeper's .key_secret) "
-            "and --curve-server (the master's public .key)"
-        )
+    assert secret is not None and server is not None
     return CurveClient(load_keypair(secret), load_public(server))
 
 
