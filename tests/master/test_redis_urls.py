@@ -143,7 +143,8 @@ async def test_sentinel_store_writes_to_the_master_it_names(
     finally:
         await store.close()
     direct = redis.Redis(port=redis_server.port)
-    assert [k for k in direct.keys("smockron:*") if k.endswith(b":abuser")]
+    keys: list[bytes] = direct.keys("smockron:*")  # type: ignore[assignment]
+    assert [k for k in keys if k.endswith(b":abuser")]
     again = open_store(sentinel)  # a restarted master: the debt is read back
     assert isinstance(again, RedisStore)
     try:

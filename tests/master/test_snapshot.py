@@ -77,7 +77,8 @@ async def test_periodic_snapshot_is_written_when_due(tmp_path: Path) -> None:
     assert store.due(T0 + 1_000)
     await store.flush(wait=True)
     assert store.snapshot_writes == 1
-    assert sum(len(s) for s in snapshot_file.read(path).values()) == 2  # type: ignore[union-attr]
+    written = snapshot_file.read(path)
+    assert written is not None and sum(len(states) for states in written.values()) == 2
     assert not store.due(T0 + 1_500)
 
 
