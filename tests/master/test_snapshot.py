@@ -3,6 +3,7 @@ has expired, and refuses a damaged file (one warning, empty start)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -80,6 +81,15 @@ async def test_periodic_snapshot_is_written_when_due(tmp_path: Path) -> None:
     written = snapshot_file.read(path)
     assert written is not None and sum(len(states) for states in written.values()) == 2
     assert not store.due(T0 + 1_500)
+    # in the background, as the master writes it: one after the other, each when due
+    for step in (2, 3):
+        send(store, eng, "api", b"c%d" % step, 1, T0 + 1_000 * step)
+        await store.flush(wait=False)
+        for _ in range(500):  # the master never drains: the finished write must not block
+            if store.snapshot_writes == step:
+                break
+            await asyncio.sleep(0.01)
+    assert store.snapshot_writes == 3 and store.snapshot_states == 4
 
 
 @pytest.mark.parametrize(

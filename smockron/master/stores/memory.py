@@ -309,7 +309,11 @@ class MemoryStore(TableSet[MemoryTable]):
 
     async def flush(self, *, wait: bool = True) -> int:
         """Write a snapshot if one is due; in a thread, the states gathered first."""
-        if not self.due(self.now_ms) or self._writing is not None:
+        if self._writing is not None:
+            if not self._writing.done():
+                return 0  # one write at a time; the next one is due again at once
+            self._writing = None
+        if not self.due(self.now_ms):
             return 0
         self._written_ms = self.now_ms
         blob_of = self._gather()
