@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from smockron.core.rules import Rule
+from smockron.errors import ConfigError
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores import open_store
 from smockron.master.stores import snapshot as snapshot_file
@@ -132,3 +133,33 @@ def test_open_store_passes_the_snapshot(tmp_path: Path) -> None:
     store = open_store("memory://", snapshot=str(tmp_path / "s"), snapshot_interval=5.0)
     assert isinstance(store, MemoryStore)
     assert store.snapshot == tmp_path / "s" and store.snapshot_interval_ms == 5_000.0
+
+
+def test_settings_take_the_snapshot(tmp_path: Path) -> None:
+    from smockron.master.config import load_settings
+
+    conf = tmp_path / "m.toml"
+    conf.write_text(f'snapshot = "{tmp_path / "s"}"\nsnapshot_interval = "5s"\n')
+    settings = load_settings(conf)
+    assert settings.snapshot == str(tmp_path / "s") and settings.snapshot_interval == 5.0
+    with pytest.raises(ConfigError, match="memory store"):
+        load_settings(overrides={"snapshot": "x", "store": "redis://127.0.0.1:6379/0"})
+    with pytest.raises(ConfigError, match="snapshot_interval"):
+        load_settings(overrides={"snapshot_interval": 0})
+
+
+async def test_snapshot_metrics(tmp_path: Path) -> None:
+    from smockron.master.metrics import StatsCollector
+    from smockron.master.stats import Stats
+
+    store = MemoryStore(tmp_path / "s", now_ms=T0)
+    send(store, Engine(POLICIES, store), "api", b"a", 1, T0)
+    await store.close()
+    values = {
+        sample.name: sample.value
+        for family in StatsCollector(Stats(), store=store).collect()
+        for sample in family.samples
+    }
+    assert values["smockron_master_store_snapshot_writes_total"] == 1
+    assert values["smockron_master_store_snapshot_states"] == 1
+    assert "smockron_master_store_breaker_state" not in values

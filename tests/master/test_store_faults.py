@@ -4,6 +4,7 @@ SIGKILLed and restarted behind a proxy (with the snapshot, with Redis)."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import time
@@ -195,3 +196,28 @@ def test_master_killed_and_restarted_behind_a_proxy(
     sub.close()
     _pub.close()
     ctx.term()
+
+
+def test_breaker_transitions_and_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """The pure state machine, clock injected: one line per transition (repeats of a
+    long outage rate-limited), every transition counted."""
+    from smockron.master.stores.breaker import Breaker, BreakerState
+
+    caplog.set_level(logging.INFO, "smockron.master.store")
+    breaker = Breaker("redis://h:1/0", retry_s=1.0)
+    assert breaker.allow(0.0) and breaker.success(0.0) is None
+    breaker.failure(10.0, "read", TimeoutError("Timeout\nforged line"))
+    assert breaker.state is BreakerState.OPEN and not breaker.allow(10.5)
+    for probe in (11.0, 12.2, 13.4, 14.6):  # a long outage: a probe a second, all failing
+        assert not breaker.allow(probe - 0.1)
+        assert breaker.allow(probe) and int(breaker.state) == BreakerState.HALF_OPEN
+        breaker.failure(probe + 0.15, "write", TimeoutError())
+    assert breaker.allow(15.8)
+    assert breaker.success(15.9) == pytest.approx(5.9)
+    assert int(breaker.state) == BreakerState.CLOSED and breaker.down_since is None
+    assert breaker.transitions == {"open": 5, "half_open": 5, "closed": 1}
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("breaker open (" in line for line in lines) == 1
+    assert sum("half-open" in line for line in lines) == 1  # then once a minute
+    assert sum("open again" in line for line in lines) == 1
+    assert all("\n" not in line for line in lines)
