@@ -90,7 +90,24 @@ def _refuse_open_binds(endpoints: tuple[str, str], clients: str | None, insecure
     metavar="DOMAIN=ALG",
     help="history (default, the seed's rule) or gcra, per domain. Repeatable.",
 )
-@click.option("--store", help="memory:// (default) or redis://HOST:PORT/DB")
+@click.option(
+    "--store",
+    help="memory:// (default), redis://HOST:PORT/DB, redis+sentinel://HOST:PORT,.../SERVICE "
+    "or redis+cluster://HOST:PORT,...",
+)
+@click.option(
+    "--snapshot",
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="memory:// only: keep the states in this file (written periodically and on "
+    "shutdown, read at start).",
+)
+@click.option(
+    "--snapshot-interval",
+    type=Duration(),
+    metavar="DURATION",
+    help="How often the snapshot is written [default: 30s].",
+)
 @click.option(
     "--metrics",
     type=HostPort(listen=True),

@@ -72,6 +72,10 @@ class MasterSettings:
     accounting: str = DEFAULT_ACCOUNTING
     control: str = DEFAULT_CONTROL
     store: str = "memory://"
+    snapshot: str | None = None
+    """The memory store's snapshot file: written every ``snapshot_interval`` and on
+    shutdown, read at start, so a restarted master does not forgive everyone."""
+    snapshot_interval: float = 30.0
     metrics: str | None = None
     stats_interval: float = 60.0
     skew_tolerance: float = 2.0
@@ -99,10 +103,18 @@ class MasterSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.snapshot_interval_invalid():
+            raise ConfigError(
+                f"snapshot_interval must be a number > 0, got {self.snapshot_interval!r}"
+            )
         for name in ("stats_interval", "skew_tolerance"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+
+    def snapshot_interval_invalid(self) -> bool:
+        value = self.snapshot_interval
+        return not isinstance(value, int | float) or isinstance(value, bool) or not value > 0
 
 
 _SCALARS = {f.name for f in fields(MasterSettings)} - {"domains"}
@@ -145,6 +157,11 @@ def load_settings(
 def check_store(settings: MasterSettings) -> None:
     """The store URI is usable, and its layout can hold every domain's states."""
     store = parse_store_uri(settings.store)
+    if settings.snapshot and store.scheme != "memory":
+        raise ConfigError(
+            f"snapshot {settings.snapshot!r} is for the memory store; {settings.store!r} "
+            "keeps its states itself: drop the snapshot"
+        )
     if store.layout != "original":
         return
     for name, policy in settings.domains.items():
@@ -172,7 +189,7 @@ def read_file(path: Path) -> MasterSettings:
         raise ConfigError(f"{str(path)!r}: {exc}") from None
 
 
-_DURATIONS = ("stats_interval", "skew_tolerance")
+_DURATIONS = ("stats_interval", "skew_tolerance", "snapshot_interval")
 """Seconds; the file may also write them with a unit (``"30s"``), as the flags."""
 
 

@@ -28,9 +28,10 @@ _PER_DOMAIN = {
 class StatsCollector(Collector):
     """Exposes a :class:`Stats` as counters labelled by domain (and status or reason)."""
 
-    def __init__(self, stats: Stats, queue_depth: Any = None) -> None:
+    def __init__(self, stats: Stats, queue_depth: Any = None, store: Any = None) -> None:
         self.stats = stats
         self.queue_depth = queue_depth
+        self.store = store
 
     def collect(self) -> Iterator[Any]:
         domains = list(self.stats.domains.items())
@@ -75,6 +76,47 @@ class StatsCollector(Collector):
                 "Messages received and waiting to be processed",
                 value=self.queue_depth(),
             )
+        yield from store_metrics(self.store)
+
+
+def store_metrics(store: Any) -> Iterator[Any]:
+    """The store's breaker (Redis) or snapshot (memory with a path), when it has one."""
+    breaker = getattr(store, "breaker", None)
+    if breaker is not None:
+        yield GaugeMetricFamily(
+            "smockron_master_store_breaker_state",
+            "The store's circuit breaker: 0 closed, 1 open (deciding from memory), 2 half-open",
+            value=int(breaker.state),
+        )
+        transitions = CounterMetricFamily(
+            "smockron_master_store_breaker_transitions",
+            "Breaker transitions by the state entered",
+            labels=["to"],
+        )
+        for state in ("open", "half_open", "closed"):
+            transitions.add_metric([state], breaker.transitions[state])
+        yield transitions
+        yield CounterMetricFamily(
+            "smockron_master_store_errors",
+            "Store calls that failed or timed out",
+            value=breaker.failures,
+        )
+    if getattr(store, "snapshot", None) is not None:
+        yield CounterMetricFamily(
+            "smockron_master_store_snapshot_writes",
+            "Snapshots of the memory store written",
+            value=store.snapshot_writes,
+        )
+        yield CounterMetricFamily(
+            "smockron_master_store_snapshot_failures",
+            "Snapshots that could not be written",
+            value=store.snapshot_failures,
+        )
+        yield GaugeMetricFamily(
+            "smockron_master_store_snapshot_states",
+            "States in the last snapshot written or read",
+            value=store.snapshot_states,
+        )
 
 
 def stats_json(
@@ -101,11 +143,12 @@ def serve_metrics(
     *,
     readiness: Readiness | None = None,
     throttled: TopThrottled | None = None,
+    store: Any = None,
 ) -> ObserveServer:
     """Start the listener (/metrics, /healthz, /readyz, /stats) in a daemon thread;
     returns it (``.close()``). Call from the master's loop, which /healthz watches."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(stats, queue_depth))
+    registry.register(StatsCollector(stats, queue_depth, store))
     return serve(
         address,
         readiness or Readiness(),

@@ -78,7 +78,8 @@ class Master:
         self.reload_settings = reload
         self.stats = Stats()
         self.malformed_log = RateLimitedLog(log, burst=10)
-        self.store = open_store(settings.store)
+        self.store = open_store(settings.store, snapshot=settings.snapshot,
+                                snapshot_interval=settings.snapshot_interval)  # fmt: skip
         self.engine = Engine(
             settings.domains,
             self.store,
@@ -118,7 +119,8 @@ class Master:
         from smockron.master.metrics import serve_metrics
 
         return serve_metrics(address, self.stats, lambda: self.pending_count,
-                             readiness=self.readiness(), throttled=self.throttled)  # fmt: skip
+                             readiness=self.readiness(), throttled=self.throttled,
+                             store=self.store)  # fmt: skip
 
     async def _watch_store(self) -> None:
         """Ping the store on the loop; record the outcome for /readyz, and warn (once a

@@ -11,16 +11,20 @@ from smockron.master.stores.uri import StoreURI, parse_store_uri
 __all__ = ["MemoryStore", "Scope", "State", "Store", "StoreURI", "Table", "open_store",
            "parse_store_uri"]  # fmt: skip
 
-def open_store(uri: str) -> Store:
-    """The store a URI names; Redis is imported only when asked for."""
+
+def open_store(uri: str, *, snapshot: str | None = None, snapshot_interval: float = 30.0) -> Store:
+    """The store a URI names; Redis is imported only when asked for. ``snapshot`` (a
+    path) makes the memory store persist its states there (Redis persists them itself)."""
     parsed = parse_store_uri(uri)
     if parsed.scheme == "memory":
-        return MemoryStore()
+        return MemoryStore(snapshot, snapshot_interval)
     try:
         from smockron.master.stores.original import OriginalLayoutStore
-        from smockron.master.stores.redis import RedisStore
+        from smockron.master.stores.redis import ClusterRedisStore, RedisStore
     except ImportError as exc:
         raise errors.ConfigError(f"the redis store needs smockron[redis]: {exc}") from None
+    if parsed.scheme == "redis+cluster":
+        return ClusterRedisStore(uri)
     if parsed.layout == "original":
         return OriginalLayoutStore(parsed.client_uri)
     return RedisStore(parsed.client_uri)

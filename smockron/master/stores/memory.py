@@ -31,12 +31,20 @@ wave of identifiers that stops is released all the same.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
+import logging
+import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Generic, TypeVar
 
+from smockron.master.stores import snapshot as snapshot_file
 from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.memory import Reclaimer
+from smockron.ratelog import RateLimitedLog, escaped
+
+_log = logging.getLogger("smockron.master.store")
 
 RELEASE_PER_TICK = 1_000
 """States of a dropped generation freed per ``tick`` (per batch): ~0.1 ms of work."""
@@ -232,29 +240,136 @@ def scope_expiry(scope: Scope) -> Callable[[State], float]:
 
 
 class MemoryStore(TableSet[MemoryTable]):
-    """The default store: states in this process only; every I/O step is a no-op."""
+    """The default store: states in this process only. With ``snapshot`` (a path) the
+    states are written there every ``snapshot_interval_s`` and on ``close``, and read
+    back when the store is made (expired ones skipped), so a restarted master does not
+    forgive everyone; without it every I/O step is a no-op."""
 
     scheme = "memory"
     writes_behind = False
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        snapshot: str | Path | None = None,
+        snapshot_interval_s: float = 30.0,
+        *,
+        now_ms: float | None = None,
+    ) -> None:
         super().__init__()
         self.reclaimer = Reclaimer()
+        self.snapshot = Path(snapshot) if snapshot else None
+        self.snapshot_interval_ms = snapshot_interval_s * 1000.0
+        self.now_ms = time.time() * 1000.0 if now_ms is None else now_ms
+        self.snapshot_writes = 0
+        self.snapshot_failures = 0
+        self.snapshot_states = 0
+        """States in the last snapshot written (or loaded)."""
+        self._written_ms = self.now_ms
+        self._loaded_ms = self.now_ms
+        self._pending: dict[bytes, dict[bytes, State]] = {}
+        self._writing: asyncio.Task[int] | None = None
+        self._log = RateLimitedLog(_log, interval=60.0)
+        if self.snapshot is not None:
+            self._load(self.snapshot)
+
+    def _load(self, path: Path) -> None:
+        """Read the snapshot; a corrupt one is refused with one warning (start empty)."""
+        try:
+            tables = snapshot_file.read(path)
+        except (OSError, snapshot_file.SnapshotError) as exc:
+            _log.warning("snapshot %s refused (%s): starting with no state",
+                         path, escaped(exc))  # fmt: skip
+            return
+        if tables is None:
+            _log.info("snapshot %s does not exist yet: starting with no state", path)
+            return
+        self._pending = tables
+        self.snapshot_states = sum(map(len, tables.values()))
+        _log.info("snapshot %s: %d state(s) of %d rule(s) read", path,
+                  self.snapshot_states, len(tables))  # fmt: skip
 
     def _new_table(self, scope: Scope) -> MemoryTable:
-        return MemoryTable(scope.rule.window_ms, scope_expiry(scope), self.reclaimer)
+        table = MemoryTable(scope.rule.window_ms, scope_expiry(scope), self.reclaimer)
+        states = self._pending.pop(scope.key_prefix, None)
+        if states:
+            restore(table, scope, states, self._loaded_ms)
+        return table
+
+    def tick(self, now_ms: float) -> None:
+        self.now_ms = now_ms
+        self._pending.clear()  # states of rules that no longer exist
+        super().tick(now_ms)
 
     async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
         return 0
 
     def due(self, now_ms: float) -> bool:
-        return False
+        """Whether a periodic snapshot is due (never without a snapshot path)."""
+        return self.snapshot is not None and now_ms - self._written_ms >= self.snapshot_interval_ms
 
     async def flush(self, *, wait: bool = True) -> int:
+        """Write a snapshot if one is due; in a thread, the states gathered first."""
+        if self._writing is not None:
+            if not self._writing.done():
+                return 0  # one write at a time; the next one is due again at once
+            self._writing = None
+        if not self.due(self.now_ms):
+            return 0
+        self._written_ms = self.now_ms
+        blob_of = self._gather()
+        self._writing = asyncio.ensure_future(asyncio.to_thread(self._write, blob_of))
+        if wait:
+            await self.drain()
         return 0
+
+    async def drain(self) -> None:
+        """Wait for the snapshot being written, if any."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            await writing
+
+    def _gather(self) -> dict[bytes, list[tuple[bytes, State]]]:
+        """Every live state by scope prefix (newest wins), copied on the loop thread."""
+        return {
+            scope.key_prefix: list({**t.lasting, **t.previous, **t.current}.items())
+            for scope, t in self.tables.items()
+        }
+
+    def _write(self, tables: dict[bytes, list[tuple[bytes, State]]]) -> int:
+        """Encode and atomically write; a failure is counted and logged, never raised."""
+        assert self.snapshot is not None
+        try:
+            snapshot_file.write(self.snapshot, snapshot_file.encode(tables))
+        except OSError as exc:
+            self.snapshot_failures += 1
+            self._log.warning("snapshot %s not written: %s", self.snapshot, escaped(exc))
+            return 0
+        self.snapshot_writes += 1
+        self.snapshot_states = sum(map(len, tables.values()))
+        return self.snapshot_states
 
     async def ping(self) -> bool:
         return True
 
     async def close(self) -> None:
-        return None
+        """The last snapshot, of every state (a stopping master's)."""
+        await self.drain()
+        if self.snapshot is not None:
+            count = self._write(self._gather())
+            _log.info("snapshot %s: %d state(s) written", self.snapshot, count)
+
+
+def restore(table: MemoryTable, scope: Scope, states: dict[bytes, State], now_ms: float) -> int:
+    """Put the ``states`` that still matter at ``now_ms`` into a new table; how many.
+    A state that matters longer than the generations keep it is given to ``keep``."""
+    table.tick(now_ms)
+    kept = 0
+    for ident, state in states.items():
+        until = expires_at(state, scope)
+        if until <= now_ms:
+            continue
+        table.current[ident] = state
+        if max(state) > table.keep_after_ms:
+            table.keep(ident, state, until)
+        kept += 1
+    return kept

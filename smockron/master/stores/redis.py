@@ -38,9 +38,9 @@ from redis.exceptions import NoScriptError
 
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Table, expires_at
+from smockron.master.stores.breaker import Breaker
 from smockron.master.stores.memory import MemoryTable, TableSet, scope_expiry
-from smockron.master.stores.uri import parse_store_uri
-from smockron.ratelog import RateLimitedLog
+from smockron.master.stores.uri import StoreURI, parse_store_uri, redacted
 
 KEY_PREFIX = b"smockron:"
 
@@ -126,25 +126,18 @@ class RedisStore(TableSet[RedisTable]):
         if parsed.scheme == "memory" or parsed.layout not in ("smockron", self.layout):
             raise ConfigError(f"{type(self).__name__} cannot use {url!r}: open it with open_store")
         try:
-            self.client: aioredis.Redis = aioredis.Redis.from_url(
-                parsed.client_uri, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-            )
+            self.client: Any = make_client(parsed, timeout_s)
         except ValueError as exc:
-            raise ConfigError(f"bad redis URI {url!r}: {exc}") from None
+            raise ConfigError(f"bad redis URI {redacted(url)!r}: {exc}") from None
         self.url = url
         self.key_prefix = key_prefix
         super().__init__()
         self.now_ms = 0.0
         self._shas: dict[str, str] = {}
         self._writing: asyncio.Task[Any] | None = None
-        self.errors = 0
         self.flush_interval_ms = flush_interval_ms
         self._flushed_ms = 0.0
-        self._log = RateLimitedLog(logging.getLogger("smockron.master.redis"), burst=10)
-        self.retry_s = retry_s
-        self.down_since: float | None = None
-        """When Redis stopped answering (monotonic), or None while it answers."""
-        self._retry_at = 0.0
+        self.breaker = Breaker(redacted(url), retry_s)
 
     def _new_table(self, scope: Scope) -> RedisTable:
         return RedisTable(self.key_prefix + scope.key_prefix, scope)
@@ -153,27 +146,30 @@ class RedisStore(TableSet[RedisTable]):
         self.now_ms = now_ms
         super().tick(now_ms)
 
+    @property
+    def down_since(self) -> float | None:
+        """When Redis stopped answering (monotonic), or None while it answers."""
+        return self.breaker.down_since
+
+    @property
+    def errors(self) -> int:
+        """Failed (or timed-out) Redis calls so far."""
+        return self.breaker.failures
+
     def available(self) -> bool:
         """False while the breaker is open: Redis failed and the retry time has not come.
         The master then goes on from memory without waiting for a timeout per batch."""
-        return self.down_since is None or time.monotonic() >= self._retry_at
+        return self.breaker.allow(time.monotonic())
 
     def _up(self) -> None:
-        if self.down_since is not None:
-            _log.warning("redis %s answers again after %.1f s: writing what changed meanwhile",
-                         self.url, time.monotonic() - self.down_since)  # fmt: skip
-            self.down_since = None
+        down = self.breaker.success(time.monotonic())
+        if down is not None:
+            dirty = sum(len(table.dirty) for table in self.tables.values())
+            _log.warning("store %s reconnected after %.1f s (breaker closed): writing the %d "
+                         "state(s) changed meanwhile", self.breaker.name, down, dirty)  # fmt: skip
 
     def _down(self, exc: BaseException, what: str) -> None:
-        self.errors += 1
-        self._retry_at = time.monotonic() + self.retry_s
-        if self.down_since is None:
-            self.down_since = time.monotonic()
-            reason = str(exc) or type(exc).__name__
-            _log.warning("redis %s failed (%s: %s): going on from memory, retrying every "
-                         "%g s", self.url, what, reason, self.retry_s)  # fmt: skip
-        else:
-            self._log.warning("redis %s still failing (%s: %s)", self.url, what, exc)
+        self.breaker.failure(time.monotonic(), what, exc)
 
     async def load(self, touched: Iterable[tuple[Table, bytes]]) -> int:
         """Fetch, in one command, the states a batch needs that memory lacks; how many.
@@ -241,7 +237,7 @@ class RedisStore(TableSet[RedisTable]):
         """One write; if it fails, its states are dirty again (newer ones kept), so they
         are written once Redis answers: what Redis holds catches up with memory."""
         try:
-            await self._script("write", self.write_lua, blob)
+            await self._send(blob)
         except Exception as exc:
             self._down(exc, "write")
             for table, states in changed.items():
@@ -262,6 +258,10 @@ class RedisStore(TableSet[RedisTable]):
                 ttl = min(max(math.ceil(expires_at(state, scope) - now), 0), _MAX_TTL_MS)
                 records.append(_LEN(len(key)) + key + _LEN(len(value)) + value + _TTL(ttl))
         return records
+
+    async def _send(self, blob: bytes) -> None:
+        """Write the records of ``blob`` in one command."""
+        await self._script("write", self.write_lua, blob)
 
     async def drain(self) -> None:
         """Wait for the background write, if any; a failure is counted and logged."""
@@ -291,6 +291,73 @@ class RedisStore(TableSet[RedisTable]):
             await self.drain()
         finally:
             await self.client.aclose()
+
+
+def make_client(parsed: StoreURI, timeout_s: float) -> Any:
+    """The asyncio client a URI names, every call bounded by ``timeout_s`` (connect,
+    read and write): a Sentinel's master (found again after a failover), a Cluster
+    (commands routed by slot), or one Redis."""
+    bounded: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    auth: dict[str, Any] = {"username": parsed.username, "password": parsed.password}
+    if parsed.scheme == "redis+sentinel":
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(parsed.hosts), sentinel_kwargs=dict(bounded), **bounded
+        )
+        return sentinel.master_for(parsed.service, db=parsed.db, **auth)
+    if parsed.scheme == "redis+cluster":
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        nodes = [ClusterNode(host, port) for host, port in parsed.hosts]
+        return RedisCluster(startup_nodes=nodes, **auth, **bounded)
+    return aioredis.Redis.from_url(parsed.client_uri, **bounded)
+
+
+_RECORD_HEAD = struct.Struct(">I")
+_RECORD_TTL = struct.Struct(">Q")
+
+
+class ClusterRedisStore(RedisStore):
+    """``redis+cluster://``: the same states and TTLs, written and read with one
+    pipeline of single-key GET/SET/DEL per batch instead of one Lua script (a script may
+    only touch keys of one slot; identifiers spread over all of them). redis-py's cluster
+    pipeline sends each node its commands, so a batch still costs one round trip per
+    node, and no key needs a hash tag."""
+
+    scheme = "redis+cluster"
+
+    async def _read(self, keys: Iterable[bytes]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        values: list[Any] = await pipe.execute()
+        self._up()
+        return values
+
+    async def _send(self, blob: bytes) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for key, value, ttl in _records_of(blob):
+            if ttl > 0:
+                pipe.set(key, value, px=ttl)
+            else:
+                pipe.delete(key)
+        await pipe.execute()
+
+
+def _records_of(blob: bytes) -> Iterable[tuple[bytes, bytes, int]]:
+    """The write script's records, unpacked as its Lua does."""
+    pos, end = 0, len(blob)
+    while pos < end:
+        (size,) = _RECORD_HEAD.unpack_from(blob, pos)
+        key = blob[pos + 4 : pos + 4 + size]
+        pos += 4 + size
+        (size,) = _RECORD_HEAD.unpack_from(blob, pos)
+        value = blob[pos + 4 : pos + 4 + size]
+        pos += 4 + size
+        (ttl,) = _RECORD_TTL.unpack_from(blob, pos)
+        pos += 8
+        yield key, value, ttl
 
 
 def _unpack(raw: bytes) -> State:
