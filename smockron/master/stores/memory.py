@@ -256,5 +256,18 @@ class MemoryStore(TableSet[MemoryTable]):
     async def ping(self) -> bool:
         return True
 
+    async def live(self, scope: Scope, limit: int) -> list[tuple[bytes, State]]:
+        table = self.tables.get(scope)
+        return [] if table is None else memory_states(table, limit)
+
     async def close(self) -> None:
         return None
+
+
+def memory_states(table: MemoryTable, limit: int) -> list[tuple[bytes, State]]:
+    """Up to ``limit`` states a table holds, the newest of each identifier (C-level
+    copies: a million states take tens of milliseconds)."""
+    merged = dict(table.lasting)
+    merged.update(table.previous)
+    merged.update(table.current)
+    return list(merged.items())[:limit]
