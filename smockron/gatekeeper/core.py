@@ -83,9 +83,9 @@ _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
 """Domains a gatekeeper takes rules offers for: whatever publishes on the control port
 cannot make it remember unbounded domains."""
-RESYNC_RETRY_S: Final = 0.5
+RESYNC_RETRY_S: Final = 0.25
 """A RESYNC not answered (RESYNCSTART) within this long is sent again..."""
-RESYNC_ATTEMPTS: Final = 6
+RESYNC_ATTEMPTS: Final = 8
 """...at most this many times: an original master, which never answers, is not asked
 without end (it logs each RESYNC as an accounting error)."""
 

@@ -60,8 +60,11 @@ RESYNC_EVERY_S = 0.5
 """A domain is resynced at most this often: a flood of RESYNC requests (all gatekeepers
 reconnecting at once, or a hostile peer) costs one resync per domain per interval,
 which every gatekeeper of the domain receives."""
-RESYNC_SLICE = 512
-"""DELAY_UNTILs a resync publishes per turn of the loop: live traffic goes in between."""
+RESYNC_SLICE = 256
+"""DELAY_UNTILs a resync publishes per turn of the loop: live traffic goes in between..."""
+RESYNC_PAUSE_S = 0.001
+"""...and a pause after each slice, so a resync (at most ~256,000 DELAY_UNTILs a second)
+does not outrun the gatekeepers it is for: what their queues drop is lost again."""
 RESYNC_MAX = 1_000_000
 """Live states listed per rule of a domain for one resync, at most."""
 RESYNC_POLL_S = 0.02
@@ -422,7 +425,7 @@ class Master:
                     sent += len(batch)
                 if len(batch) < RESYNC_SLICE:
                     break
-                await asyncio.sleep(0)
+                await asyncio.sleep(RESYNC_PAUSE_S)
             send_all(pub, [[frame, RESYNCDONE]])
         self.resyncs += 1
         log.info("resync of %s: %d DELAY_UNTIL(s) from %d state(s)",
