@@ -16,7 +16,9 @@ from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
 from smockron.master.engine import verdict_of
 from smockron.master.stores.memory import memory_states
 from smockron.wire.codec import ACCEPTED, encode_accounting
+from tests.gatekeeper.conftest import MasterSockets
 from tests.master.running import running_master, settings
+from tests.support import wait_for
 
 
 async def _until(gk: AsyncGatekeeper | Gatekeeper, ident: bytes, timeout: float) -> float:
@@ -118,3 +120,33 @@ async def test_lost_delay_untils_are_counted_and_resynced(
             feeder.close(0)
             ctx.term()
             await gk.aclose()
+
+
+def test_accounting_dropped_at_the_high_water_mark_is_counted(master: MasterSockets) -> None:
+    """A master that does not read: once queues and socket buffers are full, the
+    gatekeeper's sends fail and are counted as dropped, never lost silently: the master
+    then receives exactly what was counted as sent."""
+    gk = Gatekeeper(master.accounting_addr, None, ["api"], sndhwm=10)
+    total = 0
+    try:
+        wait_for(lambda: gk.master_connected, 10)
+
+        def heard() -> bool:  # the master's subscription has reached the PUB socket
+            gk.decide(b"api", b"probe")
+            return bool(master.drain(0.05))
+
+        wait_for(heard, 10, 0.05)
+        master.drain(0.1)
+        sent, dropped = gk.counters.accounting_sent, gk.counters.accounting_dropped
+        deadline = time.monotonic() + 10
+        while gk.counters.accounting_dropped == 0:
+            assert time.monotonic() < deadline, "nothing was dropped"
+            for i in range(1000):
+                gk.decide(b"api", b"id-%d" % i + b"x" * 500)
+            total += 1000
+        sent = gk.counters.accounting_sent - sent
+        assert sent + gk.counters.accounting_dropped - dropped == total
+        received = len(master.drain(0.5))
+    finally:
+        gk.close()
+    assert received == sent
