@@ -264,7 +264,7 @@ def scrape_total(port: int) -> int:
 def mean_batch(log_path: Path, total: int) -> str:
     """The mean batch size, from the master's last statistics line."""
     for line in reversed(log_path.read_text().splitlines()):
-        if "master stopped" in line and "batches=" in line:
+        if "stopped accepted=" in line and "batches=" in line:
             batches = int(line.split("batches=")[1].split()[0])
             return f"{total / max(batches, 1):.0f}"
     return "?"

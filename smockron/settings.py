@@ -227,6 +227,7 @@ def source_of(ctx: click.Context, param: click.Parameter) -> str:
 _FILE = "smockron.settings.file"
 _KEYS = "smockron.settings.keys"
 _PRINT = "smockron.settings.print"
+_ARGS = "smockron.settings.args"
 
 
 def load_toml_defaults(
@@ -331,7 +332,7 @@ class SmockronCommand(click.Command):
         parent: click.Context | None = None,
         **extra: Any,
     ) -> click.Context:
-        meta: dict[str, Any] = {}
+        meta: dict[str, Any] = {_ARGS: list(args)}  # click consumes ``args``
         if self.file_format == "toml":
             path = _config_arg(args) or os.environ.get(env_name(self.name or "", "config"))
             if path:
@@ -407,3 +408,18 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "__dataclass_fields__"):
         return {k: getattr(value, k) for k in value.__dataclass_fields__}
     return str(value)
+
+
+def reread(ctx: click.Context) -> dict[str, Any]:
+    """The command's settings resolved again, the same way (flags > environment > the
+    config file, read anew > defaults): what SIGHUP applies. A bad value raises
+    ConfigError naming it; nothing is changed then."""
+    command = ctx.command
+    try:
+        fresh = command.make_context(ctx.info_name, list(ctx.meta.get(_ARGS, [])), ctx.parent)
+    except click.ClickException as exc:
+        raise ConfigError(exc.format_message()) from None
+    params = dict(fresh.params)
+    for name in ("config", "print_settings", "log_level", "log_format"):
+        params.pop(name, None)
+    return params

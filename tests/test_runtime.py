@@ -142,10 +142,10 @@ def test_sighup_reloads_the_cluster_envoy_files(tmp_path: Path) -> None:
 
 def test_sighup_without_a_config_file_says_so_and_keeps_serving(tmp_path: Path) -> None:
     """Also: ``--log-format json`` before the subcommand, the level from the environment."""
-    args = ["--log-format", "json", *_daemon_args("jarl")]
+    args = ["--log-format", "json", *_daemon_args("dthrottle")]  # no --config given
     proc = run_smockron(args, tmp_path / "j.log")
     try:
-        wait_for(_started(proc, "jarl"))
+        wait_for(_started(proc, "dthrottle"))
         proc.popen.send_signal(signal.SIGHUP)
         wait_for(lambda: "no config file to reload" in proc.log())
         assert proc.alive()

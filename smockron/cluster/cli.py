@@ -408,8 +408,17 @@ def cluster(**flags: Any) -> None:
         server = ClusterServer(config, discovery, () if front is None else (front,))
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    facts = {
+        "grpc": config.grpc_address,
+        "http": config.http_address,
+        "server": config.grpc_server,
+        "discovery": config.peer_discovery,
+        "tls": "on" if config.tls else "off",
+        "global_mode": config.global_mode,
+        "envoy": "on" if front is not None else "off",
+    }
     runtime.run(
-        lambda stop: serve(server, front, stop, metrics=flags.get("metrics")),
+        lambda stop: serve(server, front, stop, facts, metrics=flags.get("metrics")),
         name="cluster",
         reload=lambda: _reload(server, front),
     )

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
 from google.protobuf import json_format
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    generate_latest,
+)
+from prometheus_client.metrics_core import Metric
 
 from smockron.cluster.api import TOO_MANY, answer, health_pb
 from smockron.cluster.node import MAX_BATCH, Node
@@ -134,9 +142,23 @@ def readiness(node: Node) -> Readiness:
     )
 
 
+class _Both:
+    """The process's metrics, then the node's own, as one collector (what /metrics on
+    the gateway serves, for the ``--metrics`` listener)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+        yield from self._node.metrics.registry.collect()
+
+
 def observe(node: Node, address: str) -> ObserveServer:
-    """The ``--metrics`` listener: the process's metrics, /healthz, /readyz."""
-    return serve(address, readiness(node))
+    """The ``--metrics`` listener: the process's and the node's metrics, /healthz, /readyz."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Both(node))
+    return serve(address, readiness(node), registry)
 
 
 async def healthz(request: web.Request) -> web.Response:

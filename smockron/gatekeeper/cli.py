@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -14,7 +14,7 @@ from smockron.core.rules import ALGORITHMS, parse_rule_spec
 from smockron.curve import curve_client
 from smockron.curve_cli import curve_options
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper
+from smockron.gatekeeper.core import AsyncGatekeeper, first_lines
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
 from smockron.gatekeeper.identify import parse_identify
 from smockron.gatekeeper.proxy import GatekeeperProxy
@@ -26,6 +26,7 @@ from smockron.settings import (
     parse_duration_ms,
     parse_host_port,
     print_settings_if_asked,
+    reread,
 )
 
 log = logging.getLogger("smockron.gatekeeper.cli")
@@ -191,7 +192,51 @@ def proxy(
     server = GatekeeperProxy(
         upstream, gate, gatekeeper, decision_header=decision_header, metrics=metrics
     )
-    runtime.run(lambda stop: serve(server, host, port, stats_interval, stop), name="proxy")
+    running = {k: v for k, v in locals().items() if k in _PARAMS}
+    runtime.run(
+        lambda stop: serve(server, host, port, stats_interval, stop),
+        name="proxy",
+        reload=_reloader(click.get_current_context(), gatekeeper, running),
+    )
+
+
+_RELOADABLE = ("max_delay", "max_delayed", "reject_sample", "max_ahead", "rules", "algorithms")
+"""What SIGHUP changes in a running proxy; the rest (addresses, identification, keys)
+needs a restart."""
+_PARAMS = (*_RELOADABLE, "listen", "upstream", "domain", "accounting", "control", "identify",
+           "trusted_proxy", "reject_status", "loginfo", "decision_header", "master_rules",
+           "stats_interval", "curve_secret", "curve_server", "metrics")  # fmt: skip
+
+
+def _reloader(
+    ctx: click.Context, gatekeeper: AsyncGatekeeper, running: dict[str, Any]
+) -> Callable[[], None]:
+    """SIGHUP: the settings read again (flags, environment, the config file); the
+    reloadable ones applied, the others reported; a bad file changes nothing."""
+
+    def reload() -> None:
+        try:
+            new = reread(ctx)
+            lines = first_lines(rule_config(new["rules"], new["algorithms"]))
+        except ConfigError as exc:
+            log.error("reload failed, keeping the running settings: %s", exc)
+            return
+        fixed = sorted(k for k in _PARAMS if k not in _RELOADABLE and new.get(k) != running[k])
+        if fixed:
+            log.warning("reload: %s changed but need a restart; kept", ", ".join(fixed))
+        decider = gatekeeper.decider
+        decider.max_delay_ms, decider.max_delayed = round(new["max_delay"]), new["max_delayed"]
+        decider.table.max_ahead_ms = round(new["max_ahead"])
+        gatekeeper.reject_sample = new["reject_sample"]
+        old = first_lines(rule_config(running["rules"], running["algorithms"]))
+        for domain in old.keys() - lines.keys():
+            decider.set_line(domain, None)
+        for domain, line in lines.items():
+            decider.set_line(domain, line)
+        running.update({k: new[k] for k in _RELOADABLE})
+        runtime.log_stats(log, {k: running[k] for k in _RELOADABLE}, event="reloaded")
+
+    return reload
 
 
 async def serve(

@@ -269,4 +269,4 @@ def router(
                              curve="on" if curve_secret else "off")  # fmt: skip
         await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
 
-    runtime.run(main, name="router")
+    runtime.run(main, name="router", reload=server.reload)

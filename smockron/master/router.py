@@ -184,6 +184,14 @@ class Router:
                     with contextlib.suppress(zmq.ZMQError):
                         sock.connect(address)
 
+    def reload(self) -> None:
+        """SIGHUP: read the allowed gatekeeper keys again (the masters and addresses need a
+        restart)."""
+        if self.auth is None:
+            log.info("router: SIGHUP: no --curve-clients to reread (restart to apply changes)")
+            return
+        log.info("control plane: CURVE, %d allowed gatekeeper key(s)", self.auth.reload())
+
     def stats(self) -> dict[str, int]:
         denied = self.auth.denied if self.auth is not None else 0
         return {

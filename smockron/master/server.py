@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import zmq
 
+from smockron import runtime
 from smockron.curve import AllowList, bind_mode, curve_server
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
@@ -267,7 +268,7 @@ class Master:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.remove_signal_handler(sig)
             await self.close()
-            log.info("master stopped: %s", self.stats.summary())
+            runtime.log_stats(log, self.stats.fields(), event="stopped")
 
     async def close(self) -> None:
         """Write what changed (Redis), then close the store and the sockets."""
@@ -449,7 +450,7 @@ class Master:
     async def _log_stats(self) -> None:
         while True:
             await asyncio.sleep(self.settings.stats_interval)
-            log.info("stats: %s", self.stats.summary())
+            runtime.log_stats(log, self.stats.fields())
 
 
 def _describe(settings: MasterSettings) -> str:

@@ -56,22 +56,25 @@ class Stats:
     def total(self, counter: str) -> int:
         return sum(getattr(s, counter) for s in self.domains.values())
 
-    def summary(self) -> str:
-        """One log line: totals, then each domain's non-zero counters."""
-        parts = [
-            f"accepted={self.total('accepted')}",
-            f"delayed={self.total('delayed')}",
-            f"rejected={self.total('rejected')}",
-            f"published={self.total('published')}",
-            f"malformed={sum(self.malformed.values())}",
-            f"unknown_domain={self.unknown_domain}",
-            f"dropped={self.dropped}",
-            f"skewed={self.total('skewed')}",
-            f"late={self.total('late')}",
-            f"batches={self.batches}",
-        ]
+    def fields(self) -> dict[str, int]:
+        """The statistics line's fields: totals, then each domain's non-zero counters
+        as ``DOMAIN.COUNTER``."""
+        out = {
+            "accepted": self.total("accepted"),
+            "delayed": self.total("delayed"),
+            "rejected": self.total("rejected"),
+            "published": self.total("published"),
+            "malformed": sum(self.malformed.values()),
+            "unknown_domain": self.unknown_domain,
+            "dropped": self.dropped,
+            "skewed": self.total("skewed"),
+            "late": self.total("late"),
+            "batches": self.batches,
+        }
         for name, s in sorted(self.domains.items()):
-            busy = " ".join(f"{k}={v}" for k, v in s.as_dict().items() if v)
-            if busy:
-                parts.append(f"[{name}: {busy}]")
-        return " ".join(parts)
+            out.update({f"{name}.{k}": v for k, v in s.as_dict().items() if v})
+        return out
+
+    def summary(self) -> str:
+        """The fields as one logfmt text."""
+        return " ".join(f"{k}={v}" for k, v in self.fields().items())

@@ -161,15 +161,20 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
         assert ask(tcp_b, [b"k"] * 5) == b"OK\nOK\nNO\nNO\nNO\n"
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", "0.001", "1e9"])
-def test_a_stats_interval_that_would_flood_the_log_is_refused(value: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("-1", "cannot parse duration"), ("nan", "cannot parse duration"),
+     ("1e9", "cannot parse duration"), ("0.001", "must be 0 (off) or 0.01..86400"),
+     ("1ms", "must be 0 (off) or 0.01..86400"), ("2d", "must be 0 (off) or 0.01..86400")],
+)  # fmt: skip
+def test_a_stats_interval_that_would_flood_the_log_is_refused(value: str, why: str) -> None:
     from click.testing import CliRunner
 
     from smockron.daemons.dthrottle.cli import dthrottle
 
     result = CliRunner().invoke(dthrottle, ["--stats-interval", value])
     assert result.exit_code == 2
-    assert "Invalid value for '--stats-interval': must be 0 (off) or 0.01..86400" in result.output
+    assert f"Invalid value for '--stats-interval': {why}" in result.output
 
 
 def test_environment_wins_over_the_file_and_flags_over_the_environment(

@@ -50,7 +50,8 @@ def test_file_then_flags(tmp_path: Path) -> None:
     ("raw", "message"),
     [
         ({"report_interval": 3601}, "report interval must be 1..3600"),
-        ({"report_interval": "soon"}, "report_interval must be a number"),
+        ({"report_interval": "soon"}, "report_interval: cannot parse duration 'soon'"),
+        ({"report_interval": "2h"}, "report interval must be 1..3600"),
         ({"burst": 0}, "burst must be in 1..2147483648, got 0"),
         ({"burst": "ten"}, "burst must be an integer"),
         ({"rate": "fast"}, "cannot parse rate 'fast'"),

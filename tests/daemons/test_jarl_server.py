@@ -15,7 +15,16 @@ import pytest
 
 from smockron.daemons.jarl.algorithm import Jarl
 from smockron.daemons.jarl.server import JarlServer
-from tests.support import free_port, smockron_env, smockron_proc, wait_port
+from tests.support import (
+    Proc,
+    free_port,
+    run_smockron,
+    smockron_env,
+    smockron_proc,
+    stopping,
+    wait_for,
+    wait_port,
+)
 
 
 def get_delay(port: int) -> float:
@@ -215,3 +224,35 @@ async def test_out_of_descriptors_pauses_accepting_then_answers(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         client.close()
         await server.stop()
+
+
+def test_sighup_reads_the_limit_again(tmp_path: Path) -> None:
+    """A real ``smockron jarl --config``: SIGHUP applies a new --requests/--period, keeps
+    the arrivals it has seen, and a bad file changes nothing."""
+    port = free_port()
+    config = tmp_path / "jarl.toml"
+    config.write_text("requests = 1\nperiod = 60\n")
+    args = ["jarl", "--config", str(config), "--service", "s", "--ip", "127.0.0.1",
+            "--port", str(port)]  # fmt: skip
+    procs: list[Proc] = []
+    with stopping(procs):
+        procs.append(run_smockron(args, tmp_path / "jarl.log"))
+        proc = procs[0]
+        wait_port(port)  # its connection is the one request a minute allows
+        assert float(_ask(port)) > 59
+        config.write_text("requests = 100\nperiod = 60\n")
+        proc.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded requests=100 period=60" in proc.log(), 10)
+        assert _ask(port) == b"0.000"
+        config.write_text("requests = 0\n")
+        proc.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload failed, keeping the running limit" in proc.log(), 10)
+        assert _ask(port) == b"0.000" and proc.alive()
+
+
+def _ask(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        got = b""
+        while chunk := s.recv(16):
+            got += chunk
+        return got

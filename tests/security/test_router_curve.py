@@ -48,3 +48,38 @@ def test_router_with_keys_on_both_sides(keys: Keys, tmp_path: Path) -> None:
             wait_for(lambda: probe(gk), 15, 0)  # the router dialled the master again
         finally:
             gk.close()
+
+
+def test_router_rereads_its_allowed_keys_on_sighup(keys: Keys, tmp_path: Path) -> None:
+    keygen(keys.dir, "router")
+    keygen(keys.dir, "late")  # a gatekeeper the router does not allow yet
+    master_clients = tmp_path / "master-clients"
+    master_clients.mkdir()
+    shutil.copy(keys.public("router"), master_clients)
+    router_clients = tmp_path / "router-clients"
+    router_clients.mkdir()
+    acc, ctl, racc, rctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
+    master_args = ["master", "--accounting", acc, "--control", ctl, "--rule", "probe:1/s:1",
+                   "--curve-secret", str(keys.secret("master")),
+                   "--curve-clients", str(master_clients)]  # fmt: skip
+    router_args = ["router", "--accounting", racc, "--control", rctl, "--master", f"{acc},{ctl}",
+                   "--curve-secret", str(keys.secret("router")),
+                   "--curve-clients", str(router_clients),
+                   "--curve-server", str(keys.public("master"))]  # fmt: skip
+    master = run_smockron(master_args, tmp_path / "master.log")
+    router = run_smockron(router_args, tmp_path / "router.log")
+    with stopping([master, router]):
+        wait_for(lambda: "control plane: CURVE, 0 allowed gatekeeper" in router.log(), 15)
+        refused = Peer(racc, rctl, keys.client("late", master="router"))
+        try:
+            assert not probe(refused)  # refused by the router's allow-list
+        finally:
+            refused.close()
+        shutil.copy(keys.public("late"), router_clients)
+        router.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: "CURVE, 1 allowed gatekeeper key(s)" in router.log(), 10)
+        gk = Peer(racc, rctl, keys.client("late", master="router"))  # a raw peer: no redial
+        try:
+            wait_for(lambda: probe(gk), 15, 0)
+        finally:
+            gk.close()

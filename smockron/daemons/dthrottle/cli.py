@@ -17,7 +17,7 @@ from smockron.daemons.clock import Clock, FileClock
 from smockron.daemons.dthrottle.config import DThrottleConfig
 from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.errors import ConfigError
-from smockron.settings import SmockronCommand, print_settings_if_asked, source_of
+from smockron.settings import Duration, SmockronCommand, print_settings_if_asked, source_of
 
 log = logging.getLogger("smockron.dthrottle")
 
@@ -72,8 +72,8 @@ def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) ->
 )
 @click.option(
     "--report-interval",
-    metavar="SECONDS",
-    help="Seconds between peer reports, 1..3600.  [default: 5]",
+    metavar="DURATION",
+    help="Time between peer reports, 1s..1h (a bare number is seconds).  [default: 5s]",
 )
 @click.option(
     "--rule",
@@ -123,11 +123,11 @@ def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) ->
 )
 @click.option(
     "--stats-interval",
-    type=float,
-    default=60.0,
+    type=Duration(),
+    default="60s",
     callback=_stats_interval,
     show_default=True,
-    help="Seconds between counter log lines (0.01..86400); 0 turns them off.",
+    help="Time between counter log lines (10ms..1d; a bare number is seconds); 0 turns them off.",
 )
 @click.option(
     "--test-clock-file",

@@ -161,7 +161,7 @@ class DThrottleConfig:
             "listen": lambda v: tuple(parse_listen(str(x)) for x in _list(v, "listen")),
             "burst": lambda v: _int(v, "burst", 1, 2**31),
             "rate": parse_rate_value,
-            "report_interval": lambda v: float(_number(v, "report_interval")),
+            "report_interval": lambda v: _seconds(v, "report_interval"),
             "max_tag_length": lambda v: _int(v, "max_tag_length", 1, 65535),
             "whitelist": lambda v: tuple(_tag(x) for x in _list(v, "whitelist")),
             "peers": lambda v: tuple(parse_host_port(str(x), "peer") for x in _list(v, "peers")),
@@ -183,6 +183,16 @@ def _list(value: object, what: str) -> list[Any]:
     if isinstance(value, list | tuple):
         return list(value)
     raise ConfigError(f"{what} must be a list, got {value!r}")
+
+
+def _seconds(value: object, what: str) -> float:
+    """A duration: a number of seconds, or text with a unit (``5s``, ``500ms``, ``1m``)."""
+    if isinstance(value, str):
+        try:
+            return settings.parse_duration(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{what}: {exc}") from None
+    return _number(value, what)
 
 
 def _number(value: object, what: str) -> float:

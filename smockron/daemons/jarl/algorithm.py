@@ -31,6 +31,13 @@ class Jarl:
         self.counter = 0
         self._arrivals: deque[float] = deque()
 
+    def retuned(self, requests: int, period: int) -> Jarl:
+        """A Jarl with another limit that remembers the recent arrivals (the newest
+        ``requests`` of them), so a reload does not hand out a fresh burst."""
+        other = Jarl(requests, period)
+        other._arrivals.extend(list(self._arrivals)[-requests:])
+        return other
+
     def delay(self, now: float) -> float:
         """Record an arrival at ``now`` and return the seconds it must wait (0.0 for none)."""
         arrivals = self._arrivals

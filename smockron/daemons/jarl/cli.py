@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import click
 
 from smockron import runtime
 from smockron.daemons.jarl.algorithm import Jarl
 from smockron.daemons.jarl.server import JarlServer
-from smockron.errors import SmockronError
-from smockron.settings import SmockronCommand, print_settings_if_asked
+from smockron.errors import ConfigError, SmockronError
+from smockron.settings import SmockronCommand, print_settings_if_asked, reread
+
+log = logging.getLogger("smockron.jarl")
 
 
 def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -100,4 +103,19 @@ def jarl(
         await stop.wait()
         await server.stop()
 
-    runtime.run(main, name="jarl")
+    def reload() -> None:
+        """SIGHUP: --requests and --period read again (flags, environment, --config)."""
+        try:
+            new = reread(click.get_current_context())
+            server.jarl = server.jarl.retuned(new["requests_"], new["period"])
+        except ConfigError as exc:
+            log.error("reload failed, keeping the running limit: %s", exc)
+            return
+        running = {"service": service, "ip": ip, "port": port}
+        fixed = [k for k, v in running.items() if new[k] != v]
+        if fixed:
+            log.warning("reload: %s changed but need a restart; kept", ", ".join(fixed))
+        runtime.log_stats(log, {"requests": new["requests_"], "period": new["period"]},
+                          event="reloaded")  # fmt: skip
+
+    runtime.run(main, name="jarl", reload=reload)
