@@ -5,7 +5,16 @@ A publisher plays the master (a bound PUB, messages as the master sends them, pa
 counts what it applied. Goal: >= 99.9% received at 200,000/s per gatekeeper. Baseline in
 the same run: a bare pyzmq SUB doing only ``recv_multipart``.
 
+With ``--master``: a real ``smockron master`` (memory store, ``api:1/h:1``) fed
+accounting for ``--identifiers`` distinct identifiers as fast as one feeder sends, so it
+publishes one DELAY_UNTIL each at its full rate to 1 and 4 real gatekeepers
+(asyncio twin, each in a process of its own). Printed per gatekeeper count: what the
+master published (its heartbeat's count), what the worst gatekeeper received and lost
+(``control_lost``), the identifiers it held when the stream ended and after its
+RESYNCs, and how long after the end of the stream it held them all.
+
 Run: python bench/control_plane.py [--messages 1000000] [--rate 200000] [--rounds 3]
+     python bench/control_plane.py --master [--identifiers 1000000] [--rounds 3]
 Traffic goes to 127.0.0.1 only; every process stops by itself.
 """
 
@@ -24,7 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmq
 
 from smockron.wire.batchio import send_all
-from smockron.wire.codec import encode_control
+from smockron.wire.codec import (
+    ACCEPTED,
+    PUBLISHED,
+    RULES_TOPIC,
+    decode_published,
+    encode_accounting,
+    encode_control,
+)
 from tests.support import free_port, smockron_env
 
 
@@ -69,6 +85,149 @@ def receiver(kind: str, control: str, seconds: float) -> None:
         await agk.aclose()
 
     asyncio.run(run())
+
+
+FULL = "full_after_s"
+LATE = "late_s"
+
+
+def master_receiver(accounting: str, control: str, seconds: float) -> None:
+    """Role: a gatekeeper of a real master; report what it received, lost and holds."""
+    from smockron.gatekeeper.core import AsyncGatekeeper
+
+    async def run() -> None:
+        gk = AsyncGatekeeper(accounting, control, ["api"], max_entries=4_000_000)
+        gk.start()
+        while gk.resyncs_done == 0:  # connected both ways: its first resync answered
+            await asyncio.sleep(0.01)
+        print("ready", flush=True)
+        baseline = gk.resyncs_done
+        received = gk._received  # DELAY_UNTILs per domain, resync marks not counted
+        while not received.get(b"api"):
+            await asyncio.sleep(0.001)
+        last_at, last = time.monotonic(), 0
+        held_at_end = -1
+        stream_end = 0.0
+        samples: list[tuple[float, int]] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            if received[b"api"] != last:
+                last_at, last = now, received[b"api"]
+            held = len(gk.decider.table)
+            samples.append((now, held))
+            if held_at_end < 0 and now - last_at > 0.3:  # the stream ended, quiet
+                held_at_end = held if gk.resyncs_done == baseline else -2
+                stream_end = last_at
+        final = len(gk.decider.table)
+        if held_at_end == -1:  # never quiet for long enough within the run
+            stream_end = last_at
+        full_at = next(t for t, h in samples if h == final) - stream_end
+        print("got", received[b"api"], gk.counters.control_lost, held_at_end, final,
+              gk.resyncs_done - baseline, f"{max(0.0, full_at):.3f}", flush=True)  # fmt: skip
+        await gk.aclose()
+
+    asyncio.run(run())
+
+
+def late_receiver(accounting: str, control: str) -> None:
+    """Role: a gatekeeper (re)started after the stream: how many verdicts its RESYNC
+    brings, and how long after it started it holds them all."""
+    from smockron.gatekeeper.core import AsyncGatekeeper
+
+    async def run() -> None:
+        start = time.monotonic()
+        gk = AsyncGatekeeper(accounting, control, ["api"], max_entries=4_000_000)
+        gk.start()
+        while gk.resyncs_done == 0 and time.monotonic() - start < 30:
+            await asyncio.sleep(0.001)
+        print("late", len(gk.decider.table), f"{time.monotonic() - start:.3f}", flush=True)
+        await gk.aclose()
+
+    asyncio.run(run())
+
+
+def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
+    """One run against a real master; the worst gatekeeper's figures."""
+    acc, ctl = free_port(), free_port()
+    accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
+    master = subprocess.Popen(
+        [sys.executable, "-m", "smockron", "master", "--accounting", accounting,
+         "--control", control, "--rule", "api:1/h:1", "--stats-interval", "0"],
+        stderr=subprocess.DEVNULL, env=smockron_env(),
+    )  # fmt: skip
+    seconds = identifiers / 20_000 + 6.0
+    role = [sys.executable, __file__, "--role", "master-gk", "--accounting", accounting,
+            "--control", control, "--seconds", str(seconds)]
+    procs = [subprocess.Popen(role, stdout=subprocess.PIPE, text=True, env=smockron_env())
+             for _ in range(gatekeepers)]  # fmt: skip
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    feeder = ctx.socket(zmq.PUB)
+    feeder.setsockopt(zmq.SNDHWM, 20_000)
+    feeder.setsockopt(zmq.XPUB_NODROP, 1)
+    feeder.connect(accounting)
+    counter = ctx.socket(zmq.SUB)
+    counter.subscribe(RULES_TOPIC)
+    counter.connect(control)
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        for start in range(0, identifiers, 10_000):
+            now = int(time.time() * 1000)  # fresh: the master drops accounting that is late
+            batch = [encode_accounting("api", ACCEPTED, b"id-%d" % i, now)
+                     for i in range(start, min(identifiers, start + 10_000))]  # fmt: skip
+            sent = 0
+            while sent < len(batch):  # NODROP: the feeder waits rather than drops
+                sent += send_all(feeder, batch[sent:])
+        rows = []
+        for p in procs:
+            assert p.stdout is not None
+            rows.append([float(x) for x in p.stdout.readline().split()[1:]])
+        published = 0
+        while counter.poll(0):
+            frames = counter.recv_multipart()
+            if frames[1] == PUBLISHED:
+                published = max(published, decode_published(frames)[1])
+        late = subprocess.run(
+            [sys.executable, __file__, "--role", "late-gk", "--accounting", accounting,
+             "--control", control], capture_output=True, text=True, env=smockron_env(),
+            timeout=60,
+        ).stdout.split()  # fmt: skip
+        worst = min(rows, key=lambda r: r[0])
+        return {"published": published, "received": worst[0], "lost": worst[1],
+                "held_at_end": worst[2], "held": worst[3], "resyncs": worst[4],
+                "full_after_s": worst[5], "late_held": float(late[1]),
+                "late_s": float(late[2])}  # fmt: skip
+    finally:
+        for p in procs:
+            p.wait(60)
+        master.terminate()
+        master.wait(30)
+        feeder.close(0)
+        counter.close(0)
+        ctx.term()
+
+
+def master_main(identifiers: int, rounds: int) -> None:
+    print(f"real master, {identifiers:,} identifiers each delayed once (api:1/h:1), "
+          f"medians of {rounds}; worst gatekeeper of each round")  # fmt: skip
+    for n in (1, 4):
+        runs = [master_round(n, identifiers) for _ in range(rounds)]
+
+        def med(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+
+        print(f"  x{n}: published {med('published'):,.0f}, received {med('received'):,.0f} "
+              f"({med('received') / max(1.0, med('published')):.2%}), control_lost "
+              f"{med('lost'):,.0f}; identifiers held when the stream ended "
+              f"{med('held_at_end'):,.0f}, after {med('resyncs'):.0f} resync(s) "
+              f"{med('held'):,.0f}, {med(FULL):.2f} s after the stream ended "
+              f"(rounds: {', '.join(f'{r[FULL]:.2f}' for r in runs)}); a gatekeeper "
+              f"started afterwards held {med('late_held'):,.0f} by RESYNC "
+              f"{med('late_s'):.2f} s after it started "
+              f"(rounds: {', '.join(f'{r[LATE]:.2f}' for r in runs)})")
 
 
 def one_round(kind: str, gatekeepers: int, messages: int, rate: float) -> list[float]:
@@ -130,9 +289,21 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--rate", type=float, default=200_000.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--master", action="store_true")
+    parser.add_argument("--accounting")
+    parser.add_argument("--identifiers", type=int, default=1_000_000)
     args = parser.parse_args()
+    if args.role == "late-gk":
+        late_receiver(args.accounting, args.control)
+        return
+    if args.role == "master-gk":
+        master_receiver(args.accounting, args.control, args.seconds)
+        return
     if args.role:
         receiver(args.role, args.control, args.seconds)
+        return
+    if args.master:
+        master_main(args.identifiers, args.rounds)
         return
     print(f"{args.messages:,} DELAY_UNTILs at {args.rate:,.0f}/s, medians of {args.rounds}")
     for kind in ("raw", "async", "threaded"):

@@ -43,12 +43,18 @@ from smockron.ratelog import RateLimitedLog
 from smockron.wire.batchio import drain, send_all, wait_readable
 from smockron.wire.codec import (
     ACCEPTED,
+    DELAY_UNTIL,
     DELAYED,
+    PUBLISHED,
     REJECTED,
+    RESYNCDONE,
+    RESYNCSTART,
     RULES_TOPIC,
     accounting_frames,
     decode_control,
+    decode_published,
     decode_rules,
+    encode_resync,
     topic,
 )
 
@@ -77,6 +83,11 @@ _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
 """Domains a gatekeeper takes rules offers for: whatever publishes on the control port
 cannot make it remember unbounded domains."""
+RESYNC_RETRY_S: Final = 0.25
+"""A RESYNC not answered (RESYNCSTART) within this long is sent again..."""
+RESYNC_ATTEMPTS: Final = 8
+"""...at most this many times: an original master, which never answers, is not asked
+without end (it logs each RESYNC as an accounting error)."""
 
 
 def _batch_io_thread(ctx: zmq.Context[Any]) -> None:
@@ -195,6 +206,15 @@ class _GatekeeperBase:
         self._topic_frames: dict[bytes, bytes] = {}
         self._stamp_ms, self._stamp = 0, b"0"  # the last receive time and its frame
         self.watch = MasterWatch(control, now_ms())  # readiness, and the silent-master warning
+        self._resync: dict[bytes, tuple[int, float]] = {}
+        """Domains to ask a RESYNC for: attempts made, and when to try again (monotonic)."""
+        self._received: dict[bytes, int] = {}
+        """DELAY_UNTILs received per domain we serve (bounded by ``MAX_LINES``)."""
+        self._heartbeat: dict[bytes, tuple[int, int]] = {}
+        """Per domain, the master's publish count and our received count at its last
+        heartbeat: the next one's difference in both is what was lost meanwhile."""
+        self.resyncs_requested = 0
+        self.resyncs_done = 0
         self._setup()
 
     def _setup(self) -> None:
@@ -327,7 +347,10 @@ class _GatekeeperBase:
     def _apply_control(self, frames: list[bytes], now: int) -> None:
         """Apply one control message; malformed ones are counted and logged, never raised."""
         if frames and frames[0] == RULES_TOPIC:
-            self._apply_rules(frames)
+            if len(frames) > 1 and frames[1] == PUBLISHED:
+                self._apply_published(frames)
+            else:
+                self._apply_rules(frames)
             return
         self.counters.control_received += 1
         control = self._decoded(decode_control, frames, "control message")
@@ -336,6 +359,15 @@ class _GatekeeperBase:
         if self.domains is not None and control.domain not in self.domains:
             self.counters.control_ignored += 1
             return
+        if control.command != DELAY_UNTIL:  # RESYNCSTART or RESYNCDONE
+            self._resync_mark(control.domain, control.command)
+            return
+        received = self._received
+        count = received.get(control.domain)
+        if count is not None:
+            received[control.domain] = count + 1
+        elif len(received) < MAX_LINES:
+            received[control.domain] = 1
         table = self.decider.table
         refused, evicted = table.refused, table.evicted
         self.decider.control(control.domain, control.identifier, control.until_ms, now)
@@ -349,6 +381,70 @@ class _GatekeeperBase:
                 "delay table full (%d entries): evicted the %d expiring soonest",
                 table.max_entries, table.evicted - evicted,
             )  # fmt: skip
+
+    def _resync_mark(self, domain: bytes, command: bytes) -> None:
+        """The master answers a RESYNC: it started (stop asking), or it is done."""
+        if command == RESYNCSTART:
+            self._resync.pop(domain, None)
+        elif command == RESYNCDONE:
+            self.resyncs_done += 1
+
+    def _apply_published(self, frames: list[bytes]) -> None:
+        """The master's heartbeat: how many DELAY_UNTILs it published for a domain. What
+        it published since the last heartbeat and we did not receive was lost (at a
+        high-water mark): counted, and the domain's live verdicts asked for again."""
+        heartbeat = self._decoded(decode_published, frames, "publish counter")
+        if heartbeat is None:
+            return
+        domain, published = heartbeat
+        if self.domains is not None and domain not in self.domains:
+            return
+        received = self._received.get(domain, 0)
+        last = self._heartbeat.get(domain)
+        if last is None and len(self._heartbeat) >= MAX_LINES:
+            return
+        self._heartbeat[domain] = (published, received)
+        if last is None:  # first heartbeat since (re)connecting: our baseline
+            if self.domains is None:  # subscribed to everything: domains named here
+                self._want_resync((domain,))
+            return
+        if published < last[0]:  # a new master: counting starts again
+            return
+        lost = (published - last[0]) - (received - last[1])
+        if lost > 0:
+            self.counters.control_lost += lost
+            self._malformed_log.warning(
+                "lost %d DELAY_UNTIL(s) for %r (published %d, received %d since the last "
+                "heartbeat): asking the master to resync", lost, domain[:64],
+                published - last[0], received - last[1],
+            )  # fmt: skip
+            self._want_resync((domain,))
+
+    def _want_resync(self, domains: Iterable[bytes]) -> None:
+        """Ask for these domains' live verdicts (sent by :meth:`_send_resyncs`)."""
+        for domain in domains:
+            if domain not in self._resync and len(self._resync) < MAX_LINES:
+                self._resync[domain] = (0, 0.0)
+
+    def _send_resyncs(self) -> None:
+        """Send the RESYNCs due, once the accounting socket is connected; again after
+        ``RESYNC_RETRY_S`` until the master answers, ``RESYNC_ATTEMPTS`` times at most."""
+        pub = self._pub
+        if not self._resync or pub is None or self._peers <= 0:
+            return
+        now = time.monotonic()
+        for domain, (attempts, due) in list(self._resync.items()):
+            if due > now:
+                continue
+            if attempts >= RESYNC_ATTEMPTS:
+                del self._resync[domain]
+                self._malformed_log.warning("no answer to RESYNC for %r: the master may not "
+                                            "support it", domain[:64])  # fmt: skip
+                continue
+            self._resync[domain] = (attempts + 1, now + RESYNC_RETRY_S)
+            self.resyncs_requested += 1
+            with contextlib.suppress(zmq.ZMQError):
+                send_all(pub, [encode_resync(domain)])
 
     def _decoded(
         self, decode: Callable[[list[bytes]], T], frames: list[bytes], what: str
@@ -408,6 +504,8 @@ class _GatekeeperBase:
                 self._control_peers += 1
                 self.watch.heard(now_ms())
                 log.info("control connected to %s", self.control)
+                self._heartbeat.clear()  # (re)connected: what we missed is unknown...
+                self._want_resync(self.domains or ())  # ...so ask for every live verdict
             elif event == zmq.EVENT_DISCONNECTED:
                 self._control_peers = max(0, self._control_peers - 1)
                 log.warning("control disconnected from %s: no verdicts from the master until "
@@ -464,18 +562,22 @@ class _GatekeeperBase:
         if self._pub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._pub.getsockopt(zmq.EVENTS)
+        self._send_resyncs()
 
     def _topics(self) -> list[bytes]:
         if self.domains is None:
             return [b""]
-        topics = [topic(d) for d in sorted(self.domains)]
-        return [*topics, RULES_TOPIC] if self.master_rules else topics
+        # the rules topic also carries the master's publish counters (loss detection)
+        return [*(topic(d) for d in sorted(self.domains)), RULES_TOPIC]
 
     def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
         if not self.accounting:
             return None
         pub = self._secure(ctx.socket(zmq.PUB))
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
+        # at the high-water mark a send fails (counted as accounting_dropped) instead of
+        # being dropped silently by the PUB socket
+        pub.setsockopt(zmq.XPUB_NODROP, 1)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.RECONNECT_IVL, 100)
         pub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)

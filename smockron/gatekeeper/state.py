@@ -233,6 +233,7 @@ class Counters(CounterSet):
     control_received: int = 0
     control_malformed: int = 0
     control_ignored: int = 0  # well-formed but for a domain we do not serve
+    control_lost: int = 0  # published by the master (its heartbeat says) but never received
     accounting_sent: int = 0
     accounting_dropped: int = 0
     accounting_sampled_out: int = 0

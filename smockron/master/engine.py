@@ -43,6 +43,7 @@ from smockron.wire.codec import (
     DEFAULT_LIMITS,
     DELAYED,
     REJECTED,
+    RESYNC,
     Limits,
     control_frames,
     decode_accounting,
@@ -138,6 +139,10 @@ class Engine:
         self.backlog_ms = backlog_ms
         self._backlog_until = float("-inf")
         self._by_topic: dict[bytes, _Domain] = {}
+        self.resync_wanted: set[str] = set()
+        """Domains a gatekeeper asked a RESYNC for (``[domain, "RESYNC"]`` on accounting),
+        not yet answered: many requests for one domain are one resync."""
+        self.resync_requests = 0
         self.configure(domains)
 
     def _delayed_at(
@@ -220,6 +225,9 @@ class Engine:
 
     def _decode_raw(self, frames: Frames, append: Callable[[Decoded], None]) -> None:
         """A message the split did not decode: the codec names the problem, if any."""
+        if len(frames) == 2 and frames[1] == RESYNC:
+            self._resync_request(frames[0])
+            return
         try:
             msg = decode_accounting(list(frames), self.limits)
         except ProtocolError as exc:
@@ -242,6 +250,42 @@ class Engine:
                 dom.stats.accepted += 1
             delayed = None if msg.delayed_ms is None else float(msg.delayed_ms)
             append((dom, msg.status, msg.identifier, float(msg.received_ms), delayed))
+
+    def _resync_request(self, topic_frame: bytes) -> None:
+        dom = self._by_topic.get(topic_frame)
+        if dom is None:
+            self.stats.unknown_domain += 1
+            return
+        self.resync_requests += 1
+        self.resync_wanted.add(dom.name)
+
+    def scopes(self, name: str) -> list[Scope]:
+        """The store scopes of a configured domain (one per distinct rule)."""
+        policy = self._policies.get(name)
+        if policy is None:
+            return []
+        return [Scope(name, rule, policy.stored_as) for rule in dict.fromkeys(policy.rules)]
+
+    def live_delays(
+        self, name: str, states: Sequence[Sequence[tuple[bytes, State]]], now_ms: float
+    ) -> Iterator[list[bytes]]:
+        """A RESYNC's DELAY_UNTILs, lazily: one per identifier whose verdict is still in
+        the future, given each scope's live states (in :meth:`scopes` order) as the store
+        lists them. Each is counted as published (the heartbeat's count)."""
+        dom = self._by_topic.get(topic(name))
+        if dom is None or len(states) != len(dom.scopes):
+            return
+        by_scope = [dict(pairs) for pairs in states] if len(states) > 1 else []
+        idents = dict.fromkeys(i for pairs in states for i, _ in pairs) if by_scope else None
+        pairs: Iterable[tuple[bytes, State]] = states[0] if idents is None else (
+            (ident, ()) for ident in idents)  # fmt: skip
+        rules = [rule for rule, _table, _window in dom.scopes]
+        for ident, state in pairs:
+            olds = [state] if not by_scope else [d.get(ident, ()) for d in by_scope]
+            until = verdict_of(rules, olds, dom.gcra)
+            if until is not None and until > now_ms:
+                dom.stats.published += 1
+                yield control_frames(dom.topic, ident, math.ceil(until))
 
     @staticmethod
     def touched(decoded: Iterable[Decoded]) -> Iterator[tuple[Table, bytes]]:
@@ -366,6 +410,25 @@ def served_at(
             if nxt > due and min(state) > state[-1] - window:
                 due = nxt
     return due if due - ts <= ahead else ts + ahead
+
+
+def verdict_of(rules: Sequence[Rule], states: Sequence[State], gcra: bool) -> float | None:
+    """The DELAY_UNTIL the master last published for these states (one per rule), if
+    any: the latest of the rules'. GCRA: the value; a history: its newest entry plus one
+    interval when it is full (``burst`` entries within one window of the newest)."""
+    until: float | None = None
+    for rule, state in zip(rules, states, strict=True):
+        if not state:
+            continue
+        if gcra:
+            nxt: float | None = state[0]
+        elif len(state) >= rule.burst and min(state[-rule.burst :]) > state[-1] - rule.window_ms:
+            nxt = state[-1] + rule.interval_ms
+        else:
+            nxt = None
+        if nxt is not None and (until is None or nxt > until):
+            until = nxt
+    return until
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import signal
 import time
@@ -32,7 +33,7 @@ from smockron.observe.throttled import TopThrottled
 from smockron.ratelog import RateLimitedLog
 from smockron.wire.accounting import drain_accounting
 from smockron.wire.batchio import send_all, wait_readable
-from smockron.wire.codec import encode_rules
+from smockron.wire.codec import RESYNCDONE, RESYNCSTART, encode_published, encode_rules, topic
 
 log = logging.getLogger("smockron.master")
 
@@ -55,6 +56,20 @@ gatekeeper that (re)connects has its first line within this long."""
 
 MAX_FRAME_BYTES = 64 * 1024
 """ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected by libzmq itself."""
+
+RESYNC_EVERY_S = 0.5
+"""A domain is resynced at most this often: a flood of RESYNC requests (all gatekeepers
+reconnecting at once, or a hostile peer) costs one resync per domain per interval,
+which every gatekeeper of the domain receives."""
+RESYNC_SLICE = 256
+"""DELAY_UNTILs a resync publishes per turn of the loop: live traffic goes in between..."""
+RESYNC_PAUSE_S = 0.001
+"""...and a pause after each slice, so a resync (at most ~256,000 DELAY_UNTILs a second)
+does not outrun the gatekeepers it is for: what their queues drop is lost again."""
+RESYNC_MAX = 1_000_000
+"""Live states listed per rule of a domain for one resync, at most."""
+RESYNC_POLL_S = 0.02
+"""How often pending RESYNC requests are looked at."""
 
 STORE_CHECK_S = 2.0
 """How often the store is pinged for /readyz (and a silent outage is noticed)."""
@@ -105,6 +120,8 @@ class Master:
         # why the store is unreachable (readiness); not ready until its first ping answers
         self.store_problem: str | None = f"store {settings.store} not checked yet"
         self.listener: ObserveServer | None = None
+        self._resynced: dict[str, float] = {}  # domain -> when its last resync began
+        self.resyncs = 0
 
     def readiness(self) -> Readiness:
         """/readyz: sockets bound, store reachable (its last ping answered in time)."""
@@ -240,6 +257,7 @@ class Master:
         if self.settings.stats_interval > 0:
             tasks.append(asyncio.create_task(self._log_stats(), name="stats"))
         tasks.append(asyncio.create_task(self._offer_rules(), name="rules"))
+        tasks.append(asyncio.create_task(self._answer_resyncs(), name="resync"))
         tasks.append(asyncio.create_task(self._watch_store(), name="store"))
         try:
             await self._stopping.wait()
@@ -371,10 +389,51 @@ class Master:
                     self.throttled.add(controls, now / 1000.0)
 
     def offer_rules(self) -> None:
-        """Publish every domain's rules once, for the gatekeepers' first line."""
-        if self._offers:
-            with contextlib.suppress(zmq.ZMQError):
-                send_all(self.pub, self._offers)
+        """Publish every domain's rules once, for the gatekeepers' first line, and each
+        domain's count of DELAY_UNTILs published (the gatekeepers' loss detection)."""
+        counts = [encode_published(name, self.stats.domain(name).published)
+                  for name in sorted(self.engine.domains)]  # fmt: skip
+        with contextlib.suppress(zmq.ZMQError):
+            send_all(self.pub, self._offers + counts)
+
+    async def _answer_resyncs(self) -> None:
+        """Answer the RESYNC requests the engine collected, each domain at most once per
+        ``RESYNC_EVERY_S`` (requests meanwhile wait, merged into one)."""
+        wanted = self.engine.resync_wanted
+        while True:
+            await asyncio.sleep(RESYNC_POLL_S)
+            now = time.monotonic()
+            for name in sorted(wanted):
+                if now - self._resynced.get(name, -RESYNC_EVERY_S) < RESYNC_EVERY_S:
+                    continue
+                wanted.discard(name)
+                self._resynced[name] = now
+                await self.resync(name)
+
+    async def resync(self, name: str) -> int:
+        """RESYNCSTART, one DELAY_UNTIL per identifier whose verdict is still in the
+        future (from the store), RESYNCDONE, on the domain's topic; ``RESYNC_SLICE``
+        DELAY_UNTILs per turn of the loop. How many DELAY_UNTILs."""
+        engine, store, pub = self.engine, self.store, self.pub
+        states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
+        frame = topic(name)
+        sent = 0
+        with contextlib.suppress(zmq.ZMQError):
+            send_all(pub, [[frame, RESYNCSTART]])
+            delays = engine.live_delays(name, states, time.time() * 1000.0)
+            while True:
+                batch = list(itertools.islice(delays, RESYNC_SLICE))
+                if batch:
+                    send_all(pub, batch)
+                    sent += len(batch)
+                if len(batch) < RESYNC_SLICE:
+                    break
+                await asyncio.sleep(RESYNC_PAUSE_S)
+            send_all(pub, [[frame, RESYNCDONE]])
+        self.resyncs += 1
+        log.info("resync of %s: %d DELAY_UNTIL(s) from %d state(s)",
+                 name, sent, sum(map(len, states)))  # fmt: skip
+        return sent
 
     def _encode_offers(self) -> None:
         """The rules offers of the rules in force (encoded once per configuration)."""

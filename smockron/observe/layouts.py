@@ -20,6 +20,7 @@ GATEKEEPER = Layout(
         "control_malformed": "Malformed control messages or rules offers (ignored)",
         "control_ignored": "Well-formed DELAY_UNTIL for a domain this gatekeeper does not serve",
         "control_refused": "DELAY_UNTIL refused for being too far ahead",
+        "control_lost": "DELAY_UNTILs the master published for our domains that never arrived",
         "accounting_sent": "Accounting messages sent to the master",
         "accounting_dropped": "Accounting messages dropped (no master connected, or full queue)",
         "accounting_sampled_out": "Rejections not reported to the master (reject sampling)",

@@ -8,9 +8,17 @@ Control (master PUB -> gatekeeper SUB, tcp:10005)::
 
     domain\\0 | DELAY_UNTIL | identifier | timestamp ms
 
-Rules offer (master PUB -> gatekeeper SUB, smockron's addition)::
+Resync (the original Smockron's ``resync`` branch)::
+
+    domain\0 | RESYNC                         gatekeeper -> master, on accounting
+    domain\0 | RESYNCSTART                    master -> gatekeepers, on control
+    domain\0 | DELAY_UNTIL | identifier | ms  one per identifier still delayed
+    domain\0 | RESYNCDONE
+
+Rules offer and publish counter (master PUB -> gatekeeper SUB, smockron's additions)::
 
     \0smockron\0 | RULES | domain | algorithm | "RATE BURST" ...
+    \0smockron\0 | PUBLISHED | domain | DELAY_UNTILs published for it since start
 
 The master offers each domain's rules so that gatekeepers can hold one identifier to
 its rule between two verdicts. The topic starts with a NUL, so it never matches the
@@ -39,7 +47,11 @@ __all__ = [
     "MAX_OFFERED_RATE",
     "MAX_OFFERED_RULES",
     "MIN_OFFERED_RATE",
+    "PUBLISHED",
     "REJECTED",
+    "RESYNC",
+    "RESYNCDONE",
+    "RESYNCSTART",
     "RULES",
     "RULES_TOPIC",
     "STATUSES",
@@ -53,10 +65,13 @@ __all__ = [
     "decode_accounting",
     "decode_control",
     "decode_domain",
+    "decode_published",
     "decode_rules",
     "decode_timestamp",
     "encode_accounting",
     "encode_control",
+    "encode_published",
+    "encode_resync",
     "encode_rules",
     "topic",
 ]
@@ -65,11 +80,18 @@ ACCEPTED: Final = b"ACCEPTED"
 DELAYED: Final = b"DELAYED"
 REJECTED: Final = b"REJECTED"
 DELAY_UNTIL: Final = b"DELAY_UNTIL"
+RESYNC: Final = b"RESYNC"
+RESYNCSTART: Final = b"RESYNCSTART"
+RESYNCDONE: Final = b"RESYNCDONE"
+RESYNC_MARKS: Final = frozenset({RESYNCSTART, RESYNCDONE})
 
 STATUSES: Final = frozenset({ACCEPTED, DELAYED, REJECTED})
 
 RULES_TOPIC: Final = b"\0smockron\0"
 RULES: Final = b"RULES"
+PUBLISHED: Final = b"PUBLISHED"
+MAX_COUNT_DIGITS: Final = 20
+"""A publish counter of more digits is refused (2**64 has 20)."""
 MAX_OFFERED_RULES: Final = 64
 MIN_OFFERED_RATE: Final = 1e-9
 """Requests per second: about one in 30 years; below it the times overflow."""
@@ -115,7 +137,8 @@ class Accounting:
 
 @dataclass(frozen=True, slots=True)
 class Control:
-    """One control message (only DELAY_UNTIL exists). ``domain`` is without its NUL."""
+    """One control message: DELAY_UNTIL, or the RESYNCSTART/RESYNCDONE marks around a
+    resync (no identifier, ``until_ms`` 0). ``domain`` is without its NUL."""
 
     domain: bytes
     identifier: bytes
@@ -180,6 +203,28 @@ def control_frames(topic_frame: bytes, identifier: bytes, until_ms: int) -> list
     return [topic_frame, DELAY_UNTIL, identifier, b"%d" % until_ms]
 
 
+def encode_resync(domain: bytes | str) -> list[bytes]:
+    """A gatekeeper's request for the master's live verdicts of ``domain``."""
+    return [topic(domain), RESYNC]
+
+
+def encode_published(domain: bytes | str, count: int) -> list[bytes]:
+    """The master's heartbeat of how many DELAY_UNTILs it published for ``domain``."""
+    name = domain.encode() if isinstance(domain, str) else domain
+    return [RULES_TOPIC, PUBLISHED, name, b"%d" % count]
+
+
+def decode_published(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> tuple[bytes, int]:
+    """(domain, count) of a PUBLISHED heartbeat."""
+    if len(frames) != 4 or frames[0] != RULES_TOPIC or frames[1] != PUBLISHED:
+        raise ProtocolError("frame_count", f"PUBLISHED has {len(frames)} frames, expected 4")
+    domain = decode_domain(frames[2] + b"\0", limits)
+    count = frames[3]
+    if not count.isdigit() or len(count) > MAX_COUNT_DIGITS:
+        raise ProtocolError("bad_count", f"PUBLISHED count {count[:32]!r} for {domain[:64]!r}")
+    return domain, int(count)
+
+
 def decode_domain(frame: bytes, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """Strip and check the trailing NUL of a domain frame."""
     if not frame.endswith(b"\0"):
@@ -241,10 +286,14 @@ def decode_accounting(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> A
 
 def decode_control(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> Control:
     """Decode and validate the frames of one control message."""
-    if len(frames) < 3:
+    if len(frames) < 2:
         raise ProtocolError("frame_count", f"control message has {len(frames)} frames, expected 4")
     domain = decode_domain(frames[0], limits)
     command = frames[1]
+    if command in RESYNC_MARKS:
+        if len(frames) != 2:
+            raise ProtocolError("frame_count", f"{command.decode()} has {len(frames)} frames")
+        return Control(domain, b"", 0, command)
     if command != DELAY_UNTIL:
         raise ProtocolError("bad_command", f"unknown command {command[:32]!r}")
     if len(frames) != 4:

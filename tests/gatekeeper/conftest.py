@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import zmq
 
-from smockron.wire.codec import Accounting, decode_accounting, encode_control
+from smockron.wire.codec import RESYNC, Accounting, decode_accounting, encode_control
 from tests.support import free_ports
 
 
@@ -22,6 +22,7 @@ class MasterSockets:
     ctx: zmq.Context[zmq.Socket[bytes]] = field(default_factory=zmq.Context)
 
     def __post_init__(self) -> None:
+        self.resyncs: list[bytes] = []
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.setsockopt(zmq.LINGER, 0)
@@ -37,9 +38,16 @@ class MasterSockets:
         self.pub.send_multipart(frames)
 
     def recv_raw(self, timeout_s: float = 5.0) -> list[bytes]:
-        if not self.sub.poll(int(timeout_s * 1000)):
-            raise AssertionError("no accounting message arrived")
-        return self.sub.recv_multipart()
+        """The next accounting message; RESYNC requests (a gatekeeper sends them when
+        its control connection comes up) are collected in ``resyncs``, not returned."""
+        deadline = time.monotonic() + timeout_s
+        while self.sub.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            frames = self.sub.recv_multipart()
+            if len(frames) == 2 and frames[1] == RESYNC:
+                self.resyncs.append(frames[0])
+                continue
+            return frames
+        raise AssertionError("no accounting message arrived")
 
     def recv(self, timeout_s: float = 5.0) -> Accounting:
         return decode_accounting(self.recv_raw(timeout_s))
@@ -47,7 +55,11 @@ class MasterSockets:
     def drain(self, quiet_s: float = 0.2) -> list[Accounting]:
         out = []
         while self.sub.poll(int(quiet_s * 1000)):
-            out.append(decode_accounting(self.sub.recv_multipart()))
+            frames = self.sub.recv_multipart()
+            if len(frames) == 2 and frames[1] == RESYNC:
+                self.resyncs.append(frames[0])
+            else:
+                out.append(decode_accounting(frames))
         return out
 
     def close(self) -> None:

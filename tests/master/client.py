@@ -9,10 +9,12 @@ import zmq
 
 from smockron.wire.codec import (
     ACCEPTED,
+    PUBLISHED,
     RULES_TOPIC,
     Control,
     RulesOffer,
     decode_control,
+    decode_published,
     decode_rules,
     encode_accounting,
 )
@@ -38,6 +40,8 @@ class FakeGatekeeper:
         self._probe = 0
         self.offers: list[RulesOffer] = []
         """The master's rules offers received (kept apart from the control messages)."""
+        self.published: list[tuple[bytes, int]] = []
+        """The master's publish counters received (domain, count), also set aside."""
 
     def _control(self, timeout: float) -> Control | None:
         """The next DELAY_UNTIL within ``timeout`` seconds; rules offers are set aside."""
@@ -45,7 +49,10 @@ class FakeGatekeeper:
         while self.sub.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             frames = self.sub.recv_multipart()
             if frames[0] == RULES_TOPIC:
-                self.offers.append(decode_rules(frames))
+                if frames[1] == PUBLISHED:
+                    self.published.append(decode_published(frames))
+                else:
+                    self.offers.append(decode_rules(frames))
                 continue
             return decode_control(frames)
         return None

@@ -99,6 +99,12 @@ class Store(Protocol):
         """Whether the backend answers (readiness); memory always does."""
         ...
 
+    async def live(self, scope: Scope, limit: int) -> list[tuple[bytes, State]]:
+        """Up to ``limit`` (identifier, state) pairs of ``scope`` that may still hold
+        (memory first, then the backend's): what a RESYNC answers from. A failing
+        backend is counted and logged, and memory's pairs returned."""
+        ...
+
     async def close(self) -> None:
         """Finish a background write and release the connection."""
         ...

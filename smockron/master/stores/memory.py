@@ -351,6 +351,10 @@ class MemoryStore(TableSet[MemoryTable]):
     async def ping(self) -> bool:
         return True
 
+    async def live(self, scope: Scope, limit: int) -> list[tuple[bytes, State]]:
+        table = self.tables.get(scope)
+        return [] if table is None else memory_states(table, limit)
+
     async def close(self) -> None:
         """The last snapshot, of every state (a stopping master's)."""
         await self.drain()
@@ -373,3 +377,12 @@ def restore(table: MemoryTable, scope: Scope, states: dict[bytes, State], now_ms
             table.keep(ident, state, until)
         kept += 1
     return kept
+
+
+def memory_states(table: MemoryTable, limit: int) -> list[tuple[bytes, State]]:
+    """Up to ``limit`` states a table holds, the newest of each identifier (C-level
+    copies: a million states take tens of milliseconds)."""
+    merged = dict(table.lasting)
+    merged.update(table.previous)
+    merged.update(table.current)
+    return list(merged.items())[:limit]

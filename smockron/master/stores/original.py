@@ -157,6 +157,12 @@ class OriginalLayoutStore(RedisStore):
                 table.keep(ident, state, expires_at(state, table.scope))
         return len(wanted)
 
+    async def live(self, scope: Scope, limit: int) -> list[tuple[bytes, State]]:
+        """Memory's values, then those under ``throttle;<domain>;`` in Redis."""
+        await self.drain()  # our own last write first
+        prefix = KEY_PREFIX + f"{scope.domain};".encode()
+        return await self._live(self.tables.get(scope), prefix, limit, parse_value)
+
     def _records(self, now: float, changed: dict[RedisTable, dict[bytes, State]]) -> list[bytes]:
         """The original's updates, in order (``changed`` is what they produced)."""
         records: list[bytes] = []

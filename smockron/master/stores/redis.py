@@ -27,10 +27,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import struct
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -39,7 +40,7 @@ from redis.exceptions import NoScriptError
 from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.master.stores.breaker import Breaker
-from smockron.master.stores.memory import MemoryTable, TableSet, scope_expiry
+from smockron.master.stores.memory import MemoryTable, TableSet, memory_states, scope_expiry
 from smockron.master.stores.uri import StoreURI, parse_store_uri, redacted
 
 KEY_PREFIX = b"smockron:"
@@ -286,6 +287,33 @@ class RedisStore(TableSet[RedisTable]):
     async def ping(self) -> bool:
         return bool(await self.client.ping())
 
+    async def live(self, scope: Scope, limit: int) -> list[tuple[bytes, State]]:
+        """Memory's states, then Redis' (a restarted master's memory is empty)."""
+        table = self.tables.get(scope)
+        prefix = self.key_prefix + scope.key_prefix
+        return await self._live(table, prefix, limit, _unpack_or_none)
+
+    async def _live(
+        self,
+        table: MemoryTable | None,
+        prefix: bytes,
+        limit: int,
+        parse: Callable[[bytes], State | None],
+    ) -> list[tuple[bytes, State]]:
+        states = dict(memory_states(table, limit)) if table is not None else {}
+        if len(states) >= limit or not self.available():
+            return list(states.items())[:limit]
+        try:
+            async for ident, raw in scan_values(self.client, prefix, limit):
+                if ident not in states:
+                    state = parse(raw)
+                    if state:
+                        states[ident] = state
+            self._up()
+        except Exception as exc:
+            self._down(exc, "resync scan")
+        return list(states.items())[:limit]
+
     async def close(self) -> None:
         try:
             await self.drain()
@@ -358,6 +386,35 @@ def _records_of(blob: bytes) -> Iterable[tuple[bytes, bytes, int]]:
         (ttl,) = _RECORD_TTL.unpack_from(blob, pos)
         pos += 8
         yield key, value, ttl
+
+
+SCAN_COUNT = 1000
+"""Keys asked per SCAN (and read per MGET) while listing states for a resync."""
+
+
+async def scan_values(
+    client: aioredis.Redis, prefix: bytes, limit: int
+) -> AsyncIterator[tuple[bytes, bytes]]:
+    """(key without ``prefix``, value) of up to ``limit`` keys under ``prefix``, one
+    SCAN and one MGET per ``SCAN_COUNT`` keys: each call is short (and has the
+    client's timeout), so a large keyspace never holds the loop long."""
+    pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", prefix) + b"*"
+    cursor, seen = 0, 0
+    while seen < limit:
+        cursor, keys = await client.scan(cursor, match=pattern, count=SCAN_COUNT)
+        keys = keys[: limit - seen]
+        if keys:
+            seen += len(keys)
+            values = await client.mget(keys)
+            for key, raw in zip(keys, values, strict=True):
+                if isinstance(key, bytes) and isinstance(raw, bytes):  # decode_responses off
+                    yield key[len(prefix) :], raw
+        if cursor == 0:
+            return
+
+
+def _unpack_or_none(raw: bytes) -> State | None:
+    return _unpack(raw) or None
 
 
 def _unpack(raw: bytes) -> State:

@@ -1,0 +1,152 @@
+"""A gatekeeper that (re)connects, or loses DELAY_UNTILs, gets the master's live verdicts
+back by RESYNC: a real master (its own thread) and real gatekeepers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+import pytest
+import zmq
+
+from smockron.gatekeeper import core
+from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
+from smockron.master.engine import verdict_of
+from smockron.master.stores.memory import memory_states
+from smockron.wire.codec import ACCEPTED, encode_accounting
+from tests.gatekeeper.conftest import MasterSockets
+from tests.master.running import running_master, settings
+from tests.support import wait_for
+
+
+async def _until(gk: AsyncGatekeeper | Gatekeeper, ident: bytes, timeout: float) -> float:
+    """Seconds until the gatekeeper's table holds a DELAY_UNTIL for ``ident``."""
+    start = time.monotonic()
+    while gk.decider.table.until(b"api", ident, now_ms()) == 0:
+        assert time.monotonic() - start < timeout, f"no DELAY_UNTIL for {ident!r} in {timeout} s"
+        await asyncio.sleep(0.005)
+    return time.monotonic() - start
+
+
+async def _wait(predicate: Callable[[], bool], timeout: float) -> None:
+    """``wait_for`` that lets the loop (and the asyncio gatekeeper) run meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
+        await asyncio.sleep(0.01)
+
+
+def _gatekeeper(threaded: bool, accounting: str, control: str) -> AsyncGatekeeper | Gatekeeper:
+    kind = Gatekeeper if threaded else AsyncGatekeeper
+    gk = kind(accounting, control, ["api"])
+    if isinstance(gk, AsyncGatekeeper):
+        gk.start()
+    return gk
+
+
+async def _close(gk: AsyncGatekeeper | Gatekeeper) -> None:
+    if isinstance(gk, AsyncGatekeeper):
+        await gk.aclose()
+    else:
+        gk.close()
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["asyncio", "threaded"])
+async def test_restarted_gatekeeper_gets_the_delay_back_within_1s(threaded: bool) -> None:
+    config = settings(api="1/60s:1")
+    with running_master(config):
+        first = _gatekeeper(threaded, config.accounting, config.control)
+        try:
+            await _wait(lambda: first.master_connected and first.control_connected, 10)
+            deadline = time.monotonic() + 10
+            while first.decider.table.until(b"api", b"client", now_ms()) == 0:
+                assert time.monotonic() < deadline, "the client was never delayed"
+                first.decide(b"api", b"client")  # over its burst: the master delays it
+                await asyncio.sleep(0.05)
+        finally:
+            await _close(first)
+        second = _gatekeeper(threaded, config.accounting, config.control)
+        try:  # it sends nothing for the client: the delay comes from the resync alone
+            took = await _until(second, b"client", 1.0)
+            assert second.resyncs_requested >= 1
+            await _wait(lambda: second.resyncs_done >= 1, 2)
+            assert second.counters.accepted == second.counters.delayed == 0
+        finally:
+            await _close(second)
+    assert took < 1.0
+
+
+async def test_lost_delay_untils_are_counted_and_resynced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gatekeeper stops reading (its loop blocked) while the master publishes 3,000
+    large DELAY_UNTILs (60 for each of 50 identifiers) through small queues: ZeroMQ
+    drops most. The next heartbeat shows the loss (``control_lost``), the gatekeeper
+    asks for a RESYNC, and its table ends with the master's latest verdict for each."""
+    monkeypatch.setattr(core, "CONTROL_HWM", 10)
+    config = settings(api="1/60s:1", hwm=50)
+    idents = [b"%d-" % i + b"x" * 1000 for i in range(50)]  # large: kernel buffers hold fewer
+    with running_master(config) as master:
+        gk = AsyncGatekeeper(config.accounting, config.control, ["api"])
+        gk.start()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        feeder = ctx.socket(zmq.PUB)
+        feeder.setsockopt(zmq.SNDHWM, 0)
+        feeder.setsockopt(zmq.LINGER, 0)
+        feeder.connect(config.accounting)
+        try:
+            await _wait(lambda: b"api" in gk._heartbeat, 10)  # the heartbeat's baseline
+            await asyncio.sleep(0.3)  # the feeder's connection settles
+            assert gk.counters.control_lost == 0
+            now = int(time.time() * 1000)
+            for _ in range(60):
+                for ident in idents:
+                    feeder.send_multipart(encode_accounting("api", ACCEPTED, ident, now))
+            time.sleep(1.5)  # blocks the loop: nothing is read meanwhile
+            await _wait(lambda: gk.counters.control_lost > 0, 5)
+            assert gk.resyncs_requested >= 1
+            await _wait(lambda: gk.resyncs_done >= 1, 5)
+            await asyncio.sleep(0.2)
+            (table,) = master.store.tables.values()  # type: ignore[attr-defined]
+            rule = config.domains["api"].rules
+            expected = {i: verdict_of(rule, [s], False) for i, s in memory_states(table, 1000)}
+            at = now_ms()
+            held = {i: gk.decider.table.until(b"api", i, at) for i in idents}
+            assert held == {i: math.ceil(expected[i] or 0) for i in idents}
+            assert gk.counters.control_lost >= 1000
+        finally:
+            feeder.close(0)
+            ctx.term()
+            await gk.aclose()
+
+
+def test_accounting_dropped_at_the_high_water_mark_is_counted(master: MasterSockets) -> None:
+    """A master that does not read: once queues and socket buffers are full, the
+    gatekeeper's sends fail and are counted as dropped, never lost silently: the master
+    then receives exactly what was counted as sent."""
+    gk = Gatekeeper(master.accounting_addr, None, ["api"], sndhwm=10)
+    total = 0
+    try:
+        wait_for(lambda: gk.master_connected, 10)
+
+        def heard() -> bool:  # the master's subscription has reached the PUB socket
+            gk.decide(b"api", b"probe")
+            return bool(master.drain(0.05))
+
+        wait_for(heard, 10, 0.05)
+        master.drain(0.1)
+        sent, dropped = gk.counters.accounting_sent, gk.counters.accounting_dropped
+        deadline = time.monotonic() + 10
+        while gk.counters.accounting_dropped == 0:
+            assert time.monotonic() < deadline, "nothing was dropped"
+            for i in range(1000):
+                gk.decide(b"api", b"id-%d" % i + b"x" * 500)
+            total += 1000
+        sent = gk.counters.accounting_sent - sent
+        assert sent + gk.counters.accounting_dropped - dropped == total
+        received = len(master.drain(0.5))
+    finally:
+        gk.close()
+    assert received == sent
