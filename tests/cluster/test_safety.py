@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import socket
 import threading
 import time
@@ -31,7 +32,9 @@ from smockron.cluster.node import Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
 from smockron.cluster.server import ClusterServer
+from smockron.core.hashring import HashRing
 from tests.cluster.nodeports import free_node_ports
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
 HOSTILE = "x\nFORGED line\x1b[31m\x00\r"
@@ -429,3 +432,48 @@ async def test_http_bad_fields_log_line_is_escaped(caplog: pytest.LogCaptureFixt
     for line in lines:
         assert not any(ch in line for ch in "\n\r\x1b\x00"), repr(line)
         assert "FORGED line" in line and ("\\n" in line or "\\\\n" in line)
+
+
+# -- the command: peer listener, peers file and SIGHUP ------------------------------------
+
+
+def test_cluster_process_peer_port_and_peers_file_reloaded_on_sighup(tmp_path: Path) -> None:
+    """Two ``smockron cluster`` processes with a peers file: a check forwarded between
+    them crosses the peer port; a third (never started) node removed from the file
+    leaves both; SIGHUP re-reads the file (the runtime's reload hook)."""
+    g1, g2, ghost = free_node_ports(3)
+    (h1, h2) = free_ports(2)
+    addresses = [f"127.0.0.1:{g}" for g in (g1, g2)]
+    path = tmp_path / "peers"
+    path.write_text("\n".join([*addresses, f"127.0.0.1:{ghost}"]) + "\n")
+    procs: list[Proc] = []
+    with stopping(procs):
+        for i, (g, h) in enumerate(((g1, h1), (g2, h2))):
+            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
+                    f"127.0.0.1:{h}", "--peers-file", str(path)]  # fmt: skip
+            procs.append(run_smockron(args, tmp_path / f"node{i}.log"))
+        for port in (g1, g1 + 1, g2, g2 + 1):
+            wait_port(port, timeout=20)
+
+        def health(address: str) -> Any:
+            with grpc.insecure_channel(address) as channel:
+                stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
+                return stub.HealthCheck(pb.HealthCheckReq(), timeout=5)
+
+        assert health(addresses[0]).peer_count == 3
+        ring = HashRing([*addresses, f"127.0.0.1:{ghost}"])
+        key = next(k for k in (f"k{i}" for i in range(10_000))
+                   if ring.owner(f"n_{k}") == addresses[1])  # fmt: skip
+        with grpc.insecure_channel(addresses[0]) as channel:
+            stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
+            check = pb.RateLimitReq(name="n", unique_key=key, hits=1, limit=5, duration=60_000)
+            resp = stub.GetRateLimits(pb.GetRateLimitsReq(requests=[check]), timeout=5)
+        assert resp.responses[0].metadata["owner"] == addresses[1]  # forwarded
+
+        path.write_text("\n".join(addresses) + "\n")
+        wait_for(lambda: all(health(a).peer_count == 2 for a in addresses), timeout=10)
+        assert all(health(a).status == "healthy" for a in addresses)
+        for proc in procs:
+            proc.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: all("(unchanged)" in p.log() for p in procs), timeout=10)
+        assert all(p.alive() for p in procs)
