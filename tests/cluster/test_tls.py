@@ -24,8 +24,9 @@ import pytest
 pytest.importorskip("cryptography")
 
 from smockron.cluster import tlsgen
+from smockron.cluster.config import peer_address_of
 from smockron.cluster.pb import gubernator_pb2 as pb
-from smockron.cluster.pb import gubernator_pb2_grpc
+from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
 from tests.cluster.nodeports import free_node_ports
 from tests.support import Proc, run_smockron, stopping, wait_for, wait_port
 
@@ -283,6 +284,17 @@ async def test_TestTLSClusterWithClientAuthentication(tmp_path: Path, certs: Cer
             await asyncio.sleep(0.05)
         assert seen == 99
         assert f"peer {nodes[1].grpc_address}:" not in nodes[0].proc.log()  # no call failed
+        # the peer port (gRPC + 1) asks what the gRPC port asks: a client certificate
+        peer_port = peer_address_of(nodes[0].grpc_address)
+        check = peers_pb2.GetPeerRateLimitsReq(requests=tls_request("peer").requests)
+        async with grpc.aio.secure_channel(peer_port, credentials(certs)) as channel:
+            stub: Any = peers_pb2_grpc.PeersV1Stub(channel)  # type: ignore[no-untyped-call]
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.GetPeerRateLimits(check, timeout=5)
+        async with grpc.aio.secure_channel(peer_port, creds) as channel:
+            stub = peers_pb2_grpc.PeersV1Stub(channel)  # type: ignore[no-untyped-call]
+            resp = await stub.GetPeerRateLimits(check, timeout=5)
+        assert (resp.rate_limits[0].error, resp.rate_limits[0].remaining) == ("", 99)
 
 
 async def test_TestHTTPSClientAuth(tmp_path: Path, certs: Certs) -> None:
