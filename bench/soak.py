@@ -431,9 +431,10 @@ class JarlTarget:
 
 
 def _cluster(workdir: Path, name: str, server: str) -> tuple[Proc, int, int]:
-    grpc_port, http_port = free_ports(2)
+    grpc_port, http_port, peer_port = free_ports(3)  # the peer port chosen, not gRPC + 1
     proc = run_smockron(["cluster", "--grpc-address", f"127.0.0.1:{grpc_port}",
-                         "--http-address", f"127.0.0.1:{http_port}", "--grpc-server", server],
+                         "--http-address", f"127.0.0.1:{http_port}", "--grpc-server", server,
+                         "--peer-address", f"127.0.0.1:{peer_port}"],
                         workdir / f"{name}.log")  # fmt: skip
     wait_port(grpc_port)
     wait_port(http_port)

@@ -18,20 +18,32 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nobody listens on right now (and port + 1 neither:
+    see ``free_ports``)."""
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1, each with port + 1 free too, none
+    overlapping: a cluster node given one as its gRPC port listens for its peers on the
+    next (and Linux hands connect() the even ports next to bind()'s odd ones)."""
     socks = []
+    ports: list[int] = []
     try:
-        for _ in range(n):
+        while len(ports) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("127.0.0.1", 0))
             socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
+            port = int(s.getsockname()[1])
+            nxt = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                nxt.bind(("127.0.0.1", port + 1))
+            except OSError:
+                nxt.close()
+                continue
+            socks.append(nxt)
+            ports.append(port)
+        return ports
     finally:
         for s in socks:
             s.close()

@@ -115,6 +115,11 @@ def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
 def build_discovery(config: ClusterConfig, env: Mapping[str, str]) -> Discovery:
     me = PeerInfo(config.advertise, config.http_address, config.data_center)
     kind = config.peer_discovery.lower()
+    if config.peers_file:
+        if kind not in ("static", "none", "") or config.peers:
+            raise ConfigError("peers_file is a static peer list: it excludes --peers and "
+                              f"--peer-discovery {kind}")  # fmt: skip
+        return make_discovery("file", path=config.peers_file, advertise=me)
     if kind in ("static", "none", ""):
         return make_discovery("static", peers=list(config.peers) or [me.grpc_address], advertise=me)
     merged = dict(env)
@@ -240,11 +245,15 @@ async def serve(
         await server.stop()
 
 
-def _reload(server: ClusterServer, front: EnvoyFront | None) -> None:
-    """SIGHUP: the TLS certificate and key files, and the Envoy descriptor files."""
+def _reload(server: ClusterServer, front: EnvoyFront | None, discovery: Discovery) -> None:
+    """SIGHUP: the TLS certificate and key files, the Envoy descriptor files, and the
+    peers file."""
     server.reload_tls()
     if front is not None:
         front.reload()
+    reload = getattr(discovery, "reload", None)
+    if reload is not None:
+        reload()
 
 
 @click.command("cluster", cls=SmockronCommand)
@@ -269,7 +278,23 @@ def _reload(server: ClusterServer, front: EnvoyFront | None) -> None:
     type=HostPort(optional=True),
     help="gRPC address peers use for this node [GUBER_ADVERTISE_ADDRESS; the gRPC address]",
 )
+@click.option(
+    "--peer-address",
+    type=HostPort(listen=True, optional=True),
+    help="PeersV1 (node-to-node) listen address [the gRPC host, port + 1]",
+)
+@click.option(
+    "--peers-on-grpc-port/--no-peers-on-grpc-port",
+    default=None,
+    help="serve PeersV1 on the gRPC port and call peers there, as Gubernator does "
+    "(mixed Gubernator/smockron clusters; any gRPC client can then call PeersV1) [off]",
+)
 @click.option("--peers", help="static peer list: gRPC addresses of every node, this one included")
+@click.option(
+    "--peers-file",
+    type=click.Path(dir_okay=False),
+    help="static peers from a file, one gRPC address a line; re-read on SIGHUP and change",
+)
 @click.option(
     "--peer-discovery",
     type=click.Choice(["static", "etcd", "dns", "k8s", "kubernetes"]),
@@ -391,8 +416,8 @@ def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON).
 
     Each flag may also come from SMOCKRON_CLUSTER_<FLAG>, then Gubernator's GUBER_*
-    variable, then the --config TOML file. SIGHUP reloads the TLS files and the Envoy
-    descriptor files.
+    variable, then the --config TOML file. SIGHUP reloads the TLS files, the Envoy
+    descriptor files and the peers file.
     """
     env = dict(os.environ)
     ctx = click.get_current_context()
@@ -402,7 +427,10 @@ def cluster(**flags: Any) -> None:
     _apply_guber_log_level(env)
     config = build_config(env, given, filed)
     print_settings_if_asked({f: getattr(config, f) for f in sorted(_FIELDS)})
-    discovery = build_discovery(config, env)
+    try:
+        discovery = build_discovery(config, env)
+    except (OSError, ValueError) as exc:  # the peers file
+        raise click.ClickException(str(exc)) from None
     front = _envoy_front(config)
     try:  # the values are checked; what fails now is reading files (TLS): a startup failure
         server = ClusterServer(config, discovery, () if front is None else (front,))
@@ -420,5 +448,5 @@ def cluster(**flags: Any) -> None:
     runtime.run(
         lambda stop: serve(server, front, stop, facts, metrics=flags.get("metrics")),
         name="cluster",
-        reload=lambda: _reload(server, front),
+        reload=lambda: _reload(server, front, discovery),
     )

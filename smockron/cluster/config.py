@@ -35,8 +35,18 @@ class ClusterConfig:
     certificate (Gubernator's GUBER_STATUS_HTTP_ADDRESS)."""
     advertise_address: str = ""
     """The gRPC address peers use for this node; defaults to ``grpc_address``."""
+    peer_address: str = ""
+    """Where PeersV1 (node-to-node) is served; defaults to the gRPC host and port + 1.
+    Other nodes are called at their gRPC port + 1 (``peer_address_of``)."""
+    peers_on_grpc_port: bool = False
+    """Serve PeersV1 on the gRPC port and call peers there, as Gubernator does: needed in a
+    cluster that mixes Gubernator and smockron nodes. Any client of the gRPC port can then
+    call PeersV1 (forge GLOBAL state), unless TLS client certificates keep them out."""
     peer_discovery: str = "static"
     peers: tuple[str, ...] = ()
+    peers_file: str = ""
+    """Static peers read from this file (one gRPC address a line), re-read on SIGHUP and
+    when it changes."""
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     etcd_key_prefix: str = "/gubernator-peers"
     dns_fqdn: str = ""
@@ -61,6 +71,8 @@ class ClusterConfig:
     peer_down_after: int = 3
     """Consecutive failed calls after which a peer leaves the ring until it answers again."""
     peer_probe_interval_ms: float = 1000.0
+    reclaim_interval_ms: float = 1000.0
+    """How often expired keys are swept out of the cache (LocalLimiter.reclaim)."""
     envoy_config: str = ""
     envoy_reload_interval_ms: float = 5000.0
     envoy_response_headers: bool = False
@@ -97,6 +109,13 @@ class ClusterConfig:
     def advertise(self) -> str:
         return self.advertise_address or self.grpc_address
 
+    @property
+    def peer_listen_address(self) -> str:
+        """This node's PeersV1 listener ("" when PeersV1 is on the gRPC port)."""
+        if self.peers_on_grpc_port:
+            return ""
+        return self.peer_address or peer_address_of(self.grpc_address)
+
     def validate(self) -> ClusterConfig:
         if self.grpc_server not in GRPC_SERVERS:
             raise ConfigError(
@@ -124,6 +143,13 @@ class ClusterConfig:
         for name in ("batch_timeout_ms", "global_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.peers_on_grpc_port and self.peer_address:
+            raise ConfigError("peer_address and peers_on_grpc_port exclude each other: "
+                              "PeersV1 is served on one of the two")  # fmt: skip
+        listen = self.peer_listen_address
+        if listen and listen == self.grpc_address and not listen.endswith(":0"):
+            raise ConfigError(f"peer_address must differ from the gRPC address "
+                              f"{self.grpc_address!r}")  # fmt: skip
         self._validate_tls()
         return self
 
@@ -149,6 +175,15 @@ class ClusterConfig:
         if self.tls_client_auth and not (self.tls_client_auth_ca_cert or self.tls_ca):
             raise ConfigError("client auth enabled, but no CA's provided "
                               "(GUBER_TLS_CLIENT_AUTH_CA_CERT or GUBER_TLS_CA)")  # fmt: skip
+
+
+def peer_address_of(grpc_address: str) -> str:
+    """A node's PeersV1 address: its gRPC host, port + 1 (port 0, "any", stays 0)."""
+    host, sep, port = grpc_address.rpartition(":")
+    if not sep or not port.isdigit():
+        return grpc_address
+    number = int(port)
+    return f"{host}:{number + 1 if number else 0}"
 
 
 def _csv(text: str) -> tuple[str, ...]:

@@ -48,6 +48,13 @@ class ClusterMetrics:
         )
         self.client_duration = duration.labels("client")
         self.peer_duration = duration.labels("peer")
+        self.peer_calls_refused = Counter(
+            "smockron_cluster_peer_calls_refused_total",
+            "PeersV1 calls refused on the client gRPC port (they belong on the peer "
+            "listener), by method.",
+            ["method"],
+            registry=reg,
+        )
         self.unknown_method = Counter(
             "smockron_cluster_grpc_unknown_method_total",
             "gRPC calls to a method this node does not serve (native server).",

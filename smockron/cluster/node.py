@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from smockron.cluster import lending
-from smockron.cluster.config import ClusterConfig
+from smockron.cluster.config import ClusterConfig, peer_address_of
 from smockron.cluster.convert import algorithm_from_int
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.global_sync import GlobalSync
@@ -30,7 +31,8 @@ from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
 from smockron.cluster.tls import TLSMaterial
 from smockron.core.hashring import HashRing
-from smockron.ratelog import RateLimitedLog
+from smockron.memory import Reclaimer
+from smockron.ratelog import RateLimitedLog, escaped
 
 log = logging.getLogger("smockron.cluster.node")
 
@@ -90,6 +92,8 @@ class Node:
             address=self.address if self.lends else "",
         )
         self._probe_task: asyncio.Task[None] | None = None
+        self._reclaim_task: asyncio.Task[None] | None = None
+        self._memory = Reclaimer()
         self._closing: list[PeerClient] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._delayed: set[asyncio.Task[None]] = set()
@@ -123,6 +127,7 @@ class Node:
             batch_limit=self.config.batch_limit,
             timeout_ms=self.config.batch_timeout_ms,
             tls=self.tls,
+            target=address if self.config.peers_on_grpc_port else peer_address_of(address),
         )
 
     def use_tls(self, tls: TLSMaterial) -> None:
@@ -148,6 +153,13 @@ class Node:
         closing, self._closing = self._closing, []
         for client in closing:
             await client.close()
+        if closing:
+            # A failed call leaves reference cycles (exception, traceback, frames) that
+            # hold its channel's core, which keeps reconnecting to the removed peer
+            # (probing it, in effect) until a collection: collect now. Rare (membership
+            # changes, certificate reloads); ~65 ms with a million keys cached.
+            del closing, client
+            gc.collect()
 
     def _owner_client(self, key: str) -> PeerClient | None:
         owner = self.ring.owner(key)
@@ -160,22 +172,59 @@ class Node:
             and client.address in self.clients
             and client.address not in self.down
         ):
-            log.warning("peer %s is down: routing around it", client.address)
+            log.warning("peer %s is down: routing around it", escaped(client.address))
             self.down.add(client.address)
             self._rebuild_ring()
-            if self._probe_task is None or self._probe_task.done():
-                self._probe_task = asyncio.get_running_loop().create_task(self._probe_down())
+        if self._probe_task is None or self._probe_task.done():
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe_down())
+
+    def _to_probe(self) -> list[str]:
+        """Peers out of the ring, and peers with recent errors (HealthCheck reports them
+        until one call or probe succeeds)."""
+        errored = (a for a, c in self.clients.items() if c.recent_errors())
+        return sorted(self.down.union(errored))
 
     async def _probe_down(self) -> None:
-        """Bring peers back into the ring once they answer LiveCheck."""
-        while self.down:
+        """Every probe interval, LiveCheck the peers that failed: one that answers is
+        back in the ring and forgets its errors. Stops when none is left; a peer removed
+        from the list is no longer probed."""
+        while addrs := self._to_probe():
             await asyncio.sleep(self.config.peer_probe_interval_ms / 1000.0)
-            for addr in list(self.down):
+            for addr in addrs:
                 client = self.clients.get(addr)
-                if client is None or await client.probe():
-                    log.info("peer %s is back", addr)
+                if client is None:
+                    self.down.discard(addr)
+                    continue
+                if await client.probe() and addr in self.down:
+                    log.info("peer %s is back", escaped(addr))
                     self.down.discard(addr)
                     self._rebuild_ring()
+
+    # -- expiry -----------------------------------------------------------------------
+    def start_reclaiming(self) -> None:
+        """Sweep expired keys out of the limiter every ``reclaim_interval_ms``, with or
+        without traffic (call on the running loop)."""
+        if self._reclaim_task is None:
+            self._reclaim_task = asyncio.get_running_loop().create_task(self._reclaim())
+
+    async def _reclaim(self) -> None:
+        interval = self.config.reclaim_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(interval)
+            dropped, more = self.limiter.reclaim()
+            while more:  # a wave expired: step through it, letting calls in between
+                await asyncio.sleep(0)
+                step, more = self.limiter.reclaim()
+                dropped += step
+            if not dropped:
+                continue
+            memory = self._memory
+            memory.note(dropped, len(self.limiter))
+            self.limiter.compact(memory)
+            if memory.due:
+                await asyncio.get_running_loop().run_in_executor(None, memory.reclaim)
+            if dropped >= 100_000:
+                log.info("reclaimed %d expired keys (%d left)", dropped, len(self.limiter))
 
     # -- the API ----------------------------------------------------------------------
     async def get_rate_limits(
@@ -456,10 +505,11 @@ class Node:
 
     async def close(self) -> None:
         await self.global_sync.close()
-        if self._probe_task is not None:
-            self._probe_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
+        for background in (self._probe_task, self._reclaim_task):
+            if background is not None:
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
         for task in list(self._delayed):  # a reload's delayed close: done below instead
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

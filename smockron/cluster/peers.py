@@ -2,7 +2,12 @@
 
 A PeerClient remembers recent errors (HealthCheck reports them, like Gubernator's
 ``GetLastErr``) and counts consecutive failures so the node can take a dead owner out
-of the ring and answer locally instead of failing.
+of the ring and answer locally instead of failing. The first successful call or probe
+forgets the errors: a peer that is back makes the node healthy at once, not a minute
+later.
+
+A peer is named by its gRPC address (the ring, HealthCheck) and called at ``target``,
+its PeersV1 listener (the gRPC address itself when PeersV1 shares the gRPC port).
 """
 
 from __future__ import annotations
@@ -43,14 +48,18 @@ class PeerClient:
         batch_limit: int = 1000,
         timeout_ms: float = 500.0,
         tls: TLSMaterial | None = None,
+        target: str = "",
     ) -> None:
         self.address = address
+        self.target = target or address
         self._timeout = timeout_ms / 1000.0
         if tls is None:
-            self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
         else:
             self._channel = grpc.aio.secure_channel(
-                address, tls.channel_credentials(), options=CHANNEL_OPTIONS + tls.channel_options()
+                self.target,
+                tls.channel_credentials(),
+                options=CHANNEL_OPTIONS + tls.channel_options(),
             )
         self._peers = peers_pb2_grpc.PeersV1Stub(self._channel)  # type: ignore[no-untyped-call]
         self._v1 = gubernator_pb2_grpc.V1Stub(self._channel)  # type: ignore[no-untyped-call]
@@ -73,7 +82,7 @@ class PeerClient:
         except grpc.aio.AioRpcError as exc:
             self._failed(f"GetPeerRateLimits: {exc.code().name}: {exc.details()}")
             raise
-        self.consecutive_failures = 0
+        self._succeeded()
         return [convert.response_from_pb(r) for r in resp.rate_limits]
 
     def forward(self, request: RateLimitRequest) -> asyncio.Future[RateLimitResponse]:
@@ -91,7 +100,7 @@ class PeerClient:
         except grpc.aio.AioRpcError as exc:
             self._failed(f"UpdatePeerGlobals: {exc.code().name}: {exc.details()}")
             raise
-        self.consecutive_failures = 0
+        self._succeeded()
 
     async def probe(self) -> bool:
         """Does the peer answer LiveCheck? Used to bring a peer back into the ring."""
@@ -99,16 +108,24 @@ class PeerClient:
             await self._v1.LiveCheck(gubernator_pb2.LiveCheckReq(), timeout=self._timeout)
         except grpc.aio.AioRpcError:
             return False
-        self.consecutive_failures = 0
+        self._succeeded()
         return True
 
     # -- health -----------------------------------------------------------------------
+    def _succeeded(self) -> None:
+        """The peer answers: its failures and recent errors are history."""
+        self.consecutive_failures = 0
+        if self._errors:
+            self._errors.clear()
+
     def _failed(self, message: str) -> None:
         self.consecutive_failures += 1
         self._errors.append((time.monotonic(), message))
         self._log.warning("peer %s: %s", self.address, message)
 
     def recent_errors(self) -> list[str]:
+        if not self._errors:
+            return []
         cutoff = time.monotonic() - ERROR_MEMORY_S
         return [msg for at, msg in self._errors if at >= cutoff]
 

@@ -82,9 +82,10 @@ class ClusterServer:
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
+        self._peer_grpc: GrpcServer | None = None
         self._http: list[web.AppRunner] = []
         self._contexts: list[tuple[ssl.SSLContext, bool]] = []
-        self._certificates: tls.ServerCertificates | None = None
+        self._certificates: list[tls.ServerCertificates] = []
 
     async def start(self) -> None:
         # Peers first: a node that took calls before it knew its peers would count keys
@@ -96,34 +97,36 @@ class ClusterServer:
         except BaseException:
             await self.stop()
             raise
+        self.node.start_reclaiming()
         log.info(
-            "cluster node %s: gRPC %s, HTTP %s",
+            "cluster node %s: gRPC %s, peers %s, HTTP %s",
             self.node.address,
             self.config.grpc_address,
+            self.config.peer_listen_address or "on the gRPC port",
             self.config.http_address or "off",
         )
 
     async def _listen(self) -> None:
+        shared = self.config.peers_on_grpc_port
         server, threaded = make_grpc_server(
             self.config.grpc_server, asyncio.get_running_loop(), GRPC_OPTIONS, self.node.metrics
         )
         if threaded is not None:
-            service.add_threaded_fast_paths(threaded, self.node)
-        service.add_to_server(server, self.node)
+            service.add_threaded_fast_paths(threaded, self.node, peers=shared)
+        service.add_to_server(server, self.node, peers=shared)
         for extend in self._extensions:
             extend(server, self.node)
-        try:
-            bound = self._bind(server)
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            reason = bind_error(self.config.grpc_address)
-            raise OSError(f"while starting GRPC listener: {reason}")
-        await server.start()
+        await self._start_grpc(server, self.config.grpc_address, "GRPC")
         self._grpc = server
         if self.tls is not None:
             log.info("gRPC and HTTP on TLS (client auth: %s)", self.tls.client_auth or "none")
         log.info("GRPC Listening on %s ...", self.config.grpc_address)
+        if shared:
+            log.warning("PeersV1 is served on the gRPC port (peers_on_grpc_port): any client "
+                        "that reaches %s can set GLOBAL state, unless TLS client "
+                        "certificates keep it out", self.config.grpc_address)  # fmt: skip
+        else:
+            await self._listen_peers()
         if self.config.http_address:
             await self._serve_http(make_app(self.node), self.config.http_address, "HTTP")
             gateway = "HTTPS Gateway" if self.tls else "HTTP Gateway"
@@ -134,6 +137,30 @@ class ClusterServer:
             app = make_status_app(self.node)
             await self._serve_http(app, self.config.status_http_address, "status HTTP", False)
             log.info("HTTPS Status Handler Listening on %s ...", self.config.status_http_address)
+
+    async def _listen_peers(self) -> None:
+        """PeersV1 on a listener of its own, so that clients of the gRPC port cannot
+        reach it (firewall it to the nodes; with TLS, it asks what the gRPC port asks)."""
+        address = self.config.peer_listen_address
+        server, threaded = make_grpc_server(
+            self.config.grpc_server, asyncio.get_running_loop(), GRPC_OPTIONS, self.node.metrics
+        )
+        if threaded is not None:
+            service.add_threaded_fast_paths(threaded, self.node, client=False)
+        service.add_peer_service(server, self.node)
+        await self._start_grpc(server, address, "peer GRPC")
+        self._peer_grpc = server
+        log.info("Peer GRPC Listening on %s ...", address)
+
+    async def _start_grpc(self, server: GrpcServer, address: str, what: str) -> None:
+        try:
+            bound = self._bind(server, address)
+        except RuntimeError:
+            bound = 0
+        if bound == 0:
+            reason = bind_error(address)
+            raise OSError(f"while starting {what} listener: {reason}")
+        await server.start()
 
     async def _serve_http(
         self, app: web.Application, address: str, what: str, client_auth: bool = True
@@ -152,8 +179,7 @@ class ClusterServer:
             reason = _go_listen_error(address, exc)
             raise OSError(f"while starting {what} listener: {reason}") from None
 
-    def _bind(self, server: GrpcServer) -> int:
-        address = self.config.grpc_address
+    def _bind(self, server: GrpcServer, address: str) -> int:
         if self.tls is None:
             return server.add_insecure_port(address)
         if isinstance(server, NativeServer):  # TLS inside libgrpc++, set before binding
@@ -165,8 +191,9 @@ class ClusterServer:
                         "server and the HTTP gateway do ask)",
                         self.tls.client_auth, self.config.grpc_server)  # fmt: skip
         assert isinstance(server, grpc.aio.Server | ThreadedServer)
-        self._certificates = tls.ServerCertificates(self.tls)
-        return server.add_secure_port(address, self._certificates.credentials())
+        certificates = tls.ServerCertificates(self.tls)
+        self._certificates.append(certificates)
+        return server.add_secure_port(address, certificates.credentials())
 
     def reload_tls(self) -> bool:
         """SIGHUP: read the certificate and key files again (upstream's keypairReloader);
@@ -187,10 +214,11 @@ class ClusterServer:
         self.node.use_tls(material)
         for context, client_auth in self._contexts:
             material.load_into(context, client_auth)
-        if isinstance(self._grpc, NativeServer):
-            self._grpc.reload_tls(material)
-        elif self._certificates is not None:
-            self._certificates.update(material)
+        for server in (self._grpc, self._peer_grpc):
+            if isinstance(server, NativeServer):
+                server.reload_tls(material)
+        for certificates in self._certificates:
+            certificates.update(material)
         return True
 
     async def stop(self) -> None:
@@ -198,6 +226,7 @@ class ClusterServer:
             await self._discovery.stop()
         for runner in self._http:
             await runner.cleanup()
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+        for server in (self._grpc, self._peer_grpc):
+            if server is not None:
+                await server.stop(grace=1.0)
         await self.node.close()

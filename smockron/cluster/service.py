@@ -2,6 +2,12 @@
 
 gRPC only: the servicers, the lenient deserializers and the handler tables the three
 servers take (see transports.py). What a call means is decided in api.py.
+
+PeersV1 trusts its caller (UpdatePeerGlobals installs whatever GLOBAL state it is told),
+so by default it is served on the node's peer listener only; on the client port its
+methods are refused with PERMISSION_DENIED, counted and logged (rate-limited, escaped).
+``add_to_server(..., peers=True)`` serves it on the client port too, as Gubernator does,
+for clusters that mix Gubernator and smockron nodes.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from smockron.ratelog import RateLimitedLog
 M = TypeVar("M", bound=Message)
 log = logging.getLogger("smockron.cluster.grpc")
 _bad_log = RateLimitedLog(log, interval=1.0)
+_refused_log = RateLimitedLog(log, interval=1.0)
+PEER_METHODS = ("GetPeerRateLimits", "UpdatePeerGlobals")
 
 
 class V1Servicer:
@@ -129,11 +137,13 @@ def _handler(
     )
 
 
-def add_threaded_fast_paths(server: ThreadedTransport, node: Node) -> None:
-    """On the threaded server: GetRateLimits and GetPeerRateLimits calls that this node
-    decides alone, and LiveCheck, are answered on the gRPC thread; the other calls of
-    those two methods go to the asyncio servicers on the event loop. Register before
-    ``add_to_server``."""
+def add_threaded_fast_paths(
+    server: ThreadedTransport, node: Node, *, client: bool = True, peers: bool = True
+) -> None:
+    """On the threaded server: GetRateLimits (``client``) and GetPeerRateLimits
+    (``peers``) calls that this node decides alone, and LiveCheck, are answered on the
+    gRPC thread; the other calls of those two methods go to the asyncio servicers on the
+    event loop. Register before ``add_to_server`` / ``add_peer_service``."""
 
     def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | None:
         if len(request.requests) <= MAX_BATCH:
@@ -159,42 +169,92 @@ def add_threaded_fast_paths(server: ThreadedTransport, node: Node) -> None:
     def live_check(request: pb.LiveCheckReq, context: grpc.ServicerContext) -> pb.LiveCheckResp:
         return pb.LiveCheckResp()
 
-    server.add_threaded_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "pb.gubernator.V1",
-                {
-                    "GetRateLimits": _handler(
-                        get_rate_limits, pb.GetRateLimitsReq, pb.GetRateLimitsResp, threaded=True
-                    ),
-                    "LiveCheck": _handler(
-                        live_check, pb.LiveCheckReq, pb.LiveCheckResp, threaded=True
-                    ),
-                },
-            ),
-            grpc.method_handlers_generic_handler(
-                "pb.gubernator.PeersV1",
-                {
-                    "GetPeerRateLimits": _handler(
-                        get_peer_rate_limits,
-                        peers_pb2.GetPeerRateLimitsReq,
-                        peers_pb2.GetPeerRateLimitsResp,
-                        threaded=True,
-                    )
-                },
-            ),
+    v1 = {"LiveCheck": _handler(live_check, pb.LiveCheckReq, pb.LiveCheckResp, threaded=True)}
+    if client:
+        v1["GetRateLimits"] = _handler(
+            get_rate_limits, pb.GetRateLimitsReq, pb.GetRateLimitsResp, threaded=True
         )
-    )
+    handlers = [grpc.method_handlers_generic_handler("pb.gubernator.V1", v1)]
+    if peers:
+        peer_methods = {
+            "GetPeerRateLimits": _handler(
+                get_peer_rate_limits,
+                peers_pb2.GetPeerRateLimitsReq,
+                peers_pb2.GetPeerRateLimitsResp,
+                threaded=True,
+            )
+        }
+        handlers.append(grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods))
+    server.add_threaded_handlers(handlers)
 
 
-def add_to_server(server: GrpcServer, node: Node) -> None:
-    """Register V1 and PeersV1 by hand (same names as the generated helpers)."""
-    v1, peers = V1Servicer(node), PeersV1Servicer(node)
+def add_to_server(server: GrpcServer, node: Node, *, peers: bool = True) -> None:
+    """The client port: V1, and PeersV1 when ``peers`` (else its methods are refused:
+    ``refuse_peer_calls``). Registered by hand (same names as the generated helpers)."""
+    v1 = V1Servicer(node)
     v1_methods = {
         "GetRateLimits": _handler(v1.GetRateLimits, pb.GetRateLimitsReq, pb.GetRateLimitsResp),
         "HealthCheck": _handler(v1.HealthCheck, pb.HealthCheckReq, pb.HealthCheckResp),
         "LiveCheck": _handler(v1.LiveCheck, pb.LiveCheckReq, pb.LiveCheckResp),
     }
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler("pb.gubernator.V1", v1_methods),
+            _peer_handler(node) if peers else _refusing_handler(node),
+        )
+    )
+
+
+def add_peer_service(server: GrpcServer, node: Node) -> None:
+    """The peer listener: PeersV1, and V1's LiveCheck and HealthCheck (peers probe
+    LiveCheck on the address they call)."""
+    v1 = V1Servicer(node)
+    v1_methods = {
+        "HealthCheck": _handler(v1.HealthCheck, pb.HealthCheckReq, pb.HealthCheckResp),
+        "LiveCheck": _handler(v1.LiveCheck, pb.LiveCheckReq, pb.LiveCheckResp),
+    }
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler("pb.gubernator.V1", v1_methods),
+            _peer_handler(node),
+        )
+    )
+
+
+def _refusing_handler(node: Node) -> grpc.GenericRpcHandler[Any, Any]:
+    """PeersV1 on the client port: PERMISSION_DENIED, counted, one log line a second."""
+
+    def refuse(method: str) -> Callable[..., Any]:
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            node.metrics.peer_calls_refused.labels(method).inc()
+            _refused_log.warning(
+                "PeersV1 %s from %s refused: PeersV1 is served on the peer listener only",
+                method, context.peer(),
+            )  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "PeersV1 is not served on this port (node-to-node calls go to the peer "
+                "listener)",
+            )
+
+        return call
+
+    methods = {
+        name: grpc.unary_unary_rpc_method_handler(
+            refuse(name), request_deserializer=_ignore, response_serializer=None
+        )
+        for name in PEER_METHODS
+    }
+    return grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", methods)
+
+
+def _ignore(data: bytes) -> bytes:
+    """A refused call's request is not parsed at all."""
+    return b""
+
+
+def _peer_handler(node: Node) -> grpc.GenericRpcHandler[Any, Any]:
+    peers = PeersV1Servicer(node)
     peer_methods = {
         "GetPeerRateLimits": _handler(
             peers.GetPeerRateLimits,
@@ -207,9 +267,4 @@ def add_to_server(server: GrpcServer, node: Node) -> None:
             peers_pb2.UpdatePeerGlobalsResp,
         ),
     }
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler("pb.gubernator.V1", v1_methods),
-            grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods),
-        )
-    )
+    return grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods)

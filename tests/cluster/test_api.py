@@ -23,7 +23,7 @@ from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import ClusterServer
-from tests.support import free_ports
+from tests.cluster.nodeports import free_node_ports
 
 
 class Node:
@@ -39,7 +39,7 @@ SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
 
 @pytest.fixture(params=SERVERS)
 async def node(request: pytest.FixtureRequest) -> AsyncIterator[Node]:
-    g, h = free_ports(2)
+    g, h = free_node_ports(2)
     config = ClusterConfig(
         grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}", grpc_server=request.param
     )
@@ -315,7 +315,7 @@ async def test_update_peer_globals_with_unknown_algorithm_is_counted_and_skipped
     status = pb.RateLimitResp(limit=10, remaining=3, reset_time=2**40)
     bad = peers_pb2.UpdatePeerGlobal(key="g_bad", status=status, algorithm=99, duration=1000)  # type: ignore[arg-type]
     good = peers_pb2.UpdatePeerGlobal(key="g_good", status=status, algorithm=1, duration=1000)  # type: ignore[arg-type]
-    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+    async with grpc.aio.insecure_channel(node.server.config.peer_listen_address) as channel:
         peers: Any = peers_pb2_grpc.PeersV1Stub(channel)  # type: ignore[no-untyped-call]
         for _ in range(30):
             await peers.UpdatePeerGlobals(peers_pb2.UpdatePeerGlobalsReq(globals=[bad, good]))

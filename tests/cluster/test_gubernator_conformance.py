@@ -42,9 +42,11 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from smockron.cluster.config import peer_address_of
 from smockron.core.hashring import HashRing
+from tests.cluster.nodeports import free_node_ports
 from tests.cluster.test_cluster import Cluster, start_cluster
-from tests.support import REPO_ROOT, EtcdServer, Proc, free_ports, stopping, wait_port
+from tests.support import REPO_ROOT, EtcdServer, Proc, stopping, wait_port
 
 PROTO_DIR = REPO_ROOT / "smockron" / "cluster" / "proto"
 SECOND, MINUTE = 1000, 60_000
@@ -442,7 +444,9 @@ def test_TestLeakyBucketDivBug(api: Api, tmp_path: Path) -> None:
 def test_TestGetPeerRateLimits(guber: Guber) -> None:
     """PeersV1.GetPeerRateLimits keeps the order of the items, batches of 1 to 1,000."""
     api = guber.api
-    stub = api.peers_grpc.PeersV1Stub(guber.channel(random.choice(guber.addresses)))
+    # PeersV1 is on each node's peer listener (gRPC port + 1), not on the client port
+    target = peer_address_of(random.choice(guber.addresses))
+    stub = api.peers_grpc.PeersV1Stub(guber.channel(target))
     created_at = time.time_ns() // 1_000_000
     for n in (1, 2, 5, 10, 100, 1000):
         req = api.peers_pb.GetPeerRateLimitsReq(
@@ -497,7 +501,7 @@ def test_TestHealthCheck_data_centers(api: Api, tmp_path: Path, etcd_server: Etc
     with stopping(procs):
         centers: dict[str, str] = {}
         for center, label in nodes:
-            g, h = free_ports(2)
+            g, h = free_node_ports(2)
             address = f"127.0.0.1:{g}"
             etcd = ["--peer-discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint]
             args = ["env", f"GUBER_DATA_CENTER={center}", sys.executable, "-m", "smockron",

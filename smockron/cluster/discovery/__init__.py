@@ -17,6 +17,7 @@ from smockron.cluster.discovery.base import Discovery, OnChange, PeerInfo
 # kind -> "module:class"; "k8s" is Gubernator's GUBER_PEER_DISCOVERY_TYPE spelling.
 MECHANISMS: dict[str, str] = {
     "static": "smockron.cluster.discovery.static:StaticDiscovery",
+    "file": "smockron.cluster.discovery.static:FileDiscovery",
     "etcd": "smockron.cluster.discovery.etcd:EtcdDiscovery",
     "dns": "smockron.cluster.discovery.dns:DnsDiscovery",
     "kubernetes": "smockron.cluster.discovery.kubernetes:KubernetesDiscovery",
