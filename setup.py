@@ -47,6 +47,7 @@ def native_extension() -> list[Extension]:
             language="c++",
             extra_compile_args=["-std=c++17", "-O2", *cflags],
             extra_link_args=libs,
+            depends=["smockron/cluster/_grpc_options.h"],
             optional=True,
         )
         for name, source in (

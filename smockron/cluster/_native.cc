@@ -19,6 +19,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_grpc_options.h"
+
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
@@ -357,29 +359,17 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
     return -1;
   }
   grpc::ServerBuilder builder;
-  if (options != nullptr && options != Py_None) {
-    PyObject* seq = PySequence_Fast(options, "options must be a sequence of (name, value)");
-    if (seq == nullptr) return -1;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
-      const char* name;
-      PyObject* value;
-      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sO", &name, &value)) {
-        Py_DECREF(seq);
-        return -1;
-      }
-      if (PyLong_Check(value)) {
-        long v = PyLong_AsLong(value);
-        if (std::string(name) == "grpc.max_receive_message_length") {
-          builder.SetMaxReceiveMessageSize(static_cast<int>(v));
+  int parsed = for_each_grpc_option(
+      options,
+      [&](const std::string& name, int v) {
+        if (name == "grpc.max_receive_message_length") {
+          builder.SetMaxReceiveMessageSize(v);
         } else {
-          builder.AddChannelArgument(name, static_cast<int>(v));
+          builder.AddChannelArgument(name, v);
         }
-      } else if (PyUnicode_Check(value)) {
-        builder.AddChannelArgument(name, std::string(PyUnicode_AsUTF8(value)));
-      }
-    }
-    Py_DECREF(seq);
-  }
+      },
+      [&](const std::string& name, const std::string& v) { builder.AddChannelArgument(name, v); });
+  if (parsed < 0) return -1;
   auto* core = new Core();
   Py_INCREF(dispatch);
   core->dispatch = dispatch;

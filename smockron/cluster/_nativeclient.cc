@@ -18,6 +18,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_grpc_options.h"
+
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/async_unary_call.h>
@@ -317,28 +319,10 @@ int Channel_init(PyObject* op, PyObject* args, PyObject*) {
     return -1;
   }
   grpc::ChannelArguments arguments;
-  if (options != nullptr && options != Py_None) {
-    PyObject* seq = PySequence_Fast(options, "options must be a sequence of (name, value)");
-    if (seq == nullptr) return -1;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
-      const char* name;
-      PyObject* value;
-      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sO", &name, &value)) {
-        Py_DECREF(seq);
-        return -1;
-      }
-      if (PyLong_Check(value)) {
-        arguments.SetInt(name, static_cast<int>(PyLong_AsLong(value)));
-      } else if (PyUnicode_Check(value)) {
-        arguments.SetString(name, PyUnicode_AsUTF8(value));
-      } else {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_TypeError, "channel option %s: int or str expected", name);
-        return -1;
-      }
-    }
-    Py_DECREF(seq);
-  }
+  int parsed = for_each_grpc_option(
+      options, [&](const std::string& name, int v) { arguments.SetInt(name, v); },
+      [&](const std::string& name, const std::string& v) { arguments.SetString(name, v); });
+  if (parsed < 0) return -1;
   int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd < 0) {
     PyErr_SetFromErrno(PyExc_OSError);
