@@ -23,7 +23,7 @@ from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import ClusterServer
-from tests.cluster.nodeports import free_node_ports
+from tests.support import free_ports
 
 
 class Node:
@@ -39,7 +39,7 @@ SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
 
 @pytest.fixture(params=SERVERS)
 async def node(request: pytest.FixtureRequest) -> AsyncIterator[Node]:
-    g, h = free_node_ports(2)
+    g, h = free_ports(2)
     config = ClusterConfig(
         grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}", grpc_server=request.param
     )

@@ -34,7 +34,7 @@ from smockron.cluster.local import LocalLimiter
 from smockron.cluster.model import Algorithm, Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
-from tests.cluster.nodeports import free_node_ports
+from tests.support import free_ports
 
 NOW = 1_700_000_000_000
 pb_grpc: Any = gubernator_pb2_grpc  # generated without type hints
@@ -68,7 +68,7 @@ class ServerThread:
     """A grpc.aio server on its own loop in a thread, so sync clients can call it too."""
 
     def __init__(self, servicer: Any = None, handlers: Any = None) -> None:
-        self.port = free_node_ports(1)[0]
+        self.port = free_ports(1)[0]
         self.address = f"127.0.0.1:{self.port}"
         self._servicer = servicer
         self._handlers = handlers
@@ -187,7 +187,7 @@ async def test_timeout(server: tuple[ServerThread, Any], aclient: AsyncClient) -
 
 
 async def test_unavailable() -> None:
-    address = f"127.0.0.1:{free_node_ports(1)[0]}"
+    address = f"127.0.0.1:{free_ports(1)[0]}"
     async with AsyncClient(address, timeout=1) as client:
         with pytest.raises(ClientUnavailable):
             await client.health_check()

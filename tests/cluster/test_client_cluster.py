@@ -18,8 +18,7 @@ from smockron.cluster.client import (
 )
 from smockron.cluster.model import Algorithm, Behavior, RateLimitRequest, Status
 from smockron.core.hashring import HashRing
-from tests.cluster.nodeports import free_node_ports
-from tests.support import Proc, run_smockron, stopping, wait_port
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
 
 
 @dataclass
@@ -31,7 +30,7 @@ class Nodes:
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     tmp: Path = tmp_path_factory.mktemp("client-cluster")
-    ports = free_node_ports(6)
+    ports = free_ports(6)
     addresses = [f"127.0.0.1:{p}" for p in ports[:3]]
     procs: list[Proc] = []
     with stopping(procs):

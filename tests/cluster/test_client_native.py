@@ -28,9 +28,8 @@ from smockron.cluster.client import (
     ItemError,
 )
 from smockron.cluster.model import RateLimitRequest, Status
-from tests.cluster.nodeports import free_node_ports
 from tests.cluster.test_client import NOW, LimiterServicer, ServerThread
-from tests.support import run_smockron, wait_port
+from tests.support import free_ports, run_smockron, wait_port
 
 needs_native = pytest.mark.skipif(not NATIVE_AVAILABLE, reason="_nativeclient not built")
 TRANSPORTS = [pytest.param(True, id="native", marks=needs_native), pytest.param(False, id="grpcio")]
@@ -112,7 +111,7 @@ async def test_async_answers_and_errors(server: tuple[ServerThread, Any], native
 
 @pytest.mark.parametrize("native", TRANSPORTS)
 async def test_unreachable_is_unavailable(native: bool) -> None:
-    address = f"127.0.0.1:{free_node_ports(1)[0]}"
+    address = f"127.0.0.1:{free_ports(1)[0]}"
     start = time.monotonic()
     with Client(address, timeout=2, native=native) as client:
         with pytest.raises(ClientUnavailable) as info:
@@ -189,7 +188,7 @@ def test_transport_choice() -> None:
 def test_real_node_process(tmp_path: Path, native: bool) -> None:
     """A real ``smockron cluster`` node (its default gRPC server), one sync client from
     several threads and one asyncio client."""
-    grpc_port, http_port = free_node_ports(2)
+    grpc_port, http_port = free_ports(2)
     address = f"127.0.0.1:{grpc_port}"
     proc = run_smockron(["cluster", "--grpc-address", address,
                          "--http-address", f"127.0.0.1:{http_port}"],

@@ -17,8 +17,7 @@ import pytest
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.core.hashring import HashRing
-from tests.cluster.nodeports import free_node_ports
-from tests.support import Proc, run_smockron, stopping, wait_port
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
 
 
 @dataclass
@@ -33,7 +32,7 @@ class Cluster:
 
 @contextlib.contextmanager
 def start_cluster(tmp: Path, *extra: str, nodes: int = 3) -> Iterator[Cluster]:
-    ports = free_node_ports(2 * nodes)
+    ports = free_ports(2 * nodes)
     grpc_ports, http_ports = ports[:nodes], ports[nodes:]
     addresses = [f"127.0.0.1:{p}" for p in grpc_ports]
     peers = ",".join(addresses)

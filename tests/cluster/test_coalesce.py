@@ -14,9 +14,9 @@ import pytest
 from smockron.cluster.client import SECOND, AsyncClient, Client, ClientUnavailable
 from smockron.cluster.coalesce import MAX_COALESCED, AsyncCoalescer, Coalescer
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
-from tests.cluster.nodeports import free_node_ports
 from tests.cluster.test_client import LimiterServicer, ServerThread
 from tests.cluster.test_client import server as server  # the fixture: a real grpc.aio server
+from tests.support import free_ports
 
 
 def _req(key: str) -> RateLimitRequest:
@@ -68,7 +68,7 @@ def test_a_lone_check_goes_at_once_and_a_timeout_goes_alone(
 
 
 async def test_every_waiter_gets_the_calls_error() -> None:
-    async with AsyncClient(f"127.0.0.1:{free_node_ports(1)[0]}", timeout=0.5) as client:
+    async with AsyncClient(f"127.0.0.1:{free_ports(1)[0]}", timeout=0.5) as client:
         got = await asyncio.gather(*(client.check("n", f"k{i}", 1, 5, SECOND)
                                      for i in range(10)), return_exceptions=True)  # fmt: skip
     assert all(isinstance(e, ClientUnavailable) for e in got), got

@@ -16,8 +16,7 @@ from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.node import Node
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
-from tests.cluster.nodeports import free_node_ports
-from tests.support import run_smockron, smockron_proc, wait_for, wait_port
+from tests.support import free_ports, run_smockron, smockron_proc, wait_for, wait_port
 
 
 @pytest.mark.parametrize(
@@ -129,7 +128,7 @@ def test_wildcard_grpc_address_advertises_a_dialable_one() -> None:
 def test_guber_environment_configures_a_real_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    g, h = free_node_ports(2)
+    g, h = free_ports(2)
     monkeypatch.setenv("GUBER_GRPC_ADDRESS", f"127.0.0.1:{g}")
     monkeypatch.setenv("GUBER_HTTP_ADDRESS", f"127.0.0.1:{h}")
     monkeypatch.setenv("GUBER_BATCH_WAIT", "1ms")
@@ -190,7 +189,7 @@ def test_guber_log_level_names() -> None:
 def test_guber_log_level_applies_unless_smockron_level_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, top_flags: list[str], info_logged: bool
 ) -> None:
-    g, h = free_node_ports(2)
+    g, h = free_ports(2)
     monkeypatch.delenv("SMOCKRON_LOG_LEVEL", raising=False)
     monkeypatch.setenv("GUBER_LOG_LEVEL", "error")
     args = [

@@ -11,9 +11,8 @@ import pytest
 
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.etcd import EtcdDiscovery, decode_peer, encode_peer
-from tests.cluster.nodeports import free_node_ports
 from tests.cluster.test_discovery_support import Recorder
-from tests.support import EtcdServer
+from tests.support import EtcdServer, free_ports
 
 PREFIX = "/gubernator-peers"
 
@@ -156,7 +155,7 @@ async def test_recovers_after_etcd_restart(etcd_server: EtcdServer) -> None:
 async def test_etcd_down_at_start_serves_alone_then_joins(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    client_port, peer_port = free_node_ports(2)
+    client_port, peer_port = free_ports(2)
     server = EtcdServer(client_port, peer_port, tmp_path_factory.mktemp("etcd-late"))
     disc = node(server, 1, start_timeout=0.5)
     rec = Recorder()
@@ -190,7 +189,7 @@ async def test_sees_a_gubernator_registration(etcd_server: EtcdServer, raw: aetc
 
 async def test_dead_endpoint_is_skipped(etcd_server: EtcdServer) -> None:
     me = PeerInfo("127.0.0.1:1051", "127.0.0.1:1050")
-    endpoints = f"127.0.0.1:{free_node_ports(1)[0]},{etcd_server.endpoint}"
+    endpoints = f"127.0.0.1:{free_ports(1)[0]},{etcd_server.endpoint}"
     disc = EtcdDiscovery(me, endpoints, lease_ttl=2, backoff=0.1, timeout=1.0)
     rec = Recorder()
     await disc.start(rec)

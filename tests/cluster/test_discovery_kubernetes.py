@@ -30,9 +30,8 @@ from smockron.cluster.discovery.kubernetes import (
     peers_from_slice,
 )
 from smockron.errors import ConfigError, MalformedEvent
-from tests.cluster.nodeports import free_node_ports
 from tests.cluster.test_discovery_support import Recorder
-from tests.support import Proc, run_smockron, stopping, wait_port
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
 
 NS = "rate"
 PATH = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
@@ -306,7 +305,7 @@ async def test_garbage_in_watch_is_counted_and_recovered(
 
 async def test_api_down_at_start_serves_alone() -> None:
     rec = Recorder()
-    disc = discovery(f"http://127.0.0.1:{free_node_ports(1)[0]}", start_timeout=0.5)
+    disc = discovery(f"http://127.0.0.1:{free_ports(1)[0]}", start_timeout=0.5)
     await disc.start(rec)
     assert rec.lists == [[PeerInfo("10.2.0.1:1051")]]
     started = time.monotonic()
@@ -364,7 +363,7 @@ async def test_two_cluster_nodes_follow_endpoint_slices(
     )
     for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
         monkeypatch.delenv(var, raising=False)
-    grpc_port, http_a, http_b = free_node_ports(3)
+    grpc_port, http_a, http_b = free_ports(3)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("GUBER_K8S_POD_PORT", str(grpc_port))
     state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": True}))

@@ -14,7 +14,7 @@ from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import Behavior, RateLimitRequest, Status
 from smockron.cluster.server import ClusterServer
-from tests.cluster.nodeports import free_node_ports
+from tests.support import free_ports
 
 
 class Pair:
@@ -28,7 +28,7 @@ class Pair:
 
 
 def make_config(**kw: Any) -> tuple[ClusterConfig, ClusterConfig]:
-    g1, g2 = free_node_ports(2)
+    g1, g2 = free_ports(2)
     base = ClusterConfig(http_address="", peer_probe_interval_ms=50, **kw)
     return (
         replace(base, grpc_address=f"127.0.0.1:{g1}"),

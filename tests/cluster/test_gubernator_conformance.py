@@ -44,9 +44,8 @@ from google.protobuf import json_format
 
 from smockron.cluster.config import peer_address_of
 from smockron.core.hashring import HashRing
-from tests.cluster.nodeports import free_node_ports
 from tests.cluster.test_cluster import Cluster, start_cluster
-from tests.support import REPO_ROOT, EtcdServer, Proc, stopping, wait_port
+from tests.support import REPO_ROOT, EtcdServer, Proc, free_ports, stopping, wait_port
 
 PROTO_DIR = REPO_ROOT / "smockron" / "cluster" / "proto"
 SECOND, MINUTE = 1000, 60_000
@@ -501,7 +500,7 @@ def test_TestHealthCheck_data_centers(api: Api, tmp_path: Path, etcd_server: Etc
     with stopping(procs):
         centers: dict[str, str] = {}
         for center, label in nodes:
-            g, h = free_node_ports(2)
+            g, h = free_ports(2)
             address = f"127.0.0.1:{g}"
             etcd = ["--peer-discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint]
             args = ["env", f"GUBER_DATA_CENTER={center}", sys.executable, "-m", "smockron",

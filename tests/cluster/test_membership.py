@@ -12,12 +12,11 @@ import grpc
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.core.hashring import HashRing
-from tests.cluster.nodeports import free_node_ports
-from tests.support import EtcdServer, Proc, run_smockron, stopping, wait_port
+from tests.support import EtcdServer, Proc, free_ports, run_smockron, stopping, wait_port
 
 
 def start_node(tmp: Path, etcd: EtcdServer, name: str) -> tuple[Proc, str]:
-    g, h = free_node_ports(2)
+    g, h = free_ports(2)
     address = f"127.0.0.1:{g}"
     args = ["cluster", "--grpc-address", address, "--http-address", f"127.0.0.1:{h}",
             "--peer-discovery", "etcd", "--etcd-endpoints", etcd.endpoint]  # fmt: skip

@@ -14,7 +14,7 @@ from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import ClusterServer
-from tests.cluster.nodeports import free_node_ports
+from tests.support import free_ports
 
 CHECKS = "smockron_cluster_checks_total"
 
@@ -22,7 +22,7 @@ CHECKS = "smockron_cluster_checks_total"
 async def test_two_nodes_count_apart_on_their_own_registries() -> None:
     registry = CollectorRegistry()
     servers = []
-    for port, metrics in zip(free_node_ports(2), (ClusterMetrics(registry), None), strict=True):
+    for port, metrics in zip(free_ports(2), (ClusterMetrics(registry), None), strict=True):
         config = ClusterConfig(grpc_address=f"127.0.0.1:{port}", http_address="",
                                grpc_server="asyncio")  # fmt: skip
         servers.append(ClusterServer(config, StaticDiscovery([config.grpc_address]), (), metrics))

@@ -26,14 +26,14 @@ from smockron.cluster.native import NativeServer
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import GRPC_OPTIONS, ClusterServer
-from tests.cluster.nodeports import free_node_ports
+from tests.support import free_ports
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="_native extension not built")
 
 
 @pytest.fixture
 async def node() -> AsyncIterator[ClusterServer]:
-    (g,) = free_node_ports(1)
+    (g,) = free_ports(1)
     config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address="", grpc_server="native")
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
@@ -80,7 +80,7 @@ async def test_garbage_and_unknown_methods_are_counted_and_serving_goes_on(
 async def test_forwarded_calls_are_finished_from_the_loop() -> None:
     """A check owned by the other node leaves the fast path (``bridge`` returns a Deferred)
     and is answered when the forward comes back; many at once need no gRPC thread each."""
-    g1, g2 = free_node_ports(2)
+    g1, g2 = free_ports(2)
     base = ClusterConfig(http_address="", grpc_server="native", peer_probe_interval_ms=50)
     ca, cb = (
         replace(base, grpc_address=f"127.0.0.1:{g1}"),
@@ -126,7 +126,7 @@ class Slow:
 
 
 async def slow_server() -> tuple[NativeServer, Slow, str]:
-    (port,) = free_node_ports(1)
+    (port,) = free_ports(1)
     server = NativeServer(asyncio.get_running_loop())
     slow = Slow()
     handler = grpc.unary_unary_rpc_method_handler(
@@ -175,7 +175,7 @@ async def test_cannot_bind_returns_zero() -> None:
 @needs_native
 def test_process_exits_cleanly_with_the_server_running() -> None:
     """Interpreter exit with a native server still serving (no stop): no crash, no hang."""
-    (port,) = free_node_ports(1)
+    (port,) = free_ports(1)
     script = textwrap.dedent(
         f"""
         import asyncio, grpc
@@ -211,7 +211,7 @@ def _served(script: str) -> subprocess.CompletedProcess[str]:
 
 def test_without_the_extension_the_node_falls_back_to_threads() -> None:
     """As on a machine without libgrpc++: ``native`` (the default) serves with ``threads``."""
-    (port,) = free_node_ports(1)
+    (port,) = free_ports(1)
     script = textwrap.dedent(
         f"""
         import asyncio, logging, sys

@@ -33,7 +33,6 @@ from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
 from smockron.cluster.server import ClusterServer
 from smockron.core.hashring import HashRing
-from tests.cluster.nodeports import free_node_ports
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
@@ -51,7 +50,7 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> flo
 
 def configs(n: int, **kw: Any) -> list[ClusterConfig]:
     base = ClusterConfig(http_address="", peer_probe_interval_ms=50, **kw)
-    return [replace(base, grpc_address=f"127.0.0.1:{p}") for p in free_node_ports(n)]
+    return [replace(base, grpc_address=f"127.0.0.1:{p}") for p in free_ports(n)]
 
 
 def refused(log: str) -> bool:
@@ -236,7 +235,7 @@ class CountingListener:
 @pytest.fixture
 def dead_peer() -> Iterator[tuple[str, CountingListener]]:
     for _ in range(20):  # a gRPC address whose peer port (+1) we can hold
-        (port,) = free_node_ports(1)
+        (port,) = free_ports(1)
         try:
             listener = CountingListener(port + 1)
         except OSError:
@@ -408,7 +407,7 @@ async def test_http_bad_fields_log_line_is_escaped(caplog: pytest.LogCaptureFixt
     from smockron.cluster import http
 
     monkeypatch.setattr(http._bad_input_log, "_windows", {})
-    (g,), (h,) = free_node_ports(1), free_node_ports(1)
+    (g,), (h,) = free_ports(1), free_ports(1)
     config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
                            grpc_server="threads")  # fmt: skip
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
@@ -443,7 +442,7 @@ def test_cluster_process_peer_port_and_peers_file_reloaded_on_sighup(tmp_path: P
     """Two ``smockron cluster`` processes with a peers file: a check forwarded between
     them crosses the peer port; a third (never started) node removed from the file
     leaves both; SIGHUP re-reads the file (the runtime's reload hook)."""
-    g1, g2, ghost = free_node_ports(3)
+    g1, g2, ghost = free_ports(3)
     (h1, h2) = free_ports(2)
     addresses = [f"127.0.0.1:{g}" for g in (g1, g2)]
     path = tmp_path / "peers"

@@ -18,7 +18,7 @@ from smockron.cluster.node import Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.threaded import ThreadedServer
-from tests.cluster.nodeports import free_node_ports
+from tests.support import free_ports
 
 
 def req(key: str, behavior: Behavior = Behavior.BATCHING) -> RateLimitRequest:
@@ -26,7 +26,7 @@ def req(key: str, behavior: Behavior = Behavior.BATCHING) -> RateLimitRequest:
 
 
 async def test_answer_here_only_for_what_this_node_decides_alone() -> None:
-    me, other = free_node_ports(2)
+    me, other = free_ports(2)
     node = Node(ClusterConfig(grpc_address=f"127.0.0.1:{me}"))
     try:
         node.set_peers([PeerInfo(f"127.0.0.1:{me}"), PeerInfo(f"127.0.0.1:{other}")])
@@ -66,7 +66,7 @@ class Probe:
 
 @pytest.fixture
 async def bridged() -> AsyncIterator[tuple[Probe, str]]:
-    (port,) = free_node_ports(1)
+    (port,) = free_ports(1)
     server = ThreadedServer(asyncio.get_running_loop())
     probe = Probe()
 

@@ -27,8 +27,7 @@ from smockron.cluster import tlsgen
 from smockron.cluster.config import peer_address_of
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
-from tests.cluster.nodeports import free_node_ports
-from tests.support import Proc, run_smockron, stopping, wait_for, wait_port
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 SERVERS = ["native", "threads", "asyncio"]
 
@@ -76,7 +75,7 @@ class Node:
 
 @contextlib.contextmanager
 def start_nodes(tmp: Path, *extra: str, nodes: int = 1) -> Iterator[list[Node]]:
-    ports = free_node_ports(2 * nodes)
+    ports = free_ports(2 * nodes)
     grpc_ports, http_ports = ports[:nodes], ports[nodes:]
     peers = ",".join(f"127.0.0.1:{p}" for p in grpc_ports)
     procs: list[Proc] = []
@@ -299,7 +298,7 @@ async def test_TestTLSClusterWithClientAuthentication(tmp_path: Path, certs: Cer
 
 async def test_TestHTTPSClientAuth(tmp_path: Path, certs: Certs) -> None:
     """Client certificates required on the HTTPS gateway, not on the status listener."""
-    (status_port,) = free_node_ports(1)
+    (status_port,) = free_ports(1)
     flags = (*server_flags(certs), "--tls-client-auth", "require-and-verify",
              "--status-http-address", f"127.0.0.1:{status_port}")  # fmt: skip
     with start_nodes(tmp_path, *flags) as nodes:
@@ -491,7 +490,7 @@ def test_auto_tls_with_a_bad_ca_key(tmp_path: Path) -> None:
 
 def test_bad_tls_settings_stop_the_command(tmp_path: Path) -> None:
     """One line naming the problem, no traceback, exit status 1."""
-    (port,) = free_node_ports(1)
+    (port,) = free_ports(1)
     proc = run_smockron(
         ["cluster", "--grpc-address", f"127.0.0.1:{port}", "--http-address", "",
          "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "k")],
