@@ -38,8 +38,8 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "smockron.gatekeeper": [
         "AsyncGatekeeper", "Decider", "Decision", "DelayTable", "ForwardedFor", "Gatekeeper",
-        "HttpGate", "RequestInfo", "SmockronMiddleware", "SmockronWSGIMiddleware", "Verdict",
-        "header", "http_loginfo", "now_ms", "peer_address",
+        "GatekeeperOptions", "HttpGate", "RequestInfo", "SmockronMiddleware",
+        "SmockronWSGIMiddleware", "Verdict", "header", "http_loginfo", "now_ms", "peer_address",
     ],
     "smockron.cluster": [
         "HOUR", "MAX_BATCH_SIZE", "MILLISECOND", "MINUTE", "NATIVE_AVAILABLE", "SECOND",

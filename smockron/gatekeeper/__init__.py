@@ -9,7 +9,7 @@ protocol to a master; :class:`SmockronMiddleware` (ASGI) and
 from __future__ import annotations
 
 from smockron.gatekeeper.asgi import SmockronMiddleware
-from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
+from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, GatekeeperOptions, now_ms
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
 from smockron.gatekeeper.identify import ForwardedFor, RequestInfo, header, peer_address
 from smockron.gatekeeper.state import Decider, Decision, DelayTable, Verdict
@@ -22,6 +22,7 @@ __all__ = [
     "DelayTable",
     "ForwardedFor",
     "Gatekeeper",
+    "GatekeeperOptions",
     "HttpGate",
     "RequestInfo",
     "SmockronMiddleware",

@@ -13,13 +13,12 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from smockron.curve import CurveClient
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper, RuleConfig, now_ms
+from smockron.gatekeeper.core import AsyncGatekeeper, GatekeeperOptions, now_ms
 from smockron.gatekeeper.httpgate import LOGINFO_MAX, HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import (
     DomainOf,
@@ -28,7 +27,7 @@ from smockron.gatekeeper.identify import (
     as_identifier,
     peer_address,
 )
-from smockron.gatekeeper.state import ACCEPT, DELAY, MAX_AHEAD_MS, Decision, Waiting
+from smockron.gatekeeper.state import ACCEPT, DELAY, Decision, Waiting
 from smockron.observe.collect import register_summed
 from smockron.observe.layouts import GATEKEEPER
 
@@ -106,6 +105,10 @@ class SmockronMiddleware:
     between two verdicts of the master (``{"api": ["10/s:20"]}``, the master's syntax);
     with ``master_rules`` (default) the rules the master offers replace them.
 
+    The other keywords (``max_delay_ms``, ``max_delayed``, ``reject_sample``,
+    ``max_ahead_ms``, ``curve``, ...: :class:`~smockron.gatekeeper.core.GatekeeperOptions`)
+    configure the gatekeeper made here, with :class:`AsyncGatekeeper`'s defaults.
+
     ``flush_delay_ms`` (default 2) is how long accounting messages are gathered before
     one send burst: longer costs less CPU per request and tells the master later.
 
@@ -128,30 +131,15 @@ class SmockronMiddleware:
         identify: Identify = peer_address,
         loginfo: LogInfo | None = http_loginfo,
         reject_status: int = 503,
-        max_delay_ms: int = 5000,
-        max_delayed: int = 1000,
-        reject_sample: float = 1.0,
-        rules: RuleConfig = (),
-        master_rules: bool = True,
-        max_ahead_ms: int = MAX_AHEAD_MS,
-        curve: CurveClient | None = None,
         flush_delay_ms: float | None = None,
         registry: CollectorRegistry | None = REGISTRY,
+        **options: Unpack[GatekeeperOptions],
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
         self._owns_gatekeeper = gatekeeper is None  # a shared one is closed by its owner
         self.gatekeeper = gatekeeper or AsyncGatekeeper(
-            accounting,
-            control,
-            self.gate.domains,
-            max_delay_ms=max_delay_ms,
-            max_delayed=max_delayed,
-            reject_sample=reject_sample,
-            rules=rules,
-            master_rules=master_rules,
-            max_ahead_ms=max_ahead_ms,
-            curve=curve,
+            accounting, control, self.gate.domains, **options
         )
         if flush_delay_ms is not None:
             if not 0 <= flush_delay_ms <= 1000:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypedDict, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -151,6 +151,24 @@ def now_ms() -> int:
 
 def _as_bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else value
+
+
+class GatekeeperOptions(TypedDict, total=False):
+    """The gatekeeper's keyword settings, for the front ends that build one for the caller.
+
+    The ASGI and WSGI middlewares take these as keyword arguments and hand them on, so
+    every knob and its default is defined once, in :class:`Gatekeeper`'s constructor.
+    """
+
+    max_delay_ms: int
+    max_delayed: int
+    reject_sample: float
+    sndhwm: int
+    max_entries: int
+    rules: RuleConfig
+    master_rules: bool
+    max_ahead_ms: int
+    curve: CurveClient | None
 
 
 class _GatekeeperBase:

@@ -7,15 +7,14 @@ A delayed request sleeps in its worker thread before the app sees it, so size
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from smockron.curve import CurveClient
-from smockron.gatekeeper.core import Gatekeeper, RuleConfig
+from smockron.gatekeeper.core import Gatekeeper, GatekeeperOptions
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
-from smockron.gatekeeper.state import MAX_AHEAD_MS, Verdict
+from smockron.gatekeeper.state import Verdict
 from smockron.observe.collect import register_summed
 from smockron.observe.layouts import GATEKEEPER
 
@@ -46,8 +45,9 @@ def request_info(environ: Environ) -> RequestInfo:
 class SmockronWSGIMiddleware:
     """Rate-limit a WSGI app through a Smockron master.
 
-    ``rules`` and ``master_rules``: the first line, and ``registry``: where its
-    ``smockron_gatekeeper_*`` metrics go, as for the ASGI middleware."""
+    The keywords mean what they mean for the ASGI middleware (the gatekeeper's own,
+    :class:`~smockron.gatekeeper.core.GatekeeperOptions`, with :class:`Gatekeeper`'s
+    defaults)."""
 
     def __init__(
         self,
@@ -60,28 +60,13 @@ class SmockronWSGIMiddleware:
         identify: Identify = peer_address,
         loginfo: LogInfo | None = http_loginfo,
         reject_status: int = 503,
-        max_delay_ms: int = 5000,
-        max_delayed: int = 1000,
-        reject_sample: float = 1.0,
-        rules: RuleConfig = (),
-        master_rules: bool = True,
-        max_ahead_ms: int = MAX_AHEAD_MS,
-        curve: CurveClient | None = None,
         registry: CollectorRegistry | None = REGISTRY,
+        **options: Unpack[GatekeeperOptions],
     ) -> None:
         self.app = app
         self.gate = HttpGate(domain, identify, loginfo, reject_status)
         self.gatekeeper = gatekeeper or Gatekeeper(
-            accounting,
-            control,
-            self.gate.domains,
-            max_delay_ms=max_delay_ms,
-            max_delayed=max_delayed,
-            reject_sample=reject_sample,
-            rules=rules,
-            master_rules=master_rules,
-            max_ahead_ms=max_ahead_ms,
-            curve=curve,
+            accounting, control, self.gate.domains, **options
         )
         if registry is not None:
             register_summed(registry, GATEKEEPER, self)
