@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import socket
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import aetcd
 import pytest
+from prometheus_client import CollectorRegistry
 
+from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.etcd import EtcdDiscovery, decode_peer, encode_peer
+from smockron.cluster.metrics import ClusterMetrics
+from smockron.cluster.model import RateLimitRequest
+from smockron.cluster.server import ClusterServer
 from tests.cluster.test_discovery_support import Recorder
 from tests.support import EtcdServer, free_ports
 
@@ -46,9 +55,33 @@ def test_value_is_gubernator_peer_json() -> None:
     assert decode_peer(b"10.0.0.9:1051") == PeerInfo("10.0.0.9:1051")
 
 
+def test_value_carries_the_peer_address_where_gubernator_ignores_it() -> None:
+    peer = PeerInfo("10.0.0.1:1051", "10.0.0.1:1050", "dc1", "10.0.0.1:7000")
+    data = json.loads(encode_peer(peer))
+    # Gubernator's three fields, as it names them, plus one its JSON decoder skips
+    assert data == {
+        "data-center": "dc1",
+        "http-address": "10.0.0.1:1050",
+        "grpc-address": "10.0.0.1:1051",
+        "peer-address": "10.0.0.1:7000",
+    }
+    assert decode_peer(encode_peer(peer)) == peer
+    # no peer address: the very bytes a Gubernator node writes, read back without one
+    plain = replace(peer, peer_address="")
+    assert encode_peer(plain) == (
+        b'{"data-center": "dc1", "http-address": "10.0.0.1:1050", "grpc-address": "10.0.0.1:1051"}'
+    )
+    assert decode_peer(encode_peer(plain)).peer_address == ""
+
+
 @pytest.mark.parametrize(
-    "garbage", [b"", b"\xff\xfe", b"[1,2]", b'{"grpc-address": 5}', b"{", b"no-port"]
-)
+    "garbage",
+    [
+        b"", b"\xff\xfe", b"[1,2]", b'{"grpc-address": 5}', b"{", b"no-port",
+        b'{"grpc-address": "a:1", "peer-address": 7}',
+        b'{"grpc-address": "a:1", "peer-address": "no-port"}',
+    ],
+)  # fmt: skip
 def test_decode_rejects_garbage(garbage: bytes) -> None:
     with pytest.raises(ValueError):
         decode_peer(garbage)
@@ -200,3 +233,92 @@ async def test_dead_endpoint_is_skipped(etcd_server: EtcdServer) -> None:
         await asyncio.sleep(0.05)
     assert disc.registrations == 1
     await disc.stop()
+
+
+MALFORMED = "smockron_discovery_malformed_total"
+
+
+async def test_counters_are_per_instance(etcd_server: EtcdServer, raw: aetcd.Client) -> None:
+    """Two discoveries in one process, each on its own registry, count apart."""
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    nodes = [
+        EtcdDiscovery(f"127.0.0.{n}:1051", etcd_server.endpoint, key_prefix=f"/c{n}/",
+                      lease_ttl=2, backoff=0.2, timeout=2.0, registry=registries[n - 1])
+        for n in (1, 2)
+    ]  # fmt: skip
+    for disc in nodes:
+        await disc.start(Recorder())
+    await raw.put(b"/c1/junk1", b"{")
+    await raw.put(b"/c1/junk2", b"[]")
+    await raw.put(b"/c2/junk", b'{"grpc-address": 9}')
+    await _until(lambda: nodes[0].malformed == 2 and nodes[1].malformed == 1)
+    labels = {"mechanism": "etcd"}
+    assert registries[0].get_sample_value(MALFORMED, labels) == 2
+    assert registries[1].get_sample_value(MALFORMED, labels) == 1
+    for disc in nodes:
+        await disc.stop()
+
+
+def _req(key: str, hits: int = 1) -> RateLimitRequest:
+    return RateLimitRequest("n", key, hits, 100, 60_000)
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+async def test_two_nodes_meet_at_the_peer_address_their_records_name(
+    etcd_server: EtcdServer, raw: aetcd.Client
+) -> None:
+    """Node B serves PeersV1 away from its gRPC port + 1; only its etcd record says where.
+    Each forwards the keys the other owns, and each counts discovery on its own registry
+    (shown by its /metrics)."""
+    g1, g2, h1, h2, p2 = free_ports(5)
+    base = ClusterConfig(peer_probe_interval_ms=50)
+    configs = [
+        replace(base, grpc_address=f"127.0.0.1:{g1}", http_address=f"127.0.0.1:{h1}"),
+        replace(base, grpc_address=f"127.0.0.1:{g2}", http_address=f"127.0.0.1:{h2}",
+                peer_address=f"127.0.0.1:{p2}"),
+    ]  # fmt: skip
+    servers: list[ClusterServer] = []
+    try:
+        for config in configs:
+            metrics = ClusterMetrics()
+            me = PeerInfo(config.advertise, config.http_address, "", config.advertise_peer)
+            disc = EtcdDiscovery(me, etcd_server.endpoint, key_prefix="/pair/", lease_ttl=2,
+                                 backoff=0.2, timeout=2.0, registry=metrics.registry)  # fmt: skip
+            servers.append(ClusterServer(config, disc, metrics=metrics))
+            await servers[-1].start()
+        a, b = servers
+        await _until(lambda: all(len(s.node.ring.nodes) == 2 for s in servers))
+        assert a.node.clients[b.node.address].target == f"127.0.0.1:{p2}"
+        assert b.node.clients[a.node.address].target == f"127.0.0.1:{g1 + 1}"
+        with socket.socket() as probe:  # nothing at B's gRPC port + 1
+            assert probe.connect_ex(("127.0.0.1", g2 + 1)) != 0
+        got = await raw.get(f"/pair/127.0.0.1:{h2}".encode())
+        assert got is not None and json.loads(got.value)["peer-address"] == f"127.0.0.1:{p2}"
+
+        for src, dst in ((a, b), (b, a)):
+            keys = [k for k in (f"k{i}" for i in range(2000))
+                    if src.node.ring.owner(f"n_{k}") == dst.node.address][:10]  # fmt: skip
+            answers = await src.node.get_rate_limits([_req(k) for k in keys])
+            assert {r.metadata["owner"] for r in answers} == {dst.node.address}
+            held = await dst.node.get_rate_limits([_req(k, hits=0) for k in keys])
+            assert [r.remaining for r in held] == [99] * len(keys)  # the hits reached dst
+        for server in servers:
+            registry = server.node.metrics.registry
+            assert registry.get_sample_value("smockron_cluster_peer_failures_total") == 0
+
+        await raw.put(b"/pair/junk", b"\xff")
+        await _until(lambda: all(s.node.metrics.registry.get_sample_value(
+            MALFORMED, {"mechanism": "etcd"}) == 1 for s in servers))  # fmt: skip
+        url = f"http://127.0.0.1:{h1}/metrics"
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        assert b'smockron_discovery_malformed_total{mechanism="etcd"} 1.0' in body
+    finally:
+        for server in servers:
+            await server.stop()
