@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import aetcd
@@ -18,9 +17,12 @@ from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.etcd import EtcdDiscovery, decode_peer, encode_peer
 from smockron.cluster.metrics import ClusterMetrics
-from smockron.cluster.model import RateLimitRequest
 from smockron.cluster.server import ClusterServer
-from tests.cluster.test_discovery_support import Recorder
+from tests.cluster.test_discovery_support import (
+    Recorder,
+    assert_each_forwards_to_the_other,
+    until,
+)
 from tests.support import EtcdServer, free_ports
 
 PREFIX = "/gubernator-peers"
@@ -251,24 +253,12 @@ async def test_counters_are_per_instance(etcd_server: EtcdServer, raw: aetcd.Cli
     await raw.put(b"/c1/junk1", b"{")
     await raw.put(b"/c1/junk2", b"[]")
     await raw.put(b"/c2/junk", b'{"grpc-address": 9}')
-    await _until(lambda: nodes[0].malformed == 2 and nodes[1].malformed == 1)
+    await until(lambda: nodes[0].malformed == 2 and nodes[1].malformed == 1)
     labels = {"mechanism": "etcd"}
     assert registries[0].get_sample_value(MALFORMED, labels) == 2
     assert registries[1].get_sample_value(MALFORMED, labels) == 1
     for disc in nodes:
         await disc.stop()
-
-
-def _req(key: str, hits: int = 1) -> RateLimitRequest:
-    return RateLimitRequest("n", key, hits, 100, 60_000)
-
-
-async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_two_nodes_meet_at_the_peer_address_their_records_name(
@@ -294,7 +284,7 @@ async def test_two_nodes_meet_at_the_peer_address_their_records_name(
             servers.append(ClusterServer(config, disc, metrics=metrics))
             await servers[-1].start()
         a, b = servers
-        await _until(lambda: all(len(s.node.ring.nodes) == 2 for s in servers))
+        await until(lambda: all(len(s.node.ring.nodes) == 2 for s in servers))
         assert a.node.clients[b.node.address].target == f"127.0.0.1:{p2}"
         assert b.node.clients[a.node.address].target == f"127.0.0.1:{g1 + 1}"
         with socket.socket() as probe:  # nothing at B's gRPC port + 1
@@ -302,19 +292,13 @@ async def test_two_nodes_meet_at_the_peer_address_their_records_name(
         got = await raw.get(f"/pair/127.0.0.1:{h2}".encode())
         assert got is not None and json.loads(got.value)["peer-address"] == f"127.0.0.1:{p2}"
 
-        for src, dst in ((a, b), (b, a)):
-            keys = [k for k in (f"k{i}" for i in range(2000))
-                    if src.node.ring.owner(f"n_{k}") == dst.node.address][:10]  # fmt: skip
-            answers = await src.node.get_rate_limits([_req(k) for k in keys])
-            assert {r.metadata["owner"] for r in answers} == {dst.node.address}
-            held = await dst.node.get_rate_limits([_req(k, hits=0) for k in keys])
-            assert [r.remaining for r in held] == [99] * len(keys)  # the hits reached dst
+        await assert_each_forwards_to_the_other(a, b)
         for server in servers:
             registry = server.node.metrics.registry
             assert registry.get_sample_value("smockron_cluster_peer_failures_total") == 0
 
         await raw.put(b"/pair/junk", b"\xff")
-        await _until(lambda: all(s.node.metrics.registry.get_sample_value(
+        await until(lambda: all(s.node.metrics.registry.get_sample_value(
             MALFORMED, {"mechanism": "etcd"}) == 1 for s in servers))  # fmt: skip
         url = f"http://127.0.0.1:{h1}/metrics"
         body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())

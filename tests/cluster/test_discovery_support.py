@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.model import RateLimitRequest
+from smockron.cluster.server import ClusterServer
 
 
 class Recorder:
@@ -27,3 +30,28 @@ class Recorder:
             if time.monotonic() > deadline:
                 raise AssertionError(f"peers {self.addresses} never became {wanted}")
             await asyncio.sleep(0.02)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+async def assert_each_forwards_to_the_other(a: ClusterServer, b: ClusterServer) -> None:
+    """Hits on keys the other node owns are answered by it and counted there (a failed
+    forward would be answered locally, leaving the owner's count untouched)."""
+    await until(lambda: len(a.node.ring.nodes) == 2 and len(b.node.ring.nodes) == 2)
+    for src, dst in ((a, b), (b, a)):
+        pool = (f"k{i}" for i in range(2000))
+        keys = [k for k in pool if src.node.ring.owner(f"n_{k}") == dst.node.address][:10]
+        answers = await src.node.get_rate_limits([_request(k, 1) for k in keys])
+        assert {r.metadata["owner"] for r in answers} == {dst.node.address}
+        held = await dst.node.get_rate_limits([_request(k, 0) for k in keys])
+        assert [r.remaining for r in held] == [99] * len(keys)
+
+
+def _request(key: str, hits: int) -> RateLimitRequest:
+    return RateLimitRequest("n", key, hits, 100, 60_000)
