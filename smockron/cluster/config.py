@@ -46,7 +46,7 @@ class ClusterConfig:
     peer_discovery: str = "static"
     peers: tuple[str, ...] = ()
     peers_file: str = ""
-    """Static peers read from this file (one gRPC address a line), re-read on SIGHUP and
+    """Static peers read from this file (one ``--peers`` entry a line), re-read on SIGHUP and
     when it changes."""
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     etcd_key_prefix: str = "/gubernator-peers"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from smockron import errors
-from smockron.cluster.config import peer_address_of
+from smockron.cluster.config import peer_address_of as _peer_address_of
 from smockron.cluster.discovery.base import Discovery, OnChange, PeerInfo
 
 # kind -> "module:class"; "k8s" is Gubernator's GUBER_PEER_DISCOVERY_TYPE spelling.
@@ -104,9 +104,9 @@ def _moved_peer_address(advertise: PeerInfo, grpc_address: str) -> str:
     one that followed the gRPC address (the same, or its port + 1) follows it there; an
     explicit one stays."""
     old = advertise.grpc_address
-    if grpc_address == old or advertise.peer_address not in (old, peer_address_of(old)):
+    if grpc_address == old or advertise.peer_address not in (old, _peer_address_of(old)):
         return advertise.peer_address
-    return grpc_address if advertise.peer_address == old else peer_address_of(grpc_address)
+    return grpc_address if advertise.peer_address == old else _peer_address_of(grpc_address)
 
 
 def _k8s_env(environ: Mapping[str, str]) -> dict[str, Any]:
