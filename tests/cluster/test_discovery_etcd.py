@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import aetcd
 import pytest
 from prometheus_client import CollectorRegistry
 
+from smockron.cluster.client import MINUTE, AsyncClient
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.etcd import EtcdDiscovery, decode_peer, encode_peer
@@ -21,9 +22,11 @@ from smockron.cluster.server import ClusterServer
 from tests.cluster.test_discovery_support import (
     Recorder,
     assert_each_forwards_to_the_other,
+    peer_count_becomes,
+    scraped,
     until,
 )
-from tests.support import EtcdServer, free_ports
+from tests.support import EtcdServer, Proc, free_ports, run_smockron, stopping, wait_port
 
 PREFIX = "/gubernator-peers"
 
@@ -300,9 +303,45 @@ async def test_two_nodes_meet_at_the_peer_address_their_records_name(
         await raw.put(b"/pair/junk", b"\xff")
         await until(lambda: all(s.node.metrics.registry.get_sample_value(
             MALFORMED, {"mechanism": "etcd"}) == 1 for s in servers))  # fmt: skip
-        url = f"http://127.0.0.1:{h1}/metrics"
-        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
-        assert b'smockron_discovery_malformed_total{mechanism="etcd"} 1.0' in body
+        shown = await asyncio.to_thread(scraped, h1)  # the node's /metrics serves them
+        assert shown[(MALFORMED, (("mechanism", "etcd"),))] == 1
     finally:
         for server in servers:
             await server.stop()
+
+
+async def test_two_processes_find_a_peer_listener_away_from_grpc_plus_one(
+    etcd_server: EtcdServer, raw: aetcd.Client, tmp_path: Path
+) -> None:
+    """End to end through the command line: B's ``--peer-address`` reaches A in B's etcd
+    record, A forwards B's keys there, and each process shows its own discovery counters
+    on its /metrics."""
+    g1, g2, h1, h2, p2 = free_ports(5)
+    procs: list[Proc] = []
+    with stopping(procs):
+        for grpc, http, extra in ((g1, h1, []), (g2, h2, ["--peer-address", f"127.0.0.1:{p2}"])):
+            args = ["cluster", "--grpc-address", f"127.0.0.1:{grpc}",
+                    "--http-address", f"127.0.0.1:{http}", "--peer-discovery", "etcd",
+                    "--etcd-endpoints", etcd_server.endpoint, *extra]  # fmt: skip
+            procs.append(run_smockron(args, tmp_path / f"{grpc}.log"))
+        for port in (h1, h2):
+            wait_port(port, 20)
+        async with AsyncClient(f"127.0.0.1:{g1}", timeout=5) as a:
+            await peer_count_becomes(a, 2)
+            for i in range(40):
+                assert (await a.check("n", f"k{i}", 1, 100, MINUTE)).remaining == 99
+        checks = "smockron_cluster_checks_total"
+        at_b = await asyncio.to_thread(scraped, h2)
+        at_a = await asyncio.to_thread(scraped, h1)
+        assert at_b[(checks, (("route", "peer"),))] > 0  # forwarded by A to B's listener
+        assert at_a.get((checks, (("route", "owner_failed"),)), 0) == 0
+        assert at_a[("smockron_cluster_peer_failures_total", ())] == 0
+
+        await raw.put(b"/gubernator-peersjunk", b"{")
+        malformed = ("smockron_discovery_malformed_total", (("mechanism", "etcd"),))
+        for port in (h1, h2):
+            for _ in range(100):
+                if (await asyncio.to_thread(scraped, port)).get(malformed) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await asyncio.to_thread(scraped, port)).get(malformed) == 1

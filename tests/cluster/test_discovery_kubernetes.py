@@ -37,6 +37,7 @@ from smockron.errors import ConfigError, MalformedEvent
 from tests.cluster.test_discovery_support import (
     Recorder,
     assert_each_forwards_to_the_other,
+    peer_count_becomes,
     until,
 )
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
@@ -432,23 +433,13 @@ async def test_two_cluster_nodes_follow_endpoint_slices(
         for http in (http_a, http_b):
             wait_port(http, 20)
         async with AsyncClient(f"127.0.0.2:{grpc_port}", timeout=5) as b:
-            await _peer_count(b, 2)
+            await peer_count_becomes(b, 2)
         async with AsyncClient(f"127.0.0.1:{grpc_port}", timeout=5) as a:
-            await _peer_count(a, 2)
+            await peer_count_becomes(a, 2)
             state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": False}))
-            await _peer_count(a, 1)
+            await peer_count_becomes(a, 1)
             assert (await a.health_check()).healthy
         assert "Bearer t0k" in state.authorization
-
-
-async def _peer_count(client: AsyncClient, count: int) -> None:
-    seen = -1
-    for _ in range(150):
-        seen = (await client.health_check()).peer_count
-        if seen == count:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"peer count stayed {seen}, expected {count}")
 
 
 def test_missing_kubeconfig_fails_at_construction(

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Callable
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from smockron.cluster.client import AsyncClient
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import RateLimitRequest
 from smockron.cluster.server import ClusterServer
@@ -55,3 +59,25 @@ async def assert_each_forwards_to_the_other(a: ClusterServer, b: ClusterServer) 
 
 def _request(key: str, hits: int) -> RateLimitRequest:
     return RateLimitRequest("n", key, hits, 100, 60_000)
+
+
+async def peer_count_becomes(client: AsyncClient, count: int) -> None:
+    """Wait until the node's HealthCheck counts ``count`` peers."""
+    seen = -1
+    for _ in range(150):
+        seen = (await client.health_check()).peer_count
+        if seen == count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"peer count stayed {seen}, expected {count}")
+
+
+def scraped(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A node's /metrics on its HTTP port: (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
