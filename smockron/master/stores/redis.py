@@ -386,7 +386,7 @@ class ClusterRedisStore(RedisStore):
     pipeline of single-key GET/SET/DEL per batch instead of one Lua script (a script may
     only touch keys of one slot; identifiers spread over all of them). redis-py's cluster
     pipeline sends each node its commands, so a batch still costs one round trip per
-    node, and no key needs a hash tag."""
+    node, and no key needs a hash tag. RESYNC's listing SCANs every primary in turn."""
 
     scheme = "redis+cluster"
 
@@ -441,7 +441,7 @@ def _records_of(blob: bytes) -> Iterable[tuple[bytes, bytes, int]]:
 
 
 SCAN_COUNT = 1000
-"""Keys asked per SCAN (and read per MGET) while listing states for a resync."""
+"""Keys asked per SCAN (and read at once) while listing states for a resync."""
 
 
 def _unpack_or_none(raw: bytes) -> State | None:
