@@ -643,3 +643,57 @@ def test_only_gatekeepers_reach_the_master_control_plane() -> None:
     assert allowed, "the control plane must not be open to every pod"
     proxy_pod = by_kind("Deployment", "api")["spec"]["template"]["metadata"]["labels"]
     assert allowed.items() <= proxy_pod.items()
+
+
+def _container_ports(container: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+
+def _policy_ports(rule: dict[str, Any], named: dict[str, int]) -> set[int]:
+    return {named.get(p["port"], p["port"]) for p in rule["ports"]}
+
+
+def test_only_cluster_nodes_reach_the_peer_port() -> None:
+    """PeersV1 takes forwarded checks and GLOBAL state: the other nodes may call it,
+    no one else; clients keep the gRPC and HTTP ports."""
+    sts = by_kind("StatefulSet", "smockron-cluster")
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    ports = _container_ports(sts["spec"]["template"]["spec"]["containers"][0])
+    policy = by_kind("NetworkPolicy", "smockron-cluster")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert "Ingress" in policy["spec"]["policyTypes"]
+    rules = policy["spec"]["ingress"]
+    opening_peers = [r for r in rules if ports["peers"] in _policy_ports(r, ports)]
+    assert len(opening_peers) == 1, "exactly one rule may open the peer port"
+    (peer_rule,) = opening_peers
+    assert _policy_ports(peer_rule, ports) == {ports["peers"]}
+    for source in peer_rule["from"]:  # this namespace's cluster pods, nothing wider
+        assert set(source) == {"podSelector"}, source
+        assert source["podSelector"]["matchLabels"].items() <= labels.items()
+    client_ports = set().union(*(_policy_ports(r, ports) for r in rules if r is not peer_rule))
+    assert {ports["grpc"], ports["http"]} <= client_ports
+
+
+def test_cluster_nodes_advertise_the_peer_port_the_policy_opens() -> None:
+    """The headless Service's port named "peers" reaches discovery in each EndpointSlice;
+    it is where each node serves PeersV1 and what the policy admits."""
+    from smockron.cluster.cli import build_config
+    from smockron.cluster.discovery.kubernetes import PEER_PORT_NAME, peers_from_slice
+
+    sts = by_kind("StatefulSet", "smockron-cluster")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    ports = _container_ports(container)
+    headless = by_kind("Service", sts["spec"]["serviceName"])
+    slice_ports = [  # as the EndpointSlice controller resolves a named targetPort
+        {"name": p["name"], "port": ports[p["targetPort"]], "protocol": "TCP"}
+        for p in headless["spec"]["ports"]
+    ]
+    assert PEER_PORT_NAME in {p["name"] for p in slice_ports}
+    env = resolved_env(container)
+    endpoint = {"addresses": [env["GUBER_K8S_POD_IP"]], "conditions": {"ready": True}}
+    obj = {"addressType": "IPv4", "endpoints": [endpoint], "ports": slice_ports}
+    (peer,) = peers_from_slice(obj, int(env["GUBER_K8S_POD_PORT"]))
+    config = build_config(env, {})
+    assert peer.grpc_address == config.advertise
+    assert peer.peer_address == config.advertise_peer == f"10.1.2.3:{ports['peers']}"
+    assert config.peer_listen_address.endswith(f":{ports['peers']}")

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 from click.core import ParameterSource
+from prometheus_client import CollectorRegistry
 
 from smockron import runtime
 from smockron.cluster.config import (
@@ -30,6 +31,7 @@ from smockron.cluster.config import (
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
 from smockron.cluster.http import observe
+from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.node import Node
 from smockron.cluster.server import ClusterServer, GrpcServer
 from smockron.errors import ConfigError
@@ -61,18 +63,22 @@ def _changes(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flag values (click's, already converted) as ClusterConfig changes."""
     changes = {k: v for k, v in values.items() if v is not None and k in _FIELDS}
     if values.get("peers"):
-        changes["peers"] = _addresses(values["peers"], "peers")
+        changes["peers"] = _addresses(values["peers"], "peers", peer_suffix=True)
     if values.get("etcd_endpoints"):
         changes["etcd_endpoints"] = _addresses(values["etcd_endpoints"], "etcd endpoints")
     return changes
 
 
-def _addresses(text: str, what: str) -> tuple[str, ...]:
-    """A comma-separated list of HOST:PORT, each checked."""
+def _addresses(text: str, what: str, peer_suffix: bool = False) -> tuple[str, ...]:
+    """A comma-separated list of HOST:PORT, each checked; with ``peer_suffix`` each may
+    end in ``/HOST:PORT`` or ``/PORT`` (where that node serves PeersV1)."""
     items = tuple(p.strip() for p in str(text).split(",") if p.strip())
     for item in items:
+        address, sep, peer = item.partition("/") if peer_suffix else (item, "", "")
         try:
-            parse_host_port(item)
+            parse_host_port(address)
+            if sep and not peer.isdigit():
+                parse_host_port(peer)
         except ConfigError as exc:
             raise ConfigError(f"{what}: {exc}") from None
     return items
@@ -112,8 +118,11 @@ def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
     return changes
 
 
-def build_discovery(config: ClusterConfig, env: Mapping[str, str]) -> Discovery:
-    me = PeerInfo(config.advertise, config.http_address, config.data_center)
+def build_discovery(
+    config: ClusterConfig, env: Mapping[str, str], registry: CollectorRegistry | None = None
+) -> Discovery:
+    """``registry``: the node's, for the discovery counters."""
+    me = PeerInfo(config.advertise, config.http_address, config.data_center, config.advertise_peer)
     kind = config.peer_discovery.lower()
     if config.peers_file:
         if kind not in ("static", "none", "") or config.peers:
@@ -131,7 +140,7 @@ def build_discovery(config: ClusterConfig, env: Mapping[str, str]) -> Discovery:
     found = options_from_env(merged, me)
     if found is None:
         raise ConfigError(f"peer discovery {kind!r} is not configured")
-    return make_discovery(found[0], **found[1])
+    return make_discovery(found[0], **found[1], registry=registry)
 
 
 _GUBER_LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "warning": "WARNING",
@@ -289,11 +298,16 @@ def _reload(server: ClusterServer, front: EnvoyFront | None, discovery: Discover
     help="serve PeersV1 on the gRPC port and call peers there, as Gubernator does "
     "(mixed Gubernator/smockron clusters; any gRPC client can then call PeersV1) [off]",
 )
-@click.option("--peers", help="static peer list: gRPC addresses of every node, this one included")
+@click.option(
+    "--peers",
+    help="static peer list: gRPC addresses of every node, this one included; "
+    "ADDRESS/PEER_ADDRESS (or ADDRESS/PORT) names a node's PeersV1 listener "
+    "[gRPC port + 1]",
+)
 @click.option(
     "--peers-file",
     type=click.Path(dir_okay=False),
-    help="static peers from a file, one gRPC address a line; re-read on SIGHUP and change",
+    help="static peers from a file, one --peers entry a line; re-read on SIGHUP and change",
 )
 @click.option(
     "--peer-discovery",
@@ -427,13 +441,14 @@ def cluster(**flags: Any) -> None:
     _apply_guber_log_level(env)
     config = build_config(env, given, filed)
     print_settings_if_asked({f: getattr(config, f) for f in sorted(_FIELDS)})
+    metrics = ClusterMetrics()
     try:
-        discovery = build_discovery(config, env)
+        discovery = build_discovery(config, env, metrics.registry)
     except (OSError, ValueError) as exc:  # the peers file
         raise click.ClickException(str(exc)) from None
     front = _envoy_front(config)
     try:  # the values are checked; what fails now is reading files (TLS): a startup failure
-        server = ClusterServer(config, discovery, () if front is None else (front,))
+        server = ClusterServer(config, discovery, () if front is None else (front,), metrics)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     facts = {

@@ -37,7 +37,8 @@ class ClusterConfig:
     """The gRPC address peers use for this node; defaults to ``grpc_address``."""
     peer_address: str = ""
     """Where PeersV1 (node-to-node) is served; defaults to the gRPC host and port + 1.
-    Other nodes are called at their gRPC port + 1 (``peer_address_of``)."""
+    Other nodes are called where their discovery record says (``advertise_peer``), else
+    at their gRPC port + 1 (``peer_address_of``)."""
     peers_on_grpc_port: bool = False
     """Serve PeersV1 on the gRPC port and call peers there, as Gubernator does: needed in a
     cluster that mixes Gubernator and smockron nodes. Any client of the gRPC port can then
@@ -45,7 +46,7 @@ class ClusterConfig:
     peer_discovery: str = "static"
     peers: tuple[str, ...] = ()
     peers_file: str = ""
-    """Static peers read from this file (one gRPC address a line), re-read on SIGHUP and
+    """Static peers read from this file (one ``--peers`` entry a line), re-read on SIGHUP and
     when it changes."""
     etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     etcd_key_prefix: str = "/gubernator-peers"
@@ -115,6 +116,22 @@ class ClusterConfig:
         if self.peers_on_grpc_port:
             return ""
         return self.peer_address or peer_address_of(self.grpc_address)
+
+    @property
+    def advertise_peer(self) -> str:
+        """Where other nodes reach this node's PeersV1, for discovery records to carry:
+        the listener's port on the advertised host (the listener's own host when it names
+        one). "" when not known before binding (port 0)."""
+        if self.peers_on_grpc_port:
+            return self.advertise
+        if not self.peer_address:
+            return peer_address_of(self.advertise)
+        host, _, port = self.peer_address.rpartition(":")
+        if not port.isdigit() or int(port) == 0:
+            return ""
+        if host in ("", "*", "0.0.0.0", "[::]", "::"):
+            host = self.advertise.rpartition(":")[0]
+        return f"{host}:{port}"
 
     def validate(self) -> ClusterConfig:
         if self.grpc_server not in GRPC_SERVERS:

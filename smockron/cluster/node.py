@@ -104,14 +104,15 @@ class Node:
         infos = {p.grpc_address: p for p in peers}
         self.in_peer_list = self.address in infos
         infos.setdefault(self.address, PeerInfo(self.address))
-        for addr in list(self.clients):
-            if addr not in infos:
+        self.peer_infos = infos
+        for addr, client in list(self.clients.items()):
+            # gone, or its record now names another PeersV1 address: a new client
+            if addr not in infos or client.target != self._peer_target(addr):
                 self._closing.append(self.clients.pop(addr))
                 self.down.discard(addr)
         for addr in infos:
             if addr != self.address and addr not in self.clients:
                 self.clients[addr] = self._new_client(addr)
-        self.peer_infos = infos
         self._rebuild_ring()
         if self._closing:
             with contextlib.suppress(RuntimeError):  # no loop yet: closed in close()
@@ -127,8 +128,16 @@ class Node:
             batch_limit=self.config.batch_limit,
             timeout_ms=self.config.batch_timeout_ms,
             tls=self.tls,
-            target=address if self.config.peers_on_grpc_port else peer_address_of(address),
+            target=self._peer_target(address),
         )
+
+    def _peer_target(self, address: str) -> str:
+        """Where a peer serves PeersV1: what its discovery record says, else its gRPC
+        port (``peers_on_grpc_port``, as Gubernator) or that port + 1."""
+        info = self.peer_infos.get(address)
+        if info is not None and info.peer_address:
+            return info.peer_address
+        return address if self.config.peers_on_grpc_port else peer_address_of(address)
 
     def use_tls(self, tls: TLSMaterial) -> None:
         """New certificates (a reload): every peer gets a new channel that shows them; the

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
+from smockron.cluster.cli import build_config, build_discovery
+from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
 from smockron.cluster.discovery.dns import DnsDiscovery
 from smockron.cluster.discovery.etcd import EtcdDiscovery
 from smockron.cluster.discovery.kubernetes import KubernetesDiscovery
 from smockron.cluster.discovery.static import StaticDiscovery, parse_peers
+from smockron.cluster.node import Node
 from smockron.errors import ConfigError
 from tests.cluster.test_discovery_support import Recorder
 
@@ -134,3 +140,107 @@ def test_every_mechanism_satisfies_the_protocol() -> None:
     ]
     for mechanism in mechanisms:
         assert callable(mechanism.start) and callable(mechanism.stop)
+
+
+# -- where each node serves PeersV1 ------------------------------------------------------
+
+
+def test_static_entry_may_name_the_peer_address() -> None:
+    text = "10.0.0.1:1051/7000, 10.0.0.2:1051/10.1.0.2:7000, [::1]:1051/7000, 10.0.0.3:1051"
+    assert parse_peers(text) == [
+        PeerInfo("10.0.0.1:1051", peer_address="10.0.0.1:7000"),
+        PeerInfo("10.0.0.2:1051", peer_address="10.1.0.2:7000"),
+        PeerInfo("[::1]:1051", peer_address="[::1]:7000"),
+        PeerInfo("10.0.0.3:1051"),
+    ]
+
+
+@pytest.mark.parametrize("bad", ["a:1051/", "a:1051/x", "a:1051/70000", "a:1051/b:0", "a/7000"])
+def test_static_rejects_bad_peer_addresses(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_peers(bad)
+
+
+def test_peers_flag_takes_the_peer_suffix_and_names_a_bad_one() -> None:
+    flags = {"grpc_address": "127.0.0.1:1051", "peers": "127.0.0.1:1051,127.0.0.2:1051/7000"}
+    config = build_config({}, flags)
+    assert config.peers == ("127.0.0.1:1051", "127.0.0.2:1051/7000")
+    with pytest.raises(ConfigError, match="peers"):
+        build_config({}, {"peers": "127.0.0.2:1051/nohost:"})
+
+
+async def test_cli_advertises_the_peer_listener() -> None:
+    flags = {"grpc_address": "127.0.0.1:1051", "peer_address": "127.0.0.1:7000",
+             "peers": "127.0.0.2:1051/7001"}  # fmt: skip
+    rec = Recorder()
+    await build_discovery(build_config({}, flags), {}).start(rec)
+    assert rec.lists[-1] == [
+        PeerInfo("127.0.0.1:1051", "127.0.0.1:1050", peer_address="127.0.0.1:7000"),
+        PeerInfo("127.0.0.2:1051", peer_address="127.0.0.2:7001"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, "10.0.0.1:1052"),  # gRPC port + 1 on the advertised host
+        ({"peer_address": "10.7.0.1:7000"}, "10.7.0.1:7000"),
+        ({"peer_address": "0.0.0.0:7000"}, "10.0.0.1:7000"),  # a wildcard: advertised host
+        ({"peer_address": ":7000"}, "10.0.0.1:7000"),
+        ({"peer_address": "127.0.0.1:0"}, ""),  # chosen at bind: peers derive it
+        ({"peers_on_grpc_port": True}, "10.0.0.1:1051"),
+    ],
+)
+def test_config_advertise_peer(changes: dict[str, Any], expected: str) -> None:
+    base = ClusterConfig(grpc_address="0.0.0.0:1051", advertise_address="10.0.0.1:1051")
+    assert replace(base, **changes).advertise_peer == expected
+
+
+@pytest.mark.parametrize(
+    ("peer", "expected"),
+    [
+        ("10.0.0.1:1052", "10.0.0.99:1052"),  # port + 1 follows the etcd advertise address
+        ("10.0.0.1:1051", "10.0.0.99:1051"),  # on the gRPC port: follows it
+        ("10.1.0.1:7000", "10.1.0.1:7000"),  # explicit: stays
+        ("", ""),
+    ],
+)
+def test_env_etcd_advertise_address_moves_a_derived_peer_address(peer: str, expected: str) -> None:
+    env = {"GUBER_PEER_DISCOVERY_TYPE": "etcd", "GUBER_ETCD_ADVERTISE_ADDRESS": "10.0.0.99:1051"}
+    found = options_from_env(env, replace(ME, peer_address=peer))
+    assert found is not None and found[1]["advertise"].peer_address == expected
+
+
+@pytest.mark.parametrize(
+    ("on_grpc_port", "record", "expected"),
+    [
+        (False, "", "127.0.0.2:1052"),  # a Gubernator record: port + 1
+        (True, "", "127.0.0.2:1051"),  # ... or the gRPC port, as Gubernator serves it
+        (False, "127.0.0.2:7000", "127.0.0.2:7000"),  # the record's address wins
+        (True, "127.0.0.2:7000", "127.0.0.2:7000"),
+    ],
+)
+async def test_node_dials_the_peer_address_its_record_names(
+    on_grpc_port: bool, record: str, expected: str
+) -> None:
+    node = Node(ClusterConfig(grpc_address="127.0.0.1:1051", peers_on_grpc_port=on_grpc_port))
+    try:
+        other = PeerInfo("127.0.0.2:1051", peer_address=record)
+        node.set_peers([PeerInfo("127.0.0.1:1051"), other])
+        assert node.clients["127.0.0.2:1051"].target == expected
+    finally:
+        await node.close()
+
+
+async def test_node_redials_when_a_record_moves_its_peer_address() -> None:
+    node = Node(ClusterConfig(grpc_address="127.0.0.1:1051"))
+    try:
+        node.set_peers([PeerInfo("127.0.0.2:1051")])
+        first = node.clients["127.0.0.2:1051"]
+        node.set_peers([PeerInfo("127.0.0.2:1051")])
+        assert node.clients["127.0.0.2:1051"] is first  # unchanged record: same client
+        node.set_peers([PeerInfo("127.0.0.2:1051", peer_address="127.0.0.2:7000")])
+        assert node.clients["127.0.0.2:1051"].target == "127.0.0.2:7000"
+        assert list(node.ring.nodes) == ["127.0.0.1:1051", "127.0.0.2:1051"]
+    finally:
+        await node.close()

@@ -11,7 +11,7 @@ import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import dns.message
 import dns.rcode
@@ -19,6 +19,7 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 import pytest
+from prometheus_client import CollectorRegistry
 
 from smockron.cluster.discovery import make_discovery
 from smockron.cluster.discovery.base import PeerInfo
@@ -27,6 +28,7 @@ from smockron.errors import ConfigError
 from tests.cluster.test_discovery_support import Recorder
 
 NAME = "guber.test."
+ERRORS = "smockron_discovery_errors_total"
 
 
 @dataclass
@@ -83,14 +85,10 @@ async def zone() -> AsyncIterator[tuple[Zone, int]]:
 
 
 def discovery(port: int, **kw: object) -> DnsDiscovery:
-    return DnsDiscovery(
-        "guber.test",
-        advertise="10.1.0.1:1051",
-        nameservers=f"127.0.0.1:{port}",
-        poll_interval=0.05,
-        timeout=0.3,
-        **kw,  # type: ignore[arg-type]
-    )
+    options: dict[str, Any] = {"advertise": "10.1.0.1:1051", "nameservers": f"127.0.0.1:{port}",
+                               "poll_interval": 0.05, "timeout": 0.3}  # fmt: skip
+    options.update(kw)
+    return DnsDiscovery("guber.test", **options)
 
 
 async def test_reports_records_and_follows_changes(zone: tuple[Zone, int]) -> None:
@@ -129,10 +127,39 @@ async def test_bad_answers_keep_last_list(zone: tuple[Zone, int], mode: str) -> 
         await asyncio.sleep(0.05)
     assert disc.failures >= failures + 2
     assert rec.lists[-1] == before and len(rec.lists) == 1
+    counted = disc.metrics.registry.get_sample_value(ERRORS, {"mechanism": "dns"})
+    assert counted == disc.failures
     z.mode = "ok"
     z.a = ["10.1.0.9"]
     await rec.wait_for({"10.1.0.1:1051", "10.1.0.9:1051"})
     await disc.stop()
+
+
+async def test_peers_listen_where_we_do(zone: tuple[Zone, int]) -> None:
+    """Address records carry no ports: each peer's gRPC and PeersV1 ports are ours."""
+    _, port = zone
+    rec = Recorder()
+    me = PeerInfo("10.1.0.1:1051", peer_address="10.1.0.1:7000")
+    disc = discovery(port, advertise=me)
+    await disc.start(rec)
+    await disc.stop()
+    assert rec.lists[0] == [me, PeerInfo("10.1.0.2:1051", "10.1.0.2:1050", "", "10.1.0.2:7000")]
+    assert discovery(port, advertise="10.1.0.1:1051").peer_port is None  # the caller's default
+
+
+async def test_counters_are_per_instance(zone: tuple[Zone, int]) -> None:
+    z, port = zone
+    z.mode = "nxdomain"
+    failing = discovery(port, registry=CollectorRegistry())
+    await failing.start(Recorder())
+    z.mode = "ok"
+    working = discovery(port, registry=CollectorRegistry())
+    await working.start(Recorder())
+    await failing.stop()
+    await working.stop()
+    labels = {"mechanism": "dns"}
+    assert failing.metrics.registry.get_sample_value(ERRORS, labels) == failing.failures >= 1
+    assert working.metrics.registry.get_sample_value(ERRORS, labels) == working.failures == 0
 
 
 async def test_dns_down_at_start_serves_alone(zone: tuple[Zone, int]) -> None:

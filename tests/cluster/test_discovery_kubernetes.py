@@ -21,27 +21,42 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from smockron.cluster.client import AsyncClient
+from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery import make_discovery
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.kubernetes import (
     KubernetesDiscovery,
     peers_from_slice,
 )
+from smockron.cluster.metrics import ClusterMetrics
+from smockron.cluster.server import ClusterServer
 from smockron.errors import ConfigError, MalformedEvent
-from tests.cluster.test_discovery_support import Recorder
+from tests.cluster.test_discovery_support import (
+    Recorder,
+    assert_each_forwards_to_the_other,
+    peer_count_becomes,
+    until,
+)
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
 
 NS = "rate"
+MALFORMED = "smockron_discovery_malformed_total"
+ERRORS = "smockron_discovery_errors_total"
 PATH = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
 SERVICE = "gubernator"
 
 
 def endpoint_slice(
-    name: str, ips: dict[str, bool | None], service: str = SERVICE
+    name: str,
+    ips: dict[str, bool | None],
+    service: str = SERVICE,
+    ports: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """An EndpointSlice object; ``ips`` maps pod IP -> ready condition (None = absent)."""
+    """An EndpointSlice object; ``ips`` maps pod IP -> ready condition (None = absent);
+    ``ports``: the slice's named ports (a gRPC one at 1051 by default)."""
     endpoints = []
     for ip, ready in ips.items():
         conditions = {} if ready is None else {"ready": ready}
@@ -56,7 +71,10 @@ def endpoint_slice(
         },
         "addressType": "IPv4",
         "endpoints": endpoints,
-        "ports": [{"name": "grpc", "port": 1051, "protocol": "TCP"}],
+        "ports": [
+            {"name": name, "port": port, "protocol": "TCP"}
+            for name, port in (ports or {"grpc": 1051}).items()
+        ],
     }
 
 
@@ -230,6 +248,19 @@ def test_peers_from_slice_ready_only_self_always() -> None:
         peers_from_slice({"endpoints": "nope"}, 81)
 
 
+def test_a_port_named_peers_gives_the_peer_address() -> None:
+    obj = endpoint_slice("s", {"10.2.0.2": True}, ports={"grpc": 81, "peers": 7000})
+    assert peers_from_slice(obj, 81) == [PeerInfo("10.2.0.2:81", peer_address="10.2.0.2:7000")]
+    assert peers_from_slice(obj, 81, peer_port_name="") == [PeerInfo("10.2.0.2:81")]
+    obj["addressType"] = "IPv6"
+    obj["endpoints"][0]["addresses"] = ["fd00::2"]
+    assert peers_from_slice(obj, 81) == [PeerInfo("[fd00::2]:81", peer_address="[fd00::2]:7000")]
+    for bad in ("7000", 0, 70000, True, None):
+        obj["ports"][1]["port"] = bad
+        with pytest.raises(MalformedEvent, match="peers"):
+            peers_from_slice(obj, 81)
+
+
 async def test_list_then_watch_changes(api: tuple[ApiState, str]) -> None:
     state, host = api
     state.put(endpoint_slice("gub-a", {"10.2.0.1": False, "10.2.0.2": True, "10.2.0.3": None}))
@@ -301,6 +332,30 @@ async def test_garbage_in_watch_is_counted_and_recovered(
     await rec.wait_for({"10.2.0.1:1051", "10.2.0.6:1051"})
     await disc.stop()
     assert disc.malformed >= 1
+    counted = disc.metrics.registry.get_sample_value(MALFORMED, {"mechanism": "kubernetes"})
+    assert counted == disc.malformed
+
+
+async def test_counters_are_per_instance(api: tuple[ApiState, str]) -> None:
+    """Two discoveries in one process, on their own registries: a bad port in the slice
+    one of them selects is counted by that one only."""
+    state, host = api
+    state.put(endpoint_slice("gub-a", {"10.2.0.2": True}))
+    bad = endpoint_slice("other-a", {"10.3.0.2": True}, service="other", ports={"peers": -1})
+    state.put(bad)
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    first = discovery(host, registry=registries[0])
+    second = discovery(host, service_name="other", pod_ip="10.3.0.1", registry=registries[1])
+    for disc in (first, second):
+        await disc.start(Recorder())
+    await until(lambda: second.malformed > 0)
+    await second.stop()
+    await first.stop()
+    labels = {"mechanism": "kubernetes"}
+    assert registries[1].get_sample_value(MALFORMED, labels) == second.malformed >= 1
+    assert (registries[1].get_sample_value(ERRORS, labels) or 0) >= 1
+    assert registries[0].get_sample_value(MALFORMED, labels) == first.malformed == 0
+    assert registries[0].get_sample_value(ERRORS, labels) == 0
 
 
 async def test_api_down_at_start_serves_alone() -> None:
@@ -378,23 +433,13 @@ async def test_two_cluster_nodes_follow_endpoint_slices(
         for http in (http_a, http_b):
             wait_port(http, 20)
         async with AsyncClient(f"127.0.0.2:{grpc_port}", timeout=5) as b:
-            await _peer_count(b, 2)
+            await peer_count_becomes(b, 2)
         async with AsyncClient(f"127.0.0.1:{grpc_port}", timeout=5) as a:
-            await _peer_count(a, 2)
+            await peer_count_becomes(a, 2)
             state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": False}))
-            await _peer_count(a, 1)
+            await peer_count_becomes(a, 1)
             assert (await a.health_check()).healthy
         assert "Bearer t0k" in state.authorization
-
-
-async def _peer_count(client: AsyncClient, count: int) -> None:
-    seen = -1
-    for _ in range(150):
-        seen = (await client.health_check()).peer_count
-        if seen == count:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"peer count stayed {seen}, expected {count}")
 
 
 def test_missing_kubeconfig_fails_at_construction(
@@ -403,3 +448,29 @@ def test_missing_kubeconfig_fails_at_construction(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="kubeconfig"):
         make_discovery("k8s", service_name="g", kubeconfig=str(tmp_path / "missing"))
+
+
+async def test_two_nodes_meet_at_the_named_peers_port(api: tuple[ApiState, str]) -> None:
+    """Pods 127.0.0.1 and 127.0.0.2 serve PeersV1 on a port that is not the gRPC port + 1;
+    the slice's port named ``peers`` tells each where to call the other."""
+    state, host = api
+    grpc_port, peer_port = free_ports(2)
+    state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": True},
+                             ports={"grpc": grpc_port, "peers": peer_port}))  # fmt: skip
+    servers: list[ClusterServer] = []
+    try:
+        for ip in ("127.0.0.1", "127.0.0.2"):
+            config = ClusterConfig(grpc_address=f"{ip}:{grpc_port}", http_address="",
+                                   peer_address=f"{ip}:{peer_port}")  # fmt: skip
+            metrics = ClusterMetrics()
+            disc = discovery(host, pod_ip=ip, pod_port=grpc_port, registry=metrics.registry)
+            servers.append(ClusterServer(config, disc, metrics=metrics))
+            await servers[-1].start()
+        a, b = servers
+        await until(lambda: all(len(s.node.ring.nodes) == 2 for s in servers))
+        assert a.node.clients[b.node.address].target == f"127.0.0.2:{peer_port}"
+        assert b.node.clients[a.node.address].target == f"127.0.0.1:{peer_port}"
+        await assert_each_forwards_to_the_other(a, b)
+    finally:
+        for server in servers:
+            await server.stop()

@@ -16,7 +16,7 @@ import redis
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
 from smockron.master.engine import DomainPolicy, Engine
-from smockron.master.stores import MemoryStore, open_store, parse_store_uri
+from smockron.master.stores import MemoryStore, Scope, open_store, parse_store_uri
 from smockron.master.stores.redis import ClusterRedisStore, RedisStore
 from smockron.master.stores.uri import redacted
 from smockron.wire.codec import ACCEPTED, encode_accounting
@@ -174,3 +174,39 @@ async def test_cluster_store_spreads_keys_and_reads_them_back(cluster: list[int]
     finally:
         await again.close()
     assert time.monotonic() - started < 15
+
+
+async def test_cluster_store_lists_live_states_from_every_primary(cluster: list[int]) -> None:
+    """RESYNC's listing walks each primary's keyspace (a SCAN answers for one node only)
+    and reads values across slots."""
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in cluster[:1])
+    rule = Rule(1 / 60, 1)  # a debt that outlives the test
+    scope = Scope("api", rule, "history")
+    idents = [b"client-%d" % i for i in range(300)]
+    now = time.time() * 1000
+    writer = open_store(url)
+    try:
+        eng = Engine({"api": DomainPolicy((rule,), "history")}, writer)
+        writer.tick(now)
+        batch = [encode_accounting("api", ACCEPTED, i, int(now)) for i in idents]
+        eng.apply(eng.decode(batch), now)
+        await writer.flush(wait=True)
+    finally:
+        await writer.close()
+    nodes = [redis.Redis(port=p) for p in cluster]
+    keys: list[list[bytes]] = [n.keys("smockron:*") for n in nodes]  # type: ignore[misc]
+    assert sum(map(len, keys)) == 300 and min(map(len, keys)) > 50  # every primary a share
+    slots = {nodes[0].cluster("keyslot", k) for held in keys for k in held}
+    assert len(slots) > 250  # spread over the slot space, not gathered by hash tags
+    reader = open_store(url)  # a restarted master: nothing in memory
+    try:
+        states = await reader.live(scope, 1000)
+        assert sorted(i for i, _ in states) == sorted(idents)
+        assert all(state for _, state in states)
+        assert len(await reader.live(scope, 7)) == 7  # bounded
+        some = await reader.live(scope, 120)  # bounded across nodes
+        assert len({i for i, _ in some}) == 120
+        assert await reader.live(Scope("other", rule, "history"), 10) == []
+        assert isinstance(reader, ClusterRedisStore) and reader.available()
+    finally:
+        await reader.close()

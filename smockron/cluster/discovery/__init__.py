@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from smockron import errors
+from smockron.cluster.config import peer_address_of as _peer_address_of
 from smockron.cluster.discovery.base import Discovery, OnChange, PeerInfo
 
 # kind -> "module:class"; "k8s" is Gubernator's GUBER_PEER_DISCOVERY_TYPE spelling.
@@ -86,8 +87,9 @@ def _required(environ: Mapping[str, str], name: str) -> str:
 def _etcd_env(environ: Mapping[str, str], advertise: PeerInfo) -> dict[str, Any]:
     grpc_address = environ.get("GUBER_ETCD_ADVERTISE_ADDRESS") or advertise.grpc_address
     data_center = environ.get("GUBER_ETCD_DATA_CENTER", advertise.data_center)
+    peer_address = _moved_peer_address(advertise, grpc_address)
     options: dict[str, Any] = {
-        "advertise": PeerInfo(grpc_address, advertise.http_address, data_center),
+        "advertise": PeerInfo(grpc_address, advertise.http_address, data_center, peer_address),
         "endpoints": environ.get("GUBER_ETCD_ENDPOINTS", "localhost:2379"),
         "key_prefix": environ.get("GUBER_ETCD_KEY_PREFIX", "/gubernator-peers"),
     }
@@ -95,6 +97,16 @@ def _etcd_env(environ: Mapping[str, str], advertise: PeerInfo) -> dict[str, Any]
         options["username"] = environ["GUBER_ETCD_USER"]
         options["password"] = environ.get("GUBER_ETCD_PASSWORD", "")
     return options
+
+
+def _moved_peer_address(advertise: PeerInfo, grpc_address: str) -> str:
+    """The peer address to advertise under another gRPC address (GUBER_ETCD_ADVERTISE_ADDRESS):
+    one that followed the gRPC address (the same, or its port + 1) follows it there; an
+    explicit one stays."""
+    old = advertise.grpc_address
+    if grpc_address == old or advertise.peer_address not in (old, _peer_address_of(old)):
+        return advertise.peer_address
+    return grpc_address if advertise.peer_address == old else _peer_address_of(grpc_address)
 
 
 def _k8s_env(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Pieces every discovery mechanism shares: normalising peer lists, change detection,
-and the counters for hostile input.
+parsing addresses, and the counters for hostile input.
 
 Kept apart from ``base.py`` (the contract other helpers import) so mechanisms can grow
 helpers without touching the contract.
@@ -13,22 +13,34 @@ import ipaddress
 import logging
 from collections.abc import Iterable
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from smockron.cluster.discovery.base import OnChange, PeerInfo
 
 log = logging.getLogger("smockron.cluster.discovery")
 
-MALFORMED = Counter(
-    "smockron_discovery_malformed_total",
-    "Peer records rejected because they could not be parsed.",
-    ["mechanism"],
-)
-ERRORS = Counter(
-    "smockron_discovery_errors_total",
-    "Failed discovery rounds (backend unreachable, timed out, answered an error).",
-    ["mechanism"],
-)
+
+class DiscoveryMetrics:
+    """One mechanism's counters, labelled with its name, on ``registry`` (the node's, so
+    its ``/metrics`` shows them; a fresh one by default). Per instance, so two nodes in
+    one process count apart."""
+
+    def __init__(self, mechanism: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        malformed = Counter(
+            "smockron_discovery_malformed_total",
+            "Peer records rejected because they could not be parsed.",
+            ["mechanism"],
+            registry=self.registry,
+        )
+        errors = Counter(
+            "smockron_discovery_errors_total",
+            "Failed discovery rounds (backend unreachable, timed out, answered an error).",
+            ["mechanism"],
+            registry=self.registry,
+        )
+        self.malformed = malformed.labels(mechanism)
+        self.errors = errors.labels(mechanism)
 
 
 def normalize(peers: Iterable[PeerInfo], me: PeerInfo | None = None) -> list[PeerInfo]:
@@ -69,11 +81,26 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 
 def as_peer(value: PeerInfo | str) -> PeerInfo:
-    """Accept either a PeerInfo or a bare gRPC address."""
+    """Accept either a PeerInfo or a static entry (see :func:`parse_peer`)."""
     if isinstance(value, PeerInfo):
         return value
-    split_host_port(value)
-    return PeerInfo(grpc_address=value)
+    return parse_peer(value)
+
+
+def parse_peer(text: str) -> PeerInfo:
+    """``GRPC`` or ``GRPC/PEER``: a gRPC address, optionally followed by where the node
+    serves PeersV1, as ``host:port`` or a bare port on the gRPC host.
+
+    ``10.0.0.1:1051/7000`` is ``10.0.0.1:1051`` with PeersV1 at ``10.0.0.1:7000``.
+    """
+    grpc_address, sep, peer = text.strip().partition("/")
+    host, _ = split_host_port(grpc_address)
+    if not sep:
+        return PeerInfo(grpc_address=grpc_address)
+    if peer.isdigit():
+        peer = join_host_port(host, int(peer))
+    split_host_port(peer)
+    return PeerInfo(grpc_address=grpc_address, peer_address=peer)
 
 
 class Publisher:

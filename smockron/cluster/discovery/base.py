@@ -9,11 +9,17 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True, order=True)
 class PeerInfo:
-    """One node: its gRPC address (``host:port``) and optionally its HTTP address."""
+    """One node: its gRPC address (``host:port``), optionally its HTTP address, and
+    where it serves PeersV1 when the record says so.
+
+    ``peer_address`` empty means the record did not carry it (Gubernator's records, DNS):
+    the caller then dials the gRPC port + 1, or the gRPC port with ``peers_on_grpc_port``.
+    """
 
     grpc_address: str
     http_address: str = ""
     data_center: str = ""
+    peer_address: str = ""
 
 
 OnChange = Callable[[list[PeerInfo]], None]

@@ -4,6 +4,11 @@ Like Gubernator's DNS pool, a headless Kubernetes service or any round-robin nam
 Peers are ``ip:grpc_port`` (IPv6 bracketed). Unlike Gubernator, whose ports are fixed at
 1051/1050, the ports are options, and the poll interval may be fixed instead of following
 the records' TTL.
+
+Address records carry no ports, so every node behind the name is taken to listen where
+this one does: its gRPC port and, when this node advertises one, its PeersV1 port
+(``peer_port``). Without either, peers are called at the gRPC port + 1, or at the gRPC
+port with ``peers_on_grpc_port``.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from collections.abc import Sequence
 import dns.asyncresolver
 import dns.exception
 import dns.resolver
+from prometheus_client import CollectorRegistry
 
 from smockron.cluster.discovery._common import (
-    ERRORS,
+    DiscoveryMetrics,
     Publisher,
     as_peer,
     cancel_task,
@@ -41,26 +47,34 @@ class DnsDiscovery:
         *,
         grpc_port: int | None = None,
         http_port: int = 1050,
+        peer_port: int | None = None,
         nameservers: Sequence[str] | str | None = None,
         resolv_conf: str = "/etc/resolv.conf",
         poll_interval: float | None = None,
         min_interval: float = 1.0,
         timeout: float = 2.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        """``grpc_port`` and ``peer_port`` default to this node's own (``advertise``);
+        ``registry``: where the discovery counters go (the node's)."""
         if not fqdn:
             raise ValueError("dns discovery needs an fqdn")
         self.fqdn = fqdn if fqdn.endswith(".") else fqdn + "."
         self.me = as_peer(advertise) if advertise is not None else None
         if grpc_port is None:
             grpc_port = split_host_port(self.me.grpc_address)[1] if self.me else 1051
+        if peer_port is None and self.me is not None and self.me.peer_address:
+            peer_port = split_host_port(self.me.peer_address)[1]
         self.grpc_port = grpc_port
         self.http_port = http_port
+        self.peer_port = peer_port
         self._poll_interval = poll_interval
         self._min_interval = min_interval
         self._resolver = self._make_resolver(nameservers, resolv_conf, timeout)
         self._publisher: Publisher | None = None
         self._task: asyncio.Task[None] | None = None
         self._rlog = RateLimitedLog(log)
+        self.metrics = DiscoveryMetrics("dns", registry)
         self.polls = 0
         self.failures = 0
 
@@ -112,7 +126,7 @@ class DnsDiscovery:
             self._publisher.publish(peers)
         elif not peers:
             self.failures += 1
-            ERRORS.labels("dns").inc()
+            self.metrics.errors.inc()
             self._rlog.warning(
                 "no A/AAAA records for %s; keeping peers", self.fqdn, key="dns-empty"
             )
@@ -139,6 +153,7 @@ class DnsDiscovery:
         return PeerInfo(
             grpc_address=join_host_port(ip, self.grpc_port),
             http_address=join_host_port(ip, self.http_port),
+            peer_address=join_host_port(ip, self.peer_port) if self.peer_port else "",
         )
 
 

@@ -2,7 +2,10 @@
 
 Wire-compatible with Gubernator's etcd pool, so smockron and Gubernator nodes can share a
 prefix: the key is ``prefix + address`` and the value is Gubernator's PeerInfo JSON
-(``{"data-center": .., "http-address": .., "grpc-address": ..}``).
+(``{"data-center": .., "http-address": .., "grpc-address": ..}``), plus smockron's
+``"peer-address"`` (where the node serves PeersV1) when known. Gubernator's JSON decoder
+ignores fields it does not know, and a record without it (a Gubernator node's) leaves the
+peer address to the reader's default (gRPC port + 1, or the gRPC port).
 
 One session = grant lease, put our key, list the prefix, watch from the listed revision,
 refresh the lease every ttl/3. Any failure (etcd down, lease expired or revoked, our key
@@ -27,10 +30,10 @@ import aetcd
 import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
+from prometheus_client import CollectorRegistry
 
 from smockron.cluster.discovery._common import (
-    ERRORS,
-    MALFORMED,
+    DiscoveryMetrics,
     Publisher,
     as_peer,
     cancel_task,
@@ -46,14 +49,16 @@ DEFAULT_KEY_PREFIX = "/gubernator-peers"
 
 
 def encode_peer(peer: PeerInfo) -> bytes:
-    """Gubernator's PeerInfo JSON field names, so Gubernator nodes can read us."""
-    return json.dumps(
-        {
-            "data-center": peer.data_center,
-            "http-address": peer.http_address,
-            "grpc-address": peer.grpc_address,
-        }
-    ).encode()
+    """Gubernator's PeerInfo JSON field names, so Gubernator nodes can read us; the peer
+    address only when there is one, so a record without it is byte-for-byte Gubernator's."""
+    fields = {
+        "data-center": peer.data_center,
+        "http-address": peer.http_address,
+        "grpc-address": peer.grpc_address,
+    }
+    if peer.peer_address:
+        fields["peer-address"] = peer.peer_address
+    return json.dumps(fields).encode()
 
 
 def decode_peer(value: bytes) -> PeerInfo:
@@ -76,10 +81,16 @@ def decode_peer(value: bytes) -> PeerInfo:
     split_host_port(grpc_address)
     http = data.get("http-address", "")
     dc = data.get("data-center", "")
+    peer = data.get("peer-address", "")
+    if not isinstance(peer, str):
+        raise ValueError(f"peer value has a peer-address that is not a string: {text[:80]!r}")
+    if peer:
+        split_host_port(peer)
     return PeerInfo(
         grpc_address=grpc_address,
         http_address=http if isinstance(http, str) else "",
         data_center=dc if isinstance(dc, str) else "",
+        peer_address=peer,
     )
 
 
@@ -98,7 +109,9 @@ class EtcdDiscovery:
         start_timeout: float = 10.0,
         username: str | None = None,
         password: str | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        """``registry``: where the discovery counters go (the node's)."""
         self.me = as_peer(advertise)
         text = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         self._endpoints = [
@@ -126,6 +139,7 @@ class EtcdDiscovery:
         """Every lease granted and not yet revoked; the newest holds our key."""
         self._listed = asyncio.Event()
         self._rlog = RateLimitedLog(log)
+        self.metrics = DiscoveryMetrics("etcd", registry)
         self.registrations = 0
         """How many times a lease was granted and our key put (1 + re-registrations)."""
         self.malformed = 0
@@ -165,10 +179,10 @@ class EtcdDiscovery:
             try:
                 await self._session(client)
             except (LeaseLost, aetcd.ClientError, grpc.RpcError, OSError, TimeoutError) as exc:
-                ERRORS.labels("etcd").inc()
+                self.metrics.errors.inc()
                 self._rlog.warning("etcd discovery session ended: %r; retrying", exc, key="etcd")
             except Exception as exc:  # a bug or a surprise from the client: keep trying
-                ERRORS.labels("etcd").inc()
+                self.metrics.errors.inc()
                 self._rlog.warning("etcd discovery failed unexpectedly: %r", exc, key="etcd-bug")
             finally:
                 with contextlib.suppress(Exception):
@@ -279,7 +293,7 @@ class EtcdDiscovery:
         except ValueError as exc:
             self._peers.pop(key, None)
             self.malformed += 1
-            MALFORMED.labels("etcd").inc()
+            self.metrics.malformed.inc()
             self._rlog.warning("ignoring etcd peer %r: %s", key[:120], exc, key="etcd-value")
 
     def _publish(self) -> None:

@@ -5,7 +5,9 @@ every new peer list hops to the event loop with ``call_soon_threadsafe``. Like
 Gubernator's ``endpointslices`` mechanism: slices are selected by label (by default
 ``kubernetes.io/service-name=<service>``), only ready endpoints count (a missing ``ready``
 condition means ready), the first address of an endpoint is its pod IP, and the peer is
-``pod_ip:pod_port``. Our own pod is always included, ready or not.
+``pod_ip:pod_port``. Our own pod is always included, ready or not. When the slice lists
+a port named ``peers`` (the Service's port for the PeersV1 listener, named so in the pod
+spec), the peer is called there; otherwise at the gRPC port + 1 (or the gRPC port).
 
 The watch resumes from the last seen ``resourceVersion``; ``410 Gone`` or any malformed
 event leads to a fresh list.
@@ -24,10 +26,10 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import kubernetes.watch
+from prometheus_client import CollectorRegistry
 
 from smockron.cluster.discovery._common import (
-    ERRORS,
-    MALFORMED,
+    DiscoveryMetrics,
     Publisher,
     join_host_port,
     log,
@@ -42,9 +44,27 @@ k8s_config: Any = kubernetes.config
 k8s_watch: Any = kubernetes.watch
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+PEER_PORT_NAME = "peers"
+"""The port name that carries the PeersV1 port in a slice (and in the pod spec)."""
 
 
-def peers_from_slice(obj: Mapping[str, Any], port: int, pod_ip: str = "") -> list[PeerInfo]:
+def named_port(obj: Mapping[str, Any], name: str) -> int | None:
+    """The number of the slice port called ``name``, if it lists one."""
+    ports = obj.get("ports")
+    if not isinstance(ports, list):
+        return None
+    for item in ports:
+        if isinstance(item, dict) and item.get("name") == name:
+            number = item.get("port")
+            if isinstance(number, int) and not isinstance(number, bool) and 0 < number < 65536:
+                return number
+            raise MalformedEvent(f"EndpointSlice port {name!r} is not a port: {number!r:.40}")
+    return None
+
+
+def peers_from_slice(
+    obj: Mapping[str, Any], port: int, pod_ip: str = "", peer_port_name: str = PEER_PORT_NAME
+) -> list[PeerInfo]:
     """Ready endpoints of one EndpointSlice (raw API JSON) as peers; ours always included.
 
     Raises MalformedEvent when the object does not have the EndpointSlice shape.
@@ -55,6 +75,7 @@ def peers_from_slice(obj: Mapping[str, Any], port: int, pod_ip: str = "") -> lis
         raise MalformedEvent(f"not an EndpointSlice: {str(obj)[:120]}")
     if address_type not in ("IPv4", "IPv6"):
         return []  # FQDN slices name hosts, not pods
+    peer_port = named_port(obj, peer_port_name) if peer_port_name else None
     peers = []
     for endpoint in endpoints:
         addresses = endpoint.get("addresses") if isinstance(endpoint, dict) else None
@@ -65,7 +86,8 @@ def peers_from_slice(obj: Mapping[str, Any], port: int, pod_ip: str = "") -> lis
         ready = conditions.get("ready") if isinstance(conditions, dict) else None
         if ready is False and ip != pod_ip:
             continue
-        peers.append(PeerInfo(grpc_address=join_host_port(ip, port)))
+        peer_address = join_host_port(ip, peer_port) if peer_port is not None else ""
+        peers.append(PeerInfo(join_host_port(ip, port), peer_address=peer_address))
     return peers
 
 
@@ -116,13 +138,17 @@ class KubernetesDiscovery:
         selector: str | None = None,
         pod_ip: str = "",
         pod_port: int = 1051,
+        peer_port_name: str = PEER_PORT_NAME,
         api_host: str | None = None,
         token: str | None = None,
         kubeconfig: str | None = None,
         watch_timeout: int = 300,
         backoff: float = 1.0,
         start_timeout: float = 10.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        """``peer_port_name``: the slice port naming each pod's PeersV1 port ("" to
+        ignore); ``registry``: where the discovery counters go (the node's)."""
         if selector is None:
             if not service_name:
                 raise ValueError("kubernetes discovery needs service_name or selector")
@@ -131,6 +157,7 @@ class KubernetesDiscovery:
         self.selector = selector
         self.pod_ip = pod_ip
         self.pod_port = int(pod_port)
+        self.peer_port_name = peer_port_name
         self.me = PeerInfo(join_host_port(pod_ip, self.pod_port)) if pod_ip else None
         self._configuration = make_configuration(api_host, token, kubeconfig)
         self._watch_timeout = watch_timeout
@@ -144,6 +171,7 @@ class KubernetesDiscovery:
         self._listed = asyncio.Event()
         self._slices: dict[str, list[PeerInfo]] = {}
         self._rlog = RateLimitedLog(log)
+        self.metrics = DiscoveryMetrics("kubernetes", registry)
         self.lists = 0
         self.malformed = 0
 
@@ -265,14 +293,14 @@ class KubernetesDiscovery:
         self._emit()
 
     def _peers(self, obj: Mapping[str, Any]) -> list[PeerInfo]:
-        return peers_from_slice(obj, self.pod_port, self.pod_ip)
+        return peers_from_slice(obj, self.pod_port, self.pod_ip, self.peer_port_name)
 
     def _count_failure(self, exc: Exception) -> None:
         # ValueError covers MalformedEvent, JSON errors and the client model validation
         if isinstance(exc, ValueError | KeyError | TypeError):
             self.malformed += 1
-            MALFORMED.labels("kubernetes").inc()
-        ERRORS.labels("kubernetes").inc()
+            self.metrics.malformed.inc()
+        self.metrics.errors.inc()
         self._rlog.warning("Kubernetes discovery: %r; relisting", exc, key="k8s")
 
     def _emit(self, first: bool = False) -> None:

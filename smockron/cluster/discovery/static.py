@@ -2,7 +2,10 @@
 file (``--peers-file``) and re-read when it changes.
 
 The list holds the gRPC address of every node, this one included; if the local node is
-missing it is added, so a node can always route to itself.
+missing it is added, so a node can always route to itself. An entry may name where its
+node serves PeersV1 after a slash (``10.0.0.1:1051/10.0.0.1:7000``, or ``10.0.0.1:1051/7000``
+on the same host); without one, peers are called at the gRPC port + 1 (or at the gRPC port
+with ``peers_on_grpc_port``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ _log = RateLimitedLog(log, interval=10.0)
 
 
 def parse_peers(text: str) -> list[PeerInfo]:
-    """``"a:1051, b:1051"`` -> PeerInfo list; raises ValueError naming a bad entry."""
+    """``"a:1051, b:1051/7000"`` -> PeerInfo list; raises ValueError naming a bad entry."""
     return [as_peer(item.strip()) for item in text.split(",") if item.strip()]
 
 
@@ -47,8 +50,8 @@ class StaticDiscovery:
 
 
 def read_peers_file(path: str) -> list[PeerInfo]:
-    """One gRPC address a line (commas also separate); blank lines and ``#`` comments
-    are skipped. Raises OSError (unreadable) or ValueError naming a bad entry."""
+    """One entry a line, as in ``--peers`` (commas also separate); blank lines and ``#``
+    comments are skipped. Raises OSError (unreadable) or ValueError naming a bad entry."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     items: list[PeerInfo] = []

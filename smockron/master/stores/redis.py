@@ -31,7 +31,7 @@ import re
 import struct
 import time
 from array import array
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -304,7 +304,7 @@ class RedisStore(TableSet[RedisTable]):
         if len(states) >= limit or not self.available():
             return list(states.items())[:limit]
         try:
-            async for ident, raw in scan_values(self.client, prefix, limit):
+            async for ident, raw in self._scan_values(prefix, limit):
                 if ident not in states:
                     state = parse(raw)
                     if state:
@@ -313,6 +313,41 @@ class RedisStore(TableSet[RedisTable]):
         except Exception as exc:
             self._down(exc, "resync scan")
         return list(states.items())[:limit]
+
+    async def _scan_values(self, prefix: bytes, limit: int) -> AsyncIterator[tuple[bytes, bytes]]:
+        """(key without ``prefix``, value) of up to ``limit`` keys under ``prefix``, one
+        SCAN and one read per ``SCAN_COUNT`` keys: each call is short (and has the
+        client's timeout), so a large keyspace never holds the loop long. Each node of
+        ``_scan_nodes`` is walked to its end in turn, as a SCAN walks one node's keys."""
+        pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", prefix) + b"*"
+        seen = 0
+        for node in await self._scan_nodes():
+            cursor = 0
+            while seen < limit:
+                cursor, keys = await self._scan_page(node, cursor, pattern)
+                keys = keys[: limit - seen]
+                if keys:
+                    seen += len(keys)
+                    values = await self._values(keys)
+                    for key, raw in zip(keys, values, strict=True):
+                        if isinstance(key, bytes) and isinstance(raw, bytes):  # not decoded
+                            yield key[len(prefix) :], raw
+                if cursor == 0:
+                    break
+
+    async def _scan_nodes(self) -> Sequence[Any]:
+        """What a listing walks: the one server."""
+        return (None,)
+
+    async def _scan_page(self, node: Any, cursor: int, pattern: bytes) -> tuple[int, list[Any]]:
+        page: tuple[int, list[Any]] = await self.client.scan(
+            cursor, match=pattern, count=SCAN_COUNT
+        )
+        return page
+
+    async def _values(self, keys: list[Any]) -> list[Any]:
+        values: list[Any] = await self.client.mget(keys)
+        return values
 
     async def close(self) -> None:
         try:
@@ -351,7 +386,7 @@ class ClusterRedisStore(RedisStore):
     pipeline of single-key GET/SET/DEL per batch instead of one Lua script (a script may
     only touch keys of one slot; identifiers spread over all of them). redis-py's cluster
     pipeline sends each node its commands, so a batch still costs one round trip per
-    node, and no key needs a hash tag."""
+    node, and no key needs a hash tag. RESYNC's listing SCANs every primary in turn."""
 
     scheme = "redis+cluster"
 
@@ -372,6 +407,23 @@ class ClusterRedisStore(RedisStore):
                 pipe.delete(key)
         await pipe.execute()
 
+    async def _scan_nodes(self) -> Sequence[Any]:
+        """Every primary: a SCAN answers for the node it is sent to, so each is walked
+        (the nodes as the client last learnt them, learning them first on a fresh
+        client; a failover fails the listing, which the next RESYNC repeats)."""
+        await self.client.initialize()  # no-op once the slots are known
+        primaries: list[Any] = self.client.get_primaries()
+        return primaries
+
+    async def _scan_page(self, node: Any, cursor: int, pattern: bytes) -> tuple[int, list[Any]]:
+        cursors, keys = await self.client.scan(
+            cursor, match=pattern, count=SCAN_COUNT, target_nodes=node
+        )
+        return int(cursors[node.name]), list(keys)
+
+    async def _values(self, keys: list[Any]) -> list[Any]:
+        return await self._read(keys)  # keys of many slots: GETs pipelined to their node
+
 
 def _records_of(blob: bytes) -> Iterable[tuple[bytes, bytes, int]]:
     """The write script's records, unpacked as its Lua does."""
@@ -389,28 +441,7 @@ def _records_of(blob: bytes) -> Iterable[tuple[bytes, bytes, int]]:
 
 
 SCAN_COUNT = 1000
-"""Keys asked per SCAN (and read per MGET) while listing states for a resync."""
-
-
-async def scan_values(
-    client: aioredis.Redis, prefix: bytes, limit: int
-) -> AsyncIterator[tuple[bytes, bytes]]:
-    """(key without ``prefix``, value) of up to ``limit`` keys under ``prefix``, one
-    SCAN and one MGET per ``SCAN_COUNT`` keys: each call is short (and has the
-    client's timeout), so a large keyspace never holds the loop long."""
-    pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", prefix) + b"*"
-    cursor, seen = 0, 0
-    while seen < limit:
-        cursor, keys = await client.scan(cursor, match=pattern, count=SCAN_COUNT)
-        keys = keys[: limit - seen]
-        if keys:
-            seen += len(keys)
-            values = await client.mget(keys)
-            for key, raw in zip(keys, values, strict=True):
-                if isinstance(key, bytes) and isinstance(raw, bytes):  # decode_responses off
-                    yield key[len(prefix) :], raw
-        if cursor == 0:
-            return
+"""Keys asked per SCAN (and read at once) while listing states for a resync."""
 
 
 def _unpack_or_none(raw: bytes) -> State | None:
