@@ -3,7 +3,8 @@
 Per instance, not module globals: several nodes in one process (tests, the functional
 cluster) each count their own calls, and the names stay those an operator scrapes. The
 node's ``/metrics`` serves this registry after prometheus-client's default one (which
-holds the process-wide counters: HTTP gateway, discovery, the Envoy front).
+holds what is still counted process-wide). The Envoy front registers its collector here
+too (``smockron.cluster.envoy.stats.upstream_metrics``).
 """
 
 from __future__ import annotations
@@ -58,5 +59,17 @@ class ClusterMetrics:
         self.unknown_method = Counter(
             "smockron_cluster_grpc_unknown_method_total",
             "gRPC calls to a method this node does not serve (native server).",
+            registry=reg,
+        )
+        self.http_malformed = Counter(
+            "smockron_cluster_http_malformed_total",
+            "HTTP requests rejected as malformed (bad HTTP, bad JSON, bad fields).",
+            ["reason"],
+            registry=reg,
+        )
+        self.tls_client_san_refused = Counter(
+            "smockron_cluster_tls_client_san_refused_total",
+            "Client certificates refused for lacking GRPC_CLIENT_TLS_SAN: connections "
+            "(native server) or calls (threads, asyncio).",
             registry=reg,
         )
