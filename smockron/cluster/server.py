@@ -20,7 +20,7 @@ from aiohttp import web
 from smockron.cluster import service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
-from smockron.cluster.http import make_app, make_status_app
+from smockron.cluster.http import make_app, make_status_app, server_log
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
@@ -175,7 +175,7 @@ class ClusterServer:
     async def _serve_http(
         self, app: web.Application, address: str, what: str, client_auth: bool = True
     ) -> None:
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, logger=server_log(self.node))
         await runner.setup()
         self._http.append(runner)
         host, port = split_address(address)

@@ -27,7 +27,7 @@ from prometheus_client import Counter
 from smockron.cluster import san
 from smockron.cluster.config import ClusterConfig
 from smockron.errors import ConfigError
-from smockron.ratelog import RateLimitedLog, escaped
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster")
 
@@ -299,7 +299,7 @@ class ClientSanCheck:
         error = san.mismatch(self.wanted, dns_names, ip_names)
         if error is not None:
             self._refused.inc()
-            self._log.warning("error validating client: %s", escaped(error))
+            self._log.warning("error validating client: %s", error)
         return error
 
     def refuses(self, context: grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]) -> bool:
