@@ -42,7 +42,7 @@ _bad_input_log = RateLimitedLog(log, interval=1.0)
 def server_log(node: Node) -> ServerLog:
     """aiohttp's logger for the node's HTTP listeners (``web.AppRunner``'s ``logger``):
     requests that are not HTTP are counted on the node (``bad_http``), one line a while."""
-    return ServerLog(log, node.metrics.http_malformed.labels("bad_http").inc)
+    return ServerLog(log, lambda: node.metrics.http_malformed.labels("bad_http").inc())
 
 
 def _error(status: int, code: int, message: str) -> web.Response:

@@ -268,7 +268,7 @@ async def test_garbage_bytes_on_http_port(node: Node) -> None:
     status, _ = await post(node, json.dumps({"requests": [item]}))
     assert status == 200
     async with aiohttp.ClientSession() as session, session.get(f"{node.http}/metrics") as resp:
-        assert 'smockron_cluster_http_malformed_total{reason="bad_http"}' in await resp.text()
+        assert 'smockron_cluster_http_malformed_total{reason="bad_http"} 3.0' in await resp.text()
 
 
 async def test_garbage_on_grpc_port(node: Node) -> None:
