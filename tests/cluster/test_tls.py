@@ -560,6 +560,21 @@ async def test_require_any_cert_on_the_native_server(tmp_path: Path, certs: Cert
         assert (r.error, r.remaining) == ("", 99)
 
 
+async def test_client_san_with_verify_cert_on_the_native_server(
+    tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify-cert: a certificate shown must carry GRPC_CLIENT_TLS_SAN; a client that
+    shows none is served (upstream's check has no verified chain to look at)."""
+    flags = envoy_front(tmp_path, certs, monkeypatch)
+    monkeypatch.setenv("GRPC_CLIENT_TLS_SAN", "localhost")
+    monkeypatch.setenv("GUBER_TLS_CLIENT_AUTH", "verify-cert")
+    with start_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
+        address = nodes[0].grpc_address
+        codes = [await should_rate_limit(address, credentials(certs, name))
+                 for name in ("client-auth", "", "client-auth-localhost")]  # fmt: skip
+    assert codes == ["UNAVAILABLE", "OK", "OVER_LIMIT"]
+
+
 def test_client_san_setting(certs: Certs, caplog: pytest.LogCaptureFixture) -> None:
     """GRPC_CLIENT_TLS_SAN is read with envoyproxy/ratelimit's other TLS variables, and
     checked only where client certificates are verified (upstream: with a client CA)."""
