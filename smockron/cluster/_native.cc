@@ -10,6 +10,10 @@
 //   server.shutdown(grace_seconds)    stop taking calls; cancel those still running after
 //                                     grace; returns when every call is done
 //   server.stats() -> dict            calls / no_request / dispatch_errors / finished_late
+//   tls = (key path, cert path, client CA path | None, request type, refresh seconds[,
+//          san_check])              san_check(dns_names, ip_names) -> None | error text,
+//                                     called once per connection whose client showed a
+//                                     certificate (GRPC_CLIENT_TLS_SAN): text refuses it
 //
 // All logic stays in Python (smockron/cluster/native.py). A call that Python drops
 // without finishing is finished with INTERNAL when its Call object is freed; a call the
@@ -25,12 +29,14 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/support/byte_buffer.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,6 +48,7 @@ class Reactor;
 
 struct Core {
   PyObject* dispatch = nullptr;  // strong ref, released under the GIL by the Server object
+  PyObject* san_check = nullptr;  // likewise (None when not asked for)
   std::unique_ptr<grpc::CallbackGenericService> service;
   std::unique_ptr<grpc::Server> server;
   std::atomic<bool> stopping{false};
@@ -304,6 +311,66 @@ class Service : public grpc::CallbackGenericService {
   Core* core_;
 };
 
+// ---- GRPC_CLIENT_TLS_SAN: the client certificate's names, checked in the handshake ----
+
+PyObject* name_list(const std::vector<grpc::string_ref>& names) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(names.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < names.size(); ++i) {
+    PyObject* item = PyUnicode_DecodeUTF8(names[i].data(), static_cast<Py_ssize_t>(names[i].size()),
+                                          "surrogateescape");
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
+}
+
+// Runs after libgrpc++ verified the chain, as upstream's VerifyPeerCertificate does: a
+// connection whose certificate Python's check refuses is closed before any call. The
+// check object belongs to the Core (released with it); handshakes end before that.
+class SanVerifier : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  explicit SanVerifier(PyObject* check) : check_(check) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
+    *sync_status = Check(request);
+    return true;  // decided synchronously
+  }
+
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  grpc::Status Check(grpc::experimental::TlsCustomVerificationCheckRequest* request) {
+    if (request->peer_cert().empty()) return grpc::Status::OK;  // none shown (verify-cert)
+    if (_Py_IsFinalizing()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "server stopping");
+    grpc::Status status = grpc::Status::OK;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* dns = name_list(request->dns_names());
+    PyObject* ips = dns == nullptr ? nullptr : name_list(request->ip_names());
+    PyObject* result = ips == nullptr ? nullptr : PyObject_CallFunctionObjArgs(check_, dns, ips, nullptr);
+    if (result == nullptr) {
+      PyErr_WriteUnraisable(check_);
+      status = grpc::Status(grpc::StatusCode::INTERNAL, "client certificate check failed");
+    } else if (result != Py_None) {
+      const char* text = PyUnicode_Check(result) ? PyUnicode_AsUTF8(result) : nullptr;
+      if (text == nullptr) PyErr_Clear();
+      status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                            text != nullptr ? text : "client certificate refused");
+    }
+    Py_XDECREF(result);
+    Py_XDECREF(ips);
+    Py_XDECREF(dns);
+    PyGILState_Release(gil);
+    return status;
+  }
+
+  PyObject* check_;  // borrowed from the Core
+};
+
 // ---- the Python Server object -----------------------------------------------------
 
 struct ServerObject {
@@ -333,23 +400,6 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   PyObject* options = nullptr;
   PyObject* tls = nullptr;
   if (!PyArg_ParseTuple(args, "Os|OO", &dispatch, &address, &options, &tls)) return -1;
-  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
-  if (tls != nullptr && tls != Py_None) {
-    // (key path, cert path, client CA path or None, grpc_ssl_client_certificate_request_type,
-    // refresh seconds): the files are watched, so a node reloads them without a restart
-    const char *key, *cert, *root = nullptr;
-    int request = 0;
-    unsigned int refresh = 1;
-    if (!PyArg_ParseTuple(tls, "ssziI", &key, &cert, &root, &request, &refresh)) return -1;
-    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        key, cert, root == nullptr ? "" : root, refresh);
-    grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
-    tls_options.watch_identity_key_cert_pairs();
-    if (root != nullptr) tls_options.watch_root_certs();
-    tls_options.set_cert_request_type(
-        static_cast<grpc_ssl_client_certificate_request_type>(request));
-    credentials = grpc::experimental::TlsServerCredentials(tls_options);
-  }
   if (!PyCallable_Check(dispatch)) {
     PyErr_SetString(PyExc_TypeError, "dispatch must be callable");
     return -1;
@@ -357,6 +407,34 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   if (self->core != nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "server already started");
     return -1;
+  }
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  PyObject* san_check = Py_None;
+  if (tls != nullptr && tls != Py_None) {
+    // (key path, cert path, client CA path or None, grpc_ssl_client_certificate_request_type,
+    // refresh seconds[, san_check]): the files are watched, so a node reloads them
+    // without a restart
+    const char *key, *cert, *root = nullptr;
+    int request = 0;
+    unsigned int refresh = 1;
+    if (!PyArg_ParseTuple(tls, "ssziI|O", &key, &cert, &root, &request, &refresh, &san_check))
+      return -1;
+    if (san_check != Py_None && !PyCallable_Check(san_check)) {
+      PyErr_SetString(PyExc_TypeError, "san_check must be callable or None");
+      return -1;
+    }
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        key, cert, root == nullptr ? "" : root, refresh);
+    grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
+    tls_options.watch_identity_key_cert_pairs();
+    if (root != nullptr) tls_options.watch_root_certs();
+    tls_options.set_cert_request_type(
+        static_cast<grpc_ssl_client_certificate_request_type>(request));
+    if (san_check != Py_None) {
+      tls_options.set_certificate_verifier(
+          grpc::experimental::ExternalCertificateVerifier::Create<SanVerifier>(san_check));
+    }
+    credentials = grpc::experimental::TlsServerCredentials(tls_options);
   }
   grpc::ServerBuilder builder;
   int parsed = for_each_grpc_option(
@@ -373,6 +451,8 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
   auto* core = new Core();
   Py_INCREF(dispatch);
   core->dispatch = dispatch;
+  Py_INCREF(san_check);
+  core->san_check = san_check;
   core->service = std::make_unique<Service>(core);
   int port = 0;
   builder.AddListeningPort(address, credentials, &port);
@@ -388,6 +468,7 @@ int Server_init(PyObject* op, PyObject* args, PyObject*) {
       Py_END_ALLOW_THREADS
     }
     Py_DECREF(dispatch);
+    Py_DECREF(san_check);
     delete core;
     self->port = 0;
     return 0;  // port 0 says "cannot bind", as grpc's add_insecure_port does
@@ -443,8 +524,9 @@ void Server_dealloc(PyObject* op) {
       idle = core->outstanding == 0;
     }
     if (idle) {
-      Py_CLEAR(core->dispatch);
       core->server.reset();
+      Py_CLEAR(core->dispatch);
+      Py_CLEAR(core->san_check);
       delete core;
     }  // else: a reactor still points at it; leak rather than crash
   }

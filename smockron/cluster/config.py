@@ -100,6 +100,9 @@ class ClusterConfig:
     tls_insecure_skip_verify: bool = False
     tls_min_version: str = "1.3"
     """Least TLS version of the HTTP gateway: 1.0, 1.1, 1.2 or 1.3 (Gubernator's default)."""
+    tls_client_san: str = ""
+    """envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN: a name (DNS or IP) that verified client
+    certificates must carry to call the gRPC port (smockron/cluster/san.py)."""
 
     @property
     def tls(self) -> bool:
@@ -186,7 +189,8 @@ class ClusterConfig:
                               "(GUBER_TLS_KEY), or GUBER_TLS_AUTO")  # fmt: skip
         if self.tls_ca_key and not self.tls_ca:
             raise ConfigError("GUBER_TLS_CA_KEY needs the CA certificate (GUBER_TLS_CA)")
-        if not self.tls and (self.tls_ca or self.tls_client_auth or self.tls_client_auth_ca_cert):
+        needs_tls = (self.tls_ca, self.tls_client_auth, self.tls_client_auth_ca_cert)
+        if not self.tls and any((*needs_tls, self.tls_client_san)):
             raise ConfigError("TLS settings given but no server certificate: set GUBER_TLS_CERT "
                               "and GUBER_TLS_KEY, or GUBER_TLS_AUTO=true")  # fmt: skip
         if self.tls_client_auth and not (self.tls_client_auth_ca_cert or self.tls_ca):
@@ -273,11 +277,13 @@ ENV: dict[str, tuple[str, Any]] = {
 }
 
 # envoyproxy/ratelimit's TLS variables, read when GRPC_SERVER_USE_TLS is true; the
-# GUBER_TLS_* ones win. A client CA there means clients must show a certificate it signed.
+# GUBER_TLS_* ones win. A client CA there means clients must show a certificate it signed
+# (and, with GRPC_CLIENT_TLS_SAN, one valid for that name).
 ENVOY_TLS_ENV: dict[str, tuple[str, Any]] = {
     "GRPC_SERVER_TLS_CERT": ("tls_cert", str),
     "GRPC_SERVER_TLS_KEY": ("tls_key", str),
     "GRPC_CLIENT_TLS_CACERT": ("tls_client_auth_ca_cert", str),
+    "GRPC_CLIENT_TLS_SAN": ("tls_client_san", str),
 }
 
 

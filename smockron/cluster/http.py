@@ -4,7 +4,9 @@ Output: snake_case field names, zero values present, int64 as strings, enums by 
 (``google.protobuf.json_format``). Input: camelCase or snake_case, numbers or strings,
 enum names or numbers; unknown fields are ignored like grpc-gateway does. Errors use
 grpc-gateway's body ``{"code": <grpc code>, "message": ..., "details": []}``. Malformed
-input gets a 400 that says what is wrong, a counter, and a rate-limited log line.
+input gets a 400 that says what is wrong, a counter, and a rate-limited log line; bytes
+that are not HTTP are counted by ``server_log``, the logger the node's runners give aiohttp.
+The counters are the node's (``smockron_cluster_http_malformed_total{reason}``).
 """
 
 from __future__ import annotations
@@ -16,28 +18,18 @@ from typing import Any
 
 from aiohttp import web
 from google.protobuf import json_format
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from smockron.cluster.api import TOO_MANY, answer, health_pb
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.httplog import ServerLog
 from smockron.observe import ObserveServer, Readiness, serve
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.http")
 
-MALFORMED = Counter(
-    "smockron_cluster_http_malformed_total",
-    "HTTP requests rejected as malformed (bad HTTP, bad JSON, bad fields).",
-    ["reason"],
-)
 MAX_BODY = 4 * 1024 * 1024
 _INVALID_ARGUMENT = 3
 _OUT_OF_RANGE = 11
@@ -47,33 +39,18 @@ _NODE: web.AppKey[Node] = web.AppKey("node", Node)
 _bad_input_log = RateLimitedLog(log, interval=1.0)
 
 
-class _HttpParserErrors(logging.Filter):
-    """Counts and throttles aiohttp's own log lines for bytes that are not HTTP."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._limiter = RateLimitedLog(log, interval=1.0)
-        self.pass_level = logging.INFO
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.getMessage().startswith("Error handling request"):
-            return record.levelno >= self.pass_level
-        MALFORMED.labels("bad_http").inc()
-        exc = record.exc_info[1] if record.exc_info else None
-        remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
-        self._limiter.warning("malformed HTTP from %s: %s", remote, exc)
-        return False
-
-
-_parser_filter = _HttpParserErrors()
+def server_log(node: Node) -> ServerLog:
+    """aiohttp's logger for the node's HTTP listeners (``web.AppRunner``'s ``logger``):
+    requests that are not HTTP are counted on the node (``bad_http``), one line a while."""
+    return ServerLog(log, lambda: node.metrics.http_malformed.labels("bad_http").inc())
 
 
 def _error(status: int, code: int, message: str) -> web.Response:
     return web.json_response({"code": code, "message": message, "details": []}, status=status)
 
 
-def _bad_request(reason: str, message: str) -> web.Response:
-    MALFORMED.labels(reason).inc()
+def _bad_request(request: web.Request, reason: str, message: str) -> web.Response:
+    request.app[_NODE].metrics.http_malformed.labels(reason).inc()
     _bad_input_log.warning("bad request (%s): %s", reason, message)
     return _error(400, _INVALID_ARGUMENT, message)
 
@@ -107,17 +84,19 @@ async def get_rate_limits(request: web.Request) -> web.Response:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return _bad_request("bad_json", f"request body is not valid JSON: {exc}")
+        return _bad_request(request, "bad_json", f"request body is not valid JSON: {exc}")
     except RecursionError:  # json's decoder recurses: thousands of nested [ or {
-        return _bad_request("bad_json", "request body is nested too deeply")
+        return _bad_request(request, "bad_json", "request body is nested too deeply")
     if not isinstance(data, dict):
-        return _bad_request("bad_json", "request body must be a JSON object with 'requests'")
+        return _bad_request(
+            request, "bad_json", "request body must be a JSON object with 'requests'"
+        )
     msg = pb.GetRateLimitsReq()
     try:
         _check_enum_names(data.get("requests"))
         json_format.ParseDict(data, msg, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
-        return _bad_request("bad_fields", f"invalid GetRateLimitsReq: {exc}")
+        return _bad_request(request, "bad_fields", f"invalid GetRateLimitsReq: {exc}")
     if len(msg.requests) > MAX_BATCH:
         return _error(400, _OUT_OF_RANGE, TOO_MANY)
     resps = await answer(request.app[_NODE], msg.requests)
@@ -196,11 +175,4 @@ def make_app(node: Node) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    server_log = logging.getLogger("aiohttp.server")
-    if _parser_filter not in server_log.filters:
-        # aiohttp logs non-HTTP bytes at DEBUG; let those reach the filter, which counts
-        # them, and keep passing what the logger passed before.
-        _parser_filter.pass_level = server_log.getEffectiveLevel()
-        server_log.setLevel(logging.DEBUG)
-        server_log.addFilter(_parser_filter)
     return app

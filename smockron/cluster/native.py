@@ -30,7 +30,7 @@ import grpc
 
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.threaded import Deferred, bridge
-from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, TLSMaterial
+from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, ClientSanCheck, TLSMaterial
 from smockron.errors import Aborted
 
 try:
@@ -102,17 +102,20 @@ class NativeServer:
         loop: asyncio.AbstractEventLoop,
         options: Sequence[tuple[str, Any]] = (),
         metrics: ClusterMetrics | None = None,
+        client_san: ClientSanCheck | None = None,
     ) -> None:
+        """``client_san``: checked in the TLS handshake of every connection (``use_tls``)."""
         if _native is None:
             raise RuntimeError("smockron.cluster._native is not built (no libgrpc++)")
         self.loop = loop
+        self._client_san = client_san
         self._unknown_method = (metrics or ClusterMetrics()).unknown_method
         self._options = list(options)
         self._threaded: list[grpc.GenericRpcHandler[Any, Any]] = []
         self._async: list[grpc.GenericRpcHandler[Any, Any]] = []
         self._cache: dict[str, _Entry | None] = {}
         self._server: Any = None
-        self._tls: tuple[str, str, str | None, int, int] | None = None
+        self._tls: tuple[str, str, str | None, int, int, Any] | None = None
         self._certs: CertDir | None = None
 
     def use_tls(self, material: TLSMaterial) -> None:
@@ -120,7 +123,8 @@ class NativeServer:
         keeps for ``ClusterServer``), every GUBER_TLS_CLIENT_AUTH mode exactly."""
         self._certs = CertDir()
         key, cert, ca = self._certs.write(material)
-        self._tls = (key, cert, ca, NATIVE_CLIENT_AUTH[material.client_auth], 1)
+        check = self._client_san.verify if self._client_san is not None else None
+        self._tls = (key, cert, ca, NATIVE_CLIENT_AUTH[material.client_auth], 1, check)
 
     def reload_tls(self, material: TLSMaterial) -> None:
         """libgrpc++ picks the new files up within a second."""

@@ -20,7 +20,7 @@ from aiohttp import web
 from smockron.cluster import service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
-from smockron.cluster.http import make_app, make_status_app
+from smockron.cluster.http import make_app, make_status_app, server_log
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
@@ -79,6 +79,9 @@ class ClusterServer:
         self.config = config.validate()
         self.tls = tls.load(self.config)
         self.node = Node(self.config, tls=self.tls, metrics=metrics)
+        self._client_san = tls.client_san_check(
+            self.config, self.tls, self.node.metrics.tls_client_san_refused
+        )
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
@@ -109,7 +112,11 @@ class ClusterServer:
     async def _listen(self) -> None:
         shared = self.config.peers_on_grpc_port
         server, threaded = make_grpc_server(
-            self.config.grpc_server, asyncio.get_running_loop(), GRPC_OPTIONS, self.node.metrics
+            self.config.grpc_server,
+            asyncio.get_running_loop(),
+            GRPC_OPTIONS,
+            self.node.metrics,
+            self._client_san,
         )
         if threaded is not None:
             service.add_threaded_fast_paths(threaded, self.node, peers=shared)
@@ -120,6 +127,9 @@ class ClusterServer:
         self._grpc = server
         if self.tls is not None:
             log.info("gRPC and HTTP on TLS (client auth: %s)", self.tls.client_auth or "none")
+        if self._client_san is not None:
+            log.info("gRPC clients' certificates must be valid for %s (GRPC_CLIENT_TLS_SAN)",
+                     self._client_san.wanted)  # fmt: skip
         log.info("GRPC Listening on %s ...", self.config.grpc_address)
         if shared:
             log.warning("PeersV1 is served on the gRPC port (peers_on_grpc_port): any client "
@@ -165,7 +175,7 @@ class ClusterServer:
     async def _serve_http(
         self, app: web.Application, address: str, what: str, client_auth: bool = True
     ) -> None:
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, logger=server_log(self.node))
         await runner.setup()
         self._http.append(runner)
         host, port = split_address(address)

@@ -162,11 +162,12 @@ class ThreadedServer:
         options: Sequence[tuple[str, Any]] = (),
         max_workers: int = MAX_WORKERS,
         unknown_method: Counter | None = None,
+        interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = (),
     ) -> None:
         self.loop = loop
         self._unknown_method = unknown_method
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="smockron-grpc")
-        self._server = grpc.server(self._pool, options=options)
+        self._server = grpc.server(self._pool, options=options, interceptors=list(interceptors))
 
     def add_generic_rpc_handlers(
         self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]

@@ -16,18 +16,23 @@ import socket
 import ssl
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import Counter
 
+from smockron.cluster import san
 from smockron.cluster.config import ClusterConfig
 from smockron.errors import ConfigError
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster")
 
 REQUIRE_MODES = ("require-any-cert", "require-and-verify")
+VERIFY_MODES = ("verify-cert", "require-and-verify")
 # GUBER_TLS_CLIENT_AUTH -> grpc_ssl_client_certificate_request_type (grpc_security_constants.h)
 NATIVE_CLIENT_AUTH = {
     "": 0,  # GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
@@ -262,3 +267,148 @@ def names(config: ClusterConfig) -> list[str]:
     with contextlib.suppress(OSError):
         found.append(socket.gethostbyname(socket.gethostname()))
     return list(dict.fromkeys(found))
+
+
+REFUSED = "tls: bad certificate"
+"""What a client refused for GRPC_CLIENT_TLS_SAN is told (with UNAVAILABLE): upstream's
+handshake ends with that alert, and the reason is only logged on the server."""
+
+_Behavior = Callable[[Any, Any], Any]
+
+
+class ClientSanCheck:
+    """GRPC_CLIENT_TLS_SAN (envoyproxy/ratelimit): a client certificate the gRPC port
+    verified must also be valid for this name (``san.mismatch``), or the client is refused.
+
+    The native server asks ``verify`` once per connection, in the handshake, as upstream
+    does. ``grpc.server`` and ``grpc.aio`` have no such hook, so their ``interceptor``
+    asks the call's auth context on every call and ends a refused one with UNAVAILABLE,
+    the code a client of a refused handshake gets. Either way a refusal is counted and
+    logged (rate-limited) with Go's reason."""
+
+    def __init__(self, wanted: str, refused: Counter, required: bool = True) -> None:
+        """``required``: client certificates are required (not only verified when shown)."""
+        self.wanted = wanted
+        self.required = required
+        self._refused = refused
+        self._log = RateLimitedLog(log)
+        self._guarded: dict[Any, Any] = {}
+
+    def verify(self, dns_names: list[str], ip_names: list[str]) -> str | None:
+        """None when a certificate with these SANs may connect; else why not."""
+        error = san.mismatch(self.wanted, dns_names, ip_names)
+        if error is not None:
+            self._refused.inc()
+            self._log.warning("error validating client: %s", error)
+        return error
+
+    def refuses(self, context: grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]) -> bool:
+        """Is this call's client certificate without the name? (No certificate is
+        refused too: the transports that ask here require one.)"""
+        auth = context.auth_context()
+        dns, ips = ([_text(v) for v in auth.get(k, ())] for k in ("peer_dns", "peer_ip"))
+        return self.verify(dns, ips) is not None
+
+    def interceptor(self, aio: bool) -> Any:
+        """The server interceptor of ``grpc.server`` (or of ``grpc.aio.server``); None
+        when certificates are not required, as these servers then ask for none (and a
+        client that shows none passes upstream's check too)."""
+        if not self.required:
+            return None
+        return _AioSanInterceptor(self) if aio else _SanInterceptor(self)
+
+    def guard(self, handler: Any, aio: bool) -> Any:
+        """``handler`` with every behavior refusing calls that ``refuses``."""
+        key = (handler, aio)
+        guarded = self._guarded.get(key)
+        if guarded is None:
+            wrap = self._wrap_aio if aio else self._wrap
+            guarded = handler._replace(
+                **{kind: wrap(kind, getattr(handler, kind)) for kind in _KINDS}
+            )
+            if len(self._guarded) < 1024:
+                self._guarded[key] = guarded
+        return guarded
+
+    def _wrap(self, kind: str, behavior: _Behavior | None) -> _Behavior | None:
+        if behavior is None:
+            return None
+        inner = behavior
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            if self.refuses(context):
+                context.abort(grpc.StatusCode.UNAVAILABLE, REFUSED)
+            return inner(request, context)
+
+        return call
+
+    def _wrap_aio(self, kind: str, behavior: _Behavior | None) -> _Behavior | None:
+        if behavior is None:
+            return None
+        inner = behavior
+
+        if kind.endswith("_stream"):  # an async generator of responses
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if self.refuses(context):
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, REFUSED)
+                async for response in inner(request, context):
+                    yield response
+
+            return stream
+
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if self.refuses(context):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, REFUSED)
+            result = inner(request, context)
+            return await result if isinstance(result, Awaitable) else result
+
+        return call
+
+
+_KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+
+
+def _text(value: bytes | int) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+class _SanInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    def __init__(self, check: ClientSanCheck) -> None:
+        self._check = check
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = continuation(details)
+        return None if handler is None else self._check.guard(handler, aio=False)
+
+
+class _AioSanInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    def __init__(self, check: ClientSanCheck) -> None:
+        self._check = check
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(details)
+        return None if handler is None else self._check.guard(handler, aio=True)
+
+
+def client_san_check(config: ClusterConfig, material: TLSMaterial | None, refused: Counter
+                     ) -> ClientSanCheck | None:  # fmt: skip
+    """The gRPC port's GRPC_CLIENT_TLS_SAN check, or None. As upstream, the name is
+    looked for only in certificates the handshake verified: with another
+    GUBER_TLS_CLIENT_AUTH mode it has nothing to check, and says so."""
+    if not config.tls_client_san or material is None:
+        return None
+    if material.client_auth not in VERIFY_MODES:
+        log.warning("GRPC_CLIENT_TLS_SAN=%s is not checked: client certificates are not "
+                    "verified (GUBER_TLS_CLIENT_AUTH=%s)", config.tls_client_san,
+                    material.client_auth or "none")  # fmt: skip
+        return None
+    return ClientSanCheck(config.tls_client_san, refused, material.client_auth in REQUIRE_MODES)

@@ -24,6 +24,7 @@ from smockron.cluster import native
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.native import NativeServer
 from smockron.cluster.threaded import ThreadedServer
+from smockron.cluster.tls import ClientSanCheck
 
 log = logging.getLogger("smockron.cluster")
 
@@ -55,16 +56,22 @@ def make_grpc_server(
     loop: asyncio.AbstractEventLoop,
     options: Sequence[tuple[str, Any]],
     metrics: ClusterMetrics,
+    client_san: ClientSanCheck | None = None,
 ) -> tuple[GrpcServer, ThreadedTransport | None]:
-    """The server ``kind`` names, and the same object when it is a threaded one."""
+    """The server ``kind`` names, and the same object when it is a threaded one;
+    ``client_san`` checks client certificates (in the handshake, or on every call)."""
     if kind == "native" and not native.AVAILABLE:
         log.warning("gRPC server: native extension not built (no libgrpc++); using threads")
         kind = "threads"
     threaded: ThreadedTransport
+    interceptor = client_san.interceptor(aio=kind == "asyncio") if client_san else None
+    interceptors = [interceptor] if interceptor is not None else []
     if kind == "native":
-        threaded = NativeServer(loop, options, metrics)
+        threaded = NativeServer(loop, options, metrics, client_san)
     elif kind == "threads":
-        threaded = ThreadedServer(loop, options, unknown_method=metrics.unknown_method)
+        threaded = ThreadedServer(
+            loop, options, unknown_method=metrics.unknown_method, interceptors=interceptors
+        )
     else:
-        return grpc.aio.server(options=options), None
+        return grpc.aio.server(options=options, interceptors=interceptors), None
     return threaded, threaded

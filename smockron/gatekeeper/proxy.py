@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
@@ -22,9 +21,9 @@ from smockron.gatekeeper.core import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
 from smockron.gatekeeper.state import Verdict
+from smockron.httplog import ServerLog
 from smockron.observe import CountersCollector, ObserveServer, Readiness, bound, serve
 from smockron.observe.layouts import GATEKEEPER
-from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.gatekeeper.proxy")
 
@@ -56,37 +55,6 @@ def end_to_end(headers: Iterable[tuple[str, str]], connection: str | None) -> CI
         if name.lower() not in drop:
             out.add(name, value)
     return out
-
-
-class ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """aiohttp's server logger, minus the flood: malformed HTTP is counted, one line a while.
-
-    aiohttp logs every unparsable request at ERROR with a traceback, so a client sending
-    garbage could fill the disk; those become a rate-limited warning and a counter. Any
-    other exception (a bug of ours) keeps its traceback.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(logging.getLogger("aiohttp.server"), {})
-        self.bad_requests = 0
-        self._bad_log = RateLimitedLog(log)
-
-    def _bad_request(self, kwargs: dict[str, Any]) -> bool:
-        exc = kwargs.get("exc_info")
-        if not isinstance(exc, HttpProcessingError):
-            return False
-        self.bad_requests += 1
-        self._bad_log.warning("malformed HTTP request: %s", str(exc).splitlines()[0])
-        return True
-
-    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
-        if not self._bad_request(kwargs):
-            super().exception(msg, *args, **kwargs)
-
-    def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
-        # aiohttp logs a bad method on a connection's first request (non-HTTP traffic) here
-        if not self._bad_request(kwargs):
-            super().debug(msg, *args, **kwargs)
 
 
 def request_info(request: web.Request) -> RequestInfo:
@@ -124,7 +92,7 @@ class GatekeeperProxy:
         )
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
-        self.server_log = ServerLog()
+        self.server_log = ServerLog(log)
         self.metrics = metrics
         self.listener: ObserveServer | None = None
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from smockron.cluster.envoy import (
     EnvoyConfig,
@@ -21,6 +21,7 @@ from smockron.cluster.envoy import (
 )
 from smockron.cluster.envoy.pb import ratelimit_pb2, ratelimit_unit_pb2, rls_pb2, rls_pb2_grpc
 from smockron.cluster.local import LocalLimiter
+from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 
 # 30 s into a minute, so minute windows have 30 s left.
@@ -73,10 +74,15 @@ def config(tmp_path: Path) -> EnvoyConfig:
 
 
 async def serve(
-    limiter: object, config: EnvoyConfig, clock: Clock, headers: bool = False
+    limiter: object,
+    config: EnvoyConfig,
+    clock: Clock,
+    headers: bool = False,
+    metrics: ClusterMetrics | None = None,
 ) -> AsyncIterator[Env]:
     server = grpc.aio.server()
-    servicer = add_to_server(server, limiter, config, clock, response_headers=headers)  # type: ignore[arg-type]
+    servicer = add_to_server(server, limiter, config, clock, response_headers=headers,  # type: ignore[arg-type]
+                             metrics=metrics)  # fmt: skip
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -212,6 +218,24 @@ async def test_invalid_and_malformed_requests_are_rejected_and_counted(env: Env)
     assert registry.get_sample_value("smockron_envoy_calls_total") == 5
     # Still serving.
     assert (await ask(env, desc(("generic_key", "slowpath")))).overall_code == OK
+
+
+async def test_upstream_metrics_are_the_nodes(config: EnvoyConfig) -> None:
+    """Upstream's metric names are exported on the registry of the node the servicer
+    serves (two in one process count apart), never on the process's default one."""
+    totals = []
+    for calls in (1, 3):
+        clock, metrics = Clock(), ClusterMetrics()
+        async for env in serve(LocalLimiter(clock=clock), config, clock, metrics=metrics):
+            for _ in range(calls):
+                await ask(env, desc(("generic_key", "slowpath")))
+        labels = {"grpc_method": "ShouldRateLimit"}
+        totals.append(
+            metrics.registry.get_sample_value("ratelimit_service_total_requests_total", labels)
+        )
+    assert totals == [1, 3]
+    names = {m.name for m in REGISTRY.collect()}
+    assert not any(name.startswith("ratelimit_service") for name in names)
 
 
 class BrokenLimiter:

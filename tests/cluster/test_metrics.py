@@ -3,10 +3,12 @@ registry passed in is the one counted on."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import aiohttp
 import grpc
-from prometheus_client import CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.static import StaticDiscovery
@@ -43,3 +45,46 @@ async def test_two_nodes_count_apart_on_their_own_registries() -> None:
     other = servers[1].node.metrics.registry
     assert other is not registry
     assert other.get_sample_value(CHECKS, {"route": "local"}) == 1
+
+
+MALFORMED = "smockron_cluster_http_malformed_total"
+
+
+async def test_two_nodes_count_malformed_http_apart() -> None:
+    """Bad JSON and bytes that are not HTTP are counted by the node whose gateway got
+    them, and nothing lands on the process's default registry."""
+    ports = free_ports(4)
+    servers = []
+    for g, h in ((ports[0], ports[1]), (ports[2], ports[3])):
+        config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
+                               grpc_server="asyncio")  # fmt: skip
+        servers.append(ClusterServer(config, StaticDiscovery([config.grpc_address])))
+    for server in servers:
+        await server.start()
+    try:
+        first, second = (s.config.http_address for s in servers)
+        async with aiohttp.ClientSession() as session:
+            for body in ("{not json", "[1]", '{"requests": 5}'):
+                async with session.post(f"http://{first}/v1/GetRateLimits", data=body) as r:
+                    assert r.status == 400
+        for address, times in ((first, 1), (second, 2)):
+            host, port = address.split(":")
+            for _ in range(times):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+                assert b" 400 " in await asyncio.wait_for(reader.readline(), 5)
+                writer.close()
+                await writer.wait_closed()
+    finally:
+        for server in servers:
+            await server.stop()
+    counts = [
+        {reason: s.node.metrics.registry.get_sample_value(MALFORMED, {"reason": reason})
+         for reason in ("bad_json", "bad_fields", "bad_http")}
+        for s in servers
+    ]  # fmt: skip
+    assert counts == [
+        {"bad_json": 2, "bad_fields": 1, "bad_http": 1},
+        {"bad_json": None, "bad_fields": None, "bad_http": 2},
+    ]
+    assert REGISTRY.get_sample_value(MALFORMED, {"reason": "bad_http"}) is None

@@ -46,7 +46,8 @@ class Certs:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     """Like upstream's contrib/certs: ca, gubernator (127.0.0.1, localhost),
-    gubernator_no_ip_san (the name ``gubernator`` only), client-auth-ca and client-auth."""
+    gubernator_no_ip_san (the name ``gubernator`` only), client-auth-ca and client-auth;
+    and client-auth-localhost, the client certificate of envoyproxy/ratelimit's mTLS test."""
     d = tmp_path_factory.mktemp("certs")
     ca, ca_key = tlsgen.make_ca()
     client_ca, client_ca_key = tlsgen.make_ca("client-auth")
@@ -59,6 +60,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
         "gubernator": tlsgen.make_cert(ca, ca_key, ["localhost", "127.0.0.1"]),
         "gubernator_no_ip_san": tlsgen.make_cert(ca, ca_key, ["gubernator"]),
         "client-auth": tlsgen.make_cert(client_ca, client_ca_key, ["client"]),
+        "client-auth-localhost": tlsgen.make_cert(client_ca, client_ca_key, ["localhost"]),
     }.items():
         made[f"{name}.pem"], made[f"{name}.key"] = pair
     for name, data in made.items():
@@ -361,12 +363,10 @@ async def test_guber_tls_environment(
         assert r.remaining == 99
 
 
-async def test_envoy_front_on_tls_from_ratelimit_variables(
-    tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2, rls_pb2_grpc
-
-    (tmp_path / "edge.yaml").write_text(
+def envoy_front(tmp: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    """The flags of an Envoy front (one request a minute), and envoyproxy/ratelimit's
+    variables for TLS with client certificates from client-auth-ca."""
+    (tmp / "edge.yaml").write_text(
         "domain: edge\ndescriptors:\n  - key: generic_key\n    value: slowpath\n"
         "    rate_limit: {unit: minute, requests_per_unit: 1}\n"
     )
@@ -374,22 +374,66 @@ async def test_envoy_front_on_tls_from_ratelimit_variables(
     monkeypatch.setenv("GRPC_SERVER_TLS_CERT", f"{certs.dir}/gubernator.pem")
     monkeypatch.setenv("GRPC_SERVER_TLS_KEY", f"{certs.dir}/gubernator.key")
     monkeypatch.setenv("GRPC_CLIENT_TLS_CACERT", f"{certs.dir}/client-auth-ca.pem")
+    return ("--envoy-config", str(tmp / "edge.yaml"))
+
+
+async def should_rate_limit(address: str, creds: grpc.ChannelCredentials) -> str:
+    """The Envoy front's answer (OK, OVER_LIMIT) or the call's status code."""
+    from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2, rls_pb2_grpc
+
     descriptor = ratelimit_pb2.RateLimitDescriptor()
     descriptor.entries.add(key="generic_key", value="slowpath")
     request = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor], hits_addend=1)
-    with start_nodes(tmp_path, "--envoy-config", str(tmp_path / "edge.yaml")) as nodes:
+    async with grpc.aio.secure_channel(address, creds) as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            resp = await stub.ShouldRateLimit(request, timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return str(exc.code().name)
+    return str(rls_pb2.RateLimitResponse.Code.Name(resp.overall_code))
+
+
+async def test_envoy_front_on_tls_from_ratelimit_variables(
+    tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = envoy_front(tmp_path, certs, monkeypatch)
+    with start_nodes(tmp_path, *flags) as nodes:
         address = nodes[0].grpc_address
         codes = []
         for creds in (credentials(certs), *[credentials(certs, "client-auth")] * 2):
-            async with grpc.aio.secure_channel(address, creds) as channel:
-                stub = rls_pb2_grpc.RateLimitServiceStub(channel)  # type: ignore[no-untyped-call]
-                try:
-                    resp = await stub.ShouldRateLimit(request, timeout=5)
-                except grpc.aio.AioRpcError as exc:
-                    codes.append(exc.code().name)
-                else:
-                    codes.append(rls_pb2.RateLimitResponse.Code.Name(resp.overall_code))
+            codes.append(await should_rate_limit(address, creds))
     assert codes == ["UNAVAILABLE", "OK", "OVER_LIMIT"]
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_Test_mTLS(
+    tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch, server: str
+) -> None:
+    """envoyproxy/ratelimit's Test_mTLS: GRPC_CLIENT_TLS_SAN=localhost and a client
+    certificate for localhost from the client CA. And what the setting is for: a
+    certificate from that CA without the name is refused (UNAVAILABLE, as a refused
+    handshake), so is none; a refusal is counted and logged with Go's reason."""
+    flags = envoy_front(tmp_path, certs, monkeypatch)
+    monkeypatch.setenv("GRPC_CLIENT_TLS_SAN", "localhost")
+    good, other = credentials(certs, "client-auth-localhost"), credentials(certs, "client-auth")
+    with start_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
+        address = nodes[0].grpc_address
+        codes = [await should_rate_limit(address, c) for c in (good, other, credentials(certs))]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # every service of the port
+            await make_request(address, other)
+        r = await make_request(address, good)
+        context = ssl.create_default_context(cafile=certs.ca_cert)
+        context.load_cert_chain(*(f"{certs.dir}/client-auth-localhost.{x}" for x in ("pem", "key")))
+        url = f"https://127.0.0.1:{nodes[0].http_port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url, ssl=context) as resp:
+            metrics = await resp.text()
+        log = nodes[0].proc.log()
+    assert codes == ["OK", "UNAVAILABLE", "UNAVAILABLE"]
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (r.error, r.remaining) == ("", 99)
+    assert "smockron_cluster_tls_client_san_refused_total 2.0" in metrics
+    assert "error validating client: x509: certificate is valid for client, not localhost" in log
+    assert "GRPC_CLIENT_TLS_SAN" in log
 
 
 @pytest.mark.parametrize(("flags", "served"), [((), False), (("--tls-min-version", "1.2"), True)])
@@ -514,3 +558,47 @@ async def test_require_any_cert_on_the_native_server(tmp_path: Path, certs: Cert
             await make_request(nodes[0].grpc_address, credentials(certs))
         r = await make_request(nodes[0].grpc_address, credentials(certs, "client-auth"))
         assert (r.error, r.remaining) == ("", 99)
+
+
+async def test_client_san_with_verify_cert_on_the_native_server(
+    tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify-cert: a certificate shown must carry GRPC_CLIENT_TLS_SAN; a client that
+    shows none is served (upstream's check has no verified chain to look at)."""
+    flags = envoy_front(tmp_path, certs, monkeypatch)
+    monkeypatch.setenv("GRPC_CLIENT_TLS_SAN", "localhost")
+    monkeypatch.setenv("GUBER_TLS_CLIENT_AUTH", "verify-cert")
+    with start_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
+        address = nodes[0].grpc_address
+        codes = [await should_rate_limit(address, credentials(certs, name))
+                 for name in ("client-auth", "", "client-auth-localhost")]  # fmt: skip
+    assert codes == ["UNAVAILABLE", "OK", "OVER_LIMIT"]
+
+
+def test_client_san_setting(certs: Certs, caplog: pytest.LogCaptureFixture) -> None:
+    """GRPC_CLIENT_TLS_SAN is read with envoyproxy/ratelimit's other TLS variables, and
+    checked only where client certificates are verified (upstream: with a client CA)."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from smockron.cluster import tls
+    from smockron.cluster.config import ClusterConfig, from_env
+    from smockron.errors import ConfigError
+
+    env = {"GRPC_SERVER_TLS_CERT": f"{certs.dir}/gubernator.pem",
+           "GRPC_SERVER_TLS_KEY": f"{certs.dir}/gubernator.key",
+           "GRPC_CLIENT_TLS_SAN": "localhost"}  # fmt: skip
+    assert from_env(env).tls_client_san == ""  # GRPC_SERVER_USE_TLS is off
+    config = from_env({**env, "GRPC_SERVER_USE_TLS": "true"})
+    assert config.tls_client_san == "localhost"
+    with pytest.raises(ConfigError, match="no server certificate"):
+        ClusterConfig(tls_client_san="localhost").validate()
+    registry = CollectorRegistry()
+    counter = Counter("san_refused", "test", registry=registry)
+    assert tls.client_san_check(config, tls.load(config), counter) is None  # no client CA
+    assert "GRPC_CLIENT_TLS_SAN=localhost is not checked" in caplog.text
+    ca = f"{certs.dir}/client-auth-ca.pem"
+    verified = from_env({**env, "GRPC_SERVER_USE_TLS": "true", "GRPC_CLIENT_TLS_CACERT": ca})
+    check = tls.client_san_check(verified, tls.load(verified), counter)
+    assert check is not None and check.required and check.wanted == "localhost"
+    assert check.verify(["client"], []) is not None and check.verify(["localhost"], []) is None
+    assert registry.get_sample_value("san_refused_total") == 1

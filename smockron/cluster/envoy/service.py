@@ -45,14 +45,15 @@ from smockron.cluster.envoy.headers import rate_limit_headers, speaking_status
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
 from smockron.cluster.envoy.settings import EnvoySettings
 from smockron.cluster.envoy.stats import (
-    UPSTREAM_METRICS,
     EnvoyStats,
     EnvoyStatsCollector,
     LimitStats,
+    UpstreamMetrics,
     near_threshold,
     record,
 )
 from smockron.cluster.local import epoch_ms
+from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -62,6 +63,7 @@ from smockron.cluster.model import (
     Status,
 )
 from smockron.cluster.native import NativeServer
+from smockron.cluster.node import Node
 from smockron.cluster.threaded import ThreadedServer, fast_or_bridged, keep_none
 from smockron.cluster.transports import GrpcServer
 from smockron.core import calendar
@@ -114,9 +116,12 @@ class RateLimitServicer:
         *,
         response_headers: bool | None = None,
         settings: EnvoySettings | None = None,
+        metrics: ClusterMetrics | None = None,
     ) -> None:
         """``settings`` default to envoyproxy/ratelimit's environment variables;
-        ``response_headers``, when given, overrides their LIMIT_RESPONSE_HEADERS_ENABLED."""
+        ``response_headers``, when given, overrides their LIMIT_RESPONSE_HEADERS_ENABLED;
+        ``metrics``: the node whose registry exports the counters under upstream's names
+        (none: they are only read here)."""
         settings = settings if settings is not None else EnvoySettings.from_env()
         if response_headers is not None:
             settings = dataclasses.replace(settings, response_headers=response_headers)
@@ -129,7 +134,8 @@ class RateLimitServicer:
         self._near_ratio = settings.near_limit_ratio
         self._clock = clock
         self._log = RateLimitedLog(log)
-        UPSTREAM_METRICS.sources.add(self)
+        if metrics is not None:
+            metrics.shared(UpstreamMetrics.NAME, UpstreamMetrics).sources.add(self)
 
     @property
     def response_headers(self) -> bool:
@@ -422,17 +428,26 @@ def add_to_server(
     *,
     response_headers: bool | None = None,
     settings: EnvoySettings | None = None,
+    metrics: ClusterMetrics | None = None,
 ) -> RateLimitServicer:
     """Serve ShouldRateLimit on ``server``; the servicer is returned for its stats/config.
 
     ``settings`` default to envoyproxy/ratelimit's environment variables (settings.py);
-    ``response_headers`` overrides their LIMIT_RESPONSE_HEADERS_ENABLED.
+    ``response_headers`` overrides their LIMIT_RESPONSE_HEADERS_ENABLED. The counters
+    are exported on ``metrics`` (by default those of ``limiter`` when it is a node).
 
     The handler is registered by hand (not with the generated helper) so that bytes that do
     not decode reach the servicer as None and are counted and logged like other bad input.
     """
+    if metrics is None and isinstance(limiter, Node):
+        metrics = limiter.metrics
     servicer = RateLimitServicer(
-        limiter, config, clock, response_headers=response_headers, settings=settings
+        limiter,
+        config,
+        clock,
+        response_headers=response_headers,
+        settings=settings,
+        metrics=metrics,
     )
     decide = getattr(limiter, "answer_here", None)
     if isinstance(server, ThreadedServer | NativeServer) and decide is not None:

@@ -2,9 +2,10 @@
 
 Upstream emits statsd counters (``ratelimit.service.rate_limit.<stats key>.over_limit``
 ...) and, with ``USE_PROMETHEUS``, maps them to Prometheus names with its
-``default_mapper.yaml``. smockron has no statsd output; every live servicer's counters are
-exported on the process's default Prometheus registry (the cluster's ``/metrics``) under
-upstream's mapped names, plus the ``_total`` suffix Prometheus clients give counters:
+``default_mapper.yaml``. smockron has no statsd output; the counters of a node's servicers
+are exported on the node's registry (its ``/metrics``; ``UpstreamMetrics``, added by the
+servicer) under upstream's mapped names, plus the ``_total`` suffix Prometheus clients give
+counters:
 
 ==========================================================  ===============================
 metric                                                      upstream statsd counter
@@ -33,7 +34,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -107,7 +107,7 @@ class EnvoyStatsCollector(Collector):
     """Exports an EnvoyStats as Prometheus counters ``smockron_envoy_<field>_total``.
 
     Register it on the registry behind ``/metrics``:
-    ``REGISTRY.register(EnvoyStatsCollector(servicer.stats))``.
+    ``node.metrics.registry.register(EnvoyStatsCollector(servicer.stats))``.
     """
 
     def __init__(self, stats: EnvoyStats) -> None:
@@ -141,7 +141,11 @@ def stat_labels(stats_key: str) -> tuple[str, str, str]:
 
 
 class UpstreamMetrics(Collector):
-    """Every live servicer's counters under envoyproxy/ratelimit's Prometheus names."""
+    """The counters of every live servicer in ``sources`` (those of one node) under
+    envoyproxy/ratelimit's Prometheus names."""
+
+    NAME = "envoy_upstream"
+    """Its name among a node's shared collectors (``ClusterMetrics.shared``)."""
 
     def __init__(self) -> None:
         self.sources: weakref.WeakSet[StatsSource] = weakref.WeakSet()
@@ -210,6 +214,3 @@ def _sum(items: Iterator[tuple[tuple[str, ...], int]]) -> dict[tuple[str, ...], 
         out[labels] = out.get(labels, 0) + value
     return out
 
-
-UPSTREAM_METRICS = UpstreamMetrics()
-REGISTRY.register(UPSTREAM_METRICS)
