@@ -2,8 +2,9 @@
 
 Per instance, not module globals: several nodes in one process (tests, the functional
 cluster) each count their own calls, and the names stay those an operator scrapes. The
-node's ``/metrics`` serves this registry after prometheus-client's default one (which
-holds what is still counted process-wide). The Envoy front adds its collector with
+node's ``/metrics`` serves this registry after prometheus-client's default one (the
+process and Python runtime collectors). Discovery counts on the same registry when the
+command line builds it (``registry=``); the Envoy front adds its collector with
 ``shared`` when it starts.
 """
 
