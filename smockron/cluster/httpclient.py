@@ -227,7 +227,9 @@ class _Connection:
         sock = self.sock
         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
         sock.sendall(request)
-        data = self._recv(deadline)
+        data = sock.recv(_RECV)  # the whole answer, mostly; later reads check the deadline
+        if not data:
+            raise ConnectionResetError("the server closed the connection")
         while (end := data.find(b"\r\n\r\n")) < 0:
             if len(data) > MAX_HEAD:
                 raise _bad(f"head longer than {MAX_HEAD} bytes")
