@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import select
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
@@ -153,22 +156,36 @@ def gateway_error(status: int, body: bytes) -> CallError:
     return CallError(_HTTP_CODES.get(status, UNKNOWN), f"HTTP {status}: {text!r}")
 
 
+_HEADER_LINES = re.compile(rb"(?:\r\n[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\r\n]*)*")
+"""Every line after the status line: a token name, a colon, no CR or LF in the value."""
+_FRAMING = re.compile(
+    rb"\r\n(content-length|transfer-encoding|connection):([^\r\n]*)", re.IGNORECASE
+)
+"""The headers that frame the answer. Greedy to the end of the line, stripped after:
+a lazy match with trailing blanks would backtrack quadratically on a long run of them."""
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,8}")
+
+
 def parse_head(head: bytes) -> tuple[int, int | None, bool]:
     """(status, Content-Length or None for chunked, keep-alive) of a response head (the
     bytes before the blank line). Anything but HTTP/1.x with one framing is refused."""
-    lines = head.split(b"\r\n")
-    status_line = lines[0]
-    version, code = status_line[:9], status_line[9:12]
-    if version not in (b"HTTP/1.1 ", b"HTTP/1.0 ") or not code.isdigit():
-        raise _bad(f"status line {status_line[:100]!r}")
+    version, code = head[:9], head[9:12]
+    eol = head.find(b"\r\n")
+    if eol < 0:
+        eol = len(head)
+    if (
+        version not in (b"HTTP/1.1 ", b"HTTP/1.0 ")
+        or not code.isdigit()
+        or (eol > 12 and head[12] != 32)  # a space before the reason phrase
+    ):
+        raise _bad(f"status line {head[: min(eol, 100)]!r}")
+    if not _HEADER_LINES.fullmatch(head, eol):
+        raise _bad(f"header lines {head[eol : eol + 200]!r}")
     keep = version == b"HTTP/1.1 "
     length: int | None = None
     chunked = False
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise _bad(f"header line {line[:100]!r}")
-        name, value = name.lower(), value.strip()
+    for name, raw in _FRAMING.findall(head, eol):
+        name, value = name.lower(), raw.strip(b" \t")
         if name == b"content-length":
             if not value.isdigit() or len(value) > 12 or (length is not None and
                                                            int(value) != length):  # fmt: skip
@@ -178,7 +195,7 @@ def parse_head(head: bytes) -> tuple[int, int | None, bool]:
             if value.lower() != b"chunked":
                 raise _bad(f"Transfer-Encoding {value[:100]!r}")
             chunked = True
-        elif name == b"connection":
+        else:
             tokens = {t.strip() for t in value.lower().split(b",")}
             keep = b"close" not in tokens and (keep or b"keep-alive" in tokens)
     if chunked == (length is not None):
@@ -200,95 +217,128 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 
 class _Connection:
-    """One socket; kept for the next call only when a response ended exactly at the end
-    of what was read (so it never carries bytes over)."""
+    """One socket, in blocking mode with kernel timeouts (SO_RCVTIMEO, SO_SNDTIMEO): a
+    read or write is one system call, without the poll() Python adds before each on a
+    socket with a timeout. Kept for the next call only when a response ended exactly at
+    the end of what was read (so it never carries bytes over)."""
 
-    __slots__ = ("sock",)
+    __slots__ = ("_poll", "sock", "timeout")
 
     def __init__(self, sock: socket.socket) -> None:
+        sock.settimeout(None)
         self.sock = sock
+        self.timeout = -1.0
+        """The kernel timeouts set now, in seconds (-1: none set yet)."""
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
 
     def alive(self) -> bool:
         """False when the server closed the idle connection (or sent unasked bytes):
-        read without waiting, as urllib3 checks a pooled connection before reuse."""
+        looked at without waiting, as urllib3 checks a pooled connection before reuse."""
+        if not self._poll.poll(0):
+            return True
         sock = self.sock
+        if not isinstance(sock, ssl.SSLSocket):
+            return False  # end of stream, or bytes before any request: out of step
+        sock.settimeout(0.0)  # readable: maybe only a TLS 1.3 session ticket
         try:
-            sock.settimeout(0.0)
-            # (TLS: may read a TLS 1.3 session ticket, which is not application data)
-            sock.recv(1) if isinstance(sock, ssl.SSLSocket) else sock.recv(1, socket.MSG_PEEK)
-        except (BlockingIOError, ssl.SSLWantReadError):
+            sock.recv(1)
+        except ssl.SSLWantReadError:
             return True
         except OSError:
             return False
-        return False  # closed (b""), or bytes before any request: out of step
+        finally:
+            sock.settimeout(None)
+        return False
 
-    def exchange(self, request: bytes, deadline: float) -> tuple[int, bytes, bool]:
-        """Send ``request``, read one response: (status, body, keep-alive)."""
+    def _set_timeout(self, seconds: float) -> None:
+        micros = max(int(seconds * 1e6), 1)  # a zero timeval would mean "wait forever"
+        value = struct.pack("ll", micros // 1_000_000, micros % 1_000_000)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        self.timeout = seconds
+
+    def exchange(self, request: bytes, timeout: float, deadline: float) -> tuple[int, bytes, bool]:
+        """Send ``request``, read one response: (status, body, keep-alive). The first
+        read waits up to ``timeout``; any later one only until ``deadline``."""
+        if self.timeout != timeout:
+            self._set_timeout(timeout)
         sock = self.sock
-        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
         sock.sendall(request)
-        data = sock.recv(_RECV)  # the whole answer, mostly; later reads check the deadline
+        data = sock.recv(_RECV)
         if not data:
             raise ConnectionResetError("the server closed the connection")
-        while (end := data.find(b"\r\n\r\n")) < 0:
-            if len(data) > MAX_HEAD:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:  # the common case: the whole answer in one read
+            status, length, keep = parse_head(data[:end])
+            if length is not None and len(data) == end + 4 + length:
+                return status, data[end + 4 :], keep
+        return self._rest(bytearray(data), deadline)
+
+    def _rest(self, buf: bytearray, deadline: float) -> tuple[int, bytes, bool]:
+        """``exchange`` for an answer that needs more reads or is chunked; ``buf`` holds
+        what was read so far. Offsets, not slices: linear in the answer's size."""
+        scanned = 0
+        while (end := buf.find(b"\r\n\r\n", scanned)) < 0:
+            if len(buf) > MAX_HEAD:
                 raise _bad(f"head longer than {MAX_HEAD} bytes")
-            data += self._recv(deadline)
+            scanned = max(len(buf) - 3, 0)
+            self._more(buf, deadline)
         if end > MAX_HEAD:
             raise _bad(f"head longer than {MAX_HEAD} bytes")
-        status, length, keep = parse_head(data[:end])
-        data = data[end + 4 :]
+        status, length, keep = parse_head(bytes(buf[:end]))
+        pos = end + 4
         if length is None:
-            body, data = self._chunked(data, deadline)
+            body, pos = self._chunked(buf, pos, deadline)
         else:
-            while len(data) < length:
-                data += self._recv(deadline)
-            body, data = data[:length], data[length:]
-        return status, body, keep and not data
+            while len(buf) - pos < length:
+                self._more(buf, deadline)
+            body = bytes(buf[pos : pos + length])
+            pos += length
+        return status, body, keep and pos == len(buf)
 
-    def _chunked(self, data: bytes, deadline: float) -> tuple[bytes, bytes]:
-        """(body, what follows) of a chunked body starting at ``data``."""
+    def _chunked(self, buf: bytearray, pos: int, deadline: float) -> tuple[bytes, int]:
+        """(body, offset past it) of a chunked body starting at ``buf[pos]``."""
         parts: list[bytes] = []
         size = 0
         while True:
-            while (eol := data.find(b"\r\n")) < 0:
-                if len(data) > 1024:
+            scanned = pos
+            while (eol := buf.find(b"\r\n", scanned)) < 0:
+                if len(buf) - pos > 1024:
                     raise _bad("chunk size line too long")
-                data += self._recv(deadline)
-            line = data[:eol].partition(b";")[0].strip()
-            try:
-                chunk = int(line, 16) if 0 < len(line) <= 8 else -1
-            except ValueError:
-                chunk = -1
-            if chunk < 0:
+                scanned = max(len(buf) - 1, pos)
+                self._more(buf, deadline)
+            line = bytes(buf[pos:eol]).partition(b";")[0].strip(b" \t")
+            if not _HEX.fullmatch(line):
                 raise _bad(f"chunk size {line[:100]!r}")
+            chunk = int(line, 16)
             size += chunk
             if size > MAX_RESPONSE_BODY:
                 raise _bad(f"chunked body over {MAX_RESPONSE_BODY} bytes")
-            data = data[eol + 2 :]
+            pos = eol + 2
             if chunk == 0:  # no trailers expected: just the final CRLF
-                while len(data) < 2:
-                    data += self._recv(deadline)
-                if data[:2] != b"\r\n":
+                while len(buf) - pos < 2:
+                    self._more(buf, deadline)
+                if buf[pos : pos + 2] != b"\r\n":
                     raise _bad("trailers after a chunked body")
-                return b"".join(parts), data[2:]
-            while len(data) < chunk + 2:
-                data += self._recv(deadline)
-            if data[chunk : chunk + 2] != b"\r\n":
+                return b"".join(parts), pos + 2
+            while len(buf) - pos < chunk + 2:
+                self._more(buf, deadline)
+            if buf[pos + chunk : pos + chunk + 2] != b"\r\n":
                 raise _bad("chunk not followed by CRLF")
-            parts.append(data[:chunk])
-            data = data[chunk + 2 :]
+            parts.append(bytes(buf[pos : pos + chunk]))
+            pos += chunk + 2
 
-    def _recv(self, deadline: float) -> bytes:
+    def _more(self, buf: bytearray, deadline: float) -> None:
+        """Append the next read to ``buf``, waiting no later than ``deadline``."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        sock = self.sock
-        sock.settimeout(left)
-        got = sock.recv(_RECV)
+        self._set_timeout(left)
+        got = self.sock.recv(_RECV)
         if not got:
             raise ConnectionResetError("the server closed the connection mid-response")
-        return got
+        buf += got
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -333,7 +383,7 @@ class HttpTransport:
         deadline = time.monotonic() + timeout
         conn = self._take(deadline)
         try:
-            status, answer, keep = conn.exchange(request, deadline)
+            status, answer, keep = conn.exchange(request, timeout, deadline)
         except BaseException as exc:
             conn.close()
             failure = _failure(exc, self.address)
@@ -390,7 +440,10 @@ def _failure(exc: BaseException, address: str) -> BaseException:
     """The CallError an exception during a call means (others pass through)."""
     if isinstance(exc, CallError):
         return exc
-    if isinstance(exc, TimeoutError):  # socket.timeout is TimeoutError
+    # a kernel timeout (SO_RCVTIMEO, SO_SNDTIMEO) is EAGAIN: BlockingIOError, or on TLS
+    # SSLWantReadError/SSLWantWriteError; socket.timeout (connect) is TimeoutError
+    if isinstance(exc, TimeoutError | BlockingIOError | ssl.SSLWantReadError
+                  | ssl.SSLWantWriteError):  # fmt: skip
         return CallError(DEADLINE_EXCEEDED, "Deadline Exceeded")
     if isinstance(exc, ssl.SSLError | ssl.CertificateError):
         return CallError(UNAVAILABLE, f"TLS with {address} failed: {exc}")

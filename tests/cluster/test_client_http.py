@@ -430,6 +430,8 @@ HOSTILE = {
     "status_not_digits": b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
     "header_without_colon": b"HTTP/1.1 200 OK\r\nbroken header\r\nContent-Length: 2\r\n\r\n{}",
     "header_name_with_space": b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n\r\n{}",
+    "blank_run": b"HTTP/1.1 200 OK\r\nContent-Length: 1" + b" " * 60_000 + b"x\r\n\r\n",
+    "status_without_space": b"HTTP/1.1 200OK\r\nContent-Length: 0\r\n\r\n",
     "endless_head": b"HTTP/1.1 200 OK\r\n" + b"X-A: " + b"a" * (MAX_HEAD + 10),
     "huge_content_length": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
     % (MAX_RESPONSE_BODY + 1),
