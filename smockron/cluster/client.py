@@ -53,9 +53,14 @@ from typing import Any, Literal, Self, TypeAlias
 import grpc
 import grpc.aio
 
-from smockron.cluster import httpclient
 from smockron.cluster.coalesce import AsyncCoalescer, Coalescer
 from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.httpclient import (
+    CallError,
+    HttpTransport,
+    decode_responses,
+    encode_requests,
+)
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -373,10 +378,10 @@ class Client(_Base):
         if http_address and credentials is not None and ssl_context is None:
             raise ValueError("the gateway is on TLS too: give ssl_context with credentials")
         super().__init__(address, timeout, credentials, options, native)
-        self.http: httpclient.HttpTransport | None = None
+        self.http: HttpTransport | None = None
         """The HTTP/1.1 transport lone checks take, or None: they take gRPC."""
         if http_address and transport != "grpc":
-            self.http = httpclient.HttpTransport(http_address, ssl_context=ssl_context)
+            self.http = HttpTransport(http_address, ssl_context=ssl_context)
         self._batches_over_http = transport == "http"
         self._lone = self._one if self.http is None else self._one_http
         self._channel: grpc.Channel | None = None
@@ -423,10 +428,10 @@ class Client(_Base):
         http = self.http
         assert http is not None
         try:
-            body = http.post(_HTTP_PATH, httpclient.encode_requests(requests),
+            body = http.post(_HTTP_PATH, encode_requests(requests),
                              self._deadline(timeout))  # fmt: skip
-            return httpclient.decode_responses(body, len(requests))
-        except httpclient.CallError as exc:
+            return decode_responses(body, len(requests))
+        except CallError as exc:
             raise _native_error(exc, http.address, "GetRateLimits") from exc
 
     def _invoke(self, method: str, request: Any, answer: Any, timeout: float | None) -> Any:

@@ -20,6 +20,7 @@ import threading
 from _thread import LockType, allocate_lock
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 
@@ -90,6 +91,10 @@ class _Slot:
     error: BaseException | None = None
     lead: bool = False
     """Woken to take over sending (its own request is still queued)."""
+    next: _Slot | None = None
+    """The waiter of the same call to wake next: each answered waiter wakes the next as
+    it wakes (a chain), rather than the sender waking them all at once, where they
+    would wake into a held GIL and sleep again on it."""
 
 
 class Coalescer:
@@ -126,12 +131,14 @@ class Coalescer:
                 return self._one(request)
             finally:
                 self._hand_over()
-        slot.done.acquire()  # released by the sender: answered, or made the next sender
+        slot.done.acquire()  # released: answered, or made the next sender
         if slot.lead:
             try:
                 self._send(slot)
             finally:
                 self._hand_over()
+        elif slot.next is not None:
+            slot.next.done.release()
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None
@@ -150,13 +157,20 @@ class Coalescer:
         except BaseException as exc:  # delivered to every waiter, the sender included
             for slot in batch:
                 slot.error = exc
-                if slot is not mine:
-                    slot.done.release()
+            self._wake(batch, mine)
             return
         for slot, response in zip(batch, responses, strict=True):
             slot.response = response
-            if slot is not mine:
-                slot.done.release()
+        self._wake(batch, mine)
+
+    @staticmethod
+    def _wake(batch: list[_Slot], mine: _Slot) -> None:
+        """Chain the answered waiters (see ``_Slot.next``) and wake the first."""
+        others = [slot for slot in batch if slot is not mine]
+        for slot, after in pairwise(others):
+            slot.next = after
+        if others:
+            others[0].done.release()
 
     def _hand_over(self) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -48,7 +49,8 @@ class NodeProc:
     proc: Proc
 
 
-def start_node(tmp: Path, grpc_port: int, http_port: int, *extra: str) -> NodeProc:
+def start_node(tmp: Path, ports: list[int], *extra: str) -> NodeProc:
+    grpc_port, http_port = ports
     grpc_address = f"127.0.0.1:{grpc_port}"
     args = ["cluster", "--grpc-address", grpc_address,
             "--http-address", f"127.0.0.1:{http_port}", *extra]  # fmt: skip
@@ -64,7 +66,7 @@ def start_node(tmp: Path, grpc_port: int, http_port: int, *extra: str) -> NodePr
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProc]:
-    running = start_node(tmp_path_factory.mktemp("client-http"), *free_ports(2))
+    running = start_node(tmp_path_factory.mktemp("client-http"), free_ports(2))
     yield running
     running.proc.stop()
 
@@ -92,25 +94,23 @@ def test_http_gives_the_answers_grpc_gives(node: NodeProc) -> None:
         Client(node.grpc_address, timeout=5, http_address=node.http_address) as by_http,
     ):
         assert by_grpc.http is None and by_http.http is not None
-        cases = [
-            dict(name="h_tb", key="a"),
-            dict(name="h_lb", key="a", algorithm=Algorithm.LEAKY_BUCKET),
-            dict(name="h_burst", key="a", algorithm=Algorithm.LEAKY_BUCKET, burst=5),
-            dict(name="h_uni\u00e9\"\\", key="k\u2603\n", behavior=Behavior.NO_BATCHING),
-            dict(name="h_md", key="a", metadata={"who": "me", "q\"": "\u00e9"}),
+        cases: list[tuple[str, str, dict[str, Any]]] = [
+            ("h_tb", "a", {}),
+            ("h_lb", "a", {"algorithm": Algorithm.LEAKY_BUCKET}),
+            ("h_burst", "a", {"algorithm": Algorithm.LEAKY_BUCKET, "burst": 5}),
+            ('h_uni\u00e9"\\', "k\u2603\n", {"behavior": Behavior.NO_BATCHING}),
+            ("h_md", "a", {"metadata": {"who": "me", 'q"': "\u00e9"}}),
         ]
-        for case in cases:
-            name, key = str(case.pop("name")), str(case.pop("key"))
+        for name, key, case in cases:
             got = []
             for i in range(8):
                 client = by_http if i % 2 else by_grpc
-                got.append(client.check(name, key, 1, 5, MINUTE, **case))  # type: ignore[arg-type]
+                got.append(client.check(name, key, 1, 5, MINUTE, **case))
             assert [r.remaining for r in got][:5] == [4, 3, 2, 1, 0], name
             assert [r.status for r in got] == [Status.UNDER_LIMIT] * 5 + [Status.OVER_LIMIT] * 3
             # a look (hits=0) by each transport: the very same answer
-            assert same(by_http.check(name, key, 0, 5, MINUTE, **case)) == same(  # type: ignore[arg-type]
-                by_grpc.check(name, key, 0, 5, MINUTE, **case)  # type: ignore[arg-type]
-            )
+            looks = [c.check(name, key, 0, 5, MINUTE, **case) for c in (by_http, by_grpc)]
+            assert same(looks[0]) == same(looks[1])
         # an item the server rejects: the same ItemError text either way
         errors = []
         for client in (by_http, by_grpc):
@@ -163,7 +163,7 @@ def test_threads_share_the_client(node: NodeProc) -> None:
 
 def test_reconnects_after_the_node_restarts(tmp_path: Path) -> None:
     ports = free_ports(2)
-    running = start_node(tmp_path, *ports)
+    running = start_node(tmp_path, ports)
     try:
         with Client(running.grpc_address, timeout=2, http_address=running.http_address) as c:
             assert c.check("h_restart", "k", 1, 10, MINUTE).remaining == 9
@@ -173,7 +173,7 @@ def test_reconnects_after_the_node_restarts(tmp_path: Path) -> None:
                 c.check("h_restart", "k", 1, 10, MINUTE)
             assert down.value.code is grpc.StatusCode.UNAVAILABLE
             assert time.monotonic() - start < 2  # refused at once, not at the deadline
-            running = start_node(tmp_path, *ports)
+            running = start_node(tmp_path, ports)
             # a new node process: the count starts again, on a new connection
             assert c.check("h_restart", "k", 1, 10, MINUTE).remaining == 9
             assert c.check("h_restart", "k", 1, 10, MINUTE).remaining == 8
@@ -189,7 +189,7 @@ def test_https_gateway(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(data)
     flags = ("--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "node.pem"),
              "--tls-key", str(tmp_path / "node.key"))  # fmt: skip
-    running = start_node(tmp_path, *free_ports(2), *flags)
+    running = start_node(tmp_path, free_ports(2), *flags)
     try:
         creds = grpc.ssl_channel_credentials(root_certificates=ca)
         with pytest.raises(ValueError, match="ssl_context"):
@@ -201,10 +201,11 @@ def test_https_gateway(tmp_path: Path) -> None:
             assert got == list(range(9, -1, -1)) + [0] * 10
             assert client.http is not None and client.http.connections == 1
         # a certificate the client does not trust: unavailable, as gRPC says it
-        with Client(running.grpc_address, credentials=creds, http_address=running.http_address,
-                    ssl_context=ssl.create_default_context()) as untrusting:  # fmt: skip
-            with pytest.raises(ClientUnavailable, match="TLS"):
-                untrusting.check("h_tls", "k", 1, 10, MINUTE)
+        untrusting = Client(running.grpc_address, credentials=creds,
+                            http_address=running.http_address,
+                            ssl_context=ssl.create_default_context())  # fmt: skip
+        with untrusting, pytest.raises(ClientUnavailable, match="TLS"):
+            untrusting.check("h_tls", "k", 1, 10, MINUTE)
     finally:
         running.proc.stop()
 
