@@ -44,9 +44,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from types import TracebackType
 from typing import Any, Literal, Self, TypeAlias
 
@@ -239,7 +240,9 @@ def _responses(
     return [_response(m) for m in got.responses]
 
 
-def _lone(sent: pb.GetRateLimitsReq, got: pb.GetRateLimitsResp, address: str) -> RateLimitResponse:
+def _single(
+    sent: pb.GetRateLimitsReq, got: pb.GetRateLimitsResp, address: str
+) -> RateLimitResponse:
     """The answer to a one-request call: ``_responses`` without the list machinery (a
     lone check's path, where every microsecond is paid per check)."""
     if len(got.responses) != 1:
@@ -348,6 +351,28 @@ class _Base:
     def _deadline(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else timeout
 
+    def _grpcio_channel(self, insecure: Any, secure: Any) -> Any:
+        """A grpcio channel from ``insecure``/``secure`` (grpc's or grpc.aio's channel
+        factories) when the native channel is not used; else None."""
+        if self._native is not None:
+            return None
+        if self._credentials is None:
+            return insecure(self.address, options=self._options)
+        return secure(self.address, self._credentials, options=self._options)
+
+    def _route(self, coalesced: Callable[..., Any] | None, lone: Callable[..., Any]) -> None:
+        """Set where checks go (see ``_via``): the coalescer's ``check``, if coalescing,
+        and the lone path, which takes a ``timeout``."""
+        self._coalesced = coalesced
+        self._lone = lone
+
+    def _via(self, timeout: float | None) -> Callable[[RateLimitRequest], Any]:
+        """What sends a check: the coalescer, unless it is off or the check has its own
+        ``timeout`` (it then goes alone). One place for both clients' ``check``."""
+        if timeout is not None:
+            return partial(self._lone, timeout=timeout)
+        return self._coalesced or self._lone
+
 
 class Client(_Base):
     """Blocking client; one gRPC channel (and, given ``http_address``, a pool of HTTP/1.1
@@ -383,18 +408,14 @@ class Client(_Base):
         if http_address and transport != "grpc":
             self.http = HttpTransport(http_address, ssl_context=ssl_context)
         self._batches_over_http = transport == "http"
-        self._lone = self._one if self.http is None else self._one_http
-        self._channel: grpc.Channel | None = None
-        self._stub: Any = None
-        if self._native is None:
-            if credentials is None:
-                self._channel = grpc.insecure_channel(self.address, options=self._options)
-            else:
-                opts = self._options
-                self._channel = grpc.secure_channel(self.address, credentials, options=opts)
-            self._stub = pb_grpc.V1Stub(self._channel)
-        self.coalescer = Coalescer(self.get_rate_limits, self._lone) if coalesce else None
+        self._channel: grpc.Channel | None = self._grpcio_channel(
+            grpc.insecure_channel, grpc.secure_channel
+        )
+        self._stub: Any = self._channel and pb_grpc.V1Stub(self._channel)
+        lone = self._one if self.http is None else self._one_http
+        self.coalescer = Coalescer(self.get_rate_limits, lone) if coalesce else None
         """Concurrent ``check`` calls of this client's threads go in one GetRateLimits."""
+        self._route(None if self.coalescer is None else self.coalescer.check, lone)
 
     def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
@@ -414,7 +435,7 @@ class Client(_Base):
         """get_rate_limits for a single request over gRPC, without the list machinery."""
         batch = _batches((request,))[0]
         got = self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
-        return _lone(batch, got, self.address)
+        return _single(batch, got, self.address)
 
     def _one_http(
         self, request: RateLimitRequest, timeout: float | None = None
@@ -464,9 +485,7 @@ class Client(_Base):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
-        if self.coalescer is not None and timeout is None:
-            return _checked(self.coalescer.check(req), name, key)
-        return _checked(self._lone(req, timeout), name, key)
+        return _checked(self._via(timeout)(req), name, key)
 
     def health_check(self, *, timeout: float | None = None) -> HealthCheck:
         req = pb.HealthCheckReq()
@@ -512,20 +531,16 @@ class AsyncClient(_Base):
         native: bool | None = None,
     ) -> None:
         super().__init__(address, timeout, credentials, options, native)
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: Any = None
+        self._channel: grpc.aio.Channel | None = self._grpcio_channel(
+            grpc.aio.insecure_channel, grpc.aio.secure_channel
+        )
+        self._stub: Any = self._channel and pb_grpc.V1Stub(self._channel)
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop watching the native channel's completions (set by the first call)."""
         self._waiting: set[asyncio.Future[tuple[int, bytes | None, str]]] = set()
-        if self._native is None:
-            if credentials is None:
-                self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
-            else:
-                opts = self._options
-                self._channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
-            self._stub = pb_grpc.V1Stub(self._channel)
         self.coalescer = AsyncCoalescer(self.get_rate_limits, self._one) if coalesce else None
         """Concurrent ``check`` calls on this client's loop go in one GetRateLimits."""
+        self._route(None if self.coalescer is None else self.coalescer.check, self._one)
 
     async def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
@@ -543,7 +558,7 @@ class AsyncClient(_Base):
         """get_rate_limits for a single request, as the sync client's ``_one``."""
         batch = _batches((request,))[0]
         got = await self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
-        return _lone(batch, got, self.address)
+        return _single(batch, got, self.address)
 
     async def _call(
         self, batch: pb.GetRateLimitsReq, timeout: float | None
@@ -604,9 +619,7 @@ class AsyncClient(_Base):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
-        if self.coalescer is not None and timeout is None:
-            return _checked(await self.coalescer.check(req), name, key)
-        return _checked(await self._one(req, timeout), name, key)
+        return _checked(await self._via(timeout)(req), name, key)
 
     async def health_check(self, *, timeout: float | None = None) -> HealthCheck:
         req = pb.HealthCheckReq()
