@@ -364,7 +364,8 @@ def main() -> None:
     transport = "native libgrpc++ channel" if NATIVE_AVAILABLE else "grpcio (native not built)"
     print(f"client CPU per check, median of {args.runs} runs x {args.seconds:.1f}s, {transport}")
     for name, value in cpu_medians.items():
-        print(f"  {name:50s} {value:8.1f} us")
+        runs_us = " ".join(f"{v:.0f}" for v in cpu[name])
+        print(f"  {name:50s} {value:8.1f} us  (runs: {runs_us})")
     redis_us = cpu_medians["sequential: limits on Redis, hit()"]
     aredis_us = cpu_medians["sequential: limits on Redis, asyncio hit()"]
     structure = cpu_medians["(100 threads looping, no client: sleeping 0.3 ms each)"]

@@ -411,6 +411,7 @@ class HttpTransport:
             conn.close()
         if self._closed:
             raise CallError(UNAVAILABLE, "the client is closed")
+        sock: socket.socket | None = None
         try:
             sock = socket.create_connection(
                 (self._host, self._port), timeout=max(deadline - time.monotonic(), 1e-3)
@@ -419,6 +420,8 @@ class HttpTransport:
             if self._ssl is not None:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._server_hostname)
         except BaseException as exc:
+            if sock is not None:
+                sock.close()
             failure = _failure(exc, self.address)
             if failure is exc:
                 raise
