@@ -208,18 +208,26 @@ def _request(
 
 
 def _batches(requests: Sequence[RateLimitRequest]) -> list[pb.GetRateLimitsReq]:
-    """The same message convert.request_to_pb gives, built in place (``requests.add``):
-    a third of the CPU, which a single check pays on every call."""
+    """The same message convert.request_to_pb gives, built in place: an empty item per
+    request, its fields set one by one and zero fields left unset, at under half the
+    CPU of keyword arguments (paid per check, by a lone one and in a coalesced call)."""
     out = []
     for i in range(0, len(requests), MAX_BATCH_SIZE):
         msg = pb.GetRateLimitsReq()
         add = msg.requests.add
         for r in requests[i : i + MAX_BATCH_SIZE]:
-            item = add(
-                name=r.name, unique_key=r.unique_key, hits=r.hits, limit=r.limit,
-                duration=r.duration, algorithm=r.algorithm.value, behavior=r.behavior.value,
-                burst=r.burst,
-            )  # fmt: skip
+            item = add()
+            item.name = r.name
+            item.unique_key = r.unique_key
+            item.hits = r.hits
+            item.limit = r.limit
+            item.duration = r.duration
+            if r.algorithm:
+                item.algorithm = r.algorithm  # type: ignore[assignment]
+            if r.behavior:
+                item.behavior = r.behavior  # type: ignore[assignment]
+            if r.burst:
+                item.burst = r.burst
             if r.metadata:
                 item.metadata.update(r.metadata)
             if r.created_at is not None:
@@ -252,7 +260,9 @@ def _single(
 
 def _response(m: pb.RateLimitResp) -> RateLimitResponse:
     status = Status.OVER_LIMIT if m.status == pb.OVER_LIMIT else Status.UNDER_LIMIT
-    metadata = dict(m.metadata) if m.metadata else {}
+    md = m.metadata
+    # a comprehension reads the protobuf map at a third of dict()'s cost
+    metadata = {key: md[key] for key in md} if md else {}
     return RateLimitResponse(status, m.limit, m.remaining, m.reset_time, m.error, metadata)
 
 
