@@ -101,7 +101,9 @@ class Coalescer:
     """For threads: ``check(request)`` blocks. The first caller to find no call in flight
     sends its own request; checks made meanwhile queue. Once its answer is in, the sender
     hands the sending over to the oldest waiter, which sends everything queued (itself
-    first), so nobody waits for more than the call in flight and its own."""
+    first), so nobody waits for more than the call in flight and its own. The waiters a
+    call answered wake one another in turn (``_Slot.next``): the GIL lets only one run at
+    a time anyway, and each is woken once instead of twice."""
 
     def __init__(
         self,
