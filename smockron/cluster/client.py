@@ -157,7 +157,7 @@ def _error(exc: grpc.RpcError, address: str, method: str) -> ClientError:
     return _status_error(code, details, address, method)
 
 
-def _native_error(exc: Exception, address: str, method: str) -> ClientError:
+def _coded_error(exc: Exception, address: str, method: str) -> ClientError:
     """A ClientError from a CallError(code, details) of _nativeclient or httpclient, as
     from grpcio."""
     code, details = exc.args
@@ -463,7 +463,7 @@ class Client(_Base):
                              self._deadline(timeout))  # fmt: skip
             return decode_responses(body, len(requests))
         except CallError as exc:
-            raise _native_error(exc, http.address, "GetRateLimits") from exc
+            raise _coded_error(exc, http.address, "GetRateLimits") from exc
 
     def _invoke(self, method: str, request: Any, answer: Any, timeout: float | None) -> Any:
         """One unary call of V1 ``method``; the ``answer`` message, or a ClientError."""
@@ -476,7 +476,7 @@ class Client(_Base):
         except grpc.RpcError as exc:
             raise _error(exc, self.address, method) from exc
         except _CallError as exc:
-            raise _native_error(exc, self.address, method) from exc
+            raise _coded_error(exc, self.address, method) from exc
 
     def check(
         self,
@@ -588,7 +588,7 @@ class AsyncClient(_Base):
         try:
             self._native.start(_PATH + method, request.SerializeToString(), deadline, future)
         except _CallError as exc:
-            raise _native_error(exc, self.address, method) from exc
+            raise _coded_error(exc, self.address, method) from exc
         self._waiting.add(future)
         try:
             code, raw, details = await future

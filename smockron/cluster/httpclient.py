@@ -4,8 +4,9 @@
 Why: a lone check over HTTP/1.1 on an open socket costs the client about a third less
 CPU than a gRPC unary call, even through libgrpc++ (no HTTP/2 framing, no completion
 queue, no other thread), and a sequential caller pays that per check. The socket is
-read and parsed here: the stdlib's http.client costs several times as much per call. Batches stay cheaper on gRPC (protobuf beats
-JSON per item), so the Client sends only lone checks here unless told otherwise.
+read and parsed here: the stdlib's http.client costs several times as much per call.
+Batches stay cheaper on gRPC (protobuf beats JSON per item), so the Client sends only
+lone checks here unless told otherwise.
 
 Two parts: pure codecs (``encode_requests``, ``decode_responses``, ``parse_head``) that
 know the gateway's JSON and HTTP/1.1 framing, and ``HttpTransport``, a pool of sockets.
