@@ -118,7 +118,6 @@ __all__ = [
     "RateLimitRequest",
     "RateLimitResponse",
     "Status",
-    "Transport",
     "grpc_target",
 ]
 
