@@ -20,6 +20,7 @@ import threading
 from _thread import LockType, allocate_lock
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 
@@ -90,13 +91,19 @@ class _Slot:
     error: BaseException | None = None
     lead: bool = False
     """Woken to take over sending (its own request is still queued)."""
+    next: _Slot | None = None
+    """The waiter of the same call to wake next: each answered waiter wakes the next as
+    it wakes (a chain), rather than the sender waking them all at once, where they
+    would wake into a held GIL and sleep again on it."""
 
 
 class Coalescer:
     """For threads: ``check(request)`` blocks. The first caller to find no call in flight
     sends its own request; checks made meanwhile queue. Once its answer is in, the sender
     hands the sending over to the oldest waiter, which sends everything queued (itself
-    first), so nobody waits for more than the call in flight and its own."""
+    first), so nobody waits for more than the call in flight and its own. The waiters a
+    call answered wake one another in turn (``_Slot.next``): the GIL lets only one run at
+    a time anyway, and each is woken once instead of twice."""
 
     def __init__(
         self,
@@ -126,12 +133,14 @@ class Coalescer:
                 return self._one(request)
             finally:
                 self._hand_over()
-        slot.done.acquire()  # released by the sender: answered, or made the next sender
+        slot.done.acquire()  # released: answered, or made the next sender
         if slot.lead:
             try:
                 self._send(slot)
             finally:
                 self._hand_over()
+        elif slot.next is not None:
+            slot.next.done.release()
         if slot.error is not None:
             raise slot.error
         assert slot.response is not None
@@ -150,13 +159,20 @@ class Coalescer:
         except BaseException as exc:  # delivered to every waiter, the sender included
             for slot in batch:
                 slot.error = exc
-                if slot is not mine:
-                    slot.done.release()
+            self._wake(batch, mine)
             return
         for slot, response in zip(batch, responses, strict=True):
             slot.response = response
-            if slot is not mine:
-                slot.done.release()
+        self._wake(batch, mine)
+
+    @staticmethod
+    def _wake(batch: list[_Slot], mine: _Slot) -> None:
+        """Chain the answered waiters (see ``_Slot.next``) and wake the first."""
+        others = [slot for slot in batch if slot is not mine]
+        for slot, after in pairwise(others):
+            slot.next = after
+        if others:
+            others[0].done.release()
 
     def _hand_over(self) -> None:
         with self._lock:
