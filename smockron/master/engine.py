@@ -229,7 +229,7 @@ class Engine:
             self._resync_request(frames[0])
             return
         try:
-            msg = decode_accounting(list(frames), self.limits)
+            msg = decode_accounting(frames, self.limits)
         except ProtocolError as exc:
             self.stats.malformed[exc.reason] += 1
             dom = self._by_topic.get(frames[0]) if frames else None
