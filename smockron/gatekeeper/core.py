@@ -16,7 +16,10 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from itertools import groupby
+from operator import itemgetter
 from types import TracebackType
 from typing import Any, Final, TypeVar, cast
 
@@ -358,7 +361,7 @@ class _GatekeeperBase:
         control = self._decoded(decode_control, frames, "control message")
         ours = control is not None and (self.domains is None or control.domain in self.domains)
         if ours and control is not None and control.command == DELAY_UNTIL:
-            self._apply_delay(control.domain, control.identifier, control.until_ms, now)
+            self._apply_delays([(control.domain, control.identifier, control.until_ms)], now)
             return
         self.counters.control_received += 1
         if control is None:
@@ -369,28 +372,32 @@ class _GatekeeperBase:
         self._resync_mark(control.domain, control.command)  # RESYNCSTART or RESYNCDONE
 
     def _apply_batch(self, batch: ControlBatch[bytes], now: int) -> None:
-        """Apply messages as ``wire.control.drain_control`` gives them: DELAY_UNTILs of
-        our domains already decoded (tuples), anything else raw, in order."""
-        apply_delay, apply_control = self._apply_delay, self._apply_control
-        for item in batch:
-            if type(item) is tuple:
-                apply_delay(*cast(ControlRecord[bytes], item), now)
+        """Apply messages as ``wire.control.drain_control`` gives them, in order: runs of
+        DELAY_UNTILs for our domains already decoded (tuples) in one call each, anything
+        else (raw frames) one at a time."""
+        for kind, run in groupby(batch, type):
+            if kind is tuple:
+                self._apply_delays(cast("list[ControlRecord[bytes]]", list(run)), now)
             else:
-                apply_control(cast(list[bytes], item), now)
+                for frames in run:
+                    self._apply_control(cast("list[bytes]", frames), now)
 
-    def _apply_delay(self, domain: bytes, identifier: bytes, until_ms: int, now: int) -> None:
-        """One DELAY_UNTIL for a domain we serve (decoded, checked)."""
-        self.counters.control_received += 1
+    def _apply_delays(self, records: list[ControlRecord[bytes]], now: int) -> None:
+        """DELAY_UNTILs ``(domain, identifier, until_ms)`` for domains we serve (decoded,
+        checked): counted per domain (loss detection), then remembered."""
+        self.counters.control_received += len(records)
         received = self._received
-        count = received.get(domain)
-        if count is not None:
-            received[domain] = count + 1
-        elif len(received) < MAX_LINES:
-            received[domain] = 1
+        for domain, count in Counter(map(itemgetter(0), records)).items():
+            if domain in received:
+                received[domain] += count
+            elif len(received) < MAX_LINES:
+                received[domain] = count
         table = self.decider.table
         refused, evicted = table.refused, table.evicted
-        self.decider.control(domain, identifier, until_ms, now)
+        self.decider.control_many(records, now)
         if table.refused != refused:
+            until_ms, domain, identifier = next(
+                (u, d, i) for d, i, u in records if u - now > table.max_ahead_ms)
             self._malformed_log.warning(
                 "refusing DELAY_UNTIL %d for %r/%r: more than %d ms ahead",
                 until_ms, domain[:64], identifier[:64], table.max_ahead_ms,
@@ -907,6 +914,7 @@ class AsyncGatekeeper(_GatekeeperBase):
     async def _read_monitor(self, monitor: zmq.asyncio.Socket, control: bool = False) -> None:
         while True:
             self._apply_monitor(await monitor.recv_multipart(), control)
+            self._send_resyncs()  # (re)connected: ask now, not at the next sweep tick
 
     async def _sweep(self) -> None:
         next_sweep = time.monotonic() + SWEEP_INTERVAL_S
