@@ -27,6 +27,7 @@ from smockron.master.config import MasterSettings, limits
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
 from smockron.master.stores import open_store
+from smockron.master.stores.base import State
 from smockron.observe import ObserveServer, Readiness
 from smockron.observe.throttled import TopThrottled
 from smockron.ratelog import RateLimitedLog
@@ -64,7 +65,7 @@ which every gatekeeper of the domain receives."""
 RESYNC_SLICE = 4096
 """DELAY_UNTILs a resync computes and publishes per turn of the loop (about 2 ms of
 work): live traffic goes in between..."""
-RESYNC_RATE = 1_000_000.0
+RESYNC_RATE = 500_000.0
 """...and at most this many a second, so a resync does not outrun the gatekeepers it is
 for (what their queues drop is lost again): a gatekeeper applies a resync at about this
 rate, and its queue (``CONTROL_HWM``) with the master's (``--hwm``) absorbs the rest."""
@@ -419,12 +420,15 @@ class Master:
         (``wire.control.send_controls``), paced at ``RESYNC_RATE``; the loop turns
         between slices. How many DELAY_UNTILs."""
         engine, store, pub = self.engine, self.store, self.pub
-        states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
         frame = topic(name)
         sent = 0
         start = time.monotonic()
+        states: list[list[tuple[bytes, State]]] = []
         with contextlib.suppress(zmq.ZMQError):
+            # first: listing a million states takes longer than a gatekeeper waits
+            # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more
             send_all(pub, [[frame, RESYNCSTART]])
+            states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
             now = time.time() * 1000.0
             for verdicts in engine.live_verdicts(name, states, now, RESYNC_SLICE):
                 sent += send_controls(pub, frame, verdicts)
