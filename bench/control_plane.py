@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -177,12 +180,13 @@ def late_run(accounting: str, control: str, kind: str = "async", want: int = 0) 
     ).stdout.split()  # fmt: skip
 
 
-def start_master(accounting: str, control: str) -> subprocess.Popen[bytes]:
+def start_master(accounting: str, control: str, log: IO[bytes] | None = None
+                 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """A real master, memory store, one request an hour per identifier."""
     return subprocess.Popen(
         [sys.executable, "-m", "smockron", "master", "--accounting", accounting,
          "--control", control, "--rule", "api:1/h:1", "--stats-interval", "0"],
-        stderr=subprocess.DEVNULL, env=smockron_env(),
+        stderr=log or subprocess.DEVNULL, env=smockron_env(),
     )  # fmt: skip
 
 
@@ -208,15 +212,10 @@ def published(counter: zmq.Socket[bytes], at_least: int, timeout: float) -> int:
     return count
 
 
-def latest(counter: zmq.Socket[bytes]) -> int:
-    """The master's publish count for ``api`` as of now (heartbeats come every second)."""
-    time.sleep(1.2)
-    count = 0
-    while counter.poll(0):
-        frames = counter.recv_multipart()
-        if frames[1] == PUBLISHED:
-            count = decode_published(frames)[1]
-    return count
+def resync_sizes(log: IO[bytes]) -> list[int]:
+    """The DELAY_UNTILs of each resync the master logged."""
+    log.seek(0)
+    return [int(m[1]) for m in re.finditer(rb"resync of api: (\d+) DELAY_UNTIL", log.read())]
 
 
 def resync_main(sizes: list[int], rounds: int) -> None:
@@ -227,7 +226,8 @@ def resync_main(sizes: list[int], rounds: int) -> None:
     for size in sizes:
         acc, ctl = free_port(), free_port()
         accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
-        master = start_master(accounting, control)
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+        master = start_master(accounting, control, log)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         feeder = ctx.socket(zmq.PUB)
         feeder.setsockopt(zmq.SNDHWM, 20_000)
@@ -247,10 +247,9 @@ def resync_main(sizes: list[int], rounds: int) -> None:
             if got < probes + size:
                 print(f"  {size:>9,}: the master published only {got - probes:,}")
                 continue
-            # what one resync sends (its publish count's step): the target of the timed ones
-            before = latest(counter)
+            # what one resync sends (the master's log says): the target of the timed ones
             first = late_run(accounting, control)
-            live = latest(counter) - before
+            live = resync_sizes(log)[0]
             print(f"  {size:>9,} fed: a resync sends {live:,}, a first gatekeeper held "
                   f"{first[1]} at its end", flush=True)  # fmt: skip
             for kind in ("async", "threaded"):
@@ -262,12 +261,15 @@ def resync_main(sizes: list[int], rounds: int) -> None:
                       f"after {median:.3f} s (rounds: {', '.join(f'{t:.3f}' for t in times)})"
                       f"  goal <= 1 s: {'MET' if median <= 1.0 and held >= live else 'NOT MET'}",
                       flush=True)  # fmt: skip
+            print(f"  resyncs the master sent: {len(resync_sizes(log))} (timed: {2 * rounds}; "
+                  "more: a gatekeeper lost some and asked again)")
         finally:
             master.terminate()
             master.wait(30)
             feeder.close(0)
             counter.close(0)
             ctx.term()
+            log.close()
 
 
 def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:

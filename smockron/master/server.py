@@ -65,10 +65,13 @@ which every gatekeeper of the domain receives."""
 RESYNC_SLICE = 4096
 """DELAY_UNTILs a resync computes and publishes per turn of the loop (about 2 ms of
 work): live traffic goes in between..."""
-RESYNC_RATE = 500_000.0
-"""...and at most this many a second, so a resync does not outrun the gatekeepers it is
-for (what their queues drop is lost again): a gatekeeper applies a resync at about this
-rate, and its queue (``CONTROL_HWM``) with the master's (``--hwm``) absorbs the rest."""
+RESYNC_BURST = 100_000
+"""...the first this many at once (the gatekeepers' queues, ``CONTROL_HWM``, hold them
+while they apply them)..."""
+RESYNC_RATE = 400_000.0
+"""...then at most this many a second, so a large resync does not outrun the gatekeepers
+it is for (what their queues drop is lost again, and asked for again): about what a
+gatekeeper applies a second on a machine shared with its application."""
 RESYNC_MAX = 1_000_000
 """Live states listed per rule of a domain for one resync, at most."""
 RESYNC_POLL_S = 0.02
@@ -417,8 +420,8 @@ class Master:
         """RESYNCSTART, one DELAY_UNTIL per identifier whose verdict is still in the
         future (from the store), RESYNCDONE, on the domain's topic. DELAY_UNTILs go out
         ``RESYNC_SLICE`` at a time, encoded and sent in one compiled call each
-        (``wire.control.send_controls``), paced at ``RESYNC_RATE``; the loop turns
-        between slices. How many DELAY_UNTILs."""
+        (``wire.control.send_controls``), paced at ``RESYNC_RATE`` after the first
+        ``RESYNC_BURST``; the loop turns between slices. How many DELAY_UNTILs."""
         engine, store, pub = self.engine, self.store, self.pub
         frame = topic(name)
         sent = 0
@@ -432,8 +435,9 @@ class Master:
             now = time.time() * 1000.0
             for verdicts in engine.live_verdicts(name, states, now, RESYNC_SLICE):
                 sent += send_controls(pub, frame, verdicts)
-                # paced: at most RESYNC_RATE a second, and the loop turns in between
-                await asyncio.sleep(max(0.0, start + sent / RESYNC_RATE - time.monotonic()))
+                # paced past the first RESYNC_BURST; the loop turns in between
+                due = start + max(0, sent - RESYNC_BURST) / RESYNC_RATE
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
             send_all(pub, [[frame, RESYNCDONE]])
         self.resyncs += 1
         log.info("resync of %s: %d DELAY_UNTIL(s) from %d state(s) in %.3f s",
