@@ -190,6 +190,22 @@ def start_master(accounting: str, control: str, log: IO[bytes] | None = None
     )  # fmt: skip
 
 
+def feeder_and_counter(
+    accounting: str, control: str
+) -> tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A PUB that feeds the master accounting (waiting, never dropping), and a SUB that
+    hears its publish counters."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    feeder = ctx.socket(zmq.PUB)
+    feeder.setsockopt(zmq.SNDHWM, 20_000)
+    feeder.setsockopt(zmq.XPUB_NODROP, 1)
+    feeder.connect(accounting)
+    counter = ctx.socket(zmq.SUB)
+    counter.subscribe(RULES_TOPIC)
+    counter.connect(control)
+    return ctx, feeder, counter
+
+
 def feed(feeder: zmq.Socket[bytes], identifiers: int) -> None:
     """Accounting for ``identifiers`` distinct identifiers, each once, as fast as it goes."""
     for start in range(0, identifiers, 10_000):
@@ -228,14 +244,7 @@ def resync_main(sizes: list[int], rounds: int) -> None:
         accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
         log = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
         master = start_master(accounting, control, log)
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        feeder = ctx.socket(zmq.PUB)
-        feeder.setsockopt(zmq.SNDHWM, 20_000)
-        feeder.setsockopt(zmq.XPUB_NODROP, 1)
-        feeder.connect(accounting)
-        counter = ctx.socket(zmq.SUB)
-        counter.subscribe(RULES_TOPIC)
-        counter.connect(control)
+        ctx, feeder, counter = feeder_and_counter(accounting, control)
         try:
             deadline = time.monotonic() + 10
             while (probes := published(counter, 1, 0.3)) == 0 and time.monotonic() < deadline:
@@ -282,14 +291,7 @@ def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
             "--control", control, "--seconds", str(seconds)]
     procs = [subprocess.Popen(role, stdout=subprocess.PIPE, text=True, env=smockron_env())
              for _ in range(gatekeepers)]  # fmt: skip
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    feeder = ctx.socket(zmq.PUB)
-    feeder.setsockopt(zmq.SNDHWM, 20_000)
-    feeder.setsockopt(zmq.XPUB_NODROP, 1)
-    feeder.connect(accounting)
-    counter = ctx.socket(zmq.SUB)
-    counter.subscribe(RULES_TOPIC)
-    counter.connect(control)
+    ctx, feeder, counter = feeder_and_counter(accounting, control)
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"

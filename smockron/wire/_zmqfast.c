@@ -1,5 +1,6 @@
-/* ZeroMQ batch receive and send in C, for the master's receive loop and the
- * gatekeepers' accounting: whole messages to and from a pyzmq socket.
+/* ZeroMQ batch receive and send in C, for the master's receive loop and RESYNC answers,
+ * and the gatekeepers' accounting and control reader: whole messages to and from a
+ * pyzmq socket.
  *
  * Why: in Python each frame costs a method call, a Frame object and, with
  * recv_multipart, a getsockopt(RCVMORE) round through pyzmq. Here a batch of
@@ -198,6 +199,28 @@ fail:
     return NULL;
 }
 
+/* The libzmq socket to send on, or NULL with an exception set. */
+static void *sending_socket(PyObject *socket) {
+    if (p_send == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_zmqfast.bind() was not called");
+        return NULL;
+    }
+    return socket_handle(socket);
+}
+
+/* Frame j of a message of n, without blocking: 1 sent; 0 not taken (only the first
+ * frame can be: the message is skipped); -1 an error, in *err. */
+static int send_part(void *sock, const void *data, size_t size, Py_ssize_t j, Py_ssize_t n,
+                     int *err) {
+    int rc;
+    do {
+        rc = p_send(sock, data, size, ZMQ_DONTWAIT | (j + 1 < n ? ZMQ_SNDMORE : 0));
+    } while (rc < 0 && p_errno() == EINTR);
+    if (rc >= 0) return 1;
+    *err = p_errno();
+    return *err == EAGAIN && j == 0 ? 0 : -1;
+}
+
 /* send_all(socket, messages) -> how many were sent. Each message is a list of bytes.
  * Never blocks: a message the socket cannot take now is skipped (a PUB drops at its
  * high-water mark anyway). A message's frames go atomically: once its first frame is
@@ -206,11 +229,7 @@ fail:
 static PyObject *zmqfast_send_all(PyObject *self, PyObject *args) {
     PyObject *socket, *messages;
     if (!PyArg_ParseTuple(args, "OO!", &socket, &PyList_Type, &messages)) return NULL;
-    if (p_send == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_zmqfast.bind() was not called");
-        return NULL;
-    }
-    void *sock = socket_handle(socket);
+    void *sock = sending_socket(socket);
     if (sock == NULL) return NULL;
     Py_ssize_t sent = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
@@ -228,17 +247,11 @@ static PyObject *zmqfast_send_all(PyObject *self, PyObject *args) {
         }
         for (Py_ssize_t j = 0; j < n; j++) {
             PyObject *frame = PyList_GET_ITEM(frames, j);
-            int flags = ZMQ_DONTWAIT | (j + 1 < n ? ZMQ_SNDMORE : 0);
-            int rc;
-            do {
-                rc = p_send(sock, PyBytes_AS_STRING(frame), (size_t)PyBytes_GET_SIZE(frame),
-                            flags);
-            } while (rc < 0 && p_errno() == EINTR);
-            if (rc < 0) {
-                int err = p_errno();
-                if (err == EAGAIN && j == 0) break;  /* not taken: skip this message */
-                return raise_zmq_after(err, sent);
-            }
+            int err = 0;
+            int rc = send_part(sock, PyBytes_AS_STRING(frame), (size_t)PyBytes_GET_SIZE(frame),
+                               j, n, &err);
+            if (rc == 0) break;  /* not taken: skip this message */
+            if (rc < 0) return raise_zmq_after(err, sent);
             if (j + 1 == n) sent++;
         }
     }
@@ -263,16 +276,17 @@ static int frame_is(zmq_msg_t *m, PyObject *word) {
            memcmp(p_msg_data(m), PyBytes_AS_STRING(word), n) == 0;
 }
 
-/* The twin of smockron.wire.accounting.split_accounting, in C. A message that
- * is plainly valid for a configured domain becomes the engine's tuple
- * (domain, status, identifier, received, delayed or None), timestamps as floats; anything else is returned
- * as raw frames for the Python codec, which names the problem (or finds it valid). */
+/* What a message is checked against (drain_accounting and drain_control). */
 typedef struct {
     PyObject *topics, *words[3];  /* topic -> domain; ACCEPTED, DELAYED, REJECTED or DELAY_UNTIL */
     Py_ssize_t max_id, max_log, max_digits;
     long long max_ts;
 } Contract;
 
+/* The twin of smockron.wire.accounting.split_accounting, in C. A message that
+ * is plainly valid for a configured domain becomes the engine's tuple
+ * (domain, status, identifier, received, delayed or None), timestamps as floats; anything else is returned
+ * as raw frames for the Python codec, which names the problem (or finds it valid). */
 static PyObject *decode_one(zmq_msg_t *f, int n, const Contract *c) {
     PyObject *topics = c->topics, *const *statuses = c->words;
     size_t max_id = (size_t)c->max_id, max_log = (size_t)c->max_log;
@@ -488,11 +502,7 @@ static PyObject *zmqfast_send_controls(PyObject *self, PyObject *args) {
     PyObject *socket, *topic, *command, *pairs;
     if (!PyArg_ParseTuple(args, "OSSO!", &socket, &topic, &command, &PyList_Type, &pairs))
         return NULL;
-    if (p_send == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_zmqfast.bind() was not called");
-        return NULL;
-    }
-    void *sock = socket_handle(socket);
+    void *sock = sending_socket(socket);
     if (sock == NULL) return NULL;
     Py_ssize_t sent = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pairs); i++) {
@@ -512,15 +522,9 @@ static PyObject *zmqfast_send_controls(PyObject *self, PyObject *args) {
         size_t size[4] = {(size_t)PyBytes_GET_SIZE(topic), (size_t)PyBytes_GET_SIZE(command),
                           (size_t)PyBytes_GET_SIZE(ident), (size_t)len};
         for (int j = 0; j < 4; j++) {
-            int rc;
-            do {
-                rc = p_send(sock, data[j], size[j], ZMQ_DONTWAIT | (j < 3 ? ZMQ_SNDMORE : 0));
-            } while (rc < 0 && p_errno() == EINTR);
-            if (rc < 0) {
-                int err = p_errno();
-                if (err == EAGAIN && j == 0) break;  /* not taken: skip this message */
-                return raise_zmq_after(err, sent);
-            }
+            int err = 0, rc = send_part(sock, data[j], size[j], j, 4, &err);
+            if (rc == 0) break;  /* not taken: skip this message */
+            if (rc < 0) return raise_zmq_after(err, sent);
             if (j == 3) sent++;
         }
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -37,21 +37,6 @@ if drain_compiled is not None:
 SENDERS = [pytest.param(send_all_python, id="python")]
 if send_all_compiled is not None:
     SENDERS.append(pytest.param(send_all_compiled, id="compiled"))
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    push = ctx.socket(zmq.PUSH)
-    push.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        yield push, pull
-    finally:
-        push.close(0)
-        pull.close(0)
-        ctx.term()
 
 
 @pytest.mark.parametrize("drain", LOOPS)

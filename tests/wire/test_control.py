@@ -3,7 +3,6 @@ way, over real sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,22 +37,6 @@ if COMPILED:
     DRAINS.append(pytest.param(drain_control_compiled, id="compiled"))
     SENDS.append(pytest.param(send_controls_compiled, id="compiled"))
 TOPICS = {b"api\0": b"api", b"web\0": b"web"}
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 0)  # a batch queues whole: none is skipped
-    push.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        yield push, pull
-    finally:
-        push.close(0)
-        pull.close(0)
-        ctx.term()
 
 
 MESSAGES: list[list[bytes]] = [
