@@ -270,7 +270,7 @@ def resync_main(sizes: list[int], rounds: int) -> None:
                       f"after {median:.3f} s (rounds: {', '.join(f'{t:.3f}' for t in times)})"
                       f"  goal <= 1 s: {'MET' if median <= 1.0 and held >= live else 'NOT MET'}",
                       flush=True)  # fmt: skip
-            print(f"  resyncs the master sent: {len(resync_sizes(log))} (timed: {2 * rounds}; "
+            print(f"  resyncs the master sent: {len(resync_sizes(log))} (asked: {1 + 2 * rounds}; "
                   "more: a gatekeeper lost some and asked again)")
         finally:
             master.terminate()
