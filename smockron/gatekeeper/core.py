@@ -729,8 +729,9 @@ class Gatekeeper(_GatekeeperBase):
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
-        """Everything queued, in batches (wire.batchio.drain: one compiled call each), applied
-        under the lock a slice at a time so requests are decided in between."""
+        """Everything queued, in batches (wire.control.drain_control: one compiled call each,
+        DELAY_UNTILs decoded while received), applied under the lock a slice at a time so
+        requests are decided in between."""
         for _ in range(CONTROL_BATCHES):  # bounded, so sweeping and stopping still happen
             batch = drain_control(sub, CONTROL_BATCH, self._control_topics, DEFAULT_LIMITS)
             if not batch:
