@@ -24,6 +24,7 @@ from smockron.wire.codec import (
     decode_published,
     encode_accounting,
 )
+from smockron.wire.control import COMPILED
 from tests.gatekeeper.conftest import MasterSockets
 from tests.master.running import running_master, settings
 from tests.support import free_ports, smockron_proc, wait_for
@@ -162,9 +163,10 @@ def test_accounting_dropped_at_the_high_water_mark_is_counted(master: MasterSock
 
 LARGE = 100_000
 """Live delays a restarted gatekeeper gets back in the large-table test."""
-LARGE_BOUND_S = 1.0
+LARGE_BOUND_S = 1.0 if COMPILED else 5.0
 """...within this long from its start: the goal (``bench/control_plane.py --resync``
-measures it; the earlier paced resync took 1.16 s for this many)."""
+measures it; the earlier paced resync took 1.16 s for this many). The pure-Python
+twins (``SMOCKRON_PURE_PYTHON=1``, no compiler) are given more."""
 
 
 async def test_a_large_table_is_restored_whole_and_in_time(tmp_path: Path) -> None:
