@@ -13,8 +13,14 @@ master published (its heartbeat's count), what the worst gatekeeper received and
 (``control_lost``), the identifiers it held when the stream ended and after its
 RESYNCs, and how long after the end of the stream it held them all.
 
+With ``--resync 100000,1000000``: for each size, a real master holding that many live
+delays (fed as above), and a gatekeeper (asyncio twin, threaded twin) started afresh
+``--rounds`` times, as after a restart: the time from its start until its RESYNC has
+restored the whole table (median). Goal: within 1 s.
+
 Run: python bench/control_plane.py [--messages 1000000] [--rate 200000] [--rounds 3]
      python bench/control_plane.py --master [--identifiers 1000000] [--rounds 3]
+     python bench/control_plane.py --resync 100000,1000000 [--rounds 3]
 Traffic goes to 127.0.0.1 only; every process stops by itself.
 """
 
@@ -22,16 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import zmq
 
+from smockron.master.engine import BACKLOG_MS
 from smockron.wire.batchio import send_all
 from smockron.wire.codec import (
     ACCEPTED,
@@ -131,16 +141,29 @@ def master_receiver(accounting: str, control: str, seconds: float) -> None:
     asyncio.run(run())
 
 
-def late_receiver(accounting: str, control: str) -> None:
+def late_receiver(accounting: str, control: str, kind: str = "async", want: int = 0) -> None:
     """Role: a gatekeeper (re)started after the stream: how many verdicts its RESYNC
-    brings, and how long after it started it holds them all."""
-    from smockron.gatekeeper.core import AsyncGatekeeper
+    brings, and how long after it started it holds them all (``want``: this many, else
+    its first RESYNCDONE)."""
+    from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper
+
+    def restored(gk: AsyncGatekeeper | Gatekeeper) -> bool:
+        return len(gk.decider.table) >= want if want else gk.resyncs_done > 0
+
+    if kind == "threaded":
+        start = time.monotonic()
+        tgk = Gatekeeper(accounting, control, ["api"], max_entries=4_000_000)
+        while not restored(tgk) and time.monotonic() - start < 30:
+            time.sleep(0.001)
+        print("late", len(tgk.decider.table), f"{time.monotonic() - start:.3f}", flush=True)
+        tgk.close()
+        return
 
     async def run() -> None:
         start = time.monotonic()
         gk = AsyncGatekeeper(accounting, control, ["api"], max_entries=4_000_000)
         gk.start()
-        while gk.resyncs_done == 0 and time.monotonic() - start < 30:
+        while not restored(gk) and time.monotonic() - start < 30:
             await asyncio.sleep(0.001)
         print("late", len(gk.decider.table), f"{time.monotonic() - start:.3f}", flush=True)
         await gk.aclose()
@@ -148,20 +171,30 @@ def late_receiver(accounting: str, control: str) -> None:
     asyncio.run(run())
 
 
-def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
-    """One run against a real master; the worst gatekeeper's figures."""
-    acc, ctl = free_port(), free_port()
-    accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
-    master = subprocess.Popen(
+def late_run(accounting: str, control: str, kind: str = "async", want: int = 0) -> list[str]:
+    """One restarted gatekeeper in a process of its own: ``late_receiver``'s words."""
+    return subprocess.run(
+        [sys.executable, __file__, "--role", "late-gk", "--accounting", accounting,
+         "--control", control, "--kind", kind, "--want", str(want)],
+        capture_output=True, text=True, env=smockron_env(), timeout=90,
+    ).stdout.split()  # fmt: skip
+
+
+def start_master(accounting: str, control: str, log: IO[bytes] | None = None
+                 ) -> subprocess.Popen[bytes]:  # fmt: skip
+    """A real master, memory store, one request an hour per identifier."""
+    return subprocess.Popen(
         [sys.executable, "-m", "smockron", "master", "--accounting", accounting,
          "--control", control, "--rule", "api:1/h:1", "--stats-interval", "0"],
-        stderr=subprocess.DEVNULL, env=smockron_env(),
+        stderr=log or subprocess.DEVNULL, env=smockron_env(),
     )  # fmt: skip
-    seconds = identifiers / 20_000 + 6.0
-    role = [sys.executable, __file__, "--role", "master-gk", "--accounting", accounting,
-            "--control", control, "--seconds", str(seconds)]
-    procs = [subprocess.Popen(role, stdout=subprocess.PIPE, text=True, env=smockron_env())
-             for _ in range(gatekeepers)]  # fmt: skip
+
+
+def feeder_and_counter(
+    accounting: str, control: str
+) -> tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """A PUB that feeds the master accounting (waiting, never dropping), and a SUB that
+    hears its publish counters."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     feeder = ctx.socket(zmq.PUB)
     feeder.setsockopt(zmq.SNDHWM, 20_000)
@@ -170,17 +203,100 @@ def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
     counter = ctx.socket(zmq.SUB)
     counter.subscribe(RULES_TOPIC)
     counter.connect(control)
+    return ctx, feeder, counter
+
+
+def feed(feeder: zmq.Socket[bytes], identifiers: int) -> None:
+    """Accounting for ``identifiers`` distinct identifiers, each once, as fast as it goes."""
+    for start in range(0, identifiers, 10_000):
+        now = int(time.time() * 1000)  # fresh: the master drops accounting that is late
+        batch = [encode_accounting("api", ACCEPTED, b"id-%d" % i, now)
+                 for i in range(start, min(identifiers, start + 10_000))]  # fmt: skip
+        sent = 0
+        while sent < len(batch):  # NODROP: the feeder waits rather than drops
+            sent += send_all(feeder, batch[sent:])
+
+
+def published(counter: zmq.Socket[bytes], at_least: int, timeout: float) -> int:
+    """The master's publish count for ``api`` once it reaches ``at_least`` (or timeout)."""
+    count, deadline = 0, time.monotonic() + timeout
+    while count < at_least and time.monotonic() < deadline:
+        if counter.poll(200):
+            frames = counter.recv_multipart()
+            if frames[1] == PUBLISHED:
+                count = max(count, decode_published(frames)[1])
+    return count
+
+
+def resync_sizes(log: IO[bytes]) -> list[int]:
+    """The DELAY_UNTILs of each resync the master logged."""
+    log.seek(0)
+    return [int(m[1]) for m in re.finditer(rb"resync of api: (\d+) DELAY_UNTIL", log.read())]
+
+
+def resync_main(sizes: list[int], rounds: int) -> None:
+    """Time for a restarted gatekeeper to hold a master's ``size`` live delays."""
+    print(f"RESYNC restore: a real master holding N live delays (api:1/h:1), a gatekeeper "
+          f"started afresh {rounds} times; seconds from its start until it holds all N "
+          f"(median; goal <= 1 s)")  # fmt: skip
+    for size in sizes:
+        acc, ctl = free_port(), free_port()
+        accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+        master = start_master(accounting, control, log)
+        ctx, feeder, counter = feeder_and_counter(accounting, control)
+        try:
+            deadline = time.monotonic() + 10
+            while (probes := published(counter, 1, 0.3)) == 0 and time.monotonic() < deadline:
+                feeder.send_multipart(encode_accounting("api", ACCEPTED, b"probe",
+                                                        int(time.time() * 1000)))  # fmt: skip
+            time.sleep(BACKLOG_MS / 1000)  # past the backlog rule: nothing counts as late
+            feed(feeder, size)
+            got = published(counter, probes + size, size / 20_000 + 30)
+            if got < probes + size:
+                print(f"  {size:>9,}: the master published only {got - probes:,}")
+                continue
+            # what one resync sends (the master's log says): the target of the timed ones
+            first = late_run(accounting, control)
+            live = resync_sizes(log)[0]
+            print(f"  {size:>9,} fed: a resync sends {live:,}, a first gatekeeper held "
+                  f"{first[1]} at its end", flush=True)  # fmt: skip
+            for kind in ("async", "threaded"):
+                runs = [late_run(accounting, control, kind, live) for _ in range(rounds)]
+                times = [float(r[2]) for r in runs]
+                held = statistics.median(float(r[1]) for r in runs)
+                median = statistics.median(times)
+                print(f"  {size:>9,} live, {kind:8}: held {held:,.0f} "
+                      f"after {median:.3f} s (rounds: {', '.join(f'{t:.3f}' for t in times)})"
+                      f"  goal <= 1 s: {'MET' if median <= 1.0 and held >= live else 'NOT MET'}",
+                      flush=True)  # fmt: skip
+            print(f"  resyncs the master sent: {len(resync_sizes(log))} (asked: {1 + 2 * rounds}; "
+                  "more: a gatekeeper lost some and asked again)")
+        finally:
+            master.terminate()
+            master.wait(30)
+            feeder.close(0)
+            counter.close(0)
+            ctx.term()
+            log.close()
+
+
+def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
+    """One run against a real master; the worst gatekeeper's figures."""
+    acc, ctl = free_port(), free_port()
+    accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
+    master = start_master(accounting, control)
+    seconds = identifiers / 20_000 + 6.0
+    role = [sys.executable, __file__, "--role", "master-gk", "--accounting", accounting,
+            "--control", control, "--seconds", str(seconds)]
+    procs = [subprocess.Popen(role, stdout=subprocess.PIPE, text=True, env=smockron_env())
+             for _ in range(gatekeepers)]  # fmt: skip
+    ctx, feeder, counter = feeder_and_counter(accounting, control)
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         time.sleep(0.5)
-        for start in range(0, identifiers, 10_000):
-            now = int(time.time() * 1000)  # fresh: the master drops accounting that is late
-            batch = [encode_accounting("api", ACCEPTED, b"id-%d" % i, now)
-                     for i in range(start, min(identifiers, start + 10_000))]  # fmt: skip
-            sent = 0
-            while sent < len(batch):  # NODROP: the feeder waits rather than drops
-                sent += send_all(feeder, batch[sent:])
+        feed(feeder, identifiers)
         rows = []
         for p in procs:
             assert p.stdout is not None
@@ -190,11 +306,7 @@ def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
             frames = counter.recv_multipart()
             if frames[1] == PUBLISHED:
                 published = max(published, decode_published(frames)[1])
-        late = subprocess.run(
-            [sys.executable, __file__, "--role", "late-gk", "--accounting", accounting,
-             "--control", control], capture_output=True, text=True, env=smockron_env(),
-            timeout=60,
-        ).stdout.split()  # fmt: skip
+        late = late_run(accounting, control)
         worst = min(rows, key=lambda r: r[0])
         return {"published": published, "received": worst[0], "lost": worst[1],
                 "held_at_end": worst[2], "held": worst[3], "resyncs": worst[4],
@@ -292,9 +404,15 @@ def main() -> None:
     parser.add_argument("--master", action="store_true")
     parser.add_argument("--accounting")
     parser.add_argument("--identifiers", type=int, default=1_000_000)
+    parser.add_argument("--resync", help="live delays to restore, e.g. 100000,1000000")
+    parser.add_argument("--kind", default="async")
+    parser.add_argument("--want", type=int, default=0)
     args = parser.parse_args()
     if args.role == "late-gk":
-        late_receiver(args.accounting, args.control)
+        late_receiver(args.accounting, args.control, args.kind, args.want)
+        return
+    if args.resync:
+        resync_main([int(n) for n in args.resync.split(",")], args.rounds)
         return
     if args.role == "master-gk":
         master_receiver(args.accounting, args.control, args.seconds)

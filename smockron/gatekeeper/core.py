@@ -16,9 +16,12 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from itertools import groupby
+from operator import itemgetter
 from types import TracebackType
-from typing import Any, Final, TypedDict, TypeVar
+from typing import Any, Final, TypedDict, TypeVar, cast
 
 import zmq
 import zmq.asyncio
@@ -40,9 +43,10 @@ from smockron.gatekeeper.state import (
 )
 from smockron.observe.heard import MasterWatch
 from smockron.ratelog import RateLimitedLog
-from smockron.wire.batchio import drain, send_all, wait_readable
+from smockron.wire.batchio import send_all, wait_readable
 from smockron.wire.codec import (
     ACCEPTED,
+    DEFAULT_LIMITS,
     DELAY_UNTIL,
     DELAYED,
     PUBLISHED,
@@ -57,6 +61,7 @@ from smockron.wire.codec import (
     encode_resync,
     topic,
 )
+from smockron.wire.control import ControlBatch, ControlRecord, drain_control
 
 log = logging.getLogger("smockron.gatekeeper")
 T = TypeVar("T")
@@ -204,8 +209,9 @@ class _GatekeeperBase:
         self._monitor_events = _MONITOR_EVENTS if curve is None else _CURVE_EVENTS
         # None: subscribe to every domain (used when the domain comes from a callable)
         self.domains = None if domains is None else frozenset(_as_bytes(d) for d in domains)
-        for d in self.domains or ():
-            topic(d)  # validates: no NUL
+        self._control_topics = {topic(d): d for d in self.domains or ()}
+        """Topic frame -> domain: the DELAY_UNTILs ``drain_control`` decodes for us (with
+        no domains given, none: everything takes the codec's way)."""
         self.decider = Decider(max_delay_ms, max_delayed, max_entries, max_ahead_ms)
         self.counters = self.decider.counters
         self.master_rules = master_rules
@@ -370,29 +376,49 @@ class _GatekeeperBase:
             else:
                 self._apply_rules(frames)
             return
-        self.counters.control_received += 1
         control = self._decoded(decode_control, frames, "control message")
+        ours = control is not None and (self.domains is None or control.domain in self.domains)
+        if ours and control is not None and control.command == DELAY_UNTIL:
+            self._apply_delays([(control.domain, control.identifier, control.until_ms)], now)
+            return
+        self.counters.control_received += 1
         if control is None:
             return
-        if self.domains is not None and control.domain not in self.domains:
+        if not ours:
             self.counters.control_ignored += 1
             return
-        if control.command != DELAY_UNTIL:  # RESYNCSTART or RESYNCDONE
-            self._resync_mark(control.domain, control.command)
-            return
+        self._resync_mark(control.domain, control.command)  # RESYNCSTART or RESYNCDONE
+
+    def _apply_batch(self, batch: ControlBatch[bytes], now: int) -> None:
+        """Apply messages as ``wire.control.drain_control`` gives them, in order: runs of
+        DELAY_UNTILs for our domains already decoded (tuples) in one call each, anything
+        else (raw frames) one at a time."""
+        for kind, run in groupby(batch, type):
+            if kind is tuple:
+                self._apply_delays(cast("list[ControlRecord[bytes]]", list(run)), now)
+            else:
+                for frames in run:
+                    self._apply_control(cast("list[bytes]", frames), now)
+
+    def _apply_delays(self, records: list[ControlRecord[bytes]], now: int) -> None:
+        """DELAY_UNTILs ``(domain, identifier, until_ms)`` for domains we serve (decoded,
+        checked): counted per domain (loss detection), then remembered."""
+        self.counters.control_received += len(records)
         received = self._received
-        count = received.get(control.domain)
-        if count is not None:
-            received[control.domain] = count + 1
-        elif len(received) < MAX_LINES:
-            received[control.domain] = 1
+        for domain, count in Counter(map(itemgetter(0), records)).items():
+            if domain in received:
+                received[domain] += count
+            elif len(received) < MAX_LINES:
+                received[domain] = count
         table = self.decider.table
         refused, evicted = table.refused, table.evicted
-        self.decider.control(control.domain, control.identifier, control.until_ms, now)
+        self.decider.control_many(records, now)
         if table.refused != refused:
+            until_ms, domain, identifier = next(
+                (u, d, i) for d, i, u in records if u - now > table.max_ahead_ms)
             self._malformed_log.warning(
                 "refusing DELAY_UNTIL %d for %r/%r: more than %d ms ahead",
-                control.until_ms, control.domain[:64], control.identifier[:64], table.max_ahead_ms,
+                until_ms, domain[:64], identifier[:64], table.max_ahead_ms,
             )  # fmt: skip
         elif table.evicted != evicted:
             self._malformed_log.warning(
@@ -721,18 +747,18 @@ class Gatekeeper(_GatekeeperBase):
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
-        """Everything queued, in batches (wire.batchio.drain: one compiled call each), applied
-        under the lock a slice at a time so requests are decided in between."""
+        """Everything queued, in batches (wire.control.drain_control: one compiled call each,
+        DELAY_UNTILs decoded while received), applied under the lock a slice at a time so
+        requests are decided in between."""
         for _ in range(CONTROL_BATCHES):  # bounded, so sweeping and stopping still happen
-            batch = drain(sub, CONTROL_BATCH)
+            batch = drain_control(sub, CONTROL_BATCH, self._control_topics, DEFAULT_LIMITS)
             if not batch:
                 return
             self.watch.heard(now_ms())
             for start in range(0, len(batch), CONTROL_SLICE):
                 now = now_ms()
                 with self._lock:  # the first line's times are shared with decide
-                    for frames in batch[start : start + CONTROL_SLICE]:
-                        self._apply_control(frames, now)
+                    self._apply_batch(batch[start : start + CONTROL_SLICE], now)
 
     def close(self) -> None:
         """Stop the reader thread and close the sockets."""
@@ -895,20 +921,19 @@ class AsyncGatekeeper(_GatekeeperBase):
         """Control messages in batches (one compiled call each), so a gatekeeper keeps
         up with a master publishing at full rate; the loop runs requests in between."""
         while True:
-            batch = drain(sub, CONTROL_BATCH)
+            batch = drain_control(sub, CONTROL_BATCH, self._control_topics, DEFAULT_LIMITS)
             if not batch:
                 await wait_readable(sub, 0.25)
                 continue
             self.watch.heard(now_ms())
             for start in range(0, len(batch), CONTROL_SLICE):
-                now = now_ms()
-                for frames in batch[start : start + CONTROL_SLICE]:
-                    self._apply_control(frames, now)
+                self._apply_batch(batch[start : start + CONTROL_SLICE], now_ms())
                 await asyncio.sleep(0)
 
     async def _read_monitor(self, monitor: zmq.asyncio.Socket, control: bool = False) -> None:
         while True:
             self._apply_monitor(await monitor.recv_multipart(), control)
+            self._send_resyncs()  # (re)connected: ask now, not at the next sweep tick
 
     async def _sweep(self) -> None:
         next_sweep = time.monotonic() + SWEEP_INTERVAL_S

@@ -22,6 +22,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from itertools import groupby
 from operator import itemgetter
 from types import MappingProxyType
 from typing import Final, NamedTuple
@@ -113,25 +114,37 @@ class DelayTable:
 
     def update(self, domain: bytes, identifier: bytes, until_ms: int, now_ms: int) -> bool:
         """Remember a DELAY_UNTIL; True if it moved the identifier's time forward."""
-        if until_ms <= now_ms:
-            return False
-        if until_ms - now_ms > self.max_ahead_ms:
-            self.refused += 1
-            return False
-        key = (domain, identifier)
+        return bool(self.update_many(((domain, identifier, until_ms),), now_ms))
+
+    def update_many(
+        self, records: Iterable[tuple[bytes, bytes, int]], now_ms: int
+    ) -> list[tuple[bytes, bytes, int]]:
+        """Remember DELAY_UNTILs ``(domain, identifier, until_ms)`` in order, in one loop
+        (a resync brings a million); those that moved an identifier's time forward."""
         entries = self._entries
-        old = entries.get(key)
-        if old is not None:
-            if until_ms <= old:
-                return False
+        get = entries.get
+        max_ahead = self.max_ahead_ms
+        moved: list[tuple[bytes, bytes, int]] = []
+        keep = moved.append
+        for record in records:
+            domain, identifier, until_ms = record
+            if until_ms <= now_ms:
+                continue
+            if until_ms - now_ms > max_ahead:
+                self.refused += 1
+                continue
+            key = (domain, identifier)
+            old = get(key)
+            if old is not None:
+                if until_ms <= old:
+                    continue
+            elif len(entries) >= self._sweep_at:
+                self.sweep(now_ms)
+                if len(entries) >= self.max_entries:
+                    self._evict()
             entries[key] = until_ms
-            return True
-        if len(entries) >= self._sweep_at:
-            self.sweep(now_ms)
-            if len(entries) >= self.max_entries:
-                self._evict()
-        entries[key] = until_ms
-        return True
+            keep(record)
+        return moved
 
     def _evict(self) -> None:
         """Make room for an eighth of the table by forgetting the entries that expire
@@ -392,29 +405,45 @@ class Decider:
         """Apply the master's DELAY_UNTIL: remember it, and tell the first line that the
         identifier's allowance is used up until then (it admits one request at
         ``until_ms``, then spaces them). True if it moved the identifier's time on."""
-        moved = self.table.update(domain, identifier, until_ms, now_ms)
-        line = self._lines.get(domain)
-        if moved and line is not None:
-            self._hold(domain, identifier, line, until_ms + line.tolerances[line.fastest])
-        return moved
+        return bool(self.control_many(((domain, identifier, until_ms),), now_ms))
+
+    def control_many(self, records: Iterable[tuple[bytes, bytes, int]], now_ms: int) -> int:
+        """:meth:`control` for DELAY_UNTILs ``(domain, identifier, until_ms)`` in order;
+        how many moved an identifier's time on."""
+        moved = self.table.update_many(records, now_ms)
+        lines = self._lines
+        if lines and moved:
+            for domain, run in groupby(moved, itemgetter(0)):
+                line = lines.get(domain)
+                if line is not None:
+                    tolerance = line.tolerances[line.fastest]
+                    self._hold_many(domain, line, [(i, u + tolerance) for _d, i, u in run])
+        return len(moved)
 
     def _hold(self, domain: bytes, identifier: bytes, line: Line, floor: float) -> None:
         """Keep the fastest rule's arrival time at least at ``floor``."""
+        self._hold_many(domain, line, ((identifier, floor),))
+
+    def _hold_many(self, domain: bytes, line: Line, holds: Iterable[tuple[bytes, float]]) -> None:
+        """:meth:`_hold` for ``(identifier, floor)`` pairs of one domain, in one loop."""
+        cap = self._cap
         single = self._single.get(domain)
         if single is not None:
             local = single[2]
-            if local.get(identifier, _NEVER) < floor and (
-                len(local) < self._cap or identifier in local
-            ):
-                local[identifier] = floor
+            get = local.get
+            for identifier, floor in holds:
+                if get(identifier, _NEVER) < floor and (len(local) < cap or identifier in local):
+                    local[identifier] = floor
             return
-        key = (domain, identifier)
-        old = self._locals.get(key)
-        current = list(old) if old is not None else [_NEVER] * len(line.intervals)
         k = line.fastest
-        current[k] = max(current[k], floor)
-        if len(self._locals) < self._cap or key in self._locals:
-            self._locals[key] = tuple(current)
+        locals_ = self._locals
+        for identifier, floor in holds:
+            key = (domain, identifier)
+            old = locals_.get(key)
+            current = list(old) if old is not None else [_NEVER] * len(line.intervals)
+            current[k] = max(current[k], floor)
+            if len(locals_) < cap or key in locals_:
+                locals_[key] = tuple(current)
 
     def recheck(
         self, domain: bytes, identifier: bytes, decision: Decision, now_ms: int, held: bool

@@ -229,7 +229,7 @@ class Engine:
             self._resync_request(frames[0])
             return
         try:
-            msg = decode_accounting(list(frames), self.limits)
+            msg = decode_accounting(frames, self.limits)
         except ProtocolError as exc:
             self.stats.malformed[exc.reason] += 1
             dom = self._by_topic.get(frames[0]) if frames else None
@@ -266,26 +266,40 @@ class Engine:
             return []
         return [Scope(name, rule, policy.stored_as) for rule in dict.fromkeys(policy.rules)]
 
-    def live_delays(
-        self, name: str, states: Sequence[Sequence[tuple[bytes, State]]], now_ms: float
-    ) -> Iterator[list[bytes]]:
-        """A RESYNC's DELAY_UNTILs, lazily: one per identifier whose verdict is still in
-        the future, given each scope's live states (in :meth:`scopes` order) as the store
-        lists them. Each is counted as published (the heartbeat's count)."""
+    def live_verdicts(
+        self,
+        name: str,
+        states: Sequence[Sequence[tuple[bytes, State]]],
+        now_ms: float,
+        chunk: int = 4096,
+    ) -> Iterator[list[tuple[bytes, int]]]:
+        """A RESYNC's DELAY_UNTILs as ``(identifier, until ms)``, ``chunk`` states at a
+        time (a server sends each chunk before computing the next): one per identifier
+        whose verdict is still in the future, given each scope's live states (in
+        :meth:`scopes` order) as the store lists them. Each is counted as published (the
+        heartbeat's count). One scope, the common case, costs one comprehension per chunk."""
         dom = self._by_topic.get(topic(name))
         if dom is None or len(states) != len(dom.scopes):
             return
-        by_scope = [dict(pairs) for pairs in states] if len(states) > 1 else []
-        idents = dict.fromkeys(i for pairs in states for i, _ in pairs) if by_scope else None
-        pairs: Iterable[tuple[bytes, State]] = states[0] if idents is None else (
-            (ident, ()) for ident in idents)  # fmt: skip
         rules = [rule for rule, _table, _window in dom.scopes]
-        for ident, state in pairs:
-            olds = [state] if not by_scope else [d.get(ident, ()) for d in by_scope]
-            until = verdict_of(rules, olds, dom.gcra)
-            if until is not None and until > now_ms:
-                dom.stats.published += 1
-                yield control_frames(dom.topic, ident, math.ceil(until))
+        stats = dom.stats
+        if len(states) == 1:
+            only = states[0]
+            for at in range(0, len(only), chunk):
+                out = _verdicts_of_one(rules[0], only[at : at + chunk], dom.gcra, now_ms)
+                stats.published += len(out)
+                yield out
+            return
+        by_scope = [dict(pairs) for pairs in states]
+        idents = list(dict.fromkeys(i for pairs in states for i, _ in pairs))
+        for at in range(0, len(idents), chunk):
+            out = []
+            for ident in idents[at : at + chunk]:
+                until = verdict_of(rules, [d.get(ident, ()) for d in by_scope], dom.gcra)
+                if until is not None and until > now_ms:
+                    out.append((ident, math.ceil(until)))
+            stats.published += len(out)
+            yield out
 
     @staticmethod
     def touched(decoded: Iterable[Decoded]) -> Iterator[tuple[Table, bytes]]:
@@ -429,6 +443,20 @@ def verdict_of(rules: Sequence[Rule], states: Sequence[State], gcra: bool) -> fl
         if nxt is not None and (until is None or nxt > until):
             until = nxt
     return until
+
+
+def _verdicts_of_one(
+    rule: Rule, pairs: Sequence[tuple[bytes, State]], gcra: bool, now_ms: float
+) -> list[tuple[bytes, int]]:
+    """:func:`verdict_of` for one rule, over many identifiers in one comprehension: those
+    whose verdict is after ``now_ms``, as ``(identifier, until ms)``."""
+    ceil = math.ceil
+    if gcra:
+        return [(ident, ceil(s[0])) for ident, s in pairs if s and s[0] > now_ms]
+    burst, window, interval = rule.burst, rule.window_ms, rule.interval_ms
+    return [(ident, ceil(s[-1] + interval)) for ident, s in pairs
+            if len(s) >= burst and s[-1] + interval > now_ms
+            and min(s[-burst:]) > s[-1] - window]  # fmt: skip
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

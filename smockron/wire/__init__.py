@@ -6,6 +6,8 @@ pure-Python twin, behind one contract).
   :class:`~smockron.errors.ProtocolError`.
 - :mod:`smockron.wire.batchio`: draining and sending whole batches without blocking.
 - :mod:`smockron.wire.accounting`: records and raw messages, as the master consumes them.
+- :mod:`smockron.wire.control`: DELAY_UNTILs decoded while received (the gatekeepers) and
+  encoded while sent (the master's RESYNC answers).
 """
 
 from __future__ import annotations

@@ -17,9 +17,11 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import zmq
+
+from smockron.wire.codec import MAX_FRAMES, Oversized
 
 __all__ = [
     "MAX_FRAMES",
@@ -34,16 +36,16 @@ __all__ = [
     "wait_readable",
 ]
 
-MAX_FRAMES = 16
-"""Frames beyond this are read and discarded (the message is malformed anyway)."""
-
 Drain = Callable[[zmq.Socket[bytes], int], list[list[bytes]]]
 SendAll = Callable[[zmq.Socket[bytes], list[list[bytes]]], int]
-DrainAccountingC = Callable[..., tuple[list[Any], list[list[bytes]]]]
+DrainDecodedC = Callable[..., tuple[list[Any], list[list[bytes]]]]
+SendControlsC = Callable[[zmq.Socket[bytes], bytes, bytes, list[tuple[bytes, int]]], int]
 
 
 def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
-    """Up to ``limit`` whole messages that are already queued; never blocks."""
+    """Up to ``limit`` whole messages that are already queued; never blocks. Of a message
+    longer than ``MAX_FRAMES`` frames, an :class:`~smockron.wire.codec.Oversized` of its
+    first frames: the rest are read and counted, not kept."""
     out: list[list[bytes]] = []
     recv = sock.recv
     noblock = zmq.NOBLOCK
@@ -51,11 +53,13 @@ def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
         while len(out) < limit:
             frame = recv(noblock, copy=False)
             msg = [frame.bytes]
+            total = 1
             while frame.more:  # the rest of a multipart message has arrived with it
                 frame = recv(0, copy=False)
-                if len(msg) < MAX_FRAMES:
+                total += 1
+                if total <= MAX_FRAMES:
                     msg.append(frame.bytes)
-            out.append(msg)
+            out.append(msg if total == len(msg) else Oversized(msg, total))
     except zmq.Again:
         pass
     return out
@@ -92,9 +96,18 @@ def _loaded_libzmq() -> str | None:
     return None
 
 
-def _load_compiled() -> tuple[Drain, SendAll, DrainAccountingC] | None:
+class _Compiled(NamedTuple):
+    drain: Drain
+    send_all: SendAll
+    drain_accounting: DrainDecodedC
+    drain_control: Callable[..., list[Any]]
+    send_controls: SendControlsC
+
+
+def _load_compiled() -> _Compiled | None:
     """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used).
-    ``SMOCKRON_PURE_PYTHON=1`` forces the Python loop (tests run both)."""
+    ``SMOCKRON_PURE_PYTHON=1`` forces the Python loop (tests run both); so does a
+    compiled module built for another ``MAX_FRAMES`` (a stale build)."""
     if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
         return None
     try:
@@ -102,22 +115,27 @@ def _load_compiled() -> tuple[Drain, SendAll, DrainAccountingC] | None:
     except ImportError:
         return None
     path = _loaded_libzmq()
-    if path is None:
+    if path is None or getattr(_zmqfast, "MAX_FRAMES", None) != MAX_FRAMES:
         return None
     try:
-        _zmqfast.bind(path, zmq.ZMQError)
+        _zmqfast.bind(path, zmq.ZMQError, Oversized)
     except ImportError:
         return None
-    return _zmqfast.drain, _zmqfast.send_all, _zmqfast.drain_accounting
+    return _Compiled(_zmqfast.drain, _zmqfast.send_all, _zmqfast.drain_accounting,
+                     _zmqfast.drain_control, _zmqfast.send_controls)  # fmt: skip
 
 
 _compiled = _load_compiled()
-drain_compiled: Drain | None = _compiled[0] if _compiled else None
-send_all_compiled: SendAll | None = _compiled[1] if _compiled else None
+drain_compiled: Drain | None = _compiled.drain if _compiled else None
+send_all_compiled: SendAll | None = _compiled.send_all if _compiled else None
 drain: Drain = drain_compiled or drain_python
 send_all: SendAll = send_all_compiled or send_all_python
-drain_accounting_c: DrainAccountingC | None = _compiled[2] if _compiled else None
+drain_accounting_c: DrainDecodedC | None = _compiled.drain_accounting if _compiled else None
 """The raw C entry point behind :func:`smockron.wire.accounting.drain_accounting`."""
+drain_control_c: Callable[..., list[Any]] | None = _compiled.drain_control if _compiled else None
+"""...and behind :func:`smockron.wire.control.drain_control`..."""
+send_controls_c: SendControlsC | None = _compiled.send_controls if _compiled else None
+"""...and :func:`smockron.wire.control.send_controls`."""
 
 
 async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:

@@ -32,6 +32,7 @@ Pure code: no sockets here, only frames in and out. Every malformed message rais
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DELAYED",
     "DELAY_UNTIL",
+    "MAX_FRAMES",
     "MAX_OFFERED_RATE",
     "MAX_OFFERED_RULES",
     "MIN_OFFERED_RATE",
@@ -58,6 +60,7 @@ __all__ = [
     "Accounting",
     "Control",
     "Limits",
+    "Oversized",
     "RulesOffer",
     "Status",
     "accounting_frames",
@@ -73,6 +76,7 @@ __all__ = [
     "encode_published",
     "encode_resync",
     "encode_rules",
+    "frame_count",
     "topic",
 ]
 
@@ -93,6 +97,9 @@ PUBLISHED: Final = b"PUBLISHED"
 MAX_COUNT_DIGITS: Final = 20
 """A publish counter of more digits is refused (2**64 has 20)."""
 MAX_OFFERED_RULES: Final = 64
+MAX_FRAMES: Final = 4 + MAX_OFFERED_RULES
+"""The most frames of a valid message (a RULES offer of ``MAX_OFFERED_RULES`` rules): a
+reader keeps this many frames of a message and only counts the rest."""
 MIN_OFFERED_RATE: Final = 1e-9
 """Requests per second: about one in 30 years; below it the times overflow."""
 MAX_OFFERED_RATE: Final = 1e9
@@ -144,6 +151,23 @@ class Control:
     identifier: bytes
     until_ms: int
     command: bytes = DELAY_UNTIL
+
+
+class Oversized(list[bytes]):
+    """The first ``MAX_FRAMES`` frames of a longer message, as a batch reader keeps them;
+    ``total`` is how many frames it had (the rest were read and dropped), so the
+    decoders name its real length."""
+
+    __slots__ = ("total",)
+
+    def __init__(self, frames: Iterable[bytes], total: int) -> None:
+        super().__init__(frames)
+        self.total = total
+
+
+def frame_count(frames: Sequence[bytes]) -> int:
+    """How many frames a message had, also when a reader kept only the first ones."""
+    return frames.total if type(frames) is Oversized else len(frames)
 
 
 def topic(domain: bytes | str) -> bytes:
@@ -214,10 +238,13 @@ def encode_published(domain: bytes | str, count: int) -> list[bytes]:
     return [RULES_TOPIC, PUBLISHED, name, b"%d" % count]
 
 
-def decode_published(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> tuple[bytes, int]:
+def decode_published(
+    frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS
+) -> tuple[bytes, int]:
     """(domain, count) of a PUBLISHED heartbeat."""
-    if len(frames) != 4 or frames[0] != RULES_TOPIC or frames[1] != PUBLISHED:
-        raise ProtocolError("frame_count", f"PUBLISHED has {len(frames)} frames, expected 4")
+    n = frame_count(frames)
+    if n != 4 or frames[0] != RULES_TOPIC or frames[1] != PUBLISHED:
+        raise ProtocolError("frame_count", f"PUBLISHED has {n} frames, expected 4")
     domain = decode_domain(frames[2] + b"\0", limits)
     count = frames[3]
     if not count.isdigit() or len(count) > MAX_COUNT_DIGITS:
@@ -253,9 +280,9 @@ def decode_timestamp(frame: bytes, what: str, limits: Limits = DEFAULT_LIMITS) -
     return value
 
 
-def decode_accounting(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> Accounting:
+def decode_accounting(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Accounting:
     """Decode and validate the frames of one accounting message."""
-    n = len(frames)
+    n = frame_count(frames)
     if n != 5 and n != 6:
         raise ProtocolError("frame_count", f"accounting message has {n} frames, expected 5 or 6")
     domain_f, status, identifier, received_f, delayed_f = frames[:5]
@@ -284,20 +311,21 @@ def decode_accounting(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> A
     return Accounting(domain, status, identifier, received, delayed, loginfo)
 
 
-def decode_control(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> Control:
+def decode_control(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Control:
     """Decode and validate the frames of one control message."""
-    if len(frames) < 2:
-        raise ProtocolError("frame_count", f"control message has {len(frames)} frames, expected 4")
+    n = frame_count(frames)
+    if n < 2:
+        raise ProtocolError("frame_count", f"control message has {n} frames, expected 4")
     domain = decode_domain(frames[0], limits)
     command = frames[1]
     if command in RESYNC_MARKS:
-        if len(frames) != 2:
-            raise ProtocolError("frame_count", f"{command.decode()} has {len(frames)} frames")
+        if n != 2:
+            raise ProtocolError("frame_count", f"{command.decode()} has {n} frames")
         return Control(domain, b"", 0, command)
     if command != DELAY_UNTIL:
         raise ProtocolError("bad_command", f"unknown command {command[:32]!r}")
-    if len(frames) != 4:
-        raise ProtocolError("frame_count", f"DELAY_UNTIL has {len(frames)} frames, expected 4")
+    if n != 4:
+        raise ProtocolError("frame_count", f"DELAY_UNTIL has {n} frames, expected 4")
     identifier = frames[2]
     if len(identifier) > limits.max_identifier:
         raise ProtocolError(
@@ -323,12 +351,13 @@ def encode_rules(domain: bytes | str, algorithm: str, rules: tuple[Rule, ...]) -
             *(f"{rule.rate!r} {rule.burst}".encode() for rule in rules)]  # fmt: skip
 
 
-def decode_rules(frames: list[bytes], limits: Limits = DEFAULT_LIMITS) -> RulesOffer:
+def decode_rules(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> RulesOffer:
     """Decode and validate one RULES offer."""
-    if len(frames) < 5 or frames[0] != RULES_TOPIC or frames[1] != RULES:
-        raise ProtocolError("frame_count", f"RULES offer has {len(frames)} frames, expected 5+")
-    if len(frames) > 4 + MAX_OFFERED_RULES:
-        raise ProtocolError("oversized", f"RULES offer of {len(frames) - 4} rules")
+    n = frame_count(frames)
+    if n < 5 or frames[0] != RULES_TOPIC or frames[1] != RULES:
+        raise ProtocolError("frame_count", f"RULES offer has {n} frames, expected 5+")
+    if n > 4 + MAX_OFFERED_RULES:
+        raise ProtocolError("oversized", f"RULES offer of {n - 4} rules")
     domain = decode_domain(frames[2] + b"\0", limits)
     try:
         algorithm = frames[3].decode("ascii")

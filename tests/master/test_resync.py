@@ -52,7 +52,7 @@ def test_resync_request_is_collected_not_malformed() -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["history", "gcra", "history-literal"])
-def test_live_delays_repeat_the_last_verdicts(algorithm: str) -> None:
+def test_live_verdicts_repeat_the_last_verdicts(algorithm: str) -> None:
     eng = _engine(algorithm)
     published = {}
     for ident in (b"a", b"b", b"c"):
@@ -63,21 +63,21 @@ def test_live_delays_repeat_the_last_verdicts(algorithm: str) -> None:
     scopes = eng.scopes("api")
     states = [list(eng.store.table(s).current.items()) for s in scopes]  # type: ignore[attr-defined]
     before = eng.stats.domains["api"].published
-    out = {f[2]: decode_control(f).until_ms for f in eng.live_delays("api", states, T0 + 1)}
+    out = {i: u for chunk in eng.live_verdicts("api", states, T0 + 1, 2) for i, u in chunk}
     assert out == published
     assert eng.stats.domains["api"].published == before + 3  # the heartbeat counts them
     later = max(published.values()) + 1
-    assert list(eng.live_delays("api", states, later)) == []  # passed: nothing to repeat
+    assert not any(eng.live_verdicts("api", states, later))  # passed: nothing to repeat
 
 
-def test_live_delays_take_the_latest_rule() -> None:
+def test_live_verdicts_take_the_latest_rule() -> None:
     eng = _engine("history", Rule(1.0, 2), Rule(1 / 60, 3))
     frames = _throttle(eng, b"x", 3, T0)
     assert frames
     last = decode_control(frames[-1]).until_ms
     scopes = eng.scopes("api")
     states = [list(eng.store.table(s).current.items()) for s in scopes]  # type: ignore[attr-defined]
-    out = [decode_control(f).until_ms for f in eng.live_delays("api", states, T0)]
+    out = [u for chunk in eng.live_verdicts("api", states, T0) for _i, u in chunk]
     assert out == [last] and last >= T0 + 60_000 - 1
 
 

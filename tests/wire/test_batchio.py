@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -19,7 +19,6 @@ from smockron.wire.accounting import (
     split_accounting,
 )
 from smockron.wire.batchio import (
-    MAX_FRAMES,
     Drain,
     SendAll,
     drain_compiled,
@@ -28,7 +27,7 @@ from smockron.wire.batchio import (
     send_all_python,
     wait_readable,
 )
-from smockron.wire.codec import DEFAULT_LIMITS
+from smockron.wire.codec import DEFAULT_LIMITS, MAX_FRAMES, Oversized, frame_count
 from tests.support import wait_for
 
 LOOPS = [pytest.param(drain_python, id="python")]
@@ -38,21 +37,6 @@ if drain_compiled is not None:
 SENDERS = [pytest.param(send_all_python, id="python")]
 if send_all_compiled is not None:
     SENDERS.append(pytest.param(send_all_compiled, id="compiled"))
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    push = ctx.socket(zmq.PUSH)
-    push.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        yield push, pull
-    finally:
-        push.close(0)
-        pull.close(0)
-        ctx.term()
 
 
 @pytest.mark.parametrize("drain", LOOPS)
@@ -65,8 +49,10 @@ def test_drains_batches_without_blocking(
         [b"api\0", b"ACCEPTED", b"id", b"1", b""],
         [b""],
         [b"x" * 70_000],
-        [b"f%d" % i for i in range(40)],  # more than MAX_FRAMES: the rest is discarded
+        [b"f%d" % i for i in range(MAX_FRAMES + 40)],  # the rest is counted, not kept
         [b"api\0", b"ACCEPTED", b"\x00\xff", b"2", b"", b"loginfo"],
+        [b"r%d" % i for i in range(MAX_FRAMES)],  # the longest valid message: kept whole
+        [b"s%d" % i for i in range(MAX_FRAMES + 1)],
     ]
     for m in messages:
         push.send_multipart(m)
@@ -81,7 +67,34 @@ def test_drains_batches_without_blocking(
     wait_for(received_all)
     assert got[:3] == messages[:3]
     assert got[3] == messages[3][:MAX_FRAMES]
-    assert got[4] == messages[4]
+    assert isinstance(got[3], Oversized) and frame_count(got[3]) == MAX_FRAMES + 40
+    assert got[4] == messages[4] and type(got[4]) is list
+    assert got[5] == messages[5] and type(got[5]) is list
+    assert isinstance(got[6], Oversized) and got[6].total == MAX_FRAMES + 1
+
+
+def test_compiled_and_python_readers_agree_on_every_length(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    """Same batches, same types, same counts, from 1 to far past MAX_FRAMES frames."""
+    if drain_compiled is None:
+        pytest.skip("smockron.wire._zmqfast is not built")
+    push, pull = pair
+    lengths = [1, 2, 4, 5, 6, 7, MAX_FRAMES - 1, MAX_FRAMES, MAX_FRAMES + 1, 500, 10_000]
+    results = []
+    for reader in (drain_python, drain_compiled):
+        for n in lengths:
+            push.send_multipart([b"%d" % i for i in range(n)])
+        got: list[list[bytes]] = []
+
+        def received_all(reader: Drain = reader, got: list[list[bytes]] = got) -> bool:
+            got.extend(reader(pull, 3))
+            return len(got) == len(lengths)
+
+        wait_for(received_all)
+        results.append([(type(m).__name__, list(m), frame_count(m)) for m in got])
+    assert results[0] == results[1]
+    assert [count for _t, _m, count in results[0]] == lengths
 
 
 @pytest.mark.parametrize("drain", LOOPS)
@@ -187,6 +200,7 @@ def test_both_decoders_split_as_the_codec_contract_says(
         [b"api", b"ACCEPTED", b"a", b"1", b""],
         [b"api\0"],
         [b"x%d" % i for i in range(30)],
+        [b"api\0", *(b"y%d" % i for i in range(MAX_FRAMES + 30))],
         [b"api\0", b"ACCEPTED", b"\0\xff", b"5", b""],
     ]
     for m in messages:
@@ -210,6 +224,7 @@ def test_both_decoders_split_as_the_codec_contract_says(
     assert len(decoded) == 5  # the plainly valid ones for "api"
     pure = split_accounting(messages, received.topics, DEFAULT_LIMITS)
     assert (decoded, [list(m) for m in raw]) == (pure[0], [m[:MAX_FRAMES] for m in pure[1]])
+    assert [frame_count(m) for m in raw] == [len(m) for m in pure[1]]
     got = received.ingest(decoded, raw)
     expected = python.decode(messages)
     key = lambda d: (d[1], d[2], d[3], d[4])  # noqa: E731
