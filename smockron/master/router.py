@@ -11,9 +11,10 @@ unchanged to the gatekeepers through the router's PUB. The seed requires exactly
 Hostile input: the accounting SUB has the master's frame size limit (ZMQ_MAXMSGSIZE), so
 a gatekeeper sending a huge frame loses its own connection to the router rather than
 making the router forward it and the master drop the router's connection, which carries
-every other gatekeeper's traffic. A message without a domain is discarded, counted and
-logged (rate-limited); other malformed messages go to the domain's master, which counts
-and logs them by reason.
+every other gatekeeper's traffic. A message without a domain, or with more frames than
+any valid message has (the router would forward only the first ones), is discarded,
+counted and logged (rate-limited) with its real length; other malformed messages go to
+the domain's master, which counts and logs them by reason.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
 from smockron.wire.batchio import drain, send_all, wait_readable
+from smockron.wire.codec import MAX_FRAMES, frame_count
 
 log = logging.getLogger("smockron.router")
 
@@ -279,13 +281,8 @@ class Router:
                 continue
             by_owner: dict[zmq.Socket[bytes], list[list[bytes]]] = {}
             for frames in batch:
-                if not frames[0]:
-                    self.discarded += 1  # no domain to route by; a master would reject it
-                    self.discard_log.warning(
-                        "discarded accounting message without a domain (%d frames): %s",
-                        len(frames),
-                        [f[:40] for f in frames[:3]],
-                    )
+                if not frames[0] or frame_count(frames) > MAX_FRAMES:
+                    self._discard(frames)
                     continue
                 sock = self.owner(frames[0])
                 group = by_owner.get(sock)
@@ -295,6 +292,19 @@ class Router:
             for sock, group in by_owner.items():
                 self.forwarded += send_all(sock, group)
             await asyncio.sleep(0)
+
+    def _discard(self, frames: Sequence[bytes]) -> None:
+        """Count and log a message no master could use (``%r`` escapes its bytes)."""
+        self.discarded += 1
+        count = frame_count(frames)
+        why = "without a domain" if not frames[0] else f"over {MAX_FRAMES} frames"
+        self.discard_log.warning(
+            "discarded accounting message %s (%d frames): %r",
+            why,
+            count,
+            [f[:40] for f in frames[:3]],
+            key=why,
+        )
 
     async def _control(self) -> None:
         while True:

@@ -118,6 +118,8 @@ def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
             if i < 10:
                 hostile.send([b"", b"ACCEPTED", b"x", b"1", b""])
                 hostile.send([b"api", b"ACCEPTED", b"x", b"1", b""])
+                if i == 0:  # more frames than any message: the router drops it, whole
+                    hostile.send([b"api\0", b"ACCEPTED", b"y", b"1", b""] + [b"z"] * 95)
             else:  # the router drops the hostile connection, never the master's
                 hostile.send(huge)
             for _ in range(3):
@@ -136,5 +138,6 @@ def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
         assert m['smockron_master_messages_total{domain="api",status="accepted"}'] == 60
         assert sum(v for k, v in m.items() if k.startswith("smockron_master_malformed_total")) == 10
         wait_for(lambda: "discarded accounting message without a domain" in rproc.log())
+        assert "discarded accounting message over 68 frames (100 frames)" in rproc.log()
         assert rproc.stop(signal.SIGTERM) == 0
-        assert "discarded 10" in rproc.log()
+        assert "discarded 11" in rproc.log()
