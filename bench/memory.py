@@ -70,6 +70,10 @@ def master_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], No
     return proc, wave
 
 
+PACE = 0.25
+"""Seconds between two bursts of 5,000 DELAY_UNTILs to the proxy."""
+
+
 def proxy_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], None]]:
     listen, ctl, acc, up = free_ports(4)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -91,10 +95,11 @@ def proxy_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], Non
 
     def wave() -> None:
         start = received()
+        # every state expires ``hold`` seconds after the (paced) wave has been sent
+        until = b"%d" % (int(time.time() * 1000) + int(1000 * (hold + PACE * n / 5_000)))
         for i in range(n):
             if i % 5_000 == 0:
-                until = b"%d" % (int(time.time() * 1000) + hold * 1000)
-                time.sleep(0.25)  # paced: a gatekeeper reads its control socket at its pace
+                time.sleep(PACE)  # paced: a gatekeeper reads its control socket at its pace
             pub.send_multipart([b"api\0", b"DELAY_UNTIL", b"wave-%d" % i, until])
         time.sleep(2.5)
         print(f"  proxy received {received() - start:,} of {n:,} DELAY_UNTILs", flush=True)
@@ -150,7 +155,8 @@ class Sample:
 
 
 def measure(name: str, workdir: Path, n: int, hold: int, settle: float,
-            goal: float | None = None, quiet: bool = False) -> Sample:  # fmt: skip
+            goal: float | None = None, quiet: bool = False, trace_every: int = 10,
+            ) -> Sample:  # fmt: skip
     """One daemon's RSS at baseline, right after a wave of ``n`` identifiers, and
     ``settle`` seconds later (sooner once within ``goal`` times the baseline, if given)."""
     proc, wave = WAVES[name](workdir, n, hold)
@@ -169,9 +175,9 @@ def measure(name: str, workdir: Path, n: int, hold: int, settle: float,
             if goal is not None and samples[-1] <= goal * baseline:
                 break
         if not quiet:
-            trace = " ".join(f"{s / MB:.0f}" for s in samples[::10])
+            trace = " ".join(f"{s / MB:.0f}" for s in samples[::trace_every])
             print(f"  {name}: wave of {n:,} in {peak_at - start:.1f} s; RSS every "
-                  f"10 s after it (MB): {trace}", flush=True)  # fmt: skip
+                  f"{trace_every} s after it (MB): {trace}", flush=True)  # fmt: skip
         wait_for(proc.alive, 1)
         return Sample(baseline, peak, samples[-1])
     finally:
@@ -184,6 +190,7 @@ def main() -> None:
     parser.add_argument("--hold", type=int, default=30, help="seconds a state lasts")
     parser.add_argument("--settle", type=float, default=120.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--trace-every", type=int, default=10, help="seconds between RSS shown")
     parser.add_argument("--only", default=",".join(WAVES))
     parser.add_argument("--allocators", default="default,pymalloc",
                         help="default (smockron's choice), or PYTHONMALLOC values")  # fmt: skip
@@ -196,7 +203,8 @@ def main() -> None:
         for name in args.only.split(","):
             for alloc in allocators:
                 with allocator(alloc):
-                    sample = measure(name, args.workdir, args.identifiers, args.hold, args.settle)
+                    sample = measure(name, args.workdir, args.identifiers, args.hold,
+                                     args.settle, trace_every=args.trace_every)  # fmt: skip
                 results.setdefault((name, alloc), []).append(sample)
                 print(f"run {run + 1} {name} {alloc}: {sample.baseline / MB:.1f} -> "
                       f"{sample.peak / MB:.1f} -> {sample.after / MB:.1f} MB, "

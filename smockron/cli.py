@@ -44,10 +44,6 @@ class LazyGroup(click.Group):
         self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
     ) -> NoReturn:
         argv = list(sys.argv[1:] if args is None else args)
-        if args is None:  # the process's own command line (not a test's): may re-exec
-            from smockron import runtime
-
-            runtime.use_system_malloc(next((arg for arg in argv if arg in COMMANDS), None))
         try:
             code = super().main(argv, prog_name, standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:

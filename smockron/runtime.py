@@ -166,44 +166,14 @@ def startup_line(command: str, **facts: Any) -> None:
 
 # ---------------------------------------------------------------------------- the allocator
 
-SERVING = frozenset({"master", "router", "proxy", "cluster", "jarl", "dthrottle", "demo"})
-"""The commands that serve (and hold per-identifier state): run on the C allocator."""
-
 
 def allocator() -> str:
-    """The allocator CPython uses for its objects in this process (for the startup line)."""
+    """The allocator CPython uses for its objects in this process, for the startup line:
+    ``pymalloc`` (its own, the default) or what ``PYTHONMALLOC`` chose before it started
+    (``malloc``: glibc's, which gives a wave's memory back; see docs/deployment.md)."""
     if sys.flags.dev_mode:
         return "pymalloc_debug"
     return os.environ.get("PYTHONMALLOC") or "pymalloc"
-
-
-def use_system_malloc(command: str | None) -> None:
-    """Restart this process once, the same way, with ``PYTHONMALLOC=malloc`` when it
-    runs a command that serves, on glibc, and ``PYTHONMALLOC`` is not set already.
-
-    Why: CPython's own small-object allocator (pymalloc) returns a 1 MiB arena to the
-    system only when every object in it is free, so the few objects that outlive a wave
-    of identifiers (a counter, a log record, a cached string) pin most of the arenas
-    the wave filled. Under glibc's ``malloc`` each object is a chunk of the C heap, and
-    ``malloc_trim(0)`` (:mod:`smockron.memory`, after large sweeps) returns every free
-    page wherever it lies. Measured on the hot paths: no loss (see docs/operations.md).
-    ``PYTHONMALLOC`` can only be chosen before the interpreter starts, hence the
-    ``exec``; setting it (``PYTHONMALLOC=pymalloc``) keeps CPython's allocator.
-    """
-    from smockron.memory import TRIM_AVAILABLE
-
-    if command not in SERVING or "PYTHONMALLOC" in os.environ or sys.flags.dev_mode:
-        return
-    if not TRIM_AVAILABLE or not sys.executable or not sys.orig_argv:
-        return  # malloc_trim is glibc's; without it pymalloc is the better choice
-    os.environ["PYTHONMALLOC"] = "malloc"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execv(sys.executable, sys.orig_argv)
-    except OSError as exc:  # pragma: no cover - the interpreter ran a moment ago
-        del os.environ["PYTHONMALLOC"]
-        log.warning("could not restart with PYTHONMALLOC=malloc (%s): keeping pymalloc", exc)
 
 
 # ---------------------------------------------------------------------------- the loop
