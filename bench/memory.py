@@ -4,20 +4,27 @@ wave of distinct identifiers that all expire.
 For each daemon (real processes on 127.0.0.1): RSS at baseline (started, a little
 traffic), right after a wave of ``--identifiers`` distinct identifiers, then every second
 for ``--settle`` seconds while their states expire and are swept; the final RSS is
-compared with the baseline (goal: within 20%).
+compared with the baseline (goal: within 20%). Each daemon runs on each of
+``--allocators``: ``default`` (CPython's pymalloc, what a daemon runs on unless told
+otherwise) and ``malloc`` (``PYTHONMALLOC=malloc``: glibc's, which ``malloc_trim`` can
+empty anywhere in the heap); ``--runs`` rounds of all, then the medians.
 
 Each state is made to last ``--hold`` seconds (default 30), so the whole wave is held
 at once:
 
 - master (memory store, ``api:1/HOLDs:1``: one request per window): one ACCEPTED per
   identifier; a state expires two to three windows after its last message;
-- proxy (a first line ``api:1/s:1``): one DELAY_UNTIL ``HOLD`` seconds ahead per
-  identifier, published by this bench as the master (the delay table and the first
-  line fill);
+- proxy (a first line ``api:1/s:1``): one DELAY_UNTIL per identifier, all until
+  ``HOLD`` seconds after the wave (paced at 20,000 a second, what a gatekeeper's control
+  thread keeps up with here), published by this bench as the master (the delay table and
+  the first line fill);
 - dthrottle (burst 1, refilled in ``HOLD`` seconds, reports every second): one query per
   tag; a bucket is forgotten once full again.
 
-Run: python bench/memory.py [--identifiers 1000000] [--hold 30] [--settle 120] [--only master]
+tests/test_memory.py runs :func:`measure` at a smaller scale.
+
+Run: python bench/memory.py [--identifiers 1000000] [--hold 30] [--settle 120] [--runs 3]
+    [--allocators default,malloc] [--only master,proxy,dthrottle]
 """
 
 from __future__ import annotations
@@ -130,8 +137,8 @@ WAVES = {"master": master_wave, "proxy": proxy_wave, "dthrottle": dthrottle_wave
 
 @contextlib.contextmanager
 def allocator(name: str) -> Iterator[None]:
-    """Daemons started in the block run on ``name``: ``default`` (what ``smockron``
-    chooses: glibc's malloc), or a ``PYTHONMALLOC`` value (``pymalloc``: CPython's)."""
+    """Daemons started in the block run on ``name``: ``default`` (``PYTHONMALLOC`` unset:
+    CPython's pymalloc), or a ``PYTHONMALLOC`` value (``malloc``: glibc's)."""
     before = os.environ.pop("PYTHONMALLOC", None)
     if name != "default":
         os.environ["PYTHONMALLOC"] = name
@@ -192,8 +199,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--trace-every", type=int, default=10, help="seconds between RSS shown")
     parser.add_argument("--only", default=",".join(WAVES))
-    parser.add_argument("--allocators", default="default,pymalloc",
-                        help="default (smockron's choice), or PYTHONMALLOC values")  # fmt: skip
+    parser.add_argument("--allocators", default="default,malloc",
+                        help="default (PYTHONMALLOC unset), or PYTHONMALLOC values")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/smockron-memory"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
