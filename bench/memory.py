@@ -4,30 +4,41 @@ wave of distinct identifiers that all expire.
 For each daemon (real processes on 127.0.0.1): RSS at baseline (started, a little
 traffic), right after a wave of ``--identifiers`` distinct identifiers, then every second
 for ``--settle`` seconds while their states expire and are swept; the final RSS is
-compared with the baseline (goal: within 20%).
+compared with the baseline (goal: within 20%). Each daemon runs on each of
+``--allocators``: ``default`` (CPython's pymalloc, what a daemon runs on unless told
+otherwise) and ``malloc`` (``PYTHONMALLOC=malloc``: glibc's, which ``malloc_trim`` can
+empty anywhere in the heap); ``--runs`` rounds of all, then the medians.
 
 Each state is made to last ``--hold`` seconds (default 30), so the whole wave is held
 at once:
 
 - master (memory store, ``api:1/HOLDs:1``: one request per window): one ACCEPTED per
   identifier; a state expires two to three windows after its last message;
-- proxy (a first line ``api:1/s:1``): one DELAY_UNTIL ``HOLD`` seconds ahead per
-  identifier, published by this bench as the master (the delay table and the first
-  line fill);
+- proxy (a first line ``api:1/s:1``): one DELAY_UNTIL per identifier, all until
+  ``HOLD`` seconds after the wave (paced at 20,000 a second, what a gatekeeper's control
+  thread keeps up with here), published by this bench as the master (the delay table and
+  the first line fill);
 - dthrottle (burst 1, refilled in ``HOLD`` seconds, reports every second): one query per
   tag; a bucket is forgotten once full again.
 
-Run: python bench/memory.py [--identifiers 1000000] [--hold 30] [--settle 120] [--only master]
+tests/test_memory.py runs :func:`measure` at a smaller scale.
+
+Run: python bench/memory.py [--identifiers 1000000] [--hold 30] [--settle 120] [--runs 3]
+    [--allocators default,malloc] [--only master,proxy,dthrottle]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import socket
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +77,10 @@ def master_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], No
     return proc, wave
 
 
+PACE = 0.25
+"""Seconds between two bursts of 5,000 DELAY_UNTILs to the proxy."""
+
+
 def proxy_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], None]]:
     listen, ctl, acc, up = free_ports(4)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -82,15 +97,16 @@ def proxy_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], Non
     time.sleep(1.0)  # the SUB joins
 
     def received() -> int:
-        found = re.findall(r"'control_received': (\d+)", proc.log())
+        found = re.findall(r"control_received=(\d+)", proc.log())
         return int(found[-1]) if found else 0
 
     def wave() -> None:
         start = received()
+        # every state expires ``hold`` seconds after the (paced) wave has been sent
+        until = b"%d" % (int(time.time() * 1000) + int(1000 * (hold + PACE * n / 5_000)))
         for i in range(n):
             if i % 5_000 == 0:
-                until = b"%d" % (int(time.time() * 1000) + hold * 1000)
-                time.sleep(0.25)  # paced: a gatekeeper reads its control socket at its pace
+                time.sleep(PACE)  # paced: a gatekeeper reads its control socket at its pace
             pub.send_multipart([b"api\0", b"DELAY_UNTIL", b"wave-%d" % i, until])
         time.sleep(2.5)
         print(f"  proxy received {received() - start:,} of {n:,} DELAY_UNTILs", flush=True)
@@ -119,7 +135,37 @@ def dthrottle_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[],
 WAVES = {"master": master_wave, "proxy": proxy_wave, "dthrottle": dthrottle_wave}
 
 
-def measure(name: str, workdir: Path, n: int, hold: int, settle: float) -> tuple[int, int, int]:
+@contextlib.contextmanager
+def allocator(name: str) -> Iterator[None]:
+    """Daemons started in the block run on ``name``: ``default`` (``PYTHONMALLOC`` unset:
+    CPython's pymalloc), or a ``PYTHONMALLOC`` value (``malloc``: glibc's)."""
+    before = os.environ.pop("PYTHONMALLOC", None)
+    if name != "default":
+        os.environ["PYTHONMALLOC"] = name
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTHONMALLOC", None)
+        if before is not None:
+            os.environ["PYTHONMALLOC"] = before
+
+
+@dataclass
+class Sample:
+    baseline: int
+    peak: int
+    after: int
+
+    @property
+    def ratio(self) -> float:
+        return self.after / self.baseline
+
+
+def measure(name: str, workdir: Path, n: int, hold: int, settle: float,
+            goal: float | None = None, quiet: bool = False, trace_every: int = 10,
+            ) -> Sample:  # fmt: skip
+    """One daemon's RSS at baseline, right after a wave of ``n`` identifiers, and
+    ``settle`` seconds later (sooner once within ``goal`` times the baseline, if given)."""
     proc, wave = WAVES[name](workdir, n, hold)
     try:
         pid = proc.popen.pid
@@ -127,17 +173,20 @@ def measure(name: str, workdir: Path, n: int, hold: int, settle: float) -> tuple
         baseline = rss_bytes(pid)
         start = time.monotonic()
         wave()
-        peak = rss_bytes(pid)
-        print(f"  {name}: wave of {n:,} in {time.monotonic() - start:.1f} s", flush=True)
+        peak, peak_at = rss_bytes(pid), time.monotonic()
         samples = []
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline:
             time.sleep(1.0)
             samples.append(rss_bytes(pid))
-        trace = " ".join(f"{s / MB:.0f}" for s in samples[::10])
-        print(f"  {name}: RSS every 10 s after the wave (MB): {trace}", flush=True)
+            if goal is not None and samples[-1] <= goal * baseline:
+                break
+        if not quiet:
+            trace = " ".join(f"{s / MB:.0f}" for s in samples[::trace_every])
+            print(f"  {name}: wave of {n:,} in {peak_at - start:.1f} s; RSS every "
+                  f"{trace_every} s after it (MB): {trace}", flush=True)  # fmt: skip
         wait_for(proc.alive, 1)
-        return baseline, peak, samples[-1]
+        return Sample(baseline, peak, samples[-1])
     finally:
         proc.stop()
 
@@ -147,16 +196,35 @@ def main() -> None:
     parser.add_argument("--identifiers", type=int, default=1_000_000)
     parser.add_argument("--hold", type=int, default=30, help="seconds a state lasts")
     parser.add_argument("--settle", type=float, default=120.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--trace-every", type=int, default=10, help="seconds between RSS shown")
     parser.add_argument("--only", default=",".join(WAVES))
+    parser.add_argument("--allocators", default="default,malloc",
+                        help="default (PYTHONMALLOC unset), or PYTHONMALLOC values")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/smockron-memory"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    print("| daemon | identifiers | baseline MB | after the wave MB | after expiry MB "
-          "| after / baseline |\n|---|---|---|---|---|---|", flush=True)  # fmt: skip
-    for name in args.only.split(","):
-        base, peak, end = measure(name, args.workdir, args.identifiers, args.hold, args.settle)
-        print(f"| {name} | {args.identifiers:,} | {base / MB:.1f} | {peak / MB:.1f} | "
-              f"{end / MB:.1f} | {end / base:.2f} |", flush=True)  # fmt: skip
+    allocators = args.allocators.split(",")
+    results: dict[tuple[str, str], list[Sample]] = {}
+    for run in range(args.runs):  # rounds, so a slow spell of the machine hits every case
+        for name in args.only.split(","):
+            for alloc in allocators:
+                with allocator(alloc):
+                    sample = measure(name, args.workdir, args.identifiers, args.hold,
+                                     args.settle, trace_every=args.trace_every)  # fmt: skip
+                results.setdefault((name, alloc), []).append(sample)
+                print(f"run {run + 1} {name} {alloc}: {sample.baseline / MB:.1f} -> "
+                      f"{sample.peak / MB:.1f} -> {sample.after / MB:.1f} MB, "
+                      f"{sample.ratio:.2f}", flush=True)  # fmt: skip
+    print(f"\nmedians of {args.runs} run(s), {args.identifiers:,} identifiers\n"
+          "| daemon | allocator | baseline MB | after the wave MB | after expiry MB "
+          "| after / baseline |\n|---|---|---|---|---|---|")  # fmt: skip
+    for (name, alloc), samples in results.items():
+        base, peak, end = (statistics.median(getattr(s, f) for s in samples)
+                           for f in ("baseline", "peak", "after"))  # fmt: skip
+        ratio = statistics.median(s.ratio for s in samples)
+        print(f"| {name} | {alloc} | {base / MB:.1f} | {peak / MB:.1f} | {end / MB:.1f} | "
+              f"{ratio:.2f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -15,6 +15,15 @@ Two things keep a daemon's RSS high after its tables have emptied:
   by a full garbage collection, were measured pinning 24 arenas after a wave. So when a
   wave has gone (more freed since the last trim than is left), the reclaimer collects
   first; a collection costs O(live objects), paid only after freeing more than that.
+  Any other object that outlives a wave pins its arena the same way (the master's last
+  batch of records did, until its loop stopped keeping it while idle), and a daemon
+  allocates a few (counters, log records) while the wave comes in. Under glibc's
+  allocator instead (``PYTHONMALLOC=malloc``, read when the interpreter starts; the
+  startup line says which runs) every object is a chunk of the C heap and the trim
+  returns every free page wherever it lies: RSS back within 20% of the baseline,
+  measured by bench/memory.py. It costs CPU on the hot path (glibc's ``malloc`` is
+  slower than pymalloc for small objects), so it is the operator's choice
+  (docs/deployment.md), not the default.
 
 Only on glibc (found through ctypes); elsewhere :func:`trim` does nothing and says so.
 """

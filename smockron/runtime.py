@@ -158,10 +158,22 @@ def startup_line(command: str, **facts: Any) -> None:
     """One line naming what is active: extensions, loop, and the command's own facts
     (store, discovery, TLS...), so an operator sees from the log what runs."""
     built = extensions()
-    fields: dict[str, Any] = {"command": command, "loop": loop_name()}
+    fields: dict[str, Any] = {"command": command, "loop": loop_name(), "malloc": allocator()}
     fields["extensions"] = ",".join(n for n, on in built.items() if on) or "none"
     fields.update(facts)
     log_stats(logging.getLogger(f"smockron.{command}"), fields, event="starting")
+
+
+# ---------------------------------------------------------------------------- the allocator
+
+
+def allocator() -> str:
+    """The allocator CPython uses for its objects in this process, for the startup line:
+    ``pymalloc`` (its own, the default) or what ``PYTHONMALLOC`` chose before it started
+    (``malloc``: glibc's, which gives a wave's memory back; see docs/deployment.md)."""
+    if sys.flags.dev_mode:
+        return "pymalloc_debug"
+    return os.environ.get("PYTHONMALLOC") or "pymalloc"
 
 
 # ---------------------------------------------------------------------------- the loop
