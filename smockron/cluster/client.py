@@ -100,7 +100,7 @@ Transport: TypeAlias = Literal["auto", "grpc", "http"]
 over HTTP."""
 
 # the model types are re-exported so one import gives a user everything
-__all__ = [
+__all__: list[str] = [
     "HOUR",
     "MAX_BATCH_SIZE",
     "MILLISECOND",

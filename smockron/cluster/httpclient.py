@@ -34,7 +34,7 @@ import time
 from collections.abc import Generator, Sequence
 from functools import partial
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 
@@ -515,8 +515,7 @@ class _AsyncConnection(asyncio.Protocol):
         self._poll: select.poll | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         sock = transport.get_extra_info("socket")
         if sock is not None and not self._tls:
             self._poll = select.poll()
