@@ -293,7 +293,7 @@ def client_cpu(address: str, http_address: str, seconds: float) -> dict[str, flo
 
             cases = (
                 ("coalesced: 100 asyncio tasks on one AsyncClient", hundred, 100),
-                ("sequential: AsyncClient.check", one, 1),
+                ("sequential: AsyncClient.check on gRPC", one, 1),
             )
             for name, coro, n in cases:
                 done, cpu, start = 0, time.process_time(), loop.time()
