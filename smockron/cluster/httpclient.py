@@ -34,7 +34,7 @@ import time
 from collections.abc import Generator, Sequence
 from functools import partial
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, NoReturn, cast
+from typing import Any, Generic, NoReturn, TypeVar, cast
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 
@@ -385,9 +385,12 @@ class _Connection:
             self.sock.close()
 
 
-class _Gateway:
+_C = TypeVar("_C", "_Connection", "_AsyncConnection")
+
+
+class _Gateway(Generic[_C]):
     """What both transports share: the gateway's address, TLS settings, request heads,
-    the idle pool and its count of connections opened."""
+    the pool of idle connections (of type ``_C``) and its count of connections opened."""
 
     def __init__(
         self,
@@ -403,6 +406,9 @@ class _Gateway:
         self._heads: dict[str, bytes] = {}
         self._host_header = address.strip().encode("ascii")
         self._closed = False
+        self._idle: list[_C] = []
+        self._busy: set[_C] = set()
+        """Connections in a call (the asyncio transport's ``close`` fails their calls)."""
         self.connections = 0
         """Connections opened so far (keep-alive: stays at one for a sequential caller)."""
 
@@ -429,22 +435,12 @@ class _Gateway:
         raise failure from exc
 
 
-class HttpTransport(_Gateway):
+class HttpTransport(_Gateway["_Connection"]):
     """POSTs to one gateway address over kept-alive HTTP/1.1 connections, safe to share
     between threads: each call takes an idle connection (or opens one) and puts it back
     after the response, so concurrent calls use as many connections as run at once and
     a sequential caller reuses one. A connection the server closed while idle is noticed
     before use and replaced; one that fails mid-call is closed, never reused."""
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        server_hostname: str | None = None,
-    ) -> None:
-        super().__init__(address, ssl_context=ssl_context, server_hostname=server_hostname)
-        self._idle: list[_Connection] = []
 
     def post(self, path: str, body: bytes, timeout: float) -> bytes:
         """The body of the 200 answer to ``POST path``; CallError otherwise."""
@@ -582,22 +578,11 @@ class _AsyncConnection(asyncio.Protocol):
             self.transport.abort()
 
 
-class AsyncHttpTransport(_Gateway):
+class AsyncHttpTransport(_Gateway["_AsyncConnection"]):
     """``HttpTransport`` for asyncio: the same requests, parser and errors, over a pool of
     ``_AsyncConnection`` on the running loop (asyncio's or uvloop's); create and use it
     inside one loop. A sequential caller reuses one connection, concurrent calls take one
     each. Each call's deadline is one loop timer."""
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        ssl_context: ssl.SSLContext | None = None,
-        server_hostname: str | None = None,
-    ) -> None:
-        super().__init__(address, ssl_context=ssl_context, server_hostname=server_hostname)
-        self._idle: list[_AsyncConnection] = []
-        self._busy: set[_AsyncConnection] = set()
 
     async def post(self, path: str, body: bytes, timeout: float) -> bytes:
         """The body of the 200 answer to ``POST path``; CallError otherwise."""
