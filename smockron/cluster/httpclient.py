@@ -1,4 +1,4 @@
-"""The sync Client's HTTP/1.1 transport: ``POST /v1/GetRateLimits`` on the JSON gateway
+"""The clients' HTTP/1.1 transport: ``POST /v1/GetRateLimits`` on the JSON gateway
 (smockron.cluster.http, or Gubernator's grpc-gateway) over kept-alive connections.
 
 Why: a lone check over HTTP/1.1 on an open socket costs the client about a third less
@@ -8,8 +8,10 @@ read and parsed here: the stdlib's http.client costs several times as much per c
 Batches stay cheaper on gRPC (protobuf beats JSON per item), so the Client sends only
 lone checks here unless told otherwise.
 
-Two parts: pure codecs (``encode_requests``, ``decode_responses``, ``parse_head``) that
-know the gateway's JSON and HTTP/1.1 framing, and ``HttpTransport``, a pool of sockets.
+Two parts: pure codecs (``encode_requests``, ``decode_responses``, ``parse_head``,
+``parse_whole``, ``ResponseParser``) that know the gateway's JSON and HTTP/1.1 framing,
+and the pools of connections that only move bytes: ``HttpTransport`` (blocking sockets,
+the sync Client's) and ``AsyncHttpTransport`` (asyncio Protocols, the AsyncClient's).
 The response parser treats the bytes as hostile: head and body sizes are bounded, framing
 is Content-Length or chunked only, every field is type-checked, and anything else is a
 ``CallError`` with code INTERNAL, never a hang (every read has the call's deadline).
@@ -226,6 +228,8 @@ def parse_whole(data: bytes) -> tuple[int, bytes, bool] | None:
     then a ``ResponseParser`` takes it from the start."""
     end = data.find(b"\r\n\r\n")
     if end >= 0:
+        if end > MAX_HEAD:  # one read of the event loop's can hold more than MAX_HEAD
+            raise _bad(f"head longer than {MAX_HEAD} bytes")
         status, length, keep = parse_head(data[:end])
         if length is not None and len(data) == end + 4 + length:
             return status, data[end + 4 :], keep
