@@ -99,7 +99,8 @@ Transport: TypeAlias = Literal["auto", "grpc", "http"]
 ``http_address`` is given, the rest over gRPC; ``grpc`` all over gRPC; ``http`` all
 over HTTP."""
 
-# the model types are re-exported so one import gives a user everything
+# the model types are re-exported so one import gives a user everything (annotated: mypy
+# cannot infer it through smockron.cluster's re-export once _Base is generic)
 __all__: list[str] = [
     "HOUR",
     "MAX_BATCH_SIZE",
