@@ -31,7 +31,7 @@ fraction of grpcio's CPU per call; otherwise, for TLS (``credentials``), or with
 protobuf classes encode) and raise the same errors; ``client.native`` says which is in
 use.
 
-The sync Client given the node's HTTP gateway (``http_address``) sends lone checks, the
+Either client given the node's HTTP gateway (``http_address``) sends lone checks, the
 sequential caller's case, as ``POST /v1/GetRateLimits`` over a kept-alive HTTP/1.1
 connection (smockron.cluster.httpclient): a third less client CPU than a gRPC call.
 Batches (``get_rate_limits``, coalesced checks) stay on gRPC, where protobuf costs less
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from types import TracebackType
-from typing import Any, Literal, Self, TypeAlias
+from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar
 
 import grpc
 import grpc.aio
@@ -57,6 +57,7 @@ import grpc.aio
 from smockron.cluster.coalesce import AsyncCoalescer, Coalescer
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.httpclient import (
+    AsyncHttpTransport,
     CallError,
     HttpTransport,
     decode_responses,
@@ -94,12 +95,13 @@ _PATH = "/pb.gubernator.V1/"
 _HTTP_PATH = "/v1/GetRateLimits"
 
 Transport: TypeAlias = Literal["auto", "grpc", "http"]
-"""Where the sync Client sends GetRateLimits: ``auto`` lone checks over HTTP when an
+"""Where a client sends GetRateLimits: ``auto`` lone checks over HTTP when an
 ``http_address`` is given, the rest over gRPC; ``grpc`` all over gRPC; ``http`` all
 over HTTP."""
 
-# the model types are re-exported so one import gives a user everything
-__all__ = [
+# the model types are re-exported so one import gives a user everything (annotated: mypy
+# cannot infer it through smockron.cluster's re-export once _Base is generic)
+__all__: list[str] = [
     "HOUR",
     "MAX_BATCH_SIZE",
     "MILLISECOND",
@@ -333,7 +335,10 @@ def _use_native(
     return native
 
 
-class _Base:
+_Http = TypeVar("_Http", HttpTransport, AsyncHttpTransport)
+
+
+class _Base(Generic[_Http]):
     def __init__(
         self,
         address: str | Sequence[str],
@@ -341,9 +346,24 @@ class _Base:
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
         native: bool | None,
+        http: tuple[Callable[..., _Http], str | None, ssl.SSLContext | None, Transport],
     ) -> None:
+        """``http``: the HTTP transport class of this client (sync or asyncio) and the
+        user's ``http_address``, ``ssl_context`` and ``transport``."""
+        http_class, http_address, ssl_context, transport = http
+        if transport not in ("auto", "grpc", "http"):
+            raise ValueError(f"transport must be auto, grpc or http, got {transport!r}")
+        if transport == "http" and not http_address:
+            raise ValueError("transport='http' needs the gateway's http_address")
+        if http_address and credentials is not None and ssl_context is None:
+            raise ValueError("the gateway is on TLS too: give ssl_context with credentials")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        self.http: _Http | None = None
+        """The HTTP/1.1 transport lone checks take, or None: they take gRPC."""
+        if http_address and transport != "grpc":
+            self.http = http_class(http_address, ssl_context=ssl_context)
+        self._batches_over_http = transport == "http"
         self.address = grpc_target(address)
         self.timeout = timeout
         self._credentials = credentials
@@ -383,7 +403,7 @@ class _Base:
         return self._coalesced or self._lone
 
 
-class Client(_Base):
+class Client(_Base[HttpTransport]):
     """Blocking client; one gRPC channel (and, given ``http_address``, a pool of HTTP/1.1
     connections), safe to share between threads.
 
@@ -405,18 +425,8 @@ class Client(_Base):
         ssl_context: ssl.SSLContext | None = None,
         transport: Transport = "auto",
     ) -> None:
-        if transport not in ("auto", "grpc", "http"):
-            raise ValueError(f"transport must be auto, grpc or http, got {transport!r}")
-        if transport == "http" and not http_address:
-            raise ValueError("transport='http' needs the gateway's http_address")
-        if http_address and credentials is not None and ssl_context is None:
-            raise ValueError("the gateway is on TLS too: give ssl_context with credentials")
-        super().__init__(address, timeout, credentials, options, native)
-        self.http: HttpTransport | None = None
-        """The HTTP/1.1 transport lone checks take, or None: they take gRPC."""
-        if http_address and transport != "grpc":
-            self.http = HttpTransport(http_address, ssl_context=ssl_context)
-        self._batches_over_http = transport == "http"
+        http = (HttpTransport, http_address, ssl_context, transport)
+        super().__init__(address, timeout, credentials, options, native, http)
         self._channel: grpc.Channel | None = self._grpcio_channel(
             grpc.insecure_channel, grpc.secure_channel
         )
@@ -524,10 +534,12 @@ class Client(_Base):
         self.close()
 
 
-class AsyncClient(_Base):
+class AsyncClient(_Base[AsyncHttpTransport]):
     """asyncio client; create and use it inside one event loop. On the native channel a
     call's end reaches the loop through an eventfd it watches (no thread per call); on
-    grpcio it is a ``grpc.aio`` channel."""
+    grpcio it is a ``grpc.aio`` channel. ``http_address``, ``ssl_context`` and
+    ``transport`` as for ``Client``: lone checks then go over HTTP/1.1 connections kept
+    alive on the loop (``AsyncHttpTransport``)."""
 
     def __init__(
         self,
@@ -538,8 +550,12 @@ class AsyncClient(_Base):
         options: Sequence[tuple[str, Any]] = (),
         coalesce: bool = True,
         native: bool | None = None,
+        http_address: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        transport: Transport = "auto",
     ) -> None:
-        super().__init__(address, timeout, credentials, options, native)
+        http = (AsyncHttpTransport, http_address, ssl_context, transport)
+        super().__init__(address, timeout, credentials, options, native, http)
         self._channel: grpc.aio.Channel | None = self._grpcio_channel(
             grpc.aio.insecure_channel, grpc.aio.secure_channel
         )
@@ -547,14 +563,23 @@ class AsyncClient(_Base):
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop watching the native channel's completions (set by the first call)."""
         self._waiting: set[asyncio.Future[tuple[int, bytes | None, str]]] = set()
-        self.coalescer = AsyncCoalescer(self.get_rate_limits, self._one) if coalesce else None
+        lone = self._one if self.http is None else self._one_http
+        self.coalescer = AsyncCoalescer(self.get_rate_limits, lone) if coalesce else None
         """Concurrent ``check`` calls on this client's loop go in one GetRateLimits."""
-        self._route(None if self.coalescer is None else self.coalescer.check, self._one)
+        self._route(None if self.coalescer is None else self.coalescer.check, lone)
 
     async def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
     ) -> list[RateLimitResponse]:
         """One response per request, in order; batches of 1,000 are sent concurrently."""
+        if self._batches_over_http:
+            if len(requests) <= MAX_BATCH_SIZE:
+                return await self._post(requests, timeout)
+            n = MAX_BATCH_SIZE
+            parts = await asyncio.gather(
+                *(self._post(requests[i : i + n], timeout) for i in range(0, len(requests), n))
+            )
+            return [resp for part in parts for resp in part]
         batches = _batches(requests)
         if len(batches) == 1:  # the common case needs no tasks (gather makes one each)
             return await self._call(batches[0], timeout)
@@ -568,6 +593,24 @@ class AsyncClient(_Base):
         batch = _batches((request,))[0]
         got = await self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
         return _single(batch, got, self.address)
+
+    async def _one_http(
+        self, request: RateLimitRequest, timeout: float | None = None
+    ) -> RateLimitResponse:
+        return (await self._post((request,), timeout))[0]
+
+    async def _post(
+        self, requests: Sequence[RateLimitRequest], timeout: float | None
+    ) -> list[RateLimitResponse]:
+        """GetRateLimits (at most 1,000 requests) over the HTTP gateway."""
+        http = self.http
+        assert http is not None
+        try:
+            body = await http.post(_HTTP_PATH, encode_requests(requests),
+                                   self._deadline(timeout))  # fmt: skip
+            return decode_responses(body, len(requests))
+        except CallError as exc:
+            raise _coded_error(exc, http.address, "GetRateLimits") from exc
 
     async def _call(
         self, batch: pb.GetRateLimitsReq, timeout: float | None
@@ -647,6 +690,8 @@ class AsyncClient(_Base):
                 future.cancel()
         if self._channel is not None:
             await self._channel.close(grace=None)
+        if self.http is not None:
+            self.http.close()
 
     aclose = close
 

@@ -1,4 +1,4 @@
-"""The sync Client's HTTP/1.1 transport: ``POST /v1/GetRateLimits`` on the JSON gateway
+"""The clients' HTTP/1.1 transport: ``POST /v1/GetRateLimits`` on the JSON gateway
 (smockron.cluster.http, or Gubernator's grpc-gateway) over kept-alive connections.
 
 Why: a lone check over HTTP/1.1 on an open socket costs the client about a third less
@@ -8,8 +8,10 @@ read and parsed here: the stdlib's http.client costs several times as much per c
 Batches stay cheaper on gRPC (protobuf beats JSON per item), so the Client sends only
 lone checks here unless told otherwise.
 
-Two parts: pure codecs (``encode_requests``, ``decode_responses``, ``parse_head``) that
-know the gateway's JSON and HTTP/1.1 framing, and ``HttpTransport``, a pool of sockets.
+Two parts: pure codecs (``encode_requests``, ``decode_responses``, ``parse_head``,
+``parse_whole``, ``ResponseParser``) that know the gateway's JSON and HTTP/1.1 framing,
+and the pools of connections that only move bytes: ``HttpTransport`` (blocking sockets,
+the sync Client's) and ``AsyncHttpTransport`` (asyncio Protocols, the AsyncClient's).
 The response parser treats the bytes as hostile: head and body sizes are bounded, framing
 is Content-Length or chunked only, every field is type-checked, and anything else is a
 ``CallError`` with code INTERNAL, never a hang (every read has the call's deadline).
@@ -22,6 +24,7 @@ body ``{"code": n, "message": ...}`` keeps the server's own code.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -30,9 +33,10 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from functools import partial
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, Generic, NoReturn, TypeVar, cast
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 
@@ -218,6 +222,98 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def parse_whole(data: bytes) -> tuple[int, bytes, bool] | None:
+    """(status, body, keep-alive) when ``data``, one read, is exactly one answer framed by
+    Content-Length (the common case, at the cost of one head parse); None otherwise:
+    then a ``ResponseParser`` takes it from the start."""
+    end = data.find(b"\r\n\r\n")
+    if end >= 0:
+        if end > MAX_HEAD:  # one read of the event loop's can hold more than MAX_HEAD
+            raise _bad(f"head longer than {MAX_HEAD} bytes")
+        status, length, keep = parse_head(data[:end])
+        if length is not None and len(data) == end + 4 + length:
+            return status, data[end + 4 :], keep
+    return None
+
+
+class ResponseParser:
+    """One response, fed as it arrives (sans I/O: the sync and the asyncio transports
+    both read through it). ``feed`` returns (status, body, keep-alive) once the answer is
+    complete, None while it needs more; CallError INTERNAL for what is not a well-formed,
+    bounded answer. Keep-alive is false when bytes follow the answer: out of step."""
+
+    __slots__ = ("_buf", "_steps")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._steps = self._parse()
+
+    def feed(self, data: bytes) -> tuple[int, bytes, bool] | None:
+        self._buf += data
+        try:
+            next(self._steps)
+        except StopIteration as done:
+            result: tuple[int, bytes, bool] = done.value
+            return result
+        return None
+
+    def _parse(self) -> Generator[None, None, tuple[int, bytes, bool]]:
+        """Yields whenever it needs more of ``_buf``. Offsets, not slices: linear in the
+        answer's size."""
+        buf = self._buf
+        scanned = 0
+        while (end := buf.find(b"\r\n\r\n", scanned)) < 0:
+            if len(buf) > MAX_HEAD:
+                raise _bad(f"head longer than {MAX_HEAD} bytes")
+            scanned = max(len(buf) - 3, 0)
+            yield
+        if end > MAX_HEAD:
+            raise _bad(f"head longer than {MAX_HEAD} bytes")
+        status, length, keep = parse_head(bytes(buf[:end]))
+        pos = end + 4
+        if length is None:
+            body, pos = yield from self._chunked(pos)
+        else:
+            while len(buf) - pos < length:
+                yield
+            body = bytes(buf[pos : pos + length])
+            pos += length
+        return status, body, keep and pos == len(buf)
+
+    def _chunked(self, pos: int) -> Generator[None, None, tuple[bytes, int]]:
+        """(body, offset past it) of a chunked body starting at ``_buf[pos]``."""
+        buf = self._buf
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            scanned = pos
+            while (eol := buf.find(b"\r\n", scanned)) < 0:
+                if len(buf) - pos > 1024:
+                    raise _bad("chunk size line too long")
+                scanned = max(len(buf) - 1, pos)
+                yield
+            line = bytes(buf[pos:eol]).partition(b";")[0].strip(b" \t")
+            if not _HEX.fullmatch(line):
+                raise _bad(f"chunk size {line[:100]!r}")
+            chunk = int(line, 16)
+            size += chunk
+            if size > MAX_RESPONSE_BODY:
+                raise _bad(f"chunked body over {MAX_RESPONSE_BODY} bytes")
+            pos = eol + 2
+            if chunk == 0:  # no trailers expected: just the final CRLF
+                while len(buf) - pos < 2:
+                    yield
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise _bad("trailers after a chunked body")
+                return b"".join(parts), pos + 2
+            while len(buf) - pos < chunk + 2:
+                yield
+            if buf[pos + chunk : pos + chunk + 2] != b"\r\n":
+                raise _bad("chunk not followed by CRLF")
+            parts.append(bytes(buf[pos : pos + chunk]))
+            pos += chunk + 2
+
+
 class _Connection:
     """One socket, in blocking mode with kernel timeouts (SO_RCVTIMEO, SO_SNDTIMEO): a
     read or write is one system call, without the poll() Python adds before each on a
@@ -270,69 +366,15 @@ class _Connection:
         data = sock.recv(_RECV)
         if not data:
             raise ConnectionResetError("the server closed the connection")
-        end = data.find(b"\r\n\r\n")
-        if end >= 0:  # the common case: the whole answer in one read
-            status, length, keep = parse_head(data[:end])
-            if length is not None and len(data) == end + 4 + length:
-                return status, data[end + 4 :], keep
-        return self._rest(bytearray(data), deadline)
+        result = parse_whole(data)
+        if result is None:
+            parser = ResponseParser()
+            while (result := parser.feed(data)) is None:
+                data = self._more(deadline)
+        return result
 
-    def _rest(self, buf: bytearray, deadline: float) -> tuple[int, bytes, bool]:
-        """``exchange`` for an answer that needs more reads or is chunked; ``buf`` holds
-        what was read so far. Offsets, not slices: linear in the answer's size."""
-        scanned = 0
-        while (end := buf.find(b"\r\n\r\n", scanned)) < 0:
-            if len(buf) > MAX_HEAD:
-                raise _bad(f"head longer than {MAX_HEAD} bytes")
-            scanned = max(len(buf) - 3, 0)
-            self._more(buf, deadline)
-        if end > MAX_HEAD:
-            raise _bad(f"head longer than {MAX_HEAD} bytes")
-        status, length, keep = parse_head(bytes(buf[:end]))
-        pos = end + 4
-        if length is None:
-            body, pos = self._chunked(buf, pos, deadline)
-        else:
-            while len(buf) - pos < length:
-                self._more(buf, deadline)
-            body = bytes(buf[pos : pos + length])
-            pos += length
-        return status, body, keep and pos == len(buf)
-
-    def _chunked(self, buf: bytearray, pos: int, deadline: float) -> tuple[bytes, int]:
-        """(body, offset past it) of a chunked body starting at ``buf[pos]``."""
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            scanned = pos
-            while (eol := buf.find(b"\r\n", scanned)) < 0:
-                if len(buf) - pos > 1024:
-                    raise _bad("chunk size line too long")
-                scanned = max(len(buf) - 1, pos)
-                self._more(buf, deadline)
-            line = bytes(buf[pos:eol]).partition(b";")[0].strip(b" \t")
-            if not _HEX.fullmatch(line):
-                raise _bad(f"chunk size {line[:100]!r}")
-            chunk = int(line, 16)
-            size += chunk
-            if size > MAX_RESPONSE_BODY:
-                raise _bad(f"chunked body over {MAX_RESPONSE_BODY} bytes")
-            pos = eol + 2
-            if chunk == 0:  # no trailers expected: just the final CRLF
-                while len(buf) - pos < 2:
-                    self._more(buf, deadline)
-                if buf[pos : pos + 2] != b"\r\n":
-                    raise _bad("trailers after a chunked body")
-                return b"".join(parts), pos + 2
-            while len(buf) - pos < chunk + 2:
-                self._more(buf, deadline)
-            if buf[pos + chunk : pos + chunk + 2] != b"\r\n":
-                raise _bad("chunk not followed by CRLF")
-            parts.append(bytes(buf[pos : pos + chunk]))
-            pos += chunk + 2
-
-    def _more(self, buf: bytearray, deadline: float) -> None:
-        """Append the next read to ``buf``, waiting no later than ``deadline``."""
+    def _more(self, deadline: float) -> bytes:
+        """The next read, waiting no later than ``deadline``."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
@@ -340,19 +382,19 @@ class _Connection:
         got = self.sock.recv(_RECV)
         if not got:
             raise ConnectionResetError("the server closed the connection mid-response")
-        buf += got
+        return got
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
 
 
-class HttpTransport:
-    """POSTs to one gateway address over kept-alive HTTP/1.1 connections, safe to share
-    between threads: each call takes an idle connection (or opens one) and puts it back
-    after the response, so concurrent calls use as many connections as run at once and
-    a sequential caller reuses one. A connection the server closed while idle is noticed
-    before use and replaced; one that fails mid-call is closed, never reused."""
+_C = TypeVar("_C", "_Connection", "_AsyncConnection")
+
+
+class _Gateway(Generic[_C]):
+    """What both transports share: the gateway's address, TLS settings, request heads,
+    the pool of idle connections (of type ``_C``) and its count of connections opened."""
 
     def __init__(
         self,
@@ -365,40 +407,60 @@ class HttpTransport:
         self._host, self._port = split_host_port(address)
         self._ssl = ssl_context
         self._server_hostname = server_hostname or self._host
-        host_header = address.strip()
         self._heads: dict[str, bytes] = {}
-        self._host_header = host_header.encode("ascii")
-        self._idle: list[_Connection] = []
+        self._host_header = address.strip().encode("ascii")
         self._closed = False
+        self._idle: list[_C] = []
+        self._busy: set[_C] = set()
+        """Connections in a call (the asyncio transport's ``close`` fails their calls)."""
         self.connections = 0
         """Connections opened so far (keep-alive: stays at one for a sequential caller)."""
 
-    def post(self, path: str, body: bytes, timeout: float) -> bytes:
-        """The body of the 200 answer to ``POST path``; CallError otherwise."""
+    def _request(self, path: str, body: bytes) -> bytes:
+        """The bytes of ``POST path`` with ``body``."""
         head = self._heads.get(path)
         if head is None:
             head = self._heads[path] = (
                 b"POST " + path.encode("ascii") + b" HTTP/1.1\r\nHost: " + self._host_header
                 + b"\r\nContent-Type: application/json\r\nContent-Length: "
             )  # fmt: skip
-        request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        return b"%s%d\r\n\r\n%s" % (head, len(body), body)
+
+    def _answer(self, status: int, answer: bytes) -> bytes:
+        if status != 200:
+            raise gateway_error(status, answer)
+        return answer
+
+    def _raise(self, exc: BaseException) -> NoReturn:
+        """``exc`` as the CallError it means (others as they are)."""
+        failure = _failure(exc, self.address)
+        if failure is exc:
+            raise exc
+        raise failure from exc
+
+
+class HttpTransport(_Gateway["_Connection"]):
+    """POSTs to one gateway address over kept-alive HTTP/1.1 connections, safe to share
+    between threads: each call takes an idle connection (or opens one) and puts it back
+    after the response, so concurrent calls use as many connections as run at once and
+    a sequential caller reuses one. A connection the server closed while idle is noticed
+    before use and replaced; one that fails mid-call is closed, never reused."""
+
+    def post(self, path: str, body: bytes, timeout: float) -> bytes:
+        """The body of the 200 answer to ``POST path``; CallError otherwise."""
+        request = self._request(path, body)
         deadline = time.monotonic() + timeout
         conn = self._take(deadline)
         try:
             status, answer, keep = conn.exchange(request, timeout, deadline)
         except BaseException as exc:
             conn.close()
-            failure = _failure(exc, self.address)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._raise(exc)
         if keep and not self._closed:
             self._idle.append(conn)
         else:
             conn.close()
-        if status != 200:
-            raise gateway_error(status, answer)
-        return answer
+        return self._answer(status, answer)
 
     def _take(self, deadline: float) -> _Connection:
         """An idle connection still open, else a new one."""
@@ -424,10 +486,7 @@ class HttpTransport:
         except BaseException as exc:
             if sock is not None:
                 sock.close()
-            failure = _failure(exc, self.address)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._raise(exc)
         self.connections += 1
         return _Connection(sock)
 
@@ -439,6 +498,151 @@ class HttpTransport:
                 self._idle.pop().close()
             except IndexError:
                 break
+
+
+class _AsyncConnection(asyncio.Protocol):
+    """One connection on the event loop, a bare Protocol (no streams): the loop hands each
+    read to ``data_received``, which parses it and completes the call's future. Bytes,
+    end of stream or a loss while no call waits mark it closed, so the pool drops it."""
+
+    def __init__(self, tls: bool) -> None:
+        self._tls = tls
+        self.transport: asyncio.Transport | None = None
+        self.open = True
+        """False once the server closed it, it failed, or it is out of step."""
+        self._future: asyncio.Future[tuple[int, bytes, bool]] | None = None
+        self._parser: ResponseParser | None = None
+        self._poll: select.poll | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None and not self._tls:
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN)
+
+    def alive(self) -> bool:
+        """False when the server closed the idle connection. The loop may not have run
+        since (a caller that never awaited in between), so a plain socket is also looked
+        at without waiting, as the sync transport does; on TLS readable bytes may be a
+        session ticket, so there only what the loop saw counts."""
+        # readable while idle: end of stream, or bytes before any request (out of step)
+        return self.open and not (self._poll is not None and self._poll.poll(0))
+
+    def exchange(self, request: bytes, future: asyncio.Future[tuple[int, bytes, bool]]) -> None:
+        """Send ``request``; ``future`` gets (status, body, keep-alive) or a failure."""
+        assert self.transport is not None
+        self._future = future
+        self._parser = None
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        future = self._future
+        if future is None or future.done():  # unasked bytes, or after the deadline
+            self._fail(None)
+            return
+        try:
+            parser = self._parser
+            if parser is None:
+                result = parse_whole(data)
+                if result is None:
+                    parser = self._parser = ResponseParser()
+                    result = parser.feed(data)
+            else:
+                result = parser.feed(data)
+        except CallError as exc:
+            self._fail(exc)
+            return
+        if result is not None:
+            self._future = self._parser = None
+            future.set_result(result)
+
+    def eof_received(self) -> bool:
+        self._fail(ConnectionResetError("the server closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("the server closed the connection"))
+
+    def _fail(self, exc: BaseException | None) -> None:
+        """Close for good; the waiting call, if any, fails with ``exc``."""
+        self.open = False
+        future, self._future = self._future, None
+        if future is not None and not future.done() and exc is not None:
+            future.set_exception(exc)
+        self.close()
+
+    def expire(self) -> None:
+        """The call's deadline passed."""
+        self._fail(TimeoutError())
+
+    def close(self) -> None:
+        self.open = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+
+class AsyncHttpTransport(_Gateway["_AsyncConnection"]):
+    """``HttpTransport`` for asyncio: the same requests, parser and errors, over a pool of
+    ``_AsyncConnection`` on the running loop (asyncio's or uvloop's); create and use it
+    inside one loop. A sequential caller reuses one connection, concurrent calls take one
+    each. Each call's deadline is one loop timer."""
+
+    async def post(self, path: str, body: bytes, timeout: float) -> bytes:
+        """The body of the 200 answer to ``POST path``; CallError otherwise."""
+        request = self._request(path, body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        conn = await self._take(loop, deadline)
+        future: asyncio.Future[tuple[int, bytes, bool]] = loop.create_future()
+        timer = loop.call_at(deadline, conn.expire)
+        self._busy.add(conn)
+        try:
+            conn.exchange(request, future)
+            status, answer, keep = await future
+        except BaseException as exc:  # a cancelled caller too: the answer is still due
+            conn.close()
+            self._raise(exc)
+        finally:
+            timer.cancel()
+            self._busy.discard(conn)
+        if keep and conn.open and not self._closed:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        return self._answer(status, answer)
+
+    async def _take(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _AsyncConnection:
+        """An idle connection still open, else a new one."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if conn.alive():
+                return conn
+            conn.close()
+        if self._closed:
+            raise CallError(UNAVAILABLE, "the client is closed")
+        try:
+            async with asyncio.timeout_at(deadline):
+                _, conn = await loop.create_connection(
+                    partial(_AsyncConnection, self._ssl is not None),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._server_hostname if self._ssl else None,
+                )
+        except BaseException as exc:
+            self._raise(exc)
+        self.connections += 1
+        return conn
+
+    def close(self) -> None:
+        """Closes every connection; calls in flight fail with UNAVAILABLE."""
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+        for conn in list(self._busy):
+            conn._fail(CallError(UNAVAILABLE, "the client is closed"))
 
 
 def _failure(exc: BaseException, address: str) -> BaseException:

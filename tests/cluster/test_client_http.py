@@ -1,14 +1,19 @@
-"""The sync Client's HTTP/1.1 transport (smockron.cluster.httpclient).
+"""The clients' HTTP/1.1 transports (smockron.cluster.httpclient), sync and asyncio.
 
 Against real ``smockron cluster`` node processes: the same answers as gRPC, one kept-alive
 connection for many checks (counted on the server's side, in the kernel's socket table),
 a reconnect after the node restarts, TLS. Against ``FakeGateway``, a real socket server
 on loopback that answers scripted bytes: timeouts, the gateway's error bodies, and
 hostile responses, each a clean ClientError in bounded time, never a hang.
+
+Tests taking ``kind`` run once with the sync Client and once with an AsyncClient driven
+from the test through ``LoopClient`` (its loop runs only during a call, as for a caller
+that does not await between checks); test_client_http_async.py has the asyncio-only ones.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -19,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import pytest
@@ -29,6 +34,7 @@ from smockron.cluster.client import (
     MINUTE,
     SECOND,
     Algorithm,
+    AsyncClient,
     Behavior,
     Client,
     ClientError,
@@ -82,16 +88,57 @@ def established(port: int) -> int:
     return count
 
 
+class LoopClient:
+    """An AsyncClient called from sync test code: every call runs to its end on one
+    private event loop, which does not run between calls."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        try:
+            self.client = self.loop.run_until_complete(self._make(args, kwargs))
+        except BaseException:
+            self.loop.close()
+            raise
+        self.http = self.client.http
+
+    @staticmethod
+    async def _make(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncClient:
+        return AsyncClient(*args, **kwargs)
+
+    def check(self, *args: Any, **kwargs: Any) -> RateLimitResponse:
+        return self.loop.run_until_complete(self.client.check(*args, **kwargs))
+
+    def get_rate_limits(self, requests: list[RateLimitRequest]) -> list[RateLimitResponse]:
+        return self.loop.run_until_complete(self.client.get_rate_limits(requests))
+
+    def __enter__(self) -> LoopClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.run_until_complete(self.client.close())
+        self.loop.close()
+
+
+Kind = Literal["sync", "async"]
+both = pytest.mark.parametrize("kind", ["sync", "async"])
+"""Run a test with the sync Client and with the AsyncClient."""
+
+
+def make_client(kind: Kind, *args: Any, **kwargs: Any) -> Client | LoopClient:
+    return Client(*args, **kwargs) if kind == "sync" else LoopClient(*args, **kwargs)
+
+
 def same(resp: RateLimitResponse) -> tuple[object, ...]:
     return (resp.status, resp.limit, resp.remaining, resp.reset_time, resp.error, resp.metadata)
 
 
-def test_http_gives_the_answers_grpc_gives(node: NodeProc) -> None:
+@both
+def test_http_gives_the_answers_grpc_gives(node: NodeProc, kind: Kind) -> None:
     """Checks alternate between the transports on the same keys: one count, and each
     answer field for field what the other transport says."""
     with (
         Client(node.grpc_address, timeout=5, transport="grpc") as by_grpc,
-        Client(node.grpc_address, timeout=5, http_address=node.http_address) as by_http,
+        make_client(kind, node.grpc_address, timeout=5, http_address=node.http_address) as by_http,
     ):
         assert by_grpc.http is None and by_http.http is not None
         cases: list[tuple[str, str, dict[str, Any]]] = [
@@ -102,6 +149,7 @@ def test_http_gives_the_answers_grpc_gives(node: NodeProc) -> None:
             ("h_md", "a", {"metadata": {"who": "me", 'q"': "\u00e9"}}),
         ]
         for name, key, case in cases:
+            name += kind
             got = []
             for i in range(8):
                 client = by_http if i % 2 else by_grpc
@@ -119,29 +167,34 @@ def test_http_gives_the_answers_grpc_gives(node: NodeProc) -> None:
             errors.append(info.value.response.error)
         assert errors[0] == errors[1] and errors[0]
         # a check with its own timeout goes alone: over HTTP too
-        assert by_http.check("h_to", "k", 1, 5, MINUTE, timeout=2).remaining == 4
+        assert by_http.check("h_to" + kind, "k", 1, 5, MINUTE, timeout=2).remaining == 4
 
 
-def test_batches_over_http_match_grpc(node: NodeProc) -> None:
-    many = [RateLimitRequest("h_many", f"k{i}", 1, 10, MINUTE) for i in range(1500)]
-    many[3] = RateLimitRequest("h_many", "bad", 1, -1, MINUTE)
+@both
+def test_batches_over_http_match_grpc(node: NodeProc, kind: Kind) -> None:
+    name = "h_many" + kind
+    many = [RateLimitRequest(name, f"k{i}", 1, 10, MINUTE) for i in range(1500)]
+    many[3] = RateLimitRequest(name, "bad", 1, -1, MINUTE)
     with (
-        Client(node.grpc_address, http_address=node.http_address, transport="http") as h,
+        make_client(kind, node.grpc_address, http_address=node.http_address,
+                    transport="http") as h,
         Client(node.grpc_address, transport="grpc") as g,
-    ):
+    ):  # fmt: skip
         first = h.get_rate_limits(many)  # 1,000 + 500, both over HTTP
         second = g.get_rate_limits(many)
-        assert h.http is not None and h.http.connections == 1
+        # the async client sends the two parts at once, on two connections
+        assert h.http is not None and h.http.connections == (1 if kind == "sync" else 2)
     assert [r.remaining for r in first] == [0 if i == 3 else 9 for i in range(1500)]
     assert [r.remaining for r in second] == [0 if i == 3 else 8 for i in range(1500)]
     assert first[3].error and first[3].error == second[3].error
 
 
-def test_one_kept_alive_connection_for_many_checks(node: NodeProc) -> None:
+@both
+def test_one_kept_alive_connection_for_many_checks(node: NodeProc, kind: Kind) -> None:
     before = established(node.http_port)
-    with Client(node.grpc_address, http_address=node.http_address) as client:
+    with make_client(kind, node.grpc_address, http_address=node.http_address) as client:
         for i in range(200):
-            assert client.check("h_keep", "k", 1, 1000, MINUTE).remaining == 999 - i
+            assert client.check("h_keep" + kind, "k", 1, 1000, MINUTE).remaining == 999 - i
         assert client.http is not None and client.http.connections == 1
         # the server's side: one connection more than before, and only while open
         assert established(node.http_port) == before + 1
@@ -161,11 +214,13 @@ def test_threads_share_the_client(node: NodeProc) -> None:
     assert sorted(got) == list(range(600, 1000))
 
 
-def test_reconnects_after_the_node_restarts(tmp_path: Path) -> None:
+@both
+def test_reconnects_after_the_node_restarts(tmp_path: Path, kind: Kind) -> None:
     ports = free_ports(2)
     running = start_node(tmp_path, ports)
     try:
-        with Client(running.grpc_address, timeout=2, http_address=running.http_address) as c:
+        with make_client(kind, running.grpc_address, timeout=2,
+                         http_address=running.http_address) as c:  # fmt: skip
             assert c.check("h_restart", "k", 1, 10, MINUTE).remaining == 9
             running.proc.stop()
             start = time.monotonic()
@@ -182,7 +237,8 @@ def test_reconnects_after_the_node_restarts(tmp_path: Path) -> None:
         running.proc.stop()
 
 
-def test_https_gateway(tmp_path: Path) -> None:
+@both
+def test_https_gateway(tmp_path: Path, kind: Kind) -> None:
     ca, ca_key = tlsgen.make_ca()
     cert, key = tlsgen.make_cert(ca, ca_key, ["localhost", "127.0.0.1"])
     for name, data in {"ca.pem": ca, "node.pem": cert, "node.key": key}.items():
@@ -193,36 +249,40 @@ def test_https_gateway(tmp_path: Path) -> None:
     try:
         creds = grpc.ssl_channel_credentials(root_certificates=ca)
         with pytest.raises(ValueError, match="ssl_context"):
-            Client(running.grpc_address, credentials=creds, http_address=running.http_address)
+            make_client(kind, running.grpc_address, credentials=creds,
+                        http_address=running.http_address)  # fmt: skip
         context = ssl.create_default_context(cadata=ca.decode())
-        with Client(running.grpc_address, credentials=creds, http_address=running.http_address,
-                    ssl_context=context) as client:  # fmt: skip
+        with make_client(kind, running.grpc_address, credentials=creds,
+                         http_address=running.http_address,
+                         ssl_context=context) as client:  # fmt: skip
             got = [client.check("h_tls", "k", 1, 10, MINUTE).remaining for _ in range(20)]
             assert got == list(range(9, -1, -1)) + [0] * 10
             assert client.http is not None and client.http.connections == 1
         # a certificate the client does not trust: unavailable, as gRPC says it
-        untrusting = Client(running.grpc_address, credentials=creds,
-                            http_address=running.http_address,
-                            ssl_context=ssl.create_default_context())  # fmt: skip
+        untrusting = make_client(kind, running.grpc_address, credentials=creds,
+                                 http_address=running.http_address,
+                                 ssl_context=ssl.create_default_context())  # fmt: skip
         with untrusting, pytest.raises(ClientUnavailable, match="TLS"):
             untrusting.check("h_tls", "k", 1, 10, MINUTE)
     finally:
         running.proc.stop()
 
 
-def test_transport_choice() -> None:
-    with Client("127.0.0.1:1") as plain:
+@both
+def test_transport_choice(kind: Kind) -> None:
+    with make_client(kind, "127.0.0.1:1") as plain:
         assert plain.http is None
-    with Client("127.0.0.1:1", http_address="127.0.0.1:2") as auto:
+    with make_client(kind, "127.0.0.1:1", http_address="127.0.0.1:2") as auto:
         assert auto.http is not None and auto.http.address == "127.0.0.1:2"
-    with Client("127.0.0.1:1", http_address="127.0.0.1:2", transport="grpc") as grpc_only:
+    with make_client(kind, "127.0.0.1:1", http_address="127.0.0.1:2",
+                     transport="grpc") as grpc_only:  # fmt: skip
         assert grpc_only.http is None
     with pytest.raises(ValueError, match="http_address"):
-        Client("127.0.0.1:1", transport="http")
+        make_client(kind, "127.0.0.1:1", transport="http")
     with pytest.raises(ValueError, match="transport"):
-        Client("127.0.0.1:1", transport="h2")  # type: ignore[arg-type]
+        make_client(kind, "127.0.0.1:1", transport="h2")
     with pytest.raises(ValueError, match="host:port"):
-        Client("127.0.0.1:1", http_address="localhost")
+        make_client(kind, "127.0.0.1:1", http_address="localhost")
 
 
 # -- scripted gateway ------------------------------------------------------------------------
@@ -298,11 +358,11 @@ class FakeGateway:
 
 @contextlib.contextmanager
 def fake(
-    respond: Callable[[bytes], bytes | None], close_after: bool = False
-) -> Iterator[tuple[FakeGateway, Client]]:
+    respond: Callable[[bytes], bytes | None], close_after: bool = False, kind: Kind = "sync"
+) -> Iterator[tuple[FakeGateway, Client | LoopClient]]:
     gateway = FakeGateway(respond, close_after)
     try:
-        with Client("127.0.0.1:1", timeout=1, http_address=gateway.address) as client:
+        with make_client(kind, "127.0.0.1:1", timeout=1, http_address=gateway.address) as client:
             yield gateway, client
     finally:
         gateway.close()
@@ -319,7 +379,8 @@ GOOD = json.dumps({"responses": [{"status": "OVER_LIMIT", "limit": "5", "remaini
                                   "metadata": {"owner": "x"}}]}).encode()  # fmt: skip
 
 
-def test_request_is_the_gateway_json() -> None:
+@both
+def test_request_is_the_gateway_json(kind: Kind) -> None:
     """What goes on the wire: the JSON the gateway parses, numbers for int64 and enums."""
     req = RateLimitRequest("n\"", "k", 2, 5, MINUTE, Algorithm.LEAKY_BUCKET,
                            Behavior.GLOBAL | Behavior.NO_BATCHING, 3, {"a": "b"}, 17)  # fmt: skip
@@ -327,7 +388,7 @@ def test_request_is_the_gateway_json() -> None:
         "name": "n\"", "unique_key": "k", "hits": 2, "limit": 5, "duration": MINUTE,
         "algorithm": 1, "behavior": 3, "burst": 3, "metadata": {"a": "b"}, "created_at": 17,
     }] * 2}  # fmt: skip
-    with fake(lambda _: http("200 OK", GOOD)) as (gateway, client):
+    with fake(lambda _: http("200 OK", GOOD), kind=kind) as (gateway, client):
         resp = client.check("n", "k", 1, 5, SECOND)
         assert (resp.status, resp.limit, resp.remaining, resp.reset_time) == (
             Status.OVER_LIMIT, 5, 0, 1_700_000_000_000)  # fmt: skip
@@ -337,13 +398,14 @@ def test_request_is_the_gateway_json() -> None:
         assert f"Host: {gateway.address}".encode() in head
 
 
-def test_chunked_and_sparse_answers() -> None:
+@both
+def test_chunked_and_sparse_answers(kind: Kind) -> None:
     """Go's net/http chunks a long answer, and grpc-gateway may leave zero fields out."""
     sparse = b'{"responses":[{"limit":5,"remaining":"4"}]}'
     body = b"".join(b"%x\r\n%s\r\n" % (len(sparse[i : i + 7]), sparse[i : i + 7])
                     for i in range(0, len(sparse), 7)) + b"0\r\n\r\n"  # fmt: skip
     answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body
-    with fake(lambda _: answer) as (gateway, client):
+    with fake(lambda _: answer, kind=kind) as (gateway, client):
         for _ in range(3):
             resp = client.check("n", "k", 1, 5, SECOND)
             assert (resp.status, resp.limit, resp.remaining, resp.reset_time) == (
@@ -351,16 +413,18 @@ def test_chunked_and_sparse_answers() -> None:
         assert gateway.accepted == 1  # kept alive across chunked answers
 
 
-def test_connection_close_is_honoured() -> None:
+@both
+def test_connection_close_is_honoured(kind: Kind) -> None:
     answer = http("200 OK", GOOD, "Connection: close")
-    with fake(lambda _: answer, close_after=True) as (gateway, client):
+    with fake(lambda _: answer, close_after=True, kind=kind) as (gateway, client):
         for _ in range(3):
             assert client.check("n", "k", 1, 5, SECOND).status is Status.OVER_LIMIT
         assert gateway.accepted == 3
 
 
-def test_timeout() -> None:
-    with fake(lambda _: None) as (_, client):
+@both
+def test_timeout(kind: Kind) -> None:
+    with fake(lambda _: None, kind=kind) as (_, client):
         start = time.monotonic()
         with pytest.raises(ClientTimeout) as info:
             client.check("n", "k", 1, 5, SECOND)
@@ -372,14 +436,15 @@ def test_timeout() -> None:
         assert time.monotonic() - start < 1.5
 
 
-def test_slow_drip_is_held_to_the_deadline() -> None:
+@both
+def test_slow_drip_is_held_to_the_deadline(kind: Kind) -> None:
     """A server sending a byte at a time cannot stretch a call past its deadline."""
 
     def drip(_: bytes) -> bytes:
         time.sleep(0.3)
         return b"HTTP/1.1 200 OK\r\n"  # and then nothing more
 
-    with fake(drip) as (_, client):
+    with fake(drip, kind=kind) as (_, client):
         start = time.monotonic()
         with pytest.raises(ClientTimeout):
             client.check("n", "k", 1, 5, SECOND, timeout=0.6)
@@ -405,10 +470,11 @@ def test_slow_drip_is_held_to_the_deadline() -> None:
     ],
     ids=["out_of_range", "resource_exhausted", "unavailable", "deadline", "404", "502", "odd"],
 )  # fmt: skip
+@both
 def test_gateway_errors_map_to_client_errors(
-    answer: bytes, error: type[ClientError], code: grpc.StatusCode
+    answer: bytes, error: type[ClientError], code: grpc.StatusCode, kind: Kind
 ) -> None:
-    with fake(lambda _: answer) as (gateway, client):
+    with fake(lambda _: answer, kind=kind) as (gateway, client):
         with pytest.raises(error) as info:
             client.check("n", "k", 1, 5, SECOND)
         assert type(info.value) is error
@@ -434,6 +500,8 @@ HOSTILE = {
     "blank_run": b"HTTP/1.1 200 OK\r\nContent-Length: 1" + b" " * 60_000 + b"x\r\n\r\n",
     "status_without_space": b"HTTP/1.1 200OK\r\nContent-Length: 0\r\n\r\n",
     "endless_head": b"HTTP/1.1 200 OK\r\n" + b"X-A: " + b"a" * (MAX_HEAD + 10),
+    "long_head": b"HTTP/1.1 200 OK\r\nX-A: " + b"a" * (MAX_HEAD + 10)
+    + b"\r\nContent-Length: 2\r\n\r\n{}",
     "huge_content_length": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
     % (MAX_RESPONSE_BODY + 1),
     "negative_length": b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
@@ -471,12 +539,13 @@ BODY_ONLY = {"not_json", "not_utf8", "deep_json", "json_list", "no_responses",
              "metadata_list"}  # fmt: skip
 
 
+@both
 @pytest.mark.parametrize("name", HOSTILE)
-def test_hostile_answers_are_clean_errors(name: str) -> None:
+def test_hostile_answers_are_clean_errors(name: str, kind: Kind) -> None:
     """Each is a ClientError with code INTERNAL well inside the deadline. After broken
     framing the connection is dropped (the next call opens another rather than read the
     rest); after a well-framed body with bad JSON it is kept."""
-    with fake(lambda _: HOSTILE[name]) as (gateway, client):
+    with fake(lambda _: HOSTILE[name], kind=kind) as (gateway, client):
         start = time.monotonic()
         for _ in range(2):
             with pytest.raises(ClientError) as info:
