@@ -45,7 +45,7 @@ def split_control(batch: Iterable[Raw], topics: dict[bytes, D], limits: Limits) 
     max_digits = limits.max_timestamp_digits
     max_ts = limits.max_timestamp_ms
     out: ControlBatch[D] = []
-    keep = spill = out.append
+    add = out.append
     get = topics.get
     delay_until = DELAY_UNTIL
     for frames in batch:
@@ -55,9 +55,9 @@ def split_control(batch: Iterable[Raw], topics: dict[bytes, D], limits: Limits) 
                 until = int(until_f)
                 dom = get(frames[0])
                 if dom is not None and until <= max_ts:
-                    keep((dom, frames[2], until))
+                    add((dom, frames[2], until))
                     continue
-        spill(frames)
+        add(frames)
     return out
 
 
@@ -95,14 +95,8 @@ def send_controls_compiled(
     return send_controls_c(sock, topic_frame, DELAY_UNTIL, pairs)
 
 
-def drain_control(
-    sock: zmq.Socket[bytes], limit: int, topics: dict[bytes, D], limits: Limits
-) -> ControlBatch[D]:
-    """Up to ``limit`` queued control messages, DELAY_UNTILs decoded while received."""
-    if COMPILED:
-        return drain_control_compiled(sock, limit, topics, limits)
-    return drain_control_python(sock, limit, topics, limits)
-
+drain_control: DrainControl[bytes] = drain_control_compiled if COMPILED else drain_control_python
+"""Up to ``limit`` queued control messages, DELAY_UNTILs decoded while received."""
 
 send_controls: SendControls = send_controls_compiled if COMPILED else send_controls_python
 """One DELAY_UNTIL per pair, encoded while sent."""
