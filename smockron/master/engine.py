@@ -428,35 +428,36 @@ def served_at(
 
 def verdict_of(rules: Sequence[Rule], states: Sequence[State], gcra: bool) -> float | None:
     """The DELAY_UNTIL the master last published for these states (one per rule), if
-    any: the latest of the rules'. GCRA: the value; a history: its newest entry plus one
-    interval when it is full (``burst`` entries within one window of the newest)."""
+    any: the latest of the rules'."""
     until: float | None = None
     for rule, state in zip(rules, states, strict=True):
-        if not state:
-            continue
-        if gcra:
-            nxt: float | None = state[0]
-        elif len(state) >= rule.burst and min(state[-rule.burst :]) > state[-1] - rule.window_ms:
-            nxt = state[-1] + rule.interval_ms
-        else:
-            nxt = None
+        nxt = _rule_verdict(rule, state, gcra)
         if nxt is not None and (until is None or nxt > until):
             until = nxt
     return until
 
 
+def _rule_verdict(rule: Rule, state: State, gcra: bool) -> float | None:
+    """One rule's last DELAY_UNTIL for a state. GCRA: the value; a history: its newest
+    entry plus one interval when it is full (``burst`` entries within one window of the
+    newest)."""
+    if not state:
+        return None
+    if gcra:
+        return state[0]
+    if len(state) >= rule.burst and min(state[-rule.burst :]) > state[-1] - rule.window_ms:
+        return state[-1] + rule.interval_ms
+    return None
+
+
 def _verdicts_of_one(
     rule: Rule, pairs: Sequence[tuple[bytes, State]], gcra: bool, now_ms: float
 ) -> list[tuple[bytes, int]]:
-    """:func:`verdict_of` for one rule, over many identifiers in one comprehension: those
-    whose verdict is after ``now_ms``, as ``(identifier, until ms)``."""
-    ceil = math.ceil
-    if gcra:
-        return [(ident, ceil(s[0])) for ident, s in pairs if s and s[0] > now_ms]
-    burst, window, interval = rule.burst, rule.window_ms, rule.interval_ms
-    return [(ident, ceil(s[-1] + interval)) for ident, s in pairs
-            if len(s) >= burst and s[-1] + interval > now_ms
-            and min(s[-burst:]) > s[-1] - window]  # fmt: skip
+    """:func:`verdict_of` for one rule over many identifiers, in one comprehension:
+    those whose verdict is after ``now_ms``, as ``(identifier, until ms)``."""
+    ceil, verdict = math.ceil, _rule_verdict
+    return [(ident, ceil(until)) for ident, state in pairs
+            if (until := verdict(rule, state, gcra)) is not None and until > now_ms]  # fmt: skip
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
