@@ -39,6 +39,8 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Generic, NoReturn, TypeVar, cast
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
+from smockron.errors import ConfigError
+from smockron.settings import parse_host_port
 
 MAX_HEAD = 64 * 1024
 """Bytes of status line and headers accepted in one response."""
@@ -212,14 +214,6 @@ def parse_head(head: bytes) -> tuple[int, int | None, bool]:
 
 
 # -- transport ----------------------------------------------------------------------------
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port``."""
-    host, sep, port = address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"HTTP gateway address {address!r} is not host:port")
-    return host.strip("[]"), int(port)
 
 
 def parse_whole(data: bytes) -> tuple[int, bytes, bool] | None:
@@ -404,7 +398,10 @@ class _Gateway(Generic[_C]):
         server_hostname: str | None = None,
     ) -> None:
         self.address = address
-        self._host, self._port = split_host_port(address)
+        try:  # smockron's one host:port parser; the clients raise ValueError for bad arguments
+            self._host, self._port = parse_host_port(address)
+        except ConfigError as exc:
+            raise ValueError(f"HTTP gateway {exc}") from None
         self._ssl = ssl_context
         self._server_hostname = server_hostname or self._host
         self._heads: dict[str, bytes] = {}

@@ -281,7 +281,7 @@ def test_transport_choice(kind: Kind) -> None:
         make_client(kind, "127.0.0.1:1", transport="http")
     with pytest.raises(ValueError, match="transport"):
         make_client(kind, "127.0.0.1:1", transport="h2")
-    with pytest.raises(ValueError, match="host:port"):
+    with pytest.raises(ValueError, match="HOST:PORT"):
         make_client(kind, "127.0.0.1:1", http_address="localhost")
 
 
