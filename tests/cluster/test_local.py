@@ -123,6 +123,21 @@ def test_created_at_is_the_clock_for_that_item() -> None:
     assert lim.check([req()])[0].reset_time == T0 + 51_000
 
 
+@pytest.mark.parametrize("algorithm", [Algorithm.TOKEN_BUCKET, Algorithm.LEAKY_BUCKET,
+                                       Algorithm.SLIDING_WINDOW])  # fmt: skip
+def test_calendar_request_beyond_year_9999_is_answered(algorithm: Algorithm) -> None:
+    """A created_at far in the future (year 37648 here) with a calendar duration gets an
+    answer, and the other items of its batch too (it used to raise out of the batch)."""
+    lim = LocalLimiter(clock=FakeClock(T0))
+    far = req(key="far", duration=4, algorithm=algorithm,
+              behavior=Behavior.DURATION_IS_GREGORIAN,
+              created_at=1_125_899_906_842_625)  # fmt: skip
+    answers = lim.check([far, req()])
+    assert answers[0].status is UNDER and answers[0].error == ""
+    assert answers[0].reset_time > 1_125_899_906_842_625
+    assert answers[1].status is UNDER
+
+
 @pytest.mark.parametrize("others", [0, 3])
 def test_state_lives_until_created_at_plus_duration(others: int) -> None:
     """Gubernator's TestLeakyBucketDivBug with ``created_at`` 500 ms behind the node's

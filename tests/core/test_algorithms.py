@@ -716,6 +716,26 @@ def test_calendar_window_properties(now: int, interval: int) -> None:
         assert begin.weekday() == 0 and end - start == 7 * 86_400_000
 
 
+@settings(max_examples=300, deadline=None)
+@given(now=st.integers(-(2**63), 2**63 - 1), interval=st.sampled_from([4, 5]))
+def test_calendar_months_and_years_for_any_int64_moment(now: int, interval: int) -> None:
+    """A client's created_at may be any int64 (Gubernator's Go time takes it): months and
+    years are computed in integers, where datetime stops at year 9999; within datetime's
+    range they are datetime's."""
+    start, end = calendar.window(now, interval)
+    assert start <= now < end
+    assert calendar.window(end, interval)[0] == end
+    assert calendar.window(start - 1, interval)[1] == start
+    days = (end - start) // 86_400_000
+    assert days in ((28, 29, 30, 31) if interval == 4 else (365, 366))
+    try:
+        moment = datetime.fromtimestamp(now // 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        return
+    first = datetime(moment.year, moment.month if interval == 4 else 1, 1, tzinfo=UTC)
+    assert start == int(first.timestamp()) * 1000
+
+
 def test_sliding_window_gregorian_months_of_different_lengths() -> None:
     k = Key()
 
