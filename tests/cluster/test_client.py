@@ -68,8 +68,8 @@ class ServerThread:
     """A grpc.aio server on its own loop in a thread, so sync clients can call it too."""
 
     def __init__(self, servicer: Any = None, handlers: Any = None) -> None:
-        self.port = free_ports(1)[0]
-        self.address = f"127.0.0.1:{self.port}"
+        self.port = 0
+        self.address = ""
         self._servicer = servicer
         self._handlers = handlers
         self._loop = asyncio.new_event_loop()
@@ -85,7 +85,10 @@ class ServerThread:
             pb_grpc.add_V1Servicer_to_server(self._servicer, server)
         if self._handlers is not None:
             server.add_generic_rpc_handlers([self._handlers])
-        server.add_insecure_port(self.address)
+        # the port the server binds, not one picked free beforehand: another process of a
+        # parallel run may take that one in between (grpc then serves nothing, silently)
+        self.port = server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"
         await server.start()
         self._stop = asyncio.Event()
         self._ready.set()
