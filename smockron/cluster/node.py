@@ -148,27 +148,39 @@ class Node:
         self.clients = {addr: self._new_client(addr) for addr in old}
         self._closing.extend(old.values())
         # calls in progress on the old channels have until their deadline to finish
-        grace = max(self.config.batch_timeout_ms, self.config.global_timeout_ms) / 1000
-        task = asyncio.get_running_loop().create_task(self._close_removed(after=grace))
+        task = asyncio.get_running_loop().create_task(
+            self._close_removed(after=self._call_deadline())
+        )
         self._delayed.add(task)
         task.add_done_callback(self._delayed.discard)
 
     def _rebuild_ring(self) -> None:
         self.ring.set_nodes(a for a in self.peer_infos if a not in self.down)
 
-    async def _close_removed(self, after: float = 0.0) -> None:
+    async def _close_removed(self, after: float = 0.0, *, settle: bool = True) -> None:
         if after:
             await asyncio.sleep(after)
         closing, self._closing = self._closing, []
         for client in closing:
             await client.close()
-        if closing:
-            # A failed call leaves reference cycles (exception, traceback, frames) that
-            # hold its channel's core, which keeps reconnecting to the removed peer
-            # (probing it, in effect) until a collection: collect now. Rare (membership
-            # changes, certificate reloads); ~65 ms with a million keys cached.
-            del closing, client
-            gc.collect()
+        if not closing:
+            return
+        # A failed call leaves reference cycles (exception, traceback, frames) that hold
+        # its channel's core, which keeps reconnecting to the removed peer (probing it, in
+        # effect) until a collection: collect now, and once more when every call that was
+        # in flight on those channels has passed its deadline (a cancelled call's cycle
+        # can be made after the first collection, while its task unwinds). Rare
+        # (membership changes, certificate reloads); ~65 ms with a million keys cached.
+        del closing, client
+        gc.collect()
+        if settle:
+            task = asyncio.get_running_loop().create_task(_collect_after(self._call_deadline()))
+            self._delayed.add(task)  # cancelled by close(), which collects itself
+            task.add_done_callback(self._delayed.discard)
+
+    def _call_deadline(self) -> float:
+        """The longest a call to a peer may last (seconds)."""
+        return max(self.config.batch_timeout_ms, self.config.global_timeout_ms) / 1000
 
     def _owner_client(self, key: str) -> PeerClient | None:
         owner = self.ring.owner(key)
@@ -200,14 +212,19 @@ class Node:
         while addrs := self._to_probe():
             await asyncio.sleep(self.config.peer_probe_interval_ms / 1000.0)
             for addr in addrs:
-                client = self.clients.get(addr)
-                if client is None:
-                    self.down.discard(addr)
-                    continue
-                if await client.probe() and addr in self.down:
-                    log.info("peer %s is back", escaped(addr))
-                    self.down.discard(addr)
-                    self._rebuild_ring()
+                await self._probe(addr)
+
+    async def _probe(self, addr: str) -> None:
+        """One probe; the client is not held past it (a removed peer's channel must be
+        free to go while the loop sleeps)."""
+        client = self.clients.get(addr)
+        if client is None:
+            self.down.discard(addr)
+            return
+        if await client.probe() and addr in self.down:
+            log.info("peer %s is back", escaped(addr))
+            self.down.discard(addr)
+            self._rebuild_ring()
 
     # -- expiry -----------------------------------------------------------------------
     def start_reclaiming(self) -> None:
@@ -525,7 +542,12 @@ class Node:
                 await task
         self._closing.extend(self.clients.values())
         self.clients.clear()
-        await self._close_removed()
+        await self._close_removed(settle=False)
+
+
+async def _collect_after(delay: float) -> None:
+    await asyncio.sleep(delay)
+    gc.collect()
 
 
 def _borrower(req: RateLimitRequest, route: str) -> str | None:

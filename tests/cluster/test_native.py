@@ -81,7 +81,15 @@ async def test_forwarded_calls_are_finished_from_the_loop() -> None:
     """A check owned by the other node leaves the fast path (``bridge`` returns a Deferred)
     and is answered when the forward comes back; many at once need no gRPC thread each."""
     g1, g2 = free_ports(2)
-    base = ClusterConfig(http_address="", grpc_server="native", peer_probe_interval_ms=50)
+    # forwards must not time out on a loaded machine: what is tested is the bridge, not
+    # routing around a slow peer (a timed-out forward is answered by the sender instead)
+    base = ClusterConfig(
+        http_address="",
+        grpc_server="native",
+        peer_probe_interval_ms=50,
+        batch_timeout_ms=5000,
+        peer_down_after=1000,
+    )
     ca, cb = (
         replace(base, grpc_address=f"127.0.0.1:{g1}"),
         replace(base, grpc_address=f"127.0.0.1:{g2}"),
@@ -105,8 +113,8 @@ async def test_forwarded_calls_are_finished_from_the_loop() -> None:
                 return resp.responses[0]
 
             answers = await asyncio.gather(*(check(theirs[i % 10]) for i in range(300)))
+        assert [r.error for r in answers if r.error] == []
         assert all(r.metadata["owner"] == cb.grpc_address for r in answers)
-        assert all(r.error == "" for r in answers)
         # 30 hits on each of 10 keys of limit 5: 5 under, 25 over each
         assert sum(r.status == pb.UNDER_LIMIT for r in answers) == 50
     finally:
