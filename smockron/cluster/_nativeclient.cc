@@ -11,6 +11,13 @@
 //         (an eventfd) becomes readable; no GIL is taken on gRPC's threads
 //   ch.completions() -> list[(token, code, payload_or_None, details)]
 //         drains the queue (and the eventfd); code 0 is OK
+//   ch.check(method, item: bytes, timeout) -> bytes
+//         one serialized RateLimitReq in, its RateLimitResp out, coalesced with the
+//         checks of the other threads: the first goes at once, alone; those made while
+//         a call is in flight wait and go together in the next (up to 1,000), sent by
+//         the oldest of them. Queueing, waiting, sending and waking all happen here
+//         with the GIL released; raises CallError(code, details) as call() does
+//   ch.coalesced_calls -> int   calls check() made
 //   ch.close()        cancels calls in flight; later calls raise CallError(UNAVAILABLE)
 //
 // Plain-text channels only: TLS channels stay on grpcio (client.py decides).
@@ -25,9 +32,12 @@
 #include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <linux/futex.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -82,6 +92,19 @@ struct Pending {
   PyObject* token = nullptr;  // strong ref, released under the GIL by completions()
 };
 
+// A thread in check(): parked on ``state`` (a futex word) until answered or made the
+// sender. Lives on that thread's stack; nobody touches it after setting its state.
+struct Waiter {
+  std::string item;    // the serialized RateLimitReq
+  std::string answer;  // its serialized RateLimitResp
+  grpc::Status status;
+  std::atomic<int> state{0};  // kWaiting, kAnswered or kLead
+  Waiter* next = nullptr;     // the waiter of the same call to wake next (a chain)
+};
+
+constexpr int kWaiting = 0, kAnswered = 1, kLead = 2;
+constexpr size_t kMaxCoalesced = 1000;  // the server's limit per GetRateLimits
+
 struct Core {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
@@ -94,6 +117,10 @@ struct Core {
   std::deque<Pending*> done;        // under mu
   std::vector<Pending*> in_flight;  // under mu: cancelled by close()
   bool closed = false;              // under mu
+  std::mutex co_mu;                 // check()'s queue
+  std::deque<Waiter*> co_queue;     // under co_mu
+  bool co_sending = false;          // under co_mu
+  std::atomic<long long> co_calls{0};
 };
 
 struct ChannelObject {
@@ -192,6 +219,188 @@ PyObject* Channel_call(PyObject* op, PyObject* args) {
   Py_END_ALLOW_THREADS
   if (!status.ok()) return raise_status(status);
   return to_bytes(response);
+}
+
+void park(Waiter* w) {
+  int* word = reinterpret_cast<int*>(&w->state);
+  while (w->state.load(std::memory_order_acquire) == kWaiting) {
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, kWaiting, nullptr, nullptr, 0);
+  }
+}
+
+// After this the waiter may return and its memory be gone: only the syscall follows,
+// which names the address and touches nothing.
+void wake(Waiter* w, int state) {
+  w->state.store(state, std::memory_order_release);
+  syscall(SYS_futex, reinterpret_cast<int*>(&w->state), FUTEX_WAKE_PRIVATE, 1, nullptr,
+          nullptr, 0);
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+bool get_varint(const char*& at, const char* end, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && at < end; shift += 7) {
+    auto byte = static_cast<uint8_t>(*at++);
+    v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) return true;
+  }
+  return false;
+}
+
+// The items of GetRateLimitsResp.responses (field 1), other fields skipped.
+bool split_responses(const std::string& body, std::vector<std::string>& out) {
+  const char* at = body.data();
+  const char* end = at + body.size();
+  while (at < end) {
+    uint64_t tag, n;
+    if (!get_varint(at, end, tag)) return false;
+    switch (tag & 7) {
+      case 0:
+        if (!get_varint(at, end, n)) return false;
+        break;
+      case 1:
+        at += 8;
+        break;
+      case 5:
+        at += 4;
+        break;
+      case 2:
+        if (!get_varint(at, end, n) || n > static_cast<uint64_t>(end - at)) return false;
+        if (tag >> 3 == 1) out.emplace_back(at, n);
+        at += n;
+        break;
+      default:
+        return false;
+    }
+    if (at > end) return false;
+  }
+  return true;
+}
+
+// One GetRateLimits call for ``batch``; every waiter's answer or status filled in.
+void send_batch(Core* core, const grpc::internal::RpcMethod& method,
+                const std::vector<Waiter*>& batch, double timeout) {
+  std::string body;
+  for (Waiter* w : batch) {
+    body.push_back('\x0a');  // field 1 (requests), length-delimited
+    put_varint(body, w->item.size());
+    body += w->item;
+  }
+  grpc::ByteBuffer request = to_buffer(body.data(), static_cast<Py_ssize_t>(body.size()));
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, timeout);
+  grpc::Status status;
+  core->co_calls.fetch_add(1, std::memory_order_relaxed);
+  blocking_call(core, method, ctx, request, response, status);
+  std::vector<std::string> answers;
+  if (status.ok()) {
+    std::vector<grpc::Slice> slices;
+    std::string raw;
+    if (response.Dump(&slices).ok()) {
+      for (const auto& slice : slices) raw.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    if (!split_responses(raw, answers)) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL, "GetRateLimits: malformed response");
+    } else if (answers.size() != batch.size()) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL,
+                            "GetRateLimits: " + std::to_string(answers.size()) +
+                                " responses for " + std::to_string(batch.size()) + " requests");
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (status.ok()) {
+      batch[i]->answer = std::move(answers[i]);
+    } else {
+      batch[i]->status = status;
+    }
+  }
+}
+
+// The sender's last step: the oldest waiter sends next, or nobody is sending.
+void hand_over(Core* core) {
+  std::lock_guard<std::mutex> lock(core->co_mu);
+  if (core->co_queue.empty()) {
+    core->co_sending = false;
+  } else {
+    wake(core->co_queue.front(), kLead);
+  }
+}
+
+// A waiter made the sender: one call for the oldest queued checks (itself the oldest);
+// the others of the call are woken in a chain, each by the one before (spread over
+// their own threads instead of all by this one).
+void send_queued(Core* core, const grpc::internal::RpcMethod& method, Waiter* mine,
+                 double timeout) {
+  std::vector<Waiter*> batch;
+  {
+    std::lock_guard<std::mutex> lock(core->co_mu);
+    size_t n = std::min(core->co_queue.size(), kMaxCoalesced);
+    batch.assign(core->co_queue.begin(), core->co_queue.begin() + static_cast<long>(n));
+    core->co_queue.erase(core->co_queue.begin(), core->co_queue.begin() + static_cast<long>(n));
+  }
+  send_batch(core, method, batch, timeout);
+  Waiter* first = nullptr;
+  Waiter* last = nullptr;
+  for (Waiter* w : batch) {
+    if (w == mine) continue;
+    if (last != nullptr) last->next = w;
+    else first = w;
+    last = w;
+  }
+  if (first != nullptr) wake(first, kAnswered);
+}
+
+PyObject* Channel_check(PyObject* op, PyObject* args) {
+  auto* self = reinterpret_cast<ChannelObject*>(op);
+  const char* name;
+  Py_buffer data{};
+  double timeout;
+  if (!PyArg_ParseTuple(args, "sy*d", &name, &data, &timeout)) return nullptr;
+  Core* core = open_core(self);
+  if (core == nullptr) {
+    PyBuffer_Release(&data);
+    return nullptr;
+  }
+  const grpc::internal::RpcMethod& method = method_of(core, name);
+  Waiter w;
+  w.item.assign(static_cast<const char*>(data.buf), static_cast<size_t>(data.len));
+  PyBuffer_Release(&data);
+  Py_BEGIN_ALLOW_THREADS
+  bool lead;
+  {
+    std::lock_guard<std::mutex> lock(core->co_mu);
+    lead = !core->co_sending;
+    if (lead) core->co_sending = true;
+    else core->co_queue.push_back(&w);
+  }
+  if (lead) {  // a lone check: at once, by itself
+    send_batch(core, method, std::vector<Waiter*>{&w}, timeout);
+    hand_over(core);
+  } else {
+    park(&w);
+    if (w.state.load(std::memory_order_acquire) == kLead) {
+      send_queued(core, method, &w, timeout);
+      hand_over(core);
+    } else if (w.next != nullptr) {
+      wake(w.next, kAnswered);
+    }
+  }
+  Py_END_ALLOW_THREADS
+  if (!w.status.ok()) return raise_status(w.status);
+  return PyBytes_FromStringAndSize(w.answer.data(), static_cast<Py_ssize_t>(w.answer.size()));
+}
+
+PyObject* Channel_coalesced_calls(PyObject* op, void*) {
+  Core* core = reinterpret_cast<ChannelObject*>(op)->core;
+  return PyLong_FromLongLong(core == nullptr ? 0 : core->co_calls.load());
 }
 
 void completed(Core* core, Pending* pending) {
@@ -378,6 +587,8 @@ void Channel_dealloc(PyObject* op) {
 }
 
 PyMethodDef Channel_methods[] = {
+    {"check", Channel_check, METH_VARARGS,
+     "check(method, item, timeout) -> bytes: one RateLimitReq, coalesced; GIL released."},
     {"call", Channel_call, METH_VARARGS,
      "call(method, request, timeout) -> bytes: one blocking unary call, GIL released."},
     {"start", Channel_start, METH_VARARGS,
@@ -387,6 +598,11 @@ PyMethodDef Channel_methods[] = {
     {"fileno", Channel_fileno, METH_NOARGS, "the eventfd readable while completions wait"},
     {"close", Channel_close, METH_NOARGS, "cancel calls in flight; refuse new ones"},
     {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef Channel_getset[] = {
+    {"coalesced_calls", Channel_coalesced_calls, nullptr, "GetRateLimits calls check() made",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
@@ -404,6 +620,7 @@ PyMODINIT_FUNC PyInit__nativeclient(void) {
   ChannelType.tp_init = Channel_init;
   ChannelType.tp_dealloc = Channel_dealloc;
   ChannelType.tp_methods = Channel_methods;
+  ChannelType.tp_getset = Channel_getset;
   ChannelType.tp_doc = "Channel(target, options=()): a plain-text libgrpc++ channel";
   if (PyType_Ready(&ChannelType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);

@@ -54,7 +54,7 @@ from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar
 import grpc
 import grpc.aio
 
-from smockron.cluster.coalesce import AsyncCoalescer, Coalescer
+from smockron.cluster.coalesce import AsyncCoalescer, Coalescer, NativeCoalescer
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.httpclient import (
     AsyncHttpTransport,
@@ -92,6 +92,7 @@ class _NeverRaised(Exception):
 _CallError: type[Exception] = _NeverRaised if _nativeclient is None else _nativeclient.CallError
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _PATH = "/pb.gubernator.V1/"
+_GET_RATE_LIMITS = _PATH + "GetRateLimits"
 _HTTP_PATH = "/v1/GetRateLimits"
 
 Transport: TypeAlias = Literal["auto", "grpc", "http"]
@@ -210,31 +211,35 @@ def _request(
 
 def _batches(requests: Sequence[RateLimitRequest]) -> list[pb.GetRateLimitsReq]:
     """The same message convert.request_to_pb gives, built in place: an empty item per
-    request, its fields set one by one and zero fields left unset, at under half the
-    CPU of keyword arguments (paid per check, by a lone one and in a coalesced call)."""
+    request, its fields set by ``_fill``, at under half the CPU of keyword arguments
+    (paid per check, by a lone one and in a coalesced call)."""
     out = []
     for i in range(0, len(requests), MAX_BATCH_SIZE):
         msg = pb.GetRateLimitsReq()
         add = msg.requests.add
         for r in requests[i : i + MAX_BATCH_SIZE]:
-            item = add()
-            item.name = r.name
-            item.unique_key = r.unique_key
-            item.hits = r.hits
-            item.limit = r.limit
-            item.duration = r.duration
-            if r.algorithm:
-                item.algorithm = r.algorithm  # type: ignore[assignment]
-            if r.behavior:
-                item.behavior = r.behavior  # type: ignore[assignment]
-            if r.burst:
-                item.burst = r.burst
-            if r.metadata:
-                item.metadata.update(r.metadata)
-            if r.created_at is not None:
-                item.created_at = r.created_at
+            _fill(add(), r)
         out.append(msg)
     return out
+
+
+def _fill(item: pb.RateLimitReq, r: RateLimitRequest) -> None:
+    """``item``'s fields set one by one from ``r``, zero fields left unset."""
+    item.name = r.name
+    item.unique_key = r.unique_key
+    item.hits = r.hits
+    item.limit = r.limit
+    item.duration = r.duration
+    if r.algorithm:
+        item.algorithm = r.algorithm  # type: ignore[assignment]
+    if r.behavior:
+        item.behavior = r.behavior  # type: ignore[assignment]
+    if r.burst:
+        item.burst = r.burst
+    if r.metadata:
+        item.metadata.update(r.metadata)
+    if r.created_at is not None:
+        item.created_at = r.created_at
 
 
 def _responses(
@@ -432,8 +437,14 @@ class Client(_Base[HttpTransport]):
         )
         self._stub: Any = self._channel and pb_grpc.V1Stub(self._channel)
         lone = self._one if self.http is None else self._one_http
-        self.coalescer = Coalescer(self.get_rate_limits, lone) if coalesce else None
-        """Concurrent ``check`` calls of this client's threads go in one GetRateLimits."""
+        self.coalescer: Coalescer | NativeCoalescer | None = None
+        """Concurrent ``check`` calls of this client's threads go in one GetRateLimits:
+        inside the native channel when every check goes there (see NativeCoalescer),
+        else in Python."""
+        if coalesce and self._native is not None and self.http is None:
+            self.coalescer = NativeCoalescer(self._check_native, self._native)
+        elif coalesce:
+            self.coalescer = Coalescer(self.get_rate_limits, lone)
         self._route(None if self.coalescer is None else self.coalescer.check, lone)
 
     def get_rate_limits(
@@ -460,6 +471,16 @@ class Client(_Base[HttpTransport]):
         self, request: RateLimitRequest, timeout: float | None = None
     ) -> RateLimitResponse:
         return self._post((request,), timeout)[0]
+
+    def _check_native(self, request: RateLimitRequest) -> RateLimitResponse:
+        """One check coalesced inside the native channel: one item's bytes each way."""
+        item = pb.RateLimitReq()
+        _fill(item, request)
+        try:
+            raw = self._native.check(_GET_RATE_LIMITS, item.SerializeToString(), self.timeout)
+        except _CallError as exc:
+            raise _coded_error(exc, self.address, "GetRateLimits") from exc
+        return _response(pb.RateLimitResp.FromString(raw))
 
     def _post(
         self, requests: Sequence[RateLimitRequest], timeout: float | None
