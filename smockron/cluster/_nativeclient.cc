@@ -11,12 +11,17 @@
 //         (an eventfd) becomes readable; no GIL is taken on gRPC's threads
 //   ch.completions() -> list[(token, code, payload_or_None, details)]
 //         drains the queue (and the eventfd); code 0 is OK
-//   ch.check(method, item: bytes, timeout) -> bytes
-//         one serialized RateLimitReq in, its RateLimitResp out, coalesced with the
+//   ch.check(method, timeout, name, key, hits, limit, duration, algorithm, behavior,
+//            burst, metadata: dict, created_at: int | None)
+//         -> (status, limit, remaining, reset_time, error, metadata: dict)
+//         one RateLimitReq's fields in, its RateLimitResp's out, coalesced with the
 //         checks of the other threads: the first goes at once, alone; those made while
 //         a call is in flight wait and go together in the next (up to 1,000), sent by
 //         the oldest of them. Queueing, waiting, sending and waking all happen here
 //         with the GIL released; raises CallError(code, details) as call() does
+//   encode_request(name, ..., created_at) -> bytes, decode_response(bytes) -> tuple
+//         check()'s codec of one item (module functions; the protobuf wire format,
+//         the bytes the generated classes would give and take)
 //   ch.coalesced_calls -> int   calls check() made
 //   ch.close()        cancels calls in flight; later calls raise CallError(UNAVAILABLE)
 //
@@ -254,6 +259,160 @@ bool get_varint(const char*& at, const char* end, uint64_t& v) {
   return false;
 }
 
+// --- One item's codec: the fields of a RateLimitReq to its wire bytes, a RateLimitResp's
+// bytes to Python values (proto3: zero fields left out; unknown fields skipped).
+
+void put_key(std::string& out, int field, int wire) {
+  put_varint(out, static_cast<uint64_t>(field << 3 | wire));
+}
+
+bool put_string(std::string& out, int field, PyObject* value, bool always = false) {
+  Py_ssize_t size;
+  const char* text = PyUnicode_AsUTF8AndSize(value, &size);
+  if (text == nullptr) return false;
+  if (size > 0 || always) {
+    put_key(out, field, 2);
+    put_varint(out, static_cast<uint64_t>(size));
+    out.append(text, static_cast<size_t>(size));
+  }
+  return true;
+}
+
+bool put_int(std::string& out, int field, PyObject* value, bool always = false) {
+  long long v = PyLong_AsLongLong(value);
+  if (v == -1 && PyErr_Occurred()) return false;
+  if (v != 0 || always) {
+    put_key(out, field, 0);
+    put_varint(out, static_cast<uint64_t>(v));  // negative: ten bytes, as protobuf does
+  }
+  return true;
+}
+
+// RateLimitReq: name 1, unique_key 2, hits 3, limit 4, duration 5, algorithm 6,
+// behavior 7, burst 8, metadata 9 (map<string, string>), created_at 10 (optional).
+bool encode_request(PyObject* const f[10], std::string& out) {
+  if (!put_string(out, 1, f[0]) || !put_string(out, 2, f[1])) return false;
+  for (int i = 2; i < 8; ++i) {
+    if (!put_int(out, i + 1, f[i])) return false;
+  }
+  if (f[8] != Py_None) {
+    if (!PyDict_Check(f[8])) {
+      PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
+      return false;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(f[8], &pos, &key, &value)) {
+      std::string entry;
+      if (!put_string(entry, 1, key) || !put_string(entry, 2, value)) return false;
+      put_key(out, 9, 2);
+      put_varint(out, entry.size());
+      out += entry;
+    }
+  }
+  return f[9] == Py_None || put_int(out, 10, f[9], true);
+}
+
+bool skip_field(const char*& at, const char* end, uint64_t key) {
+  uint64_t n;
+  switch (key & 7) {
+    case 0:
+      return get_varint(at, end, n);
+    case 1:
+      n = 8;
+      break;
+    case 5:
+      n = 4;
+      break;
+    case 2:
+      if (!get_varint(at, end, n)) return false;
+      break;
+    default:
+      return false;
+  }
+  if (n > static_cast<uint64_t>(end - at)) return false;
+  at += n;
+  return true;
+}
+
+// A length-delimited field's bytes: [at, at + n) after its length.
+bool get_bytes(const char*& at, const char* end, const char*& start, size_t& n) {
+  uint64_t len;
+  if (!get_varint(at, end, len) || len > static_cast<uint64_t>(end - at)) return false;
+  start = at;
+  n = static_cast<size_t>(len);
+  at += len;
+  return true;
+}
+
+// One metadata entry (key 1, value 2) into ``dict``; false: malformed (no exception) or
+// an exception set (``failed``).
+bool decode_entry(const char* at, const char* end, PyObject* dict, bool& failed) {
+  const char *key = "", *value = "";
+  size_t key_n = 0, value_n = 0;
+  while (at < end) {
+    uint64_t tag;
+    if (!get_varint(at, end, tag)) return false;
+    if (tag == (1 << 3 | 2)) {
+      if (!get_bytes(at, end, key, key_n)) return false;
+    } else if (tag == (2 << 3 | 2)) {
+      if (!get_bytes(at, end, value, value_n)) return false;
+    } else if (!skip_field(at, end, tag)) {
+      return false;
+    }
+  }
+  PyObject* k = PyUnicode_DecodeUTF8(key, static_cast<Py_ssize_t>(key_n), nullptr);
+  PyObject* v = k ? PyUnicode_DecodeUTF8(value, static_cast<Py_ssize_t>(value_n), nullptr) : nullptr;
+  failed = v == nullptr || PyDict_SetItem(dict, k, v) < 0;
+  Py_XDECREF(k);
+  Py_XDECREF(v);
+  return true;
+}
+
+// RateLimitResp: status 1, limit 2, remaining 3, reset_time 4, error 5, metadata 6.
+PyObject* decode_response(const char* at, const char* end) {
+  uint64_t ints[5] = {0, 0, 0, 0, 0};  // by field number 1..4
+  const char* error = "";
+  size_t error_n = 0;
+  PyObject* metadata = PyDict_New();
+  if (metadata == nullptr) return nullptr;
+  bool ok = true, failed = false;
+  while (ok && !failed && at < end) {
+    uint64_t tag;
+    const char* start;
+    size_t n;
+    if (!get_varint(at, end, tag)) {
+      ok = false;
+    } else if ((tag & 7) == 0 && tag >> 3 >= 1 && tag >> 3 <= 4) {
+      ok = get_varint(at, end, ints[tag >> 3]);
+    } else if (tag == (5 << 3 | 2)) {
+      ok = get_bytes(at, end, error, error_n);
+    } else if (tag == (6 << 3 | 2)) {
+      ok = get_bytes(at, end, start, n) && decode_entry(start, start + n, metadata, failed);
+    } else {
+      ok = skip_field(at, end, tag);
+    }
+  }
+  if (failed) {
+    Py_DECREF(metadata);
+    return nullptr;
+  }
+  if (!ok) {
+    Py_DECREF(metadata);
+    PyErr_SetObject(CallError, Py_BuildValue("(is)", static_cast<int>(grpc::StatusCode::INTERNAL),
+                                             "GetRateLimits: malformed response item"));
+    return nullptr;
+  }
+  PyObject* text = PyUnicode_DecodeUTF8(error, static_cast<Py_ssize_t>(error_n), nullptr);
+  if (text == nullptr) {
+    Py_DECREF(metadata);
+    return nullptr;
+  }
+  return Py_BuildValue("(iLLLNN)", static_cast<int>(ints[1]), static_cast<long long>(ints[2]),
+                       static_cast<long long>(ints[3]), static_cast<long long>(ints[4]), text,
+                       metadata);
+}
+
 // The items of GetRateLimitsResp.responses (field 1), other fields skipped.
 bool split_responses(const std::string& body, std::vector<std::string>& out) {
   const char* at = body.data();
@@ -361,18 +520,18 @@ void send_queued(Core* core, const grpc::internal::RpcMethod& method, Waiter* mi
 PyObject* Channel_check(PyObject* op, PyObject* args) {
   auto* self = reinterpret_cast<ChannelObject*>(op);
   const char* name;
-  Py_buffer data{};
   double timeout;
-  if (!PyArg_ParseTuple(args, "sy*d", &name, &data, &timeout)) return nullptr;
-  Core* core = open_core(self);
-  if (core == nullptr) {
-    PyBuffer_Release(&data);
+  PyObject* fields[10];
+  if (!PyArg_ParseTuple(args, "sdOOOOOOOOOO", &name, &timeout, &fields[0], &fields[1],
+                        &fields[2], &fields[3], &fields[4], &fields[5], &fields[6], &fields[7],
+                        &fields[8], &fields[9])) {
     return nullptr;
   }
-  const grpc::internal::RpcMethod& method = method_of(core, name);
+  Core* core = open_core(self);
+  if (core == nullptr) return nullptr;
   Waiter w;
-  w.item.assign(static_cast<const char*>(data.buf), static_cast<size_t>(data.len));
-  PyBuffer_Release(&data);
+  if (!encode_request(fields, w.item)) return nullptr;
+  const grpc::internal::RpcMethod& method = method_of(core, name);
   Py_BEGIN_ALLOW_THREADS
   bool lead;
   {
@@ -395,7 +554,27 @@ PyObject* Channel_check(PyObject* op, PyObject* args) {
   }
   Py_END_ALLOW_THREADS
   if (!w.status.ok()) return raise_status(w.status);
-  return PyBytes_FromStringAndSize(w.answer.data(), static_cast<Py_ssize_t>(w.answer.size()));
+  return decode_response(w.answer.data(), w.answer.data() + w.answer.size());
+}
+
+PyObject* module_encode_request(PyObject*, PyObject* args) {
+  PyObject* fields[10];
+  if (!PyArg_ParseTuple(args, "OOOOOOOOOO", &fields[0], &fields[1], &fields[2], &fields[3],
+                        &fields[4], &fields[5], &fields[6], &fields[7], &fields[8], &fields[9])) {
+    return nullptr;
+  }
+  std::string out;
+  if (!encode_request(fields, out)) return nullptr;
+  return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+}
+
+PyObject* module_decode_response(PyObject*, PyObject* args) {
+  Py_buffer data{};
+  if (!PyArg_ParseTuple(args, "y*", &data)) return nullptr;
+  const char* at = static_cast<const char*>(data.buf);
+  PyObject* out = decode_response(at, at + data.len);
+  PyBuffer_Release(&data);
+  return out;
 }
 
 PyObject* Channel_coalesced_calls(PyObject* op, void*) {
@@ -588,7 +767,7 @@ void Channel_dealloc(PyObject* op) {
 
 PyMethodDef Channel_methods[] = {
     {"check", Channel_check, METH_VARARGS,
-     "check(method, item, timeout) -> bytes: one RateLimitReq, coalesced; GIL released."},
+     "check(method, timeout, *request fields) -> response fields: one check, coalesced."},
     {"call", Channel_call, METH_VARARGS,
      "call(method, request, timeout) -> bytes: one blocking unary call, GIL released."},
     {"start", Channel_start, METH_VARARGS,
@@ -606,9 +785,17 @@ PyGetSetDef Channel_getset[] = {
 
 PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+PyMethodDef module_methods[] = {
+    {"encode_request", module_encode_request, METH_VARARGS,
+     "encode_request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata, "
+     "created_at) -> bytes: a RateLimitReq as check() sends it"},
+    {"decode_response", module_decode_response, METH_VARARGS,
+     "decode_response(bytes) -> (status, limit, remaining, reset_time, error, metadata)"},
+    {nullptr, nullptr, 0, nullptr}};
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "smockron.cluster._nativeclient",
                           "libgrpc++ client channel making unary calls on raw bytes", -1,
-                          nullptr, nullptr, nullptr, nullptr, nullptr};
+                          module_methods, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 

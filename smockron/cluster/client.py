@@ -472,15 +472,18 @@ class Client(_Base[HttpTransport]):
     ) -> RateLimitResponse:
         return self._post((request,), timeout)[0]
 
-    def _check_native(self, request: RateLimitRequest) -> RateLimitResponse:
-        """One check coalesced inside the native channel: one item's bytes each way."""
-        item = pb.RateLimitReq()
-        _fill(item, request)
+    def _check_native(self, r: RateLimitRequest) -> RateLimitResponse:
+        """One check coalesced inside the native channel, which encodes the request's
+        fields and decodes the answer's (no protobuf objects in Python)."""
         try:
-            raw = self._native.check(_GET_RATE_LIMITS, item.SerializeToString(), self.timeout)
+            status, limit, remaining, reset_time, error, metadata = self._native.check(
+                _GET_RATE_LIMITS, self.timeout, r.name, r.unique_key, r.hits, r.limit,
+                r.duration, r.algorithm, r.behavior, r.burst, r.metadata or None, r.created_at,
+            )  # fmt: skip
         except _CallError as exc:
             raise _coded_error(exc, self.address, "GetRateLimits") from exc
-        return _response(pb.RateLimitResp.FromString(raw))
+        status = Status.OVER_LIMIT if status == pb.OVER_LIMIT else Status.UNDER_LIMIT
+        return RateLimitResponse(status, limit, remaining, reset_time, error, metadata)
 
     def _post(
         self, requests: Sequence[RateLimitRequest], timeout: float | None
