@@ -20,8 +20,9 @@ Errors (all from smockron.errors.SmockronError):
 ``get_rate_limits`` never raises ItemError: per-item errors stay in each response's
 ``error``, as on the wire. Concurrent ``check`` calls (threads of one Client, tasks on
 one AsyncClient's loop) are coalesced into one call while another is in flight
-(smockron.cluster.coalesce; ``coalesce=False`` turns it off; a check with its own
-``timeout`` goes alone). Lists longer than the server's limit of 1,000 per call are
+(smockron.cluster.coalesce; inside the native channel when a Client's checks all go
+through it; ``coalesce=False`` turns it off; a check with its own ``timeout`` goes
+alone). Lists longer than the server's limit of 1,000 per call are
 split into several calls; the answers come back in request order.
 
 Transport: when the optional extension smockron.cluster._nativeclient is built (it
