@@ -9,9 +9,10 @@ sequential caller waits no longer than without coalescing. Gubernator's own peer
 between nodes the same way.
 
 Both twins deliver to each waiter its own response, or the error of the call that
-carried it. A third, NativeCoalescer, is the thread twin's behaviour done inside the
-native channel (smockron.cluster._nativeclient) with the GIL released. The check that finds no call in flight sends its own request straight away
+carried it. The check that finds no call in flight sends its own request straight away
 (no queue, no task, no thread hand-off): a sequential caller pays nothing for coalescing.
+A third, NativeCoalescer, is the thread twin's behaviour done inside the native channel
+(smockron.cluster._nativeclient) with the GIL released.
 """
 
 from __future__ import annotations
