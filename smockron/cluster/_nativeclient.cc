@@ -418,27 +418,16 @@ bool split_responses(const std::string& body, std::vector<std::string>& out) {
   const char* at = body.data();
   const char* end = at + body.size();
   while (at < end) {
-    uint64_t tag, n;
+    uint64_t tag;
+    const char* item;
+    size_t n;
     if (!get_varint(at, end, tag)) return false;
-    switch (tag & 7) {
-      case 0:
-        if (!get_varint(at, end, n)) return false;
-        break;
-      case 1:
-        at += 8;
-        break;
-      case 5:
-        at += 4;
-        break;
-      case 2:
-        if (!get_varint(at, end, n) || n > static_cast<uint64_t>(end - at)) return false;
-        if (tag >> 3 == 1) out.emplace_back(at, n);
-        at += n;
-        break;
-      default:
-        return false;
+    if (tag == (1 << 3 | 2)) {
+      if (!get_bytes(at, end, item, n)) return false;
+      out.emplace_back(item, n);
+    } else if (!skip_field(at, end, tag)) {
+      return false;
     }
-    if (at > end) return false;
   }
   return true;
 }

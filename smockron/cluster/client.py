@@ -212,35 +212,31 @@ def _request(
 
 def _batches(requests: Sequence[RateLimitRequest]) -> list[pb.GetRateLimitsReq]:
     """The same message convert.request_to_pb gives, built in place: an empty item per
-    request, its fields set by ``_fill``, at under half the CPU of keyword arguments
-    (paid per check, by a lone one and in a coalesced call)."""
+    request, its fields set one by one and zero fields left unset, at under half the
+    CPU of keyword arguments (paid per check, by a lone one and in a coalesced call)."""
     out = []
     for i in range(0, len(requests), MAX_BATCH_SIZE):
         msg = pb.GetRateLimitsReq()
         add = msg.requests.add
         for r in requests[i : i + MAX_BATCH_SIZE]:
-            _fill(add(), r)
+            item = add()
+            item.name = r.name
+            item.unique_key = r.unique_key
+            item.hits = r.hits
+            item.limit = r.limit
+            item.duration = r.duration
+            if r.algorithm:
+                item.algorithm = r.algorithm  # type: ignore[assignment]
+            if r.behavior:
+                item.behavior = r.behavior  # type: ignore[assignment]
+            if r.burst:
+                item.burst = r.burst
+            if r.metadata:
+                item.metadata.update(r.metadata)
+            if r.created_at is not None:
+                item.created_at = r.created_at
         out.append(msg)
     return out
-
-
-def _fill(item: pb.RateLimitReq, r: RateLimitRequest) -> None:
-    """``item``'s fields set one by one from ``r``, zero fields left unset."""
-    item.name = r.name
-    item.unique_key = r.unique_key
-    item.hits = r.hits
-    item.limit = r.limit
-    item.duration = r.duration
-    if r.algorithm:
-        item.algorithm = r.algorithm  # type: ignore[assignment]
-    if r.behavior:
-        item.behavior = r.behavior  # type: ignore[assignment]
-    if r.burst:
-        item.burst = r.burst
-    if r.metadata:
-        item.metadata.update(r.metadata)
-    if r.created_at is not None:
-        item.created_at = r.created_at
 
 
 def _responses(

@@ -193,10 +193,12 @@ class NativeCoalescer:
     1,000 a call, each waiter answered or given its call's error), done inside
     smockron.cluster._nativeclient (``Channel.check``) with the GIL released: queueing,
     parking, sending and waking cost no Python and no GIL hand-off, and each check
-    crosses as the bytes of one item each way. ``check`` is the client's function that
-    encodes a request, hands it to the channel and decodes the answer."""
+    crosses as its values (the channel encodes and decodes the one item). ``check`` is
+    the client's function that hands a request to the channel and builds the answer."""
 
-    def __init__(self, check: Callable[[RateLimitRequest], RateLimitResponse], channel: Any):
+    def __init__(
+        self, check: Callable[[RateLimitRequest], RateLimitResponse], channel: Any
+    ) -> None:
         self.check = check
         self._channel = channel
 
