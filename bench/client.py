@@ -22,9 +22,10 @@ library on Redis (installed by this script if missing; a redis-server on a free 
   The looping threads' own cost of blocking once per check is measured too: the same
   100 threads looping on a 0.3 ms sleep instead of a check (``no client``). The
   client's own CPU is each case minus its ``no client`` line, taken per run, then the
-  median of the runs: what the client adds to a threaded application. The pool's two
-  cases run in alternating slices of a tenth of ``--seconds`` each, so that both see
-  the same load of a shared machine;
+  median of the runs: what the client adds to a threaded application. Each threaded
+  case and its ``no client`` twin run in alternating slices (a tenth of ``--seconds``
+  each for the pool, a fifth for the looping threads), so that both see the same load
+  of a shared machine;
 * sequential: one check at a time, Client.check and AsyncClient.check, against
   ``limits``' FixedWindowRateLimiter.hit on Redis (goal: no more than it; AsyncClient
   against limits' asyncio hit, and also against its sync hit). Both clients twice:
@@ -66,6 +67,15 @@ from tests.support import free_ports, run_smockron, start_redis, wait_port
 
 pb_grpc: Any = gubernator_pb2_grpc
 BATCH = 1000
+
+LOOPING_HTTP = "coalesced: 100 threads looping on one Client, http_address given"
+LOOPING = "coalesced: 100 threads looping on one Client"
+POOL = "coalesced: 100 pool.map items on one Client"
+BASELINES = {  # each threaded case: the same threads without a client, measured beside it
+    LOOPING_HTTP: "(100 threads looping, no client: sleeping 0.3 ms each, beside the HTTP case)",
+    LOOPING: "(100 threads looping, no client: sleeping 0.3 ms each, beside the gRPC case)",
+    POOL: "(pool.map, no client: 100 items sleeping 0.2 ms)",
+}
 
 
 def rate(fn: Callable[[], int], seconds: float) -> float:
@@ -172,14 +182,14 @@ def threads_cpu(client: Client | None, seconds: float, threads: int = 100) -> fl
     ``seconds`` (at most 100,000 checks each); without a client, each sleeps 0.3 ms (a
     round trip) instead: the threads' own cost of blocking once per check."""
     counts = [0] * threads
-    stop = time.perf_counter() + seconds
+    stop = [0.0]  # set once every thread has started: the timing starts at the gate
     start_gate = threading.Barrier(threads + 1)
 
     def worker(i: int) -> None:
         start_gate.wait()
         done = 0
         key = f"k{i}"
-        while time.perf_counter() < stop and done < 100_000:
+        while time.perf_counter() < stop[0] and done < 100_000:
             if client is None:
                 time.sleep(0.0003)
             else:
@@ -191,10 +201,18 @@ def threads_cpu(client: Client | None, seconds: float, threads: int = 100) -> fl
     for t in pool:
         t.start()
     cpu = time.process_time()
+    stop[0] = time.perf_counter() + seconds
     start_gate.wait()
     for t in pool:
         t.join()
     return (time.process_time() - cpu) / sum(counts) * 1e6
+
+
+def paired_threads_cpu(client: Client, seconds: float, slices: int = 5) -> tuple[float, float]:
+    """``threads_cpu`` with ``client`` and without (sleeping), each for ``seconds`` in
+    all, in alternating slices (as ``paired_cpu``)."""
+    mine = [threads_cpu(c, seconds / slices) for _ in range(slices) for c in (client, None)]
+    return statistics.mean(mine[::2]), statistics.mean(mine[1::2])
 
 
 async def aseq_cpu(client: AsyncClient, seconds: float) -> float:
@@ -245,10 +263,7 @@ def client_cpu(address: str, http_address: str, seconds: float) -> dict[str, flo
         out["sequential: Client.check, http_address given (HTTP)"] = cpu_per_check(
             one_http, seconds
         )
-        out["coalesced: 100 threads looping on one Client, http_address given"] = threads_cpu(
-            client, seconds
-        )
-        out["(100 threads looping, no client: sleeping 0.3 ms each)"] = threads_cpu(None, seconds)
+        out[LOOPING_HTTP], out[BASELINES[LOOPING_HTTP]] = paired_threads_cpu(client, seconds)
     with Client(address, http_address=http_address, transport="http") as client:
         out["(coalesced: 100 threads looping, batches over HTTP too)"] = threads_cpu(
             client, seconds
@@ -269,11 +284,9 @@ def client_cpu(address: str, http_address: str, seconds: float) -> dict[str, flo
             return 100
 
         out["sequential: Client.check on gRPC"] = cpu_per_check(one, seconds)
-        out["coalesced: 100 threads looping on one Client"] = threads_cpu(client, seconds)
+        out[LOOPING], out[BASELINES[LOOPING]] = paired_threads_cpu(client, seconds)
         hundred_threads()  # the pool's threads started outside the timing
-        with_client, alone = paired_cpu(hundred_threads, pool_alone, seconds)
-        out["coalesced: 100 pool.map items on one Client"] = with_client
-        out["(pool.map, no client: 100 items sleeping 0.2 ms)"] = alone
+        out[POOL], out[BASELINES[POOL]] = paired_cpu(hundred_threads, pool_alone, seconds)
     with Client(address, native=False) as grpcio_client:
 
         def one_grpcio() -> int:
@@ -441,15 +454,13 @@ def main() -> None:
         each = [mine / theirs for mine, theirs in zip(cpu[name], cpu[base], strict=True)]
         return statistics.median(each), ", ".join(f"{r:.2f}" for r in each)
 
-    looping = "(100 threads looping, no client: sleeping 0.3 ms each)"
-    pooled = "(pool.map, no client: 100 items sleeping 0.2 ms)"
     for name, value in cpu_medians.items():
         if name.startswith("("):
             continue  # for comparison only
         if name.startswith("coalesced"):
             print(f"  goal <= 20 us, {name}: {'MET' if value <= 20 else 'NOT MET'} (all CPU)")
-            structure = looping if "threads looping" in name else pooled
-            if "threads" in name or "pool.map" in name:
+            if name in BASELINES:
+                structure = BASELINES[name]
                 # what the client adds to the application's own threads: each run's
                 # difference to the same threads without a client, then their median
                 owns = [a - b for a, b in zip(cpu[name], cpu[structure], strict=True)]
