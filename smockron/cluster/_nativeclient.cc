@@ -11,6 +11,18 @@
 //         (an eventfd) becomes readable; no GIL is taken on gRPC's threads
 //   ch.completions() -> list[(token, code, payload_or_None, details)]
 //         drains the queue (and the eventfd); code 0 is OK
+//   ch.check(method, timeout, name, key, hits, limit, duration, algorithm, behavior,
+//            burst, metadata: dict, created_at: int | None)
+//         -> (status, limit, remaining, reset_time, error, metadata: dict)
+//         one RateLimitReq's fields in, its RateLimitResp's out, coalesced with the
+//         checks of the other threads: the first goes at once, alone; those made while
+//         a call is in flight wait and go together in the next (up to 1,000), sent by
+//         the oldest of them. Queueing, waiting, sending and waking all happen here
+//         with the GIL released; raises CallError(code, details) as call() does
+//   encode_request(name, ..., created_at) -> bytes, decode_response(bytes) -> tuple
+//         check()'s codec of one item (module functions; the protobuf wire format,
+//         the bytes the generated classes would give and take)
+//   ch.coalesced_calls -> int   calls check() made
 //   ch.close()        cancels calls in flight; later calls raise CallError(UNAVAILABLE)
 //
 // Plain-text channels only: TLS channels stay on grpcio (client.py decides).
@@ -25,9 +37,12 @@
 #include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <linux/futex.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -82,6 +97,19 @@ struct Pending {
   PyObject* token = nullptr;  // strong ref, released under the GIL by completions()
 };
 
+// A thread in check(): parked on ``state`` (a futex word) until answered or made the
+// sender. Lives on that thread's stack; nobody touches it after setting its state.
+struct Waiter {
+  std::string item;    // the serialized RateLimitReq
+  std::string answer;  // its serialized RateLimitResp
+  grpc::Status status;
+  std::atomic<int> state{0};  // kWaiting, kAnswered or kLead
+  Waiter* next = nullptr;     // the waiter of the same call to wake next (a chain)
+};
+
+constexpr int kWaiting = 0, kAnswered = 1, kLead = 2;
+constexpr size_t kMaxCoalesced = 1000;  // the server's limit per GetRateLimits
+
 struct Core {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
@@ -94,6 +122,10 @@ struct Core {
   std::deque<Pending*> done;        // under mu
   std::vector<Pending*> in_flight;  // under mu: cancelled by close()
   bool closed = false;              // under mu
+  std::mutex co_mu;                 // check()'s queue
+  std::deque<Waiter*> co_queue;     // under co_mu
+  bool co_sending = false;          // under co_mu
+  std::atomic<long long> co_calls{0};
 };
 
 struct ChannelObject {
@@ -192,6 +224,351 @@ PyObject* Channel_call(PyObject* op, PyObject* args) {
   Py_END_ALLOW_THREADS
   if (!status.ok()) return raise_status(status);
   return to_bytes(response);
+}
+
+void park(Waiter* w) {
+  int* word = reinterpret_cast<int*>(&w->state);
+  while (w->state.load(std::memory_order_acquire) == kWaiting) {
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, kWaiting, nullptr, nullptr, 0);
+  }
+}
+
+// After this the waiter may return and its memory be gone: only the syscall follows,
+// which names the address and touches nothing.
+void wake(Waiter* w, int state) {
+  w->state.store(state, std::memory_order_release);
+  syscall(SYS_futex, reinterpret_cast<int*>(&w->state), FUTEX_WAKE_PRIVATE, 1, nullptr,
+          nullptr, 0);
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+bool get_varint(const char*& at, const char* end, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && at < end; shift += 7) {
+    auto byte = static_cast<uint8_t>(*at++);
+    v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) return true;
+  }
+  return false;
+}
+
+// --- One item's codec: the fields of a RateLimitReq to its wire bytes, a RateLimitResp's
+// bytes to Python values (proto3: zero fields left out; unknown fields skipped).
+
+void put_key(std::string& out, int field, int wire) {
+  put_varint(out, static_cast<uint64_t>(field << 3 | wire));
+}
+
+bool put_string(std::string& out, int field, PyObject* value, bool always = false) {
+  Py_ssize_t size;
+  const char* text = PyUnicode_AsUTF8AndSize(value, &size);
+  if (text == nullptr) return false;
+  if (size > 0 || always) {
+    put_key(out, field, 2);
+    put_varint(out, static_cast<uint64_t>(size));
+    out.append(text, static_cast<size_t>(size));
+  }
+  return true;
+}
+
+bool put_int(std::string& out, int field, PyObject* value, bool always = false) {
+  long long v = PyLong_AsLongLong(value);
+  if (v == -1 && PyErr_Occurred()) return false;
+  if (v != 0 || always) {
+    put_key(out, field, 0);
+    put_varint(out, static_cast<uint64_t>(v));  // negative: ten bytes, as protobuf does
+  }
+  return true;
+}
+
+// RateLimitReq: name 1, unique_key 2, hits 3, limit 4, duration 5, algorithm 6,
+// behavior 7, burst 8, metadata 9 (map<string, string>), created_at 10 (optional).
+bool encode_request(PyObject* const f[10], std::string& out) {
+  if (!put_string(out, 1, f[0]) || !put_string(out, 2, f[1])) return false;
+  for (int i = 2; i < 8; ++i) {
+    if (!put_int(out, i + 1, f[i])) return false;
+  }
+  if (f[8] != Py_None) {
+    if (!PyDict_Check(f[8])) {
+      PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str");
+      return false;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(f[8], &pos, &key, &value)) {
+      std::string entry;
+      if (!put_string(entry, 1, key) || !put_string(entry, 2, value)) return false;
+      put_key(out, 9, 2);
+      put_varint(out, entry.size());
+      out += entry;
+    }
+  }
+  return f[9] == Py_None || put_int(out, 10, f[9], true);
+}
+
+bool skip_field(const char*& at, const char* end, uint64_t key) {
+  uint64_t n;
+  switch (key & 7) {
+    case 0:
+      return get_varint(at, end, n);
+    case 1:
+      n = 8;
+      break;
+    case 5:
+      n = 4;
+      break;
+    case 2:
+      if (!get_varint(at, end, n)) return false;
+      break;
+    default:
+      return false;
+  }
+  if (n > static_cast<uint64_t>(end - at)) return false;
+  at += n;
+  return true;
+}
+
+// A length-delimited field's bytes: [at, at + n) after its length.
+bool get_bytes(const char*& at, const char* end, const char*& start, size_t& n) {
+  uint64_t len;
+  if (!get_varint(at, end, len) || len > static_cast<uint64_t>(end - at)) return false;
+  start = at;
+  n = static_cast<size_t>(len);
+  at += len;
+  return true;
+}
+
+// One metadata entry (key 1, value 2) into ``dict``; false: malformed (no exception) or
+// an exception set (``failed``).
+bool decode_entry(const char* at, const char* end, PyObject* dict, bool& failed) {
+  const char *key = "", *value = "";
+  size_t key_n = 0, value_n = 0;
+  while (at < end) {
+    uint64_t tag;
+    if (!get_varint(at, end, tag)) return false;
+    if (tag == (1 << 3 | 2)) {
+      if (!get_bytes(at, end, key, key_n)) return false;
+    } else if (tag == (2 << 3 | 2)) {
+      if (!get_bytes(at, end, value, value_n)) return false;
+    } else if (!skip_field(at, end, tag)) {
+      return false;
+    }
+  }
+  PyObject* k = PyUnicode_DecodeUTF8(key, static_cast<Py_ssize_t>(key_n), nullptr);
+  PyObject* v = k ? PyUnicode_DecodeUTF8(value, static_cast<Py_ssize_t>(value_n), nullptr) : nullptr;
+  failed = v == nullptr || PyDict_SetItem(dict, k, v) < 0;
+  Py_XDECREF(k);
+  Py_XDECREF(v);
+  return true;
+}
+
+// RateLimitResp: status 1, limit 2, remaining 3, reset_time 4, error 5, metadata 6.
+PyObject* decode_response(const char* at, const char* end) {
+  uint64_t ints[5] = {0, 0, 0, 0, 0};  // by field number 1..4
+  const char* error = "";
+  size_t error_n = 0;
+  PyObject* metadata = PyDict_New();
+  if (metadata == nullptr) return nullptr;
+  bool ok = true, failed = false;
+  while (ok && !failed && at < end) {
+    uint64_t tag;
+    const char* start;
+    size_t n;
+    if (!get_varint(at, end, tag)) {
+      ok = false;
+    } else if ((tag & 7) == 0 && tag >> 3 >= 1 && tag >> 3 <= 4) {
+      ok = get_varint(at, end, ints[tag >> 3]);
+    } else if (tag == (5 << 3 | 2)) {
+      ok = get_bytes(at, end, error, error_n);
+    } else if (tag == (6 << 3 | 2)) {
+      ok = get_bytes(at, end, start, n) && decode_entry(start, start + n, metadata, failed);
+    } else {
+      ok = skip_field(at, end, tag);
+    }
+  }
+  if (failed) {
+    Py_DECREF(metadata);
+    return nullptr;
+  }
+  if (!ok) {
+    Py_DECREF(metadata);
+    PyErr_SetObject(CallError, Py_BuildValue("(is)", static_cast<int>(grpc::StatusCode::INTERNAL),
+                                             "GetRateLimits: malformed response item"));
+    return nullptr;
+  }
+  PyObject* text = PyUnicode_DecodeUTF8(error, static_cast<Py_ssize_t>(error_n), nullptr);
+  if (text == nullptr) {
+    Py_DECREF(metadata);
+    return nullptr;
+  }
+  return Py_BuildValue("(iLLLNN)", static_cast<int>(ints[1]), static_cast<long long>(ints[2]),
+                       static_cast<long long>(ints[3]), static_cast<long long>(ints[4]), text,
+                       metadata);
+}
+
+// The items of GetRateLimitsResp.responses (field 1), other fields skipped.
+bool split_responses(const std::string& body, std::vector<std::string>& out) {
+  const char* at = body.data();
+  const char* end = at + body.size();
+  while (at < end) {
+    uint64_t tag;
+    const char* item;
+    size_t n;
+    if (!get_varint(at, end, tag)) return false;
+    if (tag == (1 << 3 | 2)) {
+      if (!get_bytes(at, end, item, n)) return false;
+      out.emplace_back(item, n);
+    } else if (!skip_field(at, end, tag)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One GetRateLimits call for ``batch``; every waiter's answer or status filled in.
+void send_batch(Core* core, const grpc::internal::RpcMethod& method,
+                const std::vector<Waiter*>& batch, double timeout) {
+  std::string body;
+  for (Waiter* w : batch) {
+    body.push_back('\x0a');  // field 1 (requests), length-delimited
+    put_varint(body, w->item.size());
+    body += w->item;
+  }
+  grpc::ByteBuffer request = to_buffer(body.data(), static_cast<Py_ssize_t>(body.size()));
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, timeout);
+  grpc::Status status;
+  core->co_calls.fetch_add(1, std::memory_order_relaxed);
+  blocking_call(core, method, ctx, request, response, status);
+  std::vector<std::string> answers;
+  if (status.ok()) {
+    std::vector<grpc::Slice> slices;
+    std::string raw;
+    if (response.Dump(&slices).ok()) {
+      for (const auto& slice : slices) raw.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    if (!split_responses(raw, answers)) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL, "GetRateLimits: malformed response");
+    } else if (answers.size() != batch.size()) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL,
+                            "GetRateLimits: " + std::to_string(answers.size()) +
+                                " responses for " + std::to_string(batch.size()) + " requests");
+    }
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (status.ok()) {
+      batch[i]->answer = std::move(answers[i]);
+    } else {
+      batch[i]->status = status;
+    }
+  }
+}
+
+// The sender's last step: the oldest waiter sends next, or nobody is sending.
+void hand_over(Core* core) {
+  std::lock_guard<std::mutex> lock(core->co_mu);
+  if (core->co_queue.empty()) {
+    core->co_sending = false;
+  } else {
+    wake(core->co_queue.front(), kLead);
+  }
+}
+
+// A waiter made the sender: one call for the oldest queued checks (itself the oldest);
+// the others of the call are woken in a chain, each by the one before (spread over
+// their own threads instead of all by this one).
+void send_queued(Core* core, const grpc::internal::RpcMethod& method, Waiter* mine,
+                 double timeout) {
+  std::vector<Waiter*> batch;
+  {
+    std::lock_guard<std::mutex> lock(core->co_mu);
+    size_t n = std::min(core->co_queue.size(), kMaxCoalesced);
+    batch.assign(core->co_queue.begin(), core->co_queue.begin() + static_cast<long>(n));
+    core->co_queue.erase(core->co_queue.begin(), core->co_queue.begin() + static_cast<long>(n));
+  }
+  send_batch(core, method, batch, timeout);
+  Waiter* first = nullptr;
+  Waiter* last = nullptr;
+  for (Waiter* w : batch) {
+    if (w == mine) continue;
+    if (last != nullptr) last->next = w;
+    else first = w;
+    last = w;
+  }
+  if (first != nullptr) wake(first, kAnswered);
+}
+
+PyObject* Channel_check(PyObject* op, PyObject* args) {
+  auto* self = reinterpret_cast<ChannelObject*>(op);
+  const char* name;
+  double timeout;
+  PyObject* fields[10];
+  if (!PyArg_ParseTuple(args, "sdOOOOOOOOOO", &name, &timeout, &fields[0], &fields[1],
+                        &fields[2], &fields[3], &fields[4], &fields[5], &fields[6], &fields[7],
+                        &fields[8], &fields[9])) {
+    return nullptr;
+  }
+  Core* core = open_core(self);
+  if (core == nullptr) return nullptr;
+  Waiter w;
+  if (!encode_request(fields, w.item)) return nullptr;
+  const grpc::internal::RpcMethod& method = method_of(core, name);
+  Py_BEGIN_ALLOW_THREADS
+  bool lead;
+  {
+    std::lock_guard<std::mutex> lock(core->co_mu);
+    lead = !core->co_sending;
+    if (lead) core->co_sending = true;
+    else core->co_queue.push_back(&w);
+  }
+  if (lead) {  // a lone check: at once, by itself
+    send_batch(core, method, std::vector<Waiter*>{&w}, timeout);
+    hand_over(core);
+  } else {
+    park(&w);
+    if (w.state.load(std::memory_order_acquire) == kLead) {
+      send_queued(core, method, &w, timeout);
+      hand_over(core);
+    } else if (w.next != nullptr) {
+      wake(w.next, kAnswered);
+    }
+  }
+  Py_END_ALLOW_THREADS
+  if (!w.status.ok()) return raise_status(w.status);
+  return decode_response(w.answer.data(), w.answer.data() + w.answer.size());
+}
+
+PyObject* module_encode_request(PyObject*, PyObject* args) {
+  PyObject* fields[10];
+  if (!PyArg_ParseTuple(args, "OOOOOOOOOO", &fields[0], &fields[1], &fields[2], &fields[3],
+                        &fields[4], &fields[5], &fields[6], &fields[7], &fields[8], &fields[9])) {
+    return nullptr;
+  }
+  std::string out;
+  if (!encode_request(fields, out)) return nullptr;
+  return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+}
+
+PyObject* module_decode_response(PyObject*, PyObject* args) {
+  Py_buffer data{};
+  if (!PyArg_ParseTuple(args, "y*", &data)) return nullptr;
+  const char* at = static_cast<const char*>(data.buf);
+  PyObject* out = decode_response(at, at + data.len);
+  PyBuffer_Release(&data);
+  return out;
+}
+
+PyObject* Channel_coalesced_calls(PyObject* op, void*) {
+  Core* core = reinterpret_cast<ChannelObject*>(op)->core;
+  return PyLong_FromLongLong(core == nullptr ? 0 : core->co_calls.load());
 }
 
 void completed(Core* core, Pending* pending) {
@@ -378,6 +755,8 @@ void Channel_dealloc(PyObject* op) {
 }
 
 PyMethodDef Channel_methods[] = {
+    {"check", Channel_check, METH_VARARGS,
+     "check(method, timeout, *request fields) -> response fields: one check, coalesced."},
     {"call", Channel_call, METH_VARARGS,
      "call(method, request, timeout) -> bytes: one blocking unary call, GIL released."},
     {"start", Channel_start, METH_VARARGS,
@@ -388,11 +767,24 @@ PyMethodDef Channel_methods[] = {
     {"close", Channel_close, METH_NOARGS, "cancel calls in flight; refuse new ones"},
     {nullptr, nullptr, 0, nullptr}};
 
+PyGetSetDef Channel_getset[] = {
+    {"coalesced_calls", Channel_coalesced_calls, nullptr, "GetRateLimits calls check() made",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
 PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyMethodDef module_methods[] = {
+    {"encode_request", module_encode_request, METH_VARARGS,
+     "encode_request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata, "
+     "created_at) -> bytes: a RateLimitReq as check() sends it"},
+    {"decode_response", module_decode_response, METH_VARARGS,
+     "decode_response(bytes) -> (status, limit, remaining, reset_time, error, metadata)"},
+    {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "smockron.cluster._nativeclient",
                           "libgrpc++ client channel making unary calls on raw bytes", -1,
-                          nullptr, nullptr, nullptr, nullptr, nullptr};
+                          module_methods, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
@@ -404,6 +796,7 @@ PyMODINIT_FUNC PyInit__nativeclient(void) {
   ChannelType.tp_init = Channel_init;
   ChannelType.tp_dealloc = Channel_dealloc;
   ChannelType.tp_methods = Channel_methods;
+  ChannelType.tp_getset = Channel_getset;
   ChannelType.tp_doc = "Channel(target, options=()): a plain-text libgrpc++ channel";
   if (PyType_Ready(&ChannelType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);

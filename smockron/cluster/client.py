@@ -20,8 +20,9 @@ Errors (all from smockron.errors.SmockronError):
 ``get_rate_limits`` never raises ItemError: per-item errors stay in each response's
 ``error``, as on the wire. Concurrent ``check`` calls (threads of one Client, tasks on
 one AsyncClient's loop) are coalesced into one call while another is in flight
-(smockron.cluster.coalesce; ``coalesce=False`` turns it off; a check with its own
-``timeout`` goes alone). Lists longer than the server's limit of 1,000 per call are
+(smockron.cluster.coalesce; inside the native channel when a Client's checks all go
+through it; ``coalesce=False`` turns it off; a check with its own ``timeout`` goes
+alone). Lists longer than the server's limit of 1,000 per call are
 split into several calls; the answers come back in request order.
 
 Transport: when the optional extension smockron.cluster._nativeclient is built (it
@@ -54,7 +55,7 @@ from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar
 import grpc
 import grpc.aio
 
-from smockron.cluster.coalesce import AsyncCoalescer, Coalescer
+from smockron.cluster.coalesce import AsyncCoalescer, Coalescer, NativeCoalescer
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.httpclient import (
     AsyncHttpTransport,
@@ -92,6 +93,7 @@ class _NeverRaised(Exception):
 _CallError: type[Exception] = _NeverRaised if _nativeclient is None else _nativeclient.CallError
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _PATH = "/pb.gubernator.V1/"
+_GET_RATE_LIMITS = _PATH + "GetRateLimits"
 _HTTP_PATH = "/v1/GetRateLimits"
 
 Transport: TypeAlias = Literal["auto", "grpc", "http"]
@@ -432,8 +434,14 @@ class Client(_Base[HttpTransport]):
         )
         self._stub: Any = self._channel and pb_grpc.V1Stub(self._channel)
         lone = self._one if self.http is None else self._one_http
-        self.coalescer = Coalescer(self.get_rate_limits, lone) if coalesce else None
-        """Concurrent ``check`` calls of this client's threads go in one GetRateLimits."""
+        self.coalescer: Coalescer | NativeCoalescer | None = None
+        """Concurrent ``check`` calls of this client's threads go in one GetRateLimits:
+        inside the native channel when every check goes there (see NativeCoalescer),
+        else in Python."""
+        if coalesce and self._native is not None and self.http is None:
+            self.coalescer = NativeCoalescer(self._check_native, self._native)
+        elif coalesce:
+            self.coalescer = Coalescer(self.get_rate_limits, lone)
         self._route(None if self.coalescer is None else self.coalescer.check, lone)
 
     def get_rate_limits(
@@ -460,6 +468,19 @@ class Client(_Base[HttpTransport]):
         self, request: RateLimitRequest, timeout: float | None = None
     ) -> RateLimitResponse:
         return self._post((request,), timeout)[0]
+
+    def _check_native(self, r: RateLimitRequest) -> RateLimitResponse:
+        """One check coalesced inside the native channel, which encodes the request's
+        fields and decodes the answer's (no protobuf objects in Python)."""
+        try:
+            status, limit, remaining, reset_time, error, metadata = self._native.check(
+                _GET_RATE_LIMITS, self.timeout, r.name, r.unique_key, r.hits, r.limit,
+                r.duration, r.algorithm, r.behavior, r.burst, r.metadata or None, r.created_at,
+            )  # fmt: skip
+        except _CallError as exc:
+            raise _coded_error(exc, self.address, "GetRateLimits") from exc
+        status = Status.OVER_LIMIT if status == pb.OVER_LIMIT else Status.UNDER_LIMIT
+        return RateLimitResponse(status, limit, remaining, reset_time, error, metadata)
 
     def _post(
         self, requests: Sequence[RateLimitRequest], timeout: float | None

@@ -11,6 +11,8 @@ between nodes the same way.
 Both twins deliver to each waiter its own response, or the error of the call that
 carried it. The check that finds no call in flight sends its own request straight away
 (no queue, no task, no thread hand-off): a sequential caller pays nothing for coalescing.
+A third, NativeCoalescer, is the thread twin's behaviour done inside the native channel
+(smockron.cluster._nativeclient) with the GIL released.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from _thread import LockType, allocate_lock
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 
@@ -182,3 +185,24 @@ class Coalescer:
                 heir.done.release()
             else:
                 self._sending = False
+
+
+class NativeCoalescer:
+    """For threads on the native channel: what Coalescer does (a lone check at once, the
+    checks made meanwhile together in the next call, sent by the oldest of them, at most
+    1,000 a call, each waiter answered or given its call's error), done inside
+    smockron.cluster._nativeclient (``Channel.check``) with the GIL released: queueing,
+    parking, sending and waking cost no Python and no GIL hand-off, and each check
+    crosses as its values (the channel encodes and decodes the one item). ``check`` is
+    the client's function that hands a request to the channel and builds the answer."""
+
+    def __init__(
+        self, check: Callable[[RateLimitRequest], RateLimitResponse], channel: Any
+    ) -> None:
+        self.check = check
+        self._channel = channel
+
+    @property
+    def calls(self) -> int:
+        """GetRateLimits calls made (checks / calls is the mean batch)."""
+        return int(self._channel.coalesced_calls)
