@@ -16,10 +16,8 @@ import os
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from itertools import groupby
-from operator import itemgetter
 from types import TracebackType
 from typing import Any, Final, TypedDict, TypeVar, cast
 
@@ -404,15 +402,16 @@ class _GatekeeperBase:
         """DELAY_UNTILs ``(domain, identifier, until_ms)`` for domains we serve (decoded,
         checked): counted per domain (loss detection), then remembered."""
         self.counters.control_received += len(records)
+        table = self.decider.table
+        refused, evicted = table.refused, table.evicted
+        counts: dict[bytes, int] = {}
+        self.decider.control_many(records, now, counts)
         received = self._received
-        for domain, count in Counter(map(itemgetter(0), records)).items():
+        for domain, count in counts.items():
             if domain in received:
                 received[domain] += count
             elif len(received) < MAX_LINES:
                 received[domain] = count
-        table = self.decider.table
-        refused, evicted = table.refused, table.evicted
-        self.decider.control_many(records, now)
         if table.refused != refused:
             until_ms, domain, identifier = next(
                 (u, d, i) for d, i, u in records if u - now > table.max_ahead_ms)
