@@ -72,7 +72,8 @@ class ControlOut:
     async def paced(self, send: Callable[[int], int], total: int) -> int:
         """``send(rest)`` sends the resync's messages from the ``rest``-th on until one
         is refused and says how many went; called, the loop turning ``RESYNC_WAIT_S``
-        between tries, until all ``total`` went (after what was deferred). How many went."""
+        between tries, until what was deferred went and then all ``total``. How many
+        went."""
         done = 0
         while True:
             if not self.pacing:  # stalled: drop for a full subscriber, as live traffic
@@ -80,10 +81,12 @@ class ControlOut:
             waiting = len(self.deferred)
             if waiting:
                 del self.deferred[: send_until_refused(self.pub, self.deferred)]
-            went = 0 if self.deferred else send(done)
-            done += went
-            if done >= total:
-                return done
+            went = 0
+            if not self.deferred:  # what waited went first
+                went = send(done)
+                done += went
+                if done >= total:
+                    return done
             self._waiting(went > 0 or len(self.deferred) < waiting)
             await asyncio.sleep(RESYNC_WAIT_S)
 

@@ -427,13 +427,13 @@ class Master:
         start = time.monotonic()
         states: list[list[tuple[bytes, State]]] = []
         with contextlib.suppress(zmq.ZMQError):
-            out.begin()
+            # first: listing a million states takes longer than a gatekeeper waits
+            # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more
+            out.send([[frame, RESYNCSTART]])
+            states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
+            now = time.time() * 1000.0
+            out.begin()  # paced from here: live traffic waits only while slices wait
             try:
-                # first: listing a million states takes longer than a gatekeeper waits
-                # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more
-                out.send([[frame, RESYNCSTART]])
-                states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
-                now = time.time() * 1000.0
                 for verdicts in engine.live_verdicts(name, states, now, RESYNC_SLICE):
                     send = functools.partial(_controls_from, self.pub, frame, verdicts)
                     sent += await out.paced(send, len(verdicts))
