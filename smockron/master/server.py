@@ -426,6 +426,7 @@ class Master:
         sent = 0
         start = time.monotonic()
         states: list[list[tuple[bytes, State]]] = []
+        counted = self.stats.domain(name)
         with contextlib.suppress(zmq.ZMQError):
             # first: listing a million states takes longer than a gatekeeper waits
             # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more
@@ -436,7 +437,9 @@ class Master:
             try:
                 for verdicts in engine.live_verdicts(name, states, now, RESYNC_SLICE):
                     send = functools.partial(_controls_from, self.pub, frame, verdicts)
-                    sent += await out.paced(send, len(verdicts))
+                    went = await out.paced(send, len(verdicts))
+                    sent += went
+                    counted.published += went  # as sent: the heartbeat's count
                     await asyncio.sleep(0)
                 out.send([[frame, RESYNCDONE]])
                 await out.paced(_nothing, 0)  # the deferred, RESYNCDONE among them
