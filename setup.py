@@ -66,6 +66,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "smockron.gatekeeper._tablefast",
+            ["smockron/gatekeeper/_tablefast.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
             "smockron.cluster._localfast",
             ["smockron/cluster/_localfast.c"],
             extra_compile_args=["-O2"],

@@ -135,6 +135,7 @@ EXTENSIONS = {
     "_zmqfast": "smockron.wire._zmqfast",
     "_native": "smockron.cluster._native",
     "_localfast": "smockron.cluster._localfast",
+    "_tablefast": "smockron.gatekeeper._tablefast",
     "_nativeclient": "smockron.cluster._nativeclient",
 }
 

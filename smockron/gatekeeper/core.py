@@ -16,10 +16,8 @@ import os
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from itertools import groupby
-from operator import itemgetter
 from types import TracebackType
 from typing import Any, Final, TypedDict, TypeVar, cast
 
@@ -88,8 +86,13 @@ _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
 """Domains a gatekeeper takes rules offers for: whatever publishes on the control port
 cannot make it remember unbounded domains."""
+RESYNC_FIRST_RETRY_S: Final = 0.05
+"""The first RESYNC after a (re)connection is often lost: sent once the accounting
+connection is up, it can reach the PUB socket before the master's subscription does,
+and a PUB drops what no one subscribes to. So the first retry comes after this long
+(in practice at the next tick, within 0.1 s)..."""
 RESYNC_RETRY_S: Final = 0.25
-"""A RESYNC not answered (RESYNCSTART) within this long is sent again..."""
+"""...and the next ones, while no RESYNCSTART answers, after this long..."""
 RESYNC_ATTEMPTS: Final = 8
 """...at most this many times: an original master, which never answers, is not asked
 without end (it logs each RESYNC as an accounting error)."""
@@ -404,15 +407,16 @@ class _GatekeeperBase:
         """DELAY_UNTILs ``(domain, identifier, until_ms)`` for domains we serve (decoded,
         checked): counted per domain (loss detection), then remembered."""
         self.counters.control_received += len(records)
+        table = self.decider.table
+        refused, evicted = table.refused, table.evicted
+        counts: dict[bytes, int] = {}
+        self.decider.control_many(records, now, counts)
         received = self._received
-        for domain, count in Counter(map(itemgetter(0), records)).items():
+        for domain, count in counts.items():
             if domain in received:
                 received[domain] += count
             elif len(received) < MAX_LINES:
                 received[domain] = count
-        table = self.decider.table
-        refused, evicted = table.refused, table.evicted
-        self.decider.control_many(records, now)
         if table.refused != refused:
             until_ms, domain, identifier = next(
                 (u, d, i) for d, i, u in records if u - now > table.max_ahead_ms)
@@ -472,7 +476,8 @@ class _GatekeeperBase:
 
     def _send_resyncs(self) -> None:
         """Send the RESYNCs due, once the accounting socket is connected; again after
-        ``RESYNC_RETRY_S`` until the master answers, ``RESYNC_ATTEMPTS`` times at most."""
+        ``RESYNC_FIRST_RETRY_S``, then every ``RESYNC_RETRY_S`` until the master answers,
+        ``RESYNC_ATTEMPTS`` times at most."""
         pub = self._pub
         if not self._resync or pub is None or self._peers <= 0:
             return
@@ -485,7 +490,8 @@ class _GatekeeperBase:
                 self._malformed_log.warning("no answer to RESYNC for %r: the master may not "
                                             "support it", domain[:64])  # fmt: skip
                 continue
-            self._resync[domain] = (attempts + 1, now + RESYNC_RETRY_S)
+            retry = RESYNC_FIRST_RETRY_S if attempts == 0 else RESYNC_RETRY_S
+            self._resync[domain] = (attempts + 1, now + retry)
             self.resyncs_requested += 1
             with contextlib.suppress(zmq.ZMQError):
                 send_all(pub, [encode_resync(domain)])

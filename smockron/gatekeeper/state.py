@@ -19,13 +19,14 @@ whole burst through at ``X``.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from itertools import groupby
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeAlias, cast
 
 from smockron.core.rules import Rule
 from smockron.counters import CounterSet
@@ -33,6 +34,17 @@ from smockron.errors import ConfigError
 from smockron.memory import Reclaimer
 
 Key = tuple[bytes, bytes]  # (domain, identifier)
+Record: TypeAlias = tuple[bytes, bytes, int]
+"""A DELAY_UNTIL: ``(domain, identifier, until_ms)``."""
+Hold: TypeAlias = "tuple[float, dict[bytes, float], int] | None"
+"""A domain's first line as applying DELAY_UNTILs needs it: for one rule, the offset
+added to a DELAY_UNTIL, the identifiers' arrival times and how many it may hold; None
+for several rules (the caller holds those)."""
+UpdateRun: TypeAlias = Callable[
+    [dict[Key, int], list[Record], int, int, int, int,
+     "Mapping[bytes, Hold] | None", "dict[bytes, int] | None"],
+    tuple[int, int, int, list[Record]],
+]  # fmt: skip
 
 MAX_AHEAD_MS: Final = 86_400_000
 """How far ahead a DELAY_UNTIL may reach (a day): whatever holds the control port cannot
@@ -75,6 +87,88 @@ REJECT: Final = Verdict.REJECT
 _new_decision: Final = tuple.__new__
 
 
+def update_run_python(
+    entries: dict[Key, int],
+    records: list[Record],
+    start: int,
+    now_ms: int,
+    max_ahead_ms: int,
+    room: int,
+    holds: Mapping[bytes, Hold] | None,
+    counts: dict[bytes, int] | None,
+) -> tuple[int, int, int, list[Record]]:
+    """Remember ``records[start:]`` in ``entries``, forward-only, in order, until one needs
+    a new entry while ``entries`` holds ``room``: returns ``(stop, refused, moved,
+    unheld)``, ``stop`` that record's index (``len(records)`` when all were done) for the
+    caller to make room and call again from there.
+
+    A record already passed is skipped; one further ahead than ``max_ahead_ms`` is refused
+    (counted). Of those that moved an identifier's time on (counted in ``moved``): with
+    ``holds`` None, all are returned in ``unheld``; else a domain's ``(offset, local,
+    cap)`` keeps ``local[identifier]`` at least at ``until_ms + offset`` (a new one only
+    while ``local`` holds fewer than ``cap``), a domain's None returns the record in
+    ``unheld``, an absent domain has nothing more done. ``counts``: every record done,
+    counted per domain. The pure-Python twin of the compiled ``_tablefast.update_run``."""
+    get = entries.get
+    refused = moved = 0
+    unheld: list[Record] = []
+    stop = len(records)
+    for index in range(start, len(records)):
+        record = records[index]
+        domain, identifier, until_ms = record
+        if until_ms > now_ms:
+            if until_ms - now_ms > max_ahead_ms:
+                refused += 1
+            else:
+                key = (domain, identifier)
+                old = get(key)
+                if old is None and len(entries) >= room:
+                    stop = index
+                    break
+                if old is None or until_ms > old:
+                    entries[key] = until_ms
+                    moved += 1
+                    _held(record, holds, unheld)
+        if counts is not None:
+            counts[domain] = counts.get(domain, 0) + 1
+    return stop, refused, moved, unheld
+
+
+def _held(record: Record, holds: Mapping[bytes, Hold] | None, unheld: list[Record]) -> None:
+    """A moved record to its first line (``update_run_python``)."""
+    if holds is None:
+        unheld.append(record)
+        return
+    domain, identifier, until_ms = record
+    if domain not in holds:
+        return
+    hold = holds[domain]
+    if hold is None:
+        unheld.append(record)
+        return
+    offset, local, cap = hold
+    floor = until_ms + offset
+    if local.get(identifier, _NEVER) < floor and (len(local) < cap or identifier in local):
+        local[identifier] = floor
+
+
+def _load_compiled() -> UpdateRun | None:
+    """``_tablefast.update_run``, or None (then Python applies them all).
+    ``SMOCKRON_PURE_PYTHON=1`` forces Python (tests run both)."""
+    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
+        return None
+    try:
+        from smockron.gatekeeper import _tablefast  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return cast(UpdateRun, _tablefast.update_run)
+
+
+update_run_compiled: Final = _load_compiled()
+update_run: Final[UpdateRun] = update_run_compiled or update_run_python
+"""Apply a run of DELAY_UNTILs to a table (see :func:`update_run_python`)."""
+
+
 class DelayTable:
     """``(domain, identifier) -> until_ms``, forward-only, expiring, bounded."""
 
@@ -114,37 +208,33 @@ class DelayTable:
 
     def update(self, domain: bytes, identifier: bytes, until_ms: int, now_ms: int) -> bool:
         """Remember a DELAY_UNTIL; True if it moved the identifier's time forward."""
-        return bool(self.update_many(((domain, identifier, until_ms),), now_ms))
+        return self.update_many([(domain, identifier, until_ms)], now_ms)[0] > 0
 
     def update_many(
-        self, records: Iterable[tuple[bytes, bytes, int]], now_ms: int
-    ) -> list[tuple[bytes, bytes, int]]:
-        """Remember DELAY_UNTILs ``(domain, identifier, until_ms)`` in order, in one loop
-        (a resync brings a million); those that moved an identifier's time forward."""
-        entries = self._entries
-        get = entries.get
-        max_ahead = self.max_ahead_ms
-        moved: list[tuple[bytes, bytes, int]] = []
-        keep = moved.append
-        for record in records:
-            domain, identifier, until_ms = record
-            if until_ms <= now_ms:
-                continue
-            if until_ms - now_ms > max_ahead:
-                self.refused += 1
-                continue
-            key = (domain, identifier)
-            old = get(key)
-            if old is not None:
-                if until_ms <= old:
-                    continue
-            elif len(entries) >= self._sweep_at:
-                self.sweep(now_ms)
-                if len(entries) >= self.max_entries:
-                    self._evict()
-            entries[key] = until_ms
-            keep(record)
-        return moved
+        self,
+        records: list[Record],
+        now_ms: int,
+        holds: Mapping[bytes, Hold] | None = None,
+        counts: dict[bytes, int] | None = None,
+    ) -> tuple[int, list[Record]]:
+        """Remember DELAY_UNTILs in order, in one compiled loop where built (a resync
+        brings a million), sweeping (and evicting) when the table needs room. How many
+        moved an identifier's time forward, and those of them ``holds`` leaves to the
+        caller (all without ``holds``); see :func:`update_run_python`."""
+        moved, unheld = 0, []
+        start, end = 0, len(records)
+        while True:
+            start, refused, n, back = update_run(self._entries, records, start, now_ms,
+                                                 self.max_ahead_ms, self._sweep_at, holds,
+                                                 counts)  # fmt: skip
+            self.refused += refused
+            moved += n
+            unheld += back
+            if start >= end:
+                return moved, unheld
+            self.sweep(now_ms)
+            if len(self._entries) >= self.max_entries:
+                self._evict()
 
     def _evict(self) -> None:
         """Make room for an eighth of the table by forgetting the entries that expire
@@ -266,6 +356,7 @@ class Decider:
     __slots__ = (
         "_cap",
         "_entries",
+        "_holds",
         "_lines",
         "_locals",
         "_next_free",
@@ -302,6 +393,8 @@ class Decider:
         ``decide``'s fast path."""
         self._several = False
         """Whether some domain has several rules (``_decide_rules``)."""
+        self._holds: dict[bytes, Hold] = {}
+        """What ``control_many`` holds each domain with a first line to (``Hold``)."""
         self._cap = max_entries
         self._locals: dict[Key, tuple[float, ...]] = {}
         """Those of the others, one per rule."""
@@ -335,6 +428,10 @@ class Decider:
             held = {i: u + tol for (d, i), u in self._entries.items() if d == domain}
             self._single[domain] = (line.intervals[0], tol, held)
         self._several = len(self._lines) > len(self._single)
+        self._holds = {d: None for d in self._lines}
+        self._holds.update(
+            (d, (tol, local, self._cap)) for d, (_i, tol, local) in self._single.items()
+        )
         return True
 
     def decide(self, domain: bytes, identifier: bytes, now_ms: int) -> Decision:
@@ -405,20 +502,20 @@ class Decider:
         """Apply the master's DELAY_UNTIL: remember it, and tell the first line that the
         identifier's allowance is used up until then (it admits one request at
         ``until_ms``, then spaces them). True if it moved the identifier's time on."""
-        return bool(self.control_many(((domain, identifier, until_ms),), now_ms))
+        return bool(self.control_many([(domain, identifier, until_ms)], now_ms))
 
-    def control_many(self, records: Iterable[tuple[bytes, bytes, int]], now_ms: int) -> int:
-        """:meth:`control` for DELAY_UNTILs ``(domain, identifier, until_ms)`` in order;
-        how many moved an identifier's time on."""
-        moved = self.table.update_many(records, now_ms)
-        lines = self._lines
-        if lines and moved:
-            for domain, run in groupby(moved, itemgetter(0)):
-                line = lines.get(domain)
-                if line is not None:
-                    tolerance = line.tolerances[line.fastest]
-                    self._hold_many(domain, line, [(i, u + tolerance) for _d, i, u in run])
-        return len(moved)
+    def control_many(
+        self, records: list[Record], now_ms: int, counts: dict[bytes, int] | None = None
+    ) -> int:
+        """:meth:`control` for DELAY_UNTILs ``(domain, identifier, until_ms)`` in order
+        (``counts``: per domain, how many there were); how many moved an identifier's
+        time on."""
+        moved, unheld = self.table.update_many(records, now_ms, self._holds, counts)
+        for domain, run in groupby(unheld, itemgetter(0)):  # domains of several rules
+            line = self._lines[domain]
+            tolerance = line.tolerances[line.fastest]
+            self._hold_many(domain, line, [(i, u + tolerance) for _d, i, u in run])
+        return moved
 
     def _hold(self, domain: bytes, identifier: bytes, line: Line, floor: float) -> None:
         """Keep the fastest rule's arrival time at least at ``floor``."""

@@ -276,19 +276,18 @@ class Engine:
         """A RESYNC's DELAY_UNTILs as ``(identifier, until ms)``, ``chunk`` states at a
         time (a server sends each chunk before computing the next): one per identifier
         whose verdict is still in the future, given each scope's live states (in
-        :meth:`scopes` order) as the store lists them. Each is counted as published (the
-        heartbeat's count). One scope, the common case, costs one comprehension per chunk."""
+        :meth:`scopes` order) as the store lists them. The caller counts those it sends
+        as published (the heartbeat's count), once they are sent: a heartbeat published
+        while a chunk waits must not count it. One scope, the common case, costs one
+        comprehension per chunk."""
         dom = self._by_topic.get(topic(name))
         if dom is None or len(states) != len(dom.scopes):
             return
         rules = [rule for rule, _table, _window in dom.scopes]
-        stats = dom.stats
         if len(states) == 1:
             only = states[0]
             for at in range(0, len(only), chunk):
-                out = _verdicts_of_one(rules[0], only[at : at + chunk], dom.gcra, now_ms)
-                stats.published += len(out)
-                yield out
+                yield _verdicts_of_one(rules[0], only[at : at + chunk], dom.gcra, now_ms)
             return
         by_scope = [dict(pairs) for pairs in states]
         idents = list(dict.fromkeys(i for pairs in states for i, _ in pairs))
@@ -298,7 +297,6 @@ class Engine:
                 until = verdict_of(rules, [d.get(ident, ()) for d in by_scope], dom.gcra)
                 if until is not None and until > now_ms:
                     out.append((ident, math.ceil(until)))
-            stats.published += len(out)
             yield out
 
     @staticmethod

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -24,6 +25,7 @@ from smockron import runtime
 from smockron.curve import AllowList, bind_mode, curve_server
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
+from smockron.master.control_out import RESYNC_STALL_S, ControlOut
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
 from smockron.master.stores import open_store
@@ -32,7 +34,7 @@ from smockron.observe import ObserveServer, Readiness
 from smockron.observe.throttled import TopThrottled
 from smockron.ratelog import RateLimitedLog
 from smockron.wire.accounting import drain_accounting
-from smockron.wire.batchio import send_all, wait_readable
+from smockron.wire.batchio import wait_readable
 from smockron.wire.codec import RESYNCDONE, RESYNCSTART, encode_published, encode_rules, topic
 from smockron.wire.control import send_controls
 
@@ -64,15 +66,8 @@ reconnecting at once, or a hostile peer) costs one resync per domain per interva
 which every gatekeeper of the domain receives."""
 RESYNC_SLICE = 4096
 """DELAY_UNTILs a resync computes and publishes per turn of the loop (about 2 ms of
-work): live traffic goes in between..."""
-RESYNC_BURST = 100_000
-"""...the first this many at once (the gatekeepers' queues, ``CONTROL_HWM``, hold them
-while they apply them)..."""
-RESYNC_RATE = 250_000.0
-"""...then at most this many a second, so a large resync does not outrun the gatekeepers
-it is for (what their queues drop is lost again, and asked for again, by every one of
-them): a gatekeeper sharing two cores with its master applied 1,000,000 at this rate
-without a loss (3.7 to 3.9 s), and lost a fifth of them at 400,000 a second."""
+work): live traffic goes in between. A resync goes as fast as the slowest gatekeeper of
+its domain takes it (``control_out``)."""
 RESYNC_MAX = 1_000_000
 """Live states listed per rule of a domain for one resync, at most."""
 RESYNC_POLL_S = 0.02
@@ -115,6 +110,7 @@ class Master:
         self.ctx = context or zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.pub = self.ctx.socket(zmq.PUB)
+        self.out = ControlOut(self.pub)  # every message published goes through it
         self._offers: list[list[bytes]] = []
         self._encode_offers()
         self.monitor: zmq.Socket[bytes] | None = None
@@ -388,11 +384,11 @@ class Master:
         """Apply a batch and publish its DELAY_UNTILs, ``PUBLISH_EVERY`` messages at a
         time: a DELAY_UNTIL early in a large batch (after a stall, or at full load) is
         sent without waiting for the rest of the batch to be applied."""
-        apply, pub = self.engine.apply, self.pub
+        apply, out = self.engine.apply, self.out
         for start in range(0, len(decoded), PUBLISH_EVERY):
             controls = apply(decoded[start : start + PUBLISH_EVERY], now)
             if controls:
-                send_all(pub, controls)
+                out.send(controls)
                 if self.listener is not None:  # only /stats reads them
                     self.throttled.add(controls, now / 1000.0)
 
@@ -402,7 +398,7 @@ class Master:
         counts = [encode_published(name, self.stats.domain(name).published)
                   for name in sorted(self.engine.domains)]  # fmt: skip
         with contextlib.suppress(zmq.ZMQError):
-            send_all(self.pub, self._offers + counts)
+            self.out.send(self._offers + counts)
 
     async def _answer_resyncs(self) -> None:
         """Answer the RESYNC requests the engine collected, each domain at most once per
@@ -422,28 +418,38 @@ class Master:
         """RESYNCSTART, one DELAY_UNTIL per identifier whose verdict is still in the
         future (from the store), RESYNCDONE, on the domain's topic. DELAY_UNTILs go out
         ``RESYNC_SLICE`` at a time, encoded and sent in one compiled call each
-        (``wire.control.send_controls``), paced at ``RESYNC_RATE`` after the first
-        ``RESYNC_BURST``; the loop turns between slices. How many DELAY_UNTILs."""
-        engine, store, pub = self.engine, self.store, self.pub
+        (``wire.control.send_controls``), as fast as the domain's slowest gatekeeper
+        takes them (:class:`~smockron.master.control_out.ControlOut`); the loop turns
+        between slices. How many DELAY_UNTILs."""
+        engine, store, out = self.engine, self.store, self.out
         frame = topic(name)
         sent = 0
         start = time.monotonic()
         states: list[list[tuple[bytes, State]]] = []
+        counted = self.stats.domain(name)
         with contextlib.suppress(zmq.ZMQError):
             # first: listing a million states takes longer than a gatekeeper waits
             # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more
-            send_all(pub, [[frame, RESYNCSTART]])
+            out.send([[frame, RESYNCSTART]])
             states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
             now = time.time() * 1000.0
-            for verdicts in engine.live_verdicts(name, states, now, RESYNC_SLICE):
-                sent += send_controls(pub, frame, verdicts)
-                # paced past the first RESYNC_BURST; the loop turns in between
-                due = start + max(0, sent - RESYNC_BURST) / RESYNC_RATE
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
-            send_all(pub, [[frame, RESYNCDONE]])
+            out.begin()  # paced from here: live traffic waits only while slices wait
+            try:
+                for verdicts in engine.live_verdicts(name, states, now, RESYNC_SLICE):
+                    send = functools.partial(_controls_from, self.pub, frame, verdicts)
+                    went = await out.paced(send, len(verdicts))
+                    sent += went
+                    counted.published += went  # as sent: the heartbeat's count
+                    await asyncio.sleep(0)
+                out.send([[frame, RESYNCDONE]])
+                await out.paced(_nothing, 0)  # the deferred, RESYNCDONE among them
+            finally:
+                out.end()
         self.resyncs += 1
-        log.info("resync of %s: %d DELAY_UNTIL(s) from %d state(s) in %.3f s",
-                 name, sent, sum(map(len, states)), time.monotonic() - start)  # fmt: skip
+        log.info("resync of %s: %d DELAY_UNTIL(s) from %d state(s) in %.3f s%s",
+                 name, sent, sum(map(len, states)), time.monotonic() - start,
+                 f" (a gatekeeper took nothing for {RESYNC_STALL_S:g} s: the rest went "
+                 "without waiting for it)" if out.stalled else "")  # fmt: skip
         return sent
 
     def _encode_offers(self) -> None:
@@ -464,6 +470,16 @@ class Master:
         while True:
             await asyncio.sleep(self.settings.stats_interval)
             runtime.log_stats(log, self.stats.fields())
+
+
+def _controls_from(pub: zmq.Socket[bytes], frame: bytes, verdicts: list[tuple[bytes, int]],
+                   rest: int) -> int:  # fmt: skip
+    """A resync's slice from its ``rest``-th DELAY_UNTIL on, until one is refused."""
+    return send_controls(pub, frame, verdicts[rest:], True)
+
+
+def _nothing(rest: int) -> int:
+    return 0
 
 
 def _describe(settings: MasterSettings) -> str:

@@ -221,14 +221,15 @@ static int send_part(void *sock, const void *data, size_t size, Py_ssize_t j, Py
     return *err == EAGAIN && j == 0 ? 0 : -1;
 }
 
-/* send_all(socket, messages) -> how many were sent. Each message is a list of bytes.
- * Never blocks: a message the socket cannot take now is skipped (a PUB drops at its
- * high-water mark anyway). A message's frames go atomically: once its first frame is
+/* send_all(socket, messages, stop=False) -> how many were sent. Each message is a list
+ * of bytes. Never blocks: a message the socket cannot take now is skipped (a PUB drops at
+ * its high-water mark anyway), or, with ``stop``, ends the call. A message's frames go atomically: once its first frame is
  * accepted, the others are too. Any other error raises ZMQError whose ``sent`` says
  * how many messages went out before it. */
 static PyObject *zmqfast_send_all(PyObject *self, PyObject *args) {
     PyObject *socket, *messages;
-    if (!PyArg_ParseTuple(args, "OO!", &socket, &PyList_Type, &messages)) return NULL;
+    int stop = 0; /* a message not taken ends the call instead of being skipped */
+    if (!PyArg_ParseTuple(args, "OO!|p", &socket, &PyList_Type, &messages, &stop)) return NULL;
     void *sock = sending_socket(socket);
     if (sock == NULL) return NULL;
     Py_ssize_t sent = 0;
@@ -250,6 +251,7 @@ static PyObject *zmqfast_send_all(PyObject *self, PyObject *args) {
             int err = 0;
             int rc = send_part(sock, PyBytes_AS_STRING(frame), (size_t)PyBytes_GET_SIZE(frame),
                                j, n, &err);
+            if (rc == 0 && stop) return PyLong_FromSsize_t(sent);
             if (rc == 0) break;  /* not taken: skip this message */
             if (rc < 0) return raise_zmq_after(err, sent);
             if (j + 1 == n) sent++;
@@ -495,12 +497,15 @@ static PyObject *zmqfast_drain_control(PyObject *self, PyObject *args) {
     return drain_decoded(socket, limit, decode_control_one, &c, 1);
 }
 
-/* send_controls(socket, topic, DELAY_UNTIL, [(identifier, until ms), ...]) -> how many
- * were sent: the frames of codec.control_frames, encoded here (no list per message).
- * Never blocks; what the socket cannot take is skipped, as in send_all. */
+/* send_controls(socket, topic, DELAY_UNTIL, [(identifier, until ms), ...], stop=False)
+ * -> how many were sent: the frames of codec.control_frames, encoded here (no list per
+ * message). Never blocks; what the socket cannot take is skipped, as in send_all, or,
+ * with ``stop``, ends the call: the first ``sent`` pairs went, the rest did not. */
 static PyObject *zmqfast_send_controls(PyObject *self, PyObject *args) {
     PyObject *socket, *topic, *command, *pairs;
-    if (!PyArg_ParseTuple(args, "OSSO!", &socket, &topic, &command, &PyList_Type, &pairs))
+    int stop = 0;
+    if (!PyArg_ParseTuple(args, "OSSO!|p", &socket, &topic, &command, &PyList_Type, &pairs,
+                          &stop))
         return NULL;
     void *sock = sending_socket(socket);
     if (sock == NULL) return NULL;
@@ -523,6 +528,7 @@ static PyObject *zmqfast_send_controls(PyObject *self, PyObject *args) {
                           (size_t)PyBytes_GET_SIZE(ident), (size_t)len};
         for (int j = 0; j < 4; j++) {
             int err = 0, rc = send_part(sock, data[j], size[j], j, 4, &err);
+            if (rc == 0 && stop) return PyLong_FromSsize_t(sent);
             if (rc == 0) break;  /* not taken: skip this message */
             if (rc < 0) return raise_zmq_after(err, sent);
             if (j == 3) sent++;
@@ -537,9 +543,9 @@ static PyMethodDef methods[] = {
     {"drain_control", zmqfast_drain_control, METH_VARARGS,
      "drain_control(socket, limit, topics, DELAY_UNTIL, limits) -> records and raw, in order."},
     {"send_controls", zmqfast_send_controls, METH_VARARGS,
-     "send_controls(socket, topic, DELAY_UNTIL, pairs) -> number sent; never blocks."},
+     "send_controls(socket, topic, DELAY_UNTIL, pairs, stop=False) -> number sent; never blocks."},
     {"send_all", zmqfast_send_all, METH_VARARGS,
-     "send_all(socket, messages) -> number sent; never blocks."},
+     "send_all(socket, messages, stop=False) -> number sent; never blocks."},
     {"bind", zmqfast_bind, METH_VARARGS,
      "bind(libzmq_path, ZMQError, Oversized): use the symbols of the libzmq pyzmq loaded."},
     {"drain", zmqfast_drain, METH_VARARGS,

@@ -33,13 +33,14 @@ __all__ = [
     "send_all",
     "send_all_compiled",
     "send_all_python",
+    "send_until_refused",
     "wait_readable",
 ]
 
 Drain = Callable[[zmq.Socket[bytes], int], list[list[bytes]]]
 SendAll = Callable[[zmq.Socket[bytes], list[list[bytes]]], int]
 DrainDecodedC = Callable[..., tuple[list[Any], list[list[bytes]]]]
-SendControlsC = Callable[[zmq.Socket[bytes], bytes, bytes, list[tuple[bytes, int]]], int]
+SendControlsC = Callable[[zmq.Socket[bytes], bytes, bytes, list[tuple[bytes, int]], bool], int]
 
 
 def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
@@ -65,15 +66,20 @@ def drain_python(sock: zmq.Socket[bytes], limit: int) -> list[list[bytes]]:
     return out
 
 
-def send_all_python(sock: zmq.Socket[bytes], messages: list[list[bytes]]) -> int:
-    """Send whole messages without blocking; one the socket cannot take is skipped.
-    Another error is raised with ``sent``: how many messages went out before it."""
+def send_all_python(
+    sock: zmq.Socket[bytes], messages: list[list[bytes]], stop: bool = False
+) -> int:
+    """Send whole messages without blocking; one the socket cannot take is skipped (or,
+    with ``stop``, ends the call: the first ``sent`` went, the rest did not). Another
+    error is raised with ``sent``: how many messages went out before it."""
     send = sock.send_multipart
     sent = 0
     for frames in messages:
         try:
             send(frames, zmq.NOBLOCK)
         except zmq.Again:  # a PUB drops at its high-water mark anyway
+            if stop:
+                break
             continue
         except zmq.ZMQError as exc:
             exc.sent = sent  # type: ignore[attr-defined]
@@ -130,6 +136,16 @@ drain_compiled: Drain | None = _compiled.drain if _compiled else None
 send_all_compiled: SendAll | None = _compiled.send_all if _compiled else None
 drain: Drain = drain_compiled or drain_python
 send_all: SendAll = send_all_compiled or send_all_python
+
+
+def send_until_refused(sock: zmq.Socket[bytes], messages: list[list[bytes]]) -> int:
+    """Send messages in order until the socket refuses one (a PUB with ``XPUB_NODROP``
+    whose slowest subscriber is full); how many went. Never blocks."""
+    if _compiled is not None:
+        return _compiled.send_all(sock, messages, True)  # type: ignore[call-arg]
+    return send_all_python(sock, messages, True)
+
+
 drain_accounting_c: DrainDecodedC | None = _compiled.drain_accounting if _compiled else None
 """The raw C entry point behind :func:`smockron.wire.accounting.drain_accounting`."""
 drain_control_c: Callable[..., list[Any]] | None = _compiled.drain_control if _compiled else None

@@ -18,7 +18,7 @@ lets a resync of a million verdicts go out in well under a second.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeAlias, TypeVar, cast
+from typing import Protocol, TypeAlias, TypeVar, cast
 
 import zmq
 
@@ -33,7 +33,20 @@ ControlBatch: TypeAlias = list[ControlRecord[D] | Raw]
 DrainControl: TypeAlias = Callable[
     [zmq.Socket[bytes], int, dict[bytes, D], Limits], ControlBatch[D]
 ]
-SendControls: TypeAlias = Callable[[zmq.Socket[bytes], bytes, list[tuple[bytes, int]]], int]
+
+
+class SendControls(Protocol):
+    """``send_controls``' signature (either twin)."""
+
+    def __call__(
+        self,
+        sock: zmq.Socket[bytes],
+        topic_frame: bytes,
+        pairs: list[tuple[bytes, int]],
+        stop: bool = False,
+    ) -> int: ...
+
+
 
 COMPILED = drain_control_c is not None and send_controls_c is not None
 """Whether the compiled twins loaded (``SMOCKRON_PURE_PYTHON=1`` keeps them unloaded)."""
@@ -79,20 +92,28 @@ def drain_control_compiled(
 
 
 def send_controls_python(
-    sock: zmq.Socket[bytes], topic_frame: bytes, pairs: list[tuple[bytes, int]]
+    sock: zmq.Socket[bytes], topic_frame: bytes, pairs: list[tuple[bytes, int]], stop: bool = False
 ) -> int:
     """One DELAY_UNTIL per ``(identifier, until ms)`` on ``topic_frame``; never blocks.
-    How many were sent (a message the socket cannot take is skipped)."""
-    return send_all_python(sock, [control_frames(topic_frame, i, u) for i, u in pairs])
+    How many were sent: a message the socket cannot take is skipped, or, with ``stop``,
+    ends the call (the first ones went, the rest did not: a paced sender tries again)."""
+    if not stop:
+        return send_all_python(sock, [control_frames(topic_frame, i, u) for i, u in pairs])
+    sent = 0
+    for identifier, until_ms in pairs:
+        if not send_all_python(sock, [control_frames(topic_frame, identifier, until_ms)]):
+            break
+        sent += 1
+    return sent
 
 
 def send_controls_compiled(
-    sock: zmq.Socket[bytes], topic_frame: bytes, pairs: list[tuple[bytes, int]]
+    sock: zmq.Socket[bytes], topic_frame: bytes, pairs: list[tuple[bytes, int]], stop: bool = False
 ) -> int:
     """The compiled twin of :func:`send_controls_python`; only when ``COMPILED``."""
     if send_controls_c is None:
         raise RuntimeError("smockron.wire._zmqfast is not loaded")
-    return send_controls_c(sock, topic_frame, DELAY_UNTIL, pairs)
+    return send_controls_c(sock, topic_frame, DELAY_UNTIL, pairs, stop)
 
 
 drain_control: DrainControl[bytes] = drain_control_compiled if COMPILED else drain_control_python

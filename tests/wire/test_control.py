@@ -107,3 +107,30 @@ def test_both_twins_send_the_codecs_frames(
     assert got == [control_frames(b"api\0", i, u) for i, u in pairs]
     with pytest.raises(TypeError):
         send(push, b"api\0", [("not bytes", 1)])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("send", SENDS)
+def test_both_twins_stop_where_a_paced_sender_must_wait(send: SendControls) -> None:
+    """A PUB that refuses at its high-water mark (XPUB_NODROP, as the master's resync
+    sends): with ``stop`` the call ends at the first message not taken, and says how many
+    went; without, it skips those and goes on."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    try:
+        pub.setsockopt(zmq.SNDHWM, 10)
+        pub.setsockopt(zmq.XPUB_NODROP, 1)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        sub.setsockopt(zmq.RCVHWM, 10)
+        sub.subscribe(b"api\0")
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        pairs = [(b"id%d" % i, 1_700_000_000_000 + i) for i in range(100_000)]
+        wait_for(lambda: send(pub, b"api\0", pairs[:1], True) == 1)  # subscribed
+        sent = send(pub, b"api\0", pairs[1:], True)
+        assert 0 < sent < len(pairs) - 1  # the queues filled up: it stopped
+        got = [sub.recv_multipart() for _ in range(sent + 1)]  # exactly those, in order
+        assert got == [control_frames(b"api\0", i, u) for i, u in pairs[: sent + 1]]
+        assert send(pub, b"api\0", pairs, False) < len(pairs)  # skipped, not stopped
+    finally:
+        pub.close(0)
+        sub.close(0)
+        ctx.term()
