@@ -18,7 +18,9 @@ next messages would be lost for it without a refusal. What is refused then waits
 A gatekeeper that takes nothing for ``RESYNC_STALL_S`` (stopped, or stuck) does not
 hold up the others: from then until the resync ends the socket drops again, as it
 always does for live traffic, and what that gatekeeper loses it asks for again when its
-publish counter shows the loss.
+publish counter shows the loss. Nor does one that takes slowly: live verdicts are what
+enforcement runs on, so none waits more than ``LIVE_WAIT_MAX_S`` for a resync; past
+that the resync turns lossy the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ RESYNC_WAIT_S = 0.001
 """How long a resync waits when its slowest gatekeeper is full before it tries again."""
 RESYNC_STALL_S = 1.0
 """A resync stops waiting for a gatekeeper that took nothing for this long."""
+LIVE_WAIT_MAX_S = 0.2
+"""A resync stops waiting once a live message has waited behind it for this long."""
 
 
 class ControlOut:
@@ -46,9 +50,10 @@ class ControlOut:
         self.deferred: list[list[bytes]] = []
         """Messages refused while a resync is paced: they go first, in order."""
         self.pacing = False
-        self.stalled = False
-        """The current resync stopped waiting (a gatekeeper took nothing for long)."""
+        self.stalled = ""
+        """Why the current resync stopped waiting, if it did."""
         self._since: float | None = None  # the last progress, once it had to wait
+        self._deferred_at = 0.0  # when the oldest deferred message was refused
 
     def send(self, messages: list[list[bytes]]) -> None:
         """Live messages: sent at once (dropped for a full subscriber), or, while a
@@ -58,11 +63,13 @@ class ControlOut:
             return
         if not self.deferred:
             messages = messages[send_until_refused(self.pub, messages) :]
+            if messages:
+                self._deferred_at = time.monotonic()
         self.deferred += messages
 
     def begin(self) -> None:
         """A resync starts: from now on the socket refuses rather than drops."""
-        self.pacing, self.stalled, self._since = True, False, None
+        self.pacing, self.stalled, self._since = True, "", None
         self.pub.setsockopt(zmq.XPUB_NODROP, 1)
 
     def end(self) -> None:
@@ -80,6 +87,8 @@ class ControlOut:
                 return done + send(done)
             waiting = len(self.deferred)
             if waiting:
+                # (the wait is counted from the first refusal until none is left: a
+                # gatekeeper that takes a few at a time does not hold live ones up longer)
                 del self.deferred[: send_until_refused(self.pub, self.deferred)]
             went = 0
             if not self.deferred:  # what waited went first
@@ -91,12 +100,16 @@ class ControlOut:
             await asyncio.sleep(RESYNC_WAIT_S)
 
     def _waiting(self, progressed: bool) -> None:
-        """A subscriber is full; after ``RESYNC_STALL_S`` without progress, stop waiting."""
+        """A subscriber is full; after ``RESYNC_STALL_S`` without progress, or once a
+        live message has waited ``LIVE_WAIT_MAX_S``, stop waiting."""
         now = time.monotonic()
-        if progressed or self._since is None:
+        if self.deferred and now - self._deferred_at >= LIVE_WAIT_MAX_S:
+            self.stalled = f"live messages waited {LIVE_WAIT_MAX_S:g} s behind it"
+            self._lossy()
+        elif progressed or self._since is None:
             self._since = now
         elif now - self._since >= RESYNC_STALL_S:
-            self.stalled = True
+            self.stalled = f"a gatekeeper took nothing for {RESYNC_STALL_S:g} s"
             self._lossy()
 
     def _lossy(self) -> None:

@@ -25,7 +25,7 @@ from smockron import runtime
 from smockron.curve import AllowList, bind_mode, curve_server
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
-from smockron.master.control_out import RESYNC_STALL_S, ControlOut
+from smockron.master.control_out import ControlOut
 from smockron.master.engine import Decoded, Engine, Frames
 from smockron.master.stats import Stats
 from smockron.master.stores import open_store
@@ -448,8 +448,8 @@ class Master:
         self.resyncs += 1
         log.info("resync of %s: %d DELAY_UNTIL(s) from %d state(s) in %.3f s%s",
                  name, sent, sum(map(len, states)), time.monotonic() - start,
-                 f" (a gatekeeper took nothing for {RESYNC_STALL_S:g} s: the rest went "
-                 "without waiting for it)" if out.stalled else "")  # fmt: skip
+                 f" ({out.stalled}: the rest went without waiting)" if out.stalled
+                 else "")  # fmt: skip
         return sent
 
     def _encode_offers(self) -> None:

@@ -49,12 +49,13 @@ def _slices(pub: zmq.Socket[bytes], verdicts: list[tuple[bytes, int]], rest: int
 
 
 async def test_a_paced_resync_loses_nothing_with_live_traffic_in_between(
-    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+    sockets: tuple[zmq.Socket[bytes], zmq.Socket[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """20,000 DELAY_UNTILs through queues of 50 to a reader slower than the sender, and
     live messages all along (another task, as the master's live verdicts): the reader gets
     every one, in order within each stream. (libzmq, having dropped a live message for a
     full subscriber, would drop the resync's next ones for it too, without a refusal.)"""
+    monkeypatch.setattr(control_out, "LIVE_WAIT_MAX_S", 30.0)  # a loaded machine's pauses
     pub, sub = sockets
     out = ControlOut(pub)
     got: list[list[bytes]] = []
@@ -113,3 +114,55 @@ async def test_a_subscriber_that_takes_nothing_stops_holding_a_resync_up(
     assert out.stalled
     assert sent == len(verdicts)  # the rest went as live traffic does: dropped for it
     out.send([[b"api\0", b"DELAY_UNTIL", b"x", b"1"]])  # and the socket drops again
+
+
+async def test_a_slow_subscriber_holds_live_messages_up_no_longer_than_the_bound() -> None:
+    """A gatekeeper that takes a message every 5 ms keeps making progress, so it is never
+    'stalled'; but live verdicts (what enforcement runs on) must not queue behind its
+    resync for long: 100 of them refused would wait 0.5 s for it, and after
+    LIVE_WAIT_MAX_S the resync turns lossy and they go."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    for sock in (pub, sub):  # small queues and kernel buffers: the reader's pace is felt
+        sock.setsockopt(zmq.SNDHWM, HWM)
+        sock.setsockopt(zmq.RCVHWM, HWM)
+        sock.setsockopt(zmq.SNDBUF, 4096)
+        sock.setsockopt(zmq.RCVBUF, 4096)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub.subscribe(b"api\0")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    wait_for(lambda: pub.send_multipart([b"api\0", b"HELLO"]) is None and sub.poll(10) != 0)
+    out = ControlOut(pub)
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            if sub.poll(20):
+                sub.recv_multipart()
+                time.sleep(0.005)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        verdicts = [(b"id-%d" % i, 1_700_000_000_000 + i) for i in range(100_000)]
+        out.begin()
+        resync = asyncio.create_task(
+            out.paced(functools.partial(_slices, pub, verdicts), len(verdicts))
+        )
+        await asyncio.sleep(0.3)  # the resync has filled the queues
+        sent_at = time.monotonic()
+        out.send([[b"api\0", b"DELAY_UNTIL", b"live-%d" % k, b"1"] for k in range(100)])
+        assert len(out.deferred) > 50  # refused (the subscriber is full): they wait
+        while out.deferred and time.monotonic() - sent_at < 10:
+            await asyncio.sleep(0.005)
+        waited = time.monotonic() - sent_at
+        await asyncio.wait_for(resync, 10)
+        out.end()
+    finally:
+        stop.set()
+        reader.join()
+        pub.close(0)
+        sub.close(0)
+        ctx.term()
+    assert out.stalled.startswith("live messages waited"), out.stalled
+    assert control_out.LIVE_WAIT_MAX_S <= waited < control_out.LIVE_WAIT_MAX_S + 1.0
