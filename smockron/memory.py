@@ -34,6 +34,7 @@ import ctypes
 import ctypes.util
 import gc
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -44,6 +45,8 @@ COMPACT_BYTES_PER_ENTRY: Final = 256
 only grew takes 30 to 80 bytes per entry, by where it is between two resizes)."""
 TRIM_AFTER_ENTRIES: Final = 100_000
 """Entries freed (across tables) before :class:`Reclaimer` calls ``malloc_trim``."""
+SETTLE_S: Final = 0.5
+"""After a wave, how long nothing must have been freed before the last collection."""
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:
@@ -98,14 +101,27 @@ class Reclaimer:
     gives the memory back. :meth:`note` only counts, so a table may call it under a lock
     and its owner calls :meth:`reclaim` outside (a collection can take milliseconds)."""
 
-    __slots__ = ("collect_due", "collections", "compacted", "freed", "threshold", "trims")
+    __slots__ = (
+        "collect_due",
+        "collections",
+        "compacted",
+        "freed",
+        "freed_at",
+        "settling",
+        "threshold",
+        "trims",
+    )
 
     def __init__(self, threshold: int = TRIM_AFTER_ENTRIES) -> None:
         self.threshold = threshold
         self.freed = 0
         """Entries freed since the last trim."""
+        self.freed_at = 0.0
+        """When entries were last freed (``time.monotonic``)."""
         self.collect_due = False
         """A wave has gone since the last trim: collect garbage before it."""
+        self.settling = False
+        """A wave was collected while still going: collect once more when it is over."""
         self.trims = 0
         """``malloc_trim`` calls made (for tests and statistics)."""
         self.compacted = 0
@@ -125,23 +141,41 @@ class Reclaimer:
         """``freed`` more entries are gone and ``remaining`` are left in the caller's
         tables. A wave has gone when more are gone than are left (at least a quarter of
         ``threshold``): its few survivors are worth a collection (free lists too)."""
-        self.freed += freed
+        if freed:
+            self.freed += freed
+            self.freed_at = time.monotonic()
         if self.freed > remaining and self.freed >= self.threshold // 4:
             self.collect_due = True
 
     @property
+    def settled(self) -> bool:
+        """A wave collected while it was going has been over for ``SETTLE_S``."""
+        return self.settling and time.monotonic() - self.freed_at >= SETTLE_S
+
+    @property
     def due(self) -> bool:
         """Whether :meth:`reclaim` has work to do."""
-        return TRIM_AVAILABLE and (self.collect_due or self.freed >= self.threshold)
+        return TRIM_AVAILABLE and (
+            self.collect_due or self.freed >= self.threshold or self.settled
+        )
 
     def reclaim(self) -> bool:
-        """Trim the C heap if enough has been freed, collecting first after a wave.
-        True if it trimmed."""
+        """Trim the C heap if enough has been freed, collecting first after a wave, and
+        once more when it is over. True if it trimmed.
+
+        The last collection empties the free lists once the wave is over: a wave is
+        released over several ticks (sweeps, a generation freed a slice at a time), and
+        what is freed after the first collection fills CPython's free lists again (100
+        floats, 2,000 tuples of each length, ...). A block on a free list stays allocated
+        for pymalloc, so each kept one of the wave's arenas (a dozen after a wave, in the
+        master)."""
         if not self.due:
             return False
-        if self.collect_due:
+        final = self.settled
+        if self.collect_due or final:
             gc.collect()
             self.collections += 1
+        self.settling = self.collect_due or (self.settling and not final)
         self.freed, self.collect_due = 0, False
         trim()
         self.trims += 1
