@@ -1,6 +1,6 @@
 """Giving memory back after a wave of identifiers has expired.
 
-Two things keep a daemon's RSS high after its tables have emptied:
+Three things keep a daemon's RSS high after its tables have emptied:
 
 - a Python dict never shrinks when entries are deleted: a table that once held a
   million identifiers keeps a hash table sized for a million (tens of MB) even empty;
@@ -10,20 +10,25 @@ Two things keep a daemon's RSS high after its tables have emptied:
   and small objects freed all over the heap leave pages it cannot release from the top;
   ``malloc_trim(0)`` hands every whole free page back. :class:`Reclaimer` calls it once
   enough entries have been freed to be worth the few milliseconds it takes;
-- CPython's small-object allocator returns a 1 MiB arena only when every object in it is
-  gone, and a few survivors pin many: the 100 floats of the float free list, emptied only
-  by a full garbage collection, were measured pinning 24 arenas after a wave. So when a
-  wave has gone (more freed since the last trim than is left), the reclaimer collects
-  first; a collection costs O(live objects), paid only after freeing more than that.
-  Any other object that outlives a wave pins its arena the same way (the master's last
-  batch of records did, until its loop stopped keeping it while idle), and a daemon
-  allocates a few (counters, log records) while the wave comes in. Under glibc's
-  allocator instead (``PYTHONMALLOC=malloc``, read when the interpreter starts; the
-  startup line says which runs) every object is a chunk of the C heap and the trim
-  returns every free page wherever it lies: RSS back within 20% of the baseline,
-  measured by bench/memory.py. It costs CPU on the hot path (glibc's ``malloc`` is
-  slower than pymalloc for small objects), so it is the operator's choice
-  (docs/deployment.md), not the default.
+- CPython's small-object allocator (pymalloc, the default) returns a 1 MiB arena only
+  when every object in it is gone, and a few survivors pin many. Scanning pymalloc's
+  pools after a wave found two kinds: blocks kept on CPython's free lists (100 floats,
+  2,000 tuples of each length, ...), emptied only by a full garbage collection, and
+  objects made during the wave that nothing freed (the compiled ZeroMQ reader made a new
+  attribute name string per call, and CPython's type attribute cache kept each one: it
+  looks the name up by one interned string now). So when a wave has gone (more freed
+  since the last trim than is left) the reclaimer collects, and collects once more when
+  the wave is over (nothing freed for ``SETTLE_S``), for what was freed after the first
+  collection; a collection costs O(live objects), paid only after freeing more than
+  that. Any other object that outlives a wave pins its arena the same way (the master's
+  last batch of records did, until its loop stopped keeping it while idle). What is
+  left is what a running daemon keeps anyway (counters' last values, its timers' times,
+  the blocks its free lists recycle), each in whichever arena it was made: a few arenas,
+  measured by bench/memory.py. Under glibc's allocator (``PYTHONMALLOC=malloc``, read
+  when the interpreter starts; the startup line says which runs) every object is a
+  chunk of the C heap and the trim returns every free page wherever it lies; it costs
+  CPU on the hot path (glibc's ``malloc`` is slower than pymalloc for small objects), so
+  it is the operator's choice (docs/deployment.md), not the default.
 
 Only on glibc (found through ctypes); elsewhere :func:`trim` does nothing and says so.
 """
@@ -155,9 +160,7 @@ class Reclaimer:
     @property
     def due(self) -> bool:
         """Whether :meth:`reclaim` has work to do."""
-        return TRIM_AVAILABLE and (
-            self.collect_due or self.freed >= self.threshold or self.settled
-        )
+        return TRIM_AVAILABLE and (self.collect_due or self.freed >= self.threshold or self.settled)
 
     def reclaim(self) -> bool:
         """Trim the C heap if enough has been freed, collecting first after a wave, and
