@@ -57,7 +57,7 @@ def test_rss_returns_to_baseline_after_a_wave(
     docs/deployment.md). On pymalloc that needs every object made during the wave gone,
     free lists included (smockron.memory): a few left pin whole arenas."""
     with memory_bench.allocator(allocator):
-        sample = memory_bench.measure(daemon, tmp_path, identifiers, hold=hold, settle=20,
+        sample = memory_bench.measure(daemon, tmp_path, identifiers, hold=hold, settle=40,
                                       goal=RETURNED, quiet=True)  # fmt: skip
     mb = {k: round(v / 2**20, 1) for k, v in vars(sample).items()}
     assert sample.peak > 1.4 * sample.baseline, mb  # the wave was held
