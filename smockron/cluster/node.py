@@ -242,12 +242,11 @@ class Node:
                 await asyncio.sleep(0)
                 step, more = self.limiter.reclaim()
                 dropped += step
-            if not dropped:
-                continue
             memory = self._memory
-            memory.note(dropped, len(self.limiter))
-            self.limiter.compact(memory)
-            if memory.due:
+            if dropped:
+                memory.note(dropped, len(self.limiter))
+                self.limiter.compact(memory)
+            if memory.due:  # also the last collection, once a wave is over
                 await asyncio.get_running_loop().run_in_executor(None, memory.reclaim)
             if dropped >= 100_000:
                 log.info("reclaimed %d expired keys (%d left)", dropped, len(self.limiter))

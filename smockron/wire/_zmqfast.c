@@ -117,10 +117,18 @@ static PyObject *raise_zmq_after(int err, Py_ssize_t sent) {
     return NULL;
 }
 
+static PyObject *UNDERLYING; /* "underlying", interned once at import (see below) */
+
 /* The libzmq socket behind a pyzmq Socket (its ``underlying`` address); NULL with an
- * exception set when it has none or is closed. */
+ * exception set when it has none or is closed.
+ *
+ * The name is one interned string, not PyObject_GetAttrString's new string per call:
+ * CPython's type attribute cache keeps a reference to the name of each lookup, in a
+ * slot chosen by the string's address, so every fresh "underlying" stayed alive there.
+ * Made during a wave of messages, hundreds of them outlived it and each kept a 1 MiB
+ * arena of pymalloc from being returned (smockron.memory). */
 static void *socket_handle(PyObject *socket) {
-    PyObject *handle = PyObject_GetAttrString(socket, "underlying");
+    PyObject *handle = PyObject_GetAttr(socket, UNDERLYING);
     if (handle == NULL) return NULL;
     void *sock = PyLong_AsVoidPtr(handle);
     Py_DECREF(handle);
@@ -558,6 +566,8 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__zmqfast(void) {
+    UNDERLYING = PyUnicode_InternFromString("underlying");
+    if (UNDERLYING == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "MAX_FRAMES", MAX_FRAMES) < 0) {
         Py_DECREF(m);

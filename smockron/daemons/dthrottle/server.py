@@ -221,7 +221,7 @@ class DThrottleDaemon:
         if forgotten:
             self.reclaimer.compact(self.throttle.buckets)
             self.reclaimer.note(forgotten, len(self.throttle.buckets))
-            self.reclaimer.reclaim()
+        self.reclaimer.reclaim()  # also the last collection, once the wave is over
 
     def on_datagram(self, data: bytes, addr: Any) -> None:
         """Apply a peer's report part; garbage is counted and logged, never raised."""
