@@ -31,7 +31,6 @@ item when the extension is not built or ``SMOCKRON_PURE_PYTHON=1``, goes through
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
+from smockron.compiled import optional_extension
 from smockron.core import calendar
 from smockron.core.algorithms import (
     HistoryState,
@@ -100,11 +100,8 @@ CompiledCheck = Callable[
 def _load_compiled() -> CompiledCheck | None:
     """``_localfast.check`` bound to the model's types, or None (then Python checks all).
     ``SMOCKRON_PURE_PYTHON=1`` forces Python (tests run both)."""
-    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
-        return None
-    try:
-        from smockron.cluster import _localfast  # type: ignore[attr-defined]
-    except ImportError:
+    _localfast = optional_extension("smockron.cluster._localfast")
+    if _localfast is None:
         return None
     _localfast.bind(RateLimitRequest, RateLimitResponse, Status.UNDER_LIMIT, Status.OVER_LIMIT)
     return cast(CompiledCheck, _localfast.check)

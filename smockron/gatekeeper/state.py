@@ -19,7 +19,6 @@ whole burst through at ``X``.
 from __future__ import annotations
 
 import heapq
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -28,6 +27,7 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Final, NamedTuple, TypeAlias, cast
 
+from smockron.compiled import optional_extension
 from smockron.core.rules import Rule
 from smockron.counters import CounterSet
 from smockron.errors import ConfigError
@@ -155,13 +155,8 @@ def _held(record: Record, holds: Mapping[bytes, Hold] | None, unheld: list[Recor
 def _load_compiled() -> UpdateRun | None:
     """``_tablefast.update_run``, or None (then Python applies them all).
     ``SMOCKRON_PURE_PYTHON=1`` forces Python (tests run both)."""
-    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
-        return None
-    try:
-        from smockron.gatekeeper import _tablefast  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return cast(UpdateRun, _tablefast.update_run)
+    tablefast = optional_extension("smockron.gatekeeper._tablefast")
+    return None if tablefast is None else cast(UpdateRun, tablefast.update_run)
 
 
 update_run_compiled: Final = _load_compiled()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import zmq
 
+from smockron.compiled import optional_extension
 from smockron.wire.codec import MAX_FRAMES, Oversized
 
 __all__ = [
@@ -114,11 +114,8 @@ def _load_compiled() -> _Compiled | None:
     """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used).
     ``SMOCKRON_PURE_PYTHON=1`` forces the Python loop (tests run both); so does a
     compiled module built for another ``MAX_FRAMES`` (a stale build)."""
-    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
-        return None
-    try:
-        from smockron.wire import _zmqfast  # type: ignore[attr-defined]
-    except ImportError:
+    _zmqfast = optional_extension("smockron.wire._zmqfast")
+    if _zmqfast is None:
         return None
     path = _loaded_libzmq()
     if path is None or getattr(_zmqfast, "MAX_FRAMES", None) != MAX_FRAMES:
