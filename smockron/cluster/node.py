@@ -157,7 +157,7 @@ class Node:
     def _rebuild_ring(self) -> None:
         self.ring.set_nodes(a for a in self.peer_infos if a not in self.down)
 
-    async def _close_removed(self, after: float = 0.0, *, settle: bool = True) -> None:
+    async def _close_removed(self, after: float = 0.0) -> None:
         if after:
             await asyncio.sleep(after)
         closing, self._closing = self._closing, []
@@ -167,16 +167,10 @@ class Node:
             return
         # A failed call leaves reference cycles (exception, traceback, frames) that hold
         # its channel's core, which keeps reconnecting to the removed peer (probing it, in
-        # effect) until a collection: collect now, and once more when every call that was
-        # in flight on those channels has passed its deadline (a cancelled call's cycle
-        # can be made after the first collection, while its task unwinds). Rare
-        # (membership changes, certificate reloads); ~65 ms with a million keys cached.
+        # effect) until a collection: collect now. Rare (membership changes, certificate
+        # reloads); ~65 ms with a million keys cached.
         del closing, client
         gc.collect()
-        if settle:
-            task = asyncio.get_running_loop().create_task(_collect_after(self._call_deadline()))
-            self._delayed.add(task)  # cancelled by close(), which collects itself
-            task.add_done_callback(self._delayed.discard)
 
     def _call_deadline(self) -> float:
         """The longest a call to a peer may last (seconds)."""
@@ -541,12 +535,7 @@ class Node:
                 await task
         self._closing.extend(self.clients.values())
         self.clients.clear()
-        await self._close_removed(settle=False)
-
-
-async def _collect_after(delay: float) -> None:
-    await asyncio.sleep(delay)
-    gc.collect()
+        await self._close_removed()
 
 
 def _borrower(req: RateLimitRequest, route: str) -> str | None:

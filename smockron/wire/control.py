@@ -97,14 +97,8 @@ def send_controls_python(
     """One DELAY_UNTIL per ``(identifier, until ms)`` on ``topic_frame``; never blocks.
     How many were sent: a message the socket cannot take is skipped, or, with ``stop``,
     ends the call (the first ones went, the rest did not: a paced sender tries again)."""
-    if not stop:
-        return send_all_python(sock, [control_frames(topic_frame, i, u) for i, u in pairs])
-    sent = 0
-    for identifier, until_ms in pairs:
-        if not send_all_python(sock, [control_frames(topic_frame, identifier, until_ms)]):
-            break
-        sent += 1
-    return sent
+    messages = [control_frames(topic_frame, i, u) for i, u in pairs]
+    return send_all_python(sock, messages, stop)
 
 
 def send_controls_compiled(
