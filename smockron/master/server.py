@@ -111,7 +111,7 @@ class Master:
         self.sub = self.ctx.socket(zmq.SUB)
         self.pub = self.ctx.socket(zmq.PUB)
         self.out = ControlOut(self.pub)  # every message published goes through it
-        self._offers: list[list[bytes]] = []
+        self._offers: dict[str, list[bytes]] = {}  # domain -> its RULES offer
         self._encode_offers()
         self.monitor: zmq.Socket[bytes] | None = None
         self.pending: deque[Batch] = deque()
@@ -398,7 +398,7 @@ class Master:
         counts = [encode_published(name, self.stats.domain(name).published)
                   for name in sorted(self.engine.domains)]  # fmt: skip
         with contextlib.suppress(zmq.ZMQError):
-            self.out.send(self._offers + counts)
+            self.out.send([*self._offers.values(), *counts])
 
     async def _answer_resyncs(self) -> None:
         """Answer the RESYNC requests the engine collected, each domain at most once per
@@ -429,8 +429,11 @@ class Master:
         counted = self.stats.domain(name)
         with contextlib.suppress(zmq.ZMQError):
             # first: listing a million states takes longer than a gatekeeper waits
-            # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more
-            out.send([[frame, RESYNCSTART]])
+            # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more;
+            # the rules offer with it: a gatekeeper that asks has just (re)connected, and
+            # has no first line until it hears one (the periodic offer may come too late)
+            offer = self._offers.get(name)
+            out.send([offer, [frame, RESYNCSTART]] if offer else [[frame, RESYNCSTART]])
             states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
             now = time.time() * 1000.0
             out.begin()  # paced from here: live traffic waits only while slices wait
@@ -455,7 +458,8 @@ class Master:
     def _encode_offers(self) -> None:
         """The rules offers of the rules in force (encoded once per configuration)."""
         domains = sorted(self.engine.domains.items())
-        self._offers = [encode_rules(name, p.algorithm, p.rules) for name, p in domains if p.rules]
+        self._offers = {name: encode_rules(name, p.algorithm, p.rules)
+                        for name, p in domains if p.rules}  # fmt: skip
 
     async def _offer_rules(self) -> None:
         while True:

@@ -20,6 +20,7 @@ from smockron.wire.codec import (
     RESYNC,
     RESYNCDONE,
     RESYNCSTART,
+    RULES,
     RULES_TOPIC,
     decode_control,
     decode_published,
@@ -245,3 +246,22 @@ def test_resync_flood_is_bounded_and_original_subscriber_parses_all() -> None:
     counters = [decode_published(f) for f in seen if f[0] == RULES_TOPIC and f[1] == PUBLISHED]
     assert counters and all(domain == b"api" and n >= 2 for domain, n in counters)
     assert RESYNC not in {f[1] for f in got}
+
+
+def test_resync_starts_with_the_domains_rules_offer() -> None:
+    """A gatekeeper that asks for a RESYNC has just (re)connected: it hears the domain's
+    rules offer right before RESYNCSTART, not up to a second later with the periodic
+    offer (a master that dies meanwhile would leave it with no first line)."""
+    config = settings(api="5/s:5")
+    with running_master(config):
+        peer = Peer(config.accounting, config.control, b"")
+        try:
+            peer.until_answered(b"probe")
+            peer.send(encode_resync("api"))
+            got = peer.read(0.5)
+        finally:
+            peer.close()
+    starts = [i for i, f in enumerate(got) if f[1] == RESYNCSTART]
+    assert starts, got
+    before = got[starts[0] - 1]
+    assert before[:4] == [RULES_TOPIC, RULES, b"api", b"history"], before
