@@ -1,6 +1,6 @@
 """Build hook for the optional C/C++ extensions.
 
-Everything else is in pyproject.toml. Both extensions are optional: when one cannot be
+Everything else is in pyproject.toml. Every extension is optional: when one cannot be
 built, installation goes on without it.
 
 - ``smockron.wire._zmqfast``: batch ZeroMQ receive and send (the master's receive loop,
@@ -12,6 +12,9 @@ built, installation goes on without it.
 - ``smockron.cluster._nativeclient``: the Python client's native channel (libgrpc++
   unary calls on bytes, smockron/cluster/_nativeclient.cc), built under the same
   condition; without it the client calls through grpcio, with the same results.
+- ``smockron._arenas``: hands back the pages of pymalloc's free pools in arenas a few
+  long-lived objects keep after a wave (smockron/_arenas.c, smockron/memory.py); without
+  it those pages stay resident until their arena empties.
 - ``smockron.cluster._localfast``: LocalLimiter.check's common cases
   (smockron/cluster/_localfast.c); without it every check runs core/algorithms.py,
   with the same results.
@@ -68,6 +71,12 @@ setup(
         Extension(
             "smockron.gatekeeper._tablefast",
             ["smockron/gatekeeper/_tablefast.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "smockron._arenas",
+            ["smockron/_arenas.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

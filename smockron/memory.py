@@ -24,7 +24,12 @@ Three things keep a daemon's RSS high after its tables have emptied:
   last batch of records did, until its loop stopped keeping it while idle). What is
   left is what a running daemon keeps anyway (counters' last values, its timers' times,
   the blocks its free lists recycle), each in whichever arena it was made: a few arenas,
-  measured by bench/memory.py. Under glibc's allocator (``PYTHONMALLOC=malloc``, read
+  measured by bench/memory.py. Those arenas are almost all free pools, though, whose
+  pages are resident only because the wave once used them: :func:`release_free_pools`
+  hands those pages back (a compiled walk of pymalloc's arenas, smockron/_arenas.c,
+  which records the arenas it takes once :func:`track_arenas` is called: the daemons
+  call it at startup), so what a survivor keeps is its 4 KiB page, not its 1 MiB
+  arena; each trim calls it. Under glibc's allocator (``PYTHONMALLOC=malloc``, read
   when the interpreter starts; the startup line says which runs) every object is a
   chunk of the C heap and the trim returns every free page wherever it lies; it costs
   CPU on the hot path (glibc's ``malloc`` is slower than pymalloc for small objects), so
@@ -42,6 +47,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any, Final
+
+from smockron.compiled import optional_extension
 
 COMPACT_MIN_BYTES: Final = 1 << 20
 """A dict smaller than this is left alone: rebuilding it would gain little."""
@@ -73,8 +80,30 @@ _malloc_trim = _load_malloc_trim()
 TRIM_AVAILABLE: Final = _malloc_trim is not None
 
 
+_arenas = optional_extension("smockron._arenas")
+
+
+def track_arenas() -> bool:
+    """Record the arenas pymalloc takes from now on, for :func:`release_free_pools`.
+    Process-wide (it wraps CPython's arena allocator), so the daemons call it and a
+    library embedding a gatekeeper does not. False where the extension is not built or
+    this CPython's pool layout is not one it knows."""
+    return _arenas is not None and bool(_arenas.install())
+
+
+def release_free_pools() -> int:
+    """Hand back the pages of pymalloc's free pools in the arenas recorded since
+    :func:`track_arenas` (all of a pool but the page of its header): bytes released;
+    0 where nothing is tracked or pymalloc is not in use."""
+    if _arenas is None:
+        return 0
+    return max(0, int(_arenas.release()))
+
+
 def trim() -> bool:
-    """Return the C heap's free pages to the system; False where that is not possible."""
+    """Return the C heap's free pages, and those of pymalloc's free pools, to the
+    system; False where the C heap cannot be trimmed."""
+    release_free_pools()
     if _malloc_trim is None:
         return False
     _malloc_trim(0)

@@ -28,6 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from smockron import memory
+
 log = logging.getLogger("smockron.runtime")
 
 DEFAULT_GRACE_S = 10.0
@@ -137,6 +139,7 @@ EXTENSIONS = {
     "_localfast": "smockron.cluster._localfast",
     "_tablefast": "smockron.gatekeeper._tablefast",
     "_nativeclient": "smockron.cluster._nativeclient",
+    "_arenas": "smockron._arenas",
 }
 
 
@@ -157,9 +160,15 @@ def loop_name() -> str:
 
 def startup_line(command: str, **facts: Any) -> None:
     """One line naming what is active: extensions, loop, and the command's own facts
-    (store, discovery, TLS...), so an operator sees from the log what runs."""
+    (store, discovery, TLS...), so an operator sees from the log what runs. A daemon
+    calls it once it is set up, which is also when pymalloc's arenas start being
+    tracked (:func:`smockron.memory.track_arenas`): what it takes from then on, a wave's
+    arenas among it, can be handed back."""
     built = extensions()
-    fields: dict[str, Any] = {"command": command, "loop": loop_name(), "malloc": allocator()}
+    malloc = allocator()
+    if malloc == "pymalloc" and memory.track_arenas():
+        malloc = "pymalloc+release"  # free pools' pages handed back after a wave
+    fields: dict[str, Any] = {"command": command, "loop": loop_name(), "malloc": malloc}
     fields["extensions"] = ",".join(n for n, on in built.items() if on) or "none"
     fields.update(facts)
     log_stats(logging.getLogger(f"smockron.{command}"), fields, event="starting")
