@@ -282,12 +282,15 @@ async def test_peers_file_removes_a_node_no_more_probes_health_ok(
         assert dead not in a.node.ring.nodes and dead not in a.node.down
         assert a.node.health() == ("healthy", "", 2, ca.grpc_address)
         # let a probe in flight, or a closing channel's last reconnect, land (on a loaded
-        # machine that took ~0.4 s); a node still probed would be dialled every 50 ms
+        # machine that took ~0.4 s); a node still probed would be dialled every 50 ms.
+        # A closed channel's subchannel may still redial once on gRPC's reconnect backoff
+        # (1 s, then 1.6 s: seen about once in 20 runs on a loaded machine), so one dial
+        # in the window is that, not a probe: a probe loop makes about ten
         await asyncio.sleep(1.5)
         seen = listener.accepted
         t0 = time.monotonic()
         await asyncio.sleep(0.5)  # ten probe intervals
-        assert listener.accepted == seen, [round(t - t0, 2) for t in listener.times]  # unprobed
+        assert listener.accepted - seen <= 1, [round(t - t0, 2) for t in listener.times]
 
         path.write_text(f"{ca.grpc_address}\nnot an address\n")  # a bad file keeps the list
         if how == "reload":
