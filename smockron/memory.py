@@ -43,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -81,14 +82,19 @@ TRIM_AVAILABLE: Final = _malloc_trim is not None
 
 
 _arenas = optional_extension("smockron._arenas")
+RELEASE_ENV: Final = "SMOCKRON_RELEASE_FREE_POOLS"
+"""``0`` in the environment: the daemons keep pymalloc's free pools (an operator's switch
+for a CPython build this was not measured on)."""
 
 
 def track_arenas() -> bool:
     """Record the arenas pymalloc takes from now on, for :func:`release_free_pools`.
     Process-wide (it wraps CPython's arena allocator), so the daemons call it and a
-    library embedding a gatekeeper does not. False where the extension is not built or
-    this CPython's pool layout is not one it knows."""
-    return _arenas is not None and bool(_arenas.install())
+    library embedding a gatekeeper does not. False where the extension is not built,
+    this CPython's pool layout is not one it knows, or ``SMOCKRON_RELEASE_FREE_POOLS=0``."""
+    if _arenas is None or os.environ.get(RELEASE_ENV) == "0":
+        return False
+    return bool(_arenas.install())
 
 
 def release_free_pools() -> int:

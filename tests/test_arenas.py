@@ -134,3 +134,11 @@ def test_nothing_is_released_on_glibc_malloc() -> None:
     assert [r[2] for r in rounds] == [0]
     stats = result["stats"]
     assert isinstance(stats, dict) and stats["arenas"] == 0
+
+
+def test_the_switch_keeps_free_pools() -> None:
+    """``SMOCKRON_RELEASE_FREE_POOLS=0``: nothing tracked, nothing released."""
+    result = _run(1, SMOCKRON_RELEASE_FREE_POOLS="0")
+    assert result["tracked"] is False
+    rounds = result["rounds"]
+    assert isinstance(rounds, list) and [r[2] for r in rounds] == [0]
