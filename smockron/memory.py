@@ -28,12 +28,13 @@ Three things keep a daemon's RSS high after its tables have emptied:
   pages are resident only because the wave once used them: :func:`release_free_pools`
   hands those pages back (a compiled walk of pymalloc's arenas, smockron/_arenas.c,
   which records the arenas it takes once :func:`track_arenas` is called: the daemons
-  call it at startup), so what a survivor keeps is its 4 KiB page, not its 1 MiB
-  arena; each trim calls it. Under glibc's allocator (``PYTHONMALLOC=malloc``, read
-  when the interpreter starts; the startup line says which runs) every object is a
-  chunk of the C heap and the trim returns every free page wherever it lies; it costs
-  CPU on the hot path (glibc's ``malloc`` is slower than pymalloc for small objects), so
-  it is the operator's choice (docs/deployment.md), not the default.
+  call it at startup), so a survivor keeps its 16 KiB pool and the first page of each
+  free pool of its arena, not the whole 1 MiB; each trim calls it. Under glibc's
+  allocator (``PYTHONMALLOC=malloc``, read when the interpreter starts; the startup
+  line says which runs) every object is a chunk of the C heap and the trim returns every
+  free page wherever it lies; it costs CPU on the hot path (glibc's ``malloc`` is slower
+  than pymalloc for small objects), so it is only worth it where the extension cannot
+  be built (docs/deployment.md).
 
 Only on glibc (found through ctypes); elsewhere :func:`trim` does nothing and says so.
 """

@@ -20,8 +20,10 @@ import pytest
 from smockron import memory
 
 pytestmark = pytest.mark.skipif(
-    memory._arenas is None or not sys.platform.startswith("linux"),
-    reason="smockron._arenas is not built (Linux only)",
+    memory._arenas is None
+    or not sys.platform.startswith("linux")
+    or sys.version_info[:2] not in ((3, 11), (3, 12)),
+    reason="smockron._arenas is not built (Linux, CPython 3.11 and 3.12 only)",
 )
 
 PROGRAM = textwrap.dedent(
