@@ -149,7 +149,51 @@ fail:
     return NULL;
 }
 
+/* passed(table, now_ms) -> [key, ...]: the keys whose value (an int or a float of
+ * milliseconds) is at most now_ms, in the table's order. The compiled twin of
+ * smockron.gatekeeper.state.passed_python: a sweep of a million live entries, once a
+ * second, took 20 ms (ints) to 55 ms (floats) of a gatekeeper's loop in Python. */
+static PyObject *passed(PyObject *self, PyObject *args) {
+    PyObject *table;
+    long long now;
+    if (!PyArg_ParseTuple(args, "O!L", &PyDict_Type, &table, &now)) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    /* a double holds every integer up to 2**53 exactly: beyond, compare as Python does */
+    const int exact = now <= (1LL << 53) && now >= -(1LL << 53);
+    const double now_d = (double)now;
+    PyObject *now_obj = NULL, *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(table, &pos, &key, &value)) {
+        int le;
+        if (PyLong_CheckExact(value)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+            if (overflow) le = overflow < 0;
+            else if (v == -1 && PyErr_Occurred()) goto fail;
+            else le = v <= now;
+        } else if (PyFloat_CheckExact(value) && exact) {
+            le = PyFloat_AS_DOUBLE(value) <= now_d; /* NaN: false, as in Python */
+        } else {
+            if (now_obj == NULL && (now_obj = PyLong_FromLongLong(now)) == NULL) goto fail;
+            Py_INCREF(value);
+            le = PyObject_RichCompareBool(value, now_obj, Py_LE);
+            Py_DECREF(value);
+            if (le < 0) goto fail;
+        }
+        if (le && PyList_Append(out, key) < 0) goto fail;
+    }
+    Py_XDECREF(now_obj);
+    return out;
+fail:
+    Py_XDECREF(now_obj);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"passed", passed, METH_VARARGS,
+     "passed(table, now_ms) -> the keys whose value is at most now_ms."},
     {"update_run", update_run, METH_VARARGS,
      "update_run(entries, records, start, now_ms, max_ahead_ms, room, holds, counts) -> "
      "(stop, refused, moved, unheld)."},

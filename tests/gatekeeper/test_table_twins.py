@@ -1,5 +1,6 @@
 """Applying DELAY_UNTILs: the compiled loop (``_tablefast``) and its pure-Python twin
-leave the same table, first lines and counts, and return the same, for any run."""
+leave the same table, first lines and counts, and return the same, for any run; and a
+sweep's compiled and Python twins forget the same keys."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from smockron.gatekeeper.state import (
     Line,
     Record,
     UpdateRun,
+    passed_compiled,
+    passed_python,
     update_run_compiled,
     update_run_python,
 )
@@ -114,3 +117,29 @@ def test_decider_applies_a_resync_through_either_twin(
     assert decider.table.until(b"a", b"1999", NOW) == NOW + 2_009  # the latest are kept
     assert decider.decide(b"a", b"1999", NOW).until_ms == NOW + 2_009
     assert decider.decide(b"b", b"1999", NOW).until_ms == NOW + 2_009
+
+
+times = st.one_of(
+    st.integers(-(2**70), 2**70),  # beyond a long long and a double's exact integers
+    st.integers(0, 3_000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(0, 3_000),
+)
+
+
+@pytest.mark.skipif(passed_compiled is None, reason="_tablefast not built")
+@settings(max_examples=500, deadline=None)
+@given(table=st.dictionaries(st.binary(max_size=3), times, max_size=12),
+       now=st.one_of(st.integers(-(2**62), 2**62), st.integers(0, 3_000)))  # fmt: skip
+def test_compiled_and_python_sweeps_agree(table: dict[bytes, float], now: int) -> None:
+    """What a sweep forgets, compiled and in Python: the same keys in the same order,
+    for int and float times, huge ones, NaN and infinities included."""
+    assert passed_compiled is not None
+    assert passed_compiled(table, now) == passed_python(table, now)
+
+
+@pytest.mark.skipif(passed_compiled is None, reason="_tablefast not built")
+def test_compiled_sweep_refuses_what_is_not_a_dict() -> None:
+    assert passed_compiled is not None
+    with pytest.raises(TypeError):
+        passed_compiled([(b"a", 1)], 0)  # type: ignore[arg-type]
