@@ -15,6 +15,9 @@ built, installation goes on without it.
 - ``smockron._arenas``: hands back the pages of pymalloc's free pools in arenas a few
   long-lived objects keep after a wave (smockron/_arenas.c, smockron/memory.py); without
   it those pages stay resident until their arena empties.
+- ``smockron.gatekeeper._tablefast``: a gatekeeper's DELAY_UNTILs applied and its tables
+  swept (smockron/gatekeeper/_tablefast.c); without it smockron/gatekeeper/state.py's
+  twins do the same in Python.
 - ``smockron.cluster._localfast``: LocalLimiter.check's common cases
   (smockron/cluster/_localfast.c); without it every check runs core/algorithms.py,
   with the same results.
