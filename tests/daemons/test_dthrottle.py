@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from smockron.daemons.dthrottle import algorithm
 from smockron.daemons.dthrottle.algorithm import NO, OK, PrefixRule, RuleTable, Throttle, whitelist
 from smockron.errors import ConfigError
 
@@ -84,6 +85,31 @@ def test_full_buckets_are_forgotten_at_the_next_report() -> None:
     assert set(t.buckets) == {b"b"}
     t.take_report(2.0)
     assert t.buckets == {}
+
+
+def test_a_large_table_is_swept_a_slice_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report looks at ``SWEEP_SLICE`` buckets at most (a report pauses the loop): a
+    larger table loses its full buckets over several reports, never one that is not
+    full, and tags that arrive meanwhile neither stop the pass nor are lost."""
+    monkeypatch.setattr(algorithm, "SWEEP_SLICE", 4)
+    t = throttle(burst=2, rate=1.0)
+    t.answer([b"f%d" % i for i in range(10)], 0.0)  # full again at t=1
+    t.answer([b"k%d" % i for i in range(5)] * 2, 0.0)  # empty: full again at t=2
+    reports = 0
+    while any(tag.startswith(b"f") for tag in t.buckets):
+        before = len(t.buckets)
+        t.take_report(1.5)
+        reports += 1
+        assert before - len(t.buckets) <= 4
+        assert {b"k%d" % i for i in range(5)} <= set(t.buckets)  # not full: kept
+        t.answer([b"n%d" % reports], 1.5)  # a newcomer each report, not full
+        assert reports < 20, sorted(t.buckets)
+    assert reports >= 3  # 10 full buckets, 4 looked at per report
+    assert all(t.allow(b"f%d" % i, 1.5) for i in range(10))  # forgotten: start full
+    while t.buckets:  # everything full again by t=10: all go, a slice at a time
+        t.take_report(10.0)
+        reports += 1
+        assert reports < 40, sorted(t.buckets)
 
 
 def test_peer_reports_create_buckets_and_go_negative() -> None:

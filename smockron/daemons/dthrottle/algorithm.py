@@ -6,7 +6,8 @@ Pure: no I/O; every method takes ``now`` in seconds. One :class:`Throttle` per d
   second up to ``burst``. A query is OK while the balance is above zero and takes one
   token; a NO costs nothing.
 - OK answers are counted per tag; :meth:`Throttle.take_report` hands those counts over
-  for the peers and forgets every bucket that is full again (it would start full anyway).
+  for the peers and forgets the buckets that are full again (they would start full
+  anyway), at most ``SWEEP_SLICE`` looked at per report.
 - :meth:`Throttle.apply_report` subtracts the hits a peer served, which may drive the
   balance below zero: that is how a client that hit every online pays on every online.
 - The rule of a tag is the one with the longest matching prefix (the default rule has
@@ -18,12 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import islice
+from typing import Final
 
 from smockron.core.bucket import Bucket
 from smockron.errors import ConfigError
 
 OK = b"OK\n"
 NO = b"NO\n"
+
+SWEEP_SLICE: Final = 65_536
+"""Buckets a report looks at, at most, for those full again. A report is a pause of the
+daemon's loop: a table of a million tags is gone through over 16 reports (a few ms
+each) rather than in one scan of about 100 ms every report. A full bucket kept a little
+longer answers exactly as the new full bucket that would replace it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,7 @@ class Throttle:
         self.hits: dict[bytes, int] = {}
         # whitelisted tags seen since the last report: skips the prefix scan on repeats
         self._free: set[bytes] = set()
+        self._sweep_from = 0  # where in the table the next report looks for full buckets
 
     def _new_bucket(self, tag: bytes, now: float) -> Bucket | None:
         rule = self.rules.rule_for(tag)
@@ -126,10 +136,23 @@ class Throttle:
         """Hand over the hits since the last report and forget the buckets full again."""
         report, self.hits = self.hits, {}
         self._free = set()
-        full = [tag for tag, bucket in self.buckets.items() if bucket.is_full(now)]
-        for tag in full:
-            del self.buckets[tag]
+        self._forget_full(now)
         return report
+
+    def _forget_full(self, now: float) -> None:
+        """Forget the buckets full again among ``SWEEP_SLICE`` of them, in the table's
+        order from where the last report stopped (a table that small: all of them).
+        Skipping to there walks the table in C, a few ms a million; looking a tag up in
+        a million-entry table instead costs cache misses, ~300 ns each here. Entries
+        added or forgotten meanwhile only move what a pass sees by a few: what one pass
+        misses, the next sees."""
+        buckets = self.buckets
+        start = self._sweep_from if self._sweep_from < len(buckets) else 0
+        look = islice(buckets.items(), start, start + SWEEP_SLICE)
+        full = [tag for tag, bucket in look if bucket.is_full(now)]
+        for tag in full:
+            del buckets[tag]
+        self._sweep_from = start + SWEEP_SLICE - len(full)
 
     def apply_report(self, hits: Mapping[bytes, int], now: float) -> int:
         """Subtract a peer's hits; returns the number of tags charged (whitelist skipped)."""
