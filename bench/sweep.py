@@ -4,7 +4,8 @@ A gatekeeper forgets passed DELAY_UNTILs and first-line times once a second
 (``SWEEP_INTERVAL_S``), scanning its tables whole; with a million identifiers delayed
 (a large attack) that scan is a pause every request waiting on the loop sees. This
 times the scans of a delay table (int times) and of a first line's times (floats)
-holding ``--entries`` live entries, nothing passed, with the compiled twin
+holding ``--entries`` live entries (and of a first line under several rules: a tuple of
+times each), nothing passed, with the compiled twin
 (``_tablefast.passed``) and the Python one, in the same run.
 
 Then DThrottle's report, which forgets the buckets full again: with ``--entries`` tags
@@ -30,7 +31,7 @@ from smockron.gatekeeper.state import passed_compiled, passed_python
 NOW = 1_700_000_000_000
 
 
-def timed(fn: Callable[[dict[Any, float], int], list[Any]], table: dict[Any, float],
+def timed(fn: Callable[[dict[Any, Any], int], list[Any]], table: dict[Any, Any],
           runs: int) -> float:  # fmt: skip
     """Median milliseconds of ``runs`` scans."""
     took = []
@@ -52,13 +53,16 @@ def main() -> None:
     n = args.entries
     delays: dict[Any, float] = {(b"api", b"id-%d" % i): NOW + 3_600_000 for i in range(n)}
     firsts: dict[Any, float] = {b"id-%d" % i: NOW + 3_600_000.5 for i in range(n)}
+    several: dict[Any, Any] = {(b"api", b"id-%d" % i): (NOW + 3_600_000.5, NOW - 1.5)
+                               for i in range(n)}  # fmt: skip
     print(f"sweep of {n:,} live entries, median of {args.runs} (ms)")
-    for name, table in (("delay table (int times)", delays), ("first line (float times)", firsts)):
+    for name, table in (("delay table (int times)", delays), ("first line (float times)", firsts),
+                        ("first line, several rules", several)):  # fmt: skip
         python = timed(passed_python, table, args.runs)
         compiled = timed(passed_compiled, table, args.runs)
         print(f"  {name:26}: Python {python:6.1f}, compiled {compiled:5.1f} "
               f"({python / compiled:.1f}x faster)")  # fmt: skip
-    del delays, firsts
+    del delays, firsts, several
     dthrottle_main(n)
 
 

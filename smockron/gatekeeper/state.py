@@ -45,7 +45,7 @@ UpdateRun: TypeAlias = Callable[
      "Mapping[bytes, Hold] | None", "dict[bytes, int] | None"],
     tuple[int, int, int, list[Record]],
 ]  # fmt: skip
-Passed: TypeAlias = Callable[[Mapping[Any, float], int], list[Any]]
+Passed: TypeAlias = Callable[[Mapping[Any, Any], int], list[Any]]
 _K = TypeVar("_K")
 
 MAX_AHEAD_MS: Final = 86_400_000
@@ -154,10 +154,15 @@ def _held(record: Record, holds: Mapping[bytes, Hold] | None, unheld: list[Recor
         local[identifier] = floor
 
 
-def passed_python(table: Mapping[_K, float], now_ms: int) -> list[_K]:
-    """The keys of ``table`` whose time (ms) is at most ``now_ms``: what a sweep forgets.
-    The pure-Python twin of the compiled ``_tablefast.passed``."""
-    return [k for k, v in table.items() if v <= now_ms]
+def passed_python(table: Mapping[_K, float | tuple[float, ...]], now_ms: int) -> list[_K]:
+    """The keys of ``table`` whose time (ms), or latest time for a tuple of times, is at
+    most ``now_ms``: what a sweep forgets. The pure-Python twin of the compiled
+    ``_tablefast.passed``."""
+    return [k for k, v in table.items() if _latest(v) <= now_ms]
+
+
+def _latest(time: float | tuple[float, ...]) -> float:
+    return max(time) if isinstance(time, tuple) else time
 
 
 _tablefast = optional_extension("smockron.gatekeeper._tablefast")
@@ -592,7 +597,7 @@ class Decider:
         next_free = passed(self._next_free, now_ms)
         for k in next_free:
             del self._next_free[k]
-        passed_n = [k for k, v in self._locals.items() if max(v) <= now_ms]
+        passed_n = passed(self._locals, now_ms)  # several rules: each one's latest time
         for k in passed_n:
             del self._locals[k]
         if next_free:

@@ -5,6 +5,7 @@ sweep's compiled and Python twins forget the same keys."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -119,11 +120,18 @@ def test_decider_applies_a_resync_through_either_twin(
     assert decider.decide(b"b", b"1999", NOW).until_ms == NOW + 2_009
 
 
-times = st.one_of(
+time_ = st.one_of(
     st.integers(-(2**70), 2**70),  # beyond a long long and a double's exact integers
     st.integers(0, 3_000),
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(0, 3_000),
+)
+times = st.one_of(  # a time, or a first line's times under several rules (its latest)
+    time_,
+    st.tuples(time_),
+    st.lists(st.floats(0, 3_000), min_size=1, max_size=4).map(tuple),
+    st.lists(st.one_of(st.floats(allow_nan=True), st.integers(0, 3_000)), min_size=1, max_size=4)
+    .map(tuple),
 )
 
 
@@ -131,15 +139,21 @@ times = st.one_of(
 @settings(max_examples=500, deadline=None)
 @given(table=st.dictionaries(st.binary(max_size=3), times, max_size=12),
        now=st.one_of(st.integers(-(2**62), 2**62), st.integers(0, 3_000)))  # fmt: skip
-def test_compiled_and_python_sweeps_agree(table: dict[bytes, float], now: int) -> None:
+def test_compiled_and_python_sweeps_agree(table: dict[bytes, Any], now: int) -> None:
     """What a sweep forgets, compiled and in Python: the same keys in the same order,
-    for int and float times, huge ones, NaN and infinities included."""
+    for int and float times, huge ones, NaN and infinities included, and for tuples of
+    them (their latest, as ``max`` picks it)."""
     assert passed_compiled is not None
     assert passed_compiled(table, now) == passed_python(table, now)
 
 
 @pytest.mark.skipif(passed_compiled is None, reason="_tablefast not built")
-def test_compiled_sweep_refuses_what_is_not_a_dict() -> None:
+def test_compiled_sweep_refuses_what_is_not_a_dict_or_a_time() -> None:
     assert passed_compiled is not None
     with pytest.raises(TypeError):
         passed_compiled([(b"a", 1)], 0)  # type: ignore[arg-type]
+    for twin in (passed_compiled, passed_python):
+        with pytest.raises(ValueError):
+            twin({b"a": ()}, 0)
+        with pytest.raises(TypeError):
+            twin({b"a": "soon"}, 0)  # type: ignore[dict-item]
