@@ -95,6 +95,7 @@ def test_a_large_table_is_swept_a_slice_per_report(monkeypatch: pytest.MonkeyPat
     t = throttle(burst=2, rate=1.0)
     t.answer([b"f%d" % i for i in range(10)], 0.0)  # full again at t=1
     t.answer([b"k%d" % i for i in range(5)] * 2, 0.0)  # empty: full again at t=2
+    t.take_report(0.0)  # looks at all it made (none full yet): from now on, slices
     reports = 0
     while any(tag.startswith(b"f") for tag in t.buckets):
         before = len(t.buckets)
@@ -110,6 +111,26 @@ def test_a_large_table_is_swept_a_slice_per_report(monkeypatch: pytest.MonkeyPat
         t.take_report(10.0)
         reports += 1
         assert reports < 40, sorted(t.buckets)
+
+
+def test_a_flood_of_new_tags_is_swept_as_fast_as_it_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More new tags between two reports than a slice: the report looks at twice as many
+    as were made, so the table stays bounded by the last reports' tags (a fixed slice
+    would fall behind and grow without end)."""
+    monkeypatch.setattr(algorithm, "SWEEP_SLICE", 4)
+    t = throttle(burst=2, rate=1.0)
+    made = 0
+    sizes = []
+    for report in range(60):
+        now = float(report)
+        for _ in range(10):  # each takes one of two tokens: full again 1 s later
+            assert t.allow(b"t%d" % made, now)
+            made += 1
+        t.take_report(now + 0.5)
+        sizes.append(len(t.buckets))
+    assert max(sizes) <= 20, sizes
 
 
 def test_peer_reports_create_buckets_and_go_negative() -> None:
