@@ -585,6 +585,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/smockron-soak"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    for old_log in args.workdir.glob("*.log"):  # the daemons append: start each run afresh
+        old_log.unlink()
     print(HEADER, flush=True)
     for name in args.only.split(","):
         result = run(name, args.workdir, args.messages, args.seconds, args.check_every)

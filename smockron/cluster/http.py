@@ -91,6 +91,8 @@ async def get_rate_limits(request: web.Request) -> web.Response:
         return _bad_request(
             request, "bad_json", "request body must be a JSON object with 'requests'"
         )
+    if b"\\u" in body and _lone_surrogate(data):  # only an escape can make one
+        return _bad_request(request, "bad_json", "request body has a lone UTF-16 surrogate")
     msg = pb.GetRateLimitsReq()
     try:
         _check_enum_names(data.get("requests"))
@@ -101,6 +103,17 @@ async def get_rate_limits(request: web.Request) -> web.Response:
         return _error(400, _OUT_OF_RANGE, TOO_MANY)
     resps = await answer(request.app[_NODE], msg.requests)
     return web.json_response(_to_json(pb.GetRateLimitsResp(responses=resps)))
+
+
+def _lone_surrogate(data: object) -> bool:
+    """Whether decoded JSON holds a string with a lone surrogate (``"\\udca1"`` is valid
+    JSON, but no UTF-8): protobuf's parser fails on one in a field name with a
+    SystemError, not a ParseError."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 async def health_check(request: web.Request) -> web.Response:

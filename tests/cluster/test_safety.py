@@ -438,6 +438,41 @@ async def test_http_bad_fields_log_line_is_escaped(caplog: pytest.LogCaptureFixt
         assert "FORGED line" in line and ("\\n" in line or "\\\\n" in line)
 
 
+async def test_http_lone_surrogates_are_bad_json_not_a_server_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``"\\udca1"`` is valid JSON but no UTF-8: in a field name protobuf's parser failed
+    with a SystemError (a 500 and a traceback in the log, seen in bench/soak.py). Each is
+    a 400 ``bad_json`` now, and the gateway keeps answering."""
+    (g,), (h,) = free_ports(1), free_ports(1)
+    config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
+                           grpc_server="threads")  # fmt: skip
+    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
+    await server.start()
+    caplog.set_level(logging.WARNING)
+    bodies = [
+        b'{"requests": [{"\\udca1": 1, "name": "a", "unique_key": "b"}]}',
+        b'{"requests": [{"name": "\\udc85", "unique_key": "b", "hits": 1, "limit": 5}]}',
+        b'{"\\ud800x": {}, "requests": []}',
+    ]
+    url = f"http://{config.http_address}/v1/GetRateLimits"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for i, body in enumerate(bodies):
+                async with session.post(url, data=body) as resp:
+                    assert resp.status == 400, (i, resp.status, await resp.text())
+            good = {"requests": [{"name": "a", "unique_key": "b", "hits": 1, "limit": 5,
+                                  "duration": 60_000}]}  # fmt: skip
+            async with session.post(url, data=json.dumps(good)) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["responses"][0]["remaining"] == "4"
+    finally:
+        await server.stop()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    assert any("lone UTF-16 surrogate" in r.getMessage() for r in caplog.records)
+
+
 # -- the command: peer listener, peers file and SIGHUP ------------------------------------
 
 
