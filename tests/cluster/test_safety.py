@@ -7,6 +7,7 @@ Real nodes in one process (real gRPC and HTTP on 127.0.0.1), injected clocks for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -405,32 +406,37 @@ async def test_a_million_expired_keys_reclaimed_without_traffic() -> None:
 # -- client bytes escaped in log lines ----------------------------------------------------
 
 
-async def test_http_bad_fields_log_line_is_escaped(caplog: pytest.LogCaptureFixture,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from smockron.cluster import http
-
-    monkeypatch.setattr(http._bad_input_log, "_windows", {})
+@contextlib.asynccontextmanager
+async def http_gateway() -> AsyncIterator[str]:
+    """A one-node cluster (threads gRPC server) with its HTTP gateway: its GetRateLimits URL."""
     (g,), (h,) = free_ports(1), free_ports(1)
     config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
                            grpc_server="threads")  # fmt: skip
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
-    caplog.set_level(logging.WARNING)
     try:
-        bodies = [
-            {"requests": [{"name": "a", "unique_key": "b", "algorithm": HOSTILE}]},
-            {"requests": [{"name": "a", "unique_key": "b", "hits": HOSTILE}]},
-            {"requests": [{"name": "a", "unique_key": "b", "behavior": HOSTILE}]},
-        ]
-        async with aiohttp.ClientSession() as session:
-            for i, body in enumerate(bodies):
-                monkeypatch.setattr(http._bad_input_log, "_windows", {})
-                url = f"http://{config.http_address}/v1/GetRateLimits"
-                async with session.post(url, data=json.dumps(body)) as resp:
-                    assert resp.status == 400, i
-                    await resp.read()
+        yield f"http://{config.http_address}/v1/GetRateLimits"
     finally:
         await server.stop()
+
+
+async def test_http_bad_fields_log_line_is_escaped(caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from smockron.cluster import http
+
+    monkeypatch.setattr(http._bad_input_log, "_windows", {})
+    caplog.set_level(logging.WARNING)
+    bodies = [
+        {"requests": [{"name": "a", "unique_key": "b", "algorithm": HOSTILE}]},
+        {"requests": [{"name": "a", "unique_key": "b", "hits": HOSTILE}]},
+        {"requests": [{"name": "a", "unique_key": "b", "behavior": HOSTILE}]},
+    ]
+    async with http_gateway() as url, aiohttp.ClientSession() as session:
+        for i, body in enumerate(bodies):
+            monkeypatch.setattr(http._bad_input_log, "_windows", {})
+            async with session.post(url, data=json.dumps(body)) as resp:
+                assert resp.status == 400, i
+                await resp.read()
     lines = [r.getMessage() for r in caplog.records if "bad request" in r.getMessage()]
     assert len(lines) == 3
     for line in lines:
@@ -444,30 +450,21 @@ async def test_http_lone_surrogates_are_bad_json_not_a_server_error(
     """``"\\udca1"`` is valid JSON but no UTF-8: in a field name protobuf's parser failed
     with a SystemError (a 500 and a traceback in the log, seen in bench/soak.py). Each is
     a 400 ``bad_json`` now, and the gateway keeps answering."""
-    (g,), (h,) = free_ports(1), free_ports(1)
-    config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
-                           grpc_server="threads")  # fmt: skip
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
     caplog.set_level(logging.WARNING)
     bodies = [
         b'{"requests": [{"\\udca1": 1, "name": "a", "unique_key": "b"}]}',
         b'{"requests": [{"name": "\\udc85", "unique_key": "b", "hits": 1, "limit": 5}]}',
         b'{"\\ud800x": {}, "requests": []}',
     ]
-    url = f"http://{config.http_address}/v1/GetRateLimits"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for i, body in enumerate(bodies):
-                async with session.post(url, data=body) as resp:
-                    assert resp.status == 400, (i, resp.status, await resp.text())
-            good = {"requests": [{"name": "a", "unique_key": "b", "hits": 1, "limit": 5,
-                                  "duration": 60_000}]}  # fmt: skip
-            async with session.post(url, data=json.dumps(good)) as resp:
-                assert resp.status == 200
-                assert (await resp.json())["responses"][0]["remaining"] == "4"
-    finally:
-        await server.stop()
+    good = {"requests": [{"name": "a", "unique_key": "b", "hits": 1, "limit": 5,
+                          "duration": 60_000}]}  # fmt: skip
+    async with http_gateway() as url, aiohttp.ClientSession() as session:
+        for i, body in enumerate(bodies):
+            async with session.post(url, data=body) as resp:
+                assert resp.status == 400, (i, resp.status, await resp.text())
+        async with session.post(url, data=json.dumps(good)) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["responses"][0]["remaining"] == "4"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
     assert any("lone UTF-16 surrogate" in r.getMessage() for r in caplog.records)
