@@ -13,6 +13,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -258,3 +261,12 @@ def start_etcd(workdir: Path) -> EtcdServer:
     server = EtcdServer(client, peer, workdir)
     server.start()
     return server
+
+
+def twins(python: object, compiled: object | None) -> list[Any]:
+    """Parameters for a test run against a pure-Python twin and, where the extension is
+    built (``compiled`` not None), its compiled twin: ids ``python`` and ``compiled``."""
+    params = [pytest.param(python, id="python")]
+    if compiled is not None:
+        params.append(pytest.param(compiled, id="compiled"))
+    return params

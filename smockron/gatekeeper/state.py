@@ -174,8 +174,19 @@ update_run: Final[UpdateRun] = update_run_compiled or update_run_python
 passed_compiled: Final = None if _tablefast is None else cast(Passed, _tablefast.passed)
 passed: Final[Passed] = passed_compiled or passed_python
 """The keys a sweep forgets (see :func:`passed_python`): a sweep runs once a second over
-tables of up to a million entries, so it is compiled where built (1 ms a million here,
-20 to 55 ms in Python)."""
+tables of up to a million entries, so it is compiled where built (5 to 15 ms a million
+here, 30 to 160 ms in Python: bench/sweep.py)."""
+
+
+def forget_passed(table: dict[Any, Any], now_ms: int, reclaimer: Reclaimer) -> int:
+    """Delete the entries of ``table`` that have passed (:data:`passed`) and rebuild it
+    in place if it shed most of them; how many went."""
+    gone = passed(table, now_ms)
+    for key in gone:
+        del table[key]
+    if gone:
+        reclaimer.compact(table)
+    return len(gone)
 
 
 class DelayTable:
@@ -270,14 +281,11 @@ class DelayTable:
         wave has passed the table is rebuilt in place (the same dict, which ``Decider``
         reads directly) and the memory given back."""
         entries = self._entries
-        gone = passed(entries, now_ms)
-        for k in gone:
-            del entries[k]
+        gone = forget_passed(entries, now_ms, self.reclaimer)
         self._sweep_at = min(self.max_entries, max(1024, 2 * len(entries)))
         if gone:
-            self.reclaimer.compact(entries)
-            self.reclaimer.note(len(gone), len(entries))
-        return len(gone)
+            self.reclaimer.note(gone, len(entries))
+        return gone
 
 
 class Line(NamedTuple):
@@ -585,29 +593,14 @@ class Decider:
     def sweep_local(self, now_ms: int) -> int:
         """Forget first-line times that have passed (they admit as no time would);
         tables that shed most of their entries are rebuilt in place, memory returned."""
-        swept = 0
-        compact = self.reclaimer.compact
-        for _interval, _tol, local in self._single.values():
-            gone = passed(local, now_ms)
-            for ident in gone:
-                del local[ident]
-            swept += len(gone)
-            if gone:
-                compact(local)
-        next_free = passed(self._next_free, now_ms)
-        for k in next_free:
-            del self._next_free[k]
-        passed_n = passed(self._locals, now_ms)  # several rules: each one's latest time
-        for k in passed_n:
-            del self._locals[k]
-        if next_free:
-            compact(self._next_free)
-        if passed_n:
-            compact(self._locals)
-        held = sum(len(local) for _i, _t, local in self._single.values())
-        held += len(self._locals) + len(self._next_free)
-        self.reclaimer.note(swept + len(next_free) + len(passed_n), held)
-        return swept + len(passed_n)
+        reclaimer = self.reclaimer
+        locals_ = [local for _interval, _tol, local in self._single.values()]
+        swept = sum(forget_passed(local, now_ms, reclaimer) for local in locals_)
+        next_free = forget_passed(self._next_free, now_ms, reclaimer)
+        several = forget_passed(self._locals, now_ms, reclaimer)  # each rule's latest time
+        held = sum(map(len, locals_)) + len(self._locals) + len(self._next_free)
+        reclaimer.note(swept + next_free + several, held)
+        return swept + several
 
     def release(self) -> None:
         """A delayed request has been let through (or abandoned): free its slot."""

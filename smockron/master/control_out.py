@@ -99,6 +99,11 @@ class ControlOut:
             self._waiting(went > 0 or len(self.deferred) < waiting)
             await asyncio.sleep(RESYNC_WAIT_S)
 
+    async def drain(self) -> int:
+        """:meth:`paced` with nothing of the resync's own: what was deferred goes, at the
+        same pace."""
+        return await self.paced(_nothing, 0)
+
     def _waiting(self, progressed: bool) -> None:
         """A subscriber is full; after ``RESYNC_STALL_S`` without progress, or once a
         live message has waited ``LIVE_WAIT_MAX_S``, stop waiting."""
@@ -118,3 +123,7 @@ class ControlOut:
         deferred, self.deferred = self.deferred, []
         if deferred:
             send_all(self.pub, deferred)
+
+
+def _nothing(rest: int) -> int:
+    return 0

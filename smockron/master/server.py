@@ -445,7 +445,7 @@ class Master:
                     counted.published += went  # as sent: the heartbeat's count
                     await asyncio.sleep(0)
                 out.send([[frame, RESYNCDONE]])
-                await out.paced(_nothing, 0)  # the deferred, RESYNCDONE among them
+                await out.drain()  # the deferred, RESYNCDONE among them
             finally:
                 out.end()
         self.resyncs += 1
@@ -480,10 +480,6 @@ def _controls_from(pub: zmq.Socket[bytes], frame: bytes, verdicts: list[tuple[by
                    rest: int) -> int:  # fmt: skip
     """A resync's slice from its ``rest``-th DELAY_UNTIL on, until one is refused."""
     return send_controls(pub, frame, verdicts[rest:], True)
-
-
-def _nothing(rest: int) -> int:
-    return 0
 
 
 def _describe(settings: MasterSettings) -> str:

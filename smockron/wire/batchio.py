@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import zmq
 
@@ -38,7 +38,16 @@ __all__ = [
 ]
 
 Drain = Callable[[zmq.Socket[bytes], int], list[list[bytes]]]
-SendAll = Callable[[zmq.Socket[bytes], list[list[bytes]]], int]
+
+
+class SendAll(Protocol):
+    """``send_all``'s signature (either twin)."""
+
+    def __call__(
+        self, sock: zmq.Socket[bytes], messages: list[list[bytes]], stop: bool = False
+    ) -> int: ...
+
+
 DrainDecodedC = Callable[..., tuple[list[Any], list[list[bytes]]]]
 SendControlsC = Callable[[zmq.Socket[bytes], bytes, bytes, list[tuple[bytes, int]], bool], int]
 
@@ -138,9 +147,7 @@ send_all: SendAll = send_all_compiled or send_all_python
 def send_until_refused(sock: zmq.Socket[bytes], messages: list[list[bytes]]) -> int:
     """Send messages in order until the socket refuses one (a PUB with ``XPUB_NODROP``
     whose slowest subscriber is full); how many went. Never blocks."""
-    if _compiled is not None:
-        return _compiled.send_all(sock, messages, True)  # type: ignore[call-arg]
-    return send_all_python(sock, messages, True)
+    return send_all(sock, messages, True)
 
 
 drain_accounting_c: DrainDecodedC | None = _compiled.drain_accounting if _compiled else None

@@ -24,10 +24,9 @@ from smockron.gatekeeper.state import (
     update_run_compiled,
     update_run_python,
 )
+from tests.support import twins
 
-TWINS = [pytest.param(update_run_python, id="python")]
-if update_run_compiled is not None:
-    TWINS.append(pytest.param(update_run_compiled, id="compiled"))
+TWINS = twins(update_run_python, update_run_compiled)
 
 NOW = 1_000
 DOMAINS = [b"a", b"b", b"c"]  # a: one rule, b: several rules, c: none

@@ -28,15 +28,10 @@ from smockron.wire.batchio import (
     wait_readable,
 )
 from smockron.wire.codec import DEFAULT_LIMITS, MAX_FRAMES, Oversized, frame_count
-from tests.support import wait_for
+from tests.support import twins, wait_for
 
-LOOPS = [pytest.param(drain_python, id="python")]
-if drain_compiled is not None:
-    LOOPS.append(pytest.param(drain_compiled, id="compiled"))
-
-SENDERS = [pytest.param(send_all_python, id="python")]
-if send_all_compiled is not None:
-    SENDERS.append(pytest.param(send_all_compiled, id="compiled"))
+LOOPS = twins(drain_python, drain_compiled)
+SENDERS = twins(send_all_python, send_all_compiled)
 
 
 @pytest.mark.parametrize("drain", LOOPS)
@@ -169,9 +164,7 @@ def test_send_all_error_says_how_many_went_out(send_all: SendAll) -> None:
         ctx.term()
 
 
-DECODERS = [pytest.param(drain_accounting_python, id="python")]
-if COMPILED:
-    DECODERS.append(pytest.param(drain_accounting_compiled, id="compiled"))
+DECODERS = twins(drain_accounting_python, drain_accounting_compiled if COMPILED else None)
 
 
 @pytest.mark.parametrize("drain_accounting", DECODERS)

@@ -29,13 +29,10 @@ from smockron.wire.control import (
     send_controls_python,
     split_control,
 )
-from tests.support import wait_for
+from tests.support import twins, wait_for
 
-DRAINS = [pytest.param(drain_control_python, id="python")]
-SENDS = [pytest.param(send_controls_python, id="python")]
-if COMPILED:
-    DRAINS.append(pytest.param(drain_control_compiled, id="compiled"))
-    SENDS.append(pytest.param(send_controls_compiled, id="compiled"))
+DRAINS = twins(drain_control_python, drain_control_compiled if COMPILED else None)
+SENDS = twins(send_controls_python, send_controls_compiled if COMPILED else None)
 TOPICS = {b"api\0": b"api", b"web\0": b"web"}
 
 
