@@ -5,8 +5,10 @@
  * remembers them (a dict lookup and store per record, then the first line's hold,
  * then a count per domain) cost about 1 us each, 2.4 us with a first line: the
  * restarted gatekeeper, not the master, set how fast a resync could go. Here a record
- * costs one key tuple and a few dict operations. Sweeping and evicting a full table stay
- * in Python: the loop stops at the record that needs them and is called again.
+ * costs one key tuple and a few dict operations. Deleting what a sweep forgets and
+ * evicting from a full table stay in Python: the loop stops at the record that needs
+ * room and is called again. passed() below finds what a sweep forgets (the twin of
+ * passed_python), the scan of a whole table once a second.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -243,7 +245,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_tablefast", "A gatekeeper's DELAY_UNTILs applied in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_tablefast", "A gatekeeper's DELAY_UNTILs applied, and its sweeps' scans, in C.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__tablefast(void) { return PyModule_Create(&module); }
