@@ -4,6 +4,8 @@ has expired, and refuses a damaged file (one warning, empty start)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import logging
 from pathlib import Path
 
@@ -163,3 +165,21 @@ async def test_snapshot_metrics(tmp_path: Path) -> None:
     assert values["smockron_master_store_snapshot_writes_total"] == 1
     assert values["smockron_master_store_snapshot_states"] == 1
     assert "smockron_master_store_breaker_state" not in values
+
+
+async def test_the_snapshot_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    """The snapshot holds identifiers (API keys): owner-only, even over an old 0644 file."""
+    path = tmp_path / "states.snap"
+    path.write_bytes(b"old")
+    path.chmod(0o644)
+    path.with_name("states.snap.tmp").write_bytes(b"left over")
+    path.with_name("states.snap.tmp").chmod(0o644)
+    old = os.umask(0o022)
+    try:
+        store = MemoryStore(path, now_ms=T0)
+        send(store, Engine(POLICIES, store), "api", b"secret-key", 3, T0)
+        await store.close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert MemoryStore(path, now_ms=T0).snapshot_states == 1  # the write did happen

@@ -9,7 +9,8 @@ Format (version 1), little-endian, compact and bounded by the states held::
 
 A table is found again by its scope's prefix, so states of a rule changed meanwhile
 are dropped (as a reload drops them). Written to ``PATH.tmp`` then renamed over
-``PATH``: a crash mid-write leaves the previous snapshot whole. A file that does not
+``PATH``: a crash mid-write leaves the previous snapshot whole. Both are mode 0600
+whatever the umask: the file holds identifiers (API keys, addresses). A file that does not
 parse (truncated, another version, a bad checksum) is refused whole.
 """
 
@@ -104,9 +105,12 @@ def _tables(blob: bytes, pos: int, end: int) -> dict[bytes, dict[bytes, State]]:
 
 
 def write(path: Path, blob: bytes) -> None:
-    """Atomically: a temporary file beside ``path``, flushed, then renamed over it."""
+    """Atomically: a temporary file beside ``path`` (owner-only: it holds identifiers),
+    flushed, then renamed over it."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "wb") as f:
+        os.fchmod(fd, 0o600)  # a .tmp left by an older version may be 0644
         f.write(blob)
         f.flush()
         os.fsync(f.fileno())
