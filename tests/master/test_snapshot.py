@@ -4,9 +4,9 @@ has expired, and refuses a damaged file (one warning, empty start)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import stat
-import logging
 from pathlib import Path
 
 import pytest
