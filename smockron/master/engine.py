@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from smockron.core.gcra import expires_at as gcra_expires_at
 from smockron.core.gcra import gcra_update
-from smockron.core.history import next_allowed, recorded
+from smockron.core.history import next_allowed, recorded, served_at, verdict_of, verdicts_after
 from smockron.core.rules import Rule
 from smockron.core.vocabulary import ALGORITHMS, stored_as
 from smockron.errors import ConfigError, ProtocolError
@@ -84,7 +84,7 @@ class DomainPolicy:
 class _Domain:
     """A configured domain as the hot path wants it: topic, tables, counters."""
 
-    __slots__ = ("debt", "gcra", "name", "one", "scopes", "stats", "topic")
+    __slots__ = ("debt", "gcra", "name", "one", "rules", "scopes", "stats", "topic")
 
     def __init__(self, name: str, policy: DomainPolicy, store: Store, stats: DomainStats) -> None:
         self.name = name
@@ -98,6 +98,7 @@ class _Domain:
             (rule, store.table(Scope(name, rule, policy.stored_as)), rule.window_ms)
             for rule in dict.fromkeys(policy.rules)
         )
+        self.rules = tuple(rule for rule, _table, _window in self.scopes)
         self.one: tuple[Table, float, float, int] | None = None
         """A one-rule domain's table, window, interval and burst, for the hot path."""
         if len(self.scopes) == 1:
@@ -283,11 +284,11 @@ class Engine:
         dom = self._by_topic.get(topic(name))
         if dom is None or len(states) != len(dom.scopes):
             return
-        rules = [rule for rule, _table, _window in dom.scopes]
+        rules = dom.rules
         if len(states) == 1:
             only = states[0]
             for at in range(0, len(only), chunk):
-                yield _verdicts_of_one(rules[0], only[at : at + chunk], dom.gcra, now_ms)
+                yield verdicts_after(rules[0], only[at : at + chunk], dom.gcra, now_ms)
             return
         by_scope = [dict(pairs) for pairs in states]
         idents = list(dict.fromkeys(i for pairs in states for i, _ in pairs))
@@ -387,7 +388,7 @@ def _apply_histories(
     scopes = dom.scopes
     olds = [table.get(ident) or () for _rule, table, _window in scopes]
     if dom.debt:
-        ts = served_at(scopes, olds, ts, ahead)
+        ts = served_at(dom.rules, olds, ts, ahead)
     at = ts if ts < now_ms else now_ms
     until: float | None = None
     for (rule, table, window), old in zip(scopes, olds, strict=True):
@@ -400,62 +401,6 @@ def _apply_histories(
             if nxt is not None and (until is None or nxt > until):
                 until = nxt
     return until if until is not None and until > now_ms else None  # else allowed now
-
-
-def served_at(
-    scopes: Sequence[tuple[Rule, Table, float]], states: Sequence[State], ts: float, ahead: float
-) -> float:
-    """When a request at ``ts`` should have been served given the stored ``states``: the
-    next allowed time the rules had computed after their newest entry, if that is later.
-
-    That time is the newest entry plus one interval when the history is full (its
-    ``burst`` entries all within one window of the newest), which is exactly when the
-    master published a DELAY_UNTIL for it; a gatekeeper obeying that DELAY_UNTIL sends
-    nothing before it. Debt reaches at most ``ahead`` past ``ts``, as a DELAYED timestamp
-    may (``max_delay_ahead_ms``): forged ACCEPTED messages hold no longer than forged
-    DELAYED ones.
-    """
-    due = ts
-    for (rule, _table, window), state in zip(scopes, states, strict=True):
-        if len(state) >= rule.burst:
-            nxt = state[-1] + rule.interval_ms
-            if nxt > due and min(state) > state[-1] - window:
-                due = nxt
-    return due if due - ts <= ahead else ts + ahead
-
-
-def verdict_of(rules: Sequence[Rule], states: Sequence[State], gcra: bool) -> float | None:
-    """The DELAY_UNTIL the master last published for these states (one per rule), if
-    any: the latest of the rules'."""
-    until: float | None = None
-    for rule, state in zip(rules, states, strict=True):
-        nxt = _rule_verdict(rule, state, gcra)
-        if nxt is not None and (until is None or nxt > until):
-            until = nxt
-    return until
-
-
-def _rule_verdict(rule: Rule, state: State, gcra: bool) -> float | None:
-    """One rule's last DELAY_UNTIL for a state. GCRA: the value; a history: its newest
-    entry plus one interval when it is full (``burst`` entries within one window of the
-    newest)."""
-    if not state:
-        return None
-    if gcra:
-        return state[0]
-    if len(state) >= rule.burst and min(state[-rule.burst :]) > state[-1] - rule.window_ms:
-        return state[-1] + rule.interval_ms
-    return None
-
-
-def _verdicts_of_one(
-    rule: Rule, pairs: Sequence[tuple[bytes, State]], gcra: bool, now_ms: float
-) -> list[tuple[bytes, int]]:
-    """:func:`verdict_of` for one rule over many identifiers, in one comprehension:
-    those whose verdict is after ``now_ms``, as ``(identifier, until ms)``."""
-    ceil, verdict = math.ceil, _rule_verdict
-    return [(ident, ceil(until)) for ident, state in pairs
-            if (until := verdict(rule, state, gcra)) is not None and until > now_ms]  # fmt: skip
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

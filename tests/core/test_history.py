@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smockron.core.history import expires_at, next_allowed, record
+from smockron.core.history import (
+    expires_at,
+    next_allowed,
+    record,
+    recorded,
+    rule_verdict,
+    served_at,
+    verdict_of,
+    verdicts_after,
+)
 from smockron.core.rules import Rule
 
 
@@ -104,3 +115,70 @@ def test_obedient_client_holds_to_rule(rate: float, burst: int, n: int) -> None:
     span_s = (times[-1] - times[0]) / 1000.0
     assert len(times) <= burst + rate * span_s + 1e-6 + 1
     assert len(times) >= min(n, burst)
+
+
+def _states(rules: list[Rule], gaps: list[int]) -> list[tuple[float, ...]]:
+    """Each rule's stored history after requests ``gaps`` apart, as the master keeps it."""
+    states: list[tuple[float, ...]] = [() for _ in rules]
+    ts = 1_000_000.0
+    for gap in gaps:
+        ts += gap
+        states = [recorded(state, ts, rule) for rule, state in zip(rules, states, strict=True)]
+    return states
+
+
+_RULES = st.lists(
+    st.builds(Rule, st.sampled_from([0.5, 1.0, 3.0, 10.0, 100.0]), st.integers(1, 8)),
+    min_size=1,
+    max_size=3,
+)
+
+
+@settings(max_examples=300)
+@given(rules=_RULES, gaps=st.lists(st.integers(0, 3000), max_size=30))
+def test_verdict_is_what_the_rule_published_at_the_newest_entry(
+    rules: list[Rule], gaps: list[int]
+) -> None:
+    """The DELAY_UNTIL a RESYNC repeats is the one the rule computed when it recorded the
+    newest entry: ``next_allowed`` at that time, the latest over the rules."""
+    states = _states(rules, gaps)
+    expected: float | None = None
+    for rule, state in zip(rules, states, strict=True):
+        got = rule_verdict(rule, state, gcra=False)
+        assert got == (next_allowed(state, state[-1], rule) if state else None)
+        if got is not None and (expected is None or got > expected):
+            expected = got
+    assert verdict_of(rules, states, gcra=False) == expected
+
+
+@settings(max_examples=300)
+@given(
+    rules=_RULES,
+    gaps=st.lists(st.integers(0, 3000), max_size=30),
+    late=st.integers(-3000, 3000),
+    ahead=st.integers(0, 10_000),
+)
+def test_served_at_is_the_published_verdict_capped(
+    rules: list[Rule], gaps: list[int], late: int, ahead: int
+) -> None:
+    """A request arriving at ``ts`` is served no earlier than the verdict it should have
+    obeyed, and never more than ``ahead`` after ``ts``."""
+    states = _states(rules, gaps)
+    ts = 1_000_000.0 + sum(gaps) + late
+    verdict = verdict_of(rules, states, gcra=False)
+    due = ts if verdict is None or verdict < ts else verdict
+    assert served_at(rules, states, ts, float(ahead)) == min(due, ts + ahead)
+
+
+@given(
+    values=st.lists(st.one_of(st.just(()), st.tuples(st.integers(0, 5000).map(float)))),
+    now=st.integers(0, 5000),
+)
+def test_verdicts_after_lists_the_future_gcra_values(
+    values: list[tuple[float, ...]], now: int
+) -> None:
+    rule = Rule(1.0, 2)
+    pairs = [(b"k%d" % i, v) for i, v in enumerate(values)]
+    want = [(k, math.ceil(v[0])) for k, v in pairs if v and v[0] > now]
+    assert verdicts_after(rule, pairs, True, float(now)) == want
+    assert all(verdict_of([rule], [v], True) == (v[0] if v else None) for _k, v in pairs)
