@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from smockron.daemons.clock import set_file_clock
+from smockron.daemons.dthrottle.clock import set_file_clock
 from tests.support import free_ports, smockron_env, smockron_proc, wait_for, wait_port
 
 

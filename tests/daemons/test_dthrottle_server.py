@@ -13,8 +13,8 @@ import pytest
 
 from smockron.daemons.dthrottle.algorithm import PrefixRule
 from smockron.daemons.dthrottle.config import DThrottleConfig, parse_listen
+from smockron.daemons.dthrottle.report import decode_report, encode_report
 from smockron.daemons.dthrottle.server import DThrottleDaemon
-from smockron.daemons.report import decode_report, encode_report
 from tests.support import free_port
 
 
@@ -362,7 +362,7 @@ async def test_a_peer_that_is_down_costs_nothing_but_its_reports() -> None:
 
 
 async def test_unicast_drops_datagrams_from_unlisted_addresses() -> None:
-    from smockron.daemons.peers import UnicastPeers
+    from smockron.daemons.dthrottle.peers import UnicastPeers
 
     a, b, _clock = await pair()
     try:

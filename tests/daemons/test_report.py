@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from smockron.daemons.report import (
+from smockron.daemons.dthrottle.report import (
     HEADER,
     MAGIC,
     PeerLedger,

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from smockron import runtime
-from smockron.daemons.clock import Clock, FileClock
+from smockron.daemons.dthrottle.clock import Clock, FileClock
 from smockron.daemons.dthrottle.config import DThrottleConfig
 from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.errors import ConfigError

@@ -32,7 +32,7 @@ from typing import Any
 from smockron import settings
 from smockron.core.rules import parse_rate
 from smockron.daemons.dthrottle.algorithm import PrefixRule, RuleTable, whitelist
-from smockron.daemons.report import DEFAULT_MAX_DATAGRAM, check_sizes
+from smockron.daemons.dthrottle.report import DEFAULT_MAX_DATAGRAM, check_sizes
 from smockron.errors import ConfigError
 
 DEFAULT_TCP = "tcp:127.0.0.1:6969"

@@ -20,11 +20,11 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
-from smockron.daemons.clock import Clock, MonotonicClock
 from smockron.daemons.dthrottle.algorithm import Throttle
+from smockron.daemons.dthrottle.clock import Clock, MonotonicClock
 from smockron.daemons.dthrottle.config import DThrottleConfig, Listen
-from smockron.daemons.peers import MulticastPeers, PeerTransport, UnicastPeers
-from smockron.daemons.report import PeerLedger, decode_report, encode_report
+from smockron.daemons.dthrottle.peers import MulticastPeers, PeerTransport, UnicastPeers
+from smockron.daemons.dthrottle.report import PeerLedger, decode_report, encode_report
 from smockron.errors import ConfigError, ProtocolError
 from smockron.memory import Reclaimer
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
