@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import zmq
 
+from smockron.core.history import verdict_of
 from smockron.gatekeeper import core
 from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
-from smockron.master.engine import BACKLOG_MS, verdict_of
+from smockron.master.engine import BACKLOG_MS
 from smockron.master.stores.memory import memory_states
 from smockron.wire.batchio import send_all
 from smockron.wire.codec import (
