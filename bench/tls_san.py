@@ -23,9 +23,10 @@ from typing import Any
 import grpc
 from _common import cpu_seconds, daemon, free_port, median
 
-from smockron.cluster import native, tlsgen
+from smockron.cluster import tlsgen
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
+from smockron.cluster.transports import native
 
 SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
 

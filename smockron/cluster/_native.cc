@@ -15,7 +15,7 @@
 //                                     called once per connection whose client showed a
 //                                     certificate (GRPC_CLIENT_TLS_SAN): text refuses it
 //
-// All logic stays in Python (smockron/cluster/native.py). A call that Python drops
+// All logic stays in Python (smockron/cluster/transports/native.py). A call that Python drops
 // without finishing is finished with INTERNAL when its Call object is freed; a call the
 // client cancels is finished here, and Python's later finish() is a no-op. The GIL is
 // taken (PyGILState_Ensure) only around dispatch and released while gRPC works.

@@ -1,5 +1,5 @@
 // The native gRPC client channel: libgrpc++ unary calls on serialized bytes, for
-// smockron/cluster/client.py. grpcio's Python layer costs ~200 us of CPU per call; a
+// smockron/cluster/client/. grpcio's Python layer costs ~200 us of CPU per call; a
 // libgrpc++ call costs a fraction of that, so a single check gets cheaper than a Redis
 // round trip. Protobuf stays in Python (the generated classes): only bytes cross here.
 //

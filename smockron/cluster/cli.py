@@ -30,10 +30,10 @@ from smockron.cluster.config import (
 )
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo
-from smockron.cluster.http import observe
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.node import Node
 from smockron.cluster.server import ClusterServer, GrpcServer
+from smockron.cluster.transports.http import observe
 from smockron.errors import ConfigError
 from smockron.settings import (
     Duration,

@@ -20,13 +20,13 @@ from aiohttp import web
 from smockron.cluster import service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
-from smockron.cluster.http import make_app, make_status_app, server_log
 from smockron.cluster.metrics import ClusterMetrics
-from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
-from smockron.cluster.threaded import ThreadedServer
 from smockron.cluster.transports import GrpcServer as GrpcServer  # for cli.py
 from smockron.cluster.transports import make_grpc_server
+from smockron.cluster.transports.http import make_app, make_status_app, server_log
+from smockron.cluster.transports.native import NativeServer
+from smockron.cluster.transports.threaded import ThreadedServer
 from smockron.errors import ConfigError
 
 log = logging.getLogger("smockron.cluster")

@@ -24,8 +24,8 @@ from smockron.cluster.api import PEER_TOO_MANY, TOO_MANY, answer, answer_here, h
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import peers_pb2
-from smockron.cluster.threaded import fast_or_bridged, keep_none
 from smockron.cluster.transports import GrpcServer, ThreadedTransport
+from smockron.cluster.transports.threaded import fast_or_bridged, keep_none
 from smockron.ratelog import RateLimitedLog
 
 M = TypeVar("M", bound=Message)

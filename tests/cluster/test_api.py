@@ -17,12 +17,12 @@ import aiohttp
 import grpc
 import pytest
 
-from smockron.cluster import native
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import ClusterServer
+from smockron.cluster.transports import native
 from tests.support import free_ports
 
 
@@ -363,7 +363,7 @@ async def test_http_bad_input_cannot_forge_log_lines(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A client's bytes reach the log escaped: no newline, CR, ESC or NUL of theirs."""
-    from smockron.cluster import http
+    from smockron.cluster.transports import http
 
     http._bad_input_log._windows.clear()  # other tests' lines do not hold this one back
     evil = "QUANTUM\n2026-11-24 00:00:00 INFO forged line\r\x1b[31m\x00"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from smockron.cluster.client import SECOND
-from smockron.cluster.coalesce import Coalescer
+from smockron.cluster.client._coalesce import Coalescer
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from smockron.cluster.client import SECOND, AsyncClient, Client, ClientUnavailable
-from smockron.cluster.coalesce import MAX_COALESCED, AsyncCoalescer, Coalescer
+from smockron.cluster.client._coalesce import MAX_COALESCED, AsyncCoalescer, Coalescer
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 from tests.cluster.test_client import LimiterServicer, ServerThread
 from tests.cluster.test_client import server as server  # the fixture: a real grpc.aio server

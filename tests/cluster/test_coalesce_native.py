@@ -26,7 +26,7 @@ from smockron.cluster.client import (
     ClientUnavailable,
     ItemError,
 )
-from smockron.cluster.coalesce import Coalescer, NativeCoalescer
+from smockron.cluster.client._coalesce import Coalescer, NativeCoalescer
 from smockron.cluster.model import RateLimitResponse
 from tests.cluster.test_client import LimiterServicer, ServerThread
 from tests.support import free_ports, wait_for

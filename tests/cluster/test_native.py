@@ -18,14 +18,14 @@ from typing import Any
 import grpc
 import pytest
 
-from smockron.cluster import native
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.static import StaticDiscovery
-from smockron.cluster.native import NativeServer
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import GRPC_OPTIONS, ClusterServer
+from smockron.cluster.transports import native
+from smockron.cluster.transports.native import NativeServer
 from tests.support import free_ports
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="_native extension not built")
@@ -225,10 +225,10 @@ def test_without_the_extension_the_node_falls_back_to_threads() -> None:
         import asyncio, logging, sys
         sys.modules["smockron.cluster._native"] = None  # import fails, as when not built
         logging.basicConfig(level=logging.INFO)
-        from smockron.cluster import native
+        from smockron.cluster.transports import native
         from smockron.cluster.config import ClusterConfig
         from smockron.cluster.server import ClusterServer
-        from smockron.cluster.threaded import ThreadedServer
+        from smockron.cluster.transports.threaded import ThreadedServer
         import grpc
         from smockron.cluster.pb import gubernator_pb2 as pb
 

@@ -23,7 +23,6 @@ import aiohttp
 import grpc
 import pytest
 
-from smockron.cluster import native
 from smockron.cluster.config import ClusterConfig, peer_address_of
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.static import FileDiscovery, StaticDiscovery
@@ -33,6 +32,7 @@ from smockron.cluster.node import Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
 from smockron.cluster.server import ClusterServer
+from smockron.cluster.transports import native
 from smockron.core.hashring import HashRing
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
@@ -422,7 +422,7 @@ async def http_gateway() -> AsyncIterator[str]:
 
 async def test_http_bad_fields_log_line_is_escaped(caplog: pytest.LogCaptureFixture,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from smockron.cluster import http
+    from smockron.cluster.transports import http
 
     monkeypatch.setattr(http._bad_input_log, "_windows", {})
     caplog.set_level(logging.WARNING)

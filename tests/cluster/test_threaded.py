@@ -17,7 +17,7 @@ from smockron.cluster.model import Behavior, RateLimitRequest
 from smockron.cluster.node import Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
-from smockron.cluster.threaded import ThreadedServer
+from smockron.cluster.transports.threaded import ThreadedServer
 from tests.support import free_ports
 
 

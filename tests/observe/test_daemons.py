@@ -206,8 +206,8 @@ async def test_cluster_node_outside_its_ring_is_not_ready() -> None:
 
     from smockron.cluster.config import ClusterConfig
     from smockron.cluster.discovery.base import PeerInfo
-    from smockron.cluster.http import make_app
     from smockron.cluster.node import Node
+    from smockron.cluster.transports.http import make_app
 
     node = Node(ClusterConfig(grpc_address="127.0.0.1:9990"))
     runner = web.AppRunner(make_app(node))

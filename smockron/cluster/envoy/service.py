@@ -62,10 +62,10 @@ from smockron.cluster.model import (
     RateLimitResponse,
     Status,
 )
-from smockron.cluster.native import NativeServer
 from smockron.cluster.node import Node
-from smockron.cluster.threaded import ThreadedServer, fast_or_bridged, keep_none
 from smockron.cluster.transports import GrpcServer
+from smockron.cluster.transports.native import NativeServer
+from smockron.cluster.transports.threaded import ThreadedServer, fast_or_bridged, keep_none
 from smockron.core import calendar
 from smockron.ratelog import RateLimitedLog
 

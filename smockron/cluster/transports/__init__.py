@@ -1,9 +1,9 @@
 """The three gRPC servers a node can run, behind one typed interface.
 
 - ``asyncio``: ``grpc.aio.server``, every call a coroutine on the node's event loop;
-- ``threads``: :class:`~smockron.cluster.threaded.ThreadedServer`, ``grpc.server`` whose
+- ``threads``: :class:`~smockron.cluster.transports.threaded.ThreadedServer`, ``grpc.server`` whose
   threads answer what this node decides alone and bridge the rest to the loop;
-- ``native``: :class:`~smockron.cluster.native.NativeServer`, libgrpc++ carrying the
+- ``native``: :class:`~smockron.cluster.transports.native.NativeServer`, libgrpc++ carrying the
   calls to the same handlers as ``threads`` (falls back to ``threads`` when not built).
 
 :class:`GrpcServer` is what every one of them offers (and all ``ClusterServer`` uses);
@@ -20,11 +20,11 @@ from typing import Any, Protocol, TypeAlias
 
 import grpc
 
-from smockron.cluster import native
 from smockron.cluster.metrics import ClusterMetrics
-from smockron.cluster.native import NativeServer
-from smockron.cluster.threaded import ThreadedServer
 from smockron.cluster.tls import ClientSanCheck
+from smockron.cluster.transports import native
+from smockron.cluster.transports.native import NativeServer
+from smockron.cluster.transports.threaded import ThreadedServer
 
 log = logging.getLogger("smockron.cluster")
 

@@ -20,7 +20,7 @@ Errors (all from smockron.errors.SmockronError):
 ``get_rate_limits`` never raises ItemError: per-item errors stay in each response's
 ``error``, as on the wire. Concurrent ``check`` calls (threads of one Client, tasks on
 one AsyncClient's loop) are coalesced into one call while another is in flight
-(smockron.cluster.coalesce; inside the native channel when a Client's checks all go
+(smockron.cluster.client._coalesce; inside the native channel when a Client's checks all go
 through it; ``coalesce=False`` turns it off; a check with its own ``timeout`` goes
 alone). Lists longer than the server's limit of 1,000 per call are
 split into several calls; the answers come back in request order.
@@ -34,7 +34,7 @@ use.
 
 Either client given the node's HTTP gateway (``http_address``) sends lone checks, the
 sequential caller's case, as ``POST /v1/GetRateLimits`` over a kept-alive HTTP/1.1
-connection (smockron.cluster.httpclient): a third less client CPU than a gRPC call.
+connection (smockron.cluster.client._http): a third less client CPU than a gRPC call.
 Batches (``get_rate_limits``, coalesced checks) stay on gRPC, where protobuf costs less
 per item than JSON; ``transport="http"`` sends them over HTTP too, ``transport="grpc"``
 never uses HTTP. Same answers, same errors either way.
@@ -55,15 +55,15 @@ from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar
 import grpc
 import grpc.aio
 
-from smockron.cluster.coalesce import AsyncCoalescer, Coalescer, NativeCoalescer
-from smockron.cluster.discovery.base import PeerInfo
-from smockron.cluster.httpclient import (
+from smockron.cluster.client._coalesce import AsyncCoalescer, Coalescer, NativeCoalescer
+from smockron.cluster.client._http import (
     AsyncHttpTransport,
     CallError,
     HttpTransport,
     decode_responses,
     encode_requests,
 )
+from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import (
     Algorithm,
     Behavior,

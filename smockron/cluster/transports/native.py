@@ -29,8 +29,8 @@ from typing import Any
 import grpc
 
 from smockron.cluster.metrics import ClusterMetrics
-from smockron.cluster.threaded import Deferred, bridge
 from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, ClientSanCheck, TLSMaterial
+from smockron.cluster.transports.threaded import Deferred, bridge
 from smockron.errors import Aborted
 
 try:

@@ -1,5 +1,5 @@
 """The clients' HTTP/1.1 transport: ``POST /v1/GetRateLimits`` on the JSON gateway
-(smockron.cluster.http, or Gubernator's grpc-gateway) over kept-alive connections.
+(smockron.cluster.transports.http, or Gubernator's grpc-gateway) over kept-alive connections.
 
 Why: a lone check over HTTP/1.1 on an open socket costs the client about a third less
 CPU than a gRPC unary call, even through libgrpc++ (no HTTP/2 framing, no completion
