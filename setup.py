@@ -12,9 +12,6 @@ built, installation goes on without it.
 - ``smockron.cluster._nativeclient``: the Python client's native channel (libgrpc++
   unary calls on bytes, smockron/cluster/_nativeclient.cc), built under the same
   condition; without it the client calls through grpcio, with the same results.
-- ``smockron._arenas``: hands back the pages of pymalloc's free pools in arenas a few
-  long-lived objects keep after a wave (smockron/_arenas.c, smockron/memory.py); without
-  it those pages stay resident until their arena empties.
 - ``smockron.gatekeeper._tablefast``: a gatekeeper's DELAY_UNTILs applied and its tables
   swept (smockron/gatekeeper/_tablefast.c); without it smockron/gatekeeper/state.py's
   twins do the same in Python.
@@ -74,12 +71,6 @@ setup(
         Extension(
             "smockron.gatekeeper._tablefast",
             ["smockron/gatekeeper/_tablefast.c"],
-            extra_compile_args=["-O2"],
-            optional=True,
-        ),
-        Extension(
-            "smockron._arenas",
-            ["smockron/_arenas.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

@@ -1,21 +1,153 @@
-"""The optional compiled twins of hot loops: loaded when built, each with a pure-Python
-twin that tests compare it against.
+"""The one registry of compiled twins: each optional extension, the pure-Python code that
+does the same where it is absent, and whether this process loaded it.
 
-``SMOCKRON_PURE_PYTHON=1`` makes every one of them absent, so the whole process runs
-the Python twins (the tests run both ways)."""
+Every module that has a compiled twin gets it through :func:`load`, once, at its own
+import (nothing is looked up on a hot path). So the startup line can name what is
+*loaded* (:func:`loaded`), not what files lie on disk.
+
+Two switches, read from the environment:
+
+- ``SMOCKRON_PURE_PYTHON=1``: every twin is left unloaded and the whole process runs the
+  Python code (the tests compare both);
+- ``SMOCKRON_REQUIRE_COMPILED=1``: a twin that is not built is an error, not a fallback:
+  :func:`load` raises :class:`MissingCompiled`, and :func:`require` (which every daemon
+  calls before it starts) names every missing one. ``scripts/test`` sets it, so a test run
+  cannot pass on the Python path alone. ``SMOCKRON_PURE_PYTHON=1`` wins over it.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import os
+import sys
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Final
+
+import smockron
+from smockron.errors import ConfigError
+
+PURE_PYTHON_ENV: Final = "SMOCKRON_PURE_PYTHON"
+REQUIRE_ENV: Final = "SMOCKRON_REQUIRE_COMPILED"
 
 
-def optional_extension(name: str) -> ModuleType | None:
-    """The compiled module ``name``, or None where it is not built or Python is forced."""
-    if os.environ.get("SMOCKRON_PURE_PYTHON") == "1":
+@dataclass(frozen=True)
+class Twin:
+    name: str
+    """The short name the startup line uses (``_zmqfast``)."""
+    module: str
+    """The compiled module (``smockron.wire._zmqfast``)."""
+    python: str
+    """What runs instead where it is absent."""
+    needs: str
+    """What building it takes (Debian packages)."""
+
+
+REGISTRY: Final = (
+    Twin("_zmqfast", "smockron.wire._zmqfast",
+         "the Python loops of smockron/wire/batchio.py, accounting.py and control.py", "gcc"),
+    Twin("_tablefast", "smockron.gatekeeper._tablefast",
+         "the gatekeeper's Python update_run and passed", "gcc"),
+    Twin("_localfast", "smockron.cluster._localfast",
+         "smockron/core/algorithms.py for every cluster check", "gcc"),
+    Twin("_native", "smockron.cluster._native",
+         "the cluster's grpcio server (--grpc-server threads)",
+         "g++, pkg-config, libgrpc++-dev"),
+    Twin("_nativeclient", "smockron.cluster._nativeclient",
+         "grpcio channels in the cluster's Python client", "g++, pkg-config, libgrpc++-dev"),
+)  # fmt: skip
+BY_NAME: Final = {twin.name: twin for twin in REGISTRY}
+
+_loaded: dict[str, bool] = {}
+"""What :func:`load` resolved in this process: short name -> loaded."""
+
+
+class MissingCompiled(ConfigError):
+    """``SMOCKRON_REQUIRE_COMPILED=1`` and a compiled twin is not built."""
+
+
+def pure_python() -> bool:
+    return os.environ.get(PURE_PYTHON_ENV) == "1"
+
+
+def required() -> bool:
+    return os.environ.get(REQUIRE_ENV) == "1" and not pure_python()
+
+
+def _import(twin: Twin) -> ModuleType | None:
+    if pure_python():
         return None
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(twin.module)
     except ImportError:
         return None
+
+
+def _missing_message(names: list[str]) -> str:
+    needs = sorted({BY_NAME[n].needs for n in names})
+    return (
+        f"compiled extension{'s' if len(names) > 1 else ''} {', '.join(names)} not built, and "
+        f"{REQUIRE_ENV}=1 requires them: install {'; '.join(needs)} and reinstall smockron "
+        f"(pip install --force-reinstall --no-deps .), or unset {REQUIRE_ENV} to run the "
+        "Python code instead"
+    )
+
+
+def load(name: str) -> ModuleType | None:
+    """The compiled twin ``name`` (a short name of :data:`REGISTRY`), or None where it is
+    not built or ``SMOCKRON_PURE_PYTHON=1``. Raises :class:`MissingCompiled` where it is
+    not built and ``SMOCKRON_REQUIRE_COMPILED=1``. Call it once, at import."""
+    twin = BY_NAME[name]
+    module = _import(twin)
+    if module is None and required():
+        raise MissingCompiled(_missing_message([name]))
+    _loaded[name] = module is not None
+    return module
+
+
+def mark_unusable(name: str) -> None:
+    """The module imported but cannot be used here (a stale build, a libzmq it cannot
+    bind): the Python twin runs, and the startup line must not name it."""
+    if required():
+        raise MissingCompiled(f"compiled extension {name} is built but unusable (a stale "
+                              f"build?): reinstall smockron, or unset {REQUIRE_ENV}")  # fmt: skip
+    _loaded[name] = False
+
+
+def loaded() -> list[str]:
+    """The short names of the twins this process loaded, in registry order."""
+    return [twin.name for twin in REGISTRY if _loaded.get(twin.name)]
+
+
+def _built(twin: Twin) -> bool:
+    """Whether the module's file is there, found without importing its package (which
+    would load what this process does not use: the cluster's gRPC into a master)."""
+    if twin.module in sys.modules:  # None there: its import is blocked
+        return sys.modules[twin.module] is not None
+    package, _, leaf = twin.module.rpartition(".")
+    where = [os.path.join(base, *package.split(".")[1:]) for base in smockron.__path__]
+    return importlib.machinery.PathFinder.find_spec(leaf, where) is not None
+
+
+def missing() -> list[str]:
+    """The twins that are not built; none when ``SMOCKRON_PURE_PYTHON=1`` (nothing is
+    wanted then). A twin this process loaded is built; one it did not load is looked for
+    on disk, not imported."""
+    if pure_python():
+        return []
+    return [t.name for t in REGISTRY if not _loaded.get(t.name) and not _built(t)]
+
+
+def require() -> None:
+    """Under ``SMOCKRON_REQUIRE_COMPILED=1``: raise :class:`MissingCompiled` naming every
+    twin that is not built (a daemon then refuses to start, exit 2)."""
+    if required():
+        absent = missing()
+        if absent:
+            raise MissingCompiled(_missing_message(absent))
+
+
+def optional_extension(module: str) -> ModuleType | None:
+    """:func:`load` by the compiled module's full name (``smockron.wire._zmqfast``)."""
+    return load(module.rsplit(".", 1)[-1])

@@ -24,17 +24,11 @@ Three things keep a daemon's RSS high after its tables have emptied:
   last batch of records did, until its loop stopped keeping it while idle). What is
   left is what a running daemon keeps anyway (counters' last values, its timers' times,
   the blocks its free lists recycle), each in whichever arena it was made: a few arenas,
-  measured by bench/memory.py. Those arenas are almost all free pools, though, whose
-  pages are resident only because the wave once used them: :func:`release_free_pools`
-  hands those pages back (a compiled walk of pymalloc's arenas, smockron/_arenas.c,
-  which records the arenas it takes once :func:`track_arenas` is called: the daemons
-  call it at startup), so a survivor keeps its 16 KiB pool and the first page of each
-  free pool of its arena, not the whole 1 MiB; each trim calls it. Under glibc's
-  allocator (``PYTHONMALLOC=malloc``, read when the interpreter starts; the startup
-  line says which runs) every object is a chunk of the C heap and the trim returns every
-  free page wherever it lies; it costs CPU on the hot path (glibc's ``malloc`` is slower
-  than pymalloc for small objects), so it is only worth it where the extension cannot
-  be built (docs/deployment.md).
+  measured by bench/memory.py: on pymalloc a daemon keeps some 15 to 25% above its
+  baseline after a wave, reused by the next one. Nothing here reaches into pymalloc
+  itself; an operator who wants that memory back too chooses another allocator when the
+  interpreter starts (``PYTHONMALLOC=malloc``, or jemalloc or mimalloc through
+  ``LD_PRELOAD``; the startup line says which runs, docs/deployment.md).
 
 Only on glibc (found through ctypes); elsewhere :func:`trim` does nothing and says so.
 """
@@ -44,13 +38,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, Final
-
-from smockron.compiled import optional_extension
 
 COMPACT_MIN_BYTES: Final = 1 << 20
 """A dict smaller than this is left alone: rebuilding it would gain little."""
@@ -82,35 +73,8 @@ _malloc_trim = _load_malloc_trim()
 TRIM_AVAILABLE: Final = _malloc_trim is not None
 
 
-_arenas = optional_extension("smockron._arenas")
-RELEASE_ENV: Final = "SMOCKRON_RELEASE_FREE_POOLS"
-"""``0`` in the environment: the daemons keep pymalloc's free pools (an operator's switch
-for a CPython build this was not measured on)."""
-
-
-def track_arenas() -> bool:
-    """Record the arenas pymalloc takes from now on, for :func:`release_free_pools`.
-    Process-wide (it wraps CPython's arena allocator), so the daemons call it and a
-    library embedding a gatekeeper does not. False where the extension is not built,
-    this CPython's pool layout is not one it knows, or ``SMOCKRON_RELEASE_FREE_POOLS=0``."""
-    if _arenas is None or os.environ.get(RELEASE_ENV) == "0":
-        return False
-    return bool(_arenas.install())
-
-
-def release_free_pools() -> int:
-    """Hand back the pages of pymalloc's free pools in the arenas recorded since
-    :func:`track_arenas` (all of a pool but the page of its header): bytes released;
-    0 where nothing is tracked or pymalloc is not in use."""
-    if _arenas is None:
-        return 0
-    return max(0, int(_arenas.release()))
-
-
 def trim() -> bool:
-    """Return the C heap's free pages, and those of pymalloc's free pools, to the
-    system; False where the C heap cannot be trimmed."""
-    release_free_pools()
+    """Return the C heap's free pages to the system; False where it cannot be trimmed."""
     if _malloc_trim is None:
         return False
     _malloc_trim(0)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from smockron import memory
+from smockron import compiled
 
 log = logging.getLogger("smockron.runtime")
 
@@ -133,57 +133,42 @@ def log_stats(logger: logging.Logger, fields: Mapping[str, Any], event: str = "s
 
 # ---------------------------------------------------------------------------- startup line
 
-EXTENSIONS = {
-    "_zmqfast": "smockron.wire._zmqfast",
-    "_native": "smockron.cluster._native",
-    "_localfast": "smockron.cluster._localfast",
-    "_tablefast": "smockron.gatekeeper._tablefast",
-    "_nativeclient": "smockron.cluster._nativeclient",
-    "_arenas": "smockron._arenas",
-}
-
-
-def extensions() -> dict[str, bool]:
-    """Which compiled extensions are built (found without importing them)."""
-    found = {}
-    for short, module in EXTENSIONS.items():
-        try:
-            found[short] = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found[short] = False
-    return found
-
 
 def loop_name() -> str:
     return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
 
 def startup_line(command: str, **facts: Any) -> None:
-    """One line naming what is active: extensions, loop, and the command's own facts
-    (store, discovery, TLS...), so an operator sees from the log what runs. A daemon
-    calls it once it is set up, which is also when pymalloc's arenas start being
-    tracked (:func:`smockron.memory.track_arenas`): what it takes from then on, a wave's
-    arenas among it, can be handed back."""
-    built = extensions()
-    malloc = allocator()
-    if malloc == "pymalloc" and memory.track_arenas():
-        malloc = "pymalloc+release"  # free pools' pages handed back after a wave
-    fields: dict[str, Any] = {"command": command, "loop": loop_name(), "malloc": malloc}
-    fields["extensions"] = ",".join(n for n, on in built.items() if on) or "none"
+    """One line naming what is active: the compiled twins this process *loaded*
+    (smockron.compiled's registry; ``none`` with ``SMOCKRON_PURE_PYTHON=1``), loop,
+    allocator, and the command's own facts (store, discovery, TLS...), so an operator sees
+    from the log what runs. Only a log line: it installs nothing."""
+    fields: dict[str, Any] = {"command": command, "loop": loop_name(), "malloc": allocator()}
+    fields["extensions"] = ",".join(compiled.loaded()) or "none"
     fields.update(facts)
     log_stats(logging.getLogger(f"smockron.{command}"), fields, event="starting")
 
 
 # ---------------------------------------------------------------------------- the allocator
 
+PRELOADED = {"jemalloc": "jemalloc", "mimalloc": "mimalloc", "tcmalloc": "tcmalloc"}
+"""Allocators an operator may put under CPython with ``LD_PRELOAD`` (by library name)."""
+
 
 def allocator() -> str:
     """The allocator CPython uses for its objects in this process, for the startup line:
     ``pymalloc`` (its own, the default) or what ``PYTHONMALLOC`` chose before it started
-    (``malloc``: glibc's, which gives a wave's memory back; see docs/deployment.md)."""
+    (``malloc``: the C library's, which gives a wave's memory back), with ``+jemalloc``
+    (or mimalloc, tcmalloc) where ``LD_PRELOAD`` put one under the C library's ``malloc``
+    (docs/deployment.md)."""
     if sys.flags.dev_mode:
         return "pymalloc_debug"
-    return os.environ.get("PYTHONMALLOC") or "pymalloc"
+    chosen = os.environ.get("PYTHONMALLOC") or "pymalloc"
+    preload = os.environ.get("LD_PRELOAD", "")
+    for marker, label in PRELOADED.items():
+        if marker in preload:
+            return f"{chosen}+{label}"
+    return chosen
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -276,7 +261,10 @@ def run(
     """Run ``main(stop)`` until it returns: it should serve until ``stop`` is set, then close.
 
     Exits 130 (``SystemExit``) when SIGINT stopped it; returns normally after SIGTERM.
+    Raises :class:`smockron.compiled.MissingCompiled` (a ConfigError: exit 2) before
+    anything runs where ``SMOCKRON_REQUIRE_COMPILED=1`` and a compiled twin is not built.
     """
+    compiled.require()  # SMOCKRON_REQUIRE_COMPILED=1 and a twin missing: refuse to start
     lifecycle = Lifecycle(name, reload, grace, extra_signals or {})
 
     async def supervised() -> None:

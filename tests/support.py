@@ -263,10 +263,23 @@ def start_etcd(workdir: Path) -> EtcdServer:
     return server
 
 
-def twins(python: object, compiled: object | None) -> list[Any]:
-    """Parameters for a test run against a pure-Python twin and, where the extension is
-    built (``compiled`` not None), its compiled twin: ids ``python`` and ``compiled``."""
+def twins(python: object, compiled_twin: object | None, extension: str) -> list[Any]:
+    """Parameters for a test run against a pure-Python twin and its compiled twin from
+    ``extension`` (a name in smockron.compiled's registry): ids ``python`` and
+    ``compiled``. Where the extension is not loaded the compiled case is skipped, visibly;
+    under ``SMOCKRON_REQUIRE_COMPILED=1`` (scripts/test) it fails instead, so a test run
+    cannot pass on the Python path alone."""
+    from smockron import compiled
+
+    assert extension in compiled.BY_NAME, f"{extension} is not in smockron.compiled.REGISTRY"
     params = [pytest.param(python, id="python")]
-    if compiled is not None:
-        params.append(pytest.param(compiled, id="compiled"))
+    if compiled_twin is not None:
+        params.append(pytest.param(compiled_twin, id="compiled"))
+    elif compiled.required():
+        raise compiled.MissingCompiled(f"{extension} is not loaded, and "
+                                       f"{compiled.REQUIRE_ENV}=1 requires it")  # fmt: skip
+    else:
+        why = "SMOCKRON_PURE_PYTHON=1" if compiled.pure_python() else "not built"
+        skip = pytest.mark.skip(reason=f"{extension}: {why}")
+        params.append(pytest.param(None, id="compiled", marks=skip))
     return params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -13,13 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from smockron import compiled, runtime
 from smockron.runtime import logfmt
 from tests.support import (
+    REPO_ROOT,
     Proc,
     free_port,
     free_ports,
     run_smockron,
     smockron_env,
+    twins,
     wait_for,
     wait_port,
 )
@@ -235,3 +239,99 @@ def test_logfmt_quotes_what_needs_it() -> None:
     assert logfmt({"a": 1, "b": 0.5, "c": "two words", "d": 'q"'}) == (
         'a=1 b=0.5 c="two words" d="q\\""'
     )
+
+
+# ---------------------------------------------------------------------------- compiled twins
+
+
+def _starting_line(extra_env: dict[str, str], prelude: str = "") -> tuple[int, str]:
+    """Start a master in a fresh interpreter (``prelude`` run first), stop it once it has
+    logged its startup line: (exit code, its stderr)."""
+    a, b = free_ports(2)
+    script = (
+        f"import sys\n{prelude}\nfrom smockron.cli import main\n"
+        f"main(['master', '--accounting', 'tcp://127.0.0.1:{a}', "
+        f"'--control', 'tcp://127.0.0.1:{b}', '--rule', 'api:1/s:1'])\n"
+    )
+    env = {**smockron_env(), **extra_env}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    lines: list[str] = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if "starting command=master" in line:
+            proc.send_signal(signal.SIGTERM)
+    return proc.wait(20), "".join(lines)
+
+
+def test_the_startup_line_names_the_extensions_loaded_not_the_files() -> None:
+    """With ``SMOCKRON_PURE_PYTHON=1`` none is loaded, and the line says so; without, it
+    names what the master uses (``_zmqfast``) and nothing it did not load."""
+    code, log = _starting_line({"SMOCKRON_PURE_PYTHON": "1"})
+    assert code == 0 and " extensions=none " in log, log
+    if compiled.load("_zmqfast") is None:
+        pytest.skip("_zmqfast is not built here")
+    code, log = _starting_line({"SMOCKRON_PURE_PYTHON": "0", "SMOCKRON_REQUIRE_COMPILED": "1"})
+    assert code == 0 and " extensions=_zmqfast " in log, log
+
+
+def test_require_compiled_refuses_to_start_without_a_twin() -> None:
+    """``SMOCKRON_REQUIRE_COMPILED=1`` on a machine where ``_localfast`` did not build
+    (its import made to fail): exit 2 before serving, naming it and what to install."""
+    prelude = "sys.modules['smockron.cluster._localfast'] = None  # as if not built"
+    code, log = _starting_line(
+        {"SMOCKRON_REQUIRE_COMPILED": "1", "SMOCKRON_PURE_PYTHON": "0"}, prelude
+    )
+    assert code == 2, log
+    assert "_localfast not built" in log and "SMOCKRON_REQUIRE_COMPILED=1" in log, log
+    assert "starting command=master" not in log
+    # without the switch the same machine starts, on the Python twin
+    code, log = _starting_line({"SMOCKRON_REQUIRE_COMPILED": "0"}, prelude)
+    assert code == 0 and "starting command=master" in log, log
+
+
+def test_require_compiled_and_pure_python_pure_python_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SMOCKRON_REQUIRE_COMPILED", "1")
+    monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1")
+    assert compiled.load("_zmqfast") is None
+    compiled.require()  # nothing wanted, nothing missing
+    monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "0")
+    monkeypatch.setitem(sys.modules, "smockron.cluster._native", None)
+    with pytest.raises(compiled.MissingCompiled, match="_native not built"):
+        compiled.load("_native")
+
+
+def test_twins_fail_under_require_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests.support.twins: a missing compiled twin is a visible skip, or a failure when
+    the run requires compiled twins (scripts/test), never silently dropped."""
+    monkeypatch.setenv("SMOCKRON_REQUIRE_COMPILED", "0")
+    params = twins(len, None, "_tablefast")
+    assert [p.id for p in params] == ["python", "compiled"] and params[1].marks
+    monkeypatch.setenv("SMOCKRON_REQUIRE_COMPILED", "1")
+    monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "0")
+    with pytest.raises(compiled.MissingCompiled):
+        twins(len, None, "_tablefast")
+    assert [p.id for p in twins(len, abs, "_tablefast")] == ["python", "compiled"]
+
+
+def test_every_extension_setup_builds_is_in_the_registry() -> None:
+    """One list: what setup.py builds is what smockron.compiled knows (and so what the
+    startup line and SMOCKRON_REQUIRE_COMPILED cover); nothing else is built."""
+    setup = (REPO_ROOT / "setup.py").read_text()
+    built = set(re.findall(r'"(smockron\.[\w.]+)"', setup))
+    assert built == {twin.module for twin in compiled.REGISTRY}
+
+
+def test_the_allocator_named_is_the_operators_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONMALLOC", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    expected = "pymalloc_debug" if sys.flags.dev_mode else "pymalloc"
+    assert runtime.allocator() == expected
+    if sys.flags.dev_mode:
+        return
+    monkeypatch.setenv("PYTHONMALLOC", "malloc")
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert runtime.allocator() == "malloc+jemalloc"

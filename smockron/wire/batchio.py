@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol, cast
 
 import zmq
 
-from smockron.compiled import optional_extension
+from smockron import compiled
 from smockron.wire.codec import MAX_FRAMES, Oversized
 
 __all__ = [
@@ -123,15 +123,17 @@ def _load_compiled() -> _Compiled | None:
     """The C loop bound to pyzmq's own libzmq, or None (then the Python loop is used).
     ``SMOCKRON_PURE_PYTHON=1`` forces the Python loop (tests run both); so does a
     compiled module built for another ``MAX_FRAMES`` (a stale build)."""
-    _zmqfast = optional_extension("smockron.wire._zmqfast")
+    _zmqfast = compiled.load("_zmqfast")
     if _zmqfast is None:
         return None
     path = _loaded_libzmq()
     if path is None or getattr(_zmqfast, "MAX_FRAMES", None) != MAX_FRAMES:
+        compiled.mark_unusable("_zmqfast")
         return None
     try:
         _zmqfast.bind(path, zmq.ZMQError, Oversized)
     except ImportError:
+        compiled.mark_unusable("_zmqfast")
         return None
     return _Compiled(_zmqfast.drain, _zmqfast.send_all, _zmqfast.drain_accounting,
                      _zmqfast.drain_control, _zmqfast.send_controls)  # fmt: skip

@@ -26,7 +26,7 @@ from smockron.gatekeeper.state import (
 )
 from tests.support import twins
 
-TWINS = twins(update_run_python, update_run_compiled)
+TWINS = twins(update_run_python, update_run_compiled, "_tablefast")
 
 NOW = 1_000
 DOMAINS = [b"a", b"b", b"c"]  # a: one rule, b: several rules, c: none

@@ -30,8 +30,8 @@ from smockron.wire.batchio import (
 from smockron.wire.codec import DEFAULT_LIMITS, MAX_FRAMES, Oversized, frame_count
 from tests.support import twins, wait_for
 
-LOOPS = twins(drain_python, drain_compiled)
-SENDERS = twins(send_all_python, send_all_compiled)
+LOOPS = twins(drain_python, drain_compiled, "_zmqfast")
+SENDERS = twins(send_all_python, send_all_compiled, "_zmqfast")
 
 
 @pytest.mark.parametrize("drain", LOOPS)
@@ -164,7 +164,9 @@ def test_send_all_error_says_how_many_went_out(send_all: SendAll) -> None:
         ctx.term()
 
 
-DECODERS = twins(drain_accounting_python, drain_accounting_compiled if COMPILED else None)
+DECODERS = twins(
+    drain_accounting_python, drain_accounting_compiled if COMPILED else None, "_zmqfast"
+)
 
 
 @pytest.mark.parametrize("drain_accounting", DECODERS)

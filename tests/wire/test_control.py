@@ -31,8 +31,8 @@ from smockron.wire.control import (
 )
 from tests.support import twins, wait_for
 
-DRAINS = twins(drain_control_python, drain_control_compiled if COMPILED else None)
-SENDS = twins(send_controls_python, send_controls_compiled if COMPILED else None)
+DRAINS = twins(drain_control_python, drain_control_compiled if COMPILED else None, "_zmqfast")
+SENDS = twins(send_controls_python, send_controls_compiled if COMPILED else None, "_zmqfast")
 TOPICS = {b"api\0": b"api", b"web\0": b"web"}
 
 

@@ -73,12 +73,10 @@ from smockron.cluster.model import (
 )
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
+from smockron.compiled import load
 from smockron.errors import ClientError, ClientTimeout, ClientUnavailable, ItemError
 
-try:
-    from smockron.cluster import _nativeclient  # type: ignore[attr-defined]
-except ImportError:  # built only where libgrpc++ is installed
-    _nativeclient = None
+_nativeclient: Any = load("_nativeclient")  # built only where libgrpc++ is installed
 
 pb_grpc: Any = gubernator_pb2_grpc  # generated without type hints
 

@@ -31,12 +31,10 @@ import grpc
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, ClientSanCheck, TLSMaterial
 from smockron.cluster.transports.threaded import Deferred, bridge
+from smockron.compiled import load
 from smockron.errors import Aborted
 
-try:
-    from smockron.cluster import _native  # type: ignore[attr-defined]
-except ImportError:  # built only where libgrpc++ is installed (setup.py)
-    _native = None
+_native: Any = load("_native")  # built only where libgrpc++ is installed (setup.py)
 
 log = logging.getLogger("smockron.cluster")
 
