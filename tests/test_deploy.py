@@ -6,7 +6,7 @@
 - Grafana dashboard: its structure, and every metric it queries exists in smockron's code.
 - systemd units: ``systemd-analyze verify`` (skipped where systemd-analyze is missing).
 - Dockerfile: built with ``docker build`` where a Docker daemon answers (skipped otherwise,
-  with the reason); its shape is checked everywhere.
+  with the reason); its shape, and what its RUN and COPY lines check, everywhere.
 - Prometheus: ``promtool check config`` / ``check rules`` where promtool is installed, else
   a structure check of the YAML.
 - The example config files start the real daemons; README's commands parse.
@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import re
 import shlex
@@ -30,6 +32,7 @@ import click
 import pytest
 import yaml
 
+from smockron import compiled
 from smockron.curve import keygen
 from tests.support import REPO_ROOT, free_ports, smockron_proc, wait_for, wait_port
 
@@ -337,6 +340,105 @@ def test_dockerfile_shape() -> None:
         if ln.startswith("COPY ") and "--from" not in ln:
             for src in ln.split()[1:-1]:
                 assert f"!{src.rstrip('/')}" in ignore, src
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments), continuation lines joined and comments dropped, as
+    Docker reads the file."""
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            instruction, _, args = line.strip().partition(" ")
+            out.append((instruction.upper(), args.strip()))
+    return out
+
+
+def _shell_commands(run: str) -> list[list[str]]:
+    words = shlex.split(run)
+    commands: list[list[str]] = [[]]
+    for word in words:
+        if word in ("&&", "||", ";"):
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return [c for c in commands if c]
+
+
+def _importable(module: str) -> str | None:
+    """None if ``module`` imports here, or is a compiled twin this machine did not build
+    (and no run requires it); else why not."""
+    twin = next((t for t in compiled.REGISTRY if t.module == module), None)
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        if twin is not None and not compiled.required():
+            return None
+        return f"import {module}: {exc}"
+    return None
+
+
+def dockerfile_problems(text: str) -> list[str]:
+    """What the Dockerfile's own RUN and COPY lines would trip on, checked without a
+    Docker daemon: every module a ``python -c`` imports must import (a compiled one must
+    be in smockron.compiled's registry), every extra ``pip install`` names must exist,
+    every path a COPY takes from the build context must exist, and each stage that checks
+    imports must check every compiled twin."""
+    problems = []
+    extras = tomllib_loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    wanted = {t.module for t in compiled.REGISTRY}
+    stage_checked: list[set[str]] = []
+    for instruction, args in dockerfile_instructions(text):
+        if instruction == "FROM":
+            stage_checked.append(set())
+        elif instruction == "COPY" and not args.startswith("--from"):
+            for src in args.split()[:-1]:
+                if not (REPO_ROOT / src).exists():
+                    problems.append(f"COPY {src}: no such file in the build context")
+        elif instruction == "RUN":
+            for argv in _shell_commands(args):
+                if Path(argv[0]).name.startswith("python") and "-c" in argv:
+                    code = argv[argv.index("-c") + 1]
+                    for node in ast.walk(ast.parse(code)):
+                        if isinstance(node, ast.Import):
+                            for alias in node.names:
+                                stage_checked[-1].add(alias.name)
+                                why = _importable(alias.name)
+                                if why is not None:
+                                    problems.append(f"RUN python -c: {why}")
+                                elif alias.name.startswith("smockron.") and (
+                                    alias.name.rsplit(".", 1)[-1].startswith("_")
+                                    and alias.name not in wanted
+                                ):
+                                    problems.append(f"{alias.name}: not a compiled twin")
+                if Path(argv[0]).name == "pip" and "install" in argv:
+                    for spec in argv[argv.index("install") + 1 :]:
+                        for extra in re.findall(r"\[([\w,]+)\]", spec):
+                            problems += [f"pip extra {e!r}: not in pyproject.toml"
+                                         for e in extra.split(",") if e not in extras]  # fmt: skip
+    for checked in stage_checked:
+        if checked and not wanted <= checked:
+            problems.append(f"an import check leaves out {sorted(wanted - checked)}")
+    return problems
+
+
+def test_dockerfile_run_lines_would_succeed() -> None:
+    """Without a Docker daemon the build below is skipped: the RUN lines' own checks run
+    here instead, so a line naming a module that moved fails every test run."""
+    assert dockerfile_problems(DOCKERFILE.read_text()) == []
+
+
+def test_dockerfile_checks_can_fail() -> None:
+    text = DOCKERFILE.read_text()
+    moved = text.replace("smockron.wire._zmqfast", "smockron._zmqfast")
+    assert any("smockron._zmqfast" in p for p in dockerfile_problems(moved))
+    dropped = text.replace("smockron.cluster._nativeclient'", "smockron.cluster._native'")
+    assert any("leaves out" in p for p in dockerfile_problems(dropped))
+    assert dockerfile_problems(text.replace("setup.py README", "setup.cfg README"))
+    assert dockerfile_problems(text.replace(".[all]", ".[everything]"))
 
 
 def docker_available() -> str | None:
