@@ -336,7 +336,7 @@ class SmockronCommand(click.Command):
         if self.file_format == "toml":
             path = _config_arg(args) or os.environ.get(env_name(self.name or "", "config"))
             if path:
-                extra["default_map"], meta[_KEYS] = load_toml_defaults(Path(path), self.params)
+                extra["default_map"], meta[_KEYS] = self.load_file(Path(path))
                 meta[_FILE] = path
         try:
             ctx = super().make_context(info_name, args, parent, **extra)
@@ -347,6 +347,11 @@ class SmockronCommand(click.Command):
             raise
         ctx.meta.update(meta)
         return ctx
+
+    def load_file(self, path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+        """The ``--config`` file as a ``default_map`` and the key of each value; a
+        command whose file may take another format (the cluster's) reads it here."""
+        return load_toml_defaults(path, self.params)
 
     def invoke(self, ctx: click.Context) -> Any:
         from smockron import runtime

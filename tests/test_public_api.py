@@ -48,7 +48,8 @@ PUBLIC: dict[str, list[str]] = {
         "Status", "grpc_target",
     ],
     "smockron.cluster.discovery": [
-        "MECHANISMS", "Discovery", "OnChange", "PeerInfo", "make_discovery", "options_from_env",
+        "MECHANISMS", "Discovery", "OnChange", "PeerInfo", "make_discovery", "options",
+        "options_from_env",
     ],
     "smockron.cluster.envoy": [
         "ConfigReloader", "EnvoyConfig", "EnvoySettings", "EnvoyStats", "EnvoyStatsCollector",

@@ -16,6 +16,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -27,8 +28,12 @@ from smockron.cluster.config import (
     CLIENT_AUTH_MODES,
     ClusterConfig,
     from_env,
+    is_env_file,
+    read_env_file,
+    warnings,
+    with_changes,
 )
-from smockron.cluster.discovery import make_discovery, options_from_env
+from smockron.cluster.discovery import make_discovery, options
 from smockron.cluster.discovery.base import Discovery, PeerInfo
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.node import Node
@@ -45,13 +50,13 @@ from smockron.settings import (
 
 log = logging.getLogger("smockron.cluster")
 
-# flag (click parameter name) -> GUBER_* variable it stands for, for discovery options
+# flag (click parameter name) -> the discovery pool field it sets
 _DISCOVERY_FLAGS = {
-    "etcd_endpoints": "GUBER_ETCD_ENDPOINTS",
-    "dns_fqdn": "GUBER_DNS_FQDN",
-    "k8s_namespace": "GUBER_K8S_NAMESPACE",
-    "k8s_selector": "GUBER_K8S_ENDPOINTS_SELECTOR",
-    "k8s_pod_ip": "GUBER_K8S_POD_IP",
+    "etcd_endpoints": "etcd.endpoints",
+    "dns_fqdn": "dns.fqdn",
+    "k8s_namespace": "k8s.namespace",
+    "k8s_selector": "k8s.selector",
+    "k8s_pod_ip": "k8s.pod_ip",
 }
 
 
@@ -60,12 +65,17 @@ _FIELDS = frozenset(f.name for f in fields(ClusterConfig))
 
 
 def _changes(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Flag values (click's, already converted) as ClusterConfig changes."""
+    """Flag values (click's, already converted) as ClusterConfig changes (with_changes)."""
     changes = {k: v for k, v in values.items() if v is not None and k in _FIELDS}
+    for flag, path in _DISCOVERY_FLAGS.items():
+        if values.get(flag):
+            changes[path] = values[flag]
     if values.get("peers"):
         changes["peers"] = _addresses(values["peers"], "peers", peer_suffix=True)
     if values.get("etcd_endpoints"):
-        changes["etcd_endpoints"] = _addresses(values["etcd_endpoints"], "etcd endpoints")
+        changes["etcd.endpoints"] = _addresses(values["etcd_endpoints"], "etcd endpoints")
+    if changes.get("peer_discovery") == "kubernetes":
+        changes["peer_discovery"] = "k8s"
     return changes
 
 
@@ -87,10 +97,10 @@ def _addresses(text: str, what: str, peer_suffix: bool = False) -> tuple[str, ..
 def build_config(
     env: Mapping[str, str], flags: Mapping[str, Any], file: Mapping[str, Any] | None = None
 ) -> ClusterConfig:
-    """Defaults, then the ``file`` values, then ``GUBER_*`` (``env``), then ``flags`` (the
-    command line and ``SMOCKRON_CLUSTER_*``)."""
-    base = replace(ClusterConfig(), **_changes(file or {}))
-    config = replace(from_env(env, base), **_changes(flags))
+    """The one settings object: defaults, then the ``file`` values, then ``GUBER_*``
+    (``env``, read once), then ``flags`` (the command line and ``SMOCKRON_CLUSTER_*``)."""
+    base = with_changes(ClusterConfig(), _changes(file or {}))
+    config = with_changes(from_env(env, base), _changes(flags))
     return replace(config, **_listen_everywhere(config)).validate()
 
 
@@ -118,28 +128,19 @@ def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
     return changes
 
 
-def build_discovery(
-    config: ClusterConfig, env: Mapping[str, str], registry: CollectorRegistry | None = None
-) -> Discovery:
-    """``registry``: the node's, for the discovery counters."""
+def build_discovery(config: ClusterConfig, registry: CollectorRegistry | None = None) -> Discovery:
+    """The mechanism ``config`` names, from its settings alone; ``registry``: the node's,
+    for the discovery counters."""
     me = PeerInfo(config.advertise, config.http_address, config.data_center, config.advertise_peer)
-    kind = config.peer_discovery.lower()
+    kind = config.peer_discovery
     if config.peers_file:
-        if kind not in ("static", "none", "") or config.peers:
+        if kind not in ("static", "none") or config.peers:
             raise ConfigError("peers_file is a static peer list: it excludes --peers and "
                               f"--peer-discovery {kind}")  # fmt: skip
         return make_discovery("file", path=config.peers_file, advertise=me)
-    if kind in ("static", "none", ""):
-        return make_discovery("static", peers=list(config.peers) or [me.grpc_address], advertise=me)
-    merged = dict(env)
-    merged["GUBER_PEER_DISCOVERY_TYPE"] = "k8s" if kind == "kubernetes" else kind
-    for name, var in _DISCOVERY_FLAGS.items():
-        value = getattr(config, name)
-        if value:
-            merged[var] = ",".join(value) if isinstance(value, tuple) else str(value)
-    found = options_from_env(merged, me)
+    found = options(config, me)
     if found is None:
-        raise ConfigError(f"peer discovery {kind!r} is not configured")
+        return make_discovery("static", peers=list(config.peers) or [me.grpc_address], advertise=me)
     return make_discovery(found[0], **found[1], registry=registry)
 
 
@@ -161,17 +162,68 @@ def guber_log_level(env: Mapping[str, str]) -> str | None:
     return level
 
 
-def _apply_guber_log_level(env: Mapping[str, str]) -> None:
-    """GUBER_* logging applies unless ``--log-level`` (either level) or SMOCKRON_LOG_LEVEL
-    chose."""
+def _chosen(name: str) -> bool:
+    """Did ``--log-level``/``--log-format`` (either level) or SMOCKRON_LOG_* choose?"""
+    if f"SMOCKRON_{name.upper()}" in os.environ:
+        return True
     ctx = click.get_current_context(silent=True)
     while ctx is not None:
-        if ctx.get_parameter_source("log_level") not in (None, ParameterSource.DEFAULT):
-            return
+        if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT):
+            return True
         ctx = ctx.parent
-    level = guber_log_level(env)
-    if level is not None and "SMOCKRON_LOG_LEVEL" not in env:
+    return False
+
+
+def _apply_guber_logging(env: Mapping[str, str]) -> None:
+    """GUBER_LOG_LEVEL / GUBER_DEBUG and GUBER_LOG_FORMAT apply unless smockron's own
+    log options chose."""
+    level = None if _chosen("log_level") else guber_log_level(env)
+    fmt = None if _chosen("log_format") else env.get("GUBER_LOG_FORMAT", "").strip() or None
+    if fmt is not None and fmt not in ("json", "text"):
+        raise ConfigError("GUBER_LOG_FORMAT is invalid; expected value is either json or text")
+    if fmt is not None:
+        runtime.configure_logging(level or logging.getLevelName(logging.getLogger().level), fmt)
+    elif level is not None:
         logging.getLogger().setLevel(level)
+
+
+class ClusterCommand(SmockronCommand):
+    """``--config`` takes smockron's TOML file or Gubernator's env file (``GUBER_*=value``
+    lines), whose variables are then read as if set in the environment."""
+
+    guber_file: dict[str, str] = {}
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        self.guber_file = {}
+        ctx = super().make_context(*args, **kwargs)
+        ctx.meta[_GUBER_FILE] = self.guber_file
+        return ctx
+
+    def load_file(self, path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        if not is_env_file(text):
+            return super().load_file(path)
+        try:
+            self.guber_file = read_env_file(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        return {}, {}
+
+
+_GUBER_FILE = "smockron.cluster.guber_file"
+
+
+def _printable(config: ClusterConfig) -> dict[str, Any]:
+    """The settings for --print-settings, secrets masked."""
+    values = {f: getattr(config, f) for f in sorted(_FIELDS)}
+    if config.etcd.password:
+        values["etcd"] = replace(config.etcd, password="***")
+    if config.member_list.secret_keys:
+        values["member_list"] = replace(config.member_list, secret_keys=("***",))
+    return values
 
 
 class EnvoyFront:
@@ -245,6 +297,7 @@ async def serve(
             except ConfigError as exc:
                 raise click.ClickException(str(exc)) from None
         await stop.wait()
+        await _drain(server.config.graceful_termination_delay_ms / 1000)
     finally:
         log.info("shutting down")
         if listener is not None:
@@ -252,6 +305,13 @@ async def serve(
         if front is not None:
             await front.close()
         await server.stop()
+
+
+async def _drain(delay: float) -> None:
+    """GUBER_GRACEFUL_TERMINATION_DELAY_SEC: keep serving a while after SIGTERM."""
+    if delay > 0:
+        log.info("graceful termination: serving %.0f s more before stopping", delay)
+        await asyncio.sleep(delay)
 
 
 def _reload(server: ClusterServer, front: EnvoyFront | None, discovery: Discovery) -> None:
@@ -265,7 +325,7 @@ def _reload(server: ClusterServer, front: EnvoyFront | None, discovery: Discover
         reload()
 
 
-@click.command("cluster", cls=SmockronCommand)
+@click.command("cluster", cls=ClusterCommand)
 @click.option(
     "--grpc-address",
     type=HostPort(listen=True, optional=True),
@@ -317,7 +377,11 @@ def _reload(server: ClusterServer, front: EnvoyFront | None, discovery: Discover
 @click.option("--etcd-endpoints", help="comma-separated host:port [GUBER_ETCD_ENDPOINTS]")
 @click.option("--dns-fqdn", help="name whose A/AAAA records are the peers [GUBER_DNS_FQDN]")
 @click.option("--k8s-namespace", help="[GUBER_K8S_NAMESPACE; default]")
-@click.option("--k8s-selector", help="label selector of the pods [GUBER_K8S_ENDPOINTS_SELECTOR]")
+@click.option(
+    "--k8s-selector",
+    help="label selector of the EndpointSlices [GUBER_K8S_SELECTOR; else those of "
+    "GUBER_K8S_SERVICE_NAME]",
+)
 @click.option("--k8s-pod-ip", help="this pod's IP [GUBER_K8S_POD_IP]")
 @click.option(
     "--batch-wait",
@@ -433,17 +497,19 @@ def cluster(**flags: Any) -> None:
     variable, then the --config TOML file. SIGHUP reloads the TLS files, the Envoy
     descriptor files and the peers file.
     """
-    env = dict(os.environ)
     ctx = click.get_current_context()
+    env = {**os.environ, **ctx.meta.get(_GUBER_FILE, {})}
     from_file = ParameterSource.DEFAULT_MAP
     given = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) != from_file}
     filed = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) == from_file}
-    _apply_guber_log_level(env)
+    _apply_guber_logging(env)
     config = build_config(env, given, filed)
-    print_settings_if_asked({f: getattr(config, f) for f in sorted(_FIELDS)})
+    print_settings_if_asked(_printable(config))
+    for line in warnings(env):
+        log.warning("%s", line)
     metrics = ClusterMetrics()
     try:
-        discovery = build_discovery(config, env, metrics.registry)
+        discovery = build_discovery(config, metrics.registry)
     except (OSError, ValueError) as exc:  # the peers file
         raise click.ClickException(str(exc)) from None
     front = _envoy_front(config)

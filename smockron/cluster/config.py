@@ -7,8 +7,9 @@ Flags and ``SMOCKRON_CLUSTER_*`` win over the ``GUBER_*`` variables, which win o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from smockron.core.hashring import DEFAULT_REPLICAS, HASHES
@@ -24,6 +25,65 @@ GLOBAL_MODES = ("lend", "gubernator")
 CLIENT_AUTH_MODES = ("", "request-cert", "verify-cert", "require-any-cert", "require-and-verify")
 """GUBER_TLS_CLIENT_AUTH values (Go's tls.ClientAuthType, named as Gubernator names them)."""
 TLS_VERSIONS = ("1.0", "1.1", "1.2", "1.3")
+DISCOVERY_TYPES = ("static", "etcd", "dns", "k8s", "member-list", "none")
+K8S_MECHANISMS = ("endpointslices", "endpoints")
+"""GUBER_K8S_WATCH_MECHANISM values smockron follows (``endpoints`` means EndpointSlices
+in Gubernator too); Gubernator's ``pods`` is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdPoolConfig:
+    """Gubernator's EtcdPoolConfig (GUBER_ETCD_*)."""
+
+    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    key_prefix: str = "/gubernator-peers"
+    advertise_address: str = ""
+    """The gRPC address the record names; "" = the node's advertised one."""
+    data_center: str | None = None
+    """The record's data center; None = the node's."""
+    username: str = ""
+    password: str = field(default="", repr=False)
+    dial_timeout_ms: float = 5000.0
+
+
+@dataclass(frozen=True, slots=True)
+class K8sPoolConfig:
+    """Gubernator's K8sPoolConfig (GUBER_K8S_*): EndpointSlices of ``service_name``, or
+    those ``selector`` selects."""
+
+    namespace: str = "default"
+    service_name: str = ""
+    selector: str = ""
+    pod_ip: str = ""
+    pod_port: str = ""
+    mechanism: str = "endpointslices"
+
+
+@dataclass(frozen=True, slots=True)
+class DnsPoolConfig:
+    """Gubernator's DNSPoolConfig (GUBER_DNS_FQDN, GUBER_RESOLV_CONF)."""
+
+    fqdn: str = ""
+    resolv_conf: str = "/etc/resolv.conf"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberListPoolConfig:
+    """Gubernator's MemberListPoolConfig (GUBER_MEMBERLIST_*)."""
+
+    address: str = ""
+    """Where other members reach our gossip (host:port); "" = the advertised host, 7946."""
+    bind_address: str = ""
+    """Where the gossip listens; "" = all interfaces, the port of ``address``."""
+    advertise_address: str = ""
+    """The gRPC address our metadata names; "" = the node's advertised one."""
+    known_nodes: tuple[str, ...] = ()
+    node_name: str = ""
+    """"" = the host name, as Gubernator (memberlist) names a node."""
+    secret_keys: tuple[str, ...] = field(default=(), repr=False)
+    gossip_verify_incoming: bool = True
+    gossip_verify_outgoing: bool = True
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +104,16 @@ class ClusterConfig:
     cluster that mixes Gubernator and smockron nodes. Any client of the gRPC port can then
     call PeersV1 (forge GLOBAL state), unless TLS client certificates keep them out."""
     peer_discovery: str = "static"
+    """static (``peers``, else this node alone), etcd, dns, k8s or member-list; the
+    mechanisms' own settings are the pools below, as in Gubernator's DaemonConfig."""
     peers: tuple[str, ...] = ()
     peers_file: str = ""
     """Static peers read from this file (one ``--peers`` entry a line), re-read on SIGHUP and
     when it changes."""
-    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    etcd_key_prefix: str = "/gubernator-peers"
-    dns_fqdn: str = ""
-    k8s_namespace: str = "default"
-    k8s_selector: str = ""
-    k8s_pod_ip: str = ""
-    k8s_pod_port: str = ""
+    etcd: EtcdPoolConfig = field(default_factory=lambda: EtcdPoolConfig())
+    k8s: K8sPoolConfig = field(default_factory=lambda: K8sPoolConfig())
+    dns: DnsPoolConfig = field(default_factory=lambda: DnsPoolConfig())
+    member_list: MemberListPoolConfig = field(default_factory=lambda: MemberListPoolConfig())
     data_center: str = ""
     batch_wait_ms: float = 0.5
     batch_limit: int = 1000
@@ -74,6 +133,9 @@ class ClusterConfig:
     peer_probe_interval_ms: float = 1000.0
     reclaim_interval_ms: float = 1000.0
     """How often expired keys are swept out of the cache (LocalLimiter.reclaim)."""
+    graceful_termination_delay_ms: float = 0.0
+    """On SIGTERM, keep serving this long before stopping (GUBER_GRACEFUL_TERMINATION_DELAY_SEC),
+    so a load balancer stops sending here first."""
     envoy_config: str = ""
     envoy_reload_interval_ms: float = 5000.0
     envoy_response_headers: bool = False
@@ -171,7 +233,24 @@ class ClusterConfig:
             raise ConfigError(f"peer_address must differ from the gRPC address "
                               f"{self.grpc_address!r}")  # fmt: skip
         self._validate_tls()
+        self._validate_discovery()
         return self
+
+    def _validate_discovery(self) -> None:
+        if self.peer_discovery not in DISCOVERY_TYPES:
+            choices = ", ".join(DISCOVERY_TYPES)
+            raise ConfigError(f"peer_discovery must be one of {choices}, "
+                              f"got {self.peer_discovery!r}")  # fmt: skip
+        if self.peers and self.peer_discovery not in ("static", "none"):
+            raise ConfigError(f"a static peer list (--peers, GUBER_PEERS) and "
+                              f"{self.peer_discovery} discovery exclude each other")  # fmt: skip
+        if self.k8s.mechanism not in K8S_MECHANISMS:
+            raise ConfigError(f"GUBER_K8S_WATCH_MECHANISM={self.k8s.mechanism}: smockron "
+                              "watches EndpointSlices only (endpointslices)")  # fmt: skip
+        if self.member_list.secret_keys:
+            raise ConfigError("GUBER_MEMBERLIST_SECRET_KEYS is set, but smockron does not "
+                              "implement member-list gossip encryption: unset it, or keep "
+                              "this node on Gubernator")  # fmt: skip
 
     def _validate_tls(self) -> None:
         if self.tls_client_auth not in CLIENT_AUTH_MODES:
@@ -213,55 +292,86 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def _bool(text: str) -> bool:
     value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if value in ("1", "t", "true", "yes", "on"):
         return True
-    if value in ("0", "false", "no", "off"):
+    if value in ("0", "f", "false", "no", "off"):
         return False
     raise ConfigError(f"must be true or false, got {text!r}")
 
 
-def _int(name: str) -> Any:
-    def conv(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(f"must be an integer, got {text!r}") from None
-
-    return conv
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"must be an integer, got {text!r}") from None
 
 
-# GUBER_* variable -> (config field, converter)
+def _discovery_type(text: str) -> str:
+    kind = text.strip().lower()
+    kind = "k8s" if kind == "kubernetes" else kind
+    if kind not in DISCOVERY_TYPES:
+        raise ConfigError(f"is invalid; choices are [{','.join(DISCOVERY_TYPES)}]")
+    return kind
+
+
+def _peer_picker(text: str) -> None:
+    if text.strip() != "replicated-hash":
+        raise ConfigError(f"{text!r} is invalid; choices are ['replicated-hash']")
+
+
+def _seconds_ms(text: str) -> float:
+    return _int(text) * 1000.0
+
+
+# GUBER_* variable -> (config field, "pool.field" for a discovery pool, converter); a
+# converter returning None only checks the value.
 ENV: dict[str, tuple[str, Any]] = {
     "GUBER_GRPC_ADDRESS": ("grpc_address", str),
     "GUBER_HTTP_ADDRESS": ("http_address", str),
     "GUBER_STATUS_HTTP_ADDRESS": ("status_http_address", str),
     "GUBER_ADVERTISE_ADDRESS": ("advertise_address", str),
-    "GUBER_PEER_DISCOVERY_TYPE": ("peer_discovery", str),
-    "GUBER_ETCD_ENDPOINTS": ("etcd_endpoints", _csv),
-    "GUBER_ETCD_KEY_PREFIX": ("etcd_key_prefix", str),
-    "GUBER_DNS_FQDN": ("dns_fqdn", str),
-    "GUBER_K8S_NAMESPACE": ("k8s_namespace", str),
-    "GUBER_K8S_POD_IP": ("k8s_pod_ip", str),
-    "GUBER_K8S_POD_PORT": ("k8s_pod_port", str),
-    "GUBER_K8S_ENDPOINTS_SELECTOR": ("k8s_selector", str),
+    "GUBER_PEER_DISCOVERY_TYPE": ("peer_discovery", _discovery_type),
+    "GUBER_ETCD_ENDPOINTS": ("etcd.endpoints", _csv),
+    "GUBER_ETCD_KEY_PREFIX": ("etcd.key_prefix", str),
+    "GUBER_ETCD_ADVERTISE_ADDRESS": ("etcd.advertise_address", str),
+    "GUBER_ETCD_DATA_CENTER": ("etcd.data_center", str),
+    "GUBER_ETCD_USER": ("etcd.username", str),
+    "GUBER_ETCD_PASSWORD": ("etcd.password", str),
+    "GUBER_ETCD_DIAL_TIMEOUT": ("etcd.dial_timeout_ms", parse_duration_ms),
+    "GUBER_DNS_FQDN": ("dns.fqdn", str),
+    "GUBER_RESOLV_CONF": ("dns.resolv_conf", str),
+    "GUBER_K8S_NAMESPACE": ("k8s.namespace", str),
+    "GUBER_K8S_POD_IP": ("k8s.pod_ip", str),
+    "GUBER_K8S_POD_PORT": ("k8s.pod_port", str),
+    "GUBER_K8S_ENDPOINTS_SELECTOR": ("k8s.selector", str),  # deprecated; GUBER_K8S_SELECTOR wins
+    "GUBER_K8S_SELECTOR": ("k8s.selector", str),
+    "GUBER_K8S_SERVICE_NAME": ("k8s.service_name", str),
+    "GUBER_K8S_WATCH_MECHANISM": ("k8s.mechanism", str.lower),
+    "GUBER_MEMBERLIST_ADDRESS": ("member_list.address", str),
+    "GUBER_MEMBERLIST_BIND_ADDRESS": ("member_list.bind_address", str),
+    "GUBER_MEMBERLIST_ADVERTISE_ADDRESS": ("member_list.advertise_address", str),
+    "GUBER_MEMBERLIST_KNOWN_NODES": ("member_list.known_nodes", _csv),
+    "GUBER_MEMBERLIST_NODE_NAME": ("member_list.node_name", str),
+    "GUBER_MEMBERLIST_SECRET_KEYS": ("member_list.secret_keys", _csv),
+    "GUBER_MEMBERLIST_GOSSIP_VERIFY_INCOMING": ("member_list.gossip_verify_incoming", _bool),
+    "GUBER_MEMBERLIST_GOSSIP_VERIFY_OUTGOING": ("member_list.gossip_verify_outgoing", _bool),
     "GUBER_DATA_CENTER": ("data_center", str),
     "GUBER_BATCH_WAIT": ("batch_wait_ms", parse_duration_ms),
-    "GUBER_BATCH_LIMIT": ("batch_limit", _int("GUBER_BATCH_LIMIT")),
+    "GUBER_BATCH_LIMIT": ("batch_limit", _int),
     "GUBER_BATCH_TIMEOUT": ("batch_timeout_ms", parse_duration_ms),
     "GUBER_GLOBAL_SYNC_WAIT": ("global_sync_wait_ms", parse_duration_ms),
-    "GUBER_GLOBAL_BATCH_LIMIT": ("global_batch_limit", _int("GUBER_GLOBAL_BATCH_LIMIT")),
+    "GUBER_GLOBAL_BATCH_LIMIT": ("global_batch_limit", _int),
     "GUBER_GLOBAL_TIMEOUT": ("global_timeout_ms", parse_duration_ms),
-    "GUBER_CACHE_SIZE": ("cache_size", _int("GUBER_CACHE_SIZE")),
+    "GUBER_CACHE_SIZE": ("cache_size", _int),
     "GUBER_PEERS": ("peers", _csv),
+    "GUBER_PEER_PICKER": ("", _peer_picker),
     "GUBER_PEER_PICKER_HASH": ("peer_picker_hash", str),
+    "GUBER_REPLICATED_HASH_REPLICAS": ("peer_picker_replicas", _int),
+    "GUBER_GRACEFUL_TERMINATION_DELAY_SEC": ("graceful_termination_delay_ms", _seconds_ms),
     "SMOCKRON_GRPC_SERVER": ("grpc_server", str),
     "SMOCKRON_GLOBAL_MODE": ("global_mode", str),
     # envoyproxy/ratelimit's own variable, for the Envoy front
     "LIMIT_RESPONSE_HEADERS_ENABLED": ("envoy_response_headers", _bool),
-    "GUBER_REPLICATED_HASH_REPLICAS": (
-        "peer_picker_replicas",
-        _int("GUBER_REPLICATED_HASH_REPLICAS"),
-    ),
     "GUBER_TLS_CA": ("tls_ca", str),
     "GUBER_TLS_CA_KEY": ("tls_ca_key", str),
     "GUBER_TLS_CERT": ("tls_cert", str),
@@ -275,6 +385,60 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_TLS_INSECURE_SKIP_VERIFY": ("tls_insecure_skip_verify", _bool),
     "GUBER_TLS_MIN_VERSION": ("tls_min_version", str),
 }
+
+LOGGING_ENV = ("GUBER_LOG_FORMAT", "GUBER_LOG_LEVEL", "GUBER_DEBUG")
+"""Read by the command line (smockron/cluster/cli.py), before the node is built."""
+
+REFUSED: dict[str, str] = {
+    "GUBER_FORCE_GLOBAL": "GLOBAL behaviour forced on every check",
+    "GUBER_GRPC_MAX_CONN_AGE_SEC": "a maximum gRPC connection age",
+    "GUBER_ETCD_TLS_ENABLE": "etcd over TLS",
+    "GUBER_ETCD_TLS_CERT": "etcd over TLS",
+    "GUBER_ETCD_TLS_KEY": "etcd over TLS",
+    "GUBER_ETCD_TLS_CA": "etcd over TLS",
+    "GUBER_ETCD_TLS_SKIP_VERIFY": "etcd over TLS",
+}
+"""Gubernator settings smockron does not implement: set (to anything but empty, 0 or
+false), the node refuses to start rather than run without them."""
+
+IGNORED: dict[str, str] = {
+    "GUBER_WORKER_COUNT": "smockron has no worker pool to size",
+    "GUBER_INSTANCE_ID": "smockron's log lines do not carry an instance id",
+    "GUBER_METRIC_FLAGS": "smockron always exports its process and Python collectors",
+    "GUBER_TRACING_LEVEL": "smockron does not emit OpenTelemetry traces",
+}
+"""Gubernator settings that change neither answers nor membership: accepted, with one
+warning line at start naming each that is set."""
+
+_INERT = ("", "0", "f", "false")
+
+
+def refused(env: Mapping[str, str]) -> None:
+    """ConfigError (one line) for the first Gubernator setting smockron cannot honour."""
+    for var, what in REFUSED.items():
+        if env.get(var, "").strip().lower() not in _INERT:
+            raise ConfigError(f"{var} is set, but smockron does not implement {what}: "
+                              "unset it, or keep this node on Gubernator")  # fmt: skip
+    mechanism = env.get("GUBER_K8S_WATCH_MECHANISM", "").strip().lower()
+    if mechanism and mechanism not in K8S_MECHANISMS:
+        raise ConfigError(f"GUBER_K8S_WATCH_MECHANISM={mechanism}: smockron watches "
+                          "EndpointSlices only (endpointslices)")  # fmt: skip
+
+
+def warnings(env: Mapping[str, str]) -> list[str]:
+    """One line for each GUBER_* variable that is set and has no effect here."""
+    known = {*ENV, *LOGGING_ENV, *REFUSED, "GUBER_DISABLE_BATCHING"}
+    lines = [f"{var} has no effect: {why}" for var, why in IGNORED.items() if env.get(var)]
+    if env.get("GUBER_K8S_ENDPOINTS_SELECTOR") and not env.get("GUBER_K8S_SELECTOR"):
+        lines.append("GUBER_K8S_ENDPOINTS_SELECTOR is deprecated, use GUBER_K8S_SELECTOR instead")
+    for var in sorted(v for v in env if v.startswith("GUBER_") and v not in known):
+        if var not in IGNORED and var not in NOT_READ_BY_NODES:
+            lines.append(f"{var} is not a Gubernator server setting: ignored (a typo?)")
+    return lines
+
+
+NOT_READ_BY_NODES = frozenset({"GUBER_HTTP_RETRY_COUNT"})
+"""Read by Gubernator's clients, not its servers."""
 
 # envoyproxy/ratelimit's TLS variables, read when GRPC_SERVER_USE_TLS is true; the
 # GUBER_TLS_* ones win. A client CA there means clients must show a certificate it signed
@@ -303,16 +467,72 @@ def _envoy_tls(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> ClusterConfig:
-    """``base`` (or the defaults) overridden by every GUBER_* variable that is set."""
+    """``base`` (or the defaults) overridden by every GUBER_* variable that is set.
+
+    As Gubernator: with GUBER_PEER_DISCOVERY_TYPE unset, any GUBER_MEMBERLIST_* variable
+    means member-list discovery (Gubernator's default), never a node alone.
+    """
+    refused(env)
     changes: dict[str, Any] = _envoy_tls(env)
     for var, (name, conv) in ENV.items():
         text = env.get(var)
         if text:
             try:
-                changes[name] = conv(text)
+                value = conv(text)
             except ConfigError as exc:
                 raise ConfigError(f"{var}: {exc}") from None
-    return replace(base or ClusterConfig(), **changes)
+            if name:
+                changes[name] = value
+    try:
+        if _bool(env.get("GUBER_DISABLE_BATCHING") or "false"):
+            changes["batch_wait_ms"] = 0.0
+    except ConfigError as exc:
+        raise ConfigError(f"GUBER_DISABLE_BATCHING: {exc}") from None
+    memberlist = any(v.startswith("GUBER_MEMBERLIST_") and env[v] for v in env)
+    if "peer_discovery" not in changes and memberlist:
+        changes["peer_discovery"] = "member-list"
+    return with_changes(base or ClusterConfig(), changes)
+
+
+POOLS = ("etcd", "k8s", "dns", "member_list")
+
+
+def with_changes(config: ClusterConfig, changes: Mapping[str, Any]) -> ClusterConfig:
+    """``config`` with ``changes``, whose keys are fields or ``pool.field``."""
+    top = {k: v for k, v in changes.items() if "." not in k}
+    for pool in POOLS:
+        nested = {k.partition(".")[2]: v for k, v in changes.items() if k.startswith(pool + ".")}
+        if nested:
+            top[pool] = replace(getattr(config, pool), **nested)
+    return replace(config, **top)
+
+
+_ENV_LINE = re.compile(r"[A-Z][A-Z0-9_]*\s*=")
+
+
+def is_env_file(text: str) -> bool:
+    """Is this Gubernator's ``--config`` file (``GUBER_NAME=value`` lines) rather than a
+    TOML one (whose keys are lower-case option names)? Its first setting line says."""
+    for line in text.split("\n"):
+        if line and not line.startswith(("#", " ", "\t")):
+            return _ENV_LINE.match(line) is not None
+    return False
+
+
+def read_env_file(text: str) -> dict[str, str]:
+    """Gubernator's ``fromEnvFile``: ``KEY=VALUE`` lines, both sides trimmed, no quoting;
+    lines that are empty or start with ``#``, a space or a tab are skipped; any other line
+    without ``=`` is an error. The values then win over the environment, as Gubernator's
+    ``os.Setenv`` of each line does."""
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line or line.startswith(("#", " ", "\t")):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ConfigError(f"malformed key=value on line {number}: {line[:80]!r}")
+        env[key.strip()] = value.strip()
+    return env
 
 
 FIELD_NAMES = frozenset(f.name for f in fields(ClusterConfig))

@@ -90,9 +90,9 @@ def test_bad_values_name_the_variable() -> None:
 
 def test_static_discovery_from_peers() -> None:
     config = build_config({}, {"peers": "127.0.0.1:1,127.0.0.1:2", "grpc_address": "127.0.0.1:1"})
-    assert isinstance(build_discovery(config, {}), StaticDiscovery)
+    assert isinstance(build_discovery(config), StaticDiscovery)
     with pytest.raises(ConfigError, match="GUBER_DNS_FQDN"):
-        build_discovery(build_config({}, {"peer_discovery": "dns"}), {})
+        build_discovery(build_config({}, {"peer_discovery": "dns"}))
 
 
 def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:

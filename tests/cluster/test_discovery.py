@@ -107,9 +107,9 @@ def test_env_dns_and_k8s() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"GUBER_PEER_DISCOVERY_TYPE": "member-list"}, "not supported"),
+        ({"GUBER_PEER_DISCOVERY_TYPE": "member-list"}, "member-list peer discovery"),
         ({"GUBER_PEER_DISCOVERY_TYPE": "dns"}, "GUBER_DNS_FQDN"),
-        ({"GUBER_PEER_DISCOVERY_TYPE": "k8s"}, "GUBER_K8S_ENDPOINTS_SELECTOR"),
+        ({"GUBER_PEER_DISCOVERY_TYPE": "k8s"}, "GUBER_K8S_SERVICE_NAME"),
         (
             {
                 "GUBER_PEER_DISCOVERY_TYPE": "k8s",
@@ -173,7 +173,7 @@ async def test_cli_advertises_the_peer_listener() -> None:
     flags = {"grpc_address": "127.0.0.1:1051", "peer_address": "127.0.0.1:7000",
              "peers": "127.0.0.2:1051/7001"}  # fmt: skip
     rec = Recorder()
-    await build_discovery(build_config({}, flags), {}).start(rec)
+    await build_discovery(build_config({}, flags)).start(rec)
     assert rec.lists[-1] == [
         PeerInfo("127.0.0.1:1051", "127.0.0.1:1050", peer_address="127.0.0.1:7000"),
         PeerInfo("127.0.0.2:1051", peer_address="127.0.0.2:7001"),

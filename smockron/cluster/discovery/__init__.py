@@ -1,6 +1,7 @@
 """Peer discovery: each mechanism reports the full peer list whenever it changes.
 
-Mechanisms live one per module (``static``, ``etcd``, ``dns``, ``kubernetes``) and are
+Mechanisms live one per module (``static``, ``etcd``, ``dns``, ``kubernetes``,
+``memberlist``) and are
 imported lazily by :func:`make_discovery`, so a node using a static list never imports an
 etcd or Kubernetes client.
 """
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from smockron import errors
+from smockron.cluster import config as _config
 from smockron.cluster.config import peer_address_of as _peer_address_of
 from smockron.cluster.discovery.base import Discovery, OnChange, PeerInfo
 
@@ -31,6 +33,7 @@ __all__ = [
     "OnChange",
     "PeerInfo",
     "make_discovery",
+    "options",
     "options_from_env",
 ]
 
@@ -53,49 +56,49 @@ def make_discovery(kind: str, **options: Any) -> Discovery:
 def options_from_env(
     environ: Mapping[str, str], advertise: PeerInfo
 ) -> tuple[str, dict[str, Any]] | None:
-    """Gubernator's ``GUBER_*`` discovery variables -> ``(kind, options)`` for make_discovery.
+    """Gubernator's ``GUBER_*`` discovery variables -> ``(kind, options)`` for make_discovery;
+    None for a static list or ``none``. See :func:`options`."""
+    from smockron.cluster.config import from_env
 
-    None when ``GUBER_PEER_DISCOVERY_TYPE`` is unset or ``none``; ``member-list`` (gossip,
-    which smockron does not implement) is a ConfigError naming the alternatives.
-    """
-    kind = environ.get("GUBER_PEER_DISCOVERY_TYPE", "").strip().lower()
-    if kind in ("", "none"):
+    return options(from_env(environ), advertise)
+
+
+def options(
+    config: _config.ClusterConfig, advertise: PeerInfo
+) -> tuple[str, dict[str, Any]] | None:
+    """The mechanism ``config.peer_discovery`` names, with its pool's settings, as
+    ``(kind, options)`` for make_discovery; None for a static list or ``none``."""
+    kind = config.peer_discovery
+    if kind in ("static", "none"):
         return None
     if kind == "etcd":
-        return "etcd", _etcd_env(environ, advertise)
+        return "etcd", _etcd(config.etcd, advertise)
     if kind == "dns":
-        return "dns", {
-            "fqdn": _required(environ, "GUBER_DNS_FQDN"),
-            "advertise": advertise,
-            "resolv_conf": environ.get("GUBER_RESOLV_CONF", "/etc/resolv.conf"),
-        }
+        if not config.dns.fqdn:
+            raise errors.ConfigError("GUBER_DNS_FQDN must be set for dns peer discovery")
+        return "dns", {"fqdn": config.dns.fqdn, "advertise": advertise,
+                       "resolv_conf": config.dns.resolv_conf}  # fmt: skip
     if kind == "k8s":
-        return "k8s", _k8s_env(environ)
-    choices = "etcd, dns, k8s, none (or smockron's --peers static list)"
+        return "k8s", _k8s(config.k8s)
     raise errors.ConfigError(
-        f"GUBER_PEER_DISCOVERY_TYPE={kind!r} is not supported; choices are {choices}"
+        "member-list peer discovery (Gubernator's default, chosen by GUBER_MEMBERLIST_* or "
+        "GUBER_PEER_DISCOVERY_TYPE) is not implemented: use etcd, dns, k8s or a static list"
     )
 
 
-def _required(environ: Mapping[str, str], name: str) -> str:
-    value = environ.get(name, "").strip()
-    if not value:
-        raise errors.ConfigError(f"{name} must be set for this peer discovery type")
-    return value
-
-
-def _etcd_env(environ: Mapping[str, str], advertise: PeerInfo) -> dict[str, Any]:
-    grpc_address = environ.get("GUBER_ETCD_ADVERTISE_ADDRESS") or advertise.grpc_address
-    data_center = environ.get("GUBER_ETCD_DATA_CENTER", advertise.data_center)
+def _etcd(pool: _config.EtcdPoolConfig, advertise: PeerInfo) -> dict[str, Any]:
+    grpc_address = pool.advertise_address or advertise.grpc_address
+    data_center = advertise.data_center if pool.data_center is None else pool.data_center
     peer_address = _moved_peer_address(advertise, grpc_address)
     options: dict[str, Any] = {
         "advertise": PeerInfo(grpc_address, advertise.http_address, data_center, peer_address),
-        "endpoints": environ.get("GUBER_ETCD_ENDPOINTS", "localhost:2379"),
-        "key_prefix": environ.get("GUBER_ETCD_KEY_PREFIX", "/gubernator-peers"),
+        "endpoints": ",".join(pool.endpoints),
+        "key_prefix": pool.key_prefix,
     }
-    if environ.get("GUBER_ETCD_USER"):
-        options["username"] = environ["GUBER_ETCD_USER"]
-        options["password"] = environ.get("GUBER_ETCD_PASSWORD", "")
+    options["timeout"] = pool.dial_timeout_ms / 1000
+    if pool.username:
+        options["username"] = pool.username
+        options["password"] = pool.password
     return options
 
 
@@ -109,18 +112,33 @@ def _moved_peer_address(advertise: PeerInfo, grpc_address: str) -> str:
     return grpc_address if advertise.peer_address == old else _peer_address_of(grpc_address)
 
 
-def _k8s_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    mechanism = environ.get("GUBER_K8S_WATCH_MECHANISM", "endpointslices").lower()
-    if mechanism not in ("", "endpoints", "endpointslices"):
-        raise errors.ConfigError(
-            f"GUBER_K8S_WATCH_MECHANISM={mechanism!r}: only endpointslices is supported"
-        )
-    port = environ.get("GUBER_K8S_POD_PORT", "1051")
+def _k8s(pool: _config.K8sPoolConfig) -> dict[str, Any]:
+    """EndpointSlices of GUBER_K8S_SERVICE_NAME (Gubernator's way), else those
+    GUBER_K8S_SELECTOR (or the deprecated GUBER_K8S_ENDPOINTS_SELECTOR) selects."""
+    port = pool.pod_port or "1051"
     if not port.isdigit():
         raise errors.ConfigError(f"GUBER_K8S_POD_PORT={port!r} is not a port number")
+    options: dict[str, Any] = {"namespace": pool.namespace}
+    if pool.service_name:
+        options["service_name"] = pool.service_name
+    elif pool.selector:
+        options["selector"] = pool.selector
+    else:
+        raise errors.ConfigError("k8s peer discovery needs GUBER_K8S_SERVICE_NAME (the "
+                                 "Service whose EndpointSlices list the nodes) or "
+                                 "GUBER_K8S_SELECTOR")  # fmt: skip
+    return {**options, "pod_ip": pool.pod_ip, "pod_port": int(port)}
+
+
+def _member_list(pool: _config.MemberListPoolConfig, advertise: PeerInfo) -> dict[str, Any]:
+    grpc_address = pool.advertise_address or advertise.grpc_address
+    me = PeerInfo(grpc_address, advertise.http_address, advertise.data_center,
+                  _moved_peer_address(advertise, grpc_address))  # fmt: skip
+    host = grpc_address.rpartition(":")[0].strip("[]")
     return {
-        "namespace": environ.get("GUBER_K8S_NAMESPACE", "default"),
-        "selector": _required(environ, "GUBER_K8S_ENDPOINTS_SELECTOR"),
-        "pod_ip": environ.get("GUBER_K8S_POD_IP", ""),
-        "pod_port": int(port),
+        "advertise": me,
+        "address": pool.address or f"{host}:7946",
+        "bind_address": pool.bind_address,
+        "known_nodes": list(pool.known_nodes),
+        "node_name": pool.node_name,
     }
