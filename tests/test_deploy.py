@@ -17,12 +17,14 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import re
 import shlex
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +36,15 @@ import yaml
 
 from smockron import compiled
 from smockron.curve import keygen
-from tests.support import REPO_ROOT, free_ports, smockron_proc, wait_for, wait_port
+from tests.support import (
+    REPO_ROOT,
+    free_ports,
+    port_open,
+    smockron_env,
+    smockron_proc,
+    wait_for,
+    wait_port,
+)
 
 DEPLOY = REPO_ROOT / "deploy"
 DOCS = REPO_ROOT / "docs"
@@ -318,6 +328,98 @@ def test_systemd_verify_can_fail(tmp_path: Path) -> None:
     bad.write_text(f"[Service]\nExecStart={smockron_executable()} master\nProtectSystem=strikt\n")
     result = subprocess.run([tool, "verify", str(bad)], capture_output=True, text=True, timeout=60)
     assert "strikt" in result.stderr
+
+
+def guide_commands(guide: Path, heading: str) -> list[str]:
+    """The commands of the first ``sh`` block after ``heading`` in ``guide``."""
+    text = guide.read_text()
+    section = text[text.index(heading) :]
+    block = section[section.index("```sh\n") + 6 :]
+    return [ln for ln in block[: block.index("```")].splitlines() if ln.strip()]
+
+
+def unit_settings(unit: Path) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    for line in unit.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+NOBODY = 65534
+GUIDE_NOT_RUN = ("apt-get ", "python3 -m venv ", "/opt/smockron/bin/pip ", "systemctl ", "curl ")
+"""What walking the guide leaves to the machine (packages, the venv, systemd): the test
+runs this checkout's smockron, then what systemd would run, as systemd would run it."""
+
+
+def test_the_systemd_guide_gives_a_master_that_starts_as_its_unit_runs_it() -> None:
+    """Every file the guide has you create, created by its own commands (under a scratch
+    /etc/smockron); then the unit's ExecStart as its dynamic user would run it: an
+    unprivileged user (nobody), the LoadCredential= files copied for it alone into a
+    credentials directory (%d). The master must serve /readyz. (The guide once left the
+    keys its master.toml names uncreated, and keys made by keygen unreadable to the unit's
+    user: exit 2, then a restart loop.)"""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the unit's command as another user")
+    scratch = Path(tempfile.mkdtemp(prefix="smockron-guide-"))  # nobody may traverse it
+    scratch.chmod(0o755)
+    etc = scratch / "etc" / "smockron"
+    smockron_cmd = f"{sys.executable} -m smockron"
+    try:
+        skipped = []
+        for line in guide_commands(DOCS / "deployment.md", "## On hosts, with systemd"):
+            command = line.replace("sudo ", "")
+            if command.startswith(GUIDE_NOT_RUN) or "deploy/systemd" in command:
+                skipped.append(command.split()[0])
+                continue
+            command = command.replace("/etc/smockron", str(etc))
+            command = command.replace("/opt/smockron/bin/smockron", smockron_cmd)
+            done = subprocess.run(["bash", "-ec", command], cwd=REPO_ROOT, env=smockron_env(),
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert done.returncode == 0, f"{line}: {done.stderr}"
+        assert sorted(set(skipped)) == ["/opt/smockron/bin/pip", "apt-get", "cp", "curl",
+                                        "python3", "systemctl"]  # fmt: skip
+        for toml in etc.glob("*.toml"):  # the scratch directory stands for /etc/smockron
+            toml.write_text(toml.read_text().replace("/etc/smockron", str(etc)))
+        unit = unit_settings(DEPLOY / "systemd" / "smockron-master.service")
+        assert unit["DynamicUser"] == ["yes"]
+        credentials = scratch / "credentials"
+        credentials.mkdir()
+        for spec in unit.get("LoadCredential", []):
+            name, _, source = spec.partition(":")
+            copy = credentials / name
+            shutil.copyfile(source.replace("/etc/smockron", str(etc)), copy)
+            copy.chmod(0o400)
+            os.chown(copy, NOBODY, NOBODY)
+        credentials.chmod(0o500)
+        os.chown(credentials, NOBODY, NOBODY)
+        (exec_start,) = unit["ExecStart"]
+        exec_start = exec_start.replace("%d", str(credentials)).replace("/etc/smockron", str(etc))
+        argv = shlex.split(exec_start.replace("/opt/smockron/bin/smockron", smockron_cmd))
+        acc, ctl, metrics = free_ports(3)
+        env = {**smockron_env(), "HOME": "/nonexistent", "CREDENTIALS_DIRECTORY": str(credentials),
+               "SMOCKRON_MASTER_ACCOUNTING": f"tcp://127.0.0.1:{acc}",  # loopback in a test
+               "SMOCKRON_MASTER_CONTROL": f"tcp://127.0.0.1:{ctl}",
+               "SMOCKRON_MASTER_METRICS": f"127.0.0.1:{metrics}"}  # fmt: skip
+        as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                     "--no-new-privs", *argv]  # fmt: skip
+        log = scratch / "master.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(as_nobody, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+        try:
+            wait_for(lambda: port_open(metrics) or proc.poll() is not None, timeout=30)
+            assert proc.poll() is None, log.read_text()
+            status, body = http_get(metrics, "/readyz")
+            assert status == 200 and json.loads(body)["ready"] is True, body
+            assert "curve=on" in log.read_text()  # the keys the guide made are in use
+        finally:
+            proc.terminate()
+            proc.wait(20)
+        assert proc.returncode == 0, log.read_text()
+    finally:
+        shutil.rmtree(scratch)
 
 
 # ---------------------------------------------------------------- Dockerfile
@@ -607,8 +709,8 @@ def test_example_master_config_starts_a_master(tmp_path: Path) -> None:
     assert str(metrics) in text and str(ctl) in text
     keys = tmp_path / "keys"  # the example authenticates the control plane with CURVE
     keygen(keys, "master")
-    keygen(keys / "gatekeepers", "gk1")
-    text = text.replace("/etc/smockron/keys", str(keys))
+    keygen(tmp_path / "gatekeepers", "gk1")
+    text = text.replace("/etc/smockron", str(tmp_path))
     assert str(keys) in text
     (tmp_path / "master.toml").write_text(text)
     with smockron_proc(
