@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from smockron.cluster import convert, lending
+from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import peers_pb2
 from smockron.cluster.peers import PeerClient
@@ -61,7 +63,10 @@ class GlobalSync:
         timeout_ms: float = 500.0,
         clock: Callable[[], int],
         address: str = "",
+        metrics: ClusterMetrics | None = None,
     ) -> None:
+        """``metrics``: where the duration of each round and failed calls are counted."""
+        self._metrics = metrics or ClusterMetrics()
         self._timeout_ms = timeout_ms
         self._limiter = limiter
         self._replicas = replicas
@@ -80,7 +85,7 @@ class GlobalSync:
         self._closed = False
         self._broadcasts: dict[str, RateLimitRequest] = {}
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[bool]] = set()
         self.hits_sent = 0
         self.broadcasts_sent = 0
 
@@ -157,8 +162,9 @@ class GlobalSync:
                 req.metadata = {lending.PEER: self._address, lending.DEMAND: asked}
         broadcasts, self._broadcasts = self._broadcasts, {}
         loop = asyncio.get_running_loop()
-        for coro in (self._send_hits(hits), self._send_broadcasts(broadcasts)):
-            task = loop.create_task(coro)
+        for kind, coro in (("hits", self._send_hits(hits)),
+                           ("broadcast", self._send_broadcasts(broadcasts))):  # fmt: skip
+            task = loop.create_task(self._timed(kind, coro))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if self._asking and not self._closed:  # come back for the keys that go idle
@@ -177,9 +183,17 @@ class GlobalSync:
                     demand[key] = 0
 
     # -- sending ----------------------------------------------------------------------
-    async def _send_hits(self, hits: dict[str, RateLimitRequest]) -> None:
+    async def _timed(self, kind: str, coro: Coroutine[Any, Any, bool]) -> bool:
+        """One round's duration, when it sent anything (Gubernator's send/broadcast timers)."""
+        start = time.perf_counter()
+        sent = await coro
+        if sent:
+            self._metrics.global_sync_duration.labels(kind).observe(time.perf_counter() - start)
+        return sent
+
+    async def _send_hits(self, hits: dict[str, RateLimitRequest]) -> bool:
         if not hits:
-            return
+            return False
         by_owner: dict[str, tuple[PeerClient, list[RateLimitRequest]]] = {}
         local: list[RateLimitRequest] = []
         for req in hits.values():
@@ -193,6 +207,7 @@ class GlobalSync:
                 self._replicas.confirm(req.hash_key, req.hits, resp, req.algorithm)
                 self.queue_broadcast(req)
         await asyncio.gather(*(self._send_to_owner(p, reqs) for p, reqs in by_owner.values()))
+        return True
 
     async def _send_to_owner(self, peer: PeerClient, reqs: list[RateLimitRequest]) -> None:
         for start in range(0, len(reqs), self._limit):
@@ -205,14 +220,15 @@ class GlobalSync:
                 self.hits_sent += len(chunk)
             except Exception as exc:
                 _lost_log.warning("GLOBAL hits to %s lost: %s", peer.address, exc)
+                self._metrics.global_sync_errors.labels("hits").inc()
                 self._on_peer_failure(peer)
                 resps = [None] * len(chunk)
             for req, resp in zip(chunk, resps, strict=True):
                 self._replicas.confirm(req.hash_key, req.hits, resp, req.algorithm, sent_at)
 
-    async def _send_broadcasts(self, broadcasts: dict[str, RateLimitRequest]) -> None:
+    async def _send_broadcasts(self, broadcasts: dict[str, RateLimitRequest]) -> bool:
         if not broadcasts:
-            return
+            return False
         reqs = list(broadcasts.values())
         now = self._clock()
         statuses = self._limiter.check(reqs, now)
@@ -229,7 +245,7 @@ class GlobalSync:
         ]
         peers = self._peers()
         if not updates or not peers:
-            return
+            return False
         chunks = [updates[i : i + self._limit] for i in range(0, len(updates), self._limit)]
         results = await asyncio.gather(
             *(
@@ -239,7 +255,11 @@ class GlobalSync:
             ),
             return_exceptions=True,
         )
-        self.broadcasts_sent += sum(1 for r in results if not isinstance(r, BaseException))
+        failed = sum(1 for r in results if isinstance(r, BaseException))
+        self.broadcasts_sent += len(results) - failed
+        if failed:
+            self._metrics.global_sync_errors.labels("broadcast").inc(failed)
+        return True
 
     async def close(self) -> None:
         self._closed = True

@@ -10,6 +10,7 @@ command line builds it (``registry=``); the Envoy front adds its collector with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 C = TypeVar("C", bound=Collector)
 
 DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5)
+SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class ClusterMetrics:
@@ -55,8 +57,23 @@ class ClusterMetrics:
             buckets=DURATION_BUCKETS,
             registry=reg,
         )
+        self.request_duration = duration
         self.client_duration = duration.labels("client")
         self.peer_duration = duration.labels("peer")
+        self.global_sync_duration = Histogram(
+            "smockron_cluster_global_sync_seconds",
+            "Time of one GLOBAL round that sent something: hits to their owners, or the "
+            "owner's broadcast of its state to the other nodes.",
+            ["kind"],
+            buckets=SYNC_BUCKETS,
+            registry=reg,
+        )
+        self.global_sync_errors = Counter(
+            "smockron_cluster_global_sync_errors_total",
+            "Failed GLOBAL calls: hits to an owner, or a broadcast to one node.",
+            ["kind"],
+            registry=reg,
+        )
         self.peer_calls_refused = Counter(
             "smockron_cluster_peer_calls_refused_total",
             "PeersV1 calls refused on the client gRPC port (they belong on the peer "
@@ -90,3 +107,132 @@ class ClusterMetrics:
             collector = self._shared[name] = make()
             self.registry.register(collector)
         return cast(C, collector)
+
+
+# -- Gubernator's names ----------------------------------------------------------------------
+
+_V1 = "/pb.gubernator.V1/GetRateLimits"
+_PEERS = "/pb.gubernator.PeersV1/GetPeerRateLimits"
+_METHODS = {"client": _V1, "peer": _PEERS}
+_HELP = {
+    "gubernator_getratelimit_counter": 'The count of getLocalRateLimit() calls.  Label "calltype" '
+    'may be "local" for calls handled by the same peer, or "global" for global rate limits.',
+    "gubernator_grpc_request_counts": "The count of gRPC requests.",
+    "gubernator_grpc_request_duration": "The timings of gRPC requests in seconds",
+    "gubernator_global_send_duration": "The duration of GLOBAL async sends in seconds.",
+    "gubernator_global_send_errors": "The count of errors during global send to owning peer",
+    "gubernator_broadcast_duration": "The duration of GLOBAL broadcasts to peers in seconds.",
+    "gubernator_broadcast_errors": "The count of errors during during UpdatePeerGlobals",
+    "gubernator_cache_size": "The number of items in LRU Cache which holds the rate limits.",
+}
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def gubernator_exposition(metrics: ClusterMetrics, cache_size: int) -> bytes:
+    """Gubernator's own metric families (names, types and labels as its Go source
+    declares them), in the Prometheus text format, computed from this node's counters
+    when scraped: nothing is counted twice per request.
+
+    Written here rather than by prometheus-client, which would rename a counter
+    ``..._total``; Gubernator's Go client does not. A summary's quantiles (0.5 and 0.99,
+    Gubernator's objectives) are estimated from the histogram's buckets since start,
+    where Gubernator's come from a sliding ten-minute window."""
+    lines: list[str] = []
+    checks = _values(metrics.checks, "route")
+    local = sum(v for route, v in checks.items() if route not in ("forwarded", "global_replica"))
+    glob = checks.get("global_replica", 0.0)
+    _family(lines, "gubernator_getratelimit_counter", "counter", [
+        ("", {"calltype": "local"}, local), ("", {"calltype": "global"}, glob),
+    ])  # fmt: skip
+    requests = _histograms(metrics.request_duration, "kind")
+    malformed = _values(metrics.grpc_malformed, "method")
+    counts: Samples = []
+    durations: Samples = []
+    for kind, method in _METHODS.items():
+        hist = requests.get(kind, _EMPTY)
+        failed = sum(v for m, v in malformed.items() if method.endswith("/" + m))
+        counts += [("", {"method": method, "status": "failed"}, failed),
+                   ("", {"method": method, "status": "success"}, hist.count)]  # fmt: skip
+        durations += hist.summary({"method": method})
+    _family(lines, "gubernator_grpc_request_counts", "counter", counts)
+    _family(lines, "gubernator_grpc_request_duration", "summary", durations)
+    sync = _histograms(metrics.global_sync_duration, "kind")
+    errors = _values(metrics.global_sync_errors, "kind")
+    _family(lines, "gubernator_global_send_duration", "summary",
+            sync.get("hits", _EMPTY).summary({}))  # fmt: skip
+    _family(lines, "gubernator_global_send_errors", "counter", [("", {}, errors.get("hits", 0))])
+    _family(lines, "gubernator_broadcast_duration", "summary",
+            sync.get("broadcast", _EMPTY).summary({}))  # fmt: skip
+    _family(lines, "gubernator_broadcast_errors", "counter",
+            [("", {}, errors.get("broadcast", 0))])  # fmt: skip
+    _family(lines, "gubernator_cache_size", "gauge", [("", {}, float(cache_size))])
+    return "".join(lines).encode()
+
+
+def _family(lines: list[str], name: str, kind: str, samples: Samples) -> None:
+    lines.append(f"# HELP {name} {_HELP[name]}\n# TYPE {name} {kind}\n")
+    for suffix, labels, value in samples:
+        text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        number = _number(value)
+        lines.append(f"{name}{suffix}{{{text}}} {number}\n" if text else
+                     f"{name}{suffix} {number}\n")  # fmt: skip
+
+
+def _number(value: float) -> str:
+    """As Go writes it: ``3``, ``0.25``, ``NaN``."""
+    if math.isnan(value):
+        return "NaN"
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
+def _values(collector: Counter, label: str) -> dict[str, float]:
+    """A labelled counter's totals by ``label``."""
+    return {s.labels[label]: s.value for m in collector.collect() for s in m.samples
+            if s.name.endswith("_total")}  # fmt: skip
+
+
+class _Histogram:
+    """One labelled child of a histogram, as scraped: cumulative buckets, count, sum."""
+
+    def __init__(self) -> None:
+        self.buckets: list[tuple[float, float]] = []
+        self.count = 0.0
+        self.sum = 0.0
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation inside the bucket holding rank q (PromQL's
+        histogram_quantile); NaN when nothing was observed, as a Go summary says."""
+        if not self.count:
+            return float("nan")
+        rank, low, below = q * self.count, 0.0, 0.0
+        for bound, cumulative in self.buckets:
+            if cumulative >= rank:
+                if bound == float("inf"):
+                    return low
+                inside = cumulative - below
+                return low + (bound - low) * ((rank - below) / inside if inside else 0.0)
+            low, below = bound, cumulative
+        return low
+
+    def summary(self, labels: dict[str, str]) -> Samples:
+        out: Samples = [("", {**labels, "quantile": str(q)}, self.quantile(q)) for q in (0.5, 0.99)]
+        return [*out, ("_sum", labels, self.sum), ("_count", labels, self.count)]
+
+
+_EMPTY = _Histogram()
+
+
+def _histograms(collector: Histogram, label: str) -> dict[str, _Histogram]:
+    out: dict[str, _Histogram] = {}
+    for metric in collector.collect():
+        for s in metric.samples:
+            child = out.setdefault(s.labels[label], _Histogram())
+            if s.name.endswith("_bucket"):
+                child.buckets.append((float(s.labels["le"]), s.value))
+            elif s.name.endswith("_count"):
+                child.count = s.value
+            elif s.name.endswith("_sum"):
+                child.sum = s.value
+    return out

@@ -90,6 +90,7 @@ class Node:
             timeout_ms=config.global_timeout_ms,
             clock=self._clock,
             address=self.address if self.lends else "",
+            metrics=self.metrics,
         )
         self._probe_task: asyncio.Task[None] | None = None
         self._reclaim_task: asyncio.Task[None] | None = None

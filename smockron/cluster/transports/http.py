@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.metrics_core import Metric
 
 from smockron.cluster.api import TOO_MANY, answer, health_pb
+from smockron.cluster.metrics import gubernator_exposition
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.httplog import ServerLog
@@ -166,8 +167,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """The process's counters, then the node's own (smockron.cluster.metrics)."""
-    body = generate_latest() + generate_latest(request.app[_NODE].metrics.registry)
+    """The process's counters, then the node's own (smockron.cluster.metrics), then
+    Gubernator's names for them, where Gubernator serves its metrics."""
+    node = request.app[_NODE]
+    body = generate_latest() + generate_latest(node.metrics.registry)
+    body += gubernator_exposition(node.metrics, len(node.limiter))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

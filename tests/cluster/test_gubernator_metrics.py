@@ -1,0 +1,106 @@
+"""Gubernator's metric names on a real node's /metrics: a dashboard built on Gubernator
+keeps its series (names, types and labels as gubernator's Go source declares them)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.request
+from pathlib import Path
+
+from smockron.cluster.metrics import ClusterMetrics, gubernator_exposition
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
+
+V1 = "/pb.gubernator.V1/GetRateLimits"
+TYPES = {
+    "gubernator_getratelimit_counter": "counter",
+    "gubernator_grpc_request_counts": "counter",
+    "gubernator_grpc_request_duration": "summary",
+    "gubernator_global_send_duration": "summary",
+    "gubernator_global_send_errors": "counter",
+    "gubernator_broadcast_duration": "summary",
+    "gubernator_broadcast_errors": "counter",
+    "gubernator_cache_size": "gauge",
+}
+SAMPLE = re.compile(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$")
+
+
+def scrape(http_port: int) -> tuple[dict[str, str], dict[tuple[str, str], float]]:
+    """The TYPE of each family, and each sample by (name, labels text)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    samples = {}
+    for line in text.splitlines():
+        match = SAMPLE.match(line)
+        if match and match.group(1).startswith("gubernator_"):
+            samples[(match.group(1), match.group(2) or "")] = float(match.group(3))
+    return types, samples
+
+
+def check(http_port: int, key: str, behavior: int = 0) -> None:
+    item = {"name": "dash", "unique_key": key, "hits": 1, "limit": 100, "duration": 60_000,
+            "behavior": behavior}  # fmt: skip
+    body = json.dumps({"requests": [item]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/GetRateLimits", body)
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert json.loads(resp.read())["responses"][0].get("error", "") == ""
+
+
+def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
+    g1, h1, g2, h2 = free_ports(4)
+    peers = f"127.0.0.1:{g1},127.0.0.1:{g2}"
+    procs: list[Proc] = []
+    with stopping(procs):
+        for g, h in ((g1, h1), (g2, h2)):
+            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
+                    f"127.0.0.1:{h}", "--peers", peers, "--global-sync-wait", "20ms"]  # fmt: skip
+            procs.append(run_smockron(args, tmp_path / f"{g}.log"))
+        for port in (h1, h2):
+            wait_port(port)
+        for i in range(3):  # one node alone answers these: the key is its own
+            check(h1, f"local-{i}")
+        for i in range(20):  # GLOBAL keys, some owned by each node: the second check at
+            check(h1, f"global-{i % 10}", behavior=2)  # a non-owner is answered there
+
+        def synced() -> bool:
+            ones, twos = scrape(h1)[1], scrape(h2)[1]
+            return all(s[("gubernator_broadcast_duration_count", "")] > 0 for s in (ones, twos))
+
+        wait_for(synced)
+        types, samples = scrape(h1)
+        other = scrape(h2)[1]
+    assert {name: types.get(name) for name in TYPES} == TYPES
+    calls = samples[("gubernator_grpc_request_counts", f'method="{V1}",status="success"')]
+    assert calls == 23
+    assert samples[("gubernator_grpc_request_duration_count", f'method="{V1}"')] == 23
+    assert samples[("gubernator_grpc_request_duration_sum", f'method="{V1}"')] > 0
+    median = samples[("gubernator_grpc_request_duration", f'method="{V1}",quantile="0.5"')]
+    assert 0 < median < samples[("gubernator_grpc_request_duration_sum", f'method="{V1}"')]
+    # a check decided by an owner counts "local" there: the 3, and at least the first
+    # check of each GLOBAL key (the second may be a replica's: "global" at the non-owner)
+    local = [s[("gubernator_getratelimit_counter", 'calltype="local"')] for s in (samples, other)]
+    assert sum(local) >= 3 + 10
+    assert samples[("gubernator_getratelimit_counter", 'calltype="global"')] > 0
+    assert samples[("gubernator_global_send_duration_count", "")] > 0
+    assert samples[("gubernator_global_send_errors", "")] == 0
+    assert samples[("gubernator_cache_size", "")] >= 3
+
+
+def test_quantiles_come_from_the_buckets() -> None:
+    metrics = ClusterMetrics()
+    text = gubernator_exposition(metrics, 0).decode()
+    assert f'gubernator_grpc_request_duration{{method="{V1}",quantile="0.5"}} NaN' in text
+    for seconds in (0.0002,) * 50 + (0.02,) * 50:
+        metrics.client_duration.observe(seconds)
+    text = gubernator_exposition(metrics, 7).decode()
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    # rank 50 of 100 ends the (0.0001, 0.00025] bucket; rank 99 is inside (0.01, 0.025]
+    assert float(values[f'gubernator_grpc_request_duration{{method="{V1}",quantile="0.5"}}']) == (
+        0.00025
+    )
+    q99 = float(values[f'gubernator_grpc_request_duration{{method="{V1}",quantile="0.99"}}'])
+    assert math.isclose(q99, 0.01 + 0.015 * 49 / 50)
+    assert values["gubernator_cache_size"] == "7"
+    assert values['gubernator_getratelimit_counter{calltype="local"}'] == "0"
