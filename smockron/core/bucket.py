@@ -11,6 +11,10 @@ the same unit; floats, so not for exact oracles.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
+
+EPSILON: Final = 1e-9
+"""Tokens a float sum may miss by (a debt of 3 refilled over exactly 3 s)."""
 
 
 @dataclass(slots=True)
@@ -34,8 +38,12 @@ class TokenBucket:
         return self.tokens
 
     def try_take(self, now: float, n: float = 1.0) -> bool:
-        """Take ``n`` tokens if the balance is positive; a refusal costs nothing."""
-        if self.refill(now) > 0:
+        """Take ``n`` tokens if the balance holds them; a refusal costs nothing.
+
+        Whole tokens, as in the original DThrottle's worked example: a bucket of 10 serves
+        10 queries, whether they come in one write or a few milliseconds apart (taking
+        while merely positive served an 11th on the sliver refilled meanwhile)."""
+        if self.refill(now) >= n - EPSILON:
             self.tokens -= n
             return True
         return False

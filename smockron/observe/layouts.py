@@ -73,6 +73,7 @@ DTHROTTLE = Layout(
         "own_echoes": "Own reports received back (multicast loop)",
         "duplicates": "Peer report parts received twice",
         "buckets": "Throttling tags with a bucket now",
+        "evicted": "Buckets evicted at max_entries (the fullest of the oldest)",
         "peers": "Peers heard from",
     },
 )

@@ -16,12 +16,28 @@ def test_refill_caps_at_burst() -> None:
     assert b.refill(100.0) == 10
 
 
-def test_ok_while_positive_and_refusal_is_free() -> None:
-    b = Bucket(10, 1.0, tokens=0.5, updated=0.0)
-    assert b.try_take(0.0)  # 0.5 > 0: served, goes to -0.5
-    assert b.tokens == -0.5
-    assert not b.try_take(0.0)
-    assert b.tokens == -0.5
+def test_ok_with_a_whole_token_and_refusal_is_free() -> None:
+    b = Bucket(10, 1.0, tokens=1.5, updated=0.0)
+    assert b.try_take(0.0)  # a whole token: served, 0.5 left
+    assert b.tokens == 0.5
+    assert not b.try_take(0.0)  # half a token is not one
+    assert b.tokens == 0.5
+    assert b.try_take(0.5)  # refilled to 1.0
+
+
+def test_a_burst_of_ten_serves_ten_even_spread_over_a_few_ms() -> None:
+    """The original DThrottle's example: burst 10, rate 1/s. Queries a few ms apart
+    refill a sliver between them, which must not buy an 11th."""
+    b = Bucket.full(10, 1.0, now=0.0)
+    served = sum(b.try_take(0.003 * i) for i in range(12))
+    assert served == 10
+
+
+def test_a_debt_refills_to_exactly_one_token() -> None:
+    b = Bucket(10, 1.0, tokens=0.0, updated=0.0)
+    b.subtract(0.0, 3)  # -3: a peer's report
+    assert not b.try_take(3.9)
+    assert b.try_take(4.0)  # back to 1 after 4 s
 
 
 def test_subtract_goes_negative_and_delays_refill() -> None:

@@ -64,8 +64,9 @@ def test_a_no_costs_nothing_and_balance_refills_to_burst() -> None:
     t = throttle(burst=2, rate=0.5)
     assert t.answer([b"x"] * 5, 0.0) == OK + OK + NO + NO + NO
     assert t.balance(b"x", 1.0) == pytest.approx(0.5)
-    assert t.allow(b"x", 1.0)  # 0.5 > 0: OK, goes to -0.5
-    assert not t.allow(b"x", 1.0)
+    assert not t.allow(b"x", 1.0)  # half a token is not one
+    assert t.allow(b"x", 2.0)  # a whole token again: OK, back to 0
+    assert not t.allow(b"x", 2.0)
     assert t.balance(b"x", 100.0) == 2
 
 
@@ -137,8 +138,8 @@ def test_peer_reports_create_buckets_and_go_negative() -> None:
     t = throttle(burst=10)
     assert t.apply_report({b"new": 25, b"x": 1}, 0.0) == 2
     assert t.balance(b"new", 0.0) == -15
-    assert not t.allow(b"new", 14.999)
-    assert t.allow(b"new", 15.5)
+    assert not t.allow(b"new", 15.5)  # half a token
+    assert t.allow(b"new", 16.0)  # one whole token, 16 s later
 
 
 def test_longest_prefix_rule_wins_and_default_is_empty_prefix() -> None:
@@ -215,3 +216,27 @@ def test_forgetting_full_buckets_never_changes_an_answer(
             assert answer == kept.allow(tag, now)
             served += answer and not tag.startswith(b"ok:")
     assert reported + sum(pruned.hits.values()) == served
+
+
+def test_at_max_entries_the_fullest_old_buckets_are_evicted_first() -> None:
+    """Among the oldest, a full bucket goes before one in debt: evicting it changes no
+    answer, while evicting the drained one would hand its client a new burst."""
+    t = Throttle(RuleTable(PrefixRule(b"", 3, 0.001)), max_entries=64)
+    assert oks(t, b"abuser", 5, 0.0) == 3  # drained, first in the table
+    for i in range(63):
+        t.allow(b"once-%d" % i, 0.0)  # each 2 of 3 tokens
+    t.apply_report({b"abuser": 10}, 0.0)  # and in debt from a peer's report
+    t.allow(b"new", 0.0)  # the 65th tag: room is made
+    assert len(t.buckets) <= 64 and t.evicted >= 1
+    assert b"abuser" in t.buckets and t.balance(b"abuser", 0.0) == -10
+    assert oks(t, b"abuser", 1, 1.0) == 0
+
+
+def test_max_entries_bounds_the_table_under_a_flood() -> None:
+    t = Throttle(RuleTable(PrefixRule(b"", 3, 0.001)), max_entries=1000)
+    for i in range(50_000):
+        assert t.allow(b"tag-%d" % i, i * 0.0001)
+        assert len(t.buckets) <= 1000
+    assert t.evicted == 50_000 - len(t.buckets)
+    with pytest.raises(ConfigError):
+        Throttle(RuleTable(PrefixRule(b"", 3, 1.0)), max_entries=0)

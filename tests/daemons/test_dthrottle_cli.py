@@ -102,8 +102,8 @@ def test_config_file_with_rules_whitelist_and_unix_socket(
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(str(sock))
-            s.sendall(b"x\nx\n")  # the same bucket as over TCP: a sliver refilled, then none
-            assert s.recv(6) == b"OK\nNO\n"
+            s.sendall(b"x\nx\n")  # the same bucket as over TCP: empty (a new one: OK, OK)
+            assert s.recv(6) == b"NO\nNO\n"
         assert d.stop(signal.SIGTERM) == 0
     assert not sock.exists()
 
@@ -156,9 +156,9 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
         assert ask(tcp_a, [b"k"] * 4) == b"OK\n" * 4
         a.popen.send_signal(signal.SIGUSR1)
         wait_for(lambda: "applied report 1 part 1/1" in b.log(), timeout=10)
-        # 5 - 4 from A's report = 1 token, plus the sliver refilled since (rate 1/h) > 0:
-        # without the report B would serve all 5
-        assert ask(tcp_b, [b"k"] * 5) == b"OK\nOK\nNO\nNO\nNO\n"
+        # 5 - 4 from A's report = 1 token (and the sliver refilled since, rate 1/h, is
+        # no second one): without the report B would serve all 5
+        assert ask(tcp_b, [b"k"] * 5) == b"OK\nNO\nNO\nNO\nNO\n"
 
 
 @pytest.mark.parametrize(
@@ -220,10 +220,10 @@ def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> Non
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(str(unix))
-            # the same buckets on both listeners: a sliver refilled since, then none
-            # (a fresh bucket of 5 would answer OK twice)
+            # the same buckets on both listeners: empty (a fresh bucket of 5 would answer
+            # OK twice)
             s.sendall(b"api:vip:\napi:vip:\nops:x\n")
-            assert s.recv(9) == b"OK\nNO\nOK\n"
+            assert s.recv(9) == b"NO\nNO\nOK\n"
         with socket.create_connection(("127.0.0.1", tcp), timeout=5) as s:
             s.sendall(b"123456789\n")  # 9 bytes > --max-tag-length 8: closed, no answer
             assert s.recv(10) == b""

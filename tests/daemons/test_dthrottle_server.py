@@ -441,3 +441,49 @@ async def test_a_lost_part_loses_only_its_own_tags() -> None:
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_burst_ten_serves_ten_on_separate_connections_a_few_ms_apart() -> None:
+    """The original DThrottle's worked example (burst 10, rate 1/s) on the real clock:
+    12 queries, each on its own connection, a few ms apart, answer 10 OK, as 12 pipelined
+    in one write do (the sliver refilled between them bought an 11th)."""
+    d = DThrottleDaemon(config(burst=10, rate=1.0), stats_every=None)
+    await d.start()
+    try:
+        answers = []
+        for _ in range(12):
+            answers.append(await query(d.tcp_port(), b"client-c\n", 3))
+            await asyncio.sleep(0.003)
+        assert answers.count(b"OK\n") == 10, answers
+        assert answers[-2:] == [b"NO\n", b"NO\n"]
+        assert await query(d.tcp_port(), b"client-d\n" * 12, 36) == b"OK\n" * 10 + b"NO\n" * 2
+    finally:
+        await d.stop()
+
+
+async def test_new_tags_with_a_slow_refill_stay_within_max_entries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Burst 3, 0.001/s: a bucket leaves the table only once full again (50 minutes), so
+    one client sending new tags grew it without end (8.1 million buckets, 1.64 GB in a
+    minute). At ``max_entries`` the fullest of the oldest go, counted and logged."""
+    clock = ManualClock()
+    d = DThrottleDaemon(config(burst=3, rate=0.001, max_entries=1024), clock=clock,
+                        stats_every=None)  # fmt: skip
+    await d.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", d.tcp_port())
+        for chunk in range(20):
+            tags = b"".join(b"scan-%d-%d\n" % (chunk, i) for i in range(500))
+            writer.write(tags)
+            assert await reader.readexactly(1500) == b"OK\n" * 500
+            assert len(d.throttle.buckets) <= 1024
+        writer.close()
+        await writer.wait_closed()
+        assert d.throttle.evicted == 20 * 500 - len(d.throttle.buckets)
+        assert d.counters()["evicted"] == d.throttle.evicted
+        with caplog.at_level("WARNING", logger="smockron.dthrottle"):
+            d.report_now()
+        assert "bucket table full (max_entries 1024)" in caplog.text
+    finally:
+        await d.stop()

@@ -3,14 +3,19 @@
 Pure: no I/O; every method takes ``now`` in seconds. One :class:`Throttle` per daemon.
 
 - A new tag starts with a full bucket (``burst`` tokens) that refills at ``rate`` per
-  second up to ``burst``. A query is OK while the balance is above zero and takes one
-  token; a NO costs nothing.
+  second up to ``burst``. A query is OK while the balance holds a whole token and takes
+  it; a NO costs nothing.
 - OK answers are counted per tag; :meth:`Throttle.take_report` hands those counts over
   for the peers and forgets the buckets that are full again (they would start full
   anyway), looking at ``SWEEP_SLICE`` of them per report, or twice as many as were
   made since the last one if that is more.
 - :meth:`Throttle.apply_report` subtracts the hits a peer served, which may drive the
   balance below zero: that is how a client that hit every online pays on every online.
+- The table holds at most ``max_entries`` buckets: a bucket leaves only once full again,
+  which with a slow refill takes long, so a client sending new tags would grow it
+  without end. At the limit the fullest of the oldest buckets are evicted
+  (:meth:`Throttle._evict`): a full one answers exactly as its replacement would, and an
+  almost full one forgives least.
 - The rule of a tag is the one with the longest matching prefix (the default rule has
   the empty prefix); whitelisted prefixes take part in the same longest-prefix match and
   make a tag always OK, with no bucket and no report.
@@ -37,6 +42,12 @@ in one scan of 70 to 340 ms every report; and a flood of new tags is looked at t
 fast as it comes, so the table stays bounded by the tags of the last few reports, as
 with whole scans. A full bucket kept a little longer answers exactly as the new full
 bucket that would replace it."""
+
+DEFAULT_MAX_ENTRIES: Final = 1_000_000
+"""Buckets a daemon keeps at most (about 200 bytes each), as a gatekeeper's delay table."""
+EVICT_SHARE: Final = 64
+"""At the limit, 1/64 of ``max_entries`` is evicted at once (a pause of a few ms for a
+table of a million, once per 15,625 new tags)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +103,13 @@ class RuleTable:
 class Throttle:
     """The bucket table of one daemon, with the hits it owes its peers."""
 
-    def __init__(self, rules: RuleTable) -> None:
+    def __init__(self, rules: RuleTable, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ConfigError(f"max_entries must be >= 1, got {max_entries}")
         self.rules = rules
+        self.max_entries = max_entries
+        self.evicted = 0
+        """Buckets evicted at the limit since start (the daemon counts and logs them)."""
         self.buckets: dict[bytes, Bucket] = {}
         self.hits: dict[bytes, int] = {}
         # whitelisted tags seen since the last report: skips the prefix scan on repeats
@@ -106,9 +122,26 @@ class Throttle:
         if rule.whitelisted:
             self._free.add(tag)
             return None
+        if len(self.buckets) >= self.max_entries:
+            self._evict(now)
         bucket = self.buckets[tag] = Bucket.full(rule.burst, rule.rate, now)
         self._made += 1
         return bucket
+
+    def _evict(self, now: float) -> None:
+        """Make room: among the oldest ``2 * batch`` buckets (the table's order is the
+        order they were made), forget the ``batch`` fullest. A full bucket answers as a
+        new one would; one nearly full forgives least of a client's debt, and the oldest
+        are the tags a flood of new ones has left behind."""
+        buckets = self.buckets
+        batch = max(1, self.max_entries // EVICT_SHARE)
+        oldest = list(islice(buckets.items(), 2 * batch))
+        oldest.sort(key=lambda item: item[1].refill(now) / item[1].burst, reverse=True)
+        for tag, _ in oldest[:batch]:
+            del buckets[tag]
+        gone = min(batch, len(oldest))
+        self.evicted += gone
+        self._sweep_from = max(0, self._sweep_from - gone)
 
     def reconfigure(self, rules: RuleTable) -> None:
         """Take new rules (SIGHUP); a tag whose rule changed gets a new, full bucket on its

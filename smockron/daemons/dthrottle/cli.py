@@ -122,6 +122,12 @@ def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) ->
     "--max-datagram", metavar="BYTES", help="Largest report datagram in bytes.  [default: 1400]"
 )
 @click.option(
+    "--max-entries",
+    metavar="N",
+    help="Most buckets kept; at the limit the fullest of the oldest are evicted (counted, "
+    "logged).  [default: 1000000]",
+)
+@click.option(
     "--stats-interval",
     type=Duration(),
     default="60s",

@@ -31,7 +31,12 @@ from typing import Any
 
 from smockron import settings
 from smockron.core.rules import parse_rate
-from smockron.daemons.dthrottle.algorithm import PrefixRule, RuleTable, whitelist
+from smockron.daemons.dthrottle.algorithm import (
+    DEFAULT_MAX_ENTRIES,
+    PrefixRule,
+    RuleTable,
+    whitelist,
+)
 from smockron.daemons.dthrottle.report import DEFAULT_MAX_DATAGRAM, check_sizes
 from smockron.errors import ConfigError
 
@@ -109,6 +114,7 @@ class DThrottleConfig:
     rate: float = 1.0
     report_interval: float = 5.0
     max_tag_length: int = 256
+    max_entries: int = DEFAULT_MAX_ENTRIES
     rules: tuple[PrefixRule, ...] = ()
     whitelist: tuple[bytes, ...] = ()
     peers: tuple[tuple[str, int], ...] = ()
@@ -163,6 +169,7 @@ class DThrottleConfig:
             "rate": parse_rate_value,
             "report_interval": lambda v: _seconds(v, "report_interval"),
             "max_tag_length": lambda v: _int(v, "max_tag_length", 1, 65535),
+            "max_entries": lambda v: _int(v, "max_entries", 1, 2**31),
             "whitelist": lambda v: tuple(_tag(x) for x in _list(v, "whitelist")),
             "peers": lambda v: tuple(parse_host_port(str(x), "peer") for x in _list(v, "peers")),
             "peer_bind": lambda v: parse_host_port(str(v), "peer_bind"),

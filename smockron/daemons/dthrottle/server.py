@@ -139,7 +139,8 @@ class DThrottleDaemon:
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.sender_id = sender_id if sender_id is not None else secrets.randbits(64)
-        self.throttle = Throttle(config.rule_table())
+        self.throttle = Throttle(config.rule_table(), config.max_entries)
+        self._evicted_logged = 0
         self.reclaimer = Reclaimer()
         self.stats = DThrottleStats()
         self.ledger = PeerLedger()
@@ -165,6 +166,7 @@ class DThrottleDaemon:
             "datagrams_received": s.datagrams_received, "parts_applied": s.parts_applied,
             "own_echoes": s.own_echoes, "duplicates": s.duplicates,
             "buckets": len(self.throttle.buckets), "peers": self.ledger.peers,
+            "evicted": self.throttle.evicted,
         }  # fmt: skip
 
     def observe(self, address: str) -> ObserveServer:
@@ -191,9 +193,11 @@ class DThrottleDaemon:
         if changed:
             log.warning("reload: %s changed; they need a restart, ignored", ", ".join(changed))
         self.throttle.reconfigure(config.rule_table())
+        self.throttle.max_entries = config.max_entries
         self.config = replace(self.config, burst=config.burst, rate=config.rate,
                               rules=config.rules, whitelist=config.whitelist,
-                              report_interval=config.report_interval)  # fmt: skip
+                              report_interval=config.report_interval,
+                              max_entries=config.max_entries)  # fmt: skip
         log.info("reloaded: burst %d, rate %g/s, %d rules, %d whitelisted",
                  config.burst, config.rate, len(config.rules), len(config.whitelist))  # fmt: skip
 
@@ -203,6 +207,7 @@ class DThrottleDaemon:
         buckets = len(self.throttle.buckets)
         hits = self.throttle.take_report(self.clock.now())
         self._reclaim(buckets - len(self.throttle.buckets))
+        self._log_evictions()
         if not hits or not self.transports:
             return 0
         self._seq = (self._seq + 1) & 0xFFFFFFFF
@@ -213,6 +218,19 @@ class DThrottleDaemon:
         self.stats.datagrams_sent += len(datagrams)
         log.debug("sent report %d: %d tags in %d datagrams", self._seq, len(hits), len(datagrams))
         return len(datagrams)
+
+    def _log_evictions(self) -> None:
+        """One line (rate-limited) when buckets were evicted at ``max_entries`` since the
+        last report: many new tags with a slow refill, from a scan or spoofed tags."""
+        evicted = self.throttle.evicted - self._evicted_logged
+        if evicted:
+            self._evicted_logged = self.throttle.evicted
+            _ratelog.warning(
+                "bucket table full (max_entries %d): evicted %d of the fullest old buckets "
+                "(their tags start afresh); many new tags, or raise --max-entries",
+                self.throttle.max_entries, evicted, key="evicted",
+            )  # fmt: skip
+            self.reclaimer.note(evicted, len(self.throttle.buckets))
 
     def _reclaim(self, forgotten: int) -> None:
         """After a report forgot ``forgotten`` buckets (full again): once a wave of tags
@@ -267,6 +285,7 @@ class DThrottleDaemon:
             log_stats(log, {
                 "queries": s.queries, "refused": s.refused, "connections": s.open_connections,
                 "overlong": s.overlong, "buckets": len(self.throttle.buckets),
+                "evicted": self.throttle.evicted,
                 "reports_sent": s.reports_sent, "parts_applied": s.parts_applied,
                 "peers": self.ledger.peers, "missed": self.ledger.missed_reports, **garbage,
                 "strangers": sum(getattr(t, "strangers", 0) for t in self.transports),
