@@ -13,7 +13,7 @@ built, installation goes on without it.
   unary calls on bytes, smockron/cluster/_nativeclient.cc), built under the same
   condition; without it the client calls through grpcio, with the same results.
 - ``smockron.gatekeeper._tablefast``: a gatekeeper's DELAY_UNTILs applied and its tables
-  swept (smockron/gatekeeper/_tablefast.c); without it smockron/gatekeeper/state.py's
+  swept (smockron/gatekeeper/_tablefast.c); without it smockron/gatekeeper/_table.py's
   twins do the same in Python.
 - ``smockron.cluster._localfast``: LocalLimiter.check's common cases
   (smockron/cluster/_localfast.c); without it every check runs core/algorithms.py,

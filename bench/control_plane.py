@@ -72,7 +72,8 @@ def receiver(kind: str, control: str, seconds: float) -> None:
                 deadline = deadline or time.monotonic() + seconds
         print("got", n, flush=True)
         return
-    from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper
+    from smockron.gatekeeper._asyncio import AsyncGatekeeper
+    from smockron.gatekeeper._threaded import Gatekeeper
 
     if kind == "threaded":
         gk = Gatekeeper(None, control, ["api"], max_entries=2_000_000)
@@ -103,7 +104,7 @@ LATE = "late_s"
 
 def master_receiver(accounting: str, control: str, seconds: float) -> None:
     """Role: a gatekeeper of a real master; report what it received, lost and holds."""
-    from smockron.gatekeeper.core import AsyncGatekeeper
+    from smockron.gatekeeper._asyncio import AsyncGatekeeper
 
     async def run() -> None:
         gk = AsyncGatekeeper(accounting, control, ["api"], max_entries=4_000_000)
@@ -145,7 +146,8 @@ def late_receiver(accounting: str, control: str, kind: str = "async", want: int 
     """Role: a gatekeeper (re)started after the stream: how many verdicts its RESYNC
     brings, and how long after it started it holds them all (``want``: this many, else
     its first RESYNCDONE)."""
-    from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper
+    from smockron.gatekeeper._asyncio import AsyncGatekeeper
+    from smockron.gatekeeper._threaded import Gatekeeper
 
     def restored(gk: AsyncGatekeeper | Gatekeeper) -> bool:
         return len(gk.decider.table) >= want if want else gk.resyncs_done > 0

@@ -68,8 +68,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import zmq
 
-from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
-from smockron.gatekeeper.state import Decider
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
+from smockron.gatekeeper._decider import Decider
+from smockron.gatekeeper._link import now_ms
+from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.wire.batchio import send_all
 from smockron.wire.codec import encode_accounting
 
@@ -292,7 +294,7 @@ def bench_core(rounds: int) -> dict[str, float]:
         "5-frame send_multipart": send_multipart,
         "5 x send(SNDMORE)": send_sndmore,
         "5 x compiled send(SNDMORE)": send_compiled,
-        "zmqio.send_all, one message (what core.py does)": send_one_all,
+        "zmqio.send_all, one message (what gatekeeper/_base.py does)": send_one_all,
     }
     results: dict[str, list[float]] = {k: [] for k in cases}
     process: dict[str, list[float]] = {k: [] for k in cases}

@@ -26,7 +26,7 @@ from typing import Any
 
 from smockron.daemons.dthrottle import algorithm
 from smockron.daemons.dthrottle.algorithm import PrefixRule, RuleTable, Throttle
-from smockron.gatekeeper.state import passed_compiled, passed_python
+from smockron.gatekeeper._table import passed_compiled, passed_python
 
 NOW = 1_700_000_000_000
 

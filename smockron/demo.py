@@ -29,7 +29,7 @@ from aiohttp import web
 
 from smockron import runtime
 from smockron.core.rules import Rule, parse_rate
-from smockron.gatekeeper.core import AsyncGatekeeper
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import header
 from smockron.gatekeeper.proxy import DECISION_HEADER, GatekeeperProxy

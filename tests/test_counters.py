@@ -8,7 +8,7 @@ import pytest
 
 from smockron.cluster.envoy.service import EnvoyStats
 from smockron.counters import CounterSet
-from smockron.gatekeeper.state import Counters
+from smockron.gatekeeper._decider import Counters
 from smockron.master.stats import DomainStats
 
 

@@ -23,7 +23,9 @@ from smockron import memory
 from smockron.core.rules import Rule
 from smockron.daemons.dthrottle.config import DThrottleConfig, parse_listen
 from smockron.daemons.dthrottle.server import DThrottleDaemon
-from smockron.gatekeeper.state import Decider, DelayTable, Line
+from smockron.gatekeeper._decider import Decider
+from smockron.gatekeeper._firstline import Line
+from smockron.gatekeeper._table import DelayTable
 from smockron.master.config import MasterSettings
 from smockron.master.engine import DomainPolicy
 from smockron.master.server import Master

@@ -37,9 +37,9 @@ PUBLIC: dict[str, list[str]] = {
         "parse_store_uri",
     ],
     "smockron.gatekeeper": [
-        "AsyncGatekeeper", "Decider", "Decision", "DelayTable", "ForwardedFor", "Gatekeeper",
-        "GatekeeperOptions", "HttpGate", "RequestInfo", "SmockronMiddleware",
-        "SmockronWSGIMiddleware", "Verdict", "header", "http_loginfo", "now_ms", "peer_address",
+        "AsyncGatekeeper", "ForwardedFor", "Gatekeeper", "GatekeeperOptions", "HttpGate",
+        "RequestInfo", "SmockronMiddleware", "SmockronWSGIMiddleware", "Verdict", "header",
+        "http_loginfo", "peer_address",
     ],
     "smockron.cluster": [
         "HOUR", "MAX_BATCH_SIZE", "MILLISECOND", "MINUTE", "NATIVE_AVAILABLE", "SECOND",

@@ -8,18 +8,17 @@ protocol to a master; :class:`SmockronMiddleware` (ASGI) and
 
 from __future__ import annotations
 
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
+from smockron.gatekeeper._base import GatekeeperOptions
+from smockron.gatekeeper._decider import Verdict
+from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.gatekeeper.asgi import SmockronMiddleware
-from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, GatekeeperOptions, now_ms
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
 from smockron.gatekeeper.identify import ForwardedFor, RequestInfo, header, peer_address
-from smockron.gatekeeper.state import Decider, Decision, DelayTable, Verdict
 from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
 
 __all__ = [
     "AsyncGatekeeper",
-    "Decider",
-    "Decision",
-    "DelayTable",
     "ForwardedFor",
     "Gatekeeper",
     "GatekeeperOptions",
@@ -30,6 +29,5 @@ __all__ = [
     "Verdict",
     "header",
     "http_loginfo",
-    "now_ms",
     "peer_address",
 ]

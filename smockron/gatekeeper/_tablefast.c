@@ -1,5 +1,5 @@
 /* A gatekeeper's DELAY_UNTILs applied in C: the compiled twin of
- * smockron.gatekeeper.state.update_run_python (tests compare the two).
+ * smockron.gatekeeper._table.update_run_python (tests compare the two).
  *
  * Why: a resync brings up to a million DELAY_UNTILs, and the Python loop that
  * remembers them (a dict lookup and store per record, then the first line's hold,
@@ -207,7 +207,7 @@ static int latest_at_most(PyObject *times, long long now, int exact, double now_
 
 /* passed(table, now_ms) -> [key, ...]: the keys whose value, a time (an int or a float
  * of milliseconds) or a tuple of times (its latest), is at most now_ms, in the table's
- * order. The compiled twin of smockron.gatekeeper.state.passed_python: a sweep of a
+ * order. The compiled twin of smockron.gatekeeper._table.passed_python: a sweep of a
  * million live entries, once a second, took 20 ms (ints) to 130 ms (tuples) of a
  * gatekeeper's loop in Python. */
 static PyObject *passed(PyObject *self, PyObject *args) {

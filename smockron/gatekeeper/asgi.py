@@ -18,7 +18,10 @@ from typing import Any, Final, Unpack
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper, GatekeeperOptions, now_ms
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
+from smockron.gatekeeper._base import GatekeeperOptions
+from smockron.gatekeeper._decider import ACCEPT, DELAY, Decision, Waiting
+from smockron.gatekeeper._link import now_ms
 from smockron.gatekeeper.httpgate import LOGINFO_MAX, HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import (
     DomainOf,
@@ -27,7 +30,6 @@ from smockron.gatekeeper.identify import (
     as_identifier,
     peer_address,
 )
-from smockron.gatekeeper.state import ACCEPT, DELAY, Decision, Waiting
 from smockron.observe.collect import register_summed
 from smockron.observe.layouts import GATEKEEPER
 
@@ -106,7 +108,7 @@ class SmockronMiddleware:
     with ``master_rules`` (default) the rules the master offers replace them.
 
     The other keywords (``max_delay_ms``, ``max_delayed``, ``reject_sample``,
-    ``max_ahead_ms``, ``curve``, ...: :class:`~smockron.gatekeeper.core.GatekeeperOptions`)
+    ``max_ahead_ms``, ``curve``, ...: :class:`~smockron.gatekeeper.GatekeeperOptions`)
     configure the gatekeeper made here, with :class:`AsyncGatekeeper`'s defaults.
 
     ``flush_delay_ms`` (default 2) is how long accounting messages are gathered before

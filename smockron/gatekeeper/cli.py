@@ -14,7 +14,8 @@ from smockron.core.rules import ALGORITHMS, parse_rule_spec
 from smockron.curve import curve_client
 from smockron.curve_cli import curve_options
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper, first_lines
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
+from smockron.gatekeeper._firstline import first_lines
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
 from smockron.gatekeeper.identify import parse_identify
 from smockron.gatekeeper.proxy import GatekeeperProxy

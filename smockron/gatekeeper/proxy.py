@@ -17,10 +17,10 @@ from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import AsyncGatekeeper
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
+from smockron.gatekeeper._decider import Verdict
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
-from smockron.gatekeeper.state import Verdict
 from smockron.httplog import ServerLog
 from smockron.observe import CountersCollector, ObserveServer, Readiness, bound, serve
 from smockron.observe.layouts import GATEKEEPER

@@ -11,10 +11,11 @@ from typing import Any, Unpack
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from smockron.gatekeeper.core import Gatekeeper, GatekeeperOptions
+from smockron.gatekeeper._base import GatekeeperOptions
+from smockron.gatekeeper._decider import Verdict
+from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.gatekeeper.httpgate import HttpGate, LogInfo, http_loginfo
 from smockron.gatekeeper.identify import DomainOf, Identify, RequestInfo, peer_address
-from smockron.gatekeeper.state import Verdict
 from smockron.observe.collect import register_summed
 from smockron.observe.layouts import GATEKEEPER
 
@@ -46,7 +47,7 @@ class SmockronWSGIMiddleware:
     """Rate-limit a WSGI app through a Smockron master.
 
     The keywords mean what they mean for the ASGI middleware (the gatekeeper's own,
-    :class:`~smockron.gatekeeper.core.GatekeeperOptions`, with :class:`Gatekeeper`'s
+    :class:`~smockron.gatekeeper.GatekeeperOptions`, with :class:`Gatekeeper`'s
     defaults)."""
 
     def __init__(

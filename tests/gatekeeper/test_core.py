@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.core import FLUSH_BATCH, FLUSH_DELAY_S, AsyncGatekeeper, Gatekeeper
-from smockron.gatekeeper.state import Verdict
+from smockron.gatekeeper._asyncio import FLUSH_BATCH, FLUSH_DELAY_S, AsyncGatekeeper
+from smockron.gatekeeper._decider import Verdict
+from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, encode_accounting
 from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
 from tests.support import free_ports, wait_for

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from smockron.core.rules import Rule
-from smockron.gatekeeper.core import first_lines
-from smockron.gatekeeper.state import ACCEPT, DELAY, REJECT, Decider, Line, line_admit
+from smockron.gatekeeper._decider import ACCEPT, DELAY, REJECT, Decider
+from smockron.gatekeeper._firstline import Line, first_lines, line_admit
 
 D = b"api"
 T0 = 1_700_000_000_000
@@ -162,7 +162,7 @@ def test_reject_verdict_value() -> None:
 
 
 def test_waiting_goes_at_its_time_without_a_first_line() -> None:
-    from smockron.gatekeeper.state import Waiting
+    from smockron.gatekeeper._decider import Waiting
 
     d = Decider()
     d.control(D, b"x", T0 + 500, T0)
@@ -174,7 +174,7 @@ def test_waiting_goes_at_its_time_without_a_first_line() -> None:
 
 
 def test_waiting_rechecks_a_paced_delay_until_it_may_go() -> None:
-    from smockron.gatekeeper.state import Waiting
+    from smockron.gatekeeper._decider import Waiting
 
     d = decider()
     burst(d, 20)
@@ -193,11 +193,11 @@ def test_waiting_rechecks_a_paced_delay_until_it_may_go() -> None:
 def test_rules_offers_are_bounded_and_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever publishes on the control port cannot make a gatekeeper remember
     unbounded domains, nor install rules it cannot use."""
-    from smockron.gatekeeper import core
+    from smockron.gatekeeper import Gatekeeper, _link
     from smockron.wire.codec import RULES, RULES_TOPIC, encode_rules
 
-    monkeypatch.setattr(core, "MAX_LINES", 3)
-    gk = core.Gatekeeper(None, None, None)  # every domain, no sockets
+    monkeypatch.setattr(_link, "MAX_LINES", 3)
+    gk = Gatekeeper(None, None, None)  # every domain, no sockets
     try:
         for i in range(10):
             gk._apply_control(encode_rules(f"d{i}", "history", (Rule(1.0, 1),)), T0)

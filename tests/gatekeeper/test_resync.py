@@ -13,8 +13,10 @@ import pytest
 import zmq
 
 from smockron.core.history import verdict_of
-from smockron.gatekeeper import core
-from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper, now_ms
+from smockron.gatekeeper import _link
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
+from smockron.gatekeeper._link import now_ms
+from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.master.engine import BACKLOG_MS
 from smockron.master.stores.memory import memory_states
 from smockron.wire.batchio import send_all
@@ -95,7 +97,7 @@ async def test_lost_delay_untils_are_counted_and_resynced(
     large DELAY_UNTILs (60 for each of 50 identifiers) through small queues: ZeroMQ
     drops most. The next heartbeat shows the loss (``control_lost``), the gatekeeper
     asks for a RESYNC, and its table ends with the master's latest verdict for each."""
-    monkeypatch.setattr(core, "CONTROL_HWM", 10)
+    monkeypatch.setattr(_link, "CONTROL_HWM", 10)
     config = settings(api="1/60s:1", hwm=50)
     idents = [b"%d-" % i + b"x" * 1000 for i in range(50)]  # large: kernel buffers hold fewer
     with running_master(config) as master:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from smockron.errors import ConfigError
-from smockron.gatekeeper.state import Decider, DelayTable, Verdict
+from smockron.gatekeeper._decider import Decider, Verdict
+from smockron.gatekeeper._table import DelayTable
 
 D, ID = b"api", b"alice"
 

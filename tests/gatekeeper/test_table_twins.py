@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smockron.core.rules import parse_rule_spec
-from smockron.gatekeeper.state import (
-    Decider,
+from smockron.gatekeeper._decider import Decider
+from smockron.gatekeeper._firstline import Line
+from smockron.gatekeeper._table import (
     Hold,
     Key,
-    Line,
     Record,
     UpdateRun,
     passed_compiled,
@@ -102,7 +102,7 @@ def test_decider_applies_a_resync_through_either_twin(
 ) -> None:
     """A full table sweeps, then evicts, between runs; first lines of one and of several
     rules are held to the master's times."""
-    monkeypatch.setattr("smockron.gatekeeper.state.update_run", update)
+    monkeypatch.setattr("smockron.gatekeeper._table.update_run", update)
     decider = Decider(max_entries=3_000)
 
     one = Line.of("history", [parse_rule_spec("a:1/s:1")[1]])

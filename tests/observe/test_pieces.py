@@ -168,7 +168,7 @@ def test_loop_alive_tells_a_stuck_loop() -> None:
 def test_monitoring_guide_names_every_metric() -> None:
     from pathlib import Path
 
-    from smockron.gatekeeper.state import Counters
+    from smockron.gatekeeper._decider import Counters
     from smockron.observe.layouts import DTHROTTLE, GATEKEEPER, JARL, ROUTER
 
     guide = (Path(__file__).parents[2] / "docs" / "monitoring.md").read_text()

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import zmq
 
-from smockron.gatekeeper.core import Gatekeeper
-from smockron.gatekeeper.state import Verdict
+from smockron.gatekeeper._decider import Verdict
+from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.wire.codec import encode_control
 from tests.security.conftest import Keys
 from tests.security.peers import MasterSockets

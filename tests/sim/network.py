@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from smockron.core.rules import Rule
-from smockron.gatekeeper.state import ACCEPT, DELAY, Decider, Decision, Line, Waiting
+from smockron.gatekeeper._decider import ACCEPT, DELAY, Decider, Decision, Waiting
+from smockron.gatekeeper._firstline import Line
 from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores.memory import MemoryStore
 from smockron.wire.codec import ACCEPTED, DELAYED, Control, decode_control, encode_accounting

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from smockron.gatekeeper.core import AsyncGatekeeper, Gatekeeper
+from smockron.gatekeeper._asyncio import AsyncGatekeeper
+from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.wire.codec import ACCEPTED, DELAY_UNTIL, MAX_FRAMES, encode_accounting
 from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
 from tests.master.running import running_master, settings

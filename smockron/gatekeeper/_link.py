@@ -1,0 +1,446 @@
+"""A gatekeeper's connections to its master, and what comes over them.
+
+The sockets (a PUB connected to the master's accounting address, a SUB to its control
+address), their monitors (connected, disconnected, a failed CURVE handshake and the
+redial after it), and the control messages: DELAY_UNTILs fed to the decider, rules
+offers, the master's publish counters (loss detection) and the RESYNCs asked when
+verdicts were lost or the connection came back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from itertools import groupby
+from typing import Any, Final, TypeVar, cast
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from smockron.core.rules import ALGORITHMS
+from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient
+from smockron.errors import ConfigError, ProtocolError
+from smockron.gatekeeper._decider import Counters, Decider
+from smockron.gatekeeper._firstline import Line, describe_line
+from smockron.observe.heard import MasterWatch
+from smockron.ratelog import RateLimitedLog
+from smockron.wire.batchio import send_all
+from smockron.wire.codec import (
+    DELAY_UNTIL,
+    PUBLISHED,
+    RESYNCDONE,
+    RESYNCSTART,
+    RULES_TOPIC,
+    decode_control,
+    decode_published,
+    decode_rules,
+    encode_resync,
+    topic,
+)
+from smockron.wire.control import ControlBatch, ControlRecord
+
+log = logging.getLogger("smockron.gatekeeper")
+T = TypeVar("T")
+
+CONTROL_BATCH: Final = 4096
+"""Control messages drained in one call."""
+CONTROL_SLICE: Final = 256
+"""...and applied between two turns of the loop (or lock hand-overs)."""
+CONTROL_HWM: Final = 100_000
+"""Control messages queued for the gatekeeper before ZeroMQ drops (the master's HWM too)."""
+CONTROL_BATCHES: Final = 64
+"""Batches the threaded reader drains before it sweeps and checks for stop."""
+_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
+_CURVE_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
+"""With CURVE a connection counts once its handshake proved the master's key."""
+_ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
+MAX_LINES: Final = 10_000
+"""Domains a gatekeeper takes rules offers for: whatever publishes on the control port
+cannot make it remember unbounded domains."""
+RESYNC_FIRST_RETRY_S: Final = 0.05
+"""The first RESYNC after a (re)connection is often lost: sent once the accounting
+connection is up, it can reach the PUB socket before the master's subscription does,
+and a PUB drops what no one subscribes to. So the first retry comes after this long
+(in practice at the next tick, within 0.1 s)..."""
+RESYNC_RETRY_S: Final = 0.25
+"""...and the next ones, while no RESYNCSTART answers, after this long..."""
+RESYNC_ATTEMPTS: Final = 8
+"""...at most this many times: an original master, which never answers, is not asked
+without end (it logs each RESYNC as an accounting error)."""
+
+
+def _batch_io_thread(ctx: zmq.Context[Any]) -> None:
+    """Run the context's I/O thread (not yet started) under ``SCHED_BATCH`` where there is one.
+
+    libzmq flushes its pipe to the I/O thread after every message, waking that thread
+    whenever it has drained the pipe; a normal thread woken on the core of a busy event
+    loop (or request thread) preempts it, so each accounting message cost a context
+    switch pair and the I/O thread's work was done one message at a time. A batch thread
+    does not preempt on wake-up: sharing a core, it runs at the next tick or sleep,
+    draining many messages at once; on an idle core it runs at once, as before. Best
+    effort: without it the gatekeeper works the same, only at a higher cost.
+    """
+    policy = getattr(os, "SCHED_BATCH", None)
+    option = getattr(zmq, "THREAD_SCHED_POLICY", None)
+    if policy is None or option is None:
+        return
+    with contextlib.suppress(zmq.ZMQError):
+        ctx.set(option, policy)
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since 1970: the protocol's time base."""
+    return time.time_ns() // 1_000_000
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+class _Link:
+    """The connection and control half of a gatekeeper (``_base._GatekeeperBase``)."""
+
+    decider: Decider
+    counters: Counters
+    master_rules: bool
+    sndhwm: int
+
+    def _init_link(
+        self,
+        accounting: str | None,
+        control: str | None,
+        domains: Iterable[bytes | str] | None,
+        curve: CurveClient | None,
+    ) -> None:
+        for name, address in (("accounting", accounting), ("control", control)):
+            if address and _ENDPOINT.match(address) is None:
+                raise ConfigError(
+                    f"bad {name} address {address!r}: expected a ZeroMQ endpoint such as "
+                    "tcp://127.0.0.1:10004"
+                )
+        self.accounting = accounting
+        self.control = control
+        self.curve = curve
+        self._monitor_events = _MONITOR_EVENTS if curve is None else _CURVE_EVENTS
+        # None: subscribe to every domain (used when the domain comes from a callable)
+        self.domains = None if domains is None else frozenset(_as_bytes(d) for d in domains)
+        self._control_topics = {topic(d): d for d in self.domains or ()}
+        """Topic frame -> domain: the DELAY_UNTILs ``drain_control`` decodes for us (with
+        no domains given, none: everything takes the codec's way)."""
+        self._peers = 0  # accounting connections up, from the PUB socket's monitor
+        self._control_peers = 0  # control connections up, from the SUB socket's monitor
+        self._pub: zmq.Socket[bytes] | None = None
+        self._malformed_log = RateLimitedLog(log)
+        self._handshake_log = RateLimitedLog(log, interval=60.0)
+        self._redial: dict[bool, float] = {}  # control? -> when to dial again (monotonic)
+        self.handshakes_failed = 0
+        self.watch = MasterWatch(control, now_ms())  # readiness, and the silent-master warning
+        self._resync: dict[bytes, tuple[int, float]] = {}
+        """Domains to ask a RESYNC for: attempts made, and when to try again (monotonic)."""
+        self._received: dict[bytes, int] = {}
+        """DELAY_UNTILs received per domain we serve (bounded by ``MAX_LINES``)."""
+        self._heartbeat: dict[bytes, tuple[int, int]] = {}
+        """Per domain, the master's publish count and our received count at its last
+        heartbeat: the next one's difference in both is what was lost meanwhile."""
+        self.resyncs_requested = 0
+        self.resyncs_done = 0
+
+    @property
+    def control_connected(self) -> bool:
+        """Whether the control socket is connected: verdicts can reach this gatekeeper."""
+        return self._control_peers > 0
+
+    def master_problem(self, now: int | None = None) -> str | None:
+        """Why this gatekeeper does not hear from its master, or None (readiness)."""
+        return self.watch.problem(now_ms() if now is None else now, self.control_connected)
+
+    def _watch_master(self, now: int) -> None:
+        """One loud line when the master stays silent (then again at most every minute)."""
+        message = self.watch.warning(now, self.control_connected)
+        if message is not None:
+            log.warning("%s", message)
+
+    @property
+    def master_connected(self) -> bool:
+        """Whether the accounting socket currently has a connection to a master."""
+        return self._peers > 0
+
+    def _apply_control(self, frames: list[bytes], now: int) -> None:
+        """Apply one control message; malformed ones are counted and logged, never raised."""
+        if frames and frames[0] == RULES_TOPIC:
+            if len(frames) > 1 and frames[1] == PUBLISHED:
+                self._apply_published(frames)
+            else:
+                self._apply_rules(frames)
+            return
+        control = self._decoded(decode_control, frames, "control message")
+        ours = control is not None and (self.domains is None or control.domain in self.domains)
+        if ours and control is not None and control.command == DELAY_UNTIL:
+            self._apply_delays([(control.domain, control.identifier, control.until_ms)], now)
+            return
+        self.counters.control_received += 1
+        if control is None:
+            return
+        if not ours:
+            self.counters.control_ignored += 1
+            return
+        self._resync_mark(control.domain, control.command)  # RESYNCSTART or RESYNCDONE
+
+    def _apply_batch(self, batch: ControlBatch[bytes], now: int) -> None:
+        """Apply messages as ``wire.control.drain_control`` gives them, in order: runs of
+        DELAY_UNTILs for our domains already decoded (tuples) in one call each, anything
+        else (raw frames) one at a time."""
+        for kind, run in groupby(batch, type):
+            if kind is tuple:
+                self._apply_delays(cast("list[ControlRecord[bytes]]", list(run)), now)
+            else:
+                for frames in run:
+                    self._apply_control(cast("list[bytes]", frames), now)
+
+    def _apply_delays(self, records: list[ControlRecord[bytes]], now: int) -> None:
+        """DELAY_UNTILs ``(domain, identifier, until_ms)`` for domains we serve (decoded,
+        checked): counted per domain (loss detection), then remembered."""
+        self.counters.control_received += len(records)
+        table = self.decider.table
+        refused, evicted = table.refused, table.evicted
+        counts: dict[bytes, int] = {}
+        self.decider.control_many(records, now, counts)
+        received = self._received
+        for domain, count in counts.items():
+            if domain in received:
+                received[domain] += count
+            elif len(received) < MAX_LINES:
+                received[domain] = count
+        if table.refused != refused:
+            until_ms, domain, identifier = next(
+                (u, d, i) for d, i, u in records if u - now > table.max_ahead_ms
+            )
+            self._malformed_log.warning(
+                "refusing DELAY_UNTIL %d for %r/%r: more than %d ms ahead",
+                until_ms, domain[:64], identifier[:64], table.max_ahead_ms,
+            )  # fmt: skip
+        elif table.evicted != evicted:
+            self._malformed_log.warning(
+                "delay table full (%d entries): evicted the %d expiring soonest",
+                table.max_entries, table.evicted - evicted,
+            )  # fmt: skip
+
+    def _resync_mark(self, domain: bytes, command: bytes) -> None:
+        """The master answers a RESYNC: it started (stop asking), or it is done."""
+        if command == RESYNCSTART:
+            self._resync.pop(domain, None)
+        elif command == RESYNCDONE:
+            self.resyncs_done += 1
+
+    def _apply_published(self, frames: list[bytes]) -> None:
+        """The master's heartbeat: how many DELAY_UNTILs it published for a domain. What
+        it published since the last heartbeat and we did not receive was lost (at a
+        high-water mark): counted, and the domain's live verdicts asked for again."""
+        heartbeat = self._decoded(decode_published, frames, "publish counter")
+        if heartbeat is None:
+            return
+        domain, published = heartbeat
+        if self.domains is not None and domain not in self.domains:
+            return
+        received = self._received.get(domain, 0)
+        last = self._heartbeat.get(domain)
+        if last is None and len(self._heartbeat) >= MAX_LINES:
+            return
+        self._heartbeat[domain] = (published, received)
+        if last is None:  # first heartbeat since (re)connecting: our baseline
+            if self.domains is None:  # subscribed to everything: domains named here
+                self._want_resync((domain,))
+            return
+        if published < last[0]:  # a new master: counting starts again
+            return
+        lost = (published - last[0]) - (received - last[1])
+        if lost > 0:
+            self.counters.control_lost += lost
+            self._malformed_log.warning(
+                "lost %d DELAY_UNTIL(s) for %r (published %d, received %d since the last "
+                "heartbeat): asking the master to resync", lost, domain[:64],
+                published - last[0], received - last[1],
+            )  # fmt: skip
+            self._want_resync((domain,))
+
+    def _want_resync(self, domains: Iterable[bytes]) -> None:
+        """Ask for these domains' live verdicts (sent by :meth:`_send_resyncs`)."""
+        for domain in domains:
+            if domain not in self._resync and len(self._resync) < MAX_LINES:
+                self._resync[domain] = (0, 0.0)
+
+    def _send_resyncs(self) -> None:
+        """Send the RESYNCs due, once the accounting socket is connected; again after
+        ``RESYNC_FIRST_RETRY_S``, then every ``RESYNC_RETRY_S`` until the master answers,
+        ``RESYNC_ATTEMPTS`` times at most."""
+        pub = self._pub
+        if not self._resync or pub is None or self._peers <= 0:
+            return
+        now = time.monotonic()
+        for domain, (attempts, due) in list(self._resync.items()):
+            if due > now:
+                continue
+            if attempts >= RESYNC_ATTEMPTS:
+                del self._resync[domain]
+                self._malformed_log.warning("no answer to RESYNC for %r: the master may not "
+                                            "support it", domain[:64])  # fmt: skip
+                continue
+            retry = RESYNC_FIRST_RETRY_S if attempts == 0 else RESYNC_RETRY_S
+            self._resync[domain] = (attempts + 1, now + retry)
+            self.resyncs_requested += 1
+            with contextlib.suppress(zmq.ZMQError):
+                send_all(pub, [encode_resync(domain)])
+
+    def _decoded(
+        self, decode: Callable[[list[bytes]], T], frames: list[bytes], what: str
+    ) -> T | None:
+        """``decode(frames)``, or None for a malformed message (counted, logged)."""
+        try:
+            return decode(frames)
+        except ProtocolError as exc:
+            self.counters.control_malformed += 1
+            self._malformed_log.warning("ignoring malformed %s: %s", what, exc)
+            return None
+
+    def _apply_rules(self, frames: list[bytes]) -> None:
+        """The master's offer of a domain's rules: they replace the configured ones."""
+        self.counters.rules_received += 1
+        offer = self._decoded(decode_rules, frames, "rules offer")
+        if offer is None:
+            return
+        if not self.master_rules or (self.domains is not None and offer.domain not in self.domains):
+            return
+        if offer.domain not in self.decider.lines and len(self.decider.lines) >= MAX_LINES:
+            self._malformed_log.warning("ignoring rules offer for %r: %d domains have rules "
+                                        "already", offer.domain[:64], MAX_LINES)  # fmt: skip
+            return
+        if offer.algorithm not in ALGORITHMS:
+            self._malformed_log.warning("ignoring rules offer with unknown algorithm %r for %r",
+                                        offer.algorithm, offer.domain)  # fmt: skip
+            return
+        self._set_line(offer.domain, Line.of(offer.algorithm, offer.rules))
+
+    def _set_line(self, domain: bytes, line: Line | None) -> None:
+        if self.decider.set_line(domain, line):
+            log.info("first line for %r: %s", domain.decode("utf-8", "replace"),
+                     describe_line(line))  # fmt: skip
+
+    def _apply_monitor(self, frames: list[bytes], control: bool = False) -> None:
+        """A connection event of the accounting socket, or (``control``) the control one."""
+        try:
+            event = parse_monitor_message(frames)["event"]
+        except Exception:  # monitor frames come from libzmq, but never let them kill us
+            return
+        if event & HANDSHAKE_FAILED:
+            self._handshake_failed(control)
+            return
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # watched with CURVE only
+            event = zmq.EVENT_CONNECTED  # the master's key proved: now it counts
+        elif event == zmq.EVENT_DISCONNECTED and self.curve is not None:
+            up = self._control_peers if control else self._peers
+            if not up:
+                return  # the end of a failed handshake, logged already
+        if control:
+            if event == zmq.EVENT_CONNECTED:
+                self._control_peers += 1
+                self.watch.heard(now_ms())
+                log.info("control connected to %s", self.control)
+                self._heartbeat.clear()  # (re)connected: what we missed is unknown...
+                self._want_resync(self.domains or ())  # ...so ask for every live verdict
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._control_peers = max(0, self._control_peers - 1)
+                log.warning("control disconnected from %s: no verdicts from the master until "
+                            "it is back", self.control)  # fmt: skip
+        elif event == zmq.EVENT_CONNECTED:
+            self._peers += 1
+            log.info("accounting connected to %s", self.accounting)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._peers = max(0, self._peers - 1)
+            log.warning("accounting disconnected from %s: failing open", self.accounting)
+
+    def _handshake_failed(self, control: bool) -> None:
+        if self.curve is None:
+            why = "the master may require CURVE keys (--curve-secret, --curve-server)"
+        else:
+            why = ("the peer does not hold the secret key of the master this gatekeeper "
+                   "pins (--curve-server), or does not allow this gatekeeper's key")  # fmt: skip
+        self._handshake_log.warning("handshake with %s failed: %s",
+                                    self.control if control else self.accounting, why,
+                                    key="control" if control else "accounting")  # fmt: skip
+        self.handshakes_failed += 1
+        self._redial.setdefault(control, time.monotonic() + REDIAL_S)
+
+    def _control_socket(self) -> zmq.Socket[Any] | None:
+        """Subclass hook: the control SUB socket, once made."""
+        return None
+
+    def _dial_again(self) -> None:
+        """Reconnect the sockets whose handshake failed ``REDIAL_S`` ago."""
+        now = time.monotonic()
+        for control, due in list(self._redial.items()):
+            if due > now:
+                continue
+            del self._redial[control]
+            sock = self._control_socket() if control else self._pub
+            endpoint = self.control if control else self.accounting
+            if sock is None or not endpoint:
+                continue
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disconnect(endpoint)
+            with contextlib.suppress(zmq.ZMQError):
+                sock.connect(endpoint)
+
+    def _poke(self) -> None:
+        """Let the PUB socket process its pending commands (new subscriptions among them).
+
+        libzmq processes a socket's commands only when its own thread calls into it, and
+        sends do so throttled; a periodic no-op call keeps a quiet gatekeeper's view of
+        the master's subscription fresh, so its first messages after a reconnection are
+        not dropped for want of it. Sockets whose handshake failed are dialled again.
+        """
+        if self._redial:
+            self._dial_again()
+        if self._pub is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._pub.getsockopt(zmq.EVENTS)
+        self._send_resyncs()
+
+    def _topics(self) -> list[bytes]:
+        if self.domains is None:
+            return [b""]
+        # the rules topic also carries the master's publish counters (loss detection)
+        return [*(topic(d) for d in sorted(self.domains)), RULES_TOPIC]
+
+    def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
+        if not self.accounting:
+            return None
+        pub = self._secure(ctx.socket(zmq.PUB))
+        pub.setsockopt(zmq.SNDHWM, self.sndhwm)
+        # at the high-water mark a send fails (counted as accounting_dropped) instead of
+        # being dropped silently by the PUB socket
+        pub.setsockopt(zmq.XPUB_NODROP, 1)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.RECONNECT_IVL, 100)
+        pub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        return pub  # connected by the caller once its monitor is watching
+
+    def _secure(self, sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
+        """CURVE on a socket before it connects, when configured (the one place)."""
+        if self.curve is not None:
+            self.curve.secure(sock)
+        return sock
+
+    def _connect_sub(self, sub: zmq.Socket[Any]) -> None:
+        """Subscribe a control socket (either twin's) to our domains and connect it."""
+        self._secure(sub)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
+        sub.setsockopt(zmq.RECONNECT_IVL, 100)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        for t in self._topics():
+            sub.setsockopt(zmq.SUBSCRIBE, t)
+        sub.connect(self.control or "")
