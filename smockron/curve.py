@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,7 @@ class AllowList(ThreadAuthenticator):
         super().__init__(context, log=logging.getLogger("smockron.curve.zap"))
         self.clients = Path(clients)
         self.keys = load_allowed(clients)
+        _warn_if_empty(self.clients, self.keys)
         self.denied = 0
         self.on_denied = on_denied
         self._verdict: bool | None = None
@@ -217,14 +219,31 @@ class AllowList(ThreadAuthenticator):
         self._verdict = key in self.keys
         return self._verdict
 
-    def reload(self) -> int:
-        """Read the directory again (SIGHUP): keys added or removed apply to new
-        connections. On error the current list stays. Returns how many keys are allowed."""
+    def reload(self, *sockets: zmq.Socket[Any]) -> int:
+        """Read the directory again (SIGHUP); on error the current list stays. Returns
+        how many keys are allowed.
+
+        ZAP is asked once per connection, at its handshake, so a removed key would keep
+        its open connections. When a key was removed, each of ``sockets`` (the bound
+        CURVE server sockets) is therefore unbound and bound again: libzmq closes a
+        listener's connections with it, and has no way to close one connection of a PUB
+        or SUB. Every gatekeeper is cut; the allowed ones reconnect within libzmq's
+        reconnect interval (and RESYNC, as after any reconnection), the revoked one's
+        handshake is refused."""
         try:
-            self.keys = load_allowed(self.clients)
+            keys = load_allowed(self.clients)
         except ConfigError as exc:
             log.error("keeping the current %d allowed key(s): %s", len(self.keys), exc)
-        return len(self.keys)
+            return len(self.keys)
+        revoked = self.keys - keys
+        self.keys = keys  # before the cut: the reconnections are judged by the new list
+        _warn_if_empty(self.clients, keys)
+        if revoked and sockets:
+            log.warning("%d key(s) revoked: closing every gatekeeper connection; the "
+                        "allowed ones reconnect", len(revoked))  # fmt: skip
+            for sock in sockets:
+                rebind(sock)
+        return len(keys)
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         """zmq.auth's handler; a request our callback did not allow is a denial (a
@@ -242,6 +261,33 @@ class AllowList(ThreadAuthenticator):
                 z85.encode(key).decode() if len(key) == 32 else key[:64],
                 peer[:64].decode("utf-8", "replace"),
             )
+
+
+def _warn_if_empty(clients: Path, keys: frozenset[bytes]) -> None:
+    if not keys:
+        log.warning("%s holds no public key (*.key): every gatekeeper will be refused",
+                    clients)  # fmt: skip
+
+
+REBIND_WAIT_S = 2.0
+"""How long a rebind retries while the closed listener still holds its port."""
+
+
+def rebind(sock: zmq.Socket[Any]) -> None:
+    """Unbind ``sock``'s endpoint (the last it bound) and bind it again, which closes
+    every connection accepted on it. libzmq closes the listener in its I/O thread, so
+    the port may still be taken for a moment: the bind is retried for REBIND_WAIT_S."""
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    sock.unbind(endpoint)
+    deadline = time.monotonic() + REBIND_WAIT_S
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def is_loopback(endpoint: str) -> bool:

@@ -192,7 +192,8 @@ class Router:
         if self.auth is None:
             log.info("router: SIGHUP: no --curve-clients to reread (restart to apply changes)")
             return
-        log.info("control plane: CURVE, %d allowed gatekeeper key(s)", self.auth.reload())
+        log.info("control plane: CURVE, %d allowed gatekeeper key(s)",
+                 self.auth.reload(self.frontend, self.control_out))  # fmt: skip
 
     def stats(self) -> dict[str, int]:
         denied = self.auth.denied if self.auth is not None else 0

@@ -214,7 +214,8 @@ class Master:
         """SIGHUP: read the allowed keys again, and install the config file's rules; on
         error keep the old ones."""
         if self.auth is not None:
-            log.info("control plane: CURVE, %d allowed gatekeeper key(s)", self.auth.reload())
+            log.info("control plane: CURVE, %d allowed gatekeeper key(s)",
+                     self.auth.reload(self.sub, self.pub))  # fmt: skip
         if self.reload_settings is None:
             if self.auth is None:
                 log.warning("SIGHUP ignored: no --config file to reload")

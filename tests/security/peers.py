@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 
 import zmq
 
@@ -16,6 +17,25 @@ from smockron.master.config import MasterSettings
 from smockron.master.server import Master
 from smockron.wire.codec import RULES_TOPIC, Control, decode_control
 
+_LOOPS: weakref.WeakKeyDictionary[Master, asyncio.AbstractEventLoop] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def on_loop(master: Master, call: Callable[[], object]) -> None:
+    """Run ``call`` on the loop of a master from :func:`running_master` (as a signal
+    handler runs there), and wait for it."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            done.set()
+
+    _LOOPS[master].call_soon_threadsafe(run)
+    assert done.wait(10)
+
 
 @contextlib.contextmanager
 def running_master(settings: MasterSettings) -> Iterator[Master]:
@@ -23,6 +43,7 @@ def running_master(settings: MasterSettings) -> Iterator[Master]:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     master = Master(settings, context=ctx)
     loop = asyncio.new_event_loop()
+    _LOOPS[master] = loop
     failed: list[BaseException] = []
 
     def run() -> None:

@@ -1,6 +1,7 @@
 """``smockron keygen``, ``smockron master`` and ``smockron proxy`` as real processes,
 with keys: verdicts flow to an allowed proxy; a proxy whose key is not allowed is
-refused, counted, and let in by a SIGHUP once its key is copied in."""
+refused, counted, let in by a SIGHUP once its key is copied in, and cut by a SIGHUP
+once its key is removed."""
 
 from __future__ import annotations
 
@@ -93,3 +94,9 @@ def test_master_and_proxies_with_keys(tmp_path: Path) -> None:
             master.popen.send_signal(signal.SIGHUP)
             wait_for(lambda: "CURVE, 2 allowed gatekeeper key(s)" in master.log(), 10)
             assert enforced(late, "other", 20)
+            # and revokes it: at the SIGHUP its open connections are cut, not at its restart
+            (clients / "late.key").unlink()
+            master.popen.send_signal(signal.SIGHUP)
+            wait_for(lambda: "1 key(s) revoked" in master.log(), 10)
+            assert not enforced(late, "third", 1.5)
+            assert enforced(good, "fourth", 20)  # the allowed proxy reconnected

@@ -81,5 +81,12 @@ def test_router_rereads_its_allowed_keys_on_sighup(keys: Keys, tmp_path: Path) -
         gk = Peer(racc, rctl, keys.client("late", master="router"))  # a raw peer: no redial
         try:
             wait_for(lambda: probe(gk), 15, 0)
+            # the key removed: the open connection is cut at the SIGHUP
+            (router_clients / "late.key").unlink()
+            router.popen.send_signal(signal.SIGHUP)
+            wait_for(lambda: "1 key(s) revoked" in router.log(), 10)
+            time.sleep(0.5)
+            gk.controls(0.2)
+            assert not any(probe(gk) for _ in range(5))
         finally:
             gk.close()
