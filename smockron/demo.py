@@ -79,17 +79,30 @@ class Tally:
         return sum(self.get(client, gk, verdict) for gk in GATEKEEPERS)
 
 
-def table(tally: Tally, scenario: Scenario, elapsed: float) -> str:
-    lines = [f"t = {elapsed:5.1f} s", f"  {'client':8} {'gatekeeper':10} {'accepted':>9} "
+def reached(tally: Tally, client: str, t0: float, span: float) -> int:
+    """Requests of ``client`` that reached the backend in the first ``span`` seconds."""
+    return sum(1 for t in tally.arrivals[client] if t0 <= t <= t0 + span)
+
+
+def allowed(scenario: Scenario, span: float) -> int:
+    """Requests the rule lets one client through in ``span`` seconds, whole."""
+    return math.floor(scenario.allowance(span))
+
+
+def table(tally: Tally, scenario: Scenario, t0: float, span: float) -> str:
+    """The live table: responses by verdict so far, then what reached the backend in the
+    first ``span`` seconds beside what the rule allows in as long (what the summary
+    compares, counted the same way)."""
+    lines = [f"t = {span:5.1f} s", f"  {'client':8} {'gatekeeper':10} {'accepted':>9} "
              f"{'delayed':>8} {'rejected':>9}"]  # fmt: skip
     for client in CLIENTS:
         for gk in GATEKEEPERS:
             a, d, r = (tally.get(client, gk, v) for v in VERDICTS)
             lines.append(f"  {client:8} {gk:10} {a:9d} {d:8d} {r:9d}")
-    allowed = math.floor(scenario.allowance(elapsed))  # delayed requests still arrive after
     lines.append(f"  {'client':8} {'reached the backend':>20} {'rule allows':>12}")
     for client in CLIENTS:
-        lines.append(f"  {client:8} {len(tally.arrivals[client]):20d} {allowed:12d}")
+        through = reached(tally, client, t0, span)
+        lines.append(f"  {client:8} {through:20d} {allowed(scenario, span):12d}")
     return "\n".join(lines)
 
 
@@ -161,8 +174,8 @@ async def drive(
 def held(tally: Tally, scenario: Scenario, t0: float, client: str, how: str) -> list[str]:
     """What ``client`` sent, and what reached the backend next to what its rule allows."""
     rule, duration = scenario.rule, scenario.duration_s
-    through = sum(1 for t in tally.arrivals[client] if t0 <= t <= t0 + duration)
-    ideal = scenario.allowance(duration)
+    through = reached(tally, client, t0, duration)
+    ideal = allowed(scenario, duration)
     sent = sum(tally.total(client, v) for v in VERDICTS)
     return [
         f"  {client} client: sent {sent} requests ({how}), {through} reached the backend in "
@@ -251,7 +264,8 @@ async def run_demo(scenario: Scenario, log_path: Path, live: bool) -> list[str]:
                                                 duration), urls, tally, t0),
             )  # fmt: skip
             await show_live(drivers, tally, scenario, t0, live)
-        print(table(tally, scenario, time.monotonic() - t0), flush=True)
+        # the window the summary counts: requests still held past it arrive too late
+        print(table(tally, scenario, t0, duration), flush=True)
         return summarize(tally, scenario, t0)
     finally:
         for proxy in proxies:
@@ -280,7 +294,7 @@ async def show_live(
             drivers.cancel()
             await asyncio.gather(drivers, return_exceptions=True)
             raise
-        text = table(tally, scenario, time.monotonic() - t0)
+        text = table(tally, scenario, t0, min(time.monotonic() - t0, scenario.duration_s))
         if live and height:
             sys.stdout.write(f"\x1b[{height}F\x1b[J")
         sys.stdout.write(text + "\n")

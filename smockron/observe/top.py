@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -59,39 +60,66 @@ def rates(before: Snapshot | None, after: Snapshot) -> dict[str, dict[str, float
         old = (before or {}).get("domains", {}).get(name, {})
         out[name] = {
             s: (counts.get(s, 0) - old.get(s, 0)) / elapsed if elapsed > 0 else 0.0
-            for s in STATUSES
+            for s in (*STATUSES, "published")
         }
     return out
 
 
+WIDTH = 80
+"""What a frame fits in, whatever figures a master shows (tests render it at this width)."""
+NAME_WIDTH = 16
+"""Longer domain names are cut with an ellipsis (identifiers at ``IDENT_WIDTH``), so a
+row stays on one line."""
+IDENT_WIDTH = 40
+COLUMNS = (*STATUSES, "published")
+HEADERS = ("accepted", "delayed", "rejected", "DELAY_UNTILs")
+"""The domains table's columns: the three verdicts, and the DELAY_UNTIL messages the
+master sent (``published`` in /stats)."""
+
+
+def _number(value: float, rate: bool = False) -> str:
+    """At most 7 characters: 1234567 (12.5 for a rate), then 12.3M, 1.2G."""
+    if value < 10_000_000:
+        return f"{value:.1f}" if rate and value < 1000 else f"{value:.0f}"
+    unit, size = ("G", 1e9) if value >= 1e9 else ("M", 1e6)
+    return f"{value / size:.1f}{unit}" if value < 100 * size else f"{value / size:.0f}{unit}"
+
+
+def _table(*headers: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    table.add_column(headers[0], max_width=NAME_WIDTH, overflow="ellipsis", no_wrap=True)
+    for header in headers[1:]:
+        table.add_column(header, justify="right", no_wrap=True)
+    return table
+
+
 def render(before: Snapshot | None, after: Snapshot, source: str) -> RenderableType:
-    """One frame: the domains table, then the top throttled identifiers."""
+    """One frame, at most ``WIDTH`` columns wide. Per domain two rows: the rate of each
+    verdict per second since the last reading, and its total since the master started;
+    the last column counts the DELAY_UNTIL messages it sent. Then the identifiers it
+    sent the most DELAY_UNTILs in its current window of ``top_window_s`` seconds (the
+    counts restart with each window, so the figures cover up to that long)."""
     per_second = rates(before, after)
-    domains = Table(title=Text(f"smockron master {source}"), title_justify="left", expand=False)
-    domains.add_column("domain")
-    for status in STATUSES:
-        domains.add_column(f"{status}/s", justify="right")
-    for status in (*STATUSES, "published"):
-        domains.add_column(status, justify="right")
+    domains = _table("domain", "", *HEADERS)
     for name, counts in sorted(after["domains"].items()):
-        domains.add_row(
-            Text(name),
-            *(f"{per_second[name][s]:.1f}" for s in STATUSES),
-            *(str(counts.get(s, 0)) for s in (*STATUSES, "published")),
-        )
-    heading = Text(f"most throttled: DELAY_UNTILs in the last {after.get('top_window_s', 0):g} s")
-    top = Table()
-    top.add_column("domain")
-    top.add_column("identifier")
-    top.add_column("delay_until", justify="right")
+        domains.add_row(Text(name), "per s",
+                        *(_number(per_second[name][c], rate=True) for c in COLUMNS))  # fmt: skip
+        domains.add_row("", "total", *(_number(int(counts.get(c, 0))) for c in COLUMNS))
+    window = after.get("top_window_s", 0)
+    heading = Text(
+        f"most throttled: DELAY_UNTILs sent per identifier, current {window:g} s window"
+    )
+    top = _table("domain", "identifier", "DELAY_UNTILs")
+    ident = top.columns[1]
+    ident.justify, ident.max_width, ident.overflow = "left", IDENT_WIDTH, "ellipsis"
     for name, rows in sorted(after.get("top", {}).items()):
-        for ident, count in rows:
-            top.add_row(Text(name), Text(str(ident)), str(count))
+        for ident_text, count in rows:
+            top.add_row(Text(name), Text(str(ident_text)), _number(int(count)))
     footer = Text(
         f"queue {after.get('queue_depth', 0)}  dropped {after.get('dropped', 0)}  "
         f"malformed {after.get('malformed', 0)}  unknown domain {after.get('unknown_domain', 0)}"
     )
-    return Group(domains, heading, top, footer)
+    return Group(Text(f"smockron master {source}"), domains, heading, top, footer)
 
 
 def _error_frame(exc: Exception, last: RenderableType | None) -> RenderableType:

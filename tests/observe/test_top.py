@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from smockron.observe.top import WIDTH, render
 from tests.master.client import FakeGatekeeper
 from tests.observe.endpoints import sample
 from tests.support import REPO_ROOT, free_ports, smockron_env, smockron_proc, wait_for, wait_port
@@ -63,19 +65,41 @@ def test_once_renders_domains_rates_counts_and_top_identifiers(
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "\x1b" not in out  # the hostile identifier's escape is shown, not sent
-    cells = {}
-    for line in out.splitlines():
-        row = [c.strip() for c in line.split("│")[1:-1]]
-        if len(row) == 8:  # domain, 3 rates, accepted, delayed, rejected, published
-            cells[row[0]] = row
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= WIDTH, out
+    # per domain: "api  per s  accepted delayed rejected DELAY_UNTILs", then "total ..."
+    rows = re.findall(r"^ ?(\S*) +(per s|total) +(\S+) +(\S+) +(\S+) +(\S+)\s*$", out, re.M)
+    rates = {name: [float(v) for v in row[1:]] for name, *row in rows if row[0] == "per s"}
+    totals = [[int(v) for v in row[2:]] for row in rows if row[1] == "total"]
+    names = [name for name, kind, *_ in rows if kind == "per s"]
+    assert names == ["api", "login", "probe"] and len(totals) == 3, out
+    by_name = dict(zip(names, totals, strict=True))
     wait_for(lambda: (sample(met, "smockron_master_messages_total", domain="api",
                              status="accepted") or 0) > before)  # fmt: skip
     after = sample(met, "smockron_master_messages_total", domain="api", status="accepted") or 0
-    assert before < int(cells["api"][4]) <= after, out
-    assert float(cells["api"][1]) > 0, out  # accepted/s: ~20 sent per second
-    assert cells["login"][4] == "3" and float(cells["login"][1]) == 0, out
-    assert re.search(r"│ api\s+│ (bob|dave)\s+│\s+\d+ │", out), out
+    assert before < by_name["api"][0] <= after, out
+    assert rates["api"][0] > 0, out  # accepted per second: ~20 sent per second
+    assert by_name["login"][0] == 3 and rates["login"][0] == 0, out
+    assert by_name["login"][3] == 3, out  # carol's 3 DELAY_UNTILs (rule 1/s:1)
+    assert "DELAY_UNTILs sent per identifier" in out
+    assert re.search(r"^ ?api +(bob|dave) +\d+\s*$", out, re.M), out
     assert "carol\\x1b[2J[bold]" in out  # escaped, and not taken as markup
+
+
+def test_a_frame_fits_80_columns_at_any_figures() -> None:
+    """Long domain names and identifiers are cut, counts past 7 digits get a unit: every
+    row of a frame stays on one line of an 80-column terminal."""
+    domains = {f"checkout-api-{i}-with-a-long-name": {"accepted": 123_456_789 * i,
+               "delayed": 98_765_432, "rejected": 7, "published": 99_999_999}
+               for i in range(1, 4)}  # fmt: skip
+    before = {"time": 0.0, "domains": {}}
+    after = {"time": 0.5, "domains": domains, "top_window_s": 60,
+             "top": {"checkout-api-1-with-a-long-name": [("203.0.113.7-" + "x" * 80, 12_345)]}}
+    console = Console(width=WIDTH, record=True)
+    console.print(render(before, after, "127.0.0.1:9100"))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    assert len(re.findall(r"per s", text)) == 3 and len(re.findall(r" total ", text)) == 3
+    assert "741M" in text and "…" in text and "12345" in text, text
 
 
 def test_unreachable_master_is_one_line_exit_1() -> None:
