@@ -290,20 +290,40 @@ def rebind(sock: zmq.Socket[Any]) -> None:
             time.sleep(0.01)
 
 
+def _tcp_host(endpoint: str) -> str | None:
+    """The host of a ``tcp://``, ``ws://`` or ``wss://`` endpoint, brackets removed."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "ws", "wss"):
+        return None
+    hostport = rest.split("/", 1)[0].rpartition(";")[2]  # "eth0;host:port" connects
+    host = hostport.rpartition(":")[0] if ":" in hostport else hostport
+    return host.strip("[]")
+
+
+def allow_ipv6(sock: zmq.Socket[Any], *endpoints: str) -> None:
+    """Set ZMQ_IPV6 on ``sock`` when one of ``endpoints`` (it will bind or connect) is
+    an IPv6 address such as ``tcp://[::1]:10004``: without it libzmq fails to bind one
+    ("No such device") and silently never connects to one. Only then: with ZMQ_IPV6 a
+    name such as ``localhost`` may resolve to ::1 while the peer listens on 127.0.0.1."""
+    for endpoint in endpoints:
+        host = _tcp_host(endpoint)
+        if host and ":" in host:
+            sock.setsockopt(zmq.IPV6, 1)
+            return
+
+
 def is_loopback(endpoint: str) -> bool:
     """Whether binding ``endpoint`` is reachable from this host only: ``ipc://`` and
     ``inproc://``, or TCP (or WebSocket) on 127.0.0.0/8, ::1 or ``localhost``. A wildcard,
     an interface name or any other name counts as reachable from the network."""
-    scheme, sep, rest = endpoint.partition("://")
+    scheme, sep, _ = endpoint.partition("://")
     if not sep:
         return False
     if scheme in ("ipc", "inproc"):
         return True
-    if scheme not in ("tcp", "ws", "wss"):
+    host = _tcp_host(endpoint)
+    if host is None:
         return False  # pgm, epgm, vmci...: network transports
-    hostport = rest.split("/", 1)[0]
-    host = hostport.rpartition(":")[0] if ":" in hostport else hostport
-    host = host.strip("[]")
     if host == "localhost":
         return True
     try:

@@ -22,7 +22,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.rules import ALGORITHMS
-from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient
+from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient, allow_ipv6
 from smockron.errors import ConfigError, ProtocolError
 from smockron.gatekeeper._decider import Counters, Decider
 from smockron.gatekeeper._firstline import Line, describe_line
@@ -419,6 +419,7 @@ class _Link:
         if not self.accounting:
             return None
         pub = self._secure(ctx.socket(zmq.PUB))
+        allow_ipv6(pub, self.accounting)
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
         # at the high-water mark a send fails (counted as accounting_dropped) instead of
         # being dropped silently by the PUB socket
@@ -437,6 +438,7 @@ class _Link:
     def _connect_sub(self, sub: zmq.Socket[Any]) -> None:
         """Subscribe a control socket (either twin's) to our domains and connect it."""
         self._secure(sub)
+        allow_ipv6(sub, self.control or "")
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
         sub.setsockopt(zmq.RECONNECT_IVL, 100)

@@ -38,6 +38,7 @@ from smockron.curve import (
     AllowList,
     CurveClient,
     CurveServer,
+    allow_ipv6,
     bind_mode,
 )
 from smockron.errors import ConfigError
@@ -137,10 +138,14 @@ class Router:
             sock.subscribe(b"")
         self.frontend.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.control_out.setsockopt(zmq.SNDHWM, self.hwm)
+        allow_ipv6(self.frontend, self.accounting)
+        allow_ipv6(self.control_out, self.control)
+        allow_ipv6(self.control_in, *(m.control for m in self.masters))
         self.frontend.bind(self.accounting)
         self.control_out.bind(self.control)
         for m in self.masters:
             pub = self.ctx.socket(zmq.PUB)
+            allow_ipv6(pub, m.accounting)
             pub.setsockopt(zmq.SNDHWM, self.hwm)
             pub.setsockopt(zmq.LINGER, 200)
             if self.curve_client is not None:

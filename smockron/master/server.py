@@ -22,7 +22,7 @@ from collections.abc import Callable
 import zmq
 
 from smockron import runtime
-from smockron.curve import AllowList, bind_mode, curve_server
+from smockron.curve import AllowList, allow_ipv6, bind_mode, curve_server
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.config import MasterSettings, limits
 from smockron.master.control_out import ControlOut
@@ -188,6 +188,8 @@ class Master:
         self.sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.subscribe(b"")
+        allow_ipv6(self.sub, self.settings.accounting)
+        allow_ipv6(self.pub, self.settings.control)
         self.sub.bind(self.settings.accounting)
         # Connections accepted: what a gatekeeper queued meanwhile comes right after
         # (with CURVE, once its key is allowed: a denied peer is no gatekeeper).
