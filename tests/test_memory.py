@@ -193,7 +193,7 @@ def test_delay_table_eviction_counts_as_freed() -> None:
     table = DelayTable(max_entries=1024, reclaimer=memory.Reclaimer(threshold=10**9))
     for i in range(1025):
         table.update(b"api", b"id-%d" % i, 10_000 + i, 0)
-    assert table.evicted == 128 and table.reclaimer.freed == 128
+    assert table.evicted == 1 and table.reclaimer.freed == 1  # one small step
 
 
 async def test_dthrottle_report_rebuilds_the_bucket_table() -> None:

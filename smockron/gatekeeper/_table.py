@@ -37,6 +37,11 @@ MAX_AHEAD_MS: Final = 86_400_000
 """How far ahead a DELAY_UNTIL may reach (a day): whatever holds the control port cannot
 block a client until the year 9999. Longer than any window a rule of a day allows."""
 _NEVER: Final = float("-inf")
+EVICT_STEPS: Final = 1024
+"""A full delay table evicts ``max_entries // EVICT_STEPS`` entries at a time."""
+FULL_SWEEP_GAP_MS: Final = 100
+"""A full table is swept (for room) at most this often while it takes new entries:
+between two, eviction makes the room (a sweep scans the whole table)."""
 
 
 def update_run_python(
@@ -143,7 +148,9 @@ class DelayTable:
     """``(domain, identifier) -> until_ms``, forward-only, expiring, bounded."""
 
     __slots__ = (
+        "_doomed",
         "_entries",
+        "_full_swept_ms",
         "_sweep_at",
         "evicted",
         "max_ahead_ms",
@@ -166,6 +173,9 @@ class DelayTable:
         self.max_ahead_ms = max_ahead_ms
         self._entries: dict[Key, int] = {}
         self._sweep_at = min(1024, max_entries)
+        self._doomed: list[tuple[int, Key]] = []
+        """Eviction candidates, the soonest to expire last (:meth:`_evict`)."""
+        self._full_swept_ms: int | None = None  # when a full table was last swept
         self.evicted = 0
         """Entries evicted (the soonest to expire) to make room in a full table."""
         self.refused = 0
@@ -202,20 +212,37 @@ class DelayTable:
             unheld += back
             if start >= end:
                 return moved, unheld
-            self.sweep(now_ms)
+            full = len(self._entries) >= self.max_entries
+            last = self._full_swept_ms
+            if not full or last is None or now_ms - last >= FULL_SWEEP_GAP_MS:
+                self.sweep(now_ms)  # (a full table's scan, amortised over a step each)
+                self._full_swept_ms = now_ms if full else None
             if len(self._entries) >= self.max_entries:
                 self._evict()
 
     def _evict(self) -> None:
-        """Make room for an eighth of the table by forgetting the entries that expire
-        soonest: they matter least, and a flood of fresh ones cannot lock out the rest
-        (a full table that refused new entries would stop enforcement)."""
+        """Make room for a few more entries (``max_entries // EVICT_STEPS``, at least
+        one) by forgetting those that expire soonest: they matter least, and a flood of
+        fresh ones cannot lock out the rest (a full table that refused new entries would
+        stop enforcement). Small steps, so a wave just past the bound forgets no more
+        live verdicts than it must; one scan of the table finds the candidates for many
+        steps (an eighth of it), checked again when their turn comes."""
         entries = self._entries
-        room = max(1, len(entries) // 8)
-        for key, _until in heapq.nsmallest(room, entries.items(), key=itemgetter(1)):
-            del entries[key]
-        self.evicted += room
-        self.reclaimer.note(room, len(entries))
+        step = max(1, self.max_entries // EVICT_STEPS)
+        doomed = self._doomed
+        gone = 0
+        while gone < step and entries:
+            if not doomed:
+                soonest = heapq.nsmallest(
+                    max(step, len(entries) // 8), entries.items(), key=itemgetter(1)
+                )
+                doomed += sorted(((until, key) for key, until in soonest), reverse=True)
+            until, key = doomed.pop()
+            if entries.get(key) == until:  # not moved on nor swept since the scan
+                del entries[key]
+                gone += 1
+        self.evicted += gone
+        self.reclaimer.note(gone, len(entries))
 
     def until(self, domain: bytes, identifier: bytes, now_ms: int) -> int:
         """The DELAY_UNTIL in force for a key, or 0 when none is or it has passed.
@@ -233,6 +260,8 @@ class DelayTable:
         entries = self._entries
         gone = forget_passed(entries, now_ms, self.reclaimer)
         self._sweep_at = min(self.max_entries, max(1024, 2 * len(entries)))
+        if len(entries) < self.max_entries:
+            self._doomed = []  # no longer full: the candidates' memory back
         if gone:
             self.reclaimer.note(gone, len(entries))
         return gone

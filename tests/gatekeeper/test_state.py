@@ -6,7 +6,7 @@ import pytest
 
 from smockron.errors import ConfigError
 from smockron.gatekeeper._decider import Decider, Verdict
-from smockron.gatekeeper._table import DelayTable
+from smockron.gatekeeper._table import EVICT_STEPS, DelayTable
 
 D, ID = b"api", b"alice"
 
@@ -41,6 +41,36 @@ def test_table_is_bounded() -> None:
     # once the entries pass, room is made again on the next insert
     assert t.update(D, b"late", 30_000, now_ms=20_000)
     assert len(t) == 1
+
+
+def test_a_wave_of_max_entries_evicts_one_small_step() -> None:
+    """A wave of exactly ``max_entries`` into a table holding one entry more forgets a
+    small step of the soonest to expire, not an eighth of the live verdicts."""
+    size = 16_384
+    t = DelayTable(max_entries=size)
+    t.update(D, b"probe", 10_000, now_ms=0)  # expires soonest
+    wave = [(D, b"id-%d" % i, 10_001 + i) for i in range(size)]
+    for start in range(0, size, 256):  # as the control reader applies them
+        t.update_many(wave[start : start + 256], now_ms=0)
+    step = size // EVICT_STEPS
+    assert t.evicted == step and len(t) == size + 1 - step
+    assert t.until(D, b"probe", 0) == 0
+    assert [t.until(D, b"id-%d" % i, 0) for i in range(step - 1)] == [0] * (step - 1)
+    assert t.until(D, b"id-%d" % (step - 1), 0) == 10_000 + step  # the rest are kept
+
+
+def test_a_flood_evicts_step_by_step_and_counts_each() -> None:
+    """New identifiers past the bound: the table stays within it, every entry that
+    made room is counted, and the ones kept are the latest to expire."""
+    t = DelayTable(max_entries=4096)
+    flood = [(D, b"id-%d" % i, 10_000 + i) for i in range(10_000)]
+    for start in range(0, len(flood), 100):
+        t.update_many(flood[start : start + 100], now_ms=start // 100)  # the clock moves on
+        assert len(t) <= 4096
+    assert t.evicted == len(flood) - len(t)
+    assert len(t) > 4096 - 4096 // EVICT_STEPS - 100
+    kept = {i for i in range(len(flood)) if t.until(D, b"id-%d" % i, 0)}
+    assert kept == set(range(len(flood) - len(t), len(flood)))
 
 
 def test_many_identifiers_with_passing_time_stay_bounded() -> None:
