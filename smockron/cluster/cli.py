@@ -371,7 +371,7 @@ def _reload(server: ClusterServer, front: EnvoyFront | None, discovery: Discover
 )
 @click.option(
     "--peer-discovery",
-    type=click.Choice(["static", "etcd", "dns", "k8s", "kubernetes"]),
+    type=click.Choice(["static", "etcd", "dns", "k8s", "kubernetes", "member-list"]),
     help="[GUBER_PEER_DISCOVERY_TYPE; static]",
 )
 @click.option("--etcd-endpoints", help="comma-separated host:port [GUBER_ETCD_ENDPOINTS]")

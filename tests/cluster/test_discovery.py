@@ -107,7 +107,6 @@ def test_env_dns_and_k8s() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"GUBER_PEER_DISCOVERY_TYPE": "member-list"}, "member-list peer discovery"),
         ({"GUBER_PEER_DISCOVERY_TYPE": "dns"}, "GUBER_DNS_FQDN"),
         ({"GUBER_PEER_DISCOVERY_TYPE": "k8s"}, "GUBER_K8S_SERVICE_NAME"),
         (

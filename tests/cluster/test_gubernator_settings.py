@@ -194,9 +194,3 @@ def test_guber_log_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     line = _refusal(tmp_path, {"GUBER_LOG_FORMAT": "xml"}, monkeypatch)
     assert "GUBER_LOG_FORMAT is invalid; expected value is either json or text" in line
 
-
-def test_memberlist_without_gossip_is_refused_not_a_node_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    line = _refusal(tmp_path, {"GUBER_MEMBERLIST_KNOWN_NODES": "127.0.0.1:7946"}, monkeypatch)
-    assert "member-list peer discovery (Gubernator's default" in line

@@ -25,6 +25,7 @@ MECHANISMS: dict[str, str] = {
     "dns": "smockron.cluster.discovery.dns:DnsDiscovery",
     "kubernetes": "smockron.cluster.discovery.kubernetes:KubernetesDiscovery",
     "k8s": "smockron.cluster.discovery.kubernetes:KubernetesDiscovery",
+    "member-list": "smockron.cluster.discovery.memberlist:MemberListDiscovery",
 }
 
 __all__ = [
@@ -80,10 +81,7 @@ def options(
                        "resolv_conf": config.dns.resolv_conf}  # fmt: skip
     if kind == "k8s":
         return "k8s", _k8s(config.k8s)
-    raise errors.ConfigError(
-        "member-list peer discovery (Gubernator's default, chosen by GUBER_MEMBERLIST_* or "
-        "GUBER_PEER_DISCOVERY_TYPE) is not implemented: use etcd, dns, k8s or a static list"
-    )
+    return "member-list", _member_list(config.member_list, advertise)
 
 
 def _etcd(pool: _config.EtcdPoolConfig, advertise: PeerInfo) -> dict[str, Any]:

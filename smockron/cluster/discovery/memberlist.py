@@ -1,0 +1,689 @@
+"""Member-list discovery: Gubernator's default, hashicorp/memberlist's gossip spoken here.
+
+Each node is a member with a name, a gossip address (UDP and TCP on one port) and
+metadata: Gubernator's PeerInfo as JSON, naming its gRPC address (memberlist.go). A node
+joins by a TCP push/pull with the known nodes (``GUBER_MEMBERLIST_KNOWN_NODES``), retried
+every 300 ms as Gubernator does; then, as memberlist does, it pings one member per probe
+interval (UDP, then indirect pings through up to three others), suspects one that does
+not answer and declares it dead when the suspicion times out, gossips alive/suspect/dead
+news to a few members each gossip interval, and runs a push/pull with one member every
+push/pull interval. Timings default to memberlist's ``DefaultWANConfig``, Gubernator's.
+
+What is not spoken: encryption (``GUBER_MEMBERLIST_SECRET_KEYS`` is refused at start),
+labels, user messages (Gubernator sends none), sending compressed messages (read, never
+written: memberlist takes both), awareness-scaled probe intervals and the protocol
+version negotiation beyond checking each member's versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import math
+import random
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from smockron.cluster.discovery import memberlist_wire as wire
+from smockron.cluster.discovery._common import DiscoveryMetrics, Publisher, cancel_task
+from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.errors import ConfigError
+from smockron.ratelog import RateLimitedLog
+from smockron.settings import parse_host_port
+
+log = logging.getLogger("smockron.cluster.discovery.memberlist")
+
+DEFAULT_PORT = 7946
+UDP_BUFFER = 1400
+"""memberlist's UDPBufferSize: gossip packets stay below it."""
+JOIN_RETRY = 0.3
+
+
+@dataclass
+class Member:
+    """One node as memberlist's nodeState holds it."""
+
+    name: str
+    addr: bytes
+    port: int
+    meta: bytes | None
+    incarnation: int
+    state: int
+    vsn: bytes
+    changed: float
+    peer: PeerInfo | None = None
+    """Its metadata read as a peer; None when unreadable (it then routes nothing)."""
+
+    @property
+    def target(self) -> tuple[str, int]:
+        return ip_text(self.addr), self.port
+
+    def pushed(self) -> dict[str, Any]:
+        return {"Name": self.name, "Addr": self.addr, "Port": self.port, "Meta": self.meta,
+                "Incarnation": self.incarnation, "State": self.state, "Vsn": self.vsn}  # fmt: skip
+
+
+def ip_text(addr: bytes) -> str:
+    if len(addr) == 4:
+        return str(ipaddress.IPv4Address(addr))
+    if len(addr) == 16:
+        ip = ipaddress.IPv6Address(addr)
+        return str(ip.ipv4_mapped or ip)
+    raise wire.Malformed(f"address of {len(addr)} bytes")
+
+
+def ip_bytes(text: str) -> bytes:
+    return ipaddress.ip_address(text).packed
+
+
+class _Suspicion:
+    """memberlist's suspicion.go: the timeout shrinks from ``high`` towards ``low`` as
+    other members confirm (``k`` confirmations expected)."""
+
+    def __init__(self, origin: str, k: int, low: float, high: float,
+                 fire: Callable[[], None]) -> None:  # fmt: skip
+        self._loop = asyncio.get_running_loop()
+        self._start = self._loop.time()
+        self._seen = {origin}
+        self._k, self._low, self._high, self._fire = k, low, high, fire
+        self._handle = self._loop.call_at(self._start + (high if k >= 1 else low), fire)
+
+    def confirm(self, origin: str) -> bool:
+        n = len(self._seen) - 1
+        if n >= self._k or origin in self._seen:
+            return False
+        self._seen.add(origin)
+        frac = math.log(n + 2) / math.log(self._k + 1)
+        timeout = max(self._low, self._high - frac * (self._high - self._low))
+        self._handle.cancel()
+        self._handle = self._loop.call_at(self._start + timeout, self._fire)
+        return True
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, owner: MemberListDiscovery) -> None:
+        self._owner = owner
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self._owner.packet(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        pass  # an ICMP error for an earlier packet: the probe finds out
+
+
+class MemberListDiscovery:
+    """Peers from a memberlist cluster; ``advertise`` is what this node's metadata names."""
+
+    def __init__(
+        self,
+        advertise: PeerInfo,
+        address: str,
+        *,
+        bind_address: str = "",
+        known_nodes: Sequence[str] = (),
+        node_name: str = "",
+        probe_interval: float = 5.0,
+        probe_timeout: float = 3.0,
+        gossip_interval: float = 0.5,
+        gossip_nodes: int = 4,
+        push_pull_interval: float = 60.0,
+        suspicion_mult: int = 6,
+        suspicion_max_mult: int = 6,
+        retransmit_mult: int = 4,
+        gossip_to_the_dead: float = 60.0,
+        tcp_timeout: float = 30.0,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        """``address``: where others reach our gossip (GUBER_MEMBERLIST_ADDRESS);
+        ``bind_address``: where it listens ("" = every interface, that port)."""
+        self.me = advertise
+        self.meta = wire.encode_meta(advertise)
+        self.name = node_name or socket.gethostname()
+        self._host, self.port = _host_port(address, "GUBER_MEMBERLIST_ADDRESS")
+        bind = bind_address or f"0.0.0.0:{self.port}"
+        self._bind = _host_port(bind, "GUBER_MEMBERLIST_BIND_ADDRESS", listen=True)
+        self.known_nodes = list(known_nodes)
+        for node in self.known_nodes:
+            if not node.strip():
+                raise ConfigError("GUBER_MEMBERLIST_KNOWN_NODES has an empty entry")
+        self.probe_interval, self.probe_timeout = probe_interval, probe_timeout
+        self.gossip_interval, self.gossip_nodes = gossip_interval, gossip_nodes
+        self.push_pull_interval, self.tcp_timeout = push_pull_interval, tcp_timeout
+        self._suspicion_mult, self._suspicion_max = suspicion_mult, suspicion_max_mult
+        self._retransmit_mult, self._to_the_dead = retransmit_mult, gossip_to_the_dead
+        self.metrics = DiscoveryMetrics("member-list", registry)
+        self._rlog = RateLimitedLog(log)
+        self.members: dict[str, Member] = {}
+        self._incarnation = 0
+        self._seq = 0
+        self._acks: dict[int, Callable[[], None]] = {}
+        self._queue: list[list[Any]] = []  # [node name, message, transmits]
+        self._suspicions: dict[str, _Suspicion] = {}
+        self._probe_order: list[str] = []
+        self._leaving = False
+        self._publisher: Publisher | None = None
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.addr = b""
+        self.joined = asyncio.Event()
+
+    # -- life cycle -----------------------------------------------------------------------
+    async def start(self, on_change: OnChange) -> None:
+        loop = asyncio.get_running_loop()
+        self.addr = ip_bytes(await _resolve_one(self._host))
+        self._publisher = Publisher(on_change, self.me)
+        host, port = self._bind
+        self._udp, _ = await loop.create_datagram_endpoint(
+            lambda: _Udp(self), local_addr=(host or "0.0.0.0", port)
+        )
+        self._tcp = await asyncio.start_server(self._serve_stream, host or "0.0.0.0", port)
+        self._incarnation = 1
+        self._alive({"Incarnation": 1, "Node": self.name, "Addr": self.addr, "Port": self.port,
+                     "Meta": self.meta, "Vsn": wire.VSN}, bootstrap=True)  # fmt: skip
+        self._publish()
+        if not await self._join():
+            self._tasks.append(loop.create_task(self._join_loop()))
+        for every, step in ((self.probe_interval, self._probe_next),
+                            (self.gossip_interval, self._gossip),
+                            (self.push_pull_interval, self._push_pull_random)):  # fmt: skip
+            self._tasks.append(loop.create_task(self._every(every, step)))
+
+    async def stop(self) -> None:
+        """Leave as memberlist's Leave does: a dead message about ourselves (left) to
+        every member, so they drop us at once."""
+        self._leaving = True
+        me = self.members.get(self.name)
+        if me is not None and self._udp is not None:
+            left = wire.encode(
+                wire.DEAD,
+                "dead",
+                {"Incarnation": me.incarnation, "Node": self.name, "From": self.name},
+            )
+            for member in self._live(exclude_self=True):
+                self._send(member.target, left)
+        for task in self._tasks:
+            await cancel_task(task)
+        for suspicion in self._suspicions.values():
+            suspicion.cancel()
+        if self._udp is not None:
+            self._udp.close()
+        if self._tcp is not None:
+            self._tcp.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._tcp.wait_closed(), 1.0)
+
+    async def _every(self, interval: float, step: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(interval * random.uniform(0.9, 1.1))
+            try:
+                result = step()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as exc:  # a round fails; the next one runs
+                self.metrics.errors.inc()
+                self._rlog.warning("member-list: %s failed: %s", step.__name__, exc,
+                                   key=step.__name__)  # fmt: skip
+
+    # -- joining and push/pull ------------------------------------------------------------
+    async def _join(self) -> bool:
+        """One round over the known nodes (every address each resolves to); True when
+        at least one answered, as memberlist's Join counts."""
+        joined = 0
+        for node in self.known_nodes:
+            try:
+                targets = await _resolve_all(node, self.port)
+            except (OSError, ValueError) as exc:
+                self._rlog.warning("member-list: cannot resolve %s: %s", node, exc,
+                                   key=f"resolve {node}")  # fmt: skip
+                continue
+            for target in targets:
+                try:
+                    await self._push_pull(target, join=True, timeout=min(self.tcp_timeout, 5.0))
+                    joined += 1
+                except (OSError, TimeoutError, wire.Malformed) as exc:
+                    log.debug("member-list: join %s: %s", target, exc)
+        if joined or not self.known_nodes:
+            self.joined.set()
+        return joined > 0 or not self.known_nodes
+
+    async def _join_loop(self) -> None:
+        while not await self._join():
+            self.metrics.errors.inc()
+            self._rlog.warning("member-list: no known node answered (%s); retrying",
+                               ", ".join(self.known_nodes), key="join")  # fmt: skip
+            await asyncio.sleep(JOIN_RETRY)
+        log.info("member-list: joined through %s", ", ".join(self.known_nodes))
+
+    async def _push_pull_random(self) -> None:
+        others = self._live(exclude_self=True, alive_only=True)
+        if others:
+            await self._push_pull(random.choice(others).target, join=False)
+
+    async def _push_pull(self, target: tuple[str, int], join: bool,
+                         timeout: float | None = None) -> None:  # fmt: skip
+        timeout = self.tcp_timeout if timeout is None else timeout
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout)
+        try:
+            writer.write(self._local_state(join))
+            kind, message = await asyncio.wait_for(_read_stream(reader), timeout)
+        finally:
+            writer.close()
+        if kind == wire.ERR:
+            raise wire.Malformed(f"remote error: {message['Error']}")
+        if kind != wire.PUSH_PULL:
+            raise wire.Malformed(f"received message type {kind}, expected push/pull")
+        self._merge(message.nodes)
+
+    def _local_state(self, join: bool) -> bytes:
+        nodes = [m.pushed() for m in self.members.values()]
+        return wire.encode_push_pull(wire.PushPull(join, nodes))
+
+    async def _serve_stream(self, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:  # fmt: skip
+        peer = writer.get_extra_info("peername")
+        try:
+            kind, message = await asyncio.wait_for(_read_stream(reader), self.tcp_timeout)
+            if kind == wire.PUSH_PULL:
+                writer.write(self._local_state(message.join))
+                await writer.drain()
+                self._merge(message.nodes)
+            elif kind == wire.PING and message["Node"] in ("", self.name):
+                writer.write(wire.encode(wire.ACK, "ack", {"SeqNo": message["SeqNo"]}))
+                await writer.drain()
+            else:
+                raise wire.Malformed(f"unexpected stream message type {kind}")
+        except wire.Malformed as exc:
+            self._malformed(exc, peer)
+            writer.write(wire.encode(wire.ERR, "err", {"Error": str(exc)[:200]}))
+        except (OSError, TimeoutError) as exc:
+            log.debug("member-list: stream from %s: %s", peer, exc)
+        finally:
+            writer.close()
+
+    def _merge(self, nodes: Iterable[dict[str, Any]]) -> None:
+        """memberlist's mergeState."""
+        for node in nodes:
+            node["Port"] = node["Port"] or self.port
+            if node["State"] == wire.STATE_ALIVE:
+                self._alive({"Incarnation": node["Incarnation"], "Node": node["Name"],
+                             "Addr": node["Addr"], "Port": node["Port"],
+                             "Meta": node["Meta"], "Vsn": node["Vsn"]})  # fmt: skip
+            elif node["State"] == wire.STATE_LEFT:
+                self._dead(node["Incarnation"], node["Name"], node["Name"])
+            elif node["State"] in (wire.STATE_DEAD, wire.STATE_SUSPECT):
+                self._suspect(node["Incarnation"], node["Name"], self.name)
+
+    # -- packets --------------------------------------------------------------------------
+    def packet(self, data: bytes, source: tuple[str, int]) -> None:
+        """One UDP packet, treated as hostile: anything malformed is counted and logged."""
+        try:
+            for kind, body in wire.messages(wire.unwrap_packet(data)):
+                self._command(kind, body, source)
+        except wire.Malformed as exc:
+            self._malformed(exc, source)
+
+    def _command(self, kind: int, body: bytes, source: tuple[str, int]) -> None:
+        if kind == wire.PING:
+            self._ping(wire.decode("ping", body), source)
+        elif kind == wire.INDIRECT_PING:
+            self._indirect_ping(wire.decode("indirect_ping", body), source)
+        elif kind == wire.ACK:
+            callback = self._acks.pop(wire.decode("ack", body)["SeqNo"], None)
+            if callback is not None:
+                callback()
+        elif kind == wire.NACK:
+            wire.decode("nack", body)
+        elif kind == wire.ALIVE:
+            alive = wire.decode("alive", body)
+            alive["Port"] = alive["Port"] or self.port
+            self._alive(alive)
+        elif kind == wire.SUSPECT:
+            s = wire.decode("suspect", body)
+            self._suspect(s["Incarnation"], s["Node"], s["From"])
+        elif kind == wire.DEAD:
+            d = wire.decode("dead", body)
+            self._dead(d["Incarnation"], d["Node"], d["From"])
+        elif kind != wire.USER:
+            raise wire.Malformed(f"message type {kind} not supported")
+
+    def _ping(self, ping: dict[str, Any], source: tuple[str, int]) -> None:
+        if ping["Node"] not in ("", self.name):
+            self._rlog.warning("member-list: ping for node %s, not this one (%s) from %s",
+                               ping["Node"], self.name, source, key="ping-name")  # fmt: skip
+            return
+        reply_to = source
+        if ping["SourceAddr"] and ping["SourcePort"]:
+            reply_to = (ip_text(ping["SourceAddr"]), ping["SourcePort"])
+        self._send_gossiping(reply_to, wire.encode(wire.ACK, "ack", {"SeqNo": ping["SeqNo"]}))
+
+    def _indirect_ping(self, ind: dict[str, Any], source: tuple[str, int]) -> None:
+        reply_to = source
+        if ind["SourceAddr"] and ind["SourcePort"]:
+            reply_to = (ip_text(ind["SourceAddr"]), ind["SourcePort"])
+        seq = self._next_seq()
+        acked = False
+
+        def relay() -> None:
+            nonlocal acked
+            acked = True
+            self._send(reply_to, wire.encode(wire.ACK, "ack", {"SeqNo": ind["SeqNo"]}))
+
+        def nack() -> None:
+            self._acks.pop(seq, None)
+            if ind["Nack"] and not acked:
+                self._send(reply_to, wire.encode(wire.NACK, "nack", {"SeqNo": ind["SeqNo"]}))
+
+        self._acks[seq] = relay
+        asyncio.get_running_loop().call_later(self.probe_timeout, nack)
+        target = (ip_text(ind["Target"]), ind["Port"] or self.port)
+        self._send(target, self._ping_message(seq, ind["Node"]))
+
+    # -- failure detection ----------------------------------------------------------------
+    async def _probe_next(self) -> None:
+        """memberlist's probe: the next member in a shuffled round, skipping ourselves and
+        the dead."""
+        for _ in range(len(self.members) + 1):
+            if not self._probe_order:
+                self._probe_order = [n for n in self.members if n != self.name]
+                random.shuffle(self._probe_order)
+                if not self._probe_order:
+                    return
+            member = self.members.get(self._probe_order.pop())
+            if member is not None and member.state in (wire.STATE_ALIVE, wire.STATE_SUSPECT):
+                await self._probe(member)
+                return
+
+    async def _probe(self, member: Member) -> None:
+        loop = asyncio.get_running_loop()
+        seq = self._next_seq()
+        answered = loop.create_future()
+        self._acks[seq] = lambda: None if answered.done() else answered.set_result(True)
+        ping = self._ping_message(seq, member.name)
+        try:
+            if member.state == wire.STATE_ALIVE:
+                self._send_gossiping(member.target, ping)
+            else:
+                suspect = wire.encode(
+                    wire.SUSPECT,
+                    "suspect",
+                    {"Incarnation": member.incarnation, "Node": member.name, "From": self.name},
+                )
+                self._send(member.target, wire.make_compound([ping, suspect]))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(answered), self.probe_timeout)
+                return
+            ind = wire.encode(
+                wire.INDIRECT_PING,
+                "indirect_ping",
+                {
+                    "SeqNo": seq,
+                    "Target": member.addr,
+                    "Port": member.port,
+                    "Node": member.name,
+                    "SourceAddr": self.addr,
+                    "SourcePort": self.port,
+                    "SourceNode": self.name,
+                },
+            )
+            helpers = [m for m in self._live(exclude_self=True, alive_only=True)
+                       if m.name != member.name]  # fmt: skip
+            for helper in random.sample(helpers, min(3, len(helpers))):
+                self._send(helper.target, ind)
+            rest = max(self.probe_interval - self.probe_timeout, 0.1)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(answered), rest)
+                return
+            log.info("member-list: suspect %s has failed, no acks received", member.name)
+            self._suspect(member.incarnation, member.name, self.name)
+        finally:
+            self._acks.pop(seq, None)
+            answered.cancel()
+
+    def _ping_message(self, seq: int, node: str) -> bytes:
+        return wire.encode(
+            wire.PING,
+            "ping",
+            {
+                "SeqNo": seq,
+                "Node": node,
+                "SourceAddr": self.addr,
+                "SourcePort": self.port,
+                "SourceNode": self.name,
+            },
+        )
+
+    # -- state: memberlist's aliveNode, suspectNode, deadNode -----------------------------
+    def _alive(self, a: dict[str, Any], bootstrap: bool = False) -> None:
+        name, vsn = a["Node"], a["Vsn"] or b""
+        if (self._leaving and name == self.name) or not name:
+            return
+        if len(vsn) >= 3 and (vsn[0] == 0 or vsn[1] == 0 or vsn[0] > vsn[1]):
+            raise wire.Malformed(f"alive for {name}: wrong protocol versions {list(vsn)}")
+        ip_text(a["Addr"] or b"")  # a malformed address stops here
+        member = self.members.get(name)
+        moved = False
+        if member is None:
+            member = Member(name, a["Addr"], a["Port"], a["Meta"], 0, wire.STATE_DEAD, vsn,
+                            self._now())  # fmt: skip
+            self.members[name] = member
+        elif (member.addr, member.port) != (a["Addr"], a["Port"]):
+            if member.state != wire.STATE_LEFT:
+                self._rlog.warning(
+                    "member-list: two nodes are named %s: %s:%d and %s:%d; set "
+                    "GUBER_MEMBERLIST_NODE_NAME (the host name by default) to tell them apart",
+                    name, ip_text(member.addr), member.port, ip_text(a["Addr"]), a["Port"],
+                    key=f"conflict {name}")  # fmt: skip
+                return
+            moved = True
+        local = name == self.name
+        if a["Incarnation"] <= member.incarnation and not local and not moved:
+            return
+        if a["Incarnation"] < member.incarnation and local:
+            return
+        self._cancel_suspicion(name)
+        old_state = member.state
+        if local and not bootstrap:
+            if (a["Incarnation"], a["Meta"], vsn) != (member.incarnation, member.meta, member.vsn):
+                self._refute(member, a["Incarnation"])
+            return
+        self._broadcast(name, wire.encode(wire.ALIVE, "alive", a))
+        member.incarnation, member.meta, member.vsn = a["Incarnation"], a["Meta"], vsn
+        member.addr, member.port = a["Addr"], a["Port"]
+        member.peer = self._peer_of(member)
+        if old_state != wire.STATE_ALIVE:
+            member.state, member.changed = wire.STATE_ALIVE, self._now()
+        self._publish()
+
+    def _suspect(self, incarnation: int, name: str, origin: str) -> None:
+        member = self.members.get(name)
+        if member is None or incarnation < member.incarnation:
+            return
+        suspicion = self._suspicions.get(name)
+        if suspicion is not None:
+            if suspicion.confirm(origin):
+                self._broadcast(name, self._suspect_message(incarnation, name, origin))
+            return
+        if member.state != wire.STATE_ALIVE:
+            return
+        if name == self.name:
+            self._refute(member, incarnation)
+            return
+        self._broadcast(name, self._suspect_message(incarnation, name, origin))
+        member.incarnation, member.state, member.changed = (
+            incarnation,
+            wire.STATE_SUSPECT,
+            self._now(),
+        )
+        changed = member.changed
+        n = len(self._live())
+        k = self._suspicion_mult - 2 if n - 2 >= self._suspicion_mult - 2 else 0
+        low = self._suspicion_mult * max(1.0, math.log10(max(1.0, n))) * self.probe_interval
+        high = self._suspicion_max * low
+
+        def timeout() -> None:
+            self._suspicions.pop(name, None)
+            now = self.members.get(name)
+            if now is not None and now.state == wire.STATE_SUSPECT and now.changed == changed:
+                log.info("member-list: marking %s as failed, suspect timeout reached", name)
+                self._dead(now.incarnation, name, self.name)
+
+        self._suspicions[name] = _Suspicion(origin, k, low, high, timeout)
+
+    def _suspect_message(self, incarnation: int, name: str, origin: str) -> bytes:
+        return wire.encode(wire.SUSPECT, "suspect",
+                           {"Incarnation": incarnation, "Node": name, "From": origin})  # fmt: skip
+
+    def _dead(self, incarnation: int, name: str, origin: str) -> None:
+        member = self.members.get(name)
+        if member is None or incarnation < member.incarnation:
+            return
+        self._cancel_suspicion(name)
+        if member.state in (wire.STATE_DEAD, wire.STATE_LEFT):
+            return
+        if name == self.name and not self._leaving:
+            self._refute(member, incarnation)
+            return
+        self._broadcast(name, wire.encode(wire.DEAD, "dead", {
+            "Incarnation": incarnation, "Node": name, "From": origin}))  # fmt: skip
+        member.incarnation = incarnation
+        member.state = wire.STATE_LEFT if name == origin else wire.STATE_DEAD
+        member.changed = self._now()
+        self._publish()
+
+    def _refute(self, me: Member, accused: int) -> None:
+        """memberlist's refute: an incarnation above the accusation, and the news."""
+        self._incarnation = max(self._incarnation + 1, accused + 1)
+        me.incarnation = self._incarnation
+        self._broadcast(me.name, wire.encode(wire.ALIVE, "alive", {
+            "Incarnation": me.incarnation, "Node": me.name, "Addr": me.addr, "Port": me.port,
+            "Meta": me.meta, "Vsn": me.vsn}))  # fmt: skip
+
+    def _cancel_suspicion(self, name: str) -> None:
+        suspicion = self._suspicions.pop(name, None)
+        if suspicion is not None:
+            suspicion.cancel()
+
+    def _peer_of(self, member: Member) -> PeerInfo | None:
+        if member.name == self.name:
+            return self.me
+        try:
+            return wire.decode_meta(member.meta)
+        except wire.Malformed as exc:
+            self._malformed(exc, member.target)
+            return None
+
+    def _publish(self) -> None:
+        if self._publisher is not None:
+            self._publisher.publish(m.peer for m in self._live() if m.peer is not None)
+
+    # -- gossip ---------------------------------------------------------------------------
+    def _broadcast(self, name: str, message: bytes) -> None:
+        """Queue news about ``name``; it replaces older news about the same node."""
+        self._queue = [item for item in self._queue if item[0] != name]
+        self._queue.append([name, message, 0])
+
+    def _take_broadcasts(self, budget: int) -> list[bytes]:
+        limit = self._retransmit_mult * math.ceil(math.log10(len(self.members) + 1))
+        taken: list[bytes] = []
+        for item in sorted(self._queue, key=lambda i: i[2]):
+            if len(item[1]) + 2 > budget:
+                continue
+            budget -= len(item[1]) + 2
+            taken.append(item[1])
+            item[2] += 1
+        self._queue = [item for item in self._queue if item[2] < limit]
+        return taken
+
+    def _gossip(self) -> None:
+        now = self._now()
+        targets = [m for m in self.members.values() if m.name != self.name and (
+            m.state in (wire.STATE_ALIVE, wire.STATE_SUSPECT)
+            or (m.state == wire.STATE_DEAD and now - m.changed <= self._to_the_dead))]  # fmt: skip
+        for member in random.sample(targets, min(self.gossip_nodes, len(targets))):
+            news = self._take_broadcasts(UDP_BUFFER - 2)
+            if not news:
+                return
+            self._send(member.target, news[0] if len(news) == 1 else wire.make_compound(news))
+
+    def _send_gossiping(self, target: tuple[str, int], message: bytes) -> None:
+        """``message`` with what news fits beside it (memberlist's sendMsg)."""
+        news = self._take_broadcasts(UDP_BUFFER - len(message) - 4)
+        self._send(target, wire.make_compound([message, *news]) if news else message)
+
+    def _send(self, target: tuple[str, int], packet: bytes) -> None:
+        if self._udp is not None and not self._udp.is_closing():
+            self._udp.sendto(packet, target)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _live(self, exclude_self: bool = False, alive_only: bool = False) -> list[Member]:
+        states = (wire.STATE_ALIVE,) if alive_only else (wire.STATE_ALIVE, wire.STATE_SUSPECT)
+        return [m for m in self.members.values()
+                if m.state in states and not (exclude_self and m.name == self.name)]  # fmt: skip
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        return self._seq
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _malformed(self, exc: Exception, source: object) -> None:
+        self.metrics.malformed.inc()
+        self._rlog.warning("member-list: malformed message from %s: %s", source, exc,
+                           key="malformed")  # fmt: skip
+
+
+def _host_port(text: str, what: str, listen: bool = False) -> tuple[str, int]:
+    try:
+        return parse_host_port(text, listen=listen)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+async def _resolve_all(node: str, default_port: int) -> list[tuple[str, int]]:
+    """A known node, ``host``, ``host:port`` or ``[v6]:port``, as every address its name
+    has (memberlist's resolveAddr); the port defaults to ours."""
+    text = node.strip()
+    if text.count(":") == 1 or text.startswith("["):
+        host, port = parse_host_port(text)
+    else:
+        host, port = text.strip("[]"), default_port
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys((str(info[4][0]), port) for info in infos))
+
+
+async def _resolve_one(host: str) -> str:
+    """Memberlist needs an IP to advertise: a name is looked up (its first address)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    if not infos:
+        raise ConfigError(f"GUBER_MEMBERLIST_ADDRESS: {host!r} has no address")
+    return str(infos[0][4][0])
+
+
+async def _read_stream(reader: asyncio.StreamReader) -> tuple[int, Any]:
+    """One stream message, read until whole (memberlist sends no end marker)."""
+    data = b""
+    while True:
+        try:
+            return wire.read_stream(data)
+        except wire.Truncated:
+            chunk = await reader.read(65536)
+            if not chunk:
+                raise wire.Malformed("stream ended inside a message") from None
+            data += chunk
+            if len(data) > wire.MAX_STATE_BYTES:
+                raise wire.Malformed("remote node state is larger than limit") from None

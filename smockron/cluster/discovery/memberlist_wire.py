@@ -1,0 +1,414 @@
+"""hashicorp/memberlist's wire format, the part smockron speaks: pure bytes in and out.
+
+A message is one type byte, then one msgpack-encoded Go struct (net.go). Go's encoder
+(hashicorp/go-msgpack, ``MsgpackHandle{}``) writes a struct as a map whose keys are the
+field names sorted bytewise, skips ``omitempty`` fields that are empty, writes strings and
+``[]byte`` alike as the old raw type (fixstr, str16, str32: never str8 or bin), a nil
+``[]byte`` as nil, unsigned fields in their smallest unsigned form, and signed (``int``)
+fields above 127 as int16/int32/int64. :func:`encode` writes the same bytes, so what a Go
+node reads is what it would have sent. Decoding is as lenient as Go's: any integer or
+raw form, keys in any order, unknown keys ignored; anything else is :class:`Malformed`.
+
+A UDP packet may be a compound of messages (util.go), carry a CRC32 header (protocol 5),
+or be LZW-compressed (``EnableCompression``, on in Gubernator's configuration): all are
+read. Encryption and labels are not: :func:`unwrap_packet` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from smockron.cluster.discovery.base import PeerInfo
+
+# message types (net.go: "ONLY APPEND TO THIS LIST")
+PING, INDIRECT_PING, ACK, SUSPECT, ALIVE, DEAD, PUSH_PULL, COMPOUND = range(8)
+USER, COMPRESS, ENCRYPT, NACK, HAS_CRC, ERR = range(8, 14)
+HAS_LABEL = 244
+
+# NodeStateType (state.go)
+STATE_ALIVE, STATE_SUSPECT, STATE_DEAD, STATE_LEFT = range(4)
+
+VSN = bytes([1, 2, 2, 0, 0, 0])
+"""Protocol min, max, current; delegate min, max, current. Max 2: peers then send no CRC
+headers, TCP pings or nack requests, which protocol 3 to 5 added (all read anyway)."""
+
+MAX_PUSH_NODES = 1024 * 1024
+MAX_STATE_BYTES = 20 * 1024 * 1024
+META_MAX_SIZE = 512
+
+
+class Malformed(ValueError):
+    """Bytes that are not a message memberlist would send."""
+
+
+class Truncated(Malformed):
+    """Not all of it yet: a stream reader reads more and tries again."""
+
+
+# Go struct fields: name -> kind. u: unsigned, i: signed int, s: string, b: []byte,
+# ?: bool. A trailing "~" marks ``codec:",omitempty"``.
+STRUCTS: dict[str, dict[str, str]] = {
+    "ping": {"SeqNo": "u", "Node": "s", "SourceAddr": "b~", "SourcePort": "u~",
+             "SourceNode": "s~"},
+    "indirect_ping": {"SeqNo": "u", "Target": "b", "Port": "u", "Node": "s", "Nack": "?",
+                      "SourceAddr": "b~", "SourcePort": "u~", "SourceNode": "s~"},
+    "ack": {"SeqNo": "u", "Payload": "b"},
+    "nack": {"SeqNo": "u"},
+    "err": {"Error": "s"},
+    "suspect": {"Incarnation": "u", "Node": "s", "From": "s"},
+    "alive": {"Incarnation": "u", "Node": "s", "Addr": "b", "Port": "u", "Meta": "b",
+              "Vsn": "b"},
+    "dead": {"Incarnation": "u", "Node": "s", "From": "s"},
+    "push_pull_header": {"Nodes": "i", "UserStateLen": "i", "Join": "?"},
+    "push_node_state": {"Name": "s", "Addr": "b", "Port": "u", "Meta": "b",
+                        "Incarnation": "u", "State": "i", "Vsn": "b"},
+    "compress": {"Algo": "u", "Buf": "b"},
+}  # fmt: skip
+
+_PACKER = msgpack.Packer(use_bin_type=False)
+
+
+def _pack(value: Any) -> bytes:
+    return bytes(_PACKER.pack(value))
+
+
+def _uint(value: int) -> bytes:
+    return _pack(value)  # msgpack-python picks the smallest unsigned form, as Go
+
+
+def _int(value: int) -> bytes:
+    """Go's EncodeInt: -32..127 fixed, larger positives int16/int32/int64 (not uint)."""
+    if -32 <= value <= 127:
+        return _pack(value)
+    if 0 < value <= 0x7FFF:
+        return b"\xd1" + struct.pack(">h", value)
+    if 0 < value <= 0x7FFFFFFF:
+        return b"\xd2" + struct.pack(">i", value)
+    if value > 0:
+        return b"\xd3" + struct.pack(">q", value)
+    return _pack(value)  # negatives: the smallest signed form, as Go
+
+
+def encode_struct(kind: str, values: Mapping[str, Any]) -> bytes:
+    """One Go struct of ``kind`` (a STRUCTS key) as go-msgpack writes it."""
+    fields = STRUCTS[kind]
+    out = []
+    for name in sorted(fields):
+        spec = fields[name]
+        value = values.get(name)
+        if spec.endswith("~") and not value:
+            continue
+        out.append(_pack(name) + _value(spec[0], value))
+    size = len(out)
+    header = bytes([0x80 | size]) if size < 16 else b"\xde" + struct.pack(">H", size)
+    return header + b"".join(out)
+
+
+def _value(kind: str, value: Any) -> bytes:
+    if kind == "u":
+        return _uint(int(value or 0))
+    if kind == "i":
+        return _int(int(value or 0))
+    if kind == "?":
+        return _pack(bool(value))
+    if kind == "s":
+        return _pack(str(value or "").encode())
+    return _pack(None if value is None else bytes(value))  # b: nil stays nil
+
+
+def encode(msg_type: int, kind: str, values: Mapping[str, Any]) -> bytes:
+    """A message: its type byte, then the struct (util.go ``encode``)."""
+    return bytes([msg_type]) + encode_struct(kind, values)
+
+
+def decode_struct(kind: str, obj: Any) -> dict[str, Any]:
+    """A decoded msgpack map (raw=True: bytes keys) as the Go struct ``kind``, every field
+    present: zero values for missing ones, as Go leaves them."""
+    if not isinstance(obj, dict):
+        raise Malformed(f"{kind}: not a map")
+    fields = STRUCTS[kind]
+    out: dict[str, Any] = {}
+    for name, spec in fields.items():
+        raw = obj.get(name.encode())
+        out[name] = _field(kind, name, spec[0], raw)
+    return out
+
+
+_ZERO: dict[str, Any] = {"u": 0, "i": 0, "?": False, "s": "", "b": None}
+
+
+def _field(kind: str, name: str, spec: str, raw: Any) -> Any:
+    if raw is None:
+        return _ZERO[spec]
+    if spec in "ui":
+        if not isinstance(raw, int) or isinstance(raw, bool) or (spec == "u" and raw < 0):
+            raise Malformed(f"{kind}.{name}: not an integer")
+        return raw
+    if spec == "?":
+        if not isinstance(raw, bool):
+            raise Malformed(f"{kind}.{name}: not a bool")
+        return raw
+    if not isinstance(raw, bytes):
+        raise Malformed(f"{kind}.{name}: not a string")
+    if spec == "b":
+        return raw
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise Malformed(f"{kind}.{name}: not UTF-8") from None
+
+
+def decode(kind: str, body: bytes) -> dict[str, Any]:
+    """The struct after a type byte."""
+    try:
+        obj = msgpack.unpackb(body, raw=True, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise Malformed(f"{kind}: {exc}") from None
+    return decode_struct(kind, obj)
+
+
+# -- packets ----------------------------------------------------------------------------
+
+
+def make_compound(messages: list[bytes]) -> bytes:
+    """util.go ``makeCompoundMessage``: type, count, each length (big-endian uint16), the
+    messages (at most 255)."""
+    lengths = b"".join(struct.pack(">H", len(m)) for m in messages)
+    return bytes([COMPOUND, len(messages)]) + lengths + b"".join(messages)
+
+
+def split_compound(body: bytes) -> tuple[list[bytes], int]:
+    """util.go ``decodeCompoundMessage`` (after the type byte): the parts, and how many
+    were truncated."""
+    if not body:
+        raise Malformed("missing compound length byte")
+    count, body = body[0], body[1:]
+    if len(body) < count * 2:
+        raise Malformed("truncated len slice")
+    lengths = struct.unpack(f">{count}H", body[: count * 2])
+    body = body[count * 2 :]
+    parts: list[bytes] = []
+    for i, size in enumerate(lengths):
+        if len(body) < size:
+            return parts, count - i
+        parts.append(body[:size])
+        body = body[size:]
+    return parts, 0
+
+
+def unwrap_packet(packet: bytes) -> bytes:
+    """The message of a UDP packet: a label header refused (smockron joins no labelled
+    cluster), a CRC header checked and removed (net.go ``ingestPacket``)."""
+    if packet[:1] == bytes([HAS_LABEL]):
+        raise Malformed("labelled packet: no GUBER_* setting gives a memberlist label")
+    if len(packet) >= 5 and packet[0] == HAS_CRC:
+        if zlib.crc32(packet[5:]) != struct.unpack(">I", packet[1:5])[0]:
+            raise Malformed("invalid checksum")
+        return packet[5:]
+    return packet
+
+
+def messages(message: bytes, depth: int = 0) -> Iterator[tuple[int, bytes]]:
+    """``(type, body)`` of each message in ``message``: compounds split, compressed ones
+    expanded (net.go ``handleCommand``)."""
+    if not message:
+        raise Malformed("missing message type byte")
+    kind, body = message[0], message[1:]
+    if kind in (COMPOUND, COMPRESS) and depth > 2:
+        raise Malformed("nested too deep")
+    if kind == COMPOUND:
+        parts, truncated = split_compound(body)
+        if truncated:
+            raise Malformed(f"compound message had {truncated} truncated messages")
+        for part in parts:
+            yield from messages(part, depth + 1)
+    elif kind == COMPRESS:
+        yield from messages(decompress(decode("compress", body)), depth + 1)
+    else:
+        yield kind, body
+
+
+def decompress(compressed: Mapping[str, Any]) -> bytes:
+    if compressed["Algo"] != 0:
+        raise Malformed(f"cannot decompress unknown algorithm {compressed['Algo']}")
+    return lzw_decode(compressed["Buf"] or b"")
+
+
+# -- LZW: Go's compress/lzw reader, LSB order, 8-bit literals ------------------------------
+
+_CLEAR, _EOF, _MAX_WIDTH = 256, 257, 12
+_INVALID = 0xFFFF
+
+
+def lzw_decode(data: bytes, limit: int = 2 * MAX_STATE_BYTES) -> bytes:
+    """compress/lzw ``NewReader(r, LSB, 8)`` as memberlist's ``decompressBuffer`` uses it."""
+    suffix = bytearray(1 << _MAX_WIDTH)
+    prefix = [0] * (1 << _MAX_WIDTH)
+    out = bytearray()
+    width, hi, overflow, last = 9, _EOF, 1 << 9, _INVALID
+    bits = nbits = pos = 0
+    while True:
+        while nbits < width:
+            if pos >= len(data):
+                raise Malformed("lzw: unexpected end of data")
+            bits |= data[pos] << nbits
+            pos += 1
+            nbits += 8
+        code = bits & ((1 << width) - 1)
+        bits >>= width
+        nbits -= width
+        if code == _CLEAR:
+            width, hi, overflow, last = 9, _EOF, 1 << 9, _INVALID
+            continue
+        if code == _EOF:
+            return bytes(out)
+        if code < _CLEAR:
+            head, entry = code, bytes([code])
+        elif code <= hi:
+            c, tail = code, b""
+            if code == hi and last != _INVALID:
+                c = last
+                while c >= _CLEAR:
+                    c = prefix[c]
+                tail, c = bytes([c]), last
+            chain = bytearray()
+            while c >= _CLEAR:
+                chain.append(suffix[c])
+                c = prefix[c]
+            chain.append(c)
+            chain.reverse()
+            head, entry = c, bytes(chain) + tail
+        else:
+            raise Malformed("lzw: invalid code")
+        out += entry
+        if len(out) > limit:
+            raise Malformed("decompressed message is larger than limit")
+        if last != _INVALID:
+            suffix[hi], prefix[hi] = head, last
+        last, hi = code, hi + 1
+        if hi >= overflow:
+            if width == _MAX_WIDTH:
+                last, hi = _INVALID, hi - 1
+            else:
+                width, overflow = width + 1, 1 << (width + 1)
+
+
+# -- node metadata: Gubernator's PeerInfo as JSON (memberlist.go) ---------------------------
+
+
+def encode_meta(peer: PeerInfo) -> bytes:
+    """``json.Marshal(&PeerInfo)``: Gubernator's field order and names, compact; smockron
+    adds where it serves PeersV1 (Gubernator ignores the key)."""
+    record = {"data-center": peer.data_center, "http-address": peer.http_address,
+              "grpc-address": peer.grpc_address}  # fmt: skip
+    if peer.peer_address:
+        record["peer-address"] = peer.peer_address
+    meta = json.dumps(record, separators=(",", ":")).encode()
+    if len(meta) > META_MAX_SIZE:
+        raise ValueError(f"node metadata is {len(meta)} bytes, more than memberlist's 512")
+    return meta
+
+
+def decode_meta(meta: bytes | None) -> PeerInfo:
+    """A member's metadata as a peer (Gubernator's deprecated gob form is not read)."""
+    try:
+        record = json.loads(meta or b"")
+    except (ValueError, UnicodeDecodeError):
+        raise Malformed("metadata is not Gubernator's JSON PeerInfo") from None
+    if not isinstance(record, dict):
+        raise Malformed("metadata is not a JSON object")
+    values = [record.get(k, "") for k in ("grpc-address", "http-address", "data-center",
+                                          "peer-address")]  # fmt: skip
+    if not all(isinstance(v, str) for v in values) or not values[0]:
+        raise Malformed("metadata has no grpc-address")
+    return PeerInfo(*values)
+
+
+@dataclass
+class PushPull:
+    """A push/pull exchange: the join flag, the node states, the user state (unused)."""
+
+    join: bool
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    user_state: bytes = b""
+
+
+def encode_push_pull(state: PushPull) -> bytes:
+    """net.go ``sendLocalState``: type, header, each node state, the user state."""
+    header = {"Nodes": len(state.nodes), "UserStateLen": len(state.user_state),
+              "Join": state.join}  # fmt: skip
+    parts = [bytes([PUSH_PULL]), encode_struct("push_pull_header", header)]
+    parts += [encode_struct("push_node_state", node) for node in state.nodes]
+    return b"".join(parts) + state.user_state
+
+
+def decode_push_pull(body: bytes) -> PushPull:
+    """net.go ``readRemoteState`` over a whole body (after the type byte)."""
+    unpacker = msgpack.Unpacker(raw=True, strict_map_key=False, max_buffer_size=len(body) + 1)
+    unpacker.feed(body)
+    try:
+        header = decode_struct("push_pull_header", next(unpacker))
+        count = header["Nodes"]
+        if not 0 <= count <= MAX_PUSH_NODES:
+            raise Malformed(f"number of nodes in header ({count}) exceeds limit")
+        nodes = [decode_struct("push_node_state", next(unpacker)) for _ in range(count)]
+        size = header["UserStateLen"]
+        if not 0 <= size <= MAX_STATE_BYTES:
+            raise Malformed(f"user state length ({size}) exceeds limit")
+        user = bytes(unpacker.read_bytes(size))
+    except StopIteration:
+        raise Truncated("push/pull state truncated") from None
+    except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
+        if isinstance(exc, Malformed):
+            raise
+        raise Malformed(f"push/pull state: {exc}") from None
+    if len(user) != size:
+        raise Truncated(f"failed to read full user state ({len(user)} / {size})")
+    return PushPull(header["Join"], nodes, user)
+
+
+def first_object(data: bytes) -> tuple[Any, int]:
+    """The first msgpack object of ``data`` and where it ends (a stream's one struct)."""
+    unpacker = msgpack.Unpacker(raw=True, strict_map_key=False, max_buffer_size=len(data) + 1)
+    unpacker.feed(data)
+    try:
+        obj = next(unpacker)
+    except StopIteration:
+        raise Truncated("message truncated") from None
+    except (ValueError, msgpack.FormatError, msgpack.StackError) as exc:
+        raise Malformed(str(exc)) from None
+    return obj, int(unpacker.tell())
+
+
+def read_stream(data: bytes) -> tuple[int, Any]:
+    """A stream's message (net.go ``readStream``): ``(PUSH_PULL, PushPull)``, or
+    ``(type, struct)`` for a ping, ack or error; compression undone. Truncated when
+    ``data`` is not all of it yet."""
+    if not data:
+        raise Truncated("empty stream")
+    kind, body = data[0], data[1:]
+    if kind == HAS_LABEL:
+        raise Malformed("labelled stream: no GUBER_* setting gives a memberlist label")
+    if kind == ENCRYPT:
+        raise Malformed("encrypted stream: gossip encryption is not configured")
+    if kind == COMPRESS:
+        obj, _ = first_object(body)
+        inner = decompress(decode_struct("compress", obj))
+        try:
+            return read_stream(inner)
+        except Truncated as exc:
+            raise Malformed(f"compressed message: {exc}") from None
+    if kind == PUSH_PULL:
+        return kind, decode_push_pull(body)
+    names = {PING: "ping", ACK: "ack", ERR: "err"}
+    if kind not in names:
+        raise Malformed(f"stream message type {kind} not supported")
+    obj, _ = first_object(body)
+    return kind, decode_struct(names[kind], obj)
