@@ -118,6 +118,8 @@ def load_allowed(directory: str | Path) -> frozenset[bytes]:
 
 
 def _load(path: str | Path) -> tuple[bytes, bytes | None]:
+    if not os.path.exists(path):  # zmq.auth would call it an "Invalid certificate file"
+        raise ConfigError(f"key file {str(path)!r} does not exist (`smockron keygen` makes one)")
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:

@@ -520,7 +520,7 @@ def cluster(**flags: Any) -> None:
     facts = {
         "grpc": config.grpc_address,
         "http": config.http_address,
-        "server": config.grpc_server,
+        "server": server.config.grpc_server,  # what runs (native may fall back to threads)
         "discovery": config.peer_discovery,
         "tls": "on" if config.tls else "off",
         "global_mode": config.global_mode,

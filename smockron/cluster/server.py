@@ -9,6 +9,7 @@ operators and scripts wait or grep for.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import ssl
@@ -23,7 +24,7 @@ from smockron.cluster.discovery.base import Discovery
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.node import Node
 from smockron.cluster.transports import GrpcServer as GrpcServer  # for cli.py
-from smockron.cluster.transports import make_grpc_server
+from smockron.cluster.transports import make_grpc_server, native
 from smockron.cluster.transports.http import make_app, make_status_app, server_log
 from smockron.cluster.transports.native import NativeServer
 from smockron.cluster.transports.threaded import ThreadedServer
@@ -67,6 +68,16 @@ def _go_listen_error(address: str, exc: Exception) -> str:
     return f"listen tcp {address}: {exc}"
 
 
+def _runnable(config: ClusterConfig) -> ClusterConfig:
+    """``config`` with the gRPC server that will run: ``native`` without its extension
+    is ``threads``, said once here (not once per listener), and ``config.grpc_server``
+    (the startup line's ``server=``) names what runs."""
+    if config.grpc_server == "native" and not native.AVAILABLE:
+        log.warning("gRPC server: native extension not built (no libgrpc++); using threads")
+        return dataclasses.replace(config, grpc_server="threads")
+    return config
+
+
 class ClusterServer:
     def __init__(
         self,
@@ -76,7 +87,7 @@ class ClusterServer:
         metrics: ClusterMetrics | None = None,
     ) -> None:
         """``metrics``: the node's counters, on a registry of its own unless given one."""
-        self.config = config.validate()
+        self.config = _runnable(config.validate())
         self.tls = tls.load(self.config)
         self.node = Node(self.config, tls=self.tls, metrics=metrics)
         self._client_san = tls.client_san_check(

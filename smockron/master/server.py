@@ -147,10 +147,12 @@ class Master:
         minute at most) while it does not answer, even with no traffic to notice."""
         ping = self.store.ping
         warned = -STORE_REWARN_S
+        down = False  # the first answer after start is no "again"
         while True:
             try:
                 await asyncio.wait_for(ping(), STORE_DEADLINE_S)
             except Exception as exc:
+                down = True
                 reason = str(exc) or type(exc).__name__
                 self.store_problem = f"store {self.settings.store} unreachable: {reason}"
                 if time.monotonic() - warned >= STORE_REWARN_S:
@@ -158,8 +160,9 @@ class Master:
                     log.warning("%s (not ready until it answers; deciding from memory)",
                                 self.store_problem)  # fmt: skip
             else:
-                if self.store_problem is not None:
+                if down:
                     log.info("store %s answers again", self.settings.store)
+                down = False
                 self.store_problem = None
                 warned = -STORE_REWARN_S
             await asyncio.sleep(STORE_CHECK_S)

@@ -545,8 +545,21 @@ def test_bad_tls_settings_stop_the_command(tmp_path: Path) -> None:
     finally:
         proc.stop()
     log = proc.log()
-    assert "while reading GUBER_TLS_CERT" in log
+    assert f"while reading GUBER_TLS_CERT '{tmp_path / 'missing.pem'}': No such file" in log
     assert "Traceback" not in log
+
+
+def test_a_missing_key_file_is_called_missing(tmp_path: Path, certs: Certs) -> None:
+    """The certificate is there, its key is not: the key's path, said to be missing."""
+    from smockron.cluster import tls
+    from smockron.cluster.config import ClusterConfig
+    from smockron.errors import ConfigError
+
+    missing = tmp_path / "missing-key.pem"
+    config = ClusterConfig(grpc_address="127.0.0.1:1", tls_cert=f"{certs.dir}/gubernator.pem",
+                           tls_key=str(missing))  # fmt: skip
+    with pytest.raises(ConfigError, match=f"GUBER_TLS_KEY '{missing}': No such file"):
+        tls.load(config.validate())
 
 
 async def test_require_any_cert_on_the_native_server(tmp_path: Path, certs: Certs) -> None:

@@ -57,8 +57,11 @@ def test_loaders_name_what_is_wrong(tmp_path: Path) -> None:
     assert load_keypair(secret).public == load_public(public)
     with pytest.raises(ConfigError, match="holds no secret key"):
         load_keypair(public)
-    with pytest.raises(ConfigError, match="cannot read key file"):
-        load_public(tmp_path / "missing.key")
+    missing = tmp_path / "missing.key"
+    with pytest.raises(ConfigError, match=f"key file '{missing}' does not exist"):
+        load_public(missing)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_keypair(tmp_path / "missing.key_secret")
     with pytest.raises(ConfigError, match="not a directory"):
         load_allowed(tmp_path / "nowhere")
     assert load_allowed(tmp_path / "k") == {load_public(public)}  # .key_secret not listed
