@@ -18,10 +18,12 @@ from smockron.errors import ConfigError
 from smockron.gatekeeper._decider import (
     ACCEPT,
     DELAY,
+    MAX_IDENTIFIER,
     REJECT,
     Decider,
     Decision,
     Waiting,
+    wire_identifier,
 )
 from smockron.gatekeeper._firstline import RuleConfig, first_lines
 from smockron.gatekeeper._link import _Link, now_ms
@@ -134,6 +136,9 @@ class _GatekeeperBase(_Link):
         (``defer``: as :meth:`check` does; one method, as this runs for every request.)"""
         if now is None:
             now = now_ms()
+        if len(identifier) > MAX_IDENTIFIER:  # the master would drop it: its digest
+            identifier = wire_identifier(identifier)
+            self.counters.identifiers_hashed += 1
         decision = self.decider.decide(domain, identifier, now)
         verdict = decision[0]
         if verdict is ACCEPT:  # _send inlined: this runs for nearly every request

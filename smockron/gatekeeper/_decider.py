@@ -6,6 +6,7 @@ of a delayed request when it wakes, written once for every front.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -26,6 +27,7 @@ from smockron.gatekeeper._table import (
     Record,
     forget_passed,
 )
+from smockron.wire.codec import DEFAULT_LIMITS
 
 
 class Verdict(Enum):
@@ -84,6 +86,7 @@ class Counters(CounterSet):
     accounting_dropped: int = 0
     accounting_sampled_out: int = 0
     rules_received: int = 0  # the master's offers of its domains' rules
+    identifiers_hashed: int = 0  # longer than a master accepts: decided by their digest
     delayed_again: int = 0  # woken from a delay to find a later DELAY_UNTIL
     rejected_after_delay: int = 0  # ... one past max_delay from their arrival
 
@@ -334,6 +337,22 @@ class Decider:
             self.waiting -= 1
 
 
+MAX_IDENTIFIER: Final = DEFAULT_LIMITS.max_identifier
+"""The longest identifier a master accepts: it drops longer ones as oversized."""
+HASHED: Final = b"blake2b:"
+"""What starts an identifier that stands for a longer one (:func:`wire_identifier`)."""
+
+
+def wire_identifier(identifier: bytes) -> bytes:
+    """The identifier a gatekeeper decides and reports a request by: the client's own,
+    or, past :data:`MAX_IDENTIFIER`, a fixed-length digest of it (a bearer token of
+    2,000 bytes). The same everywhere, so every gatekeeper and the master count the
+    client as one, and distinct long identifiers stay distinct (no truncation)."""
+    if len(identifier) <= MAX_IDENTIFIER:
+        return identifier
+    return HASHED + hashlib.blake2b(identifier, digest_size=32).hexdigest().encode()
+
+
 class Waiting:
     """The waits of one delayed request, written once for every front (threads, asyncio,
     ASGI): sleep until ``until``, then call :meth:`woke`; when it returns None the
@@ -353,7 +372,8 @@ class Waiting:
         decision: Decision,
         tries: int = MAX_RECHECKS,
     ) -> None:
-        self.decider, self.domain, self.identifier = decider, domain, identifier
+        self.decider, self.domain = decider, domain
+        self.identifier = wire_identifier(identifier)  # as decided (``check``)
         self.decision = decision
         self.until = decision.until_ms
         self.went_at = decision.until_ms

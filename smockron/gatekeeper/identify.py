@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
 
 from smockron.errors import ConfigError
-
-MAX_IDENTIFIER: Final = 1024  # the codec's default limit on identifier size
 
 
 class RequestInfo:
@@ -127,11 +124,11 @@ class ForwardedFor:
 
 
 def as_identifier(value: bytes | str | None) -> bytes | None:
-    """Identifier bytes, capped at the size a master accepts."""
+    """Identifier bytes, whole: one longer than a master accepts is replaced by its
+    digest where every gatekeeper decides (``Gatekeeper.decide``), not cut here."""
     if value is None:
         return None
-    raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
-    return raw[:MAX_IDENTIFIER]
+    return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
 
 
 def parse_identify(spec: str, trusted: Iterable[str] = ()) -> Identify:

@@ -12,7 +12,7 @@ import pytest
 
 from smockron.errors import ConfigError
 from smockron.gatekeeper._asyncio import FLUSH_BATCH, FLUSH_DELAY_S, AsyncGatekeeper
-from smockron.gatekeeper._decider import Verdict
+from smockron.gatekeeper._decider import Verdict, wire_identifier
 from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, encode_accounting
 from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
@@ -59,6 +59,20 @@ def test_accepts_and_accounts(master: MasterSockets) -> None:
         raw = master.drain(0.05)
         assert raw == []
         assert gk.counters.accounting_sent == 1
+
+
+def test_a_long_identifier_is_accounted_by_its_digest(master: MasterSockets) -> None:
+    """Longer than a master accepts (it would drop the message as oversized): decided
+    and accounted by its fixed-length digest, counted."""
+    token = b"Bearer " + b"t" * 1993
+    with Gatekeeper(master.accounting_addr, master.control_addr, ["api"]) as gk:
+        _connected(gk, master)
+        assert gk.decide(D, token, wall_ms()).verdict is Verdict.ACCEPT
+        assert master.recv().identifier == wire_identifier(token)
+        assert gk.counters.identifiers_hashed == 1
+        until = wall_ms() + 60_000  # the master's verdict for it comes back by the digest
+        master.publish("api", wire_identifier(token), until)
+        wait_for(lambda: gk.decide(D, token).verdict is Verdict.REJECT, 5)
 
 
 def test_delay_until_delays_then_rejects(master: MasterSockets) -> None:
