@@ -144,8 +144,9 @@ def build_discovery(config: ClusterConfig, registry: CollectorRegistry | None = 
     return make_discovery(found[0], **found[1], registry=registry)
 
 
-_GUBER_LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "warning": "WARNING",
-                 "error": "ERROR", "fatal": "CRITICAL", "panic": "CRITICAL"}  # fmt: skip
+_GUBER_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
+                 "warning": "WARNING", "error": "ERROR", "fatal": "CRITICAL",
+                 "panic": "CRITICAL"}  # fmt: skip
 
 
 def guber_log_level(env: Mapping[str, str]) -> str | None:

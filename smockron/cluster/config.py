@@ -488,6 +488,8 @@ def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> Clust
             changes["batch_wait_ms"] = 0.0
     except ConfigError as exc:
         raise ConfigError(f"GUBER_DISABLE_BATCHING: {exc}") from None
+    if env.get("GUBER_PEER_PICKER") and not env.get("GUBER_PEER_PICKER_HASH"):
+        changes["peer_picker_hash"] = "fnv1a"  # Gubernator's replicated-hash default
     memberlist = any(v.startswith("GUBER_MEMBERLIST_") and env[v] for v in env)
     if "peer_discovery" not in changes and memberlist:
         changes["peer_discovery"] = "member-list"

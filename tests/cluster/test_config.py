@@ -178,6 +178,7 @@ def test_guber_log_level_names() -> None:
     assert guber_log_level({}) is None
     assert guber_log_level({"GUBER_LOG_LEVEL": "warn"}) == "WARNING"
     assert guber_log_level({"GUBER_LOG_LEVEL": "Error"}) == "ERROR"
+    assert guber_log_level({"GUBER_LOG_LEVEL": "trace"}) == "DEBUG"  # logrus's finest
     assert guber_log_level({"GUBER_DEBUG": "true", "GUBER_LOG_LEVEL": "error"}) == "DEBUG"
     with pytest.raises(ConfigError, match="GUBER_LOG_LEVEL: unknown level 'loud'"):
         guber_log_level({"GUBER_LOG_LEVEL": "loud"})

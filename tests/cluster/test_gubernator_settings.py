@@ -73,7 +73,9 @@ def test_refused_settings_and_bad_values() -> None:
         build_config({"GUBER_PEER_DISCOVERY_TYPE": "consul"}, {})
     with pytest.raises(ConfigError, match="GUBER_PEER_PICKER: 'consistent-hash' is invalid"):
         build_config({"GUBER_PEER_PICKER": "consistent-hash"}, {})
-    assert build_config({"GUBER_PEER_PICKER": "replicated-hash"}, {}).peer_picker_hash
+    assert build_config({"GUBER_PEER_PICKER": "replicated-hash"}, {}).peer_picker_hash == "fnv1a"
+    picked = {"GUBER_PEER_PICKER": "replicated-hash", "GUBER_PEER_PICKER_HASH": "fnv1"}
+    assert build_config(picked, {}).peer_picker_hash == "fnv1"
 
 
 def test_a_refused_setting_stops_a_real_node_with_one_line(
