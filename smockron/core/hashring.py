@@ -140,6 +140,23 @@ class HashRing:
         idx = bisect_left(hashes, self._key_hash(key))
         return owners[idx if idx < len(hashes) else 0]
 
+    def successors(self, key: str | bytes, count: int) -> tuple[str, ...]:
+        """The first ``count`` distinct nodes at or after ``key``'s point: its owner,
+        then the nodes that take it over when owners leave (replicas of a shard)."""
+        hashes, owners = self._ring
+        if not hashes:
+            raise LookupError("hash ring is empty: no nodes to pick from")
+        count = min(count, len(self._nodes))
+        idx = bisect_left(hashes, self._key_hash(key))
+        found: list[str] = []
+        for step in range(len(owners)):
+            node = owners[(idx + step) % len(owners)]
+            if node not in found:
+                found.append(node)
+                if len(found) == count:
+                    break
+        return tuple(found)
+
     def __len__(self) -> int:
         return len(self._nodes)
 

@@ -153,6 +153,23 @@ def _refuse_open_binds(endpoints: tuple[str, str], clients: str | None, insecure
     metavar="BYTES",
     help="Longest log info [default: 8192].",
 )
+@click.option(
+    "--peer",
+    "peers",
+    multiple=True,
+    metavar="ACC_ADDR,CTL_ADDR",
+    help="Another master of this master's fleet. Repeatable; none: a fleet of one.",
+)
+@click.option(
+    "--advertise",
+    metavar="ACC_ADDR,CTL_ADDR",
+    help="How the fleet names this master [default: --accounting,--control].",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    help="Masters of the fleet that hold each identifier [default: 2].",
+)
 @curve_options("master", server=True, client=False)
 def master(
     config: Path | None,

@@ -96,10 +96,20 @@ class MasterSettings:
     """Directory of the allowed gatekeepers' public ``.key`` files."""
     insecure_bind: bool = False
     """Bind a non-loopback address without keys (otherwise refused)."""
+    peers: tuple[str, ...] = ()
+    """The other masters of this master's fleet, each ``ACC_ADDR,CTL_ADDR`` (empty: a
+    fleet of one, as a master has always been)."""
+    advertise: str | None = None
+    """``ACC_ADDR,CTL_ADDR``: how the fleet's other masters and gatekeepers name this
+    master (default: ``accounting,control``). Needed when binding a wildcard address."""
+    replicas: int = 2
+    """How many masters of the fleet hold each shard of identifiers."""
     domains: Mapping[str, DomainPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("hwm", "queue", "batch", "max_domain", "max_identifier", "max_loginfo"):
+        object.__setattr__(self, "peers", tuple(self.peers))
+        for name in ("hwm", "queue", "batch", "max_domain", "max_identifier", "max_loginfo",
+                     "replicas"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -112,12 +122,47 @@ class MasterSettings:
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
 
+        check_fleet(self)
+
+    @property
+    def name(self) -> str:
+        """This master's name in its fleet: the accounting address others reach it at."""
+        return fleet_name(self.advertise or f"{self.accounting},{self.control}")
+
     def snapshot_interval_invalid(self) -> bool:
         value = self.snapshot_interval
         return not isinstance(value, int | float) or isinstance(value, bool) or not value > 0
 
 
 _SCALARS = {f.name for f in fields(MasterSettings)} - {"domains"}
+
+
+def fleet_name(spec: str) -> str:
+    """A master's name in a fleet, from ``ACC_ADDR,CTL_ADDR``: its accounting address."""
+    acc, sep, ctl = spec.partition(",")
+    if not sep or not acc.strip() or not ctl.strip():
+        raise ConfigError(f"cannot parse master {spec!r}: expected ACC_ADDR,CTL_ADDR")
+    return acc.strip()
+
+
+_WILDCARD = re.compile(r"^tcp://(\*|0\.0\.0\.0|\[::\]|\[\*\]):")
+
+
+def check_fleet(settings: MasterSettings) -> None:
+    """Peers name masters as gatekeepers reach them: a wildcard name is no name."""
+    for spec in settings.peers:
+        if not isinstance(spec, str):
+            raise ConfigError(f"peers must be ACC_ADDR,CTL_ADDR strings, got {spec!r}")
+        fleet_name(spec)
+    if settings.advertise is not None:
+        fleet_name(settings.advertise)
+    if settings.peers and settings.advertise is None and _WILDCARD.match(settings.accounting):
+        raise ConfigError(
+            f"accounting {settings.accounting!r} is a wildcard address: with peers, say how "
+            "the fleet reaches this master (--advertise ACC_ADDR,CTL_ADDR)"
+        )
+    if settings.name in {fleet_name(p) for p in settings.peers}:
+        raise ConfigError(f"peers include this master itself ({settings.name!r})")
 
 
 def limits(settings: MasterSettings) -> Limits:
@@ -141,7 +186,7 @@ def load_settings(
     settings = MasterSettings()
     if path is not None:
         settings = read_file(Path(path))
-    scalars = {k: v for k, v in (overrides or {}).items() if v is not None}
+    scalars = {k: v for k, v in (overrides or {}).items() if v is not None and v != ()}
     unknown = set(scalars) - _SCALARS
     if unknown:
         raise ConfigError(f"unknown settings {sorted(unknown)}")

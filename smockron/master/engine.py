@@ -33,6 +33,7 @@ from smockron.core.gcra import expires_at as gcra_expires_at
 from smockron.core.gcra import gcra_update
 from smockron.core.history import next_allowed, recorded, served_at, verdict_of, verdicts_after
 from smockron.core.rules import Rule
+from smockron.core.shards import decode_shards, shard_topic
 from smockron.core.vocabulary import ALGORITHMS, stored_as
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
@@ -49,17 +50,26 @@ from smockron.wire.codec import (
     decode_accounting,
     topic,
 )
+from smockron.wire.fleet import SYNC, SYNC_PREFIX, valid_reply
 
 Frames = Sequence[bytes]
-LATE_AFTER_MS = 500.0
 BACKLOG_MS = 2000.0
 """A gatekeeper that loses its master may queue accounting (ZeroMQ keeps up to its
 high-water mark) and deliver it all when it reconnects. Those requests were let through
 failing open; charged now (re-timed by the skew rule, or as debt) they would throttle
 clients for what they did while nobody was counting, polite ones included. So for
-``BACKLOG_MS`` after a gatekeeper connects, a message older than ``LATE_AFTER_MS`` is
-counted as ``late`` and dropped; younger ones are charged at their own time."""
+``BACKLOG_MS`` after a gatekeeper connects, a message that *arrived* more than the skew
+tolerance after its own timestamp is counted as ``late`` and dropped. Younger ones are
+charged at their own time, as an instant master would have charged them. A connection
+therefore changes nothing for a gatekeeper whose clock is within the skew tolerance,
+and a master that is itself behind judges by when a message arrived, not by when it got
+round to it."""
 MalformedHook = Callable[[ProtocolError, Frames], None]
+MAX_PENDING = 10_000
+"""RESYNC requests waiting for an answer, at most (more are counted and dropped: a
+gatekeeper asks again)."""
+MAX_PENDING_SYNCS = 64
+"""Peers' warm-start requests waiting, at most."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +133,8 @@ class Engine:
         limits: Limits = DEFAULT_LIMITS,
         stats: Stats | None = None,
         on_malformed: MalformedHook | None = None,
-        late_after_ms: float = LATE_AFTER_MS,
         backlog_ms: float = BACKLOG_MS,
+        shards: frozenset[int] | None = None,
     ) -> None:
         if skew_tolerance_ms < 0:
             raise ConfigError(f"skew tolerance must be >= 0, got {skew_tolerance_ms!r}")
@@ -136,13 +146,17 @@ class Engine:
         self.limits = limits
         self.stats = stats if stats is not None else Stats()
         self.on_malformed = on_malformed
-        self.late_after_ms = late_after_ms
         self.backlog_ms = backlog_ms
+        self.shards = shards
+        """The shards this master holds in its fleet (None: a fleet of one)."""
         self._backlog_until = float("-inf")
         self._by_topic: dict[bytes, _Domain] = {}
-        self.resync_wanted: set[str] = set()
-        """Domains a gatekeeper asked a RESYNC for (``[domain, "RESYNC"]`` on accounting),
-        not yet answered: many requests for one domain are one resync."""
+        self.resync_wanted: dict[tuple[str, bytes | None], None] = {}
+        """RESYNC requests not yet answered, in order: ``(domain, None)`` for a bare one
+        (answered on the domain's topic: many are one resync), ``(domain, reply)`` for a
+        private one (answered on the asker's reply topic); at most ``MAX_PENDING``."""
+        self.sync_wanted: dict[bytes, frozenset[int]] = {}
+        """Peers' warm-start requests: reply topic -> the shards it wants."""
         self.resync_requests = 0
         self.configure(domains)
 
@@ -165,14 +179,14 @@ class Engine:
         tolerance = self.skew_tolerance_ms
         if received_ms - now_ms > tolerance or now_ms - sent > tolerance:
             dom.stats.skewed += 1
-            return ts + now_ms - received_ms  # same delay, counted from the master's now
+            return ts + now_ms - received_ms  # same delay, counted from its arrival
         if clamped:
             dom.stats.skewed += 1
         return ts
 
     def connected(self, now_ms: float) -> None:
-        """A gatekeeper (re)connected: for ``backlog_ms`` from now, messages older than
-        ``late_after_ms`` are the backlog it queued while it had no master."""
+        """A gatekeeper (re)connected: for ``backlog_ms`` from now, messages that arrive
+        older than the skew tolerance are the backlog it queued while it had no master."""
         self._backlog_until = now_ms + self.backlog_ms
 
     @property
@@ -185,6 +199,8 @@ class Engine:
         for name, policy in domains.items():
             dom = _Domain(name, policy, self.store, self.stats.domain(name))
             by_topic[dom.topic] = dom
+            for shard in self.shards or ():  # a fleet's gatekeepers publish on these
+                by_topic[shard_topic(shard, dom.topic)] = dom
         self._policies = dict(domains)
         self._by_topic = by_topic
         self.store.retain({Scope(n, r, p.stored_as) for n, p in domains.items() for r in p.rules})
@@ -226,18 +242,16 @@ class Engine:
 
     def _decode_raw(self, frames: Frames, append: Callable[[Decoded], None]) -> None:
         """A message the split did not decode: the codec names the problem, if any."""
-        if len(frames) == 2 and frames[1] == RESYNC:
-            self._resync_request(frames[0])
+        if 2 <= len(frames) <= 3 and frames[1] == RESYNC:
+            self._resync_request(frames)
+            return
+        if len(frames) == 3 and frames[1] == SYNC and valid_reply(frames[0], SYNC_PREFIX):
+            self._sync_request(frames[0], frames[2])
             return
         try:
             msg = decode_accounting(frames, self.limits)
         except ProtocolError as exc:
-            self.stats.malformed[exc.reason] += 1
-            dom = self._by_topic.get(frames[0]) if frames else None
-            if dom is not None:
-                dom.stats.malformed += 1
-            if self.on_malformed is not None:
-                self.on_malformed(exc, frames)
+            self._malformed(exc, frames, self._by_topic.get(frames[0]) if frames else None)
             return
         dom = self._by_topic.get(msg.domain + b"\0")
         if dom is None:
@@ -252,13 +266,36 @@ class Engine:
             delayed = None if msg.delayed_ms is None else float(msg.delayed_ms)
             append((dom, msg.status, msg.identifier, float(msg.received_ms), delayed))
 
-    def _resync_request(self, topic_frame: bytes) -> None:
-        dom = self._by_topic.get(topic_frame)
+    def _malformed(self, exc: ProtocolError, frames: Frames, dom: _Domain | None) -> None:
+        self.stats.malformed[exc.reason] += 1
+        if dom is not None:
+            dom.stats.malformed += 1
+        if self.on_malformed is not None:
+            self.on_malformed(exc, frames)
+
+    def _resync_request(self, frames: Frames) -> None:
+        dom = self._by_topic.get(frames[0])
         if dom is None:
             self.stats.unknown_domain += 1
             return
+        reply = frames[2] if len(frames) == 3 else None
+        if reply is not None and not valid_reply(reply):
+            self._malformed(ProtocolError("bad_reply", "a RESYNC's reply topic must start "
+                                          "with \\0smockron-resync\\0"), frames, dom)  # fmt: skip
+            return
         self.resync_requests += 1
-        self.resync_wanted.add(dom.name)
+        if len(self.resync_wanted) < MAX_PENDING:
+            self.resync_wanted[dom.name, reply] = None
+
+    def _sync_request(self, reply: bytes, shards: bytes) -> None:
+        """A peer master (re)starting asks for the states of its shards."""
+        try:
+            wanted = decode_shards(shards)
+        except ValueError as exc:
+            self._malformed(ProtocolError("bad_shards", str(exc)), [reply, SYNC, shards], None)
+            return
+        if len(self.sync_wanted) < MAX_PENDING_SYNCS:
+            self.sync_wanted[reply] = wanted
 
     def scopes(self, name: str) -> list[Scope]:
         """The store scopes of a configured domain (one per distinct rule)."""
@@ -307,23 +344,29 @@ class Engine:
             for _rule, table, _window in dom.scopes:
                 yield table, ident
 
-    def apply(self, decoded: Iterable[Decoded], now_ms: float) -> list[list[bytes]]:
-        """Account decoded messages at ``now_ms``; DELAY_UNTIL frames for throttled ones."""
+    def apply(
+        self, decoded: Iterable[Decoded], now_ms: float, arrived_ms: float | None = None
+    ) -> list[list[bytes]]:
+        """Account decoded messages at ``now_ms``; DELAY_UNTIL frames for throttled ones.
+        ``arrived_ms``: when the batch was received (default ``now_ms``): skew and
+        lateness are judged against it, so a master behind on its queue does not take
+        its own delay for the gatekeepers'."""
         out: list[list[bytes]] = []
         tolerance = self.skew_tolerance_ms
         ahead = self.max_delay_ahead_ms  # also the most debt a message can add
-        late_before = now_ms - self.late_after_ms if now_ms < self._backlog_until else -math.inf
+        arrived = now_ms if arrived_ms is None else arrived_ms
+        late_before = arrived - tolerance if arrived < self._backlog_until else -math.inf
         for dom, _status, ident, received_ms, delayed_ms in decoded:
             if delayed_ms is None:  # ACCEPTED, the common case, inline
                 if received_ms < late_before:  # backlog: served failing open, long ago
                     dom.stats.late += 1
                     continue
                 ts = received_ms
-                if received_ms - now_ms > tolerance or now_ms - received_ms > tolerance:
-                    ts = now_ms
+                if received_ms - arrived > tolerance or arrived - received_ms > tolerance:
+                    ts = arrived  # re-timed: charged when it arrived
                     dom.stats.skewed += 1
             else:
-                timed = self._delayed_at(dom, received_ms, delayed_ms, now_ms, late_before)
+                timed = self._delayed_at(dom, received_ms, delayed_ms, arrived, late_before)
                 if timed is None:
                     continue
                 ts = timed
