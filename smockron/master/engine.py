@@ -65,6 +65,9 @@ therefore changes nothing for a gatekeeper whose clock is within the skew tolera
 and a master that is itself behind judges by when a message arrived, not by when it got
 round to it."""
 MalformedHook = Callable[[ProtocolError, Frames], None]
+ON_TIME_MS = 500.0
+"""GCRA applies a message at the master's ``now`` when it is at most this old (the
+original master's formula), at its own time when older."""
 MAX_PENDING = 10_000
 """RESYNC requests waiting for an answer, at most (more are counted and dropped: a
 gatekeeper asks again)."""
@@ -447,17 +450,22 @@ def _apply_histories(
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
-    """GCRA for every rule of the domain; the latest DELAY_UNTIL wins."""
+    """GCRA for every rule of the domain; the latest DELAY_UNTIL wins.
+
+    A message the master takes more than ``ON_TIME_MS`` after its own time (its queue, a
+    gatekeeper's backlog, within the skew tolerance) is applied at that time, as an
+    instant master would have applied it: taken at ``now``, a second's worth arriving
+    together would be charged as a burst. One on time is applied at ``now``, as the
+    original master's formula does. What is published is what lies after ``now``."""
     until: float | None = None
+    at = ts if now_ms - ts > ON_TIME_MS else now_ms
     for rule, table, _window in dom.scopes:
         state = table.get(ident)
-        result = gcra_update(state[0] if state else None, ts, now_ms, rule)
-        value = result.value
+        value = gcra_update(state[0] if state else None, ts, at, rule).value
         state = (value,)
         table.put(ident, state)
         if value > table.keep_after_ms:  # far ahead: keep the state longer
             table.keep(ident, state, gcra_expires_at(value, rule))
-        nxt = result.delay_until
-        if nxt is not None and (until is None or nxt > until):
-            until = nxt
+        if value > now_ms and (until is None or value > until):
+            until = value
     return until

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import signal
 import time
@@ -22,26 +21,27 @@ from collections.abc import Callable
 import zmq
 
 from smockron import runtime
-from smockron.curve import AllowList, allow_ipv6, bind_mode, curve_server
+from smockron.curve import AllowList, CurveClient, allow_ipv6, bind_mode, curve_server
 from smockron.errors import ProtocolError, SmockronError
+from smockron.master.answers import Answers
 from smockron.master.config import MasterSettings, limits
 from smockron.master.control_out import ControlOut
 from smockron.master.engine import Decoded, Engine, Frames
+from smockron.master.fleet import Fleet, WarmStart
 from smockron.master.stats import Stats
 from smockron.master.stores import open_store
-from smockron.master.stores.base import State
 from smockron.observe import ObserveServer, Readiness
 from smockron.observe.throttled import TopThrottled
 from smockron.ratelog import RateLimitedLog
 from smockron.wire.accounting import drain_accounting
 from smockron.wire.batchio import wait_readable
-from smockron.wire.codec import RESYNCDONE, RESYNCSTART, encode_published, encode_rules, topic
-from smockron.wire.control import send_controls
+from smockron.wire.codec import encode_published, encode_rules
 
 log = logging.getLogger("smockron.master")
 
-Batch = tuple[list[Decoded], list[Frames]]
-"""Records decoded while received, and raw messages for the engine's codec."""
+Batch = tuple[list[Decoded], list[Frames], float]
+"""Records decoded while received, raw messages for the engine's codec, and when they
+were received (ms): skew and lateness are judged by it, not by when they are processed."""
 
 FLUSH_IDLE_S = 0.05
 """An idle master with the Redis store writes what changed after this long."""
@@ -59,19 +59,6 @@ gatekeeper that (re)connects has its first line within this long."""
 
 MAX_FRAME_BYTES = 64 * 1024
 """ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected by libzmq itself."""
-
-RESYNC_EVERY_S = 0.5
-"""A domain is resynced at most this often: a flood of RESYNC requests (all gatekeepers
-reconnecting at once, or a hostile peer) costs one resync per domain per interval,
-which every gatekeeper of the domain receives."""
-RESYNC_SLICE = 4096
-"""DELAY_UNTILs a resync computes and publishes per turn of the loop (about 2 ms of
-work): live traffic goes in between. A resync goes as fast as the slowest gatekeeper of
-its domain takes it (``control_out``)."""
-RESYNC_MAX = 1_000_000
-"""Live states listed per rule of a domain for one resync, at most."""
-RESYNC_POLL_S = 0.02
-"""How often pending RESYNC requests are looked at."""
 
 STORE_CHECK_S = 2.0
 """How often the store is pinged for /readyz (and a silent outage is noticed)."""
@@ -97,6 +84,7 @@ class Master:
         self.malformed_log = RateLimitedLog(log, burst=10)
         self.store = open_store(settings.store, snapshot=settings.snapshot,
                                 snapshot_interval=settings.snapshot_interval)  # fmt: skip
+        self.fleet = Fleet(settings)
         self.engine = Engine(
             settings.domains,
             self.store,
@@ -104,6 +92,7 @@ class Master:
             limits=limits(settings),
             stats=self.stats,
             on_malformed=self._log_malformed,
+            shards=self.fleet.shards,
         )
         self.curve = curve_server(settings.curve_secret, settings.curve_clients)
         self.auth: AllowList | None = None
@@ -123,8 +112,13 @@ class Master:
         # why the store is unreachable (readiness); not ready until its first ping answers
         self.store_problem: str | None = f"store {settings.store} not checked yet"
         self.listener: ObserveServer | None = None
-        self._resynced: dict[str, float] = {}  # domain -> when its last resync began
-        self.resyncs = 0
+        self.answers = Answers(self.engine, self.store, self.out, self.stats, self._offers)
+        self.warm: WarmStart | None = None
+        self._subscribed: list[bytes] = []
+
+    @property
+    def resyncs(self) -> int:
+        return self.answers.resyncs
 
     def readiness(self) -> Readiness:
         """/readyz: sockets bound, store reachable (its last ping answered in time)."""
@@ -132,6 +126,7 @@ class Master:
             {
                 "bound": lambda: None if self.bound else "sockets not bound yet",
                 "store": lambda: self.store_problem,
+                "fleet": lambda: None if self.warm is None else self.warm.problem,
             }
         )
 
@@ -190,7 +185,7 @@ class Master:
         self.sub.setsockopt(zmq.RCVHWM, self.settings.hwm)
         self.sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.subscribe(b"")
+        self._subscribe()
         allow_ipv6(self.sub, self.settings.accounting)
         allow_ipv6(self.pub, self.settings.control)
         self.sub.bind(self.settings.accounting)
@@ -203,13 +198,24 @@ class Master:
         self.pub.bind(self.settings.control)
         self.bound = True
         log.info(
-            "master: accounting SUB on %s, control PUB on %s, store %s, %d domain(s): %s",
+            "master: accounting SUB on %s, control PUB on %s, store %s, fleet: %s, "
+            "%d domain(s): %s",
             self.settings.accounting,
             self.settings.control,
             self.settings.store,
+            self.fleet.describe(),
             len(self.settings.domains),
             _describe(self.settings),
         )
+
+    def _subscribe(self) -> None:
+        """Subscribe to what the fleet says (everything, for a fleet of one)."""
+        wanted = self.fleet.subscriptions(self.settings.domains)
+        for old in set(self._subscribed) - set(wanted):
+            self.sub.unsubscribe(old)
+        for new in set(wanted) - set(self._subscribed):
+            self.sub.subscribe(new)
+        self._subscribed = wanted
 
     def stop(self) -> None:
         self._stopping.set()
@@ -236,6 +242,7 @@ class Master:
         self.engine.limits = limits(new)
         self.engine.configure(new.domains)
         self.settings = new
+        self._subscribe()
         self._encode_offers()
         self.offer_rules()
         log.info("reloaded: %d domain(s): %s", len(new.domains), _describe(new))
@@ -266,7 +273,11 @@ class Master:
         if self.settings.stats_interval > 0:
             tasks.append(asyncio.create_task(self._log_stats(), name="stats"))
         tasks.append(asyncio.create_task(self._offer_rules(), name="rules"))
-        tasks.append(asyncio.create_task(self._answer_resyncs(), name="resync"))
+        tasks.append(asyncio.create_task(self.answers.answer_resyncs(), name="resync"))
+        tasks.append(asyncio.create_task(self.answers.answer_syncs(), name="sync"))
+        if not self.fleet.alone and self.store.warm_start:
+            self.warm = WarmStart(self.ctx, self.fleet, self.answers.merge, self._peer_curve())
+            tasks.append(asyncio.create_task(self.warm.run(), name="warm start"))
         tasks.append(asyncio.create_task(self._watch_store(), name="store"))
         try:
             await self._stopping.wait()
@@ -307,13 +318,15 @@ class Master:
         engine = self.engine
         monitor = self.monitor
         while not self._stopping.is_set():
-            if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
-                self._connections(monitor)
             # decoded while received; topics and limits are read per batch: SIGHUP
             # may change them
-            batch: Batch = drain_accounting(sub, limit, engine.topics, engine.limits)
-            if batch[0] or batch[1]:
-                self._enqueue(batch)
+            decoded, raw = drain_accounting(sub, limit, engine.topics, engine.limits)
+            # connections after the drain: a backlog drained before its connection's
+            # event was read is still judged as one
+            if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+                self._connections(monitor)
+            if decoded or raw:
+                self._enqueue((decoded, raw, time.time() * 1000.0))
                 await asyncio.sleep(0)
             else:
                 await wait_readable(sub, 0.25)
@@ -328,7 +341,7 @@ class Master:
             self.engine.connected(time.time() * 1000.0)
 
     def _enqueue(self, batch: Batch) -> None:
-        decoded, raw = batch
+        decoded, raw, arrived = batch
         room = self.settings.queue - self.pending_count
         if room < len(decoded) + len(raw):  # full: drop the newest, and count them
             room = max(room, 0)
@@ -337,7 +350,7 @@ class Master:
             self._count_dropped(decoded[len(keep_decoded) :], raw[len(keep_raw) :])
             decoded, raw = keep_decoded, keep_raw
         if decoded or raw:
-            self.pending.append((decoded, raw))
+            self.pending.append((decoded, raw, arrived))
             self.pending_count += len(decoded) + len(raw)
             self._work.set()
 
@@ -357,10 +370,10 @@ class Master:
         idle_s = FLUSH_IDLE_S if store.writes_behind else IDLE_TICK_S
         while True:
             while self.pending:
-                fast, raw = self.pending.popleft()
+                fast, raw, arrived = self.pending.popleft()
                 self.pending_count -= len(fast) + len(raw)
                 self.stats.batches += 1
-                await self._process_batch(self.engine.ingest(fast, raw))
+                await self._process_batch(self.engine.ingest(fast, raw), arrived)
                 del fast, raw  # not kept while idle: they would pin memory (smockron.memory)
                 await asyncio.sleep(0)
             if self._stopping.is_set():
@@ -373,7 +386,7 @@ class Master:
                 store.tick(time.time() * 1000.0)
                 await store.flush(wait=False)
 
-    async def _process_batch(self, decoded: list[Decoded]) -> None:
+    async def _process_batch(self, decoded: list[Decoded], arrived: float | None = None) -> None:
         """Load what the batch touches (Redis: one round trip; memory: nothing), apply it,
         and write when the store says it is due."""
         store = self.store
@@ -382,17 +395,17 @@ class Master:
         if await store.load(self.engine.touched(decoded)):  # time passed: read it again
             now = time.time() * 1000.0
             store.tick(now)
-        self._apply(decoded, now)
+        self._apply(decoded, now, arrived)
         if store.due(now):
             await store.flush(wait=False)
 
-    def _apply(self, decoded: list[Decoded], now: float) -> None:
+    def _apply(self, decoded: list[Decoded], now: float, arrived: float | None = None) -> None:
         """Apply a batch and publish its DELAY_UNTILs, ``PUBLISH_EVERY`` messages at a
         time: a DELAY_UNTIL early in a large batch (after a stall, or at full load) is
         sent without waiting for the rest of the batch to be applied."""
         apply, out = self.engine.apply, self.out
         for start in range(0, len(decoded), PUBLISH_EVERY):
-            controls = apply(decoded[start : start + PUBLISH_EVERY], now)
+            controls = apply(decoded[start : start + PUBLISH_EVERY], now, arrived)
             if controls:
                 out.send(controls)
                 if self.listener is not None:  # only /stats reads them
@@ -406,66 +419,23 @@ class Master:
         with contextlib.suppress(zmq.ZMQError):
             self.out.send([*self._offers.values(), *counts])
 
-    async def _answer_resyncs(self) -> None:
-        """Answer the RESYNC requests the engine collected, each domain at most once per
-        ``RESYNC_EVERY_S`` (requests meanwhile wait, merged into one)."""
-        wanted = self.engine.resync_wanted
-        while True:
-            await asyncio.sleep(RESYNC_POLL_S)
-            now = time.monotonic()
-            for name in sorted(wanted):
-                if now - self._resynced.get(name, -RESYNC_EVERY_S) < RESYNC_EVERY_S:
-                    continue
-                wanted.discard(name)
-                self._resynced[name] = now
-                await self.resync(name)
+    async def resync(self, name: str, reply: bytes | None = None) -> int:
+        """Answer a RESYNC now (see :mod:`smockron.master.answers`)."""
+        return await self.answers.resync(name, reply)
 
-    async def resync(self, name: str) -> int:
-        """RESYNCSTART, one DELAY_UNTIL per identifier whose verdict is still in the
-        future (from the store), RESYNCDONE, on the domain's topic. DELAY_UNTILs go out
-        ``RESYNC_SLICE`` at a time, encoded and sent in one compiled call each
-        (``wire.control.send_controls``), as fast as the domain's slowest gatekeeper
-        takes them (:class:`~smockron.master.control_out.ControlOut`); the loop turns
-        between slices. How many DELAY_UNTILs."""
-        engine, store, out = self.engine, self.store, self.out
-        frame = topic(name)
-        sent = 0
-        start = time.monotonic()
-        states: list[list[tuple[bytes, State]]] = []
-        counted = self.stats.domain(name)
-        with contextlib.suppress(zmq.ZMQError):
-            # first: listing a million states takes longer than a gatekeeper waits
-            # before it asks again (RESYNC_RETRY_S), and each ask would be a resync more;
-            # the rules offer with it: a gatekeeper that asks has just (re)connected, and
-            # has no first line until it hears one (the periodic offer may come too late)
-            offer = self._offers.get(name)
-            out.send([offer, [frame, RESYNCSTART]] if offer else [[frame, RESYNCSTART]])
-            states = [await store.live(scope, RESYNC_MAX) for scope in engine.scopes(name)]
-            now = time.time() * 1000.0
-            out.begin()  # paced from here: live traffic waits only while slices wait
-            try:
-                for verdicts in engine.live_verdicts(name, states, now, RESYNC_SLICE):
-                    send = functools.partial(_controls_from, self.pub, frame, verdicts)
-                    went = await out.paced(send, len(verdicts))
-                    sent += went
-                    counted.published += went  # as sent: the heartbeat's count
-                    await asyncio.sleep(0)
-                out.send([[frame, RESYNCDONE]])
-                await out.drain()  # the deferred, RESYNCDONE among them
-            finally:
-                out.end()
-        self.resyncs += 1
-        log.info("resync of %s: %d DELAY_UNTIL(s) from %d state(s) in %.3f s%s",
-                 name, sent, sum(map(len, states)), time.monotonic() - start,
-                 f" ({out.stalled}: the rest went without waiting)" if out.stalled
-                 else "")  # fmt: skip
-        return sent
+    def _peer_curve(self) -> CurveClient | None:
+        """A fleet shares the master key pair: peers are reached as CURVE clients that
+        hold it and pin its public key (each master allows that key)."""
+        if self.curve is None:
+            return None
+        return CurveClient(self.curve.keypair, self.curve.keypair.public)
 
     def _encode_offers(self) -> None:
         """The rules offers of the rules in force (encoded once per configuration)."""
         domains = sorted(self.engine.domains.items())
-        self._offers = {name: encode_rules(name, p.algorithm, p.rules)
-                        for name, p in domains if p.rules}  # fmt: skip
+        self._offers.clear()  # in place: the answers read the same dict
+        self._offers.update({name: encode_rules(name, p.algorithm, p.rules)
+                             for name, p in domains if p.rules})  # fmt: skip
 
     async def _offer_rules(self) -> None:
         while True:
@@ -480,12 +450,6 @@ class Master:
         while True:
             await asyncio.sleep(self.settings.stats_interval)
             runtime.log_stats(log, self.stats.fields())
-
-
-def _controls_from(pub: zmq.Socket[bytes], frame: bytes, verdicts: list[tuple[bytes, int]],
-                   rest: int) -> int:  # fmt: skip
-    """A resync's slice from its ``rest``-th DELAY_UNTIL on, until one is refused."""
-    return send_controls(pub, frame, verdicts[rest:], True)
 
 
 def _describe(settings: MasterSettings) -> str:

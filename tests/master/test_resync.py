@@ -11,7 +11,7 @@ import zmq
 
 from smockron.core.rules import Rule
 from smockron.master.engine import DomainPolicy, Engine
-from smockron.master.server import RESYNC_EVERY_S
+from smockron.master.answers import RESYNC_EVERY_S
 from smockron.master.stores import MemoryStore, Scope, open_store
 from smockron.wire.codec import (
     ACCEPTED,
@@ -46,7 +46,7 @@ def _throttle(eng: Engine, ident: bytes, n: int, now: int) -> list[list[bytes]]:
 def test_resync_request_is_collected_not_malformed() -> None:
     eng = _engine()
     eng.process([encode_resync("api"), encode_resync("api"), encode_resync("nope")], T0)
-    assert eng.resync_wanted == {"api"}
+    assert list(eng.resync_wanted) == [("api", None)]
     assert eng.resync_requests == 2
     assert eng.stats.unknown_domain == 1
     assert sum(eng.stats.malformed.values()) == 0

@@ -48,11 +48,11 @@ def test_full_queue_drops_newest_and_counts_them() -> None:
         decoded = master.engine.decode(valid)
         master.engine.stats.domains["api"].accepted = 0  # only the queue is tested here
         raw: list[Frames] = [[b"api\0", b"garbage"], [b"other\0"], [b"api\0", b"x"]]
-        master._enqueue((decoded, raw))
+        master._enqueue((decoded, raw, 0.0))
         assert master.pending_count == 5
         assert master.stats.dropped == 2
         assert master.stats.domains["api"].dropped == 1  # "other" is not configured
-        master._enqueue((decoded[:1], []))
+        master._enqueue((decoded[:1], [], 0.0))
         assert master.pending_count == 5 and master.stats.dropped == 3
         assert master.stats.domains["api"].dropped == 2
     finally:

@@ -69,6 +69,9 @@ class Store(Protocol):
     writes_behind: bool
     """True when changes reach the backend only on ``flush`` (the master then flushes
     an idle store after a short while); False when there is nothing to write."""
+    warm_start: bool
+    """Whether a master of a fleet takes its peers' states at start (a store shared
+    by the fleet, Redis, holds them already)."""
 
     def table(self, scope: Scope) -> Table:
         """The table of one scope, created on first use; unchanged scopes keep theirs."""

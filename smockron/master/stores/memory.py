@@ -247,6 +247,7 @@ class MemoryStore(TableSet[MemoryTable]):
 
     scheme = "memory"
     writes_behind = False
+    warm_start = True
 
     def __init__(
         self,

@@ -112,6 +112,7 @@ class RedisStore(TableSet[RedisTable]):
     scheme = "redis"
     layout = "smockron"
     writes_behind = True
+    warm_start = False
     write_lua = _WRITE_LUA
 
     def __init__(

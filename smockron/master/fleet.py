@@ -1,0 +1,230 @@
+"""A master's fleet: which shards it holds, what it subscribes to, and its warm start.
+
+Masters of one fleet never exchange live traffic: each gatekeeper publishes every
+accounting message on its identifier's shard topic (:mod:`smockron.core.shards`) to a PUB
+connected to every master, and ZeroMQ delivers it to the masters subscribed to that shard
+(``replicas`` of them). So each of them holds the shard's states on its own, any one of
+them can be killed, and a fleet of N masters processes each message ``replicas`` times,
+whatever N.
+
+What a (re)started master lacks is the past: the states its shards' other holders kept
+while it was down. Before it is ready it asks each peer for them (``SYNC`` on the peer's
+accounting socket, answered privately on the peer's control socket, see
+:mod:`smockron.wire.fleet`) and merges what comes into its store: a history takes the
+union of both sides' timestamps (the same request, seen by both, is one timestamp), GCRA
+the later of the two values. Live traffic is received and applied meanwhile: a merge is
+the same whichever comes first, and a master that knows less only publishes fewer
+verdicts, which a gatekeeper, holding the latest of its masters' verdicts, never obeys
+in place of another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from smockron.core.shards import SHARDS, encode_shards, owned, shard_of, shard_prefix
+from smockron.curve import CurveClient
+from smockron.errors import ProtocolError
+from smockron.master.config import MasterSettings, fleet_name
+from smockron.master.stores.base import Scope, State, Table, expires_at
+from smockron.wire.batchio import drain, wait_readable
+from smockron.wire.codec import topic
+from smockron.wire.fleet import (
+    FLEET_PREFIX,
+    STATES,
+    SYNCDONE,
+    SYNCSTART,
+    decode_states,
+    encode_sync,
+    sync_topic,
+)
+
+log = logging.getLogger("smockron.master.fleet")
+
+ALL_SHARDS = frozenset(range(SHARDS))
+ASK_EVERY_S = 0.25
+"""A SYNC is sent again this often until the peer answers SYNCSTART (the first one can
+reach the peer's SUB before its subscription to us is up, and be dropped)."""
+START_TIMEOUT_S = 3.0
+"""A peer that does not answer within this long is taken for down: start without it."""
+QUIET_TIMEOUT_S = 5.0
+"""A peer that started answering and then sends nothing for this long is given up."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    accounting: str
+    control: str
+
+    @classmethod
+    def parse(cls, spec: str) -> Peer:
+        acc, _, ctl = spec.partition(",")
+        fleet_name(spec)  # checks the form
+        return cls(acc.strip(), ctl.strip())
+
+
+class Fleet:
+    """This master's place in its fleet, from its settings."""
+
+    def __init__(self, settings: MasterSettings) -> None:
+        self.name = settings.name
+        self.peers = [Peer.parse(spec) for spec in settings.peers]
+        members = [p.accounting for p in self.peers]
+        self.shards = owned(self.name, members, settings.replicas) if self.peers else ALL_SHARDS
+
+    @property
+    def alone(self) -> bool:
+        return not self.peers
+
+    def subscriptions(self, domains: Iterable[str]) -> list[bytes]:
+        """What the accounting SUB takes: everything alone (as a master always has);
+        in a fleet, its domains (original gatekeepers and RESYNCs), its shards and the
+        fleet's own messages."""
+        if self.alone:
+            return [b""]
+        return [*(topic(d) for d in sorted(domains)), *map(shard_prefix, sorted(self.shards)),
+                FLEET_PREFIX]  # fmt: skip
+
+    def describe(self) -> str:
+        if self.alone:
+            return "alone"
+        return (f"{self.name} with {len(self.peers)} peer(s), holding {len(self.shards)} of "
+                f"{SHARDS} shards")  # fmt: skip
+
+
+def merge_state(old: State | None, new: State, scope: Scope) -> State:
+    """Two masters' states of one identifier as one: the union of two histories (the
+    newest ``burst`` timestamps), the later of two GCRA values."""
+    if not old:
+        return new
+    if scope.algorithm == "gcra":
+        return old if old[0] >= new[0] else new
+    merged = sorted(set(old) | set(new))
+    return tuple(merged[-scope.rule.burst :])
+
+
+def merge_into(table: Table, scope: Scope, pairs: Sequence[tuple[bytes, State]], now: float) -> int:
+    """Merge a peer's states into ``table``; how many still mattered."""
+    kept = 0
+    for ident, state in pairs:
+        if expires_at(state, scope) <= now:
+            continue
+        merged = merge_state(table.get(ident), state, scope)
+        table.put(ident, merged)
+        if max(merged) > table.keep_after_ms:
+            table.keep(ident, merged, expires_at(merged, scope))
+        kept += 1
+    return kept
+
+
+def states_of(
+    pairs: Iterable[tuple[bytes, State]], shards: frozenset[int]
+) -> list[tuple[bytes, State]]:
+    """The states a peer asked for: those of its shards."""
+    if shards == ALL_SHARDS:
+        return list(pairs)
+    return [(ident, state) for ident, state in pairs if shard_of(ident) in shards]
+
+
+Merge = Callable[[bytes, list[tuple[bytes, State]]], int]
+"""Merge ``(scope prefix, pairs)``; how many were kept (unknown scopes: none)."""
+
+
+class WarmStart:
+    """Ask every peer for this master's shards, merge what comes; ``problem`` says why
+    this master is not ready yet (None once done)."""
+
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        fleet: Fleet,
+        merge: Merge,
+        curve: CurveClient | None = None,
+    ) -> None:
+        self.ctx = context
+        self.fleet = fleet
+        self.merge = merge
+        self.curve = curve
+        self.problem: str | None = "taking the fleet's state from its peers"
+        self.states = 0
+        self.answered = 0
+
+    async def run(self) -> None:
+        start = time.monotonic()
+        results = await asyncio.gather(*(self._from(peer) for peer in self.fleet.peers),
+                                       return_exceptions=True)  # fmt: skip
+        for peer, result in zip(self.fleet.peers, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("warm start from %s failed: %s", peer.accounting, result)
+        self.problem = None
+        if self.answered == 0:
+            log.warning("warm start: no peer answered within %g s; starting from this "
+                        "master's own state", START_TIMEOUT_S)  # fmt: skip
+        else:
+            log.info("warm start: %d state(s) from %d of %d peer(s) in %.3f s", self.states,
+                     self.answered, len(self.fleet.peers), time.monotonic() - start)  # fmt: skip
+
+    async def _from(self, peer: Peer) -> None:
+        token = os.urandom(8).hex().encode()
+        reply = sync_topic(token)
+        pub, sub = self.ctx.socket(zmq.PUB), self.ctx.socket(zmq.SUB)
+        try:
+            for sock in (pub, sub):
+                sock.setsockopt(zmq.LINGER, 0)
+                if self.curve is not None:
+                    self.curve.secure(sock)
+            sub.setsockopt(zmq.RCVHWM, 0)  # a sync is paced by us: nothing dropped
+            sub.subscribe(reply)
+            sub.connect(peer.control)
+            pub.connect(peer.accounting)
+            await self._exchange(pub, sub, encode_sync(token, encode_shards(self.fleet.shards)),
+                                 peer)  # fmt: skip
+        finally:
+            pub.close(0)
+            sub.close(0)
+
+    async def _exchange(
+        self, pub: zmq.Socket[bytes], sub: zmq.Socket[bytes], request: list[bytes], peer: Peer
+    ) -> None:
+        started = False
+        deadline = time.monotonic() + START_TIMEOUT_S
+        asked = 0.0
+        while time.monotonic() < deadline:
+            if not started and time.monotonic() - asked >= ASK_EVERY_S:
+                with contextlib.suppress(zmq.ZMQError):
+                    pub.send_multipart(request, zmq.NOBLOCK)
+                asked = time.monotonic()
+            await wait_readable(sub, ASK_EVERY_S / 2)
+            for frames in drain(sub, 256):
+                if len(frames) < 2:
+                    continue
+                kind = frames[1]
+                if kind == SYNCSTART and not started:
+                    started = True
+                    self.answered += 1
+                elif kind == STATES and started:
+                    self._take(frames, peer)
+                elif kind == SYNCDONE and started:
+                    return
+                deadline = time.monotonic() + QUIET_TIMEOUT_S if started else deadline
+        if started:
+            log.warning("warm start from %s: no SYNCDONE (quiet for %g s); keeping what came",
+                        peer.accounting, QUIET_TIMEOUT_S)  # fmt: skip
+
+    def _take(self, frames: list[bytes], peer: Peer) -> None:
+        try:
+            scope, pairs = decode_states(frames)
+        except ProtocolError as exc:
+            log.warning("warm start from %s: malformed STATES message: %s", peer.accounting,
+                        exc)  # fmt: skip
+            return
+        self.states += self.merge(scope, pairs)
