@@ -10,8 +10,8 @@ import pytest
 import zmq
 
 from smockron.core.rules import Rule
-from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.answers import RESYNC_EVERY_S
+from smockron.master.engine import DomainPolicy, Engine
 from smockron.master.stores import MemoryStore, Scope, open_store
 from smockron.wire.codec import (
     ACCEPTED,
