@@ -235,7 +235,7 @@ async def test_idle_master_releases_expired_states() -> None:
     try:
         now = int(time.time() * 1000)
         wave = [encode_accounting("api", ACCEPTED, b"id-%d" % i, now) for i in range(5000)]
-        master._enqueue((master.engine.decode(wave), []))
+        master._enqueue((master.engine.decode(wave), [], time.time() * 1000))
         deadline = time.monotonic() + 5
         while len(store) < 5000 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
