@@ -33,7 +33,7 @@ from smockron.core.gcra import expires_at as gcra_expires_at
 from smockron.core.gcra import gcra_update
 from smockron.core.history import next_allowed, recorded, served_at, verdict_of, verdicts_after
 from smockron.core.rules import Rule
-from smockron.core.shards import decode_shards, shard_topic
+from smockron.core.shards import SHARDS, decode_shards, shard_topic
 from smockron.core.vocabulary import ALGORITHMS, stored_as
 from smockron.errors import ConfigError, ProtocolError
 from smockron.master.stats import DomainStats, Stats
@@ -150,8 +150,8 @@ class Engine:
         self.stats = stats if stats is not None else Stats()
         self.on_malformed = on_malformed
         self.backlog_ms = backlog_ms
-        self.shards = shards
-        """The shards this master holds in its fleet (None: a fleet of one)."""
+        self.shards = frozenset(range(SHARDS)) if shards is None else shards
+        """The shards this master holds in its fleet (a fleet of one: all of them)."""
         self._backlog_until = float("-inf")
         self._by_topic: dict[bytes, _Domain] = {}
         self.resync_wanted: dict[tuple[str, bytes | None], None] = {}
@@ -202,7 +202,7 @@ class Engine:
         for name, policy in domains.items():
             dom = _Domain(name, policy, self.store, self.stats.domain(name))
             by_topic[dom.topic] = dom
-            for shard in self.shards or ():  # a fleet's gatekeepers publish on these
+            for shard in self.shards:  # a fleet's gatekeepers publish on these
                 by_topic[shard_topic(shard, dom.topic)] = dom
         self._policies = dict(domains)
         self._by_topic = by_topic

@@ -1,0 +1,213 @@
+"""A fleet of masters over real ZeroMQ sockets on 127.0.0.1: shard topics, warm start
+from a peer, private RESYNC answers, and the backlog rule a bare connection cannot abuse."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import zmq
+
+from smockron.core.rules import Rule
+from smockron.core.shards import SHARDS, owned, shard_of, shard_topic
+from smockron.master.config import MasterSettings
+from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.fleet import merge_state
+from smockron.master.stores import MemoryStore, Scope
+from smockron.wire.codec import (
+    ACCEPTED,
+    DELAY_UNTIL,
+    RESYNCDONE,
+    RESYNCSTART,
+    decode_control,
+    encode_accounting,
+    topic,
+)
+from smockron.wire.fleet import encode_private_resync, resync_reply
+from tests.master.running import running_master, settings
+from tests.support import wait_for
+
+T0 = 1_700_000_000_000.0
+
+
+def peered(a: MasterSettings, b: MasterSettings) -> tuple[MasterSettings, MasterSettings]:
+    """Two masters' settings, each naming the other as its peer."""
+    return (dataclasses.replace(a, peers=(f"{b.accounting},{b.control}",)),
+            dataclasses.replace(b, peers=(f"{a.accounting},{a.control}",)))  # fmt: skip
+
+
+@contextmanager
+def gatekeeper_sockets(
+    *masters: MasterSettings, topics: tuple[bytes, ...] = (b"api\0",)
+) -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    """A raw gatekeeper: one PUB connected to every master, one SUB to their controls."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    for sock in (pub, sub):
+        sock.setsockopt(zmq.LINGER, 0)
+    for t in topics:
+        sub.subscribe(t)
+    for m in masters:
+        pub.connect(m.accounting)
+        sub.connect(m.control)
+    time.sleep(0.3)  # subscriptions up
+    try:
+        yield pub, sub
+    finally:
+        pub.close(0)
+        sub.close(0)
+        ctx.term()
+
+
+def controls(sub: zmq.Socket[bytes], seconds: float) -> list[list[bytes]]:
+    out: list[list[bytes]] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if sub.poll(50):
+            out.append(sub.recv_multipart())
+    return out
+
+
+def test_shard_topics_decode_to_their_domain() -> None:
+    """A fleet master takes its shards' topics as the domain's; a fleet of one takes all."""
+    rules = {"api": DomainPolicy((Rule(1.0, 1),))}
+    mine = owned("a", ["a", "b", "c"], 1)
+    eng = Engine(rules, MemoryStore(), shards=mine)
+    ident = next(b"id-%d" % i for i in range(1000) if shard_of(b"id-%d" % i) in mine)
+    other = next(b"id-%d" % i for i in range(1000) if shard_of(b"id-%d" % i) not in mine)
+    frames = encode_accounting("api", ACCEPTED, ident, int(T0))
+    eng.process([[shard_topic(shard_of(ident), b"api\0"), *frames[1:]]] * 2, T0)
+    assert eng.stats.domain("api").accepted == 2
+    frames = encode_accounting("api", ACCEPTED, other, int(T0))
+    eng.process([[shard_topic(shard_of(other), b"api\0"), *frames[1:]]], T0)
+    # not ours (the SUB never subscribes to it): not taken, counted as malformed
+    assert eng.stats.domain("api").accepted == 2 and sum(eng.stats.malformed.values()) == 1
+    alone = Engine(rules, MemoryStore())
+    assert all(shard_topic(s, b"api\0") in alone.topics for s in range(SHARDS))
+
+
+def test_a_connection_does_not_make_an_on_time_gatekeeper_late() -> None:
+    """A gatekeeper 600 ms behind, within the skew tolerance: a connection accepted just
+    before (a rogue's bare connect) changes nothing about how it is charged."""
+    rules = {"api": DomainPolicy((Rule(1.0, 1),))}
+    eng = Engine(rules, MemoryStore(), skew_tolerance_ms=2000.0)
+    eng.connected(T0)
+    behind = encode_accounting("api", ACCEPTED, b"abuser", int(T0 + 100 - 600))
+    out = eng.apply(eng.decode([behind, behind]), T0 + 100, T0 + 100)
+    assert eng.stats.domain("api").late == 0
+    assert {decode_control(c).identifier for c in out} == {b"abuser"}  # both charged
+    backlog = encode_accounting("api", ACCEPTED, b"polite", int(T0 - 5000))
+    eng.apply(eng.decode([backlog]), T0 + 200, T0 + 200)
+    assert eng.stats.domain("api").late == 1  # an outage's backlog is still not charged
+
+
+def test_a_master_behind_judges_by_arrival() -> None:
+    """Messages that arrived on time and were processed 3 s later (a master behind on
+    its queue) are neither late nor skewed."""
+    rules = {"api": DomainPolicy((Rule(1.0, 1),))}
+    eng = Engine(rules, MemoryStore(), skew_tolerance_ms=2000.0)
+    eng.connected(T0)
+    msg = encode_accounting("api", ACCEPTED, b"client", int(T0))
+    eng.apply(eng.decode([msg, msg]), T0 + 3000, T0 + 10)
+    stats = eng.stats.domain("api")
+    assert (stats.late, stats.skewed, stats.accepted) == (0, 0, 2)
+
+
+def test_merge_takes_the_union_of_histories_and_the_later_gcra() -> None:
+    rule = Rule(1.0, 3)
+    history, gcra = Scope("api", rule, "history"), Scope("api", rule, "gcra")
+    assert merge_state((1.0, 2.0), (2.0, 3.0), history) == (1.0, 2.0, 3.0)
+    assert merge_state((1.0, 2.0, 3.0), (4.0,), history) == (2.0, 3.0, 4.0)
+    assert merge_state(None, (5.0,), gcra) == (5.0,)
+    assert merge_state((7.0,), (5.0,), gcra) == (7.0,)
+
+
+def test_both_masters_hold_every_identifier_and_a_restarted_one_takes_the_state() -> None:
+    """Two peered masters each receive every message (two replicas of every shard); one
+    restarted takes the other's states before it is ready, so its first verdict for an
+    abuser comes at the abuser's next request, not a burst later."""
+    a, b = peered(settings(api="1/60s:5"), settings(api="1/60s:5"))
+    now = int(time.time() * 1000)
+    abuser = b"abuser"
+    frames = encode_accounting("api", ACCEPTED, abuser, now)
+    msg = [shard_topic(shard_of(abuser), b"api\0"), *frames[1:]]
+    with running_master(a) as ma:
+        with running_master(b) as mb:
+            wait_for(lambda: mb.warm is not None and mb.warm.problem is None, 10)
+            with gatekeeper_sockets(a, b) as (pub, sub):
+                for _ in range(5):
+                    pub.send_multipart(msg)
+                got = controls(sub, 1.0)
+                assert len(got) == 2  # the fifth request: one DELAY_UNTIL from each
+                assert {decode_control(c).identifier for c in got} == {abuser}
+        # b is gone; a held everything on its own
+        with running_master(b) as mb2:
+            wait_for(lambda: mb2.warm is not None and mb2.warm.problem is None, 10)
+            assert mb2.warm is not None and mb2.warm.states >= 1 and mb2.warm.answered == 1
+            assert ma.answers.syncs >= 1
+            with gatekeeper_sockets(b) as (pub, sub):  # b alone
+                pub.send_multipart([msg[0], msg[1], abuser, b"%d" % int(time.time() * 1000),
+                                    b""])  # fmt: skip
+                got = controls(sub, 1.0)
+                assert [decode_control(c).identifier for c in got] == [abuser]
+
+
+def test_a_master_with_no_peer_up_starts_on_its_own() -> None:
+    a = dataclasses.replace(settings(api="1/s:1"), peers=("tcp://127.0.0.1:9,tcp://127.0.0.1:9",))
+    with running_master(a) as ma:
+        assert ma.warm is not None and ma.warm.problem is not None  # not ready yet
+        wait_for(lambda: ma.warm is not None and ma.warm.problem is None, 10)
+        assert ma.warm is not None and ma.warm.answered == 0
+
+
+def test_a_private_resync_reaches_only_the_gatekeeper_that_asked() -> None:
+    config = settings(api="1/60s:1")
+    now = int(time.time() * 1000)
+    with running_master(config) as master:
+        with gatekeeper_sockets(config) as (pub, bystander):
+            for i in range(50):
+                pub.send_multipart(encode_accounting("api", ACCEPTED, b"id-%d" % i, now))
+            assert len(controls(bystander, 1.0)) == 50  # one live verdict each
+            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+            asker = ctx.socket(zmq.SUB)
+            reply = resync_reply(b"token-1")
+            asker.subscribe(reply)
+            asker.connect(config.control)
+            time.sleep(0.3)
+            try:
+                pub.send_multipart(encode_private_resync(topic("api"), reply))
+                answer = controls(asker, 1.5)
+            finally:
+                asker.close(0)
+            assert controls(bystander, 0.2) == []  # the bystander received nothing
+        kinds = [frames[1] for frames in answer]
+        assert kinds[0] == RESYNCSTART and kinds[-1] == RESYNCDONE
+        assert kinds.count(DELAY_UNTIL) == 50
+        assert master.stats.domain("api").published == 50  # private answers not counted
+
+
+def test_a_bad_reply_topic_is_malformed_not_answered() -> None:
+    rules = {"api": DomainPolicy((Rule(1.0, 1),))}
+    eng = Engine(rules, MemoryStore())
+    eng.process([[b"api\0", b"RESYNC", b"api\0stolen"]], T0)
+    assert not eng.resync_wanted and eng.stats.malformed["bad_reply"] == 1
+
+
+def test_a_bare_connect_opens_no_window_for_on_time_traffic() -> None:
+    """End to end: a rogue connects to the accounting port once every 200 ms while a
+    gatekeeper 600 ms behind sends an abuser's traffic: every request is charged."""
+    config = settings(api="1/60s:1")
+    port = int(config.accounting.rsplit(":", 1)[1])
+    with running_master(config) as master, gatekeeper_sockets(config) as (pub, sub):
+        for i in range(10):
+            with socket.create_connection(("127.0.0.1", port)):
+                pass
+            stamp = int(time.time() * 1000) - 600
+            pub.send_multipart(encode_accounting("api", ACCEPTED, b"abuser-%d" % i, stamp))
+            time.sleep(0.2)
+        got = controls(sub, 0.5)
+        assert master.stats.domain("api").late == 0
+        assert len(got) == 10
