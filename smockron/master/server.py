@@ -114,6 +114,8 @@ class Master:
         self.listener: ObserveServer | None = None
         self.answers = Answers(self.engine, self.store, self.out, self.stats, self._offers)
         self.warm: WarmStart | None = None
+        if not self.fleet.alone and self.store.warm_start:  # not ready until it ran
+            self.warm = WarmStart(self.ctx, self.fleet, self.answers.merge, self._peer_curve())
         self._subscribed: list[bytes] = []
 
     @property
@@ -275,8 +277,7 @@ class Master:
         tasks.append(asyncio.create_task(self._offer_rules(), name="rules"))
         tasks.append(asyncio.create_task(self.answers.answer_resyncs(), name="resync"))
         tasks.append(asyncio.create_task(self.answers.answer_syncs(), name="sync"))
-        if not self.fleet.alone and self.store.warm_start:
-            self.warm = WarmStart(self.ctx, self.fleet, self.answers.merge, self._peer_curve())
+        if self.warm is not None:
             tasks.append(asyncio.create_task(self.warm.run(), name="warm start"))
         tasks.append(asyncio.create_task(self._watch_store(), name="store"))
         try:
