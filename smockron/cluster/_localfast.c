@@ -15,6 +15,7 @@
  * invalid item) is handed to ``slow(request, now)``, the Python check, so results stay
  * exactly those of core/algorithms.py; tests/cluster/test_local.py checks both paths
  * against each other on random sequences. Without a compiler the Python path is used.
+ * Twin of smockron.core.algorithms.check (its SMOCKRON_HISTORY: of smockron.core.history).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

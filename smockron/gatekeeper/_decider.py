@@ -181,7 +181,8 @@ class Decider:
         return True
 
     def decide(self, domain: bytes, identifier: bytes, now_ms: int) -> Decision:
-        """Decide one request. A DELAY reserves a waiting slot: call :meth:`release` after."""
+        """Decide one request. A DELAY reserves a waiting slot: call :meth:`release` after.
+        Twin of smockron.core.gcra.gcra_update for a one-rule line (``tat = V + tol``)."""
         single = self._single.get(domain)
         if single is not None:  # line_admit inlined for one rule: every request runs it
             interval, tol, local = single

@@ -57,7 +57,8 @@ def line_admit(
 ) -> tuple[float, tuple[float, ...]]:
     """When a request may pass the first line of a multi-rule domain, and the arrival
     times once it has. ``until`` is the master's DELAY_UNTIL in force (0 for none), ``now``
-    the request's time. Pure; one-rule domains take an inlined copy in ``Decider``."""
+    the request's time. Pure; one-rule domains take an inlined copy in ``Decider``.
+    Twin of smockron.core.gcra.gcra_update, per rule (``tat = V + tol``)."""
     intervals, tolerances = line.intervals, line.tolerances
     current = list(tats) if tats is not None else [_NEVER] * len(intervals)
     if until > now:  # the fastest rule is used up until then

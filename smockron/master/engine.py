@@ -386,6 +386,10 @@ class Engine:
 def _apply_history(
     dom: _Domain, ident: bytes, ts: float, now_ms: float, ahead: float
 ) -> float | None:
+    """The history rule for one message; for a one-rule domain, inlined here.
+
+    Twin of smockron.core.history.served_at, recorded and next_allowed (compared in
+    tests/core/test_twins.py)."""
     one = dom.one
     if one is None:
         return _apply_histories(dom, ident, ts, now_ms, ahead)

@@ -65,6 +65,8 @@ while pos <= #blob do
 end
 return n
 """
+"""Twin of smockron.core.gcra.gcra_update, in Redis's Lua, given the floor ``t - B`` the
+engine used: the original master's own update, merged with its writes."""
 
 _OP = struct.Struct(">ddd").pack
 

@@ -1,0 +1,177 @@
+"""Each inlined or compiled copy of a core algorithm against the core function it copies.
+
+- the master's history rule (``Engine``: ``_apply_history``, the one-rule copy, and
+  ``_apply_histories``) against :mod:`smockron.core.history`, messages decoded by the
+  compiled accounting decoder where it is built;
+- the gatekeeper's first line (``Decider.decide``'s one-rule copy, ``line_admit`` for
+  several rules, and DELAY_UNTILs applied by the compiled ``_tablefast`` where built)
+  against :func:`smockron.core.gcra.gcra_update`, of which it is the ``tat`` form
+  (``tat = V + tolerance``).
+
+The cluster's compiled checks (``_localfast``) are compared with
+:func:`smockron.core.algorithms.check` in tests/cluster/test_local.py, the accounting
+decoders with each other in tests/wire/test_accounting_twins.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smockron.core.gcra import gcra_update
+from smockron.core.history import next_allowed, recorded, served_at
+from smockron.core.rules import Rule
+from smockron.gatekeeper._decider import Decider, Verdict
+from smockron.gatekeeper._firstline import Line, line_admit
+from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.stores.memory import MemoryStore
+from smockron.wire.codec import ACCEPTED, DELAYED, control_frames, encode_accounting, topic
+
+T0 = 1_700_000_000_000
+TOLERANCE = 2000
+
+rules = st.builds(Rule, st.sampled_from([0.5, 1.0, 4.0, 10.0, 100.0]), st.integers(1, 6))
+steps = st.lists(
+    st.tuples(
+        st.integers(0, 1500) | st.sampled_from([0, 10, 100, 250, 500, 1000, 2000, 4000]),
+        st.integers(0, TOLERANCE),  # DELAYED: how much later than received it is accounted
+        st.none() | st.integers(0, 2000),  # DELAYED: by how much
+        st.sampled_from([b"a", b"b"]),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    domain_rules=st.lists(rules, min_size=1, max_size=3, unique=True),
+    debt=st.booleans(),
+    ahead=st.sampled_from([60_000, 1000, 300]),
+    messages=steps,
+)
+def test_engine_applies_core_history(
+    domain_rules: list[Rule],
+    debt: bool,
+    ahead: int,
+    messages: list[tuple[int, int, int | None, bytes]],
+) -> None:
+    """The engine's history rule, inlined for one rule, is core.history's: same
+    DELAY_UNTILs for any messages, ACCEPTED or DELAYED (received before ``now``).
+
+    Messages are accounted no later than their own time: the store forgets a state
+    once it has expired at ``now``, so a master more than a short rule's window behind
+    forgets what core.history, applied at the message's time, still counts."""
+    algorithm = "history" if debt else "history-literal"
+    engine = Engine(
+        {"api": DomainPolicy(tuple(domain_rules), algorithm)},
+        MemoryStore(),
+        skew_tolerance_ms=TOLERANCE,
+        max_delay_ahead_ms=ahead,
+    )
+    states: dict[bytes, list[tuple[float, ...]]] = {}
+    received = T0
+    for gap, lag, delay, ident in messages:
+        received += gap
+        if delay is None:
+            frames = encode_accounting("api", ACCEPTED, ident, received)
+            ts = float(received)
+            now = received
+        else:
+            frames = encode_accounting("api", DELAYED, ident, received, received + delay)
+            ts = float(received + min(delay, ahead))  # a DELAYED time is clamped to ahead
+            now = received + min(lag, delay, ahead)
+        old = states.get(ident, [() for _ in domain_rules])
+        if debt:
+            ts = served_at(domain_rules, old, ts, ahead)
+        new = [recorded(state, ts, rule) for rule, state in zip(domain_rules, old, strict=True)]
+        states[ident] = new
+        at = min(ts, now)
+        untils = [
+            next_allowed(state, at, rule) for rule, state in zip(domain_rules, new, strict=True)
+        ]
+        until = max((u for u in untils if u is not None), default=None)
+        expected = [] if until is None or until <= now else [
+            control_frames(topic("api"), ident, math.ceil(until))
+        ]  # fmt: skip
+        assert engine.process([frames], now) == expected
+
+
+first_line_steps = st.lists(
+    st.tuples(
+        st.integers(0, 800),  # ms since the previous request
+        st.sampled_from([b"a", b"b"]),
+        st.none() | st.integers(1, 4000),  # a DELAY_UNTIL this far ahead arrives first
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rule=rules, max_delay=st.integers(0, 3000), requests=first_line_steps)
+def test_first_line_is_gcra(
+    rule: Rule, max_delay: int, requests: list[tuple[int, bytes, int | None]]
+) -> None:
+    """A one-rule GCRA domain's first line decides as core GCRA over ``V = tat - tol``:
+    accept when ``V <= now``, else delay to ``V`` (within ``max_delay``) or reject; an
+    accepted or delayed request moves ``V`` as ``gcra_update`` at the time it passes,
+    a DELAY_UNTIL ``X`` (applied by the compiled table where built) to at least ``X``."""
+    decider = Decider(max_delay_ms=max_delay, max_delayed=10**6)
+    line = Line.of("gcra", [rule])
+    assert line is not None
+    decider.set_line(b"api", line)
+    values: dict[bytes, float | None] = {}
+    now = T0
+    for gap, ident, control in requests:
+        now += gap
+        value = values.get(ident)
+        if control is not None:
+            decider.control(b"api", ident, now + control, now)
+            value = now + control if value is None else max(value, now + control)
+        decision = decider.decide(b"api", ident, now)
+        if value is None or value <= now:
+            assert decision.verdict is Verdict.ACCEPT
+            value = gcra_update(value, now, now, rule).value
+        elif math.ceil(value) - now <= max_delay:
+            assert (decision.verdict, decision.until_ms) == (Verdict.DELAY, math.ceil(value))
+            value = gcra_update(value, value, now, rule).value
+            decider.release()
+        else:
+            assert (decision.verdict, decision.until_ms) == (Verdict.REJECT, math.ceil(value))
+        values[ident] = value
+
+
+@settings(max_examples=300)
+@given(
+    domain_rules=st.lists(rules, min_size=1, max_size=4, unique=True),
+    offsets=st.lists(st.none() | st.integers(-5000, 5000), min_size=4, max_size=4),
+    until=st.integers(0, 5000),
+    now=st.integers(0, 5000),
+)
+def test_line_admit_is_gcra_per_rule(
+    domain_rules: list[Rule], offsets: list[int | None], until: int, now: int
+) -> None:
+    """Several rules: a request passes when every rule's GCRA allows it (the latest
+    ``V``), and each rule's ``V`` then moves as ``gcra_update`` at that time."""
+    line = Line.of("gcra", domain_rules)
+    assert line is not None
+    values = [None if o is None else float(now + o) for o in offsets[: len(domain_rules)]]
+    tats = None
+    if any(v is not None for v in values):
+        tats = tuple(
+            -math.inf if v is None else v + tol
+            for v, tol in zip(values, line.tolerances, strict=True)
+        )
+    else:
+        values = [None] * len(domain_rules)
+    if until > now:  # the master's DELAY_UNTIL: the fastest rule is used up until then
+        k = line.fastest
+        values[k] = until if values[k] is None else max(values[k] or 0.0, until)
+    at = max([float(now), *(v for v in values if v is not None)])
+    got_at, got = line_admit(line, tats, until, now)
+    assert got_at == at
+    for value, rule, tol, tat in zip(values, domain_rules, line.tolerances, got, strict=True):
+        assert tat - tol == gcra_update(value, at, at, rule).value
