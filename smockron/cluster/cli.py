@@ -30,7 +30,6 @@ from smockron.cluster.config import (
     from_env,
     is_env_file,
     read_env_file,
-    warnings,
     with_changes,
 )
 from smockron.cluster.discovery import make_discovery, options
@@ -144,25 +143,6 @@ def build_discovery(config: ClusterConfig, registry: CollectorRegistry | None = 
     return make_discovery(found[0], **found[1], registry=registry)
 
 
-_GUBER_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
-                 "warning": "WARNING", "error": "ERROR", "fatal": "CRITICAL",
-                 "panic": "CRITICAL"}  # fmt: skip
-
-
-def guber_log_level(env: Mapping[str, str]) -> str | None:
-    """Gubernator's GUBER_DEBUG / GUBER_LOG_LEVEL as a logging level name, or None."""
-    if env.get("GUBER_DEBUG", "").lower() in ("1", "true", "yes", "on"):
-        return "DEBUG"
-    text = env.get("GUBER_LOG_LEVEL", "").strip()
-    if not text:
-        return None
-    level = _GUBER_LEVELS.get(text.lower())
-    if level is None:
-        known = ", ".join(_GUBER_LEVELS)
-        raise ConfigError(f"GUBER_LOG_LEVEL: unknown level {text!r} ({known})")
-    return level
-
-
 def _chosen(name: str) -> bool:
     """Did ``--log-level``/``--log-format`` (either level) or SMOCKRON_LOG_* choose?"""
     if f"SMOCKRON_{name.upper()}" in os.environ:
@@ -175,13 +155,11 @@ def _chosen(name: str) -> bool:
     return False
 
 
-def _apply_guber_logging(env: Mapping[str, str]) -> None:
-    """GUBER_LOG_LEVEL / GUBER_DEBUG and GUBER_LOG_FORMAT apply unless smockron's own
-    log options chose."""
-    level = None if _chosen("log_level") else guber_log_level(env)
-    fmt = None if _chosen("log_format") else env.get("GUBER_LOG_FORMAT", "").strip() or None
-    if fmt is not None and fmt not in ("json", "text"):
-        raise ConfigError("GUBER_LOG_FORMAT is invalid; expected value is either json or text")
+def _apply_guber_logging(config: ClusterConfig) -> None:
+    """GUBER_LOG_LEVEL / GUBER_DEBUG and GUBER_LOG_FORMAT (read into ``config``) apply
+    unless smockron's own log options chose."""
+    level = None if _chosen("log_level") else config.log_level or None
+    fmt = None if _chosen("log_format") else config.log_format or None
     if fmt is not None:
         runtime.configure_logging(level or logging.getLevelName(logging.getLogger().level), fmt)
     elif level is not None:
@@ -503,10 +481,10 @@ def cluster(**flags: Any) -> None:
     from_file = ParameterSource.DEFAULT_MAP
     given = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) != from_file}
     filed = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) == from_file}
-    _apply_guber_logging(env)
     config = build_config(env, given, filed)
+    _apply_guber_logging(config)
     print_settings_if_asked(_printable(config))
-    for line in warnings(env):
+    for line in config.ignored:
         log.warning("%s", line)
     metrics = ClusterMetrics()
     try:

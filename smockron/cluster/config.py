@@ -133,6 +133,13 @@ class ClusterConfig:
     peer_probe_interval_ms: float = 1000.0
     reclaim_interval_ms: float = 1000.0
     """How often expired keys are swept out of the cache (LocalLimiter.reclaim)."""
+    log_level: str = ""
+    """GUBER_LOG_LEVEL / GUBER_DEBUG as a logging level name; "" = smockron's own."""
+    log_format: str = ""
+    """GUBER_LOG_FORMAT (text, json); "" = smockron's own."""
+    ignored: tuple[str, ...] = ()
+    """One line for each GUBER_* variable that is set and has no effect here, logged at
+    start."""
     graceful_termination_delay_ms: float = 0.0
     """On SIGTERM, keep serving this long before stopping (GUBER_GRACEFUL_TERMINATION_DELAY_SEC),
     so a load balancer stops sending here first."""
@@ -387,7 +394,33 @@ ENV: dict[str, tuple[str, Any]] = {
 }
 
 LOGGING_ENV = ("GUBER_LOG_FORMAT", "GUBER_LOG_LEVEL", "GUBER_DEBUG")
-"""Read by the command line (smockron/cluster/cli.py), before the node is built."""
+"""Read into ``log_level`` and ``log_format``, which the command line applies."""
+
+_GUBER_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
+                 "warning": "WARNING", "error": "ERROR", "fatal": "CRITICAL",
+                 "panic": "CRITICAL"}  # fmt: skip
+"""logrus's level names (Gubernator's GUBER_LOG_LEVEL) as logging's."""
+
+
+def guber_log_level(env: Mapping[str, str]) -> str | None:
+    """Gubernator's GUBER_DEBUG / GUBER_LOG_LEVEL as a logging level name, or None."""
+    if env.get("GUBER_DEBUG", "").lower() in ("1", "t", "true", "yes", "on"):
+        return "DEBUG"
+    text = env.get("GUBER_LOG_LEVEL", "").strip()
+    if not text:
+        return None
+    level = _GUBER_LEVELS.get(text.lower())
+    if level is None:
+        known = ", ".join(_GUBER_LEVELS)
+        raise ConfigError(f"GUBER_LOG_LEVEL: unknown level {text!r} ({known})")
+    return level
+
+
+def _logging(env: Mapping[str, str]) -> dict[str, str]:
+    fmt = env.get("GUBER_LOG_FORMAT", "").strip()
+    if fmt not in ("", "json", "text"):
+        raise ConfigError("GUBER_LOG_FORMAT is invalid; expected value is either json or text")
+    return {"log_level": guber_log_level(env) or "", "log_format": fmt}
 
 REFUSED: dict[str, str] = {
     "GUBER_FORCE_GLOBAL": "GLOBAL behaviour forced on every check",
@@ -490,6 +523,7 @@ def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> Clust
         raise ConfigError(f"GUBER_DISABLE_BATCHING: {exc}") from None
     if env.get("GUBER_PEER_PICKER") and not env.get("GUBER_PEER_PICKER_HASH"):
         changes["peer_picker_hash"] = "fnv1a"  # Gubernator's replicated-hash default
+    changes.update(_logging(env), ignored=tuple(warnings(env)))
     memberlist = any(v.startswith("GUBER_MEMBERLIST_") and env[v] for v in env)
     if "peer_discovery" not in changes and memberlist:
         changes["peer_discovery"] = "member-list"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from smockron.cluster.cli import build_config, build_discovery, guber_log_level
-from smockron.cluster.config import ClusterConfig, from_env, parse_duration_ms
+from smockron.cluster.cli import build_config, build_discovery
+from smockron.cluster.config import ClusterConfig, from_env, guber_log_level, parse_duration_ms
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.node import Node
 from smockron.core.hashring import HashRing

@@ -94,6 +94,7 @@ def test_settings_without_effect_are_named_once_at_start() -> None:
         f"GUBER_INSTANCE_ID has no effect: {IGNORED['GUBER_INSTANCE_ID']}",
         "GUBER_MEMBERLIST_KNOWN_NODE is not a Gubernator server setting: ignored (a typo?)",
     ]
+    assert build_config(env, {}).ignored == tuple(lines)  # read once, logged at start
     assert warnings({"GUBER_K8S_ENDPOINTS_SELECTOR": "app=g"}) == [
         "GUBER_K8S_ENDPOINTS_SELECTOR is deprecated, use GUBER_K8S_SELECTOR instead"
     ]
@@ -105,6 +106,8 @@ def test_other_gubernator_variables() -> None:
                            "GUBER_ETCD_DIAL_TIMEOUT": "2s", "GUBER_ETCD_USER": "u",
                            "GUBER_ETCD_PASSWORD": "p"}, {})  # fmt: skip
     assert config.graceful_termination_delay_ms == 3000.0
+    logs = build_config({"GUBER_LOG_FORMAT": "json", "GUBER_DEBUG": "t"}, {})
+    assert (logs.log_format, logs.log_level) == ("json", "DEBUG")
     assert config.batch_wait_ms == 0.0
     assert config.dns.resolv_conf == "/r.conf"
     assert (config.etcd.dial_timeout_ms, config.etcd.username, config.etcd.password) == (
@@ -195,4 +198,3 @@ def test_guber_log_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("SMOCKRON_LOG_FORMAT", raising=False)
     line = _refusal(tmp_path, {"GUBER_LOG_FORMAT": "xml"}, monkeypatch)
     assert "GUBER_LOG_FORMAT is invalid; expected value is either json or text" in line
-
