@@ -284,7 +284,8 @@ def test_options_from_gubernators_variables() -> None:
 
 async def test_nodes_join_gossip_leave_and_fail() -> None:
     """Three members in one process: each learns the others (the third only through the
-    first's gossip), a leaving one is dropped at once, a silent one after suspicion."""
+    first's gossip), a leaving one is dropped at once, a silent one after suspicion, and
+    both are forgotten once news of them has been gossiped long enough."""
     ports = free_ports(3)
     seen: dict[int, list[str]] = {}
     nodes = []
@@ -292,7 +293,7 @@ async def test_nodes_join_gossip_leave_and_fail() -> None:
         node = MemberListDiscovery(
             PeerInfo(f"127.0.0.1:{2000 + i}"), f"127.0.0.1:{port}", node_name=f"n{i}",
             known_nodes=[f"127.0.0.1:{ports[0]}"], probe_interval=0.2, probe_timeout=0.05,
-            gossip_interval=0.02, push_pull_interval=5.0,
+            gossip_interval=0.02, push_pull_interval=5.0, gossip_to_the_dead=1.5,
         )  # fmt: skip
 
         def record(peers: list[PeerInfo], i: int = i) -> None:
@@ -314,6 +315,7 @@ async def test_nodes_join_gossip_leave_and_fail() -> None:
         silent._tcp.close()
         await until(lambda: seen[0] == everyone[:1], 10.0)
         assert nodes[0].members["n1"].state == wire.STATE_DEAD
+        await until(lambda: "n2" not in nodes[0].members, 5.0)  # forgotten once gossiped
     finally:
         await nodes[0].stop()
 
@@ -364,3 +366,27 @@ def test_two_real_nodes_find_each_other_by_gubernators_variables_alone(
         ]
     assert statuses.count("OVER_LIMIT") == 5, statuses
     assert "member-list" in procs[0].log()
+
+
+async def test_announced_members_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone who can send a packet can announce members: past the bound they are
+    refused and counted, not stored."""
+    from smockron.cluster.discovery import memberlist
+
+    monkeypatch.setattr(memberlist, "MAX_MEMBERS", 3)
+    node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
+                               node_name="me")  # fmt: skip
+    await node.start(lambda peers: None)
+    try:
+        for i in range(4):
+            meta = wire.encode_meta(PeerInfo(f"127.0.0.2:{1000 + i}"))
+            alive = {"Incarnation": 1, "Node": f"n{i}", "Addr": bytes([127, 0, 0, 2]),
+                     "Port": 9, "Meta": meta, "Vsn": wire.VSN}  # fmt: skip
+            node.packet(wire.encode(wire.ALIVE, "alive", alive), ("127.0.0.2", 9))
+    finally:
+        await node.stop()
+    assert sorted(node.members) == ["me", "n0", "n1"]
+    counted = node.metrics.registry.get_sample_value(
+        "smockron_discovery_malformed_total", {"mechanism": "member-list"}
+    )
+    assert counted == 2

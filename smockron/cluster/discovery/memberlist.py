@@ -43,6 +43,9 @@ DEFAULT_PORT = 7946
 UDP_BUFFER = 1400
 """memberlist's UDPBufferSize: gossip packets stay below it."""
 JOIN_RETRY = 0.3
+MAX_MEMBERS = 10_000
+"""Alive news about more nodes than this is refused: without encryption anyone who can
+send a packet can announce members, and they must not grow without bound."""
 
 
 @dataclass
@@ -275,6 +278,7 @@ class MemberListDiscovery:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout)
         try:
             writer.write(self._local_state(join))
+            await writer.drain()
             kind, message = await asyncio.wait_for(_read_stream(reader), timeout)
         finally:
             writer.close()
@@ -394,6 +398,7 @@ class MemberListDiscovery:
         the dead."""
         for _ in range(len(self.members) + 1):
             if not self._probe_order:
+                self._reap()
                 self._probe_order = [n for n in self.members if n != self.name]
                 random.shuffle(self._probe_order)
                 if not self._probe_order:
@@ -473,6 +478,8 @@ class MemberListDiscovery:
         member = self.members.get(name)
         moved = False
         if member is None:
+            if len(self.members) >= MAX_MEMBERS:
+                raise wire.Malformed(f"alive for {name}: already {MAX_MEMBERS} members")
             member = Member(name, a["Addr"], a["Port"], a["Meta"], 0, wire.STATE_DEAD, vsn,
                             self._now())  # fmt: skip
             self.members[name] = member
@@ -567,6 +574,15 @@ class MemberListDiscovery:
         self._broadcast(me.name, wire.encode(wire.ALIVE, "alive", {
             "Incarnation": me.incarnation, "Node": me.name, "Addr": me.addr, "Port": me.port,
             "Meta": me.meta, "Vsn": me.vsn}))  # fmt: skip
+
+    def _reap(self) -> None:
+        """Forget members dead or gone for longer than news of them is gossiped
+        (memberlist's resetNodes), so restarted pods under new names do not pile up."""
+        now = self._now()
+        for name, member in list(self.members.items()):
+            gone = member.state in (wire.STATE_DEAD, wire.STATE_LEFT)
+            if gone and now - member.changed > self._to_the_dead:
+                del self.members[name]
 
     def _cancel_suspicion(self, name: str) -> None:
         suspicion = self._suspicions.pop(name, None)
