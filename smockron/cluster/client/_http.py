@@ -1,10 +1,12 @@
 """The clients' HTTP/1.1 transport: ``POST /v1/GetRateLimits`` on the JSON gateway
 (smockron.cluster.transports.http, or Gubernator's grpc-gateway) over kept-alive connections.
 
-Why: a lone check over HTTP/1.1 on an open socket costs the client about a third less
-CPU than a gRPC unary call, even through libgrpc++ (no HTTP/2 framing, no completion
-queue, no other thread), and a sequential caller pays that per check. The socket is
-read and parsed here: the stdlib's http.client costs several times as much per call.
+Why: a lone check over HTTP/1.1 on an open socket costs the client less CPU than a gRPC
+unary call, even through libgrpc++ (no HTTP/2 framing, no completion queue, no other
+thread), and a sequential caller pays that per check. The socket is read and parsed
+here rather than by a library: httpx, urllib3 and the stdlib's http.client each cost a
+caller several times as much CPU per lone check, and more per batch too, measured as
+the Client calls (bench/httpclient.py; figures in docs/benchmarks.md).
 Batches stay cheaper on gRPC (protobuf beats JSON per item), so the Client sends only
 lone checks here unless told otherwise.
 
