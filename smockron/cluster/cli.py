@@ -239,11 +239,31 @@ class EnvoyFront:
         if self._reloader is not None and not self._reloader.check():
             log.info("envoy: SIGHUP: the descriptor files are unchanged")
 
+    async def start(self) -> None:
+        """Nothing beyond the gRPC port (UpstreamFront starts its listeners here)."""
 
-def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
+
+def _envoy_front(
+    config: ClusterConfig, env: Mapping[str, str], given: Mapping[str, Any]
+) -> tuple[ClusterConfig, Any]:
+    """The Envoy front, if any: ``--envoy-config``'s, or envoyproxy/ratelimit mode's
+    (envoy/upstream_env.py), whose GRPC_HOST:GRPC_PORT is the gRPC address unless one was
+    given (flag, SMOCKRON_CLUSTER_GRPC_ADDRESS, GUBER_GRPC_ADDRESS, the --config file)."""
+    from smockron.cluster.envoy.upstream_env import upstream_mode
+
+    if upstream_mode(env, config.envoy_config):
+        from smockron.cluster.envoy.upstream import UpstreamFront, apply_logging
+        from smockron.cluster.envoy.upstream_env import UpstreamSettings
+
+        settings = UpstreamSettings.from_env(env)
+        apply_logging(settings, env)
+        if given.get("grpc_address") is None and not env.get("GUBER_GRPC_ADDRESS"):
+            config = replace(config, grpc_address=settings.grpc_address)
+            config = replace(config, **_listen_everywhere(config)).validate()
+        return config, UpstreamFront(settings, config.envoy_reload_interval_ms / 1000, env)
     if not config.envoy_config:
-        return None
-    return EnvoyFront(
+        return config, None
+    return config, EnvoyFront(
         config.envoy_config,
         config.envoy_reload_interval_ms / 1000,
         headers=config.envoy_response_headers,
@@ -252,7 +272,7 @@ def _envoy_front(config: ClusterConfig) -> EnvoyFront | None:
 
 async def serve(
     server: ClusterServer,
-    front: EnvoyFront | None = None,
+    front: Any = None,
     stop: asyncio.Event | None = None,
     facts: Mapping[str, Any] | None = None,
     metrics: str | None = None,
@@ -267,9 +287,14 @@ async def serve(
         await server.stop()
         raise click.ClickException(str(exc)) from None
     runtime.startup_line("cluster", **(facts or {}))
-    runtime.announce(f"smockron cluster: node {server.node.address} serving")
     listener = None
     try:
+        if front is not None:
+            try:
+                await front.start()
+            except OSError as exc:
+                raise click.ClickException(str(exc)) from None
+        runtime.announce(f"smockron cluster: node {server.node.address} serving")
         if metrics:
             try:
                 listener = observe(server.node, metrics)
@@ -293,7 +318,7 @@ async def _drain(delay: float) -> None:
         await asyncio.sleep(delay)
 
 
-def _reload(server: ClusterServer, front: EnvoyFront | None, discovery: Discovery) -> None:
+def _reload(server: ClusterServer, front: Any, discovery: Discovery) -> None:
     """SIGHUP: the TLS certificate and key files, the Envoy descriptor files, and the
     peers file."""
     server.reload_tls()
@@ -483,6 +508,7 @@ def cluster(**flags: Any) -> None:
     filed = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) == from_file}
     config = build_config(env, given, filed)
     _apply_guber_logging(config)
+    config, front = _envoy_front(config, env, {**filed, **given})
     print_settings_if_asked(_printable(config))
     for line in config.ignored:
         log.warning("%s", line)
@@ -491,7 +517,6 @@ def cluster(**flags: Any) -> None:
         discovery = build_discovery(config, metrics.registry)
     except (OSError, ValueError) as exc:  # the peers file
         raise click.ClickException(str(exc)) from None
-    front = _envoy_front(config)
     try:  # the values are checked; what fails now is reading files (TLS): a startup failure
         server = ClusterServer(config, discovery, () if front is None else (front,), metrics)
     except (ConfigError, ValueError) as exc:
@@ -504,6 +529,7 @@ def cluster(**flags: Any) -> None:
         "tls": "on" if config.tls else "off",
         "global_mode": config.global_mode,
         "envoy": "on" if front is not None else "off",
+        **(front.facts() if hasattr(front, "facts") else {}),
     }
     runtime.run(
         lambda stop: serve(server, front, stop, facts, metrics=flags.get("metrics")),

@@ -4,16 +4,20 @@
 the last load; on a change it loads them all again and swaps the servicer's config in
 one assignment. A file that does not load leaves the running config in place (logged and
 counted in ``stats.config_errors``), so a half-written edit never drops every limit.
+
+``paths`` may also be a function that lists the files (envoyproxy/ratelimit's runtime
+directory, whose files are found anew at each check); ``on_load`` is told of each config
+installed (the health check's "at least one config loaded").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from smockron.cluster.envoy.config import expand_paths, load_config
+from smockron.cluster.envoy.config import EnvoyConfig, expand_paths, load_config
 from smockron.cluster.envoy.service import RateLimitServicer
 from smockron.errors import ConfigError
 
@@ -26,12 +30,19 @@ class ConfigReloader:
     def __init__(
         self,
         servicer: RateLimitServicer,
-        paths: str | Path | Iterable[str | Path],
+        paths: str | Path | Iterable[str | Path] | Callable[[], list[Path]],
         interval: float = 5.0,
+        on_load: Callable[[EnvoyConfig], None] | None = None,
     ) -> None:
         self.servicer = servicer
-        self.paths: list[str | Path] = [paths] if isinstance(paths, str | Path) else list(paths)
+        self._lister: Callable[[], list[Path]]
+        if callable(paths):
+            self._lister = paths
+        else:
+            fixed = [paths] if isinstance(paths, str | Path) else list(paths)
+            self._lister = lambda: expand_paths(fixed)
         self.interval = interval
+        self.on_load = on_load
         self._signature = self._current()
 
     def check(self) -> bool:
@@ -41,13 +52,15 @@ class ConfigReloader:
             return False
         self._signature = signature
         try:
-            config = load_config(self.paths)
+            config = load_config([Path(p) for p, _, _ in signature])
         except ConfigError as exc:
             self.servicer.stats.config_errors += 1
             log.error("envoy: keeping the running config, the new one does not load: %s", exc)
             return False
         self.servicer.config = config
         self.servicer.stats.config_loads += 1
+        if self.on_load is not None:
+            self.on_load(config)
         log.info(
             "envoy: reloaded %d domain(s) from %d file(s)", len(config.domains), len(signature)
         )
@@ -61,7 +74,7 @@ class ConfigReloader:
 
     def _current(self) -> Signature:
         entries = []
-        for path in expand_paths(self.paths):
+        for path in self._lister():
             try:
                 st = path.stat()
             except OSError:

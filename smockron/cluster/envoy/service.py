@@ -22,7 +22,13 @@ limit whose ``name`` another matched limit ``replaces`` is not checked.
 
 Failures: an empty domain or descriptor list is INVALID_ARGUMENT; a limiter exception is
 UNAVAILABLE (Envoy then applies its ``failure_mode_deny``); a per-item error from the
-limiter fails open (OK) and is counted. Every failure is logged, rate-limited.
+limiter fails open (OK) and is counted. With no configuration loaded (``config`` None: the
+files did not load at start, envoyproxy/ratelimit mode) every call is UNKNOWN "no rate
+limit configuration loaded", as upstream answers. Every failure is logged, rate-limited.
+
+``decide()`` is the same answer without gRPC (``ServiceError`` for the failures), for
+upstream's ``POST /json``. Subclasses count elsewhere by overriding ``_limit`` (the Redis
+backend, redis_cache.py).
 """
 
 from __future__ import annotations
@@ -69,7 +75,13 @@ from smockron.cluster.transports.threaded import ThreadedServer, fast_or_bridged
 from smockron.core import calendar
 from smockron.ratelog import RateLimitedLog
 
-__all__ = ["EnvoyStats", "EnvoyStatsCollector", "RateLimitServicer", "add_to_server"]
+__all__ = [
+    "EnvoyStats",
+    "EnvoyStatsCollector",
+    "RateLimitServicer",
+    "ServiceError",
+    "add_to_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +91,17 @@ OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
 _MAX_UINT32 = 2**32 - 1
 
 Decide = Callable[[list[RateLimitRequest]], list[RateLimitResponse] | None]
+
+NO_CONFIG = "no rate limit configuration loaded"
+
+
+class ServiceError(Exception):
+    """A call that gets no answer: the gRPC status and upstream's message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 @dataclass(slots=True)
@@ -111,7 +134,7 @@ class RateLimitServicer:
     def __init__(
         self,
         limiter: RateLimiter,
-        config: EnvoyConfig,
+        config: EnvoyConfig | None,
         clock: Callable[[], int] = epoch_ms,
         *,
         response_headers: bool | None = None,
@@ -128,7 +151,7 @@ class RateLimitServicer:
         self.limiter = limiter
         self.config = config
         self.settings = settings
-        self.stats = EnvoyStats(config_loads=1)
+        self.stats = EnvoyStats(config_loads=int(config is not None))
         self.limit_stats: dict[str, LimitStats] = {}
         self.domain_not_found: dict[str, int] = {}
         self._near_ratio = settings.near_limit_ratio
@@ -136,6 +159,10 @@ class RateLimitServicer:
         self._log = RateLimitedLog(log)
         if metrics is not None:
             metrics.shared(UpstreamMetrics.NAME, UpstreamMetrics).sources.add(self)
+
+    fast_path = True
+    """Whether checks the node decides alone may be answered on the gRPC thread
+    (``answer_here``); a subclass that counts elsewhere says no."""
 
     @property
     def response_headers(self) -> bool:
@@ -146,32 +173,49 @@ class RateLimitServicer:
         request: rls_pb2.RateLimitRequest | None,
         context: grpc.aio.ServicerContext[rls_pb2.RateLimitRequest, rls_pb2.RateLimitResponse],
     ) -> rls_pb2.RateLimitResponse:
+        try:
+            return await self.decide(request)
+        except ServiceError as exc:
+            await context.abort(exc.code, exc.message)
+            raise  # abort raises; this line is for the type checker
+
+    async def decide(self, request: rls_pb2.RateLimitRequest | None) -> rls_pb2.RateLimitResponse:
+        """The answer to one request; ServiceError when there is none."""
         self.stats.calls += 1
         if request is None:
             self.stats.invalid += 1
             self._log.warning("envoy: rejected a malformed RateLimitRequest", key="malformed")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed RateLimitRequest")
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "malformed RateLimitRequest")
         if not request.domain or not request.descriptors:
             self.stats.invalid += 1
             what = "domain" if not request.domain else "descriptor list"
             self._log.warning("envoy: rejected request: empty %s", what, key="invalid")
-            await context.abort(
+            raise ServiceError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"rate limit {what} must not be empty"
             )
-        plan = self._plan(request)
+        if self.config is None:
+            self.stats.invalid += 1
+            self._log.warning("envoy: %s", NO_CONFIG, key="no-config")
+            raise ServiceError(grpc.StatusCode.UNKNOWN, NO_CONFIG)
+        plan = self._plan(request, self.config)
         try:
-            answers = await self.limiter.get_rate_limits(plan.batch) if plan.checks else []
+            answers = await self._limit(plan)
         except Exception as exc:  # the limiter's failure must not look like a verdict
             self.stats.limiter_errors += 1
             self._log.warning("envoy: limiter failed: %r", exc, key="limiter")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "rate limiter unavailable")
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "rate limiter unavailable") from None
+        return self._respond(plan, answers)
+
+    async def _limit(self, plan: _Plan) -> list[RateLimitResponse]:
+        """The limiter's answers to ``plan.checks``, in order (raises when it fails)."""
+        answers = await self.limiter.get_rate_limits(plan.batch) if plan.checks else []
         drains = self._drains(plan, answers)
         if drains:
             try:
                 await self.limiter.get_rate_limits(drains)
             except Exception as exc:  # the verdict stands; only later calls may differ
                 self._drain_failed(repr(exc))
-        return self._respond(plan, answers)
+        return answers
 
     def answer_here(
         self, request: rls_pb2.RateLimitRequest, decide: Decide
@@ -179,9 +223,10 @@ class RateLimitServicer:
         """ShouldRateLimit without the event loop, for the threaded server: None (nothing
         counted) when the request is invalid or ``decide`` (``Node.answer_here``) cannot
         answer alone; the caller then takes the asyncio path."""
-        if not request.domain or not request.descriptors:
+        config = self.config
+        if not request.domain or not request.descriptors or config is None:
             return None
-        plan = self._plan(request)
+        plan = self._plan(request, config)
         answers = decide(plan.batch) if plan.checks else []
         if answers is None:
             return None
@@ -193,10 +238,10 @@ class RateLimitServicer:
 
     # -- before the limiter -----------------------------------------------------------------
 
-    def _plan(self, request: rls_pb2.RateLimitRequest) -> _Plan:
+    def _plan(self, request: rls_pb2.RateLimitRequest, config: EnvoyConfig) -> _Plan:
         now = self._clock()
         domain = request.domain
-        matches = [self._match(domain, d) for d in request.descriptors]
+        matches = [self._match(config, domain, d) for d in request.descriptors]
         unlimited = [m is not None and m.limit.unlimited for m in matches]
         replaced = {name for m in matches if m is not None for name in m.limit.replaces}
         checks = []
@@ -206,14 +251,17 @@ class RateLimitServicer:
             if match.limit.name and match.limit.name in replaced:
                 continue
             checks.append(self._check(i, request, descriptor, match, now))
-        return _Plan(request, now, domain in self.config.domains, unlimited, checks)
+        return _Plan(request, now, domain in config.domains, unlimited, checks)
 
-    def _match(self, domain: str, descriptor: ratelimit_pb2.RateLimitDescriptor) -> Match | None:
+    @staticmethod
+    def _match(
+        config: EnvoyConfig, domain: str, descriptor: ratelimit_pb2.RateLimitDescriptor
+    ) -> Match | None:
         entries = [(e.key, e.value) for e in descriptor.entries]
         override = None
         if descriptor.HasField("limit") and descriptor.limit.unit in UNIT_NAME:
             override = (descriptor.limit.requests_per_unit, UNIT_NAME[descriptor.limit.unit])
-        return self.config.lookup(domain, entries, override)
+        return config.lookup(domain, entries, override)
 
     @staticmethod
     def _check(
@@ -339,10 +387,7 @@ class RateLimitServicer:
         status.code = OVER_LIMIT if over and not limit.shadow_mode else OK
 
     def _record(self, check: _Check, limit: Limit, before: int, over: bool) -> None:
-        key = check.match.stats_key
-        stats = self.limit_stats.get(key)
-        if stats is None:
-            stats = self.limit_stats[key] = LimitStats()
+        stats = self._limit_stats(check.match.stats_key)
         near = near_threshold(limit.requests_per_unit, self._near_ratio)
         record(stats, limit.requests_per_unit, before, check.hits, over, limit.shadow_mode, near)
         if over and limit.shadow_mode:
@@ -350,6 +395,12 @@ class RateLimitServicer:
             self._log.warning("envoy: shadow_mode limit %r over limit", limit.name, key="shadow")
         elif over:
             self.stats.over_limit += 1
+
+    def _limit_stats(self, key: str) -> LimitStats:
+        stats = self.limit_stats.get(key)
+        if stats is None:
+            stats = self.limit_stats[key] = LimitStats()
+        return stats
 
     def _add_headers(
         self,
@@ -423,12 +474,13 @@ def _copy(value: Any) -> Any:
 def add_to_server(
     server: GrpcServer,
     limiter: RateLimiter,
-    config: EnvoyConfig,
+    config: EnvoyConfig | None,
     clock: Callable[[], int] = epoch_ms,
     *,
     response_headers: bool | None = None,
     settings: EnvoySettings | None = None,
     metrics: ClusterMetrics | None = None,
+    servicer: RateLimitServicer | None = None,
 ) -> RateLimitServicer:
     """Serve ShouldRateLimit on ``server``; the servicer is returned for its stats/config.
 
@@ -438,18 +490,20 @@ def add_to_server(
 
     The handler is registered by hand (not with the generated helper) so that bytes that do
     not decode reach the servicer as None and are counted and logged like other bad input.
+    ``servicer``: one built already (a subclass), served instead of a new one.
     """
     if metrics is None and isinstance(limiter, Node):
         metrics = limiter.metrics
-    servicer = RateLimitServicer(
-        limiter,
-        config,
-        clock,
-        response_headers=response_headers,
-        settings=settings,
-        metrics=metrics,
-    )
-    decide = getattr(limiter, "answer_here", None)
+    if servicer is None:
+        servicer = RateLimitServicer(
+            limiter,
+            config,
+            clock,
+            response_headers=response_headers,
+            settings=settings,
+            metrics=metrics,
+        )
+    decide = getattr(limiter, "answer_here", None) if servicer.fast_path else None
     if isinstance(server, ThreadedServer | NativeServer) and decide is not None:
         # checks the node decides alone are answered on the gRPC thread (see threaded.py)
         threaded = grpc.unary_unary_rpc_method_handler(

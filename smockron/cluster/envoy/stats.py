@@ -2,7 +2,8 @@
 
 Upstream emits statsd counters (``ratelimit.service.rate_limit.<stats key>.over_limit``
 ...) and, with ``USE_PROMETHEUS``, maps them to Prometheus names with its
-``default_mapper.yaml``. smockron has no statsd output; the counters of a node's servicers
+``default_mapper.yaml``. In envoyproxy/ratelimit mode smockron sends the statsd counters too
+(statsd_sink.py); in every mode the counters of a node's servicers
 are exported on the node's registry (its ``/metrics``; ``UpstreamMetrics``, added by the
 servicer) under upstream's mapped names, plus the ``_total`` suffix Prometheus clients give
 counters:
@@ -12,7 +13,8 @@ metric                                                      upstream statsd coun
 ==========================================================  ===============================
 ``ratelimit_service_rate_limit_total_hits_total``           ``rate_limit.<key>.total_hits``
 ``..._over_limit_total``, ``..._near_limit_total``,         ``.over_limit``, ``.near_limit``,
-``..._within_limit_total``, ``..._shadow_mode_total``       ``.within_limit``, ``.shadow_mode``
+``..._within_limit_total``, ``..._shadow_mode_total``,      ``.within_limit``, ``.shadow_mode``,
+``..._over_limit_with_local_cache_total``                   ``.over_limit_with_local_cache``
   (labels ``domain``, ``key1``, ``key2``: the stats key's first three dotted parts)
 ``ratelimit_service_rate_limit_domain_not_found_total``     ``rate_limit.<domain>.domain_not_found``
 ``ratelimit_service_should_rate_limit_error_total``         ``call.should_rate_limit.redis_error``
@@ -64,6 +66,7 @@ class LimitStats(CounterSet):
     near_limit: int = 0
     within_limit: int = 0
     shadow_mode: int = 0
+    over_limit_with_local_cache: int = 0
 
 
 def near_threshold(limit: int, ratio: float) -> int:
@@ -123,7 +126,14 @@ class EnvoyStatsCollector(Collector):
 
 
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
-_LIMIT_FIELDS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode")
+_LIMIT_FIELDS = (
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+    "over_limit_with_local_cache",
+)
 
 
 def sanitize_stat_name(name: str) -> str:
