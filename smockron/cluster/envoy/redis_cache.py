@@ -218,6 +218,12 @@ class RedisRateLimitServicer(RateLimitServicer):
             else None
         )
         self._rng = rng or random.Random()
+        # at most REDIS_POOL_SIZE pipelines at once per Redis: later calls wait for a
+        # connection, as upstream's pool makes them wait (redis-py's pool would refuse)
+        self._slots = {
+            False: asyncio.Semaphore(upstream.redis.pool_size),
+            True: asyncio.Semaphore(upstream.redis_persecond_settings.pool_size),
+        }
 
     async def close(self) -> None:
         for client in {id(c): c for c in (self.client, self.per_second_client) if c}.values():
@@ -226,9 +232,10 @@ class RedisRateLimitServicer(RateLimitServicer):
     async def ping(self) -> bool:
         """Whether every Redis answers (the health check's ``redis`` component)."""
         try:
-            for client in (self.client, self.per_second_client):
+            for per_second, client in ((False, self.client), (True, self.per_second_client)):
                 if client is not None:
-                    await client.ping()
+                    async with self._slots[per_second]:
+                        await client.ping()
         except Exception as exc:  # any failure: not healthy yet
             self._log.warning("envoy: redis: %r", exc, key="ping")
             return False
@@ -340,7 +347,8 @@ class RedisRateLimitServicer(RateLimitServicer):
                 else:
                     pipe.incrby(keys[i].key, command[1])
                     pipe.expire(keys[i].key, command[2])
-            replies = await pipe.execute()
+            async with self._slots[per_second]:
+                replies = await pipe.execute()
             step = 1 if commands[indexes[0]][0] == "GET" else 2
             for n, i in enumerate(indexes):
                 out[i] = replies[n * step]
@@ -363,4 +371,3 @@ def build_redis_servicer(
     return RedisRateLimitServicer(
         node, config, upstream=upstream, client=client, per_second_client=per_second, **kwargs
     )
-
