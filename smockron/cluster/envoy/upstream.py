@@ -229,7 +229,7 @@ class UpstreamFront:
             log.info("envoy: statsd counters to %s:%d every %gs", s.statsd_host, s.statsd_port,
                      s.stats_flush_interval_s)  # fmt: skip
         if s.use_prometheus and self._node is not None:
-            from smockron.cluster.http import observe
+            from smockron.cluster.transports.http import observe
 
             self._metrics = observe(self._node, s.prometheus_addr)
         if s.backend_type == "redis":
