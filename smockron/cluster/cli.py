@@ -363,6 +363,16 @@ def _reload(server: ClusterServer, front: Any, discovery: Discovery) -> None:
     "(mixed Gubernator/smockron clusters; any gRPC client can then call PeersV1) [off]",
 )
 @click.option(
+    "--peer-check-address/--no-peer-check-address",
+    default=None,
+    help="take PeersV1 calls only from the address of another member of the peer list [on]",
+)
+@click.option(
+    "--peer-tls-names",
+    help="names (DNS or IP SANs, comma-separated) of which a peer's client certificate "
+    "must carry one for PeersV1 (TLS with require-and-verify) [any certificate of the CA]",
+)
+@click.option(
     "--peers",
     help="static peer list: gRPC addresses of every node, this one included; "
     "ADDRESS/PEER_ADDRESS (or ADDRESS/PORT) names a node's PeersV1 listener "

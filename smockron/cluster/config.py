@@ -103,6 +103,14 @@ class ClusterConfig:
     """Serve PeersV1 on the gRPC port and call peers there, as Gubernator does: needed in a
     cluster that mixes Gubernator and smockron nodes. Any client of the gRPC port can then
     call PeersV1 (forge GLOBAL state), unless TLS client certificates keep them out."""
+    peer_check_address: bool = True
+    """PeersV1 calls are taken only from the address of another member of the peer
+    list (smockron/cluster/peergate.py); off for members that call from an address
+    their record does not name (NAT, a second interface)."""
+    peer_tls_names: str = ""
+    """Comma-separated names (DNS or IP SANs), of which a peer's client certificate must
+    carry one for PeersV1 (TLS with require-and-verify): the cluster's CA may sign
+    certificates for clients too."""
     peer_discovery: str = "static"
     """static (``peers``, else this node alone), etcd, dns, k8s or member-list; the
     mechanisms' own settings are the pools below, as in Gubernator's DaemonConfig."""

@@ -81,6 +81,19 @@ class ClusterMetrics:
             ["method"],
             registry=reg,
         )
+        self.peer_calls_not_member = Counter(
+            "smockron_cluster_peer_calls_not_member_total",
+            "PeersV1 calls refused on the peer listener: the caller's address is not a "
+            "member's in the peer list, by method.",
+            ["method"],
+            registry=reg,
+        )
+        self.peer_tls_names_refused = Counter(
+            "smockron_cluster_peer_tls_names_refused_total",
+            "Peer certificates refused on the peer listener for carrying none of "
+            "peer_tls_names: connections (native server) or calls (threads, asyncio).",
+            registry=reg,
+        )
         self.unknown_method = Counter(
             "smockron_cluster_grpc_unknown_method_total",
             "gRPC calls to a method this node does not serve (native server).",

@@ -23,6 +23,7 @@ from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.node import Node
+from smockron.cluster.peergate import MemberGate
 from smockron.cluster.transports import GrpcServer as GrpcServer  # for cli.py
 from smockron.cluster.transports import make_grpc_server, native
 from smockron.cluster.transports.http import make_app, make_status_app, server_log
@@ -93,6 +94,9 @@ class ClusterServer:
         self._client_san = tls.client_san_check(
             self.config, self.tls, self.node.metrics.tls_client_san_refused
         )
+        self._peer_names = tls.peer_names_check(
+            self.config, self.tls, self.node.metrics.peer_tls_names_refused
+        )
         self._discovery = discovery
         self._extensions = extensions
         self._grpc: GrpcServer | None = None
@@ -129,9 +133,10 @@ class ClusterServer:
             self.node.metrics,
             self._client_san,
         )
+        guard = self._member_gate() if shared else None
         if threaded is not None:
-            service.add_threaded_fast_paths(threaded, self.node, peers=shared)
-        service.add_to_server(server, self.node, peers=shared)
+            service.add_threaded_fast_paths(threaded, self.node, peers=shared, guard=guard)
+        service.add_to_server(server, self.node, peers=shared, guard=guard)
         for extend in self._extensions:
             extend(server, self.node)
         await self._start_grpc(server, self.config.grpc_address, "GRPC")
@@ -164,14 +169,24 @@ class ClusterServer:
         reach it (firewall it to the nodes; with TLS, it asks what the gRPC port asks)."""
         address = self.config.peer_listen_address
         server, threaded = make_grpc_server(
-            self.config.grpc_server, asyncio.get_running_loop(), GRPC_OPTIONS, self.node.metrics
+            self.config.grpc_server,
+            asyncio.get_running_loop(),
+            GRPC_OPTIONS,
+            self.node.metrics,
+            self._peer_names,
         )
+        guard = self._member_gate()
         if threaded is not None:
-            service.add_threaded_fast_paths(threaded, self.node, client=False)
-        service.add_peer_service(server, self.node)
+            service.add_threaded_fast_paths(threaded, self.node, client=False, guard=guard)
+        service.add_peer_service(server, self.node, guard)
         await self._start_grpc(server, address, "peer GRPC")
         self._peer_grpc = server
         log.info("Peer GRPC Listening on %s ...", address)
+
+    def _member_gate(self) -> service.Guard | None:
+        if not self.config.peer_check_address:
+            return None
+        return MemberGate(self.node, self.node.metrics.peer_calls_not_member).guard
 
     async def _start_grpc(self, server: GrpcServer, address: str, what: str) -> None:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -137,8 +137,19 @@ def _handler(
     )
 
 
+Guard: TypeAlias = (
+    "Callable[[grpc.GenericRpcHandler[Any, Any]], grpc.GenericRpcHandler[Any, Any]]"
+)
+"""Wraps PeersV1's handler on the peer listener (peergate.MemberGate.guard)."""
+
+
 def add_threaded_fast_paths(
-    server: ThreadedTransport, node: Node, *, client: bool = True, peers: bool = True
+    server: ThreadedTransport,
+    node: Node,
+    *,
+    client: bool = True,
+    peers: bool = True,
+    guard: Guard | None = None,
 ) -> None:
     """On the threaded server: GetRateLimits (``client``) and GetPeerRateLimits
     (``peers``) calls that this node decides alone, and LiveCheck, are answered on the
@@ -184,13 +195,17 @@ def add_threaded_fast_paths(
                 threaded=True,
             )
         }
-        handlers.append(grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods))
+        peer = grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods)
+        handlers.append((guard or _same)(peer))
     server.add_threaded_handlers(handlers)
 
 
-def add_to_server(server: GrpcServer, node: Node, *, peers: bool = True) -> None:
-    """The client port: V1, and PeersV1 when ``peers`` (else its methods are refused:
-    ``refuse_peer_calls``). Registered by hand (same names as the generated helpers)."""
+def add_to_server(
+    server: GrpcServer, node: Node, *, peers: bool = True, guard: Guard | None = None
+) -> None:
+    """The client port: V1, and PeersV1 when ``peers`` (behind ``guard``; else its
+    methods are refused: ``refuse_peer_calls``). Registered by hand (same names as the
+    generated helpers)."""
     v1 = V1Servicer(node)
     v1_methods = {
         "GetRateLimits": _handler(v1.GetRateLimits, pb.GetRateLimitsReq, pb.GetRateLimitsResp),
@@ -200,14 +215,14 @@ def add_to_server(server: GrpcServer, node: Node, *, peers: bool = True) -> None
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler("pb.gubernator.V1", v1_methods),
-            _peer_handler(node) if peers else _refusing_handler(node),
+            (guard or _same)(_peer_handler(node)) if peers else _refusing_handler(node),
         )
     )
 
 
-def add_peer_service(server: GrpcServer, node: Node) -> None:
-    """The peer listener: PeersV1, and V1's LiveCheck and HealthCheck (peers probe
-    LiveCheck on the address they call)."""
+def add_peer_service(server: GrpcServer, node: Node, guard: Guard | None = None) -> None:
+    """The peer listener: PeersV1 (behind ``guard``), and V1's LiveCheck and
+    HealthCheck (peers probe LiveCheck on the address they call)."""
     v1 = V1Servicer(node)
     v1_methods = {
         "HealthCheck": _handler(v1.HealthCheck, pb.HealthCheckReq, pb.HealthCheckResp),
@@ -216,9 +231,13 @@ def add_peer_service(server: GrpcServer, node: Node) -> None:
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler("pb.gubernator.V1", v1_methods),
-            _peer_handler(node),
+            (guard or _same)(_peer_handler(node)),
         )
     )
+
+
+def _same(handler: grpc.GenericRpcHandler[Any, Any]) -> grpc.GenericRpcHandler[Any, Any]:
+    return handler
 
 
 def _refusing_handler(node: Node) -> grpc.GenericRpcHandler[Any, Any]:

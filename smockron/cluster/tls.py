@@ -286,9 +286,14 @@ class ClientSanCheck:
     the code a client of a refused handshake gets. Either way a refusal is counted and
     logged (rate-limited) with Go's reason."""
 
-    def __init__(self, wanted: str, refused: Counter, required: bool = True) -> None:
-        """``required``: client certificates are required (not only verified when shown)."""
-        self.wanted = wanted
+    def __init__(
+        self, wanted: str | tuple[str, ...], refused: Counter, required: bool = True
+    ) -> None:
+        """``wanted``: the name, or names of which the certificate must carry one (the
+        peer listener's ``peer_tls_names``); ``required``: client certificates are
+        required (not only verified when shown)."""
+        self.names = (wanted,) if isinstance(wanted, str) else wanted
+        self.wanted = ", ".join(self.names)
         self.required = required
         self._refused = refused
         self._log = RateLimitedLog(log)
@@ -296,7 +301,11 @@ class ClientSanCheck:
 
     def verify(self, dns_names: list[str], ip_names: list[str]) -> str | None:
         """None when a certificate with these SANs may connect; else why not."""
-        error = san.mismatch(self.wanted, dns_names, ip_names)
+        error = None
+        for name in self.names:
+            error = san.mismatch(name, dns_names, ip_names)
+            if error is None:
+                break
         if error is not None:
             self._refused.inc()
             self._log.warning("error validating client: %s", error)
@@ -397,6 +406,21 @@ class _AioSanInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     ) -> Any:
         handler = await continuation(details)
         return None if handler is None else self._check.guard(handler, aio=True)
+
+
+def peer_names_check(config: ClusterConfig, material: TLSMaterial | None, refused: Counter
+                     ) -> ClientSanCheck | None:  # fmt: skip
+    """The peer listener's ``peer_tls_names`` check, or None: a peer's client certificate
+    must carry one of the names. Only certificates the handshake required and verified
+    can be checked; with another GUBER_TLS_CLIENT_AUTH mode the names are refused at
+    start, as a check that does not happen must not look configured."""
+    names = tuple(n.strip() for n in config.peer_tls_names.split(",") if n.strip())
+    if not names:
+        return None
+    if material is None or material.client_auth != "require-and-verify":
+        raise ConfigError("peer_tls_names needs TLS with GUBER_TLS_CLIENT_AUTH="
+                          "require-and-verify (peers' certificates verified by the CA)")
+    return ClientSanCheck(names, refused, required=True)
 
 
 def client_san_check(config: ClusterConfig, material: TLSMaterial | None, refused: Counter

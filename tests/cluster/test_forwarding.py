@@ -140,7 +140,8 @@ async def test_dead_peer_is_routed_around_and_comes_back() -> None:
         assert (status, count) == ("unhealthy", 2) and pair.b.node.address in message
         revived = ClusterServer(cb)
         await revived.start()
-        try:
+        revived.node.set_peers([PeerInfo(ca.grpc_address), PeerInfo(cb.grpc_address)])
+        try:  # (it knows A from its peer list: PeersV1 is served to members only)
             await wait_until(lambda: not pair.a.node.down)
             again = await pair.a.node.get_rate_limits([req(key)])
             assert again[0].metadata["owner"] == pair.b.node.address

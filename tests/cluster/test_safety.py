@@ -63,7 +63,8 @@ def refused(log: str) -> bool:
 
 @pytest.fixture(params=SERVERS)
 async def one(request: pytest.FixtureRequest) -> AsyncIterator[ClusterServer]:
-    (config,) = configs(1, grpc_server=request.param)
+    # the client is no member (test_peer_gate.py): here the ports, not the peer list
+    (config,) = configs(1, grpc_server=request.param, peer_check_address=False)
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     try:
@@ -121,7 +122,8 @@ async def test_peers_v1_refused_on_the_client_port_served_on_the_peer_listener(
 async def test_opt_in_serves_peers_v1_on_the_grpc_port() -> None:
     """Gubernator-mixed clusters: PeersV1 on the gRPC port, no peer listener, and peers
     called at their gRPC address."""
-    (config,) = configs(1, peers_on_grpc_port=True, grpc_server="threads")
+    (config,) = configs(1, peers_on_grpc_port=True, grpc_server="threads",
+                        peer_check_address=False)  # fmt: skip
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     try:
