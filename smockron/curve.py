@@ -109,7 +109,11 @@ def load_public(path: str | Path) -> bytes:
 
 def load_allowed(directory: str | Path) -> frozenset[bytes]:
     """Every public key in the ``*.key`` files of ``directory`` (secret files ignored)."""
-    if not Path(directory).is_dir():
+    try:
+        is_dir = Path(directory).is_dir()
+    except OSError as exc:  # a parent this user may not enter (a root-only key folder)
+        raise ConfigError(f"cannot read public keys in {str(directory)!r}: {exc}") from None
+    if not is_dir:
         raise ConfigError(f"{str(directory)!r} is not a directory of public keys (*.key)")
     try:
         return frozenset(zmq.auth.load_certificates(directory))
@@ -121,6 +125,7 @@ def _load(path: str | Path) -> tuple[bytes, bytes | None]:
     if not os.path.exists(path):  # zmq.auth would call it an "Invalid certificate file"
         raise ConfigError(f"key file {str(path)!r} does not exist (`smockron keygen` makes one)")
     try:
+        open(path, "rb").close()  # pyzmq calls an unreadable file "invalid": say why
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read key file {str(path)!r}: {exc}") from None

@@ -422,6 +422,56 @@ def test_the_systemd_guide_gives_a_master_that_starts_as_its_unit_runs_it() -> N
         shutil.rmtree(scratch)
 
 
+def test_keys_the_daemons_user_cannot_read_are_one_line_not_a_traceback() -> None:
+    """A unit whose user cannot read keygen's files (root's, 0600, in a 0700 folder):
+    exit 2 with one line naming the file and why, as troubleshooting.md quotes it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the master as another user")
+    scratch = Path(tempfile.mkdtemp(prefix="smockron-keys-"))
+    scratch.chmod(0o755)
+    try:
+        keygen(scratch / "keys", "master")
+        keygen(scratch / "keys" / "gatekeepers", "gk1")
+        public = scratch / "gatekeepers"
+        public.mkdir()
+        shutil.copy(scratch / "keys" / "gatekeepers" / "gk1.key", public)
+        a, b = free_ports(2)
+        base = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                sys.executable, "-m", "smockron", "master", "--rule", "api:1/s:1",
+                "--accounting", f"tcp://127.0.0.1:{a}", "--control", f"tcp://127.0.0.1:{b}",
+                "--curve-secret", str(scratch / "keys" / "master.key_secret")]  # fmt: skip
+        for clients, says in (
+            (scratch / "keys" / "gatekeepers", "cannot read public keys in"),
+            (public, "cannot read key file"),
+        ):
+            done = subprocess.run([*base, "--curve-clients", str(clients)], env=smockron_env(),
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert done.returncode == 2, done.stderr
+            assert "Traceback" not in done.stderr and "Permission denied" in done.stderr
+            assert done.stderr.startswith(f"smockron master: error: {says}"), done.stderr
+    finally:
+        shutil.rmtree(scratch)
+
+
+def test_the_protected_mode_refusal_is_quoted_as_the_master_prints_it() -> None:
+    """One wording across the docs: every line of them quoting the refusal is the line
+    the master prints (it refuses before binding anything)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "smockron", "master", "--rule", "api:1/s:1",
+         "--accounting", "tcp://0.0.0.0:10004", "--control", "tcp://127.0.0.1:10005"],
+        capture_output=True, text=True, timeout=60, env=smockron_env(),
+    )  # fmt: skip
+    assert done.returncode == 2
+    printed = done.stderr.strip().splitlines()[-1]
+    assert printed.startswith("smockron master: error: refusing to bind"), done.stderr
+    quoted = []
+    for guide in GUIDES:
+        for line in guide.read_text().splitlines():
+            if "refusing to bind" in line:
+                quoted.append(line.strip().strip("*").strip("`"))
+    assert quoted and all(q == printed for q in quoted), (printed, quoted)
+
+
 # ---------------------------------------------------------------- Dockerfile
 
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -800,6 +850,25 @@ def test_every_command_explains_itself() -> None:
             cwd=REPO_ROOT,
         )
         assert result.returncode == 0 and "Usage: " in result.stdout, name
+
+
+def test_help_names_the_originals_not_the_spec() -> None:
+    """``--help`` speaks to operators: the original Smockron's history rule, never "the
+    seed" (the project's name for its specification), and every algorithm a domain takes."""
+    from smockron.cli import COMMANDS
+
+    helps = {}
+    for name in COMMANDS:
+        result = subprocess.run(
+            [sys.executable, "-m", "smockron", name, "--help"],
+            capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+        )  # fmt: skip
+        assert result.returncode == 0, name
+        helps[name] = " ".join(result.stdout.split())  # as one line: click wraps it
+        assert "seed" not in helps[name].lower(), (name, result.stdout)
+    for name in ("master", "proxy"):
+        assert "history-literal" in helps[name] and "gcra" in helps[name], name
+    assert "the original Smockron's history rule" in helps["master"]
 
 
 GUIDES = [REPO_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]

@@ -123,7 +123,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     "algorithms",
     multiple=True,
     metavar="DOMAIN=ALG",
-    help="The algorithm of --rule's domain, as the master's: history (default) or gcra.",
+    help="--rule's algorithm, as the master's: history (default), history-literal or gcra.",
 )
 @click.option(
     "--master-rules/--no-master-rules",

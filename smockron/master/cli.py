@@ -88,7 +88,9 @@ def _refuse_open_binds(endpoints: tuple[str, str], clients: str | None, insecure
     "algorithms",
     multiple=True,
     metavar="DOMAIN=ALG",
-    help="history (default, the seed's rule) or gcra, per domain. Repeatable.",
+    help="Per domain: history (default: the original Smockron's history rule, a request "
+    "known late charged as debt), history-literal (that rule exactly as the original "
+    "states it) or gcra (the original master's GCRA). Repeatable.",
 )
 @click.option(
     "--store",
