@@ -122,10 +122,15 @@ def load_allowed(directory: str | Path) -> frozenset[bytes]:
 
 
 def _load(path: str | Path) -> tuple[bytes, bytes | None]:
-    if not os.path.exists(path):  # zmq.auth would call it an "Invalid certificate file"
-        raise ConfigError(f"key file {str(path)!r} does not exist (`smockron keygen` makes one)")
+    try:  # zmq.auth calls a missing or unreadable file an "Invalid certificate file"
+        open(path, "rb").close()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"key file {str(path)!r} does not exist (`smockron keygen` makes one)"
+        ) from None
+    except OSError as exc:  # a root-only key folder, for a daemon's own user
+        raise ConfigError(f"cannot read key file {str(path)!r}: {exc}") from None
     try:
-        open(path, "rb").close()  # pyzmq calls an unreadable file "invalid": say why
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read key file {str(path)!r}: {exc}") from None
