@@ -852,6 +852,19 @@ def test_every_command_explains_itself() -> None:
         assert result.returncode == 0 and "Usage: " in result.stdout, name
 
 
+def test_the_quick_start_installs_what_every_extension_is_built_with() -> None:
+    """The README's first command installs every package smockron.compiled lists for the
+    extensions (and CPython's headers), so the quick start builds all five and its
+    startup lines say so."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    quick = readme[readme.index("## Quick start") :]
+    first_block = quick[quick.index("```sh\n") + 6 : quick.index("```", quick.index("```sh") + 5)]
+    apt = next(line for line in first_block.splitlines() if "apt-get install" in line)
+    packages = set(apt.split("install", 1)[1].split()) - {"-y"}
+    needed = {p.strip() for twin in compiled.REGISTRY for p in twin.needs.split(",")}
+    assert needed | {"python3-dev", "python3-venv"} <= packages, needed - packages
+
+
 def test_help_names_the_originals_not_the_spec() -> None:
     """``--help`` speaks to operators: the original Smockron's history rule, never "the
     seed" (the project's name for its specification), and every algorithm a domain takes."""
