@@ -259,13 +259,16 @@ class ClusterConfig:
         if self.peers and self.peer_discovery not in ("static", "none"):
             raise ConfigError(f"a static peer list (--peers, GUBER_PEERS) and "
                               f"{self.peer_discovery} discovery exclude each other")  # fmt: skip
+        if self.member_list.secret_keys:  # their format, before anything starts
+            from smockron.cluster.discovery.memberlist_wire import secret_keys
+
+            try:
+                secret_keys(self.member_list.secret_keys)
+            except ValueError as exc:
+                raise ConfigError(f"GUBER_MEMBERLIST_SECRET_KEYS: {exc}") from None
         if self.k8s.mechanism not in K8S_MECHANISMS:
             raise ConfigError(f"GUBER_K8S_WATCH_MECHANISM={self.k8s.mechanism}: smockron "
                               "watches EndpointSlices only (endpointslices)")  # fmt: skip
-        if self.member_list.secret_keys:
-            raise ConfigError("GUBER_MEMBERLIST_SECRET_KEYS is set, but smockron does not "
-                              "implement member-list gossip encryption: unset it, or keep "
-                              "this node on Gubernator")  # fmt: skip
 
     def _validate_tls(self) -> None:
         if self.tls_client_auth not in CLIENT_AUTH_MODES:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery import memberlist_wire as wire
@@ -390,3 +391,76 @@ async def test_announced_members_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
         "smockron_discovery_malformed_total", {"mechanism": "member-list"}
     )
     assert counted == 2
+
+
+# AES-GCM test case 4 of McGrew and Viega's GCM specification (AES-128, with data)
+GCM_KEY = bytes.fromhex("feffe9928665731c6d6a8f9467308308")
+GCM_NONCE = bytes.fromhex("cafebabefacedbaddecaf888")
+GCM_PLAIN = bytes.fromhex(
+    "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a72"
+    "1c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39"
+)
+GCM_DATA = bytes.fromhex("feedfacedeadbeeffeedfacedeadbeefabaddad2")
+GCM_SEALED = bytes.fromhex(
+    "42831ec2217774244b7221b784d0d49ce3aa212f2c02a4e035c17e2329aca12e"
+    "21d514b25466931c7d8f6a5aac84aa051ba30b396a0aac973d58e091"
+    "5bc94fbc3221a5db94fae95ae7121a47"  # the tag
+)
+
+
+def test_encryption_bytes() -> None:
+    """security.go encryptPayload, version 1: version byte, nonce, ciphertext, tag."""
+    sealed = wire.encrypt(GCM_KEY, GCM_PLAIN, GCM_DATA, nonce=GCM_NONCE)
+    assert sealed == b"\x01" + GCM_NONCE + GCM_SEALED
+    other = bytes(16)
+    assert wire.decrypt([other, GCM_KEY], sealed, GCM_DATA) == GCM_PLAIN  # every key tried
+    with pytest.raises(wire.Malformed, match="no installed keys"):
+        wire.decrypt([other], sealed, GCM_DATA)
+    with pytest.raises(wire.Malformed, match="no installed keys"):
+        wire.decrypt([GCM_KEY], sealed, b"other data")
+    # version 0: the message PKCS7-padded to 16 bytes before sealing
+    padded = GCM_PLAIN + bytes([4]) * 4
+    v0 = b"\x00" + GCM_NONCE + AESGCM(GCM_KEY).encrypt(GCM_NONCE, padded, b"")
+    assert wire.decrypt([GCM_KEY], v0) == GCM_PLAIN
+    # a stream: type 10, the sealed length (big-endian uint32), authenticated with the payload
+    stream = wire.encrypt_stream(GCM_KEY, wire.encode_push_pull(wire.PushPull(join=True)))
+    assert stream[:5] == b"\x0a" + struct.pack(">I", len(stream) - 5)
+    kind, state = wire.read_stream(stream, [GCM_KEY])
+    assert kind == wire.PUSH_PULL and state.join
+    with pytest.raises(wire.Malformed, match="not encrypted"):
+        wire.read_stream(wire.encode_push_pull(wire.PushPull(join=True)), [GCM_KEY])
+    with pytest.raises(wire.Malformed, match="encryption is not configured"):
+        wire.read_stream(stream)
+    with pytest.raises(wire.Malformed, match="no installed keys"):
+        wire.read_stream(stream[:-1] + bytes([stream[-1] ^ 1]), [GCM_KEY])  # a bad tag
+
+
+async def test_encrypted_members_meet_and_keep_others_out() -> None:
+    key = "MDEyMzQ1Njc4OWFiY2RlZg=="  # GUBER_MEMBERLIST_SECRET_KEYS, base64
+    ports = free_ports(3)
+    seen: dict[int, list[str]] = {}
+    nodes = []
+    for i, (port, keys) in enumerate(zip(ports, ([key], [key], []), strict=True)):
+        node = MemberListDiscovery(
+            PeerInfo(f"127.0.0.1:{3000 + i}"), f"127.0.0.1:{port}", node_name=f"e{i}",
+            known_nodes=[f"127.0.0.1:{ports[0]}"], secret_keys=keys, probe_interval=0.2,
+            probe_timeout=0.05, gossip_interval=0.02,
+        )  # fmt: skip
+
+        def record(peers: list[PeerInfo], i: int = i) -> None:
+            seen[i] = [p.grpc_address for p in peers]
+
+        await node.start(record)
+        nodes.append(node)
+    try:
+        both = ["127.0.0.1:3000", "127.0.0.1:3001"]
+        await until(lambda: seen.get(0) == both and seen.get(1) == both)
+        await asyncio.sleep(0.3)  # pings went both ways, encrypted
+        assert seen[0] == both and seen[2] == ["127.0.0.1:3002"]  # no key: kept out
+        refused = nodes[0].metrics.registry.get_sample_value(
+            "smockron_discovery_malformed_total", {"mechanism": "member-list"}
+        )
+        assert refused is not None and refused >= 1  # its plaintext join, counted
+    finally:
+        for node in nodes:
+            await node.stop()

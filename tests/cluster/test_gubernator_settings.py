@@ -67,8 +67,10 @@ def test_each_refused_setting_stops_the_config_naming_it(var: str) -> None:
 def test_refused_settings_and_bad_values() -> None:
     with pytest.raises(ConfigError, match="GUBER_K8S_WATCH_MECHANISM=pods"):
         build_config({"GUBER_K8S_WATCH_MECHANISM": "pods"}, {})
-    with pytest.raises(ConfigError, match="GUBER_MEMBERLIST_SECRET_KEYS is set"):
-        build_config({"GUBER_MEMBERLIST_SECRET_KEYS": "c2VjcmV0c2VjcmV0c2VjcmV0"}, {})
+    with pytest.raises(ConfigError, match="SECRET_KEYS: unable to add secret key at index 1"):
+        build_config({"GUBER_MEMBERLIST_SECRET_KEYS": "MDEyMzQ1Njc4OWFiY2RlZg==,c2VjcmV0"}, {})
+    with pytest.raises(ConfigError, match="unable to base64 decode memberlist encryption key"):
+        build_config({"GUBER_MEMBERLIST_SECRET_KEYS": "not base64!"}, {})
     with pytest.raises(ConfigError, match=r"GUBER_PEER_DISCOVERY_TYPE: is invalid; choices"):
         build_config({"GUBER_PEER_DISCOVERY_TYPE": "consul"}, {})
     with pytest.raises(ConfigError, match="GUBER_PEER_PICKER: 'consistent-hash' is invalid"):

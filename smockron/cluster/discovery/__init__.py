@@ -139,4 +139,7 @@ def _member_list(pool: _config.MemberListPoolConfig, advertise: PeerInfo) -> dic
         "bind_address": pool.bind_address,
         "known_nodes": list(pool.known_nodes),
         "node_name": pool.node_name,
-    }
+        **({"secret_keys": list(pool.secret_keys),
+            "gossip_verify_incoming": pool.gossip_verify_incoming,
+            "gossip_verify_outgoing": pool.gossip_verify_outgoing} if pool.secret_keys else {}),
+    }  # fmt: skip

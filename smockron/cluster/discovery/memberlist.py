@@ -9,8 +9,9 @@ not answer and declares it dead when the suspicion times out, gossips alive/susp
 news to a few members each gossip interval, and runs a push/pull with one member every
 push/pull interval. Timings default to memberlist's ``DefaultWANConfig``, Gubernator's.
 
-What is not spoken: encryption (``GUBER_MEMBERLIST_SECRET_KEYS`` is refused at start),
-labels, user messages (Gubernator sends none), sending compressed messages (read, never
+With ``GUBER_MEMBERLIST_SECRET_KEYS``, packets and streams are encrypted as memberlist
+does (AES-GCM, the first key encrypting, every key tried). What is not spoken: labels,
+user messages (Gubernator sends none), sending compressed messages (read, never
 written: memberlist takes both), awareness-scaled probe intervals and the protocol
 version negotiation beyond checking each member's versions.
 """
@@ -134,6 +135,9 @@ class MemberListDiscovery:
         bind_address: str = "",
         known_nodes: Sequence[str] = (),
         node_name: str = "",
+        secret_keys: Sequence[str] = (),
+        gossip_verify_incoming: bool = True,
+        gossip_verify_outgoing: bool = True,
         probe_interval: float = 5.0,
         probe_timeout: float = 3.0,
         gossip_interval: float = 0.5,
@@ -147,7 +151,12 @@ class MemberListDiscovery:
         registry: CollectorRegistry | None = None,
     ) -> None:
         """``address``: where others reach our gossip (GUBER_MEMBERLIST_ADDRESS);
-        ``bind_address``: where it listens ("" = every interface, that port)."""
+        ``bind_address``: where it listens ("" = every interface, that port);
+        ``secret_keys``: base64 AES keys, the first encrypting (none: plaintext)."""
+        self._keys = wire.secret_keys(secret_keys)
+        self._verify_in = gossip_verify_incoming
+        self._encrypt = bool(self._keys) and gossip_verify_outgoing
+        self._overhead = wire.ENCRYPT_OVERHEAD if self._encrypt else 0
         self.me = advertise
         self.meta = wire.encode_meta(advertise)
         self.name = node_name or socket.gethostname()
@@ -277,9 +286,9 @@ class MemberListDiscovery:
         timeout = self.tcp_timeout if timeout is None else timeout
         reader, writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout)
         try:
-            writer.write(self._local_state(join))
+            writer.write(self._sealed(self._local_state(join)))
             await writer.drain()
-            kind, message = await asyncio.wait_for(_read_stream(reader), timeout)
+            kind, message = await asyncio.wait_for(self._read_stream(reader), timeout)
         finally:
             writer.close()
         if kind == wire.ERR:
@@ -296,19 +305,21 @@ class MemberListDiscovery:
                             writer: asyncio.StreamWriter) -> None:  # fmt: skip
         peer = writer.get_extra_info("peername")
         try:
-            kind, message = await asyncio.wait_for(_read_stream(reader), self.tcp_timeout)
+            kind, message = await asyncio.wait_for(self._read_stream(reader), self.tcp_timeout)
             if kind == wire.PUSH_PULL:
-                writer.write(self._local_state(message.join))
+                writer.write(self._sealed(self._local_state(message.join)))
                 await writer.drain()
                 self._merge(message.nodes)
             elif kind == wire.PING and message["Node"] in ("", self.name):
-                writer.write(wire.encode(wire.ACK, "ack", {"SeqNo": message["SeqNo"]}))
+                writer.write(
+                    self._sealed(wire.encode(wire.ACK, "ack", {"SeqNo": message["SeqNo"]}))
+                )
                 await writer.drain()
             else:
                 raise wire.Malformed(f"unexpected stream message type {kind}")
         except wire.Malformed as exc:
             self._malformed(exc, peer)
-            writer.write(wire.encode(wire.ERR, "err", {"Error": str(exc)[:200]}))
+            writer.write(self._sealed(wire.encode(wire.ERR, "err", {"Error": str(exc)[:200]})))
         except (OSError, TimeoutError) as exc:
             log.debug("member-list: stream from %s: %s", peer, exc)
         finally:
@@ -331,7 +342,7 @@ class MemberListDiscovery:
     def packet(self, data: bytes, source: tuple[str, int]) -> None:
         """One UDP packet, treated as hostile: anything malformed is counted and logged."""
         try:
-            for kind, body in wire.messages(wire.unwrap_packet(data)):
+            for kind, body in wire.messages(wire.unwrap_packet(data, self._keys, self._verify_in)):
                 self._command(kind, body, source)
         except wire.Malformed as exc:
             self._malformed(exc, source)
@@ -626,19 +637,39 @@ class MemberListDiscovery:
             m.state in (wire.STATE_ALIVE, wire.STATE_SUSPECT)
             or (m.state == wire.STATE_DEAD and now - m.changed <= self._to_the_dead))]  # fmt: skip
         for member in random.sample(targets, min(self.gossip_nodes, len(targets))):
-            news = self._take_broadcasts(UDP_BUFFER - 2)
+            news = self._take_broadcasts(UDP_BUFFER - 2 - self._overhead)
             if not news:
                 return
             self._send(member.target, news[0] if len(news) == 1 else wire.make_compound(news))
 
     def _send_gossiping(self, target: tuple[str, int], message: bytes) -> None:
         """``message`` with what news fits beside it (memberlist's sendMsg)."""
-        news = self._take_broadcasts(UDP_BUFFER - len(message) - 4)
+        news = self._take_broadcasts(UDP_BUFFER - len(message) - 4 - self._overhead)
         self._send(target, wire.make_compound([message, *news]) if news else message)
 
     def _send(self, target: tuple[str, int], packet: bytes) -> None:
         if self._udp is not None and not self._udp.is_closing():
+            if self._encrypt:
+                packet = wire.encrypt(self._keys[0], packet)
             self._udp.sendto(packet, target)
+
+    def _sealed(self, stream: bytes) -> bytes:
+        """A stream message, encrypted when the gossip is (net.go rawSendMsgStream)."""
+        return wire.encrypt_stream(self._keys[0], stream) if self._encrypt else stream
+
+    async def _read_stream(self, reader: asyncio.StreamReader) -> tuple[int, Any]:
+        """One stream message, read until whole (memberlist sends no end marker)."""
+        data = b""
+        while True:
+            try:
+                return wire.read_stream(data, self._keys, self._verify_in)
+            except wire.Truncated:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    raise wire.Malformed("stream ended inside a message") from None
+                data += chunk
+                if len(data) > wire.MAX_STATE_BYTES + 5:
+                    raise wire.Malformed("remote node state is larger than limit") from None
 
     # -- helpers --------------------------------------------------------------------------
     def _live(self, exclude_self: bool = False, alive_only: bool = False) -> list[Member]:
@@ -688,18 +719,3 @@ async def _resolve_one(host: str) -> str:
     if not infos:
         raise ConfigError(f"GUBER_MEMBERLIST_ADDRESS: {host!r} has no address")
     return str(infos[0][4][0])
-
-
-async def _read_stream(reader: asyncio.StreamReader) -> tuple[int, Any]:
-    """One stream message, read until whole (memberlist sends no end marker)."""
-    data = b""
-    while True:
-        try:
-            return wire.read_stream(data)
-        except wire.Truncated:
-            chunk = await reader.read(65536)
-            if not chunk:
-                raise wire.Malformed("stream ended inside a message") from None
-            data += chunk
-            if len(data) > wire.MAX_STATE_BYTES:
-                raise wire.Malformed("remote node state is larger than limit") from None

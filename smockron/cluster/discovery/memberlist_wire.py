@@ -11,19 +11,25 @@ raw form, keys in any order, unknown keys ignored; anything else is :class:`Malf
 
 A UDP packet may be a compound of messages (util.go), carry a CRC32 header (protocol 5),
 or be LZW-compressed (``EnableCompression``, on in Gubernator's configuration): all are
-read. Encryption and labels are not: :func:`unwrap_packet` says so.
+read. With secret keys, packets and streams are AES-GCM encrypted (security.go). Labels
+are not spoken: :func:`unwrap_packet` says so.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import os
 import struct
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from smockron.cluster.discovery.base import PeerInfo
 
@@ -203,11 +209,18 @@ def split_compound(body: bytes) -> tuple[list[bytes], int]:
     return parts, 0
 
 
-def unwrap_packet(packet: bytes) -> bytes:
-    """The message of a UDP packet: a label header refused (smockron joins no labelled
-    cluster), a CRC header checked and removed (net.go ``ingestPacket``)."""
+def unwrap_packet(packet: bytes, keys: Sequence[bytes] = (), verify: bool = True) -> bytes:
+    """The message of a UDP packet (net.go ``ingestPacket``): a label header refused
+    (smockron joins no labelled cluster), the packet decrypted with ``keys`` (a plaintext
+    one accepted only without ``verify``), a CRC header checked and removed."""
     if packet[:1] == bytes([HAS_LABEL]):
         raise Malformed("labelled packet: no GUBER_* setting gives a memberlist label")
+    if keys:
+        try:
+            packet = decrypt(keys, packet)
+        except Malformed:
+            if verify:
+                raise
     if len(packet) >= 5 and packet[0] == HAS_CRC:
         if zlib.crc32(packet[5:]) != struct.unpack(">I", packet[1:5])[0]:
             raise Malformed("invalid checksum")
@@ -239,6 +252,69 @@ def decompress(compressed: Mapping[str, Any]) -> bytes:
     if compressed["Algo"] != 0:
         raise Malformed(f"cannot decompress unknown algorithm {compressed['Algo']}")
     return lzw_decode(compressed["Buf"] or b"")
+
+
+# -- encryption: security.go ------------------------------------------------------------
+
+NONCE_SIZE, TAG_SIZE = 12, 16
+ENCRYPT_OVERHEAD = 1 + NONCE_SIZE + TAG_SIZE
+"""Version 1 (what nodes speaking protocol 2 or later write): no padding."""
+
+
+def secret_keys(texts: Sequence[str]) -> list[bytes]:
+    """GUBER_MEMBERLIST_SECRET_KEYS: base64 keys of 16, 24 or 32 bytes (AES-128, -192,
+    -256); the first encrypts, all are tried to decrypt (memberlist.go, keyring.go)."""
+    keys = []
+    for i, text in enumerate(texts):
+        try:
+            key = base64.b64decode(text.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(
+                f"unable to base64 decode memberlist encryption key at index {i}"
+            ) from None
+        if len(key) not in (16, 24, 32):
+            raise ValueError(f"unable to add secret key at index {i} to memberlist: key size "
+                             "must be 16, 24 or 32 bytes")  # fmt: skip
+        keys.append(key)
+    return keys
+
+
+def encrypt(key: bytes, message: bytes, data: bytes = b"", nonce: bytes | None = None) -> bytes:
+    """``encryptPayload`` version 1: the version byte, a random nonce, then AES-GCM's
+    ciphertext and tag, ``data`` authenticated alongside."""
+    nonce = os.urandom(NONCE_SIZE) if nonce is None else nonce
+    return b"\x01" + nonce + AESGCM(key).encrypt(nonce, message, data)
+
+
+def decrypt(keys: Sequence[bytes], payload: bytes, data: bytes = b"") -> bytes:
+    """``decryptPayload``: versions 0 (PKCS7-padded) and 1, with each key in turn."""
+    if not payload:
+        raise Malformed("cannot decrypt empty payload")
+    version = payload[0]
+    if version > 1:
+        raise Malformed(f"unsupported encryption version {version}")
+    if len(payload) < ENCRYPT_OVERHEAD + (16 if version == 0 else 0):
+        raise Malformed(f"payload is too small to decrypt: {len(payload)}")
+    nonce, sealed = payload[1 : 1 + NONCE_SIZE], payload[1 + NONCE_SIZE :]
+    for key in keys:
+        try:
+            plain = AESGCM(key).decrypt(nonce, sealed, data)
+        except InvalidTag:
+            continue
+        if version == 0:
+            pad = plain[-1] if plain else 0
+            if not 1 <= pad <= 16 or len(plain) < pad:
+                raise Malformed("bad padding")
+            plain = plain[:-pad]
+        return plain
+    raise Malformed("no installed keys could decrypt the message")
+
+
+def encrypt_stream(key: bytes, message: bytes) -> bytes:
+    """net.go ``encryptLocalState``: the encrypt type, the encrypted length (big-endian
+    uint32), the payload, which authenticates those five bytes (and the empty label)."""
+    header = bytes([ENCRYPT]) + struct.pack(">I", ENCRYPT_OVERHEAD + len(message))
+    return header + encrypt(key, message, header)
 
 
 # -- LZW: Go's compress/lzw reader, LSB order, 8-bit literals ------------------------------
@@ -387,17 +463,33 @@ def first_object(data: bytes) -> tuple[Any, int]:
     return obj, int(unpacker.tell())
 
 
-def read_stream(data: bytes) -> tuple[int, Any]:
+def read_stream(data: bytes, keys: Sequence[bytes] = (), verify: bool = True) -> tuple[int, Any]:
     """A stream's message (net.go ``readStream``): ``(PUSH_PULL, PushPull)``, or
-    ``(type, struct)`` for a ping, ack or error; compression undone. Truncated when
-    ``data`` is not all of it yet."""
+    ``(type, struct)`` for a ping, ack or error; encryption (with ``keys``) and
+    compression undone; with ``keys`` and ``verify``, a plaintext stream is refused.
+    Truncated when ``data`` is not all of it yet."""
     if not data:
         raise Truncated("empty stream")
     kind, body = data[0], data[1:]
     if kind == HAS_LABEL:
         raise Malformed("labelled stream: no GUBER_* setting gives a memberlist label")
     if kind == ENCRYPT:
-        raise Malformed("encrypted stream: gossip encryption is not configured")
+        if not keys:
+            raise Malformed("remote state is encrypted and encryption is not configured")
+        if len(data) < 5:
+            raise Truncated("encrypted stream header")
+        size = struct.unpack(">I", data[1:5])[0]
+        if size > MAX_STATE_BYTES:
+            raise Malformed(f"remote node state is larger than limit ({size})")
+        if len(data) < 5 + size:
+            raise Truncated("encrypted stream")
+        plain = decrypt(keys, data[5 : 5 + size], data[:5])
+        try:
+            return read_stream(plain)
+        except Truncated as exc:
+            raise Malformed(f"encrypted message: {exc}") from None
+    if keys and verify:
+        raise Malformed("encryption is configured but remote state is not encrypted")
     if kind == COMPRESS:
         obj, _ = first_object(body)
         inner = decompress(decode_struct("compress", obj))
