@@ -223,11 +223,10 @@ def test_reconnects_after_the_node_restarts(tmp_path: Path, kind: Kind) -> None:
                          http_address=running.http_address) as c:  # fmt: skip
             assert c.check("h_restart", "k", 1, 10, MINUTE).remaining == 9
             running.proc.stop()
-            start = time.monotonic()
             with pytest.raises(ClientUnavailable) as down:
                 c.check("h_restart", "k", 1, 10, MINUTE)
+            # refused at once: at the deadline it would be DEADLINE_EXCEEDED (ClientTimeout)
             assert down.value.code is grpc.StatusCode.UNAVAILABLE
-            assert time.monotonic() - start < 2  # refused at once, not at the deadline
             running = start_node(tmp_path, ports)
             # a new node process: the count starts again, on a new connection
             assert c.check("h_restart", "k", 1, 10, MINUTE).remaining == 9
@@ -428,12 +427,12 @@ def test_timeout(kind: Kind) -> None:
         start = time.monotonic()
         with pytest.raises(ClientTimeout) as info:
             client.check("n", "k", 1, 5, SECOND)
-        assert 0.9 < time.monotonic() - start < 3  # the Client's timeout=1
+        assert time.monotonic() - start > 0.9  # the Client's timeout=1
         assert info.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
         start = time.monotonic()
         with pytest.raises(ClientTimeout):
-            client.check("n", "k", 1, 5, SECOND, timeout=0.2)
-        assert time.monotonic() - start < 1.5
+            client.check("n", "k", 1, 5, SECOND, timeout=1.6)
+        assert time.monotonic() - start > 1.5  # the call's own timeout, not the Client's
 
 
 @both
@@ -446,9 +445,9 @@ def test_slow_drip_is_held_to_the_deadline(kind: Kind) -> None:
 
     with fake(drip, kind=kind) as (_, client):
         start = time.monotonic()
-        with pytest.raises(ClientTimeout):
+        with pytest.raises(ClientTimeout):  # never answered: without a deadline, a hang
             client.check("n", "k", 1, 5, SECOND, timeout=0.6)
-        assert time.monotonic() - start < 1.5
+        assert time.monotonic() - start > 0.5
 
 
 @pytest.mark.parametrize(
@@ -542,16 +541,15 @@ BODY_ONLY = {"not_json", "not_utf8", "deep_json", "json_list", "no_responses",
 @both
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_answers_are_clean_errors(name: str, kind: Kind) -> None:
-    """Each is a ClientError with code INTERNAL well inside the deadline. After broken
+    """Each is a ClientError with code INTERNAL, not a wait for the deadline (that would
+    be DEADLINE_EXCEEDED). After broken
     framing the connection is dropped (the next call opens another rather than read the
     rest); after a well-framed body with bad JSON it is kept."""
     with fake(lambda _: HOSTILE[name], kind=kind) as (gateway, client):
-        start = time.monotonic()
         for _ in range(2):
             with pytest.raises(ClientError) as info:
                 client.check("n", "k", 1, 5, SECOND, timeout=3)
             assert info.value.code is grpc.StatusCode.INTERNAL, info.value
             assert "malformed response" in str(info.value)
             assert len(str(info.value)) < 1000  # the hostile bytes are clipped
-        assert time.monotonic() - start < 2.5
         assert gateway.accepted == (1 if name in BODY_ONLY else 2)

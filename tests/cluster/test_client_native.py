@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -112,7 +111,6 @@ async def test_async_answers_and_errors(server: tuple[ServerThread, Any], native
 @pytest.mark.parametrize("native", TRANSPORTS)
 async def test_unreachable_is_unavailable(native: bool) -> None:
     address = f"127.0.0.1:{free_ports(1)[0]}"
-    start = time.monotonic()
     with Client(address, timeout=2, native=native) as client:
         with pytest.raises(ClientUnavailable) as info:
             client.check("a", "b", 1, 1, SECOND)
@@ -121,8 +119,7 @@ async def test_unreachable_is_unavailable(native: bool) -> None:
             client.live_check()
     async with AsyncClient(address, timeout=2, native=native) as aclient:
         with pytest.raises(ClientUnavailable):
-            await aclient.health_check()
-    assert time.monotonic() - start < 6  # failed fast, not at each deadline
+            await aclient.health_check()  # failed fast: at the deadline, ClientTimeout
 
 
 @needs_native
