@@ -358,6 +358,7 @@ async def test_counters_are_per_instance(api: tuple[ApiState, str]) -> None:
     assert registries[0].get_sample_value(ERRORS, labels) == 0
 
 
+@pytest.mark.slow
 async def test_api_down_at_start_serves_alone() -> None:
     rec = Recorder()
     disc = discovery(f"http://127.0.0.1:{free_ports(1)[0]}", start_timeout=0.5)
@@ -368,6 +369,7 @@ async def test_api_down_at_start_serves_alone() -> None:
     assert time.monotonic() - started < 3
 
 
+@pytest.mark.slow
 async def test_stop_is_prompt_while_watch_blocks(api: tuple[ApiState, str]) -> None:
     state, host = api
     state.put(endpoint_slice("gub-a", {"10.2.0.2": True}))

@@ -309,6 +309,7 @@ async def test_peers_file_removes_a_node_no_more_probes_health_ok(
 # -- health recovers with the peer --------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_health_recovers_within_a_probe_interval_after_the_peer_returns() -> None:
     ca, cb = configs(2, grpc_server="threads", peer_down_after=100)
     peers = [PeerInfo(ca.grpc_address), PeerInfo(cb.grpc_address)]
@@ -372,6 +373,7 @@ def test_reclaim_steps_are_bounded_and_skip_live_keys() -> None:
     assert limiter.reclaim() == (0, False)
 
 
+@pytest.mark.slow
 async def test_a_million_expired_keys_reclaimed_without_traffic() -> None:
     clock = Clock()
     limiter = LocalLimiter(clock, max_keys=1_000_000)

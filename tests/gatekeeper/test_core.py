@@ -154,6 +154,7 @@ def test_other_domains_are_ignored(master: MasterSockets) -> None:
         assert gk.decider.table.until(b"apiary", b"x", wall_ms()) == 0
 
 
+@pytest.mark.slow
 def test_no_master_everything_passes() -> None:
     a, c = free_ports(2)
     with Gatekeeper(f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{c}", ["api"]) as gk:
@@ -200,6 +201,7 @@ def test_subscribe_everything_when_domains_unknown(master: MasterSockets) -> Non
         wait_for(seen, 5, 0.05)
 
 
+@pytest.mark.slow
 async def test_async_twin(master: MasterSockets) -> None:
     async with AsyncGatekeeper(
         master.accounting_addr, master.control_addr, ["api"], max_delay_ms=2000
@@ -237,6 +239,7 @@ async def test_async_no_master() -> None:
         assert gk.counters.accounting_dropped == 100
 
 
+@pytest.mark.slow
 def test_a_stuck_master_never_blocks_requests() -> None:
     """A master that stops reading: the queue fills to SNDHWM, then PUB drops; no blocking."""
     import zmq

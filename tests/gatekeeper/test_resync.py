@@ -65,6 +65,7 @@ async def _close(gk: AsyncGatekeeper | Gatekeeper) -> None:
         gk.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threaded", [False, True], ids=["asyncio", "threaded"])
 async def test_restarted_gatekeeper_gets_the_delay_back_within_1s(threaded: bool) -> None:
     config = settings(api="1/60s:1")
@@ -172,6 +173,7 @@ measures it: about 0.3 s for this many on two shared cores). The pure-Python twi
 (``SMOCKRON_PURE_PYTHON=1``, no compiler) are given more."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threaded", [False, True], ids=["asyncio", "threaded"])
 async def test_a_large_table_is_restored_whole_and_in_time(tmp_path: Path, threaded: bool) -> None:
     """A real master process holds 100,000 live delays (and the probe's); a gatekeeper

@@ -116,6 +116,7 @@ async def test_a_subscriber_that_takes_nothing_stops_holding_a_resync_up(
     out.send([[b"api\0", b"DELAY_UNTIL", b"x", b"1"]])  # and the socket drops again
 
 
+@pytest.mark.slow
 async def test_a_slow_subscriber_holds_live_messages_up_no_longer_than_the_bound() -> None:
     """A gatekeeper that takes a message every 5 ms keeps making progress, so it is never
     'stalled'; but live verdicts (what enforcement runs on) must not queue behind its

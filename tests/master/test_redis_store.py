@@ -169,6 +169,7 @@ async def test_debt_survives_a_restart(redis_server: RedisServer, algorithm: str
         await second.close()
 
 
+@pytest.mark.slow
 async def test_a_stopped_redis_does_not_stall_the_master(redis_server: RedisServer) -> None:
     """Redis SIGSTOPped (a network black hole alike): every batch is still decided
     within the call timeout, from memory; one line says so; when Redis answers again,

@@ -153,6 +153,7 @@ async def test_sentinel_store_writes_to_the_master_it_names(
         await again.close()
 
 
+@pytest.mark.slow
 async def test_cluster_store_spreads_keys_and_reads_them_back(cluster: list[int]) -> None:
     started = time.monotonic()
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in cluster[:2])
