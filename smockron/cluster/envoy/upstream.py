@@ -155,8 +155,11 @@ class UpstreamFront:
         )
         self.config: EnvoyConfig | None = None
         self._load_error = ""
+        files = runtime_files(settings)
+        log.debug("envoy: runtime directory %s: %s", settings.config_dir,
+                  ", ".join(str(f) for f in files) or "no file")  # fmt: skip
         try:
-            self.config = load_config(runtime_files(settings))
+            self.config = load_config(files)
         except ConfigError as exc:
             self._load_error = str(exc)
             log.error("envoy: no rate limit configuration loaded: %s", exc)
