@@ -43,7 +43,7 @@ from smockron.cluster.envoy.reload import ConfigReloader
 from smockron.cluster.envoy.service import RateLimitServicer, ServiceError, add_to_server
 from smockron.cluster.envoy.settings import EnvoySettings
 from smockron.cluster.envoy.statsd_sink import StatsdSink, counters
-from smockron.cluster.envoy.upstream_env import UpstreamSettings, refusals
+from smockron.cluster.envoy.upstream_env import UpstreamSettings, refusals, warnings
 from smockron.cluster.node import Node as ClusterNode
 from smockron.cluster.transports import GrpcServer
 from smockron.errors import ConfigError
@@ -146,6 +146,8 @@ class UpstreamFront:
         if refused:
             raise ConfigError("envoyproxy/ratelimit settings smockron does not support: "
                               + "; ".join(refused))  # fmt: skip
+        for line in warnings(env):
+            log.warning("envoy: %s", line)
         self.settings = settings
         self.reload_interval = reload_interval
         self.envoy_settings = EnvoySettings.from_env(env)

@@ -208,7 +208,46 @@ def refusals(env: Mapping[str, str]) -> list[str]:
     for name, why in _REFUSED_WHEN_SET.items():
         if env.get(name):
             out.append(f"{name}={env[name]}: {why}")
+    stop = env.get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "")
+    if env.get("BACKEND_TYPE", "").lower() == "cluster" and stop in _TRUE:
+        out.append(f"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT={stop}: needs BACKEND_TYPE=redis "
+                   "(the cluster's counters do not count refused hits twice)")  # fmt: skip
     return out
+
+
+def warnings(env: Mapping[str, str]) -> list[str]:
+    """Settings that are read but change nothing here, one line each."""
+    out = []
+    if env.get("BACKEND_TYPE", "").lower() == "cluster" and env.get("LOCAL_CACHE_SIZE_IN_BYTES"):
+        out.append("LOCAL_CACHE_SIZE_IN_BYTES has no effect with BACKEND_TYPE=cluster "
+                   "(it caches Redis answers)")  # fmt: skip
+    for name, why in _IGNORED.items():
+        if env.get(name):
+            out.append(f"{name} has no effect: {why}")
+    return out
+
+
+_IGNORED = {
+    "TRACING_ENABLED": "smockron does not export OpenTelemetry traces",
+    "GRPC_MAX_CONNECTION_AGE": "connections are not aged out",
+    "GRPC_MAX_CONNECTION_AGE_GRACE": "connections are not aged out",
+    "REDIS_PIPELINE_WINDOW": "each call sends its own pipeline at once",
+    "REDIS_PERSECOND_PIPELINE_WINDOW": "each call sends its own pipeline at once",
+    "REDIS_PIPELINE_LIMIT": "deprecated upstream too",
+    "REDIS_PERSECOND_PIPELINE_LIMIT": "deprecated upstream too",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM": "a cluster pipeline goes to every node at once",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM": "a cluster pipeline goes to every node at once",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR": "a call always waits for a connection (upstream's WAIT)",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR": "a call always waits for a connection",
+    "PROMETHEUS_PATH": "the path is /metrics",
+    "PROMETHEUS_MAPPER_YAML": "the Prometheus names are upstream's default mapping",
+    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS": "there is no response-time histogram",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG": "the node always starts; without a configuration it "
+    "answers 'no rate limit configuration loaded'",
+    "REDIS_STARTUP_INITIAL_INTERVAL": "the node starts at once and retries Redis until it answers",
+    "REDIS_STARTUP_MAX_INTERVAL": "the node starts at once and retries Redis until it answers",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME": "the node starts at once and retries Redis until it answers",
+}
 
 
 class _Reader:

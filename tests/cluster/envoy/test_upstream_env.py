@@ -82,6 +82,18 @@ def test_mode() -> None:
     assert not upstream_mode({"RUNTIME_ROOT": "/data"}, "/etc/ratelimit")
     assert refusals({"BACKEND_TYPE": "redis", "CONFIG_TYPE": "FILE"}) == []
     assert len(refusals({"CONFIG_TYPE": "GRPC_XDS_SOTW", "USE_DOG_STATSD": "true"})) == 2
+    stop = {"BACKEND_TYPE": "cluster", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}
+    assert ["needs BACKEND_TYPE=redis" in line for line in refusals(stop)] == [True]
+    assert refusals({**stop, "BACKEND_TYPE": "redis"}) == []
+
+
+def test_settings_without_effect_are_named_in_the_log(upstream_node: StartNode) -> None:
+    node = upstream_node(
+        {"BACKEND_TYPE": "cluster", "LOCAL_CACHE_SIZE_IN_BYTES": "1000", "TRACING_ENABLED": "true"}
+    )
+    log = node.proc.log()
+    assert "LOCAL_CACHE_SIZE_IN_BYTES has no effect with BACKEND_TYPE=cluster" in log
+    assert "TRACING_ENABLED has no effect" in log
 
 
 async def test_runtime_appdirectory(upstream_node: StartNode, tmp_path: Path) -> None:
