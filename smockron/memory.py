@@ -24,8 +24,8 @@ Three things keep a daemon's RSS high after its tables have emptied:
   last batch of records did, until its loop stopped keeping it while idle). What is
   left is what a running daemon keeps anyway (counters' last values, its timers' times,
   the blocks its free lists recycle), each in whichever arena it was made: a few arenas,
-  measured by bench/memory.py: on pymalloc a daemon keeps some 15 to 25% above its
-  baseline after a wave, reused by the next one. Nothing here reaches into pymalloc
+  measured by bench/memory.py (docs/benchmarks.md): on pymalloc a daemon keeps a part
+  above its baseline after a wave, reused by the next one. Nothing here reaches into pymalloc
   itself; an operator who wants that memory back too chooses another allocator when the
   interpreter starts (``PYTHONMALLOC=malloc``, or jemalloc or mimalloc through
   ``LD_PRELOAD``; the startup line says which runs, docs/deployment.md).

@@ -1,7 +1,7 @@
 /* LocalLimiter.check's common cases in C: a batch of RateLimitRequest in, a list of
  * RateLimitResponse out, over the limiter's OrderedDict cache of flat state tuples.
  *
- * Why: in Python a check costs ~3 us, mostly in object creation (LimitParams, the
+ * Why: in Python most of a check's cost is object creation (LimitParams, the
  * state named tuple, Verdict, the response's dataclass __init__), attribute reads and
  * the cache bookkeeping; the arithmetic itself is a few integer operations. Here a
  * check reads the request's slots directly, does the arithmetic of core/algorithms.py

@@ -18,8 +18,8 @@ request would find a full bucket.
 The cache holds each state as a plain tuple of numbers (its expiry, its kind, its
 fields), not as the state object: CPython's garbage collector stops tracking exact
 tuples of numbers (after a pass or two), never a named tuple or a dataclass. With a
-million keys a full collection paused the node ~400 ms when it walked the states,
-~65 ms now (what is left is the OrderedDict's own walk).
+million keys a full collection now walks only the OrderedDict itself, a fraction of
+what it walked before (docs/benchmarks.md).
 
 The common cases of a check (every algorithm with hits >= 0, no GREGORIAN, RESET or
 DRAIN behavior, a bucket's limit, duration and burst unchanged) run in C,
@@ -63,8 +63,8 @@ The rest is ``reclaim``'s, which the node runs on a timer: reclaiming only per c
 a node that stopped getting traffic holding every expired key (401 MB for a million)."""
 
 RECLAIM_BUDGET = 10_000
-"""Entries ``reclaim`` looks at in one step (5 to 10 ms under the cache lock, measured
-on the 2-core bench VM; smaller steps measured a higher RSS after a wave)."""
+"""Entries ``reclaim`` looks at in one step: a few milliseconds under the cache lock;
+smaller steps measured a higher RSS after a wave (docs/benchmarks.md)."""
 
 
 _KINDS: Final = (TokenBucketState, LeakyBucketState, SlidingWindowState, HistoryState)

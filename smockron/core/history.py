@@ -24,7 +24,8 @@ def recorded(history: Sequence[float], timestamp: float, rule: Rule) -> tuple[fl
 
     A new tuple rather than a list changed in place: the master stores tuples because
     CPython's garbage collector stops tracking a tuple of floats, so a million stored
-    histories add nothing to a full collection (as lists they cost it ~120 ms).
+    histories add nothing to a full collection (as lists they cost it a long pause:
+    docs/benchmarks.md).
     """
     start = len(history) - rule.burst + 1
     return (*history[start:], timestamp) if start > 0 else (*history, timestamp)

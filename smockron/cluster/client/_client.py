@@ -34,7 +34,7 @@ use.
 
 Either client given the node's HTTP gateway (``http_address``) sends lone checks, the
 sequential caller's case, as ``POST /v1/GetRateLimits`` over a kept-alive HTTP/1.1
-connection (smockron.cluster.client._http): a third less client CPU than a gRPC call.
+connection (smockron.cluster.client._http): less client CPU than a gRPC call.
 Batches (``get_rate_limits``, coalesced checks) stay on gRPC, where protobuf costs less
 per item than JSON; ``transport="http"`` sends them over HTTP too, ``transport="grpc"``
 never uses HTTP. Same answers, same errors either way.

@@ -1,8 +1,8 @@
 """The native gRPC server: libgrpc++ (``_native.cc``) carrying calls, Python deciding them.
 
-Why: on the bench machine the Python gRPC stack itself costs ~0.36 ms of CPU per unary
-call (``grpc.server``) against ~0.14 ms for a C++ server, and its p99 at 2,000 calls/s sits
-near 1 ms before smockron does any work (docs/cluster.md, "Single-check latency"). The
+Why: the Python gRPC stack itself (``grpc.server``) costs more than twice the CPU per
+unary call of a C++ server, and its tail latency under load is long before smockron does
+any work (docs/benchmarks.md, "Single-check latency"). The
 extension runs a libgrpc++ server with one generic service (raw bytes, no protobuf in
 C++) and hands each call (method path, request bytes) to ``NativeServer._dispatch`` on a
 gRPC thread, with the GIL held only for that.

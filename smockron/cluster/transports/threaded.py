@@ -1,9 +1,9 @@
 """The threaded gRPC server: ``grpc.server`` on a thread pool, fronting an asyncio node.
 
-Why: on the bench machine a unary call through ``grpc.aio``'s server costs ~0.5 ms of
-CPU (three asyncio tasks and about ten event-loop iterations per call, plus the hops
-between gRPC's poller thread and the loop), against ~0.35 ms for ``grpc.server`` answering
-on its own threads (docs/benchmarks.md, Cluster section). So calls that this node can
+Why: a unary call through ``grpc.aio``'s server costs markedly more CPU (three asyncio
+tasks and about ten event-loop iterations per call, plus the hops between gRPC's poller
+thread and the loop) than ``grpc.server`` answering on its own threads
+(docs/benchmarks.md, Cluster section). So calls that this node can
 decide alone (client checks it owns, peer checks, LiveCheck) are answered on the gRPC
 thread; everything else (forwarding, GLOBAL, HealthCheck, the Envoy front) keeps its
 asyncio handler, which ``ThreadedServer`` runs on the node's event loop and waits for.
@@ -26,10 +26,10 @@ from prometheus_client import Counter
 from smockron.errors import Aborted
 
 MAX_WORKERS = 128
-"""Threads start only when no idle one is left (about ten at 2,000 calls/s); a call bridged
-to the event loop holds its thread until answered, so this bounds such calls in progress:
-128 is ~60x what a node's CPU sustains at a 1 ms forward, and leaves room for calls stuck
-on a dead peer until its timeout."""
+"""Threads start only when no idle one is left (a handful at a node's usual rates); a call
+bridged to the event loop holds its thread until answered, so this bounds such calls in
+progress: 128 is far more than a node's CPU sustains at a 1 ms forward, and leaves room
+for calls stuck on a dead peer until its timeout."""
 
 
 Req = TypeVar("Req")

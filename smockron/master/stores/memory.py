@@ -19,9 +19,9 @@ has expired, or filed again under its later expiry. Still O(1) per message (one 
 entry per ``keep``) and no full scan.
 
 A dropped generation is released incrementally, ``RELEASE_PER_TICK`` states per batch,
-rather than all at once: freeing a dict of a million states takes some 60 ms, a pause
-every message queued behind it would wait for. What is left of it at the next rotation
-is freed at once, so memory stays bounded by three generations plus ``lasting``.
+rather than all at once: freeing a dict of a million states at once is a pause every
+message queued behind it would wait for (docs/benchmarks.md). What is left of it at the
+next rotation is freed at once, so memory stays bounded by three generations plus ``lasting``.
 
 Memory goes back to the system, not only to Python: ``lasting`` is rebuilt when it has
 shed most of its entries (a dict never shrinks), and once enough states have been freed
@@ -47,7 +47,7 @@ from smockron.ratelog import RateLimitedLog, escaped
 _log = logging.getLogger("smockron.master.store")
 
 RELEASE_PER_TICK = 1_000
-"""States of a dropped generation freed per ``tick`` (per batch): ~0.1 ms of work."""
+"""States of a dropped generation freed per ``tick`` (per batch): a small slice of work."""
 
 
 class MemoryTable:
