@@ -40,9 +40,9 @@ import memory as memory_bench  # bench/memory.py
 WAVE = 50_000
 SMALL = 1 << 20  # what a rebuilt table of a few entries must stay under (memory.py)
 RETURNED = {"malloc": 1.2, "default": 1.35}
-"""RSS after a wave has expired, at most this times the RSS before it, by allocator.
-pymalloc's as measured here: master 1.24, 1.26 and 1.30 of its baseline in three runs,
-proxy 1.16-1.17, DThrottle 1.17-1.18."""
+"""RSS after a wave has expired, at most this times the RSS before it, by allocator:
+pymalloc's is what this test's waves measured, with a margin (docs/benchmarks.md,
+"Memory after a wave without the free-pool release")."""
 
 
 @pytest.mark.slow

@@ -44,10 +44,10 @@ with whole scans. A full bucket kept a little longer answers exactly as the new 
 bucket that would replace it."""
 
 DEFAULT_MAX_ENTRIES: Final = 1_000_000
-"""Buckets a daemon keeps at most (about 200 bytes each), as a gatekeeper's delay table."""
+"""Buckets a daemon keeps at most, as a gatekeeper's delay table keeps entries."""
 EVICT_SHARE: Final = 64
-"""At the limit, 1/64 of ``max_entries`` is evicted at once (a pause of a few ms for a
-table of a million, once per 15,625 new tags)."""
+"""At the limit, 1/64 of ``max_entries`` is evicted at once: a short pause now and then
+rather than a scan for every new tag."""
 
 
 @dataclass(frozen=True, slots=True)
