@@ -182,8 +182,8 @@ class Throttle:
         """Forget the buckets full again among ``SWEEP_SLICE`` of them (or twice as many
         as were made since the last report), in the table's order from where the last
         report stopped (a table that small: all of them).
-        Skipping to there walks the table in C, a few ms a million; looking a tag up in
-        a million-entry table instead costs cache misses, ~300 ns each here. Entries
+        Skipping to there walks the table in C; looking each tag up in a large table
+        instead costs a cache miss each, far more (docs/benchmarks.md). Entries
         added or forgotten meanwhile only move what a pass sees by a few: what one pass
         misses, the next sees."""
         buckets = self.buckets
