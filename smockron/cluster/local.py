@@ -60,7 +60,7 @@ _GREGORIAN: Final = int(Behavior.DURATION_IS_GREGORIAN)
 _SWEEP_PER_CALL = 8
 """Expired keys removed from the cold end of the cache per call, so memory follows load.
 The rest is ``reclaim``'s, which the node runs on a timer: reclaiming only per call left
-a node that stopped getting traffic holding every expired key (401 MB for a million)."""
+a node that stopped getting traffic holding every expired key (docs/benchmarks.md)."""
 
 RECLAIM_BUDGET = 10_000
 """Entries ``reclaim`` looks at in one step: a few milliseconds under the cache lock;

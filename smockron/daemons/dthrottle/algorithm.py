@@ -37,8 +37,8 @@ NO = b"NO\n"
 SWEEP_SLICE: Final = 65_536
 """Buckets a report looks at for those full again, unless more were made since the last
 report (then twice as many as were made). A report is a pause of the daemon's loop: a
-table of a million tags is gone through over 16 reports (10 to 30 ms each) rather than
-in one scan of 70 to 340 ms every report; and a flood of new tags is looked at twice as
+table of a million tags is gone through over 16 short reports rather than in one long
+scan every report (docs/benchmarks.md); and a flood of new tags is looked at twice as
 fast as it comes, so the table stays bounded by the tags of the last few reports, as
 with whole scans. A full bucket kept a little longer answers exactly as the new full
 bucket that would replace it."""
