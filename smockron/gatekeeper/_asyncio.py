@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+import weakref
 from types import TracebackType
 from typing import Any, Final
 
@@ -18,10 +20,21 @@ from smockron.wire.batchio import send_all, wait_readable
 from smockron.wire.codec import DEFAULT_LIMITS
 from smockron.wire.control import drain_control
 
+log = logging.getLogger("smockron.gatekeeper")
+
 FLUSH_DELAY_S: Final = 0.002
 """How long the asyncio twin gathers accounting messages before one send burst."""
+CLOSE_WAIT_S: Final = 2.0
+"""How long :meth:`AsyncGatekeeper.aclose` waits for its cancelled tasks."""
 FLUSH_BATCH: Final = 256
 """A batch this large is sent at once, without waiting for the timer."""
+
+
+def _destroy(ctx: zmq.Context[zmq.Socket[bytes]], sockets: list[zmq.Socket[Any]]) -> None:
+    """Close a dropped gatekeeper's sockets (no linger), then its context."""
+    for sock in sockets:
+        sock.close(0)
+    ctx.term()
 
 
 class AsyncGatekeeper(_GatekeeperBase):
@@ -33,7 +46,7 @@ class AsyncGatekeeper(_GatekeeperBase):
 
     def _setup(self) -> None:
         self.flush_delay_s = FLUSH_DELAY_S  # settable: longer gathers more per wake-up
-        self._actx: zmq.asyncio.Context | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batch: list[list[bytes]] = []
         self._flush_timer = False  # a _timed_flush is scheduled
@@ -49,10 +62,15 @@ class AsyncGatekeeper(_GatekeeperBase):
         self.started = True
         self.watch.started_ms = now_ms()  # the grace before the warning counts from here
         self._loop = asyncio.get_running_loop()
-        self._actx = actx = zmq.asyncio.Context()
-        _batch_io_thread(actx)
-        sync_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(actx.underlying)
-        self._pub = self._setup_pub(sync_ctx)  # sync socket: NOBLOCK sends, no futures
+        self._ctx = ctx = zmq.Context()  # owns every socket; the asyncio ones wrap its monitors
+        _batch_io_thread(ctx)
+        # dropped without aclose(): the sockets and the context are closed when the
+        # gatekeeper is collected. Left to the garbage collector, the context's __del__
+        # ran after the weak references to its sockets were cleared, closed none, and
+        # its term() hung the process waiting for them
+        self._finalizer = weakref.finalize(self, _destroy, ctx, self._sockets)
+        self._finalizer.atexit = False  # at exit another thread may still be using them
+        self._pub = self._setup_pub(ctx)  # sync socket: NOBLOCK sends, no futures
         if self._pub is not None:
             self._sockets.append(self._pub)
             events = self._monitor_events
@@ -61,7 +79,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             self._tasks.append(asyncio.create_task(self._read_monitor(monitor)))
             self._pub.connect(self.accounting or "")
         if self.control:
-            sub = sync_ctx.socket(zmq.SUB)  # sync socket: drained in batches, never awaited
+            sub = ctx.socket(zmq.SUB)  # sync socket: drained in batches, never awaited
             events = self._monitor_events
             cmonitor = zmq.asyncio.Socket.from_socket(sub.get_monitor_socket(events))
             self._connect_sub(sub)
@@ -184,14 +202,30 @@ class AsyncGatekeeper(_GatekeeperBase):
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
     async def aclose(self) -> None:
-        """Send what is queued, cancel the reader tasks and close the sockets."""
+        """Send what is queued, cancel the reader tasks and close the sockets.
+
+        Never hangs: the tasks get ``CLOSE_WAIT_S`` to end (a task that does not is
+        logged and left), and the sockets are closed even when this is cancelled, which
+        it passes on."""
         self.flush()
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
-                await task
-        self._tasks.clear()
+        try:
+            if tasks:
+                done, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
+                for task in done:
+                    error = None if task.cancelled() else task.exception()
+                    if error is not None and not isinstance(error, zmq.ZMQError):
+                        log.warning("gatekeeper task %s failed: %r", task.get_name(), error)
+                if pending:
+                    log.warning("%d gatekeeper task(s) did not stop within %.0f s of "
+                                "aclose(): closing their sockets", len(pending),
+                                CLOSE_WAIT_S)  # fmt: skip
+        finally:
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
         for watched in (self._pub, self._watched):
             if watched is not None:
                 with contextlib.suppress(zmq.ZMQError):
@@ -200,9 +234,10 @@ class AsyncGatekeeper(_GatekeeperBase):
             sock.close(0)
         self._sockets.clear()
         self._pub = None
-        if self._actx is not None:
-            self._actx.term()
-            self._actx = None
+        if self._ctx is not None:
+            self._finalizer.detach()
+            self._ctx.term()
+            self._ctx = None
 
     async def __aenter__(self) -> AsyncGatekeeper:
         self.start()

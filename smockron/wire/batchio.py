@@ -14,7 +14,6 @@ decode done while receiving is in :mod:`smockron.wire.accounting`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, cast
 
@@ -162,7 +161,11 @@ send_controls_c: SendControlsC | None = _compiled.send_controls if _compiled els
 
 async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:
     """Wait until ``sock`` has a message (or ``timeout``). ZeroMQ's FD is edge-triggered,
-    so ZMQ_EVENTS is checked after registering the reader, not only before."""
+    so ZMQ_EVENTS is checked after registering the reader, not only before.
+
+    The timeout is a timer on the same future, not ``asyncio.wait_for``: on Python 3.11
+    that returns the result instead of raising when a cancellation comes together with
+    the readiness (a loop that had not run for a while), and the reader task never ended."""
     if _has_message(sock):
         return
     loop = asyncio.get_running_loop()
@@ -174,12 +177,13 @@ async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:
             ready.set_result(None)
 
     loop.add_reader(fd, wake)
+    timer = loop.call_later(timeout, wake)
     try:
         if _has_message(sock):
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ready, timeout)
+        await ready
     finally:
+        timer.cancel()
         loop.remove_reader(fd)
 
 
