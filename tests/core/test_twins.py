@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from smockron.core.gcra import gcra_update
@@ -111,16 +111,28 @@ first_line_steps = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(rule=rules, max_delay=st.integers(0, 3000), requests=first_line_steps)
+@given(
+    domain_rule=rules,
+    algorithm=st.sampled_from(["gcra", "history"]),
+    max_delay=st.integers(0, 3000),
+    requests=first_line_steps,
+)
 def test_first_line_is_gcra(
-    rule: Rule, max_delay: int, requests: list[tuple[int, bytes, int | None]]
+    domain_rule: Rule,
+    algorithm: str,
+    max_delay: int,
+    requests: list[tuple[int, bytes, int | None]],
 ) -> None:
-    """A one-rule GCRA domain's first line decides as core GCRA over ``V = tat - tol``:
+    """A one-rule domain's first line decides as core GCRA over ``V = tat - tol``:
     accept when ``V <= now``, else delay to ``V`` (within ``max_delay``) or reject; an
     accepted or delayed request moves ``V`` as ``gcra_update`` at the time it passes,
-    a DELAY_UNTIL ``X`` (applied by the compiled table where built) to at least ``X``."""
+    a DELAY_UNTIL ``X`` (applied by the compiled table where built) to at least ``X``.
+    A history domain's line is GCRA with one request less of burst (a cold identifier
+    gets ``burst`` requests at once, as the history rule gives)."""
+    assume(algorithm == "gcra" or domain_rule.burst > 1)
+    rule = domain_rule if algorithm == "gcra" else Rule(domain_rule.rate, domain_rule.burst - 1)
     decider = Decider(max_delay_ms=max_delay, max_delayed=10**6)
-    line = Line.of("gcra", [rule])
+    line = Line.of(algorithm, [domain_rule])
     assert line is not None
     decider.set_line(b"api", line)
     values: dict[bytes, float | None] = {}
