@@ -40,9 +40,10 @@ SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
 @pytest.fixture(params=SERVERS)
 async def node(request: pytest.FixtureRequest) -> AsyncIterator[Node]:
     g, h = free_ports(2)
-    config = ClusterConfig(
-        grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}", grpc_server=request.param
-    )
+    config = ClusterConfig(  # PeersV1 from this test, not a member (test_peer_gate.py)
+        grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
+        grpc_server=request.param, peer_check_address=False,
+    )  # fmt: skip
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     channel = grpc.aio.insecure_channel(config.grpc_address)
