@@ -94,6 +94,14 @@ class ClusterMetrics:
             "peer_tls_names: connections (native server) or calls (threads, asyncio).",
             registry=reg,
         )
+        self.http_connections_closed = Counter(
+            "smockron_cluster_http_connections_closed_total",
+            "HTTP connections the gateway closed to stay available: header_timeouts (no "
+            "complete request headers in time), connections_evicted (the longest idle, at "
+            "the connection cap), connections_refused (at the cap, every one busy).",
+            ["reason"],
+            registry=reg,
+        )
         self.unknown_method = Counter(
             "smockron_cluster_grpc_unknown_method_total",
             "gRPC calls to a method this node does not serve (native server).",

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import grpc
 from aiohttp import web
 
+from smockron import httpguard
 from smockron.cluster import service, tls
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import Discovery
@@ -201,6 +202,12 @@ class ClusterServer:
     async def _serve_http(
         self, app: web.Application, address: str, what: str, client_auth: bool = True
     ) -> None:
+        guard = httpguard.ConnectionGuard(
+            log,
+            header_timeout_s=httpguard.HEADER_TIMEOUT_S,
+            counted=lambda event: self.node.metrics.http_connections_closed.labels(event).inc(),
+        )
+        app.middlewares.insert(0, guard.middleware)
         runner = web.AppRunner(app, access_log=None, logger=server_log(self.node))
         await runner.setup()
         self._http.append(runner)
@@ -210,7 +217,7 @@ class ClusterServer:
             context = self.tls.http_context(client_auth)
             self._contexts.append((context, client_auth))
         try:
-            await web.TCPSite(runner, host, port, ssl_context=context).start()
+            await httpguard.GuardedSite(runner, host, port, guard, ssl_context=context).start()
         except OSError as exc:
             reason = _go_listen_error(address, exc)
             raise OSError(f"while starting {what} listener: {reason}") from None

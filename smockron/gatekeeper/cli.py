@@ -138,6 +138,21 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     show_default=True,
     help="Log the gatekeeper's counters this often (a bare number is seconds; 0: never).",
 )
+@click.option(
+    "--header-timeout",
+    type=Duration(),
+    default="10s",
+    show_default=True,
+    help="Close a connection whose request headers are not complete this long after it "
+    "opened (slow or idle clients).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Open client connections at most; at the cap the longest idle one is closed "
+    "[what the descriptor limit allows, two per connection].",
+)
 @curve_options("proxy", server=False, client=True)
 @click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
 def proxy(
@@ -159,6 +174,8 @@ def proxy(
     algorithms: tuple[str, ...],
     master_rules: bool,
     stats_interval: float,
+    header_timeout: float,
+    max_connections: int | None,
     curve_secret: str | None,
     curve_server: str | None,
     metrics: str | None,
@@ -190,9 +207,9 @@ def proxy(
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    server = GatekeeperProxy(
-        upstream, gate, gatekeeper, decision_header=decision_header, metrics=metrics
-    )
+    server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header,
+                             metrics=metrics, header_timeout_s=header_timeout,
+                             max_connections=max_connections)  # fmt: skip
     running = {k: v for k, v in locals().items() if k in _PARAMS}
     runtime.run(
         lambda stop: serve(server, host, port, stats_interval, stop),
@@ -206,7 +223,8 @@ _RELOADABLE = ("max_delay", "max_delayed", "reject_sample", "max_ahead", "rules"
 needs a restart."""
 _PARAMS = (*_RELOADABLE, "listen", "upstream", "domain", "accounting", "control", "identify",
            "trusted_proxy", "reject_status", "loginfo", "decision_header", "master_rules",
-           "stats_interval", "curve_secret", "curve_server", "metrics")  # fmt: skip
+           "stats_interval", "curve_secret", "curve_server", "metrics", "header_timeout",
+           "max_connections")  # fmt: skip
 
 
 def _reloader(

@@ -21,6 +21,7 @@ from smockron.gatekeeper._asyncio import AsyncGatekeeper
 from smockron.gatekeeper._decider import Verdict
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
+from smockron.httpguard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedSite
 from smockron.httplog import ServerLog
 from smockron.observe import CountersCollector, ObserveServer, Readiness, bound, serve
 from smockron.observe.layouts import GATEKEEPER
@@ -79,7 +80,11 @@ class GatekeeperProxy:
         decision_header: bool = False,
         upstream_timeout_s: float = 60.0,
         metrics: str | None = None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        max_connections: int | None = None,
     ) -> None:
+        """``header_timeout_s``, ``max_connections``: see smockron/httpguard.py (the cap
+        defaults to what the descriptor limit allows, two descriptors a connection)."""
         parts = urlsplit(upstream)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"--upstream {upstream!r} must be an http:// or https:// URL")
@@ -95,6 +100,9 @@ class GatekeeperProxy:
         self.server_log = ServerLog(log)
         self.metrics = metrics
         self.listener: ObserveServer | None = None
+        self.guard = ConnectionGuard(log, header_timeout_s=header_timeout_s,
+                                     max_connections=max_connections,
+                                     fds_per_connection=2)  # fmt: skip
 
     def stats(self) -> dict[str, int]:
         """The gatekeeper's counters plus requests let through on errors."""
@@ -102,10 +110,11 @@ class GatekeeperProxy:
             **self.gatekeeper.stats(),
             "fail_open_errors": self.gate.errors,
             "bad_requests": self.server_log.bad_requests,
+            **self.guard.stats(),
         }
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=0)
+        app = web.Application(client_max_size=0, middlewares=[self.guard.middleware])
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
@@ -120,8 +129,10 @@ class GatekeeperProxy:
             self.app(), access_log=None, handle_signals=False, logger=self.server_log
         )
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port, reuse_address=True).start()
-        log.info("gatekeeper proxy on %s:%d -> %s", host, port, self.upstream)
+        await GuardedSite(self._runner, host, port, self.guard, reuse_address=True).start()
+        log.info("gatekeeper proxy on %s:%d -> %s (at most %d connections, headers within "
+                 "%g s)", host, port, self.upstream, self.guard.max_connections,
+                 self.guard.header_timeout_s)  # fmt: skip
         if self.metrics:
             self.listener = self.observe(self.metrics)
 

@@ -34,6 +34,9 @@ GATEKEEPER = Layout(
         "master_connected": "1 while the accounting socket is connected to a master",
         "control_connected": "1 while the control socket is connected to a master",
         "handshakes_failed": "CURVE handshakes with the master that failed (wrong or unpinned key)",
+        "header_timeouts": "Connections closed for not sending complete request headers in time",
+        "connections_evicted": "Idle connections closed to make room at the connection cap",
+        "connections_refused": "Connections refused (503) at the cap, every one busy",
     },
 )
 
