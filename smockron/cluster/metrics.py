@@ -39,6 +39,11 @@ class ClusterMetrics:
             "Items whose peer call failed (forwards answered here, GLOBAL hits lost).",
             registry=reg,
         )
+        self.peer_globals = Counter(
+            "smockron_cluster_peer_globals_total",
+            "UpdatePeerGlobals entries received (GLOBAL state from owners).",
+            registry=reg,
+        )
         self.bad_globals = Counter(
             "smockron_cluster_peer_globals_rejected_total",
             "UpdatePeerGlobals entries skipped because their algorithm is unknown.",
@@ -145,6 +150,7 @@ _HELP = {
     "gubernator_broadcast_duration": "The duration of GLOBAL broadcasts to peers in seconds.",
     "gubernator_broadcast_errors": "The count of errors during during UpdatePeerGlobals",
     "gubernator_cache_size": "The number of items in LRU Cache which holds the rate limits.",
+    "gubernator_updatepeerglobals_counter": "The count of items received in UpdatePeerGlobals",
 }
 
 Samples = list[tuple[str, dict[str, str], float]]
@@ -188,6 +194,9 @@ def gubernator_exposition(metrics: ClusterMetrics, cache_size: int) -> bytes:
     _family(lines, "gubernator_broadcast_errors", "counter",
             [("", {}, errors.get("broadcast", 0))])  # fmt: skip
     _family(lines, "gubernator_cache_size", "gauge", [("", {}, float(cache_size))])
+    received = sum(s.value for m in metrics.peer_globals.collect() for s in m.samples
+                   if s.name.endswith("_total"))  # fmt: skip
+    _family(lines, "gubernator_updatepeerglobals_counter", "counter", [("", {}, received)])
     return "".join(lines).encode()
 
 

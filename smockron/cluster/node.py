@@ -332,7 +332,9 @@ class Node:
 
     def update_globals(self, updates: Iterable[tuple[str, RateLimitResponse, int, int]]) -> None:
         """UpdatePeerGlobals: the owner's current state of GLOBAL keys."""
+        received = 0
         for key, resp, algorithm, duration in updates:
+            received += 1
             try:
                 self.replicas.install(key, resp, algorithm_from_int(algorithm), duration)
             except ValueError:
@@ -340,6 +342,7 @@ class Node:
                 _bad_globals_log.warning(
                     "UpdatePeerGlobals: unknown algorithm %r for %r", algorithm, key[:200]
                 )
+        self.metrics.peer_globals.inc(received)
 
     def _answer_locally(
         self,

@@ -22,6 +22,7 @@ TYPES = {
     "gubernator_broadcast_duration": "summary",
     "gubernator_broadcast_errors": "counter",
     "gubernator_cache_size": "gauge",
+    "gubernator_updatepeerglobals_counter": "counter",
 }
 SAMPLE = re.compile(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$")
 
@@ -59,7 +60,7 @@ def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
             procs.append(run_smockron(args, tmp_path / f"{g}.log"))
         for port in (h1, h2):
             wait_port(port)
-        for i in range(3):  # one node alone answers these: the key is its own
+        for i in range(3):  # plain checks, each decided at its key's owner
             check(h1, f"local-{i}")
         for i in range(20):  # GLOBAL keys, some owned by each node: the second check at
             check(h1, f"global-{i % 10}", behavior=2)  # a non-owner is answered there
@@ -85,7 +86,9 @@ def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
     assert samples[("gubernator_getratelimit_counter", 'calltype="global"')] > 0
     assert samples[("gubernator_global_send_duration_count", "")] > 0
     assert samples[("gubernator_global_send_errors", "")] == 0
-    assert samples[("gubernator_cache_size", "")] >= 3
+    assert sum(s[("gubernator_cache_size", "")] for s in (samples, other)) >= 3 + 10
+    received = [s[("gubernator_updatepeerglobals_counter", "")] for s in (samples, other)]
+    assert min(received) > 0  # each node owns some GLOBAL keys and broadcast them
 
 
 def test_quantiles_come_from_the_buckets() -> None:
