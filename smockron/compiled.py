@@ -46,16 +46,18 @@ class Twin:
 
 REGISTRY: Final = (
     Twin("_zmqfast", "smockron.wire._zmqfast",
-         "the Python loops of smockron/wire/batchio.py, accounting.py and control.py", "gcc"),
+         "the Python loops of smockron/wire/batchio.py, accounting.py and control.py",
+         "gcc, python3-dev"),
     Twin("_tablefast", "smockron.gatekeeper._tablefast",
-         "the gatekeeper's Python update_run and passed", "gcc"),
+         "the gatekeeper's Python update_run and passed", "gcc, python3-dev"),
     Twin("_localfast", "smockron.cluster._localfast",
-         "smockron/core/algorithms.py for every cluster check", "gcc"),
+         "smockron/core/algorithms.py for every cluster check", "gcc, python3-dev"),
     Twin("_native", "smockron.cluster._native",
          "the cluster's grpcio server (--grpc-server threads)",
-         "g++, pkg-config, libgrpc++-dev"),
+         "g++, pkg-config, libgrpc++-dev, python3-dev"),
     Twin("_nativeclient", "smockron.cluster._nativeclient",
-         "grpcio channels in the cluster's Python client", "g++, pkg-config, libgrpc++-dev"),
+         "grpcio channels in the cluster's Python client",
+         "g++, pkg-config, libgrpc++-dev, python3-dev"),
 )  # fmt: skip
 BY_NAME: Final = {twin.name: twin for twin in REGISTRY}
 
@@ -85,12 +87,14 @@ def _import(twin: Twin) -> ModuleType | None:
 
 
 def _missing_message(names: list[str]) -> str:
-    needs = sorted({BY_NAME[n].needs for n in names})
+    needs = sorted({p.strip() for n in names for p in BY_NAME[n].needs.split(",")})
+    several = len(names) > 1
     return (
-        f"compiled extension{'s' if len(names) > 1 else ''} {', '.join(names)} not built, and "
-        f"{REQUIRE_ENV}=1 requires them: install {'; '.join(needs)} and reinstall smockron "
-        f"(pip install --force-reinstall --no-deps .), or unset {REQUIRE_ENV} to run the "
-        "Python code instead"
+        f"compiled extension{'s' if several else ''} {', '.join(names)} not built, and "
+        f"{REQUIRE_ENV}=1 requires {'them' if several else 'it'}: install "
+        f"{', '.join(needs)} (Debian packages) and reinstall smockron (pip install "
+        f"--force-reinstall --no-deps .), or unset {REQUIRE_ENV} to run the Python code "
+        "instead"
     )
 
 

@@ -10,7 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from smockron import compiled
 from tests.support import EtcdServer, RedisServer, start_etcd, start_redis
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under ``SMOCKRON_REQUIRE_COMPILED=1`` (scripts/test) a compiled twin that is not
+    built stops the run at once, with one message naming it and what builds it."""
+    try:
+        compiled.require()
+    except compiled.MissingCompiled as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture
