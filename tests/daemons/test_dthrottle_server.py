@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import stat
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -451,11 +452,12 @@ async def test_burst_ten_serves_ten_on_separate_connections_a_few_ms_apart() -> 
     await d.start()
     try:
         answers = []
+        started = time.monotonic()
         for _ in range(12):
             answers.append(await query(d.tcp_port(), b"client-c\n", 3))
             await asyncio.sleep(0.003)
-        assert answers.count(b"OK\n") == 10, answers
-        assert answers[-2:] == [b"NO\n", b"NO\n"]
+        refilled = int(time.monotonic() - started)  # whole tokens back (0 unless very slow)
+        assert answers.count(b"OK\n") == 10 + min(refilled, 2), answers
         assert await query(d.tcp_port(), b"client-d\n" * 12, 36) == b"OK\n" * 10 + b"NO\n" * 2
     finally:
         await d.stop()
