@@ -147,10 +147,10 @@ def test_cluster_statefulset_has_what_kubernetes_discovery_needs() -> None:
     assert options["pod_ip"] == "10.1.2.3"
     assert env["GUBER_ADVERTISE_ADDRESS"] == "10.1.2.3:1051"
 
-    # The selector names the headless Service whose EndpointSlices list the pods.
+    # The service name is the headless Service whose EndpointSlices list the pods.
     headless = by_kind("Service", sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
-    assert options["selector"] == f"kubernetes.io/service-name={headless['metadata']['name']}"
+    assert options["service_name"] == headless["metadata"]["name"]
     labels = sts["spec"]["template"]["metadata"]["labels"]
     assert headless["spec"]["selector"].items() <= labels.items()
 
