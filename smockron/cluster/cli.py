@@ -2,9 +2,12 @@
 
 Settings, first found wins: the flag; ``SMOCKRON_CLUSTER_<FLAG>``; Gubernator's ``GUBER_*``
 variable (and envoyproxy/ratelimit's names for the Envoy front); the ``--config`` TOML
-file; the default. Duration flags need a unit (``500us``, ``100ms``, ``1s``, ``1m30s``): a
-bare number once meant milliseconds here and is now refused rather than reread; the
-``GUBER_*`` variables keep Gubernator's Go syntax.
+file; the default. ``--config`` may instead be Gubernator's own env file, whose variables
+then count as set (over the environment's, as Gubernator's ``os.Setenv`` makes them). It
+all lands in one ClusterConfig, built once (smockron/cluster/config.py). Duration flags
+need a unit (``500us``, ``100ms``, ``1s``, ``1m30s``): a bare number once meant
+milliseconds here and is now refused rather than reread; the ``GUBER_*`` variables keep
+Gubernator's Go syntax.
 """
 
 from __future__ import annotations
