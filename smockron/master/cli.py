@@ -236,6 +236,15 @@ def master(
     help="A master's accounting and control addresses. Repeatable.",
 )
 @click.option(
+    "--shard-by",
+    type=click.Choice(["domain", "identifier"]),
+    default="domain",
+    show_default=True,
+    help="domain: each domain to one master (the original Smockron's rule). identifier: "
+    "each message to the masters holding its identifier's shard (masters peered with "
+    "--peer); RESYNCs to every master.",
+)
+@click.option(
     "--hwm",
     type=int,
     default=100_000,
@@ -253,6 +262,7 @@ def router(
     accounting: str,
     control: str,
     masters: tuple[str, ...],
+    shard_by: str,
     hwm: int,
     curve_secret: str | None,
     curve_clients: str | None,
@@ -260,7 +270,8 @@ def router(
     insecure_bind: bool | None,
     metrics: str | None,
 ) -> None:
-    """Shard accounting over several masters by domain; relay all their control.
+    """Shard accounting over several masters, by domain or by identifier; relay their
+    control, with one publish counter per domain for them all.
 
     Every flag may also come from SMOCKRON_ROUTER_<FLAG> or a --config TOML file. With
     CURVE, the gatekeepers' keys are checked against --curve-clients, and the masters
@@ -271,7 +282,8 @@ def router(
     from smockron.master.router import MasterAddress, Router
 
     print_settings_if_asked(
-        {"accounting": accounting, "control": control, "masters": masters, "hwm": hwm,
+        {"accounting": accounting, "control": control, "masters": masters,
+         "shard_by": shard_by, "hwm": hwm,
          "curve_secret": curve_secret, "curve_clients": curve_clients,
          "curve_server": curve_server, "insecure_bind": insecure_bind, "metrics": metrics}
     )  # fmt: skip
@@ -290,6 +302,7 @@ def router(
             accounting,
             control,
             targets,
+            shard_by=shard_by,
             hwm=hwm,
             curve_server=server_curve(curve_secret, curve_clients) if curve_clients else None,
             curve_client=curve_client(curve_secret, curve_server) if curve_server else None,
@@ -301,7 +314,7 @@ def router(
 
     async def main(stop: asyncio.Event) -> None:
         runtime.startup_line("router", accounting=accounting, control=control,
-                             masters=len(targets),
+                             masters=len(targets), shard_by=shard_by,
                              curve="on" if curve_secret else "off")  # fmt: skip
         await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
 

@@ -47,6 +47,7 @@ ROUTER = Layout(
         "relayed": "Control messages relayed from the masters to the gatekeepers",
         "discarded": "Malformed accounting messages (no domain) discarded",
         "denied": "Gatekeeper connections refused by the CURVE allow-list",
+        "control_lost": "DELAY_UNTILs a master published that never reached the router",
     },
 )
 
