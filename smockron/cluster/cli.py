@@ -263,7 +263,9 @@ def _envoy_front(
         if given.get("grpc_address") is None and not env.get("GUBER_GRPC_ADDRESS"):
             config = replace(config, grpc_address=settings.grpc_address)
             config = replace(config, **_listen_everywhere(config)).validate()
-        return config, UpstreamFront(settings, config.envoy_reload_interval_ms / 1000, env)
+        interval = config.envoy_reload_interval_ms / 1000
+        front = UpstreamFront(settings, interval, env, config.envoy_response_headers)
+        return config, front
     if not config.envoy_config:
         return config, None
     return config, EnvoyFront(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -140,8 +141,14 @@ class UpstreamFront:
     ``reload``)."""
 
     def __init__(
-        self, settings: UpstreamSettings, reload_interval: float, env: Mapping[str, str]
+        self,
+        settings: UpstreamSettings,
+        reload_interval: float,
+        env: Mapping[str, str],
+        response_headers: bool | None = None,
     ) -> None:
+        """``response_headers``: ``--envoy-response-headers`` (or LIMIT_RESPONSE_HEADERS_ENABLED)
+        as the command line resolved it."""
         refused = refusals(env)
         if refused:
             raise ConfigError("envoyproxy/ratelimit settings smockron does not support: "
@@ -151,6 +158,10 @@ class UpstreamFront:
         self.settings = settings
         self.reload_interval = reload_interval
         self.envoy_settings = EnvoySettings.from_env(env)
+        if response_headers is not None:
+            self.envoy_settings = dataclasses.replace(
+                self.envoy_settings, response_headers=response_headers
+            )
         self.health = Health(
             redis=settings.backend_type == "redis",
             config=settings.healthy_with_at_least_one_config_loaded,

@@ -111,7 +111,7 @@ def upstream_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
         )
         if wait:
             wait_port(node.http_port)
-            wait_for(lambda: "serving" in proc.log() or not proc.alive(), timeout=15)
+            wait_for(lambda: "serving" in proc.log() or not proc.alive(), timeout=30)
             assert proc.alive(), proc.log()
         for key in full:
             monkeypatch.delenv(key, raising=False)

@@ -35,7 +35,7 @@ HOUR = rls_pb2.RateLimitResponse.RateLimit.HOUR
 def stats(node: UpstreamNode) -> dict[str, int]:
     """The node's counters, from its debug port (``name: value`` lines)."""
     url = f"http://127.0.0.1:{node.debug_port}/stats"
-    with urllib.request.urlopen(url, timeout=5) as resp:
+    with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
     out = {}
     for line in text.splitlines():
@@ -145,9 +145,9 @@ async def duration_until_reset_ticks_down(node: UpstreamNode) -> None:
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
         stub = node.stub(channel)
         req = request("another", [[("key4", "durTest")]])
-        first = await stub.ShouldRateLimit(req, timeout=5)
+        first = await stub.ShouldRateLimit(req, timeout=10)
         await asyncio.sleep(2)
-        second = await stub.ShouldRateLimit(req, timeout=5)
+        second = await stub.ShouldRateLimit(req, timeout=10)
     before = first.statuses[0].duration_until_reset.seconds
     assert second.statuses[0].duration_until_reset.seconds < before
 
@@ -232,7 +232,7 @@ async def test_basic_config_extra_tags(
     )
     node = upstream_node(env)
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
-        await node.stub(channel).ShouldRateLimit(request("basic", [[("key1", "foo")]]), timeout=5)
+        await node.stub(channel).ShouldRateLimit(request("basic", [[("key1", "foo")]]), timeout=10)
     hits = "ratelimit.service.rate_limit.basic.key1.total_hits.__a=b.__foo=bar"
     loads = "ratelimit.service.config_load_success.__a=b.__foo=bar"
     wait_for(lambda: statsd_listener.get(hits) == 1 and statsd_listener.get(loads) == 1)
@@ -255,7 +255,7 @@ async def test_statsd_off(
     )
     node = upstream_node(env)
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
-        await node.stub(channel).ShouldRateLimit(request("basic", [[("key1", "foo")]]), timeout=5)
+        await node.stub(channel).ShouldRateLimit(request("basic", [[("key1", "foo")]]), timeout=10)
     await asyncio.sleep(0.5)
     assert statsd_listener.lines == []
 
@@ -404,17 +404,17 @@ async def config_reload(node: UpstreamNode) -> None:
     its removal loads again."""
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
         stub = node.stub(channel)
-        resp = await stub.ShouldRateLimit(request("reload", [[("block", "foo")]]), timeout=5)
+        resp = await stub.ShouldRateLimit(request("reload", [[("block", "foo")]]), timeout=10)
         assert [(s.code, s.HasField("current_limit")) for s in resp.statuses] == [(OK, False)]
         before = stats(node)["ratelimit.service.config_load_success"]
         shutil.copy(node.runtime / "reload.yaml", node.runtime / "config" / "reload.yaml")
-        wait_for(lambda: stats(node)["ratelimit.service.config_load_success"] > before)
-        resp = await stub.ShouldRateLimit(request("reload", [[("key1", "foo")]]), timeout=5)
+        wait_for(lambda: stats(node)["ratelimit.service.config_load_success"] > before, timeout=20)
+        resp = await stub.ShouldRateLimit(request("reload", [[("key1", "foo")]]), timeout=10)
         assert [status(s) for s in resp.statuses] == [(OK, 50, SECOND, 49)]
         before = stats(node)["ratelimit.service.config_load_success"]
         (node.runtime / "config" / "reload.yaml").unlink()
-        wait_for(lambda: stats(node)["ratelimit.service.config_load_success"] > before)
-        resp = await stub.ShouldRateLimit(request("reload", [[("key1", "foo")]]), timeout=5)
+        wait_for(lambda: stats(node)["ratelimit.service.config_load_success"] > before, timeout=20)
+        resp = await stub.ShouldRateLimit(request("reload", [[("key1", "foo")]]), timeout=10)
         assert [(s.code, s.HasField("current_limit")) for s in resp.statuses] == [(OK, False)]
 
 
@@ -479,12 +479,12 @@ async def test_over_limit_survives_a_restart(
     value = str(random.getrandbits(62))
     req = request("another", [[("key3", value)]])
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
-        codes = [(await node.stub(channel).ShouldRateLimit(req, timeout=5)).overall_code
+        codes = [(await node.stub(channel).ShouldRateLimit(req, timeout=10)).overall_code
                  for _ in range(11)]  # fmt: skip
     assert codes == [OK] * 10 + [OVER]
     assert node.proc.stop() == 0
     again = upstream_node(env, name="restarted")
     async with grpc.aio.insecure_channel(again.grpc_address) as channel:
-        resp = await again.stub(channel).ShouldRateLimit(req, timeout=5)
+        resp = await again.stub(channel).ShouldRateLimit(req, timeout=10)
     assert resp.overall_code == OVER
     assert [status(s) for s in resp.statuses] == [(OVER, 10, HOUR, 0)]

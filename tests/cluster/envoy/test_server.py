@@ -25,7 +25,7 @@ def http(node: UpstreamNode, path: str, body: bytes | None = None) -> tuple[int,
     url = f"http://127.0.0.1:{node.http_port}{path}"
     req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
     try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("Content-Type", ""), err.read().decode()
@@ -38,7 +38,7 @@ def healthcheck(node: UpstreamNode) -> int:
 def grpc_health(node: UpstreamNode, service: str = "ratelimit") -> int:
     with grpc.insecure_channel(node.grpc_address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
     return int(answer.status)
 
 

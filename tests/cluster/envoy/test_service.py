@@ -15,7 +15,7 @@ from tests.support import RedisServer, wait_for
 
 
 def stats(node: UpstreamNode) -> dict[str, int]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.debug_port}/stats", timeout=5) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.debug_port}/stats", timeout=10) as r:
         lines = r.read().decode().splitlines()
     return {n: int(v) for n, _, v in (line.rpartition(": ") for line in lines)}
 
@@ -36,7 +36,7 @@ async def test_initial_load_error(
     req = request("test-domain", [[("hello", "world")]])
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await node.stub(channel).ShouldRateLimit(req, timeout=5)
+            await node.stub(channel).ShouldRateLimit(req, timeout=10)
         assert caught.value.code() == grpc.StatusCode.UNKNOWN
         assert caught.value.details() == "no rate limit configuration loaded"
         counters = stats(node)
@@ -47,7 +47,7 @@ async def test_initial_load_error(
 
         (runtime / "config" / "bad.yaml").unlink()
         shutil.copy(UPSTREAM / "integration_runtime" / "config" / "basic.yaml", runtime / "config")
-        wait_for(lambda: stats(node)["ratelimit.service.config_load_success"] == 1)
+        wait_for(lambda: stats(node)["ratelimit.service.config_load_success"] == 1, timeout=20)
         resp = await node.stub(channel).ShouldRateLimit(
             request("basic", [[("key1", "foo")]]), timeout=5
         )

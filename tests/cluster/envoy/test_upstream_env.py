@@ -21,7 +21,7 @@ LIMIT = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, reque
 
 
 def stats(node: UpstreamNode) -> dict[str, int]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.debug_port}/stats", timeout=5) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.debug_port}/stats", timeout=10) as r:
         lines = r.read().decode().splitlines()
     return {n: int(v) for n, _, v in (line.rpartition(": ") for line in lines)}
 
@@ -29,7 +29,7 @@ def stats(node: UpstreamNode) -> dict[str, int]:
 async def limit_of(node: UpstreamNode, domain: str = "d", key: str = "k") -> int:
     """The configured limit the node applies to ``domain``/``key`` (0: none)."""
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
-        resp = await node.stub(channel).ShouldRateLimit(request(domain, [[(key, "x")]]), timeout=5)
+        resp = await node.stub(channel).ShouldRateLimit(request(domain, [[(key, "x")]]), timeout=10)
     return int(resp.statuses[0].current_limit.requests_per_unit)
 
 
@@ -120,7 +120,7 @@ async def test_runtime_ignoredotfiles(
     else:
         async with grpc.aio.insecure_channel(node.grpc_address) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await node.stub(channel).ShouldRateLimit(request("d", [[("k", "x")]]), timeout=5)
+                await node.stub(channel).ShouldRateLimit(request("d", [[("k", "x")]]), timeout=10)
         assert caught.value.details() == "no rate limit configuration loaded"
 
 
@@ -237,3 +237,17 @@ async def test_envoy_config_wins_over_runtime_root(
     assert "RUNTIME_SUBDIRECTORY and envoyproxy/ratelimit's ports are ignored" in node.proc.log()
     node.grpc_port = grpc_port
     assert await limit_of(node) == 9
+
+
+async def test_response_headers(upstream_node: StartNode, tmp_path: Path) -> None:
+    """LIMIT_RESPONSE_HEADERS_ENABLED and a renamed header, in envoyproxy/ratelimit mode."""
+    runtime = tmp_path / "rt" / "ratelimit"
+    (runtime / "config").mkdir(parents=True)
+    (runtime / "config" / "d.yaml").write_text(LIMIT)
+    env = {"BACKEND_TYPE": "cluster", "LIMIT_RESPONSE_HEADERS_ENABLED": "true",
+           "LIMIT_REMAINING_HEADER": "X-Left"}  # fmt: skip
+    node = upstream_node(env, runtime)
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        resp = await node.stub(channel).ShouldRateLimit(request("d", [[("k", "x")]]), timeout=10)
+    headers = {h.key: h.value for h in resp.response_headers_to_add}
+    assert (headers["RateLimit-Limit"], headers["X-Left"]) == ("3", "2")
