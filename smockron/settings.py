@@ -115,6 +115,13 @@ def parse_host_port(text: str, *, listen: bool = False) -> tuple[str, int]:
     return host, int(port)
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """:func:`parse_host_port` of an address to listen on, ``*`` or an empty host (every
+    interface) as ``0.0.0.0``."""
+    host, port = parse_host_port(text, listen=True)
+    return ("0.0.0.0" if host in ("", "*") else host), port
+
+
 def check_zmq_address(text: str) -> str:
     """A ZeroMQ endpoint, kept as written: ``tcp://HOST:PORT`` (``*`` for every interface,
     port ``*`` for any free one), ``ipc://PATH`` or ``inproc://NAME``."""

@@ -508,7 +508,12 @@ def _reload(server: ClusterServer, front: Any, discovery: Discovery) -> None:
     type=click.Choice(["1.0", "1.1", "1.2", "1.3"]),
     help="least TLS version of the HTTP gateway [GUBER_TLS_MIN_VERSION; 1.3]",
 )
-@click.option("--metrics", metavar="HOST:PORT", help="Also serve /metrics, /healthz, /readyz here.")
+@click.option(
+    "--metrics",
+    type=HostPort(listen=True),
+    metavar="HOST:PORT",
+    help="Also serve /metrics, /healthz, /readyz here.",
+)
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON).
 

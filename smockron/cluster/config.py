@@ -16,10 +16,6 @@ from smockron.core.hashring import DEFAULT_REPLICAS, HASHES
 from smockron.errors import ConfigError
 from smockron.settings import parse_go_duration_ms
 
-parse_duration_ms = parse_go_duration_ms
-"""The ``GUBER_*`` durations: Go syntax, or a bare number of ms (settings.py)."""
-
-
 GRPC_SERVERS = ("threads", "asyncio", "native")
 GLOBAL_MODES = ("lend", "gubernator")
 CLIENT_AUTH_MODES = ("", "request-cert", "verify-cert", "require-any-cert", "require-and-verify")
@@ -355,7 +351,7 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_ETCD_DATA_CENTER": ("etcd.data_center", str),
     "GUBER_ETCD_USER": ("etcd.username", str),
     "GUBER_ETCD_PASSWORD": ("etcd.password", str),
-    "GUBER_ETCD_DIAL_TIMEOUT": ("etcd.dial_timeout_ms", parse_duration_ms),
+    "GUBER_ETCD_DIAL_TIMEOUT": ("etcd.dial_timeout_ms", parse_go_duration_ms),
     "GUBER_DNS_FQDN": ("dns.fqdn", str),
     "GUBER_RESOLV_CONF": ("dns.resolv_conf", str),
     "GUBER_K8S_NAMESPACE": ("k8s.namespace", str),
@@ -374,12 +370,12 @@ ENV: dict[str, tuple[str, Any]] = {
     "GUBER_MEMBERLIST_GOSSIP_VERIFY_INCOMING": ("member_list.gossip_verify_incoming", _bool),
     "GUBER_MEMBERLIST_GOSSIP_VERIFY_OUTGOING": ("member_list.gossip_verify_outgoing", _bool),
     "GUBER_DATA_CENTER": ("data_center", str),
-    "GUBER_BATCH_WAIT": ("batch_wait_ms", parse_duration_ms),
+    "GUBER_BATCH_WAIT": ("batch_wait_ms", parse_go_duration_ms),
     "GUBER_BATCH_LIMIT": ("batch_limit", _int),
-    "GUBER_BATCH_TIMEOUT": ("batch_timeout_ms", parse_duration_ms),
-    "GUBER_GLOBAL_SYNC_WAIT": ("global_sync_wait_ms", parse_duration_ms),
+    "GUBER_BATCH_TIMEOUT": ("batch_timeout_ms", parse_go_duration_ms),
+    "GUBER_GLOBAL_SYNC_WAIT": ("global_sync_wait_ms", parse_go_duration_ms),
     "GUBER_GLOBAL_BATCH_LIMIT": ("global_batch_limit", _int),
-    "GUBER_GLOBAL_TIMEOUT": ("global_timeout_ms", parse_duration_ms),
+    "GUBER_GLOBAL_TIMEOUT": ("global_timeout_ms", parse_go_duration_ms),
     "GUBER_CACHE_SIZE": ("cache_size", _int),
     "GUBER_PEERS": ("peers", _csv),
     "GUBER_PEER_PICKER": ("", _peer_picker),

@@ -31,6 +31,7 @@ from smockron.cluster.transports.http import make_app, make_status_app, server_l
 from smockron.cluster.transports.native import NativeServer
 from smockron.cluster.transports.threaded import ThreadedServer
 from smockron.errors import ConfigError
+from smockron.settings import parse_listen
 
 log = logging.getLogger("smockron.cluster")
 
@@ -43,22 +44,15 @@ Extension = Callable[[GrpcServer, Node], None]
 """Adds another service to the gRPC server (the Envoy front)."""
 
 
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {address!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def bind_error(address: str) -> str:
     """Why ``address`` cannot be listened on, worded like Go's net.Listen error (which
     Gubernator prints): ``listen tcp 127.0.0.1:1051: bind: address already in use``."""
     try:
-        host, port = split_address(address)
+        host, port = parse_listen(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.bind((host, port))
-    except (OSError, ValueError) as exc:
+    except (OSError, ConfigError) as exc:
         return _go_listen_error(address, exc)
     return f"listen tcp {address}: cannot bind"
 
@@ -211,7 +205,7 @@ class ClusterServer:
         runner = web.AppRunner(app, access_log=None, logger=server_log(self.node))
         await runner.setup()
         self._http.append(runner)
-        host, port = split_address(address)
+        host, port = parse_listen(address)
         context = None
         if self.tls is not None:
             context = self.tls.http_context(client_auth)

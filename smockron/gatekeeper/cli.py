@@ -25,7 +25,7 @@ from smockron.settings import (
     SmockronCommand,
     ZmqAddress,
     parse_duration_ms,
-    parse_host_port,
+    parse_listen,
     print_settings_if_asked,
     reread,
 )
@@ -33,12 +33,6 @@ from smockron.settings import (
 log = logging.getLogger("smockron.gatekeeper.cli")
 
 __all__ = ["parse_duration_ms", "parse_listen", "proxy", "rule_config"]
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` to listen on; ``*`` or an empty host is every interface."""
-    host, port = parse_host_port(text, listen=True)
-    return ("0.0.0.0" if host in ("", "*") else host), port
 
 
 def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str, list[str]]:
@@ -154,7 +148,12 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     "[what the descriptor limit allows, two per connection].",
 )
 @curve_options("proxy", server=False, client=True)
-@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
+@click.option(
+    "--metrics",
+    type=HostPort(listen=True),
+    metavar="HOST:PORT",
+    help="Serve /metrics, /healthz, /readyz here.",
+)
 def proxy(
     listen: str,
     upstream: str,

@@ -22,6 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from smockron.errors import ConfigError
 from smockron.observe.readiness import Readiness
 from smockron.ratelog import RateLimitedLog, escaped
+from smockron.settings import parse_listen
+
+__all__ = ["ObserveServer", "loop_alive", "parse_listen", "serve"]
 
 log = logging.getLogger("smockron.observe")
 _bad_log = RateLimitedLog(log)
@@ -34,14 +37,6 @@ MAX_CLIENTS = 32
 """Connections served at once; more are closed at once (a flood cannot spawn threads)."""
 
 StatsSource = Callable[[], dict[str, Any]]
-
-
-def parse_listen(address: str) -> tuple[str, int]:
-    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (all interfaces)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"cannot parse metrics address {address!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def loop_alive(loop: asyncio.AbstractEventLoop | None, deadline_s: float = LOOP_DEADLINE_S) -> bool:

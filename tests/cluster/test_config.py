@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from smockron.cluster.cli import build_config, build_discovery
-from smockron.cluster.config import ClusterConfig, from_env, guber_log_level, parse_duration_ms
+from smockron.cluster.config import ClusterConfig, from_env, guber_log_level
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.node import Node
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
+from smockron.settings import parse_go_duration_ms
 from tests.support import free_ports, run_smockron, smockron_proc, wait_for, wait_port
 
 
@@ -32,13 +33,13 @@ from tests.support import free_ports, run_smockron, smockron_proc, wait_for, wai
     ],
 )
 def test_go_durations(text: str, ms: float) -> None:
-    assert parse_duration_ms(text) == pytest.approx(ms)
+    assert parse_go_duration_ms(text) == pytest.approx(ms)
 
 
 @pytest.mark.parametrize("text", ["", "fast", "10 ms", "5d", "ms"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ConfigError):
-        parse_duration_ms(text)
+        parse_go_duration_ms(text)
 
 
 def test_defaults_are_gubernators() -> None:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter
 
 from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.errors import ConfigError
+from smockron.settings import parse_host_port
 
 log = logging.getLogger("smockron.cluster.discovery")
 
@@ -68,16 +70,13 @@ def join_host_port(host: str, port: int) -> str:
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """Parse ``host:port`` / ``[v6]:port``; a clear ValueError names a bad address."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"peer address {address!r} is not host:port")
-    port = int(port_text)
-    if not 0 < port < 65536:
-        raise ValueError(f"peer address {address!r} has port out of range")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, port
+    """A peer's ``host:port`` / ``[v6]:port`` by smockron's one parser
+    (settings.parse_host_port: a host, a port in 1..65535, IPv6 in brackets); a bad one
+    raises ValueError naming it, so that a discovery record is skipped, not fatal."""
+    try:
+        return parse_host_port(address)
+    except ConfigError as exc:
+        raise ValueError(f"peer address {address!r}: {exc}") from None
 
 
 def as_peer(value: PeerInfo | str) -> PeerInfo:

@@ -17,7 +17,13 @@ from smockron.daemons.dthrottle.clock import Clock, FileClock
 from smockron.daemons.dthrottle.config import DThrottleConfig
 from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.errors import ConfigError
-from smockron.settings import Duration, SmockronCommand, print_settings_if_asked, source_of
+from smockron.settings import (
+    Duration,
+    HostPort,
+    SmockronCommand,
+    print_settings_if_asked,
+    source_of,
+)
 
 log = logging.getLogger("smockron.dthrottle")
 
@@ -141,7 +147,12 @@ def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) ->
     hidden=True,
     help="Test only: read the time from this file instead of the monotonic clock.",
 )
-@click.option("--metrics", metavar="HOST:PORT", help="Serve /metrics, /healthz, /readyz here.")
+@click.option(
+    "--metrics",
+    type=HostPort(listen=True),
+    metavar="HOST:PORT",
+    help="Serve /metrics, /healthz, /readyz here.",
+)
 def dthrottle(
     config_file: Path | None, test_clock_file: Path | None, stats_interval: float, **flags: Any
 ) -> None:
