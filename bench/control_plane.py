@@ -113,7 +113,7 @@ def master_receiver(accounting: str, control: str, seconds: float) -> None:
             await asyncio.sleep(0.01)
         print("ready", flush=True)
         baseline = gk.resyncs_done
-        received = gk._received  # DELAY_UNTILs per domain, resync marks not counted
+        received = gk._controls[0].received  # DELAY_UNTILs per domain, marks not counted
         while not received.get(b"api"):
             await asyncio.sleep(0.001)
         last_at, last = time.monotonic(), 0

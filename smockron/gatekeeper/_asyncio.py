@@ -52,7 +52,7 @@ class AsyncGatekeeper(_GatekeeperBase):
         self._flush_timer = False  # a _timed_flush is scheduled
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: list[zmq.Socket[Any]] = []
-        self._watched: zmq.Socket[Any] | None = None  # the control socket, monitored
+        self._watched: list[zmq.Socket[Any] | None] = []  # each master's control socket
         self.started = False
 
     def start(self) -> None:
@@ -77,16 +77,19 @@ class AsyncGatekeeper(_GatekeeperBase):
             monitor = zmq.asyncio.Socket.from_socket(self._pub.get_monitor_socket(events))
             self._sockets.append(monitor)
             self._tasks.append(asyncio.create_task(self._read_monitor(monitor)))
-            self._pub.connect(self.accounting or "")
-        if self.control:
+            self._connect_pub(self._pub)
+        for link, (_acc, ctl) in enumerate(self.masters):
+            if not ctl:
+                self._watched.append(None)
+                continue
             sub = ctx.socket(zmq.SUB)  # sync socket: drained in batches, never awaited
             events = self._monitor_events
             cmonitor = zmq.asyncio.Socket.from_socket(sub.get_monitor_socket(events))
-            self._connect_sub(sub)
+            self._connect_sub(sub, link)
             self._sockets += [sub, cmonitor]
-            self._watched = sub
-            self._tasks.append(asyncio.create_task(self._read_control(sub)))
-            self._tasks.append(asyncio.create_task(self._read_monitor(cmonitor, control=True)))
+            self._watched.append(sub)
+            self._tasks.append(asyncio.create_task(self._read_control(sub, link)))
+            self._tasks.append(asyncio.create_task(self._read_monitor(cmonitor, True, link)))
         self._tasks.append(asyncio.create_task(self._sweep()))
 
     async def admit(
@@ -169,10 +172,10 @@ class AsyncGatekeeper(_GatekeeperBase):
         counters.accounting_sent += sent
         counters.accounting_dropped += dropped
 
-    def _control_socket(self) -> zmq.Socket[Any] | None:
-        return self._watched
+    def _control_socket(self, link: int = 0) -> zmq.Socket[Any] | None:
+        return self._watched[link] if link < len(self._watched) else None
 
-    async def _read_control(self, sub: zmq.Socket[bytes]) -> None:
+    async def _read_control(self, sub: zmq.Socket[bytes], link: int = 0) -> None:
         """Control messages in batches (one compiled call each), so a gatekeeper keeps
         up with a master publishing at full rate; the loop runs requests in between."""
         while True:
@@ -182,12 +185,14 @@ class AsyncGatekeeper(_GatekeeperBase):
                 continue
             self.watch.heard(now_ms())
             for start in range(0, len(batch), CONTROL_SLICE):
-                self._apply_batch(batch[start : start + CONTROL_SLICE], now_ms())
+                self._apply_batch(batch[start : start + CONTROL_SLICE], now_ms(), link)
                 await asyncio.sleep(0)
 
-    async def _read_monitor(self, monitor: zmq.asyncio.Socket, control: bool = False) -> None:
+    async def _read_monitor(
+        self, monitor: zmq.asyncio.Socket, control: bool = False, link: int = 0
+    ) -> None:
         while True:
-            self._apply_monitor(await monitor.recv_multipart(), control)
+            self._apply_monitor(await monitor.recv_multipart(), control, link)
             self._send_resyncs()  # (re)connected: ask now, not at the next sweep tick
 
     async def _sweep(self) -> None:
@@ -226,7 +231,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             self._close_sockets()
 
     def _close_sockets(self) -> None:
-        for watched in (self._pub, self._watched):
+        for watched in (self._pub, *self._watched):
             if watched is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     watched.disable_monitor()

@@ -13,6 +13,7 @@ from typing import Final, TypedDict
 
 import zmq
 
+from smockron.core.shards import shard_of, shard_topics
 from smockron.curve import CurveClient
 from smockron.errors import ConfigError
 from smockron.gatekeeper._decider import (
@@ -26,7 +27,7 @@ from smockron.gatekeeper._decider import (
     wire_identifier,
 )
 from smockron.gatekeeper._firstline import RuleConfig, first_lines
-from smockron.gatekeeper._link import _Link, now_ms
+from smockron.gatekeeper._link import Master, _Link, now_ms
 from smockron.gatekeeper._table import MAX_AHEAD_MS
 from smockron.wire.batchio import send_all
 from smockron.wire.codec import (
@@ -78,10 +79,11 @@ class _GatekeeperBase(_Link):
         master_rules: bool = True,
         max_ahead_ms: int = MAX_AHEAD_MS,
         curve: CurveClient | None = None,
+        masters: Iterable[Master | str] = (),
     ) -> None:
         if not 0.0 <= reject_sample <= 1.0:
             raise ConfigError(f"reject_sample must be between 0 and 1, got {reject_sample}")
-        self._init_link(accounting, control, domains, curve)
+        self._init_link(accounting, control, domains, curve, masters)
         self.decider = Decider(max_delay_ms, max_delayed, max_entries, max_ahead_ms)
         self.counters = self.decider.counters
         self.master_rules = master_rules
@@ -91,6 +93,7 @@ class _GatekeeperBase(_Link):
         self.sndhwm = sndhwm
         self._sample_credit = 0.0
         self._topic_frames: dict[bytes, bytes] = {}
+        self._shard_frames: dict[bytes, tuple[bytes, ...]] = {}
         self._stamp_ms, self._stamp = 0, b"0"  # the last receive time and its frame
         self._setup()
 
@@ -146,7 +149,10 @@ class _GatekeeperBase(_Link):
             if pub is None or self._peers <= 0:
                 self.counters.accounting_dropped += 1
                 return decision
-            frame = self._topic_frames.get(domain) or self._topic_frame(domain)
+            if self.sharded:
+                frame = self._shard_frame(domain, identifier)
+            else:
+                frame = self._topic_frames.get(domain) or self._topic_frame(domain)
             if now != self._stamp_ms:  # under load many requests share a millisecond
                 self._stamp_ms, self._stamp = now, b"%d" % now
             frames = [frame, ACCEPTED, identifier, self._stamp, b""]
@@ -181,10 +187,22 @@ class _GatekeeperBase(_Link):
             return
         # encode_accounting's frames without its checks: status and timestamps are ours,
         # and the domain's topic frame is checked once and cached
-        domain_frame = self._topic_frames.get(domain) or self._topic_frame(domain)
+        if self.sharded:
+            domain_frame = self._shard_frame(domain, identifier)
+        else:
+            domain_frame = self._topic_frames.get(domain) or self._topic_frame(domain)
         self._emit(
             pub, accounting_frames(domain_frame, status, identifier, received, delayed, loginfo)
         )
+
+    def _shard_frame(self, domain: bytes, identifier: bytes) -> bytes:
+        """The topic of a fleet's message: the identifier's shard of the domain."""
+        frames = self._shard_frames.get(domain)
+        if frames is None:
+            frames = shard_topics(topic(domain))
+            if len(self._shard_frames) < _MAX_TOPIC_FRAMES:
+                self._shard_frames[domain] = frames
+        return frames[shard_of(identifier)]
 
     def _topic_frame(self, domain: bytes) -> bytes:
         frame = topic(domain)

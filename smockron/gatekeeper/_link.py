@@ -42,6 +42,7 @@ from smockron.wire.codec import (
     topic,
 )
 from smockron.wire.control import ControlBatch, ControlRecord
+from smockron.wire.fleet import encode_private_resync, resync_reply
 
 log = logging.getLogger("smockron.gatekeeper")
 T = TypeVar("T")
@@ -101,8 +102,49 @@ def _as_bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else value
 
 
+Master = tuple[str | None, str | None]
+"""A master's accounting and control addresses."""
+
+PRIVATE_ATTEMPTS: Final = 4
+"""RESYNCs sent with a reply topic before falling back to bare ones (a master that does
+not know private answers: an original one, or an older smockron)."""
+
+
+class _Control:
+    """One master's control connection: whether it is up, and its loss detection."""
+
+    __slots__ = ("address", "heartbeat", "index", "received", "replies", "up")
+
+    def __init__(self, index: int, address: str | None) -> None:
+        self.index = index
+        self.address = address
+        self.up = 0
+        self.received: dict[bytes, int] = {}
+        """DELAY_UNTILs received per domain we serve (bounded by ``MAX_LINES``)."""
+        self.heartbeat: dict[bytes, tuple[int, int]] = {}
+        """Per domain, the master's publish count and our received count at its last
+        heartbeat: the next one's difference in both is what was lost meanwhile."""
+        self.replies: dict[bytes, bytes] = {}
+        """Our private RESYNC reply topics on this connection -> their domain."""
+
+
+def parse_master(spec: str) -> Master:
+    """``ACC_ADDR,CTL_ADDR`` (as ``smockron router --master`` and the fleet take it)."""
+    acc, sep, ctl = spec.partition(",")
+    if not sep or not acc.strip() or not ctl.strip():
+        raise ConfigError(f"cannot parse master {spec!r}: expected ACC_ADDR,CTL_ADDR")
+    return acc.strip(), ctl.strip()
+
+
 class _Link:
-    """The connection and control half of a gatekeeper (``_base._GatekeeperBase``)."""
+    """The connection and control half of a gatekeeper (``_base._GatekeeperBase``).
+
+    With several masters (a fleet), one PUB is connected to every master's accounting
+    address and each message goes on its identifier's shard topic: ZeroMQ's subscription
+    filtering hands it to the masters that hold the shard. Each master's control comes
+    on a SUB of its own (:class:`_Control`), so what it published, what we lost of it and
+    its RESYNC answers are counted per master; a verdict from any of them is obeyed (the
+    delay table keeps the latest time)."""
 
     decider: Decider
     counters: Counters
@@ -115,37 +157,49 @@ class _Link:
         control: str | None,
         domains: Iterable[bytes | str] | None,
         curve: CurveClient | None,
+        masters: Iterable[Master | str] = (),
     ) -> None:
-        for name, address in (("accounting", accounting), ("control", control)):
-            if address and _ENDPOINT.match(address) is None:
-                raise ConfigError(
-                    f"bad {name} address {address!r}: expected a ZeroMQ endpoint such as "
-                    "tcp://127.0.0.1:10004"
-                )
-        self.accounting = accounting
-        self.control = control
+        fleet = [parse_master(m) if isinstance(m, str) else m for m in masters]
+        self.masters: list[Master] = fleet or [(accounting, control)]
+        for acc, ctl in self.masters:
+            for name, address in (("accounting", acc), ("control", ctl)):
+                if address and _ENDPOINT.match(address) is None:
+                    raise ConfigError(
+                        f"bad {name} address {address!r}: expected a ZeroMQ endpoint such as "
+                        "tcp://127.0.0.1:10004"
+                    )
+        self.accounting, self.control = self.masters[0]
+        self.sharded = len(self.masters) > 1
+        """A fleet: accounting goes on shard topics (smockron.core.shards)."""
         self.curve = curve
         self._monitor_events = _MONITOR_EVENTS if curve is None else _CURVE_EVENTS
         # None: subscribe to every domain (used when the domain comes from a callable)
         self.domains = None if domains is None else frozenset(_as_bytes(d) for d in domains)
         self._control_topics = {topic(d): d for d in self.domains or ()}
         """Topic frame -> domain: the DELAY_UNTILs ``drain_control`` decodes for us (with
-        no domains given, none: everything takes the codec's way)."""
+        no domains given, none: everything takes the codec's way). Our private RESYNC
+        reply topics are in it too, for their domain."""
+        self._controls = [_Control(k, ctl) for k, (_acc, ctl) in enumerate(self.masters)]
+        token = os.urandom(8).hex().encode()
+        self._reply_of: dict[tuple[int, bytes], bytes] = {}
+        for link in self._controls:
+            for i, domain in enumerate(sorted(self.domains or ())):
+                reply = resync_reply(b"%s.%d.%d" % (token, link.index, i))
+                link.replies[reply] = domain
+                self._reply_of[link.index, domain] = reply
+                self._control_topics[reply] = domain
         self._peers = 0  # accounting connections up, from the PUB socket's monitor
         self._control_peers = 0  # control connections up, from the SUB socket's monitor
         self._pub: zmq.Socket[bytes] | None = None
         self._malformed_log = RateLimitedLog(log)
         self._handshake_log = RateLimitedLog(log, interval=60.0)
-        self._redial: dict[bool, float] = {}  # control? -> when to dial again (monotonic)
+        self._redial: dict[tuple[bool, int], float] = {}
+        """(control?, master) -> when to dial it again (monotonic)."""
         self.handshakes_failed = 0
         self.watch = MasterWatch(control, now_ms())  # readiness, and the silent-master warning
-        self._resync: dict[bytes, tuple[int, float]] = {}
-        """Domains to ask a RESYNC for: attempts made, and when to try again (monotonic)."""
-        self._received: dict[bytes, int] = {}
-        """DELAY_UNTILs received per domain we serve (bounded by ``MAX_LINES``)."""
-        self._heartbeat: dict[bytes, tuple[int, int]] = {}
-        """Per domain, the master's publish count and our received count at its last
-        heartbeat: the next one's difference in both is what was lost meanwhile."""
+        self._resync: dict[tuple[int, bytes], tuple[int, float]] = {}
+        """(master, domain) to ask a RESYNC for: attempts made, and when to try again
+        (monotonic)."""
         self.resyncs_requested = 0
         self.resyncs_done = 0
 
@@ -169,18 +223,22 @@ class _Link:
         """Whether the accounting socket currently has a connection to a master."""
         return self._peers > 0
 
-    def _apply_control(self, frames: list[bytes], now: int) -> None:
+    def _apply_control(self, frames: list[bytes], now: int, link: int = 0) -> None:
         """Apply one control message; malformed ones are counted and logged, never raised."""
         if frames and frames[0] == RULES_TOPIC:
             if len(frames) > 1 and frames[1] == PUBLISHED:
-                self._apply_published(frames)
+                self._apply_published(frames, link)
             else:
                 self._apply_rules(frames)
             return
+        private = self._controls[link].replies.get(frames[0]) if frames else None
+        if private is not None:  # our private RESYNC's answer: as on the domain's topic
+            frames = [topic(private), *frames[1:]]
         control = self._decoded(decode_control, frames, "control message")
         ours = control is not None and (self.domains is None or control.domain in self.domains)
         if ours and control is not None and control.command == DELAY_UNTIL:
-            self._apply_delays([(control.domain, control.identifier, control.until_ms)], now)
+            self._apply_delays([(control.domain, control.identifier, control.until_ms)], now,
+                               link)  # fmt: skip
             return
         self.counters.control_received += 1
         if control is None:
@@ -188,20 +246,23 @@ class _Link:
         if not ours:
             self.counters.control_ignored += 1
             return
-        self._resync_mark(control.domain, control.command)  # RESYNCSTART or RESYNCDONE
+        # RESYNCSTART or RESYNCDONE
+        self._resync_mark(control.domain, control.command, link, private is not None)
 
-    def _apply_batch(self, batch: ControlBatch[bytes], now: int) -> None:
+    def _apply_batch(self, batch: ControlBatch[bytes], now: int, link: int = 0) -> None:
         """Apply messages as ``wire.control.drain_control`` gives them, in order: runs of
         DELAY_UNTILs for our domains already decoded (tuples) in one call each, anything
         else (raw frames) one at a time."""
         for kind, run in groupby(batch, type):
             if kind is tuple:
-                self._apply_delays(cast("list[ControlRecord[bytes]]", list(run)), now)
+                self._apply_delays(cast("list[ControlRecord[bytes]]", list(run)), now, link)
             else:
                 for frames in run:
-                    self._apply_control(cast("list[bytes]", frames), now)
+                    self._apply_control(cast("list[bytes]", frames), now, link)
 
-    def _apply_delays(self, records: list[ControlRecord[bytes]], now: int) -> None:
+    def _apply_delays(
+        self, records: list[ControlRecord[bytes]], now: int, link: int = 0
+    ) -> None:
         """DELAY_UNTILs ``(domain, identifier, until_ms)`` for domains we serve (decoded,
         checked): counted per domain (loss detection), then remembered."""
         self.counters.control_received += len(records)
@@ -209,7 +270,7 @@ class _Link:
         refused, evicted = table.refused, table.evicted
         counts: dict[bytes, int] = {}
         self.decider.control_many(records, now, counts)
-        received = self._received
+        received = self._controls[link].received
         for domain, count in counts.items():
             if domain in received:
                 received[domain] += count
@@ -229,14 +290,18 @@ class _Link:
                 table.max_entries, table.evicted - evicted,
             )  # fmt: skip
 
-    def _resync_mark(self, domain: bytes, command: bytes) -> None:
-        """The master answers a RESYNC: it started (stop asking), or it is done."""
+    def _resync_mark(self, domain: bytes, command: bytes, link: int, private: bool) -> None:
+        """A master answers a RESYNC: it started (stop asking it), or it is done. A
+        private answer is not in the master's publish count: its heartbeat baseline
+        starts again."""
         if command == RESYNCSTART:
-            self._resync.pop(domain, None)
+            self._resync.pop((link, domain), None)
+            if private:
+                self._controls[link].heartbeat.pop(domain, None)
         elif command == RESYNCDONE:
             self.resyncs_done += 1
 
-    def _apply_published(self, frames: list[bytes]) -> None:
+    def _apply_published(self, frames: list[bytes], link: int = 0) -> None:
         """The master's heartbeat: how many DELAY_UNTILs it published for a domain. What
         it published since the last heartbeat and we did not receive was lost (at a
         high-water mark): counted, and the domain's live verdicts asked for again."""
@@ -246,14 +311,15 @@ class _Link:
         domain, published = heartbeat
         if self.domains is not None and domain not in self.domains:
             return
-        received = self._received.get(domain, 0)
-        last = self._heartbeat.get(domain)
-        if last is None and len(self._heartbeat) >= MAX_LINES:
+        control = self._controls[link]
+        received = control.received.get(domain, 0)
+        last = control.heartbeat.get(domain)
+        if last is None and len(control.heartbeat) >= MAX_LINES:
             return
-        self._heartbeat[domain] = (published, received)
+        control.heartbeat[domain] = (published, received)
         if last is None:  # first heartbeat since (re)connecting: our baseline
             if self.domains is None:  # subscribed to everything: domains named here
-                self._want_resync((domain,))
+                self._want_resync((domain,), link)
             return
         if published < last[0]:  # a new master: counting starts again
             return
@@ -265,13 +331,14 @@ class _Link:
                 "heartbeat): asking the master to resync", lost, domain[:64],
                 published - last[0], received - last[1],
             )  # fmt: skip
-            self._want_resync((domain,))
+            self._want_resync((domain,), link)
 
-    def _want_resync(self, domains: Iterable[bytes]) -> None:
-        """Ask for these domains' live verdicts (sent by :meth:`_send_resyncs`)."""
+    def _want_resync(self, domains: Iterable[bytes], link: int) -> None:
+        """Ask master ``link`` for these domains' live verdicts (:meth:`_send_resyncs`)."""
         for domain in domains:
-            if domain not in self._resync and len(self._resync) < MAX_LINES:
-                self._resync[domain] = (0, 0.0)
+            key = (link, domain)
+            if key not in self._resync and len(self._resync) < MAX_LINES:
+                self._resync[key] = (0, 0.0)
 
     def _send_resyncs(self) -> None:
         """Send the RESYNCs due, once the accounting socket is connected; again after
@@ -281,19 +348,29 @@ class _Link:
         if not self._resync or pub is None or self._peers <= 0:
             return
         now = time.monotonic()
-        for domain, (attempts, due) in list(self._resync.items()):
+        bare: set[bytes] = set()  # one bare RESYNC reaches every master
+        for (link, domain), (attempts, due) in list(self._resync.items()):
             if due > now:
                 continue
             if attempts >= RESYNC_ATTEMPTS:
-                del self._resync[domain]
-                self._malformed_log.warning("no answer to RESYNC for %r: the master may not "
-                                            "support it", domain[:64])  # fmt: skip
+                del self._resync[link, domain]
+                self._malformed_log.warning("no answer to RESYNC for %r from %s: the master "
+                                            "may not support it", domain[:64],
+                                            self.masters[link][1])  # fmt: skip
                 continue
             retry = RESYNC_FIRST_RETRY_S if attempts == 0 else RESYNC_RETRY_S
-            self._resync[domain] = (attempts + 1, now + retry)
+            self._resync[link, domain] = (attempts + 1, now + retry)
+            reply = self._reply_of.get((link, domain))
+            if reply is None or attempts >= PRIVATE_ATTEMPTS:
+                if domain in bare:
+                    continue
+                bare.add(domain)
+                message = encode_resync(domain)
+            else:
+                message = encode_private_resync(topic(domain), reply)
             self.resyncs_requested += 1
             with contextlib.suppress(zmq.ZMQError):
-                send_all(pub, [encode_resync(domain)])
+                send_all(pub, [message])
 
     def _decoded(
         self, decode: Callable[[list[bytes]], T], frames: list[bytes], what: str
@@ -329,64 +406,89 @@ class _Link:
             log.info("first line for %r: %s", domain.decode("utf-8", "replace"),
                      describe_line(line))  # fmt: skip
 
-    def _apply_monitor(self, frames: list[bytes], control: bool = False) -> None:
-        """A connection event of the accounting socket, or (``control``) the control one."""
+    def _apply_monitor(self, frames: list[bytes], control: bool = False, link: int = 0) -> None:
+        """A connection event of the accounting socket, or (``control``) of master
+        ``link``'s control one."""
         try:
-            event = parse_monitor_message(frames)["event"]
+            message = parse_monitor_message(frames)
+            event = message["event"]
         except Exception:  # monitor frames come from libzmq, but never let them kill us
             return
+        if not control:  # one PUB for every master: the event names the endpoint
+            link = self._accounting_index(message.get("endpoint"))
         if event & HANDSHAKE_FAILED:
-            self._handshake_failed(control)
+            self._handshake_failed(control, link)
             return
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # watched with CURVE only
             event = zmq.EVENT_CONNECTED  # the master's key proved: now it counts
         elif event == zmq.EVENT_DISCONNECTED and self.curve is not None:
-            up = self._control_peers if control else self._peers
+            up = self._controls[link].up if control else self._peers
             if not up:
                 return  # the end of a failed handshake, logged already
+        acc = self.masters[link][0]
         if control:
-            if event == zmq.EVENT_CONNECTED:
-                self._control_peers += 1
-                self.watch.heard(now_ms())
-                log.info("control connected to %s", self.control)
-                self._heartbeat.clear()  # (re)connected: what we missed is unknown...
-                self._want_resync(self.domains or ())  # ...so ask for every live verdict
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._control_peers = max(0, self._control_peers - 1)
-                log.warning("control disconnected from %s: no verdicts from the master until "
-                            "it is back", self.control)  # fmt: skip
+            self._control_event(event, link)
         elif event == zmq.EVENT_CONNECTED:
             self._peers += 1
-            log.info("accounting connected to %s", self.accounting)
+            log.info("accounting connected to %s", acc)
         elif event == zmq.EVENT_DISCONNECTED:
             self._peers = max(0, self._peers - 1)
-            log.warning("accounting disconnected from %s: failing open", self.accounting)
+            if self._peers:
+                log.warning("accounting disconnected from %s: the other masters hold its "
+                            "share", acc)  # fmt: skip
+            else:
+                log.warning("accounting disconnected from %s: failing open", acc)
 
-    def _handshake_failed(self, control: bool) -> None:
+    def _control_event(self, event: int, link: int) -> None:
+        control = self._controls[link]
+        if event == zmq.EVENT_CONNECTED:
+            control.up += 1
+            self._control_peers += 1
+            self.watch.heard(now_ms())
+            log.info("control connected to %s", control.address)
+            control.heartbeat.clear()  # (re)connected: what we missed is unknown...
+            self._want_resync(self.domains or (), link)  # ...so ask for every live verdict
+        elif event == zmq.EVENT_DISCONNECTED:
+            control.up = max(0, control.up - 1)
+            self._control_peers = max(0, self._control_peers - 1)
+            log.warning("control disconnected from %s: no verdicts from that master until "
+                        "it is back", control.address)  # fmt: skip
+
+    def _accounting_index(self, endpoint: object) -> int:
+        """Which master an accounting socket event is about (by its endpoint)."""
+        name = endpoint.decode("utf-8", "replace") if isinstance(endpoint, bytes) else endpoint
+        for k, (acc, _ctl) in enumerate(self.masters):
+            if acc == name:
+                return k
+        return 0
+
+    def _handshake_failed(self, control: bool, link: int = 0) -> None:
         if self.curve is None:
             why = "the master may require CURVE keys (--curve-secret, --curve-server)"
         else:
             why = ("the peer does not hold the secret key of the master this gatekeeper "
                    "pins (--curve-server), or does not allow this gatekeeper's key")  # fmt: skip
-        self._handshake_log.warning("handshake with %s failed: %s",
-                                    self.control if control else self.accounting, why,
-                                    key="control" if control else "accounting")  # fmt: skip
+        acc, ctl = self.masters[link]
+        key = f"{'control' if control else 'accounting'}{link}"
+        self._handshake_log.warning("handshake with %s failed: %s", ctl if control else acc,
+                                    why, key=key)  # fmt: skip
         self.handshakes_failed += 1
-        self._redial.setdefault(control, time.monotonic() + REDIAL_S)
+        self._redial.setdefault((control, link), time.monotonic() + REDIAL_S)
 
-    def _control_socket(self) -> zmq.Socket[Any] | None:
-        """Subclass hook: the control SUB socket, once made."""
+    def _control_socket(self, link: int = 0) -> zmq.Socket[Any] | None:
+        """Subclass hook: master ``link``'s control SUB socket, once made."""
         return None
 
     def _dial_again(self) -> None:
         """Reconnect the sockets whose handshake failed ``REDIAL_S`` ago."""
         now = time.monotonic()
-        for control, due in list(self._redial.items()):
+        for (control, link), due in list(self._redial.items()):
             if due > now:
                 continue
-            del self._redial[control]
-            sock = self._control_socket() if control else self._pub
-            endpoint = self.control if control else self.accounting
+            del self._redial[control, link]
+            sock = self._control_socket(link) if control else self._pub
+            acc, ctl = self.masters[link]
+            endpoint = ctl if control else acc
             if sock is None or not endpoint:
                 continue
             with contextlib.suppress(zmq.ZMQError):
@@ -409,17 +511,20 @@ class _Link:
                 self._pub.getsockopt(zmq.EVENTS)
         self._send_resyncs()
 
-    def _topics(self) -> list[bytes]:
+    def _topics(self, link: int = 0) -> list[bytes]:
         if self.domains is None:
             return [b""]
         # the rules topic also carries the master's publish counters (loss detection)
-        return [*(topic(d) for d in sorted(self.domains)), RULES_TOPIC]
+        return [*(topic(d) for d in sorted(self.domains)), RULES_TOPIC,
+                *self._controls[link].replies]  # fmt: skip
 
     def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
         if not self.accounting:
             return None
         pub = self._secure(ctx.socket(zmq.PUB))
-        allow_ipv6(pub, self.accounting)
+        allow_ipv6(pub, *(acc for acc, _ctl in self.masters if acc))
+        if self.sharded:  # nothing queued for a master that is down: the others take it
+            pub.setsockopt(zmq.IMMEDIATE, 1)
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
         # at the high-water mark a send fails (counted as accounting_dropped) instead of
         # being dropped silently by the PUB socket
@@ -427,7 +532,13 @@ class _Link:
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.RECONNECT_IVL, 100)
         pub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        return pub  # connected by the caller once its monitor is watching
+        return pub  # connected by the caller once its monitor is watching (_connect_pub)
+
+    def _connect_pub(self, pub: zmq.Socket[bytes]) -> None:
+        """Connect the accounting PUB to every master."""
+        for acc, _ctl in self.masters:
+            if acc:
+                pub.connect(acc)
 
     def _secure(self, sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
         """CURVE on a socket before it connects, when configured (the one place)."""
@@ -435,14 +546,15 @@ class _Link:
             self.curve.secure(sock)
         return sock
 
-    def _connect_sub(self, sub: zmq.Socket[Any]) -> None:
-        """Subscribe a control socket (either twin's) to our domains and connect it."""
+    def _connect_sub(self, sub: zmq.Socket[Any], link: int = 0) -> None:
+        """Subscribe master ``link``'s control socket (either twin's) and connect it."""
+        address = self.masters[link][1] or ""
         self._secure(sub)
-        allow_ipv6(sub, self.control or "")
+        allow_ipv6(sub, address)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        for t in self._topics():
+        for t in self._topics(link):
             sub.setsockopt(zmq.SUBSCRIBE, t)
-        sub.connect(self.control or "")
+        sub.connect(address)

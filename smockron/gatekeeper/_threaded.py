@@ -33,14 +33,16 @@ class Gatekeeper(_GatekeeperBase):
         _batch_io_thread(self._ctx)  # it is woken by every accounting message sent
         self._pub = self._setup_pub(self._ctx)
         self._monitor = self._pub.get_monitor_socket(self._monitor_events) if self._pub else None
-        if self._pub is not None and self.accounting:
-            self._pub.connect(self.accounting)
-        self._sub: zmq.Socket[bytes] | None = None
-        self._cmonitor: zmq.Socket[bytes] | None = None
-        if self.control:
-            self._sub = self._ctx.socket(zmq.SUB)
-            self._cmonitor = self._sub.get_monitor_socket(self._monitor_events)
-            self._connect_sub(self._sub)
+        if self._pub is not None:
+            self._connect_pub(self._pub)
+        self._subs: list[zmq.Socket[bytes] | None] = []  # one per master
+        self._cmonitors: list[zmq.Socket[bytes]] = []
+        for link, (_acc, ctl) in enumerate(self.masters):
+            sub = self._ctx.socket(zmq.SUB) if ctl else None
+            self._subs.append(sub)
+            if sub is not None:
+                self._cmonitors.append(sub.get_monitor_socket(self._monitor_events))
+                self._connect_sub(sub, link)
         self._thread = threading.Thread(target=self._run, name="smockron-gatekeeper", daemon=True)
         self._thread.start()
 
@@ -80,12 +82,18 @@ class Gatekeeper(_GatekeeperBase):
                     self.account_went(waiting, loginfo)
         return decision._replace(verdict=REJECT) if waiting.rejected else decision
 
-    def _control_socket(self) -> zmq.Socket[Any] | None:
-        return self._sub
+    def _control_socket(self, link: int = 0) -> zmq.Socket[Any] | None:
+        return self._subs[link] if link < len(self._subs) else None
 
     def _run(self) -> None:
         poller = zmq.Poller()
-        for sock in (self._sub, self._monitor, self._cmonitor):
+        subs: dict[zmq.Socket[bytes], int] = {}  # control socket -> its master
+        monitors: dict[zmq.Socket[bytes], int] = {}  # its monitor -> the same
+        cmonitors = iter(self._cmonitors)
+        for link, sub in enumerate(self._subs):
+            if sub is not None:
+                subs[sub] = monitors[next(cmonitors)] = link
+        for sock in (self._monitor, *subs, *monitors):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         next_sweep = time.monotonic() + SWEEP_INTERVAL_S
@@ -94,14 +102,15 @@ class Gatekeeper(_GatekeeperBase):
                 ready = dict(poller.poll(_POLL_MS))
             except zmq.ZMQError:
                 break  # context terminated by close()
-            if self._sub is not None and self._sub in ready:
-                self._drain_sub(self._sub)
-            if self._monitor is not None and self._monitor in ready:
-                with self._lock:
-                    self._apply_monitor(self._monitor.recv_multipart())
-            if self._cmonitor is not None and self._cmonitor in ready:
-                with self._lock:
-                    self._apply_monitor(self._cmonitor.recv_multipart(), control=True)
+            for sock in ready:
+                if sock is self._monitor:
+                    with self._lock:
+                        self._apply_monitor(self._monitor.recv_multipart())
+                elif sock in subs:
+                    self._drain_sub(sock, subs[sock])
+                elif sock in monitors:
+                    with self._lock:
+                        self._apply_monitor(sock.recv_multipart(), True, monitors[sock])
             with self._lock:
                 self._poke()
             if time.monotonic() >= next_sweep:
@@ -111,7 +120,7 @@ class Gatekeeper(_GatekeeperBase):
                 self.decider.reclaimer.reclaim()  # memory back after a wave, unlocked
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
 
-    def _drain_sub(self, sub: zmq.Socket[bytes]) -> None:
+    def _drain_sub(self, sub: zmq.Socket[bytes], link: int = 0) -> None:
         """Everything queued, in batches (wire.control.drain_control: one compiled call each,
         DELAY_UNTILs decoded while received), applied under the lock a slice at a time so
         requests are decided in between."""
@@ -123,18 +132,19 @@ class Gatekeeper(_GatekeeperBase):
             for start in range(0, len(batch), CONTROL_SLICE):
                 now = now_ms()
                 with self._lock:  # the first line's times are shared with decide
-                    self._apply_batch(batch[start : start + CONTROL_SLICE], now)
+                    self._apply_batch(batch[start : start + CONTROL_SLICE], now, link)
 
     def close(self) -> None:
         """Stop the reader thread and close the sockets."""
         self._stop.set()
         self._thread.join(2.0)
         with self._lock:
-            for watched in (self._pub, self._sub):
+            subs = [sub for sub in self._subs if sub is not None]
+            for watched in (self._pub, *subs):
                 if watched is not None:
                     with contextlib.suppress(zmq.ZMQError):
                         watched.disable_monitor()
-            for sock in (self._monitor, self._cmonitor, self._sub, self._pub):
+            for sock in (self._monitor, *self._cmonitors, *subs, self._pub):
                 if sock is not None:
                     sock.close(0)
             self._pub = None

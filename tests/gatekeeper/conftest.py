@@ -43,7 +43,7 @@ class MasterSockets:
         deadline = time.monotonic() + timeout_s
         while self.sub.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             frames = self.sub.recv_multipart()
-            if len(frames) == 2 and frames[1] == RESYNC:
+            if len(frames) in (2, 3) and frames[1] == RESYNC:
                 self.resyncs.append(frames[0])
                 continue
             return frames
@@ -56,7 +56,7 @@ class MasterSockets:
         out = []
         while self.sub.poll(int(quiet_s * 1000)):
             frames = self.sub.recv_multipart()
-            if len(frames) == 2 and frames[1] == RESYNC:
+            if len(frames) in (2, 3) and frames[1] == RESYNC:
                 self.resyncs.append(frames[0])
             else:
                 out.append(decode_accounting(frames))

@@ -110,7 +110,7 @@ async def test_lost_delay_untils_are_counted_and_resynced(
         feeder.setsockopt(zmq.LINGER, 0)
         feeder.connect(config.accounting)
         try:
-            await _wait(lambda: b"api" in gk._heartbeat, 10)  # the heartbeat's baseline
+            await _wait(lambda: b"api" in gk._controls[0].heartbeat, 10)  # the heartbeat's baseline
             await asyncio.sleep(0.3)  # the feeder's connection settles
             assert gk.counters.control_lost == 0
             now = int(time.time() * 1000)
