@@ -59,6 +59,7 @@ class GatekeeperOptions(TypedDict, total=False):
     master_rules: bool
     max_ahead_ms: int
     curve: CurveClient | None
+    masters: Iterable[Master | str]
 
 
 class _GatekeeperBase(_Link):

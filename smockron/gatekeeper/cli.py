@@ -16,6 +16,7 @@ from smockron.curve_cli import curve_options
 from smockron.errors import ConfigError
 from smockron.gatekeeper._asyncio import AsyncGatekeeper
 from smockron.gatekeeper._firstline import first_lines
+from smockron.gatekeeper._link import parse_master
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
 from smockron.gatekeeper.identify import parse_identify
 from smockron.gatekeeper.proxy import GatekeeperProxy
@@ -64,6 +65,14 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
 @click.option("--domain", required=True, help="The Smockron domain of every request.")
 @click.option("--accounting", type=ZmqAddress(), default="tcp://127.0.0.1:10004", show_default=True)
 @click.option("--control", type=ZmqAddress(), default="tcp://127.0.0.1:10005", show_default=True)
+@click.option(
+    "--master",
+    "masters",
+    multiple=True,
+    metavar="ACC_ADDR,CTL_ADDR",
+    help="A master of a fleet (repeatable: every master of the fleet); replaces "
+    "--accounting/--control.",
+)
 @click.option("--identify", default="ip", show_default=True, help="ip or header:NAME.")
 @click.option(
     "--trusted-proxy",
@@ -160,6 +169,7 @@ def proxy(
     domain: str,
     accounting: str,
     control: str,
+    masters: tuple[str, ...],
     identify: str,
     trusted_proxy: tuple[str, ...],
     max_delay: float,
@@ -203,6 +213,7 @@ def proxy(
             master_rules=master_rules,
             max_ahead_ms=round(max_ahead),
             curve=curve_client(curve_secret, curve_server),
+            masters=[parse_master(spec) for spec in masters],
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
@@ -220,7 +231,8 @@ def proxy(
 _RELOADABLE = ("max_delay", "max_delayed", "reject_sample", "max_ahead", "rules", "algorithms")
 """What SIGHUP changes in a running proxy; the rest (addresses, identification, keys)
 needs a restart."""
-_PARAMS = (*_RELOADABLE, "listen", "upstream", "domain", "accounting", "control", "identify",
+_PARAMS = (*_RELOADABLE, "listen", "upstream", "domain", "accounting", "control", "masters",
+           "identify",
            "trusted_proxy", "reject_status", "loginfo", "decision_header", "master_rules",
            "stats_interval", "curve_secret", "curve_server", "metrics", "header_timeout",
            "max_connections")  # fmt: skip
@@ -273,6 +285,7 @@ async def serve(
         raise click.ClickException(str(exc)) from None
     runtime.startup_line("proxy", listen=f"{host}:{port}", upstream=server.upstream,
                          accounting=server.gatekeeper.accounting or "none",
+                         masters=len(server.gatekeeper.masters),
                          curve="on" if server.gatekeeper.curve is not None else "off")  # fmt: skip
     try:
         while True:

@@ -1,0 +1,67 @@
+"""A fleet of two real ``smockron master`` processes and two gatekeepers following both:
+each master SIGKILLed and restarted in turn under an abuser's bursts; the abuser is held
+to its rule over the whole window, a polite client is never slowed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from smockron.gatekeeper import Gatekeeper, Verdict
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_for
+
+RATE, BURST = 20.0, 20
+RULE = f"api:{int(RATE)}/s:{BURST}"
+
+
+def _master(me: tuple[str, str], peer: tuple[str, str], log: Path) -> Proc:
+    return run_smockron(["master", "--accounting", me[0], "--control", me[1],
+                         "--peer", ",".join(peer), "--rule", RULE,
+                         "--stats-interval", "0"], log)  # fmt: skip
+
+
+def _ready(gk: Gatekeeper) -> bool:
+    return all(c.up > 0 for c in gk._controls) and gk.master_connected and bool(gk.decider.lines)
+
+
+@pytest.mark.slow
+def test_each_master_killed_in_turn_holds_the_abuser_to_its_rule(tmp_path: Path) -> None:
+    ports = free_ports(4)
+    a = (f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}")
+    b = (f"tcp://127.0.0.1:{ports[2]}", f"tcp://127.0.0.1:{ports[3]}")
+    with stopping([]) as procs:
+        procs += [_master(a, b, tmp_path / "a1.log"), _master(b, a, tmp_path / "b1.log")]
+        gks = [Gatekeeper(None, None, ["api"], masters=[a, b], max_delay_ms=0)
+               for _ in range(2)]  # fmt: skip
+        try:
+            wait_for(lambda: all(map(_ready, gks)), 15)
+            admitted = polite_slowed = 0
+            schedule = {8: ("kill", 0), 12: ("start", 0), 20: ("kill", 1), 24: ("start", 1)}
+            start = time.monotonic()
+            for tick in range(36):  # 9 s: a burst of 20 every 250 ms, split over both
+                action = schedule.get(tick)
+                if action is not None:
+                    kind, which = action
+                    if kind == "kill":
+                        procs[which].kill()
+                    else:
+                        me, peer = (a, b) if which == 0 else (b, a)
+                        procs[which] = _master(me, peer, tmp_path / f"{'ab'[which]}{tick}.log")
+                for i in range(20):
+                    verdict = gks[i % 2].decide(b"api", b"abuser").verdict
+                    admitted += verdict is Verdict.ACCEPT
+                polite = gks[tick % 2].decide(b"api", b"polite").verdict
+                polite_slowed += polite is not Verdict.ACCEPT
+                time.sleep(max(0.0, start + (tick + 1) * 0.25 - time.monotonic()))
+            window = time.monotonic() - start
+        finally:
+            for gk in gks:
+                gk.close()
+        assert "warm start: " in procs[0].log() and "warm start: " in procs[1].log()
+    allowed = BURST + RATE * window
+    assert polite_slowed == 0
+    print(f"admitted {admitted} of {allowed:.0f} allowed")
+    assert admitted <= 1.05 * allowed, (admitted, allowed)
+    assert admitted >= 0.8 * allowed  # held to the rule, not shut out
