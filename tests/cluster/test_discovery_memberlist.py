@@ -464,3 +464,18 @@ async def test_encrypted_members_meet_and_keep_others_out() -> None:
     finally:
         for node in nodes:
             await node.stop()
+
+
+async def test_a_bad_entry_in_a_push_pull_spoils_only_itself() -> None:
+    node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
+                               node_name="me")  # fmt: skip
+    await node.start(lambda peers: None)
+    good = {"Name": "ok", "Addr": bytes([127, 0, 0, 3]), "Port": 9, "Incarnation": 1,
+            "Meta": wire.encode_meta(PeerInfo("127.0.0.3:1051")), "State": wire.STATE_ALIVE,
+            "Vsn": wire.VSN}  # fmt: skip
+    bad = {**good, "Name": "bad", "Addr": b"\x01\x02"}  # a 2-byte address
+    try:
+        node._merge([bad, good])
+    finally:
+        await node.stop()
+    assert sorted(node.members) == ["me", "ok"]

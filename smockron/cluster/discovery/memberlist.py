@@ -326,13 +326,16 @@ class MemberListDiscovery:
             writer.close()
 
     def _merge(self, nodes: Iterable[dict[str, Any]]) -> None:
-        """memberlist's mergeState."""
+        """memberlist's mergeState; a bad entry is counted and skipped, the rest merged."""
         for node in nodes:
             node["Port"] = node["Port"] or self.port
             if node["State"] == wire.STATE_ALIVE:
-                self._alive({"Incarnation": node["Incarnation"], "Node": node["Name"],
-                             "Addr": node["Addr"], "Port": node["Port"],
-                             "Meta": node["Meta"], "Vsn": node["Vsn"]})  # fmt: skip
+                try:
+                    self._alive({"Incarnation": node["Incarnation"], "Node": node["Name"],
+                                 "Addr": node["Addr"], "Port": node["Port"],
+                                 "Meta": node["Meta"], "Vsn": node["Vsn"]})  # fmt: skip
+                except wire.Malformed as exc:
+                    self._malformed(exc, "a push/pull")
             elif node["State"] == wire.STATE_LEFT:
                 self._dead(node["Incarnation"], node["Name"], node["Name"])
             elif node["State"] in (wire.STATE_DEAD, wire.STATE_SUSPECT):
