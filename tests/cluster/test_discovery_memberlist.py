@@ -343,8 +343,8 @@ def test_two_real_nodes_find_each_other_by_gubernators_variables_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two ``smockron cluster`` processes configured as a Gubernator member-list
-    deployment (no GUBER_PEER_DISCOVERY_TYPE): they form one cluster, and a limit of 5
-    admits 5 hits spread over both nodes, not 5 at each."""
+    deployment (no GUBER_PEER_DISCOVERY_TYPE): they form one cluster, a limit of 5 admits
+    5 hits spread over both nodes, not 5 at each, and a node that stops leaves."""
     g1, h1, m1, g2, h2, m2 = free_ports(6)
     procs: list[Proc] = []
     with stopping(procs):
@@ -365,6 +365,8 @@ def test_two_real_nodes_find_each_other_by_gubernators_variables_alone(
             _post(http, "/v1/GetRateLimits", {"requests": [item]})["responses"][0].get("status")
             for http in (h1, h2) * 5
         ]
+        procs[1].stop()  # SIGTERM: it leaves the member list, and is dropped at once
+        wait_for(lambda: _health(h1)["peer_count"] == 1, 5.0)
     assert statuses.count("OVER_LIMIT") == 5, statuses
     assert "member-list" in procs[0].log()
 
