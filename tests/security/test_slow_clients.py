@@ -72,6 +72,7 @@ def metric(port: int, name: str) -> float:
     )
 
 
+@pytest.mark.slow
 def test_proxy_serves_well_behaved_clients_past_slow_ones(tmp_path: Path) -> None:
     port, met, acc, ctl = free_ports(4)
     with backend() as (up, _seen):
@@ -113,6 +114,7 @@ def _open(sock: socket.socket) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_cluster_gateway_serves_well_behaved_clients_past_slow_ones(tmp_path: Path) -> None:
     grpc_port, http_port = free_ports(2)
     args = ["cluster", "--grpc-address", f"127.0.0.1:{grpc_port}",
