@@ -88,7 +88,7 @@ class Counters(CounterSet):
     rules_received: int = 0  # the master's offers of its domains' rules
     identifiers_hashed: int = 0  # longer than a master accepts: decided by their digest
     delayed_again: int = 0  # woken from a delay to find a later DELAY_UNTIL
-    rejected_after_delay: int = 0  # ... one past max_delay from their arrival
+    rejected_after_delay: int = 0  # ... one (or woken) past max_delay from their arrival
 
 
 class Decider:
@@ -361,7 +361,8 @@ class Waiting:
 
     A DELAY that is not paced (no first line) goes at its time, as the original
     gatekeepers' do. A paced one rechecks the master's latest time on waking
-    (:meth:`Decider.recheck`), at most ``tries`` times."""
+    (:meth:`Decider.recheck`), at most ``tries`` times. Either is refused if it wakes
+    later than the longest delay allows."""
 
     __slots__ = ("decider", "decision", "domain", "held", "identifier", "tries", "until", "went_at")
 
@@ -383,7 +384,17 @@ class Waiting:
         self.held = False  # after the first wake it sleeps in a slot recheck gave it
 
     def woke(self, now_ms: int) -> int | None:
-        """The next time to sleep until, or None: done waiting."""
+        """The next time to sleep until, or None: done waiting.
+
+        Woken more than ``max_delay_ms`` after the request arrived (its loop or thread
+        was busy when its time came), it is refused rather than let through late: the
+        longest delay is a promise to the client, which a wait can only keep if it is
+        checked when the wait ends, not only when it begins."""
+        decider = self.decider
+        if now_ms - self.decision.received_ms > decider.max_delay_ms:
+            self.until = -1
+            decider.counters.rejected_after_delay += 1
+            return None
         if self.tries <= 0:
             return None
         self.tries -= 1
@@ -396,5 +407,6 @@ class Waiting:
 
     @property
     def rejected(self) -> bool:
-        """Refused after waiting: the master's time went past the longest delay."""
+        """Refused after waiting: the master's time, or the wake-up, went past the
+        longest delay."""
         return self.until < 0

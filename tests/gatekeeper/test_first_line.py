@@ -210,3 +210,49 @@ def test_rules_offers_are_bounded_and_validated(monkeypatch: pytest.MonkeyPatch)
         assert gk.decider.lines[b"d2"] == Line.of("history", (Rule(1.0, 1),))  # unchanged
     finally:
         gk.close()
+
+
+def test_a_delay_woken_past_the_longest_delay_is_refused() -> None:
+    """The longest delay is a promise: a request whose wait ends late (its loop or
+    thread was busy at its time) is refused, paced or not, instead of going late."""
+    from smockron.gatekeeper._decider import Waiting
+
+    d = decider(max_delay_ms=1000)
+    burst(d, 20)
+    paced = d.decide(D, b"x", T0)
+    assert paced.paced and paced.until_ms == T0 + 100
+    on_time = Waiting(d, D, b"x", paced)
+    assert on_time.woke(T0 + 100) is None and not on_time.rejected
+    late = Waiting(d, D, b"x", paced)
+    assert late.woke(T0 + 1001) is None and late.rejected
+    plain = Decider(max_delay_ms=1000)
+    plain.control(D, b"y", T0 + 1000, T0)
+    unpaced = plain.decide(D, b"y", T0)
+    assert unpaced.verdict is DELAY and not unpaced.paced
+    assert Waiting(plain, D, b"y", unpaced).woke(T0 + 1000) is None  # at the limit: goes
+    refused = Waiting(plain, D, b"y", unpaced)
+    assert refused.woke(T0 + 1001) is None and refused.rejected
+    assert (d.counters.rejected_after_delay, plain.counters.rejected_after_delay) == (1, 1)
+
+
+async def test_a_gatekeeper_whose_loop_was_busy_refuses_the_late_request() -> None:
+    """Through AsyncGatekeeper.wait_out: the loop is blocked past the request's longest
+    delay while it sleeps; when it wakes, the request is refused, not let through."""
+    import asyncio
+    import time
+
+    from smockron.gatekeeper import AsyncGatekeeper
+
+    gk = AsyncGatekeeper(None, None, ["api"], rules=["api:10/s:1"], max_delay_ms=200)
+    gk.start()
+    try:
+        assert gk.check(D, b"x").verdict is ACCEPT
+        decision = gk.check(D, b"x")
+        assert decision.verdict is DELAY and decision.paced
+        waiting = asyncio.create_task(gk.wait_out(decision, D, b"x"))
+        await asyncio.sleep(0)  # it sleeps until its slot...
+        time.sleep(0.25)  # ...while the loop is busy past the longest delay
+        assert await waiting is False
+        assert gk.counters.rejected_after_delay == 1 and gk.decider.waiting == 0
+    finally:
+        await gk.aclose()
