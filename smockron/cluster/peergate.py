@@ -31,7 +31,9 @@ import grpc
 from prometheus_client import Counter
 
 from smockron.cluster.node import Node
+from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog, escaped
+from smockron.settings import parse_host_port
 
 log = logging.getLogger("smockron.cluster")
 
@@ -65,7 +67,11 @@ def _ip(text: str) -> IP | None:
 
 
 def _host(address: str) -> str:
-    return address.rpartition(":")[0].strip("[]") if ":" in address else address
+    """The host of a peer list address (discovery checked it: settings.parse_host_port)."""
+    try:
+        return parse_host_port(address)[0]
+    except ConfigError:
+        return ""  # not an address: no member there
 
 
 class MemberGate:
