@@ -532,6 +532,10 @@ def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> Clust
         changes["peer_picker_hash"] = "fnv1a"  # Gubernator's replicated-hash default
     changes.update(_logging(env), ignored=tuple(warnings(env)))
     memberlist = any(v.startswith("GUBER_MEMBERLIST_") and env[v] for v in env)
+    if memberlist and not changes.get("member_list.known_nodes"):
+        raise ConfigError("when using `member-list` for peer discovery, you MUST provide a "
+                          "hostname of a known host in the cluster via "
+                          "`GUBER_MEMBERLIST_KNOWN_NODES`")  # fmt: skip
     if "peer_discovery" not in changes and memberlist:
         changes["peer_discovery"] = "member-list"
     return with_changes(base or ClusterConfig(), changes)

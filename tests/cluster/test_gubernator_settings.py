@@ -54,6 +54,9 @@ def test_memberlist_variables_without_a_type_mean_member_list() -> None:
     assert build_config(typed, {}).peer_discovery == "dns"
     with pytest.raises(ConfigError, match="exclude each other"):
         build_config({**env, "GUBER_PEERS": "127.0.0.1:1051"}, {})
+    # Gubernator's own check: member-list settings without a node to join
+    with pytest.raises(ConfigError, match="MUST provide a hostname of a known host"):
+        build_config({"GUBER_MEMBERLIST_ADDRESS": "10.0.0.1:7946"}, {})
 
 
 @pytest.mark.parametrize("var", sorted(REFUSED))
@@ -65,12 +68,15 @@ def test_each_refused_setting_stops_the_config_naming_it(var: str) -> None:
 
 
 def test_refused_settings_and_bad_values() -> None:
+    known = {"GUBER_MEMBERLIST_KNOWN_NODES": "10.0.0.2"}
     with pytest.raises(ConfigError, match="GUBER_K8S_WATCH_MECHANISM=pods"):
         build_config({"GUBER_K8S_WATCH_MECHANISM": "pods"}, {})
     with pytest.raises(ConfigError, match="SECRET_KEYS: unable to add secret key at index 1"):
-        build_config({"GUBER_MEMBERLIST_SECRET_KEYS": "MDEyMzQ1Njc4OWFiY2RlZg==,c2VjcmV0"}, {})
+        build_config(
+            {**known, "GUBER_MEMBERLIST_SECRET_KEYS": "MDEyMzQ1Njc4OWFiY2RlZg==,c2VjcmV0"}, {}
+        )
     with pytest.raises(ConfigError, match="unable to base64 decode memberlist encryption key"):
-        build_config({"GUBER_MEMBERLIST_SECRET_KEYS": "not base64!"}, {})
+        build_config({**known, "GUBER_MEMBERLIST_SECRET_KEYS": "not base64!"}, {})
     with pytest.raises(ConfigError, match=r"GUBER_PEER_DISCOVERY_TYPE: is invalid; choices"):
         build_config({"GUBER_PEER_DISCOVERY_TYPE": "consul"}, {})
     with pytest.raises(ConfigError, match="GUBER_PEER_PICKER: 'consistent-hash' is invalid"):
@@ -88,13 +94,13 @@ def test_a_refused_setting_stops_a_real_node_with_one_line(
 
 
 def test_settings_without_effect_are_named_once_at_start() -> None:
-    env = {"GUBER_WORKER_COUNT": "8", "GUBER_INSTANCE_ID": "a", "GUBER_MEMBERLIST_KNOWN_NODE": "x",
+    env = {"GUBER_WORKER_COUNT": "8", "GUBER_INSTANCE_ID": "a", "GUBER_GRPC_ADRESS": "x",
            "GUBER_HTTP_RETRY_COUNT": "3", "GUBER_GRPC_ADDRESS": "127.0.0.1:1"}  # fmt: skip
     lines = warnings(env)
     assert lines == [
         f"GUBER_WORKER_COUNT has no effect: {IGNORED['GUBER_WORKER_COUNT']}",
         f"GUBER_INSTANCE_ID has no effect: {IGNORED['GUBER_INSTANCE_ID']}",
-        "GUBER_MEMBERLIST_KNOWN_NODE is not a Gubernator server setting: ignored (a typo?)",
+        "GUBER_GRPC_ADRESS is not a Gubernator server setting: ignored (a typo?)",
     ]
     assert build_config(env, {}).ignored == tuple(lines)  # read once, logged at start
     assert warnings({"GUBER_K8S_ENDPOINTS_SELECTOR": "app=g"}) == [
