@@ -92,6 +92,8 @@ class MemberGate:
         self._names = False  # some member is named (not an IP): worth resolving again
         self._resolved_at = 0.0
         self._lock = threading.Lock()
+        self._passed: dict[str, None] = {}  # peer strings let in, for _passed_for
+        self._passed_for: frozenset[IP] | None = None
 
     def allowed(self) -> frozenset[IP]:
         """The members' addresses (recomputed when discovery changed the list)."""
@@ -123,9 +125,18 @@ class MemberGate:
             self._seen, self._resolved_at = infos, time.monotonic()
 
     def refuses(self, peer: str) -> bool:
-        """Is a call from ``peer`` (``context.peer()``) refused? Counted and logged."""
+        """Is a call from ``peer`` (``context.peer()``) refused? (``deny`` counts it.)
+        A connection's peer string is let in once parsed: later calls on it (the hot
+        path of forwarding) cost a dict lookup, until the member list changes."""
+        allowed = self.allowed()
+        if self._passed_for is not allowed:
+            self._passed, self._passed_for = {}, allowed
+        if peer in self._passed:
+            return False
         ip = peer_ip(peer)
-        if ip is not None and ip in self.allowed():
+        if ip is not None and ip in allowed:
+            if len(self._passed) < 4096:  # one entry a connection
+                self._passed[peer] = None
             return False
         if (
             ip is not None

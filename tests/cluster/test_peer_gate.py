@@ -218,3 +218,22 @@ def test_peer_tls_names_need_verified_client_certificates(tmp_path: Path) -> Non
 def test_peer_addresses_as_grpc_writes_them(peer: str, ip: str | None) -> None:
     found = peer_ip(peer)
     assert (str(found) if found is not None else None) == ip
+
+
+async def test_a_member_removed_is_refused_on_its_open_connection() -> None:
+    me, other = free_ports(2)
+    config = ClusterConfig(grpc_address=f"127.0.0.1:{me}", http_address="", grpc_server="threads")
+    server = ClusterServer(config, StaticDiscovery([config.grpc_address, f"127.0.0.1:{other}"]))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(config.peer_listen_address) as channel:
+            peers: Any = peers_pb2_grpc.PeersV1Stub(channel)  # type: ignore[no-untyped-call]
+            request = peers_pb2.GetPeerRateLimitsReq(requests=[CHECK])
+            for _ in range(3):  # a member: served (and remembered for this connection)
+                await peers.GetPeerRateLimits(request, timeout=5)
+            server.node.set_peers([PeerInfo(config.grpc_address), PeerInfo(f"192.0.2.7:{other}")])
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await peers.GetPeerRateLimits(request, timeout=5)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await server.stop()
