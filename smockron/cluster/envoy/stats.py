@@ -55,6 +55,8 @@ class EnvoyStats(CounterSet):
     config_errors: int = 0
     config_loads: int = 0
     global_shadow_mode: int = 0
+    json_malformed: int = 0
+    """``POST /json`` bodies that are not a RateLimitRequest (envoyproxy/ratelimit mode)."""
 
 
 @dataclass(slots=True)

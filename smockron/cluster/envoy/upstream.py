@@ -43,6 +43,7 @@ from smockron.cluster.envoy.pb import rls_pb2
 from smockron.cluster.envoy.reload import ConfigReloader
 from smockron.cluster.envoy.service import RateLimitServicer, ServiceError, add_to_server
 from smockron.cluster.envoy.settings import EnvoySettings
+from smockron.cluster.envoy.stats import EnvoyStatsCollector
 from smockron.cluster.envoy.statsd_sink import StatsdSink, counters
 from smockron.cluster.envoy.upstream_env import UpstreamSettings, refusals, warnings
 from smockron.cluster.node import Node as ClusterNode
@@ -204,6 +205,7 @@ class UpstreamFront:
             servicer.stats.config_errors += 1
         self._on_load(self.config)
         self.servicer = servicer
+        node.metrics.registry.register(EnvoyStatsCollector(servicer.stats))
         self._reloader = ConfigReloader(
             servicer, lambda: runtime_files(self.settings), self.reload_interval, self._on_load
         )
@@ -321,6 +323,7 @@ class UpstreamFront:
         try:
             message = json_format.Parse(body, rls_pb2.RateLimitRequest())
         except (json_format.ParseError, ValueError, RecursionError) as exc:
+            servicer.stats.json_malformed += 1
             self._log.warning("envoy: /json: %s", str(exc)[:200], key="json")
             return _plain(400)
         try:

@@ -35,6 +35,8 @@ class UpstreamNode:
     http_port: int
     debug_port: int
     env: dict[str, str]
+    gateway_port: int = 0
+    """smockron's own HTTP gateway (``--http-address``: ``/metrics``)."""
 
     @property
     def grpc_address(self) -> str:
@@ -108,6 +110,7 @@ def upstream_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
             int(full["PORT"]),
             int(full["DEBUG_PORT"]),
             full,
+            http_gateway,
         )
         if wait:
             wait_port(node.http_port)

@@ -242,13 +242,19 @@ async def test_basic_config_extra_tags(
     assert statsd_listener.get(hits) == 1
 
 
+@pytest.mark.parametrize(
+    "switch", [{"USE_STATSD": "false"}, {"USE_STATSD": "true", "DISABLE_STATS": "true"}]
+)
 async def test_statsd_off(
-    upstream_node: StartNode, redis_server: RedisServer, statsd_listener: StatsdListener
+    switch: dict[str, str],
+    upstream_node: StartNode,
+    redis_server: RedisServer,
+    statsd_listener: StatsdListener,
 ) -> None:
-    """USE_STATSD=false: nothing is sent (upstream's tests run this way)."""
+    """USE_STATSD=false (upstream's tests run this way) or DISABLE_STATS: nothing is sent."""
     env = redis_env(
         redis_server.port,
-        USE_STATSD="false",
+        **switch,
         STATSD_HOST="127.0.0.1",
         STATSD_PORT=str(statsd_listener.port),
         STATS_FLUSH_INTERVAL="100ms",
@@ -366,6 +372,48 @@ async def test_basic_auth_config_with_redis_sentinel(
     node = upstream_node(env)
     await basic_base_config(node)
     assert redis.Redis(port=redis_server.port).keys("another_key3_*")
+
+
+@pytest.fixture
+def sentinel_with_auth(tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """A master with a password and a Sentinel with its own: ``(master, sentinel)`` ports."""
+    master, master_proc = start_redis_with(tmp_path, "--requirepass", "password123")
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nrequirepass sentinel123\n"
+        f"sentinel monitor mymaster 127.0.0.1 {master} 1\n"
+        "sentinel auth-pass mymaster password123\n"
+    )
+    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_port(master)
+        wait_port(port)
+        yield master, port
+    finally:
+        for proc in (sentinel, master_proc):
+            proc.terminate()
+            proc.wait(10)
+
+
+async def test_redis_sentinel_with_auth_and_per_second(
+    upstream_node: StartNode, sentinel_with_auth: tuple[int, int]
+) -> None:
+    """upstream's configRedisSentinel with per-second limits too: REDIS_AUTH,
+    REDIS_SENTINEL_AUTH and their REDIS_PERSECOND_ twins, REDIS_PERSECOND_TYPE."""
+    master, sentinel_port = sentinel_with_auth
+    url = f"mymaster,127.0.0.1:{sentinel_port}"
+    env = {"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel",
+           "REDIS_URL": url, "REDIS_AUTH": "password123", "REDIS_SENTINEL_AUTH": "sentinel123",
+           "REDIS_PERSECOND": "true", "REDIS_PERSECOND_SOCKET_TYPE": "tcp",
+           "REDIS_PERSECOND_TYPE": "sentinel", "REDIS_PERSECOND_URL": url,
+           "REDIS_PERSECOND_AUTH": "password123",
+           "REDIS_PERSECOND_SENTINEL_AUTH": "sentinel123"}  # fmt: skip
+    node = upstream_node(env)
+    await basic_base_config(node)
+    client = redis.Redis(port=master, password="password123")
+    assert client.keys("basic_key1_foo_*") and client.keys("another_key3_*")
 
 
 async def test_basic_auth_config_with_redis_cluster(

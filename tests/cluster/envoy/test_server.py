@@ -143,3 +143,7 @@ def test_json_handler(upstream_node: StartNode, redis_server: RedisServer) -> No
                                          b'[{"key": "k", "value": "v"}]}]}')  # fmt: skip
     assert status == 200
     assert json.loads(text) == {"overallCode": "OK", "statuses": [{"code": "OK"}]}
+    url = f"http://127.0.0.1:{node.gateway_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        metrics = resp.read().decode()
+    assert "smockron_envoy_json_malformed_total 3.0" in metrics  # "", "}", the unknown field
