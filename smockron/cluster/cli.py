@@ -306,6 +306,8 @@ async def serve(
             except ConfigError as exc:
                 raise click.ClickException(str(exc)) from None
         await stop.wait()
+        if hasattr(front, "stopping"):
+            front.stopping()  # envoyproxy/ratelimit's health check fails from SIGTERM on
         await _drain(server.config.graceful_termination_delay_ms / 1000)
     finally:
         log.info("shutting down")

@@ -281,6 +281,12 @@ class UpstreamFront:
             await asyncio.sleep(delay if not healthy else 1.0)
             delay = min(delay * 2, 5.0)
 
+    def stopping(self) -> None:
+        """SIGTERM: unhealthy from now on, while calls are still served (upstream's
+        ``sigterm`` component; with GUBER_GRACEFUL_TERMINATION_DELAY_SEC, probes see it
+        before the ports close)."""
+        self.health.set("sigterm", False)
+
     async def close(self) -> None:
         self.health.set("sigterm", False)
         for task in self._tasks:

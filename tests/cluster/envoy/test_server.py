@@ -6,6 +6,7 @@ configuration; ``POST /json`` answers as upstream's JSON handler."""
 from __future__ import annotations
 
 import json
+import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.cluster.envoy.conftest import StartNode, UpstreamNode
+from tests.cluster.envoy.conftest import StartNode, UpstreamNode, request
 from tests.support import RedisServer, free_port, wait_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -147,3 +148,21 @@ def test_json_handler(upstream_node: StartNode, redis_server: RedisServer) -> No
     with urllib.request.urlopen(url, timeout=10) as resp:
         metrics = resp.read().decode()
     assert "smockron_envoy_json_malformed_total 3.0" in metrics  # "", "}", the unknown field
+
+
+async def test_sigterm_fails_the_health_check_while_calls_are_served(
+    upstream_node: StartNode, redis_server: RedisServer
+) -> None:
+    """Upstream's ``sigterm`` component: from SIGTERM on the node is unhealthy; with
+    GUBER_GRACEFUL_TERMINATION_DELAY_SEC it still answers calls meanwhile."""
+    env = redis_env(redis_server.port, GUBER_GRACEFUL_TERMINATION_DELAY_SEC="3")
+    node = upstream_node(env)
+    wait_for(lambda: healthcheck(node) == 200)
+    node.proc.popen.send_signal(signal.SIGTERM)
+    wait_for(lambda: healthcheck(node) == 500)
+    assert grpc_health(node) == NOT_SERVING
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        resp = await node.stub(channel).ShouldRateLimit(
+            request("basic", [[("key1", "foo")]]), timeout=10
+        )
+    assert resp.statuses[0].limit_remaining == 49
