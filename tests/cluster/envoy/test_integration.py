@@ -296,6 +296,21 @@ async def test_basic_auth_config(upstream_node: StartNode, redis_with_password: 
     assert client.keys("basic_key1_foo_*")
 
 
+async def test_redis_url_with_credentials(
+    upstream_node: StartNode, redis_with_password: int
+) -> None:
+    """REDIS_URL as a redis:// URL carrying the password (upstream's driver takes those)."""
+    env = redis_env(redis_with_password)
+    env["REDIS_URL"] = f"redis://:password123@127.0.0.1:{redis_with_password}/0"
+    node = upstream_node(env)
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        resp = await node.stub(channel).ShouldRateLimit(
+            request("basic", [[("key1", "url")]]), timeout=10
+        )
+    assert [status(s) for s in resp.statuses] == [(OK, 50, SECOND, 49)]
+    assert redis.Redis(port=redis_with_password, password="password123").keys("basic_key1_url_*")
+
+
 async def test_redis_auth_wrong_password(
     upstream_node: StartNode, redis_with_password: int
 ) -> None:
