@@ -23,7 +23,10 @@ from smockron.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[str, int, int], ...]
+Signature = tuple[tuple[str, int, int, int], ...]
+"""``(path, mtime_ns, size, inode)`` per file: the inode tells a swapped symlinked tree
+(envoyproxy/ratelimit's runtime directories) from the old one even when the new files
+have the same times and sizes."""
 
 
 class ConfigReloader:
@@ -52,7 +55,7 @@ class ConfigReloader:
             return False
         self._signature = signature
         try:
-            config = load_config([Path(p) for p, _, _ in signature])
+            config = load_config([Path(entry[0]) for entry in signature])
         except ConfigError as exc:
             self.servicer.stats.config_errors += 1
             log.error("envoy: keeping the running config, the new one does not load: %s", exc)
@@ -78,7 +81,7 @@ class ConfigReloader:
             try:
                 st = path.stat()
             except OSError:
-                entries.append((str(path), -1, -1))
+                entries.append((str(path), -1, -1, -1))
                 continue
-            entries.append((str(path), st.st_mtime_ns, st.st_size))
+            entries.append((str(path), st.st_mtime_ns, st.st_size, st.st_ino))
         return tuple(entries)

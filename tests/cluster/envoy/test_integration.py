@@ -8,6 +8,7 @@ Cluster). Test names are upstream's; counters are read from the debug port's ``/
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shutil
 import subprocess
@@ -523,6 +524,8 @@ async def test_watch_root_follows_a_swapped_symlink(
         return int(resp.statuses[0].current_limit.requests_per_unit)
 
     assert await limit() == 5
+    stamp = (first / "a.yaml").stat().st_mtime_ns  # the same times: only the swap differs
+    os.utime(second / "a.yaml", ns=(stamp, stamp))
     swap = tmp_path / "current.new"
     swap.symlink_to(tmp_path / "v2")
     swap.rename(current)
