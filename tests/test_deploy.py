@@ -107,10 +107,31 @@ def test_every_smockron_container_is_probed_on_its_health_endpoints() -> None:
             assert ready["httpGet"]["port"] in ports, ident
         assert container["securityContext"]["allowPrivilegeEscalation"] is False, ident
         assert container["securityContext"]["readOnlyRootFilesystem"] is True, ident
-    assert seen == 3
+    assert seen == 4
     for name in ("smockron-master",):
         container = by_kind("Deployment", name)["spec"]["template"]["spec"]["containers"][0]
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_master_fleet_is_a_statefulset_whose_pods_find_each_other(tmp_path: Path) -> None:
+    """The fleet manifest: each pod's own settings (its config map's file with its
+    --advertise) name the other two as peers; a disruption takes one master at a time."""
+    from smockron.master.config import load_settings
+
+    fleet = by_kind("StatefulSet", "smockron-master-fleet")
+    assert fleet["spec"]["replicas"] == 3
+    pdb = by_kind("PodDisruptionBudget", "smockron-master-fleet")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    config = by_kind("ConfigMap", "smockron-master-fleet")["data"]["master.toml"]
+    (tmp_path / "master.toml").write_text(config)
+    args = fleet["spec"]["template"]["spec"]["containers"][0]["args"]
+    advertise = args[args.index("--advertise") + 1]
+    for pod in range(3):
+        name = f"smockron-master-fleet-{pod}"
+        settings = load_settings(tmp_path / "master.toml",
+                                 overrides={"advertise": advertise.replace("$(POD_NAME)", name),
+                                            "insecure_bind": True})  # fmt: skip
+        assert len(settings.peers) == 2 and not any(name + "." in p for p in settings.peers)
 
 
 def test_master_runs_alone() -> None:

@@ -156,13 +156,20 @@ def check_fleet(settings: MasterSettings) -> None:
         fleet_name(spec)
     if settings.advertise is not None:
         fleet_name(settings.advertise)
+    # the fleet's full list may name this master too (one list for every master of a
+    # StatefulSet): it is not its own peer
+    object.__setattr__(settings, "peers", tuple(p for p in settings.peers
+                                                if fleet_name(p) != settings.name))  # fmt: skip
+
+
+def check_advertised(settings: MasterSettings) -> None:
+    """A master with peers must be named as the fleet reaches it (checked once every
+    setting is in: the file may leave ``advertise`` to a flag)."""
     if settings.peers and settings.advertise is None and _WILDCARD.match(settings.accounting):
         raise ConfigError(
             f"accounting {settings.accounting!r} is a wildcard address: with peers, say how "
             "the fleet reaches this master (--advertise ACC_ADDR,CTL_ADDR)"
         )
-    if settings.name in {fleet_name(p) for p in settings.peers}:
-        raise ConfigError(f"peers include this master itself ({settings.name!r})")
 
 
 def limits(settings: MasterSettings) -> Limits:
@@ -194,6 +201,7 @@ def load_settings(
     settings = replace(settings, domains=_with_flags(settings.domains, rules, algorithms))
     try:
         check_store(settings)
+        check_advertised(settings)
     except ConfigError as exc:
         raise ConfigError(f"{str(path)!r}: {exc}" if path is not None else str(exc)) from None
     return settings

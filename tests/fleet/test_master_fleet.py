@@ -211,3 +211,25 @@ def test_a_bare_connect_opens_no_window_for_on_time_traffic() -> None:
         got = controls(sub, 0.5)
         assert master.stats.domain("api").late == 0
         assert len(got) == 10
+
+
+def test_one_list_for_every_master_of_a_fleet() -> None:
+    """Each master may be given the whole fleet: its own entry is not a peer."""
+    me = "tcp://m0.fleet:10004,tcp://m0.fleet:10005"
+    other = "tcp://m1.fleet:10004,tcp://m1.fleet:10005"
+    config = MasterSettings(advertise=me, peers=(me, other))
+    assert config.peers == (other,) and config.name == "tcp://m0.fleet:10004"
+
+
+def test_the_middleware_follows_a_fleet() -> None:
+    """``masters=`` reaches the middleware's gatekeeper (as docs/fleet.md shows)."""
+    from smockron.gatekeeper import SmockronMiddleware
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        return None
+
+    fleet = ["tcp://127.0.0.1:1,tcp://127.0.0.1:2", "tcp://127.0.0.1:3,tcp://127.0.0.1:4"]
+    middleware = SmockronMiddleware(app, domain="api", masters=fleet, registry=None)
+    assert middleware.gatekeeper.masters == [("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"),
+                                             ("tcp://127.0.0.1:3", "tcp://127.0.0.1:4")]
+    assert middleware.gatekeeper.sharded
