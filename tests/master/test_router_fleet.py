@@ -99,8 +99,8 @@ def test_no_loss_seen_and_one_resync_per_start(tmp_path: Path, shard_by: str) ->
         gk = Gatekeeper(addr(setup.racc), addr(setup.rctl), domains)
         try:
             names = [d.encode() for d in domains]
-            wait_for(lambda: all(n in gk._heartbeat for n in names), 15)
-            start = {n: gk._heartbeat[n] for n in names}
+            wait_for(lambda: all(n in gk._controls[0].heartbeat for n in names), 15)
+            start = {n: gk._controls[0].heartbeat[n] for n in names}
             delayed = 0
             end = time.monotonic() + 4.0
             while time.monotonic() < end:  # each identifier at 20/s: twice its rule
@@ -110,16 +110,18 @@ def test_no_loss_seen_and_one_resync_per_start(tmp_path: Path, shard_by: str) ->
                             delayed += 1
                             gk.release()
                 time.sleep(0.05)
-            received = {n: gk._received.get(n, 0) for n in names}
+            received = {n: gk._controls[0].received.get(n, 0) for n in names}
             # two counters after the last verdict: each counts all of them
-            wait_for(lambda: all(gk._heartbeat[n][1] == gk._received.get(n, 0) and
-                                 gk._heartbeat[n][0] > start[n][0] for n in names), 10)  # fmt: skip
+            link = gk._controls[0]
+            wait_for(lambda: all(link.heartbeat[n][1] == link.received.get(n, 0)
+                                 and link.heartbeat[n][0] > start[n][0] for n in names),
+                     10)  # fmt: skip
             time.sleep(2.2)
             assert delayed > 0
             assert gk.counters.control_lost == 0
             for n in names:
-                published, got = gk._heartbeat[n]
-                assert got == received[n] == gk._received[n]
+                published, got = gk._controls[0].heartbeat[n]
+                assert got == received[n] == gk._controls[0].received[n]
                 assert received[n] - start[n][1] > 0, "no DELAY_UNTIL reached the gatekeeper"
                 # the router counted exactly what the gatekeeper received
                 assert published - start[n][0] == got - start[n][1]
