@@ -233,3 +233,33 @@ def test_the_middleware_follows_a_fleet() -> None:
     assert middleware.gatekeeper.masters == [("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"),
                                              ("tcp://127.0.0.1:3", "tcp://127.0.0.1:4")]
     assert middleware.gatekeeper.sharded
+
+
+def test_a_gatekeeper_restarted_five_times_costs_a_bystander_nothing() -> None:
+    """2,000 live verdicts; a gatekeeper restarted five times gets them all each time
+    (private RESYNC answers), a bystander gatekeeper of the same domain receives none of
+    them (it would have received five whole resyncs on the domain's topic)."""
+    from smockron.gatekeeper import Gatekeeper
+
+    config = settings(api="1/60s:1")
+    live = 2000
+    now = int(time.time() * 1000)
+    with running_master(config) as master, gatekeeper_sockets(config) as (pub, _sub):
+        for i in range(live):
+            pub.send_multipart(encode_accounting("api", ACCEPTED, b"id-%d" % i, now))
+        wait_for(lambda: master.stats.domain("api").published >= live, 10)
+        bystander = Gatekeeper(config.accounting, config.control, ["api"])
+        try:
+            wait_for(lambda: len(bystander.decider.table) >= live, 10)  # its own resync
+            before = bystander.counters.control_received
+            for _ in range(5):
+                restarted = Gatekeeper(config.accounting, config.control, ["api"])
+                try:
+                    table = restarted.decider.table
+                    wait_for(lambda: len(table) >= 0.95 * live, 10)  # noqa: B023
+                finally:
+                    restarted.close()
+            time.sleep(0.5)
+            assert bystander.counters.control_received - before <= 0.1 * live
+        finally:
+            bystander.close()
