@@ -43,9 +43,12 @@ never uses HTTP. Same answers, same errors either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -63,6 +66,7 @@ from smockron.cluster.client._http import (
     decode_responses,
     encode_requests,
 )
+from smockron.cluster.client._routing import REFRESH, OwnerRing
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import (
     Algorithm,
@@ -74,6 +78,7 @@ from smockron.cluster.model import (
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.compiled import load
+from smockron.core.hashring import DEFAULT_REPLICAS
 from smockron.errors import ClientError, ClientTimeout, ClientUnavailable, ItemError
 
 _nativeclient: Any = load("_nativeclient")  # built only where libgrpc++ is installed
@@ -273,6 +278,35 @@ def _checked(resp: RateLimitResponse, name: str, key: str) -> RateLimitResponse:
     return resp
 
 
+_ATTEMPTS = 3
+"""Nodes a routed call tries: its owner, then the next ones as they fail to answer."""
+_HEALTH_TIMEOUT = 2.0
+"""At most this long (seconds) to ask a node for the node list."""
+
+
+def _plan(ring: OwnerRing, requests: Sequence[RateLimitRequest]) -> dict[str | None, list[int]]:
+    """The indexes of ``requests`` by owner (None: no ring yet)."""
+    owner = ring.owner
+    groups: dict[str | None, list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault(owner(f"{r.name}_{r.unique_key}"), []).append(i)
+    return groups
+
+
+def _merge(
+    n: int, groups: Iterable[list[int]], answers: Iterable[list[RateLimitResponse]]
+) -> list[RateLimitResponse]:
+    """The owners' answers back in request order."""
+    out: list[RateLimitResponse] = [_NO_ANSWER] * n
+    for idx, answer in zip(groups, answers, strict=True):
+        for i, resp in zip(idx, answer, strict=True):
+            out[i] = resp
+    return out
+
+
+_NO_ANSWER = RateLimitResponse(error="no answer")
+
+
 def _health(msg: pb.HealthCheckResp) -> HealthCheck:
     return HealthCheck(
         msg.status,
@@ -402,6 +436,60 @@ class _Base(Generic[_Http]):
             return partial(self._lone, timeout=timeout)
         return self._coalesced or self._lone
 
+    def _routing(
+        self, route: bool, ring: tuple[float, str, int], node_args: dict[str, Any]
+    ) -> None:
+        """Set up sending each check to its owner (smockron.cluster.client._routing):
+        ``ring`` is (refresh seconds, hash, replicas); ``node_args`` what a client of one
+        node is built with. Off without ``route`` and for the HTTP gateway (the client
+        knows the nodes' gRPC addresses only)."""
+        refresh, hash_name, replicas = ring
+        self.ring: OwnerRing | None = None
+        """The client's copy of the cluster's ring; None: every call goes to ``address``."""
+        if route and self.http is None:
+            self.ring = OwnerRing(replicas=replicas, hash=hash_name, refresh=refresh)
+        self._node_args = node_args
+        self._nodes: dict[str, Self] = {}
+        self._nodes_lock = threading.Lock()
+        self._seed_name = ""
+        """The ring's name for the node at ``address`` (its advertised address)."""
+
+    def _node(self, name: str) -> Self:
+        """The client (unrouted) of the node ``name``: this one for the node at
+        ``address``, else one made on first use."""
+        node = self._nodes.get(name)
+        if node is not None:
+            return node
+        with self._nodes_lock:
+            node = self._nodes.get(name)
+            if node is None:
+                same = name in (self.address, self._seed_name)
+                make: Callable[..., Self] = type(self)
+                node = self if same else make(name, route=False, **self._node_args)
+                self._nodes[name] = node
+            return node
+
+    def _nodes_to_ask(self) -> list[Self]:
+        """Where to ask for the node list: ``address``, then the nodes known and up."""
+        ring = self.ring
+        assert ring is not None
+        others: list[Self] = [self._node(n) for n in ring.nodes if n not in ring.down]
+        return [self, *(node for node in others if node is not self)]
+
+    def _took(self, via: Self, health: HealthCheck) -> list[Self]:
+        """A node's answer taken into the ring; the clients of nodes no longer listed
+        (the caller closes them)."""
+        ring = self.ring
+        assert ring is not None
+        if via is self and "," not in self.address and health.advertise_address:
+            self._seed_name = health.advertise_address
+        names = [p.grpc_address for p in (*health.local_peers, *health.region_peers)]
+        ring.learn(names)
+        with self._nodes_lock:
+            gone = [n for n in self._nodes if n not in ring.nodes]
+            removed = [self._nodes.pop(n) for n in gone]
+        return [node for node in removed if node is not self]
+
 
 class Client(_Base[HttpTransport]):
     """Blocking client; one gRPC channel (and, given ``http_address``, a pool of HTTP/1.1
@@ -424,6 +512,10 @@ class Client(_Base[HttpTransport]):
         http_address: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         transport: Transport = "auto",
+        route: bool = True,
+        ring_refresh: float = REFRESH,
+        ring_hash: str = "fnv1a-mix",
+        ring_replicas: int = DEFAULT_REPLICAS,
     ) -> None:
         http = (HttpTransport, http_address, ssl_context, transport)
         super().__init__(address, timeout, credentials, options, native, http)
@@ -439,13 +531,108 @@ class Client(_Base[HttpTransport]):
         if coalesce and self._native is not None and self.http is None:
             self.coalescer = NativeCoalescer(self._check_native, self._native)
         elif coalesce:
-            self.coalescer = Coalescer(self.get_rate_limits, lone)
+            self.coalescer = Coalescer(self._get, lone)
         self._route(None if self.coalescer is None else self.coalescer.check, lone)
+        node_args = {"timeout": timeout, "credentials": credentials, "options": options,
+                     "coalesce": coalesce, "native": native}  # fmt: skip
+        self._routing(route, (ring_refresh, ring_hash, ring_replicas), node_args)
+        self._pool: ThreadPoolExecutor | None = None
+        """Sends the parts of a batch owned by different nodes in parallel."""
 
     def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
     ) -> list[RateLimitResponse]:
-        """One response per request, in order; per-item errors are in ``error``."""
+        """One response per request, in order; per-item errors are in ``error``. Each
+        owner's part goes to it, the parts in parallel."""
+        if self.ring is None:
+            return self._get(requests, timeout)
+        return self._routed_batch(requests, timeout, _ATTEMPTS)
+
+    def _routed_batch(
+        self, requests: Sequence[RateLimitRequest], timeout: float | None, attempts: int
+    ) -> list[RateLimitResponse]:
+        ring = self.ring
+        assert ring is not None
+        if ring.due():
+            self._refresh()
+        groups = _plan(ring, requests)
+        if len(groups) == 1:
+            return self._group(next(iter(groups)), requests, timeout, attempts)
+        parts = [(owner, [requests[i] for i in idx]) for owner, idx in groups.items()]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(8, thread_name_prefix="smockron-client")
+        pending = [self._pool.submit(self._group, o, p, timeout, attempts) for o, p in parts[1:]]
+        answers = [self._group(*parts[0], timeout, attempts)]
+        answers.extend(f.result() for f in pending)
+        return _merge(len(requests), groups.values(), answers)
+
+    def _group(
+        self,
+        owner: str | None,
+        requests: Sequence[RateLimitRequest],
+        timeout: float | None,
+        attempts: int,
+    ) -> list[RateLimitResponse]:
+        """Requests of one owner to it; if it cannot be reached, to their next owners."""
+        ring = self.ring
+        if owner is None or ring is None:
+            return self._get(requests, timeout)
+        try:
+            got = self._node(owner)._get(requests, timeout)
+        except ClientUnavailable:
+            if attempts <= 1:
+                raise
+            ring.mark_down(owner)
+            return self._routed_batch(requests, timeout, attempts - 1)
+        ring.observe(requests[0].hash_key, owner, got[0].metadata.get("owner"))
+        return got
+
+    def _routed(self, request: RateLimitRequest, timeout: float | None) -> RateLimitResponse:
+        """A check sent to its owner; if it cannot be reached, to the next one."""
+        ring = self.ring
+        assert ring is not None
+        if ring.due():
+            self._refresh()
+        key = request.hash_key
+        for _ in range(_ATTEMPTS - 1):
+            owner = ring.owner(key)
+            if owner is None:
+                break
+            node = self._nodes.get(owner) or self._node(owner)
+            try:
+                resp: RateLimitResponse = node._via(timeout)(request)
+            except ClientUnavailable:
+                ring.mark_down(owner)
+                continue
+            if resp.metadata.get("owner", owner) != owner:
+                ring.observe(key, owner, resp.metadata["owner"])
+            return resp
+        last: RateLimitResponse = self._via(timeout)(request)
+        return last
+
+    def _refresh(self) -> None:
+        """Re-read the node list (one thread at a time; the others go on meanwhile)."""
+        ring = self.ring
+        if ring is None or not ring.claim():
+            return
+        learned = False
+        try:
+            wait = min(self.timeout, _HEALTH_TIMEOUT)
+            for node in self._nodes_to_ask():
+                with contextlib.suppress(ClientError):
+                    health = node.health_check(timeout=wait)
+                    for gone in self._took(node, health):
+                        gone.close()
+                    learned = True
+                    break
+        finally:
+            if not learned:
+                ring.failed()
+
+    def _get(
+        self, requests: Sequence[RateLimitRequest], timeout: float | None = None
+    ) -> list[RateLimitResponse]:
+        """get_rate_limits on ``address`` alone."""
         out: list[RateLimitResponse] = []
         if self._batches_over_http:
             for i in range(0, len(requests), MAX_BATCH_SIZE):
@@ -523,7 +710,9 @@ class Client(_Base[HttpTransport]):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
-        return _checked(self._via(timeout)(req), name, key)
+        if self.ring is None:
+            return _checked(self._via(timeout)(req), name, key)
+        return _checked(self._routed(req, timeout), name, key)
 
     def health_check(self, *, timeout: float | None = None) -> HealthCheck:
         req = pb.HealthCheckReq()
@@ -534,6 +723,11 @@ class Client(_Base[HttpTransport]):
         self._invoke("LiveCheck", pb.LiveCheckReq(), pb.LiveCheckResp, timeout)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        for node in list(self._nodes.values()):
+            if node is not self:
+                node.close()
         if self._native is not None:
             self._native.close()
         if self._channel is not None:
@@ -572,6 +766,10 @@ class AsyncClient(_Base[AsyncHttpTransport]):
         http_address: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         transport: Transport = "auto",
+        route: bool = True,
+        ring_refresh: float = REFRESH,
+        ring_hash: str = "fnv1a-mix",
+        ring_replicas: int = DEFAULT_REPLICAS,
     ) -> None:
         http = (AsyncHttpTransport, http_address, ssl_context, transport)
         super().__init__(address, timeout, credentials, options, native, http)
@@ -583,14 +781,118 @@ class AsyncClient(_Base[AsyncHttpTransport]):
         """The loop watching the native channel's completions (set by the first call)."""
         self._waiting: set[asyncio.Future[tuple[int, bytes | None, str]]] = set()
         lone = self._one if self.http is None else self._one_http
-        self.coalescer = AsyncCoalescer(self.get_rate_limits, lone) if coalesce else None
+        self.coalescer = AsyncCoalescer(self._get, lone) if coalesce else None
         """Concurrent ``check`` calls on this client's loop go in one GetRateLimits."""
         self._route(None if self.coalescer is None else self.coalescer.check, lone)
+        node_args = {"timeout": timeout, "credentials": credentials, "options": options,
+                     "coalesce": coalesce, "native": native}  # fmt: skip
+        self._routing(route, (ring_refresh, ring_hash, ring_replicas), node_args)
+        self._refreshing: asyncio.Task[None] | None = None
 
     async def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
     ) -> list[RateLimitResponse]:
-        """One response per request, in order; batches of 1,000 are sent concurrently."""
+        """One response per request, in order; each owner's part goes to it, the parts
+        (and batches of 1,000) concurrently."""
+        if self.ring is None:
+            return await self._get(requests, timeout)
+        return await self._routed_batch(requests, timeout, _ATTEMPTS)
+
+    async def _routed_batch(
+        self, requests: Sequence[RateLimitRequest], timeout: float | None, attempts: int
+    ) -> list[RateLimitResponse]:
+        ring = self.ring
+        assert ring is not None
+        if ring.due():
+            await self._refresh_due()
+        groups = _plan(ring, requests)
+        if len(groups) == 1:
+            return await self._group(next(iter(groups)), requests, timeout, attempts)
+        answers = await asyncio.gather(
+            *(
+                self._group(owner, [requests[i] for i in idx], timeout, attempts)
+                for owner, idx in groups.items()
+            )
+        )
+        return _merge(len(requests), groups.values(), answers)
+
+    async def _group(
+        self,
+        owner: str | None,
+        requests: Sequence[RateLimitRequest],
+        timeout: float | None,
+        attempts: int,
+    ) -> list[RateLimitResponse]:
+        """As the sync client's ``_group``."""
+        ring = self.ring
+        if owner is None or ring is None:
+            return await self._get(requests, timeout)
+        try:
+            got = await self._node(owner)._get(requests, timeout)
+        except ClientUnavailable:
+            if attempts <= 1:
+                raise
+            ring.mark_down(owner)
+            return await self._routed_batch(requests, timeout, attempts - 1)
+        ring.observe(requests[0].hash_key, owner, got[0].metadata.get("owner"))
+        return got
+
+    async def _routed(
+        self, request: RateLimitRequest, timeout: float | None
+    ) -> RateLimitResponse:
+        """As the sync client's ``_routed``."""
+        ring = self.ring
+        assert ring is not None
+        if ring.due():
+            await self._refresh_due()
+        key = request.hash_key
+        for _ in range(_ATTEMPTS - 1):
+            owner = ring.owner(key)
+            if owner is None:
+                break
+            node = self._nodes.get(owner) or self._node(owner)
+            try:
+                resp: RateLimitResponse = await node._via(timeout)(request)
+            except ClientUnavailable:
+                ring.mark_down(owner)
+                continue
+            if resp.metadata.get("owner", owner) != owner:
+                ring.observe(key, owner, resp.metadata["owner"])
+            return resp
+        last: RateLimitResponse = await self._via(timeout)(request)
+        return last
+
+    async def _refresh_due(self) -> None:
+        """The first time, wait for the node list; later re-read it in the background."""
+        ring = self.ring
+        assert ring is not None
+        if not ring.learned:
+            await self._refresh()
+        elif self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        ring = self.ring
+        if ring is None or not ring.claim():
+            return
+        learned = False
+        try:
+            wait = min(self.timeout, _HEALTH_TIMEOUT)
+            for node in self._nodes_to_ask():
+                with contextlib.suppress(ClientError):
+                    health = await node.health_check(timeout=wait)
+                    for gone in self._took(node, health):
+                        await gone.close()
+                    learned = True
+                    break
+        finally:
+            if not learned:
+                ring.failed()
+
+    async def _get(
+        self, requests: Sequence[RateLimitRequest], timeout: float | None = None
+    ) -> list[RateLimitResponse]:
+        """get_rate_limits on ``address`` alone; batches of 1,000 sent concurrently."""
         if self._batches_over_http:
             if len(requests) <= MAX_BATCH_SIZE:
                 return await self._post(requests, timeout)
@@ -690,7 +992,9 @@ class AsyncClient(_Base[AsyncHttpTransport]):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = _request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
-        return _checked(await self._via(timeout)(req), name, key)
+        if self.ring is None:
+            return _checked(await self._via(timeout)(req), name, key)
+        return _checked(await self._routed(req, timeout), name, key)
 
     async def health_check(self, *, timeout: float | None = None) -> HealthCheck:
         req = pb.HealthCheckReq()
@@ -701,6 +1005,13 @@ class AsyncClient(_Base[AsyncHttpTransport]):
 
     async def close(self) -> None:
         """Calls still in flight are cancelled, as grpc.aio does."""
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refreshing
+        for node in list(self._nodes.values()):
+            if node is not self:
+                await node.close()
         if self._native is not None:
             self._native.close()
             if self._loop is not None:
