@@ -29,6 +29,14 @@ so client cost is included). Prints medians of ``--runs`` runs:
    (= limit) and the over-admission in percent, medians of the rounds; also the calls
    refused before the limit was used up (under-admission); next to the same load without
    GLOBAL (forwarded to the owner: exact). ``--only-global`` runs this part alone.
+6. ``--client``: smockron's own Python client (``smockron.cluster.Client``, which sends
+   each check to its owner) against 1 node and against 3 nodes: sequential single
+   checks (checks/s, p50, server CPU per check summed over every node, client CPU per
+   check) and 100-check calls (split by owner, sent in parallel); on the 3-node cluster
+   with routing off, checks sent to their owner (local) and to a non-owner (forwarded),
+   p50 and server CPU; ``AsyncClient.check`` one at a time against the sync client's
+   CPU. Every figure a median of ``--runs`` rounds, the rounds interleaved, ratios
+   against the baseline of the same run.
 Goals (issue 5): >= 20,000 checks/s per node via gRPC; p99 < 1 ms at 2,000 calls/s.
 ``--grpc-server threads|asyncio|native`` picks the nodes' gRPC server (default: the node's own).
 """
@@ -46,6 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -54,7 +63,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import median
+from _common import cpu_seconds, median
 
 from smockron.cluster.local import LocalLimiter
 from smockron.cluster.model import RateLimitRequest
@@ -424,6 +433,140 @@ def local_ceiling() -> float:
     return n / (time.perf_counter() - start)
 
 
+class Seq(NamedTuple):
+    rate: float
+    """checks/s"""
+    p50_us: float
+    server_us: float
+    """CPU of every node per check"""
+    client_us: float
+
+
+def _cpu(pids: list[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+def sequential(
+    check: Callable[[str], object], keys: list[str], pids: list[int], seconds: float
+) -> Seq:
+    """Single checks one after another for ``seconds``."""
+    for key in keys[:200]:
+        check(key)
+    lat: list[float] = []
+    server0, client0, start = _cpu(pids), time.process_time(), time.perf_counter()
+    n, end = len(keys), start + seconds
+    while (t := time.perf_counter()) < end:
+        check(keys[len(lat) % n])
+        lat.append(time.perf_counter() - t)
+    wall = time.perf_counter() - start
+    server, client = _cpu(pids) - server0, time.process_time() - client0
+    done = len(lat)
+    lat.sort()
+    return Seq(done / wall, lat[done // 2] * 1e6, server / done * 1e6, client / done * 1e6)
+
+
+def batched(client: Any, keys: list[str], pids: list[int], seconds: float) -> Seq:
+    """100-check get_rate_limits calls one after another (rate in checks/s)."""
+    calls = [
+        [RateLimitRequest("cb", k, 1, 10**9, 60_000) for k in keys[i : i + BATCH]]
+        for i in range(0, len(keys), BATCH)
+    ]
+    client.get_rate_limits(calls[0])
+    lat: list[float] = []
+    server0, client0, start = _cpu(pids), time.process_time(), time.perf_counter()
+    end = start + seconds
+    while (t := time.perf_counter()) < end:
+        got = client.get_rate_limits(calls[len(lat) % len(calls)])
+        assert not got[0].error, got[0].error
+        lat.append(time.perf_counter() - t)
+    wall = time.perf_counter() - start
+    done = len(lat) * BATCH
+    lat.sort()
+    server, used = _cpu(pids) - server0, time.process_time() - client0
+    return Seq(done / wall, lat[len(lat) // 2] * 1e6, server / done * 1e6, used / done * 1e6)
+
+
+def async_sequential(address: str, keys: list[str], pids: list[int], seconds: float) -> Seq:
+    """``await AsyncClient.check`` one at a time."""
+    from smockron.cluster.client import AsyncClient
+
+    async def run() -> Seq:
+        async with AsyncClient(address) as client:
+            for key in keys[:200]:
+                await client.check("cb", key, 1, 10**9, 60_000)
+            lat: list[float] = []
+            server0, client0, start = _cpu(pids), time.process_time(), time.perf_counter()
+            n, end = len(keys), start + seconds
+            while (t := time.perf_counter()) < end:
+                await client.check("cb", keys[len(lat) % n], 1, 10**9, 60_000)
+                lat.append(time.perf_counter() - t)
+            wall = time.perf_counter() - start
+            server, used = _cpu(pids) - server0, time.process_time() - client0
+            done = len(lat)
+            lat.sort()
+            return Seq(done / wall, lat[done // 2] * 1e6, server / done * 1e6, used / done * 1e6)
+
+    return asyncio.run(run())
+
+
+def client_part(seconds: float, runs: int) -> None:
+    """Part 6 (see the module docstring)."""
+    from smockron.cluster.client import Client
+
+    keys = [f"k{i}" for i in range(1000)]
+    print(f"smockron's client, 1 vs 3 nodes: {runs} rounds x {seconds}s, medians; "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    got: dict[str, list[Seq]] = {}
+
+    def note(label: str, seq: Seq) -> None:
+        got.setdefault(label, []).append(seq)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-client-"))
+    (tmp / "one").mkdir()
+    (tmp / "three").mkdir()
+    with cluster(1, tmp / "one") as one, cluster(3, tmp / "three") as three:
+        one_pids, pids = [one[0].pid], [n.pid for n in three]
+        entry = three[0].grpc
+        ring = HashRing([n.grpc for n in three])
+        local = [k for k in keys if ring.owner(f"cb_{k}") == entry]
+        remote = [k for k in keys if ring.owner(f"cb_{k}") != entry]
+        for _ in range(runs):
+            with Client(one[0].grpc) as c:
+                note("1 node, single", sequential(partial(_check, c), keys, one_pids, seconds))
+                note("1 node, 100/call", batched(c, keys, one_pids, seconds))
+            with Client(entry) as c:
+                note("3 nodes, single", sequential(partial(_check, c), keys, pids, seconds))
+                note("3 nodes, 100/call", batched(c, keys, pids, seconds))
+            with Client(entry, route=False) as c:
+                check = partial(_check, c)
+                note("3 nodes, no routing, local", sequential(check, local, pids, seconds))
+                note("3 nodes, no routing, forwarded", sequential(check, remote, pids, seconds))
+                note("3 nodes, no routing, 100/call", batched(c, keys, pids, seconds))
+            note("1 node, AsyncClient single", async_sequential(one[0].grpc, keys, one_pids,
+                                                                seconds))  # fmt: skip
+    med = {label: Seq(*(median([s[i] for s in seqs]) for i in range(4)))
+           for label, seqs in got.items()}  # fmt: skip
+    for label, m in med.items():
+        print(f"  {label:34s} {m.rate:8,.0f} checks/s  p50 {m.p50_us:7.0f} us  server "
+              f"{m.server_us:6.1f} us/check  client {m.client_us:6.1f} us/check")  # fmt: skip
+    base, three_s = med["1 node, single"], med["3 nodes, single"]
+    b100, t100 = med["1 node, 100/call"], med["3 nodes, 100/call"]
+    loc, fwd = med["3 nodes, no routing, local"], med["3 nodes, no routing, forwarded"]
+    asy = med["1 node, AsyncClient single"]
+    print(f"  3 vs 1 node, single checks: rate {three_s.rate / base.rate:.2f}x, server CPU "
+          f"{three_s.server_us / base.server_us:.2f}x (goal <= 1.25x)")  # fmt: skip
+    print(f"  3 vs 1 node, 100/call: rate {t100.rate / b100.rate:.2f}x, server CPU "
+          f"{t100.server_us / b100.server_us:.2f}x")  # fmt: skip
+    print(f"  forwarded vs local p50: {fwd.p50_us / loc.p50_us:.2f}x (goal <= 2x); server CPU "
+          f"{fwd.server_us / loc.server_us:.2f}x")  # fmt: skip
+    print(f"  AsyncClient vs Client, client CPU per single check: "
+          f"{asy.client_us / base.client_us:.2f}x (goal <= 1.5x)")  # fmt: skip
+
+
+def _check(client: Any, key: str) -> object:
+    return client.check("cb", key, 1, 10**9, 60_000)
+
+
 def only_latency(seconds: float, runs: int) -> None:
     print(f"smockron cluster bench, part 3 only: {runs} runs x {seconds}s, medians")
     with tempfile.TemporaryDirectory() as tmp, cluster(1, Path(tmp)) as nodes:
@@ -477,6 +620,7 @@ if __name__ == "__main__":
     parser.add_argument("--grpc-server", choices=["threads", "asyncio", "native"])
     parser.add_argument("--only-latency", action="store_true", help="part 3 alone")
     parser.add_argument("--only-global", action="store_true", help="part 5 alone")
+    parser.add_argument("--client", action="store_true", help="part 6 alone")
     args = parser.parse_args()
     if args.grpc_server:
         GRPC_SERVER.extend(["--grpc-server", args.grpc_server])
@@ -485,5 +629,7 @@ if __name__ == "__main__":
         only_latency(args.seconds, args.runs)
     elif args.only_global:
         only_global(args.runs)
+    elif args.client:
+        client_part(args.seconds, args.runs)
     else:
         asyncio.run(main(args.seconds, args.runs))

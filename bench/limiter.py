@@ -9,7 +9,9 @@ prints the median of 5 rounds in microseconds per check:
 * LocalLimiter for each algorithm, batches of 1,000 requests per ``check`` call (as the
   cluster's batching hands them over), with the compiled path and with the Python path
   (``_compiled = None``, a tenth of the checks over a tenth of the keys: the same hits per
-  key), and one request per call (the same tenth);
+  key), and one prebuilt request per call (the same tenth);
+* LocalLimiter as a caller calls it: a request object built for every check, one per
+  ``check`` call (the like-for-like row against the peers, which are called per check);
 * the ``limits`` library's fixed window (``FixedWindowRateLimiter`` over
   ``MemoryStorage``, one ``hit`` per check) and throttled-py's GCRA
   (``Throttled(using="gcra")`` over ``MemoryStore``, one ``limit`` per check);
@@ -81,6 +83,23 @@ def limiter_round(
     return make
 
 
+def built_round(checks: int, keys: int) -> Round:
+    """LocalLimiter as a caller calls it: a RateLimitRequest built for every check and
+    handed over alone (what the ``limits`` and throttled-py rows pay: one call a check)."""
+    names = [f"k{i}" for i in range(keys)]
+
+    def make() -> Callable[[], None]:
+        check = LocalLimiter(max_keys=keys).check
+
+        def run() -> None:
+            for i in range(checks):
+                check([RateLimitRequest("bench", names[i % keys], 1, LIMIT, DURATION_MS)])
+
+        return run
+
+    return make
+
+
 def limits_round(checks: int, keys: int) -> Round:
     from limits import parse, storage, strategies
 
@@ -143,6 +162,9 @@ def main() -> None:
     one = limiter_round(Algorithm.TOKEN_BUCKET, slow, slow_keys, True, batch=1)
     one_us = median_us(one, slow)
     print(f"LocalLimiter TOKEN_BUCKET, 1 per call {one_us:6.2f}   {fastest / one_us:4.1f}x")
+    built = median_us(built_round(checks, keys), checks)
+    print(f"LocalLimiter TOKEN_BUCKET, request built per check, 1 per call (as callers call) "
+          f"{built:6.2f}   {fastest / built:4.1f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
