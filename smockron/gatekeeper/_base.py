@@ -238,4 +238,5 @@ class _GatekeeperBase(_Link):
         out["master_connected"] = int(self.master_connected)
         out["control_connected"] = int(self.control_connected)
         out["handshakes_failed"] = self.handshakes_failed
+        out["auth_problem"] = int(self.auth_problem() is not None)
         return out

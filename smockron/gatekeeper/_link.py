@@ -55,9 +55,19 @@ CONTROL_HWM: Final = 100_000
 """Control messages queued for the gatekeeper before ZeroMQ drops (the master's HWM too)."""
 CONTROL_BATCHES: Final = 64
 """Batches the threaded reader drains before it sweeps and checks for stop."""
-_MONITOR_EVENTS: Final = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
-_CURVE_EVENTS: Final = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
-"""With CURVE a connection counts once its handshake proved the master's key."""
+_MONITOR_EVENTS: Final = (
+    zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
+)
+"""A connection counts (and is logged) once its handshake succeeded: a TCP connection
+whose handshake fails (no keys here, a wrong key) is not a connection to the master."""
+UNPROVEN_S: Final = 0.5
+"""libzmq reports no handshake with a peer speaking ZMTP 1.0/2.0 (ZeroMQ 2 and 3, as an
+original Smockron master may): without CURVE, a connection that has not failed this long
+after it opened counts too. With CURVE only a succeeded handshake counts."""
+AUTH_STALE_S: Final = 10.0
+"""A failed handshake makes the gatekeeper not ready until one succeeds, or for this long
+after the last failure (the master may have gone away meanwhile: then the silence says so)."""
+_MECHANISM_MISMATCH: Final = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
 """Domains a gatekeeper takes rules offers for: whatever publishes on the control port
@@ -172,7 +182,7 @@ class _Link:
         self.sharded = len(self.masters) > 1
         """A fleet: accounting goes on shard topics (smockron.core.shards)."""
         self.curve = curve
-        self._monitor_events = _MONITOR_EVENTS if curve is None else _CURVE_EVENTS
+        self._monitor_events = _MONITOR_EVENTS
         # None: subscribe to every domain (used when the domain comes from a callable)
         self.domains = None if domains is None else frozenset(_as_bytes(d) for d in domains)
         self._control_topics = {topic(d): d for d in self.domains or ()}
@@ -189,6 +199,12 @@ class _Link:
                 self._reply_of[link.index, domain] = reply
                 self._control_topics[reply] = domain
         self._peers = 0  # accounting connections up, from the PUB socket's monitor
+        self._acc_up = [0] * len(self.masters)  # ...per master
+        self._unproven: dict[tuple[bool, int], float] = {}
+        """(control?, master) -> when its TCP connection opened, handshake not yet done."""
+        self._auth: dict[tuple[bool, int], tuple[int, int, float]] = {}
+        """(control?, master) -> the last failed handshake (event, value, monotonic time),
+        until one succeeds."""
         self._control_peers = 0  # control connections up, from the SUB socket's monitor
         self._pub: zmq.Socket[bytes] | None = None
         self._malformed_log = RateLimitedLog(log)
@@ -210,10 +226,51 @@ class _Link:
 
     def master_problem(self, now: int | None = None) -> str | None:
         """Why this gatekeeper does not hear from its master, or None (readiness)."""
-        return self.watch.problem(now_ms() if now is None else now, self.control_connected)
+        return self.auth_problem() or self.watch.problem(
+            now_ms() if now is None else now, self.control_connected
+        )
+
+    def auth_problem(self) -> str | None:
+        """Why this gatekeeper cannot authenticate to a master (its last handshake failed
+        and none succeeded since), or None."""
+        now = time.monotonic()
+        for (control, link), (event, value, when) in sorted(self._auth.items()):
+            up = self._controls[link].up if control else self._acc_up[link]
+            if up or now - when > AUTH_STALE_S:
+                continue
+            acc, ctl = self.masters[link]
+            return (f"cannot authenticate to the master at {ctl if control else acc}: "
+                    f"{self._auth_reason(event, value)}")  # fmt: skip
+        return None
+
+    def _auth_reason(self, event: int, value: int) -> str:
+        """What a failed handshake's monitor event tells of its cause."""
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (f"the master refused this gatekeeper's key (ZAP status {value}): add "
+                    "its public key to the master's --curve-clients directory and send the "
+                    "master SIGHUP")  # fmt: skip
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+            if self.curve is None:
+                return ("the master requires CURVE and this gatekeeper has no keys: give it "
+                        "--curve-secret and --curve-server")  # fmt: skip
+            return ("this gatekeeper uses CURVE and the master does not: give the master "
+                    "--curve-secret and --curve-clients, or this gatekeeper no keys")  # fmt: skip
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            return (f"ZeroMQ protocol error {value:#x} in the handshake: is a smockron "
+                    "master listening there?")  # fmt: skip
+        if self.curve is not None:
+            return ("the master closed the connection during the CURVE handshake: the key "
+                    "pinned with --curve-server is not the key of the master at that "
+                    "address (or that is not a CURVE master)")  # fmt: skip
+        return ("the master closed the connection during the handshake: it likely requires "
+                "CURVE and this gatekeeper has no keys (give it --curve-secret and "
+                "--curve-server), or that is no ZeroMQ master")  # fmt: skip
 
     def _watch_master(self, now: int) -> None:
-        """One loud line when the master stays silent (then again at most every minute)."""
+        """One loud line when the master stays silent (then again at most every minute);
+        a failed authentication has its own (:meth:`_handshake_failed`)."""
+        if self.auth_problem() is not None:
+            return
         message = self.watch.warning(now, self.control_connected)
         if message is not None:
             log.warning("%s", message)
@@ -408,36 +465,62 @@ class _Link:
 
     def _apply_monitor(self, frames: list[bytes], control: bool = False, link: int = 0) -> None:
         """A connection event of the accounting socket, or (``control``) of master
-        ``link``'s control one."""
+        ``link``'s control one. A connection counts once its handshake succeeded
+        (``UNPROVEN_S``): one whose handshake fails is neither counted nor logged."""
         try:
             message = parse_monitor_message(frames)
-            event = message["event"]
+            event, value = message["event"], int(message["value"])
         except Exception:  # monitor frames come from libzmq, but never let them kill us
             return
         if not control:  # one PUB for every master: the event names the endpoint
             link = self._accounting_index(message.get("endpoint"))
+        key = (control, link)
         if event & HANDSHAKE_FAILED:
-            self._handshake_failed(control, link)
-            return
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # watched with CURVE only
-            event = zmq.EVENT_CONNECTED  # the master's key proved: now it counts
-        elif event == zmq.EVENT_DISCONNECTED and self.curve is not None:
-            up = self._controls[link].up if control else self._peers
-            if not up:
-                return  # the end of a failed handshake, logged already
-        acc = self.masters[link][0]
-        if control:
-            self._control_event(event, link)
+            self._unproven.pop(key, None)
+            self._handshake_failed(control, link, event, value)
         elif event == zmq.EVENT_CONNECTED:
-            self._peers += 1
-            log.info("accounting connected to %s", acc)
-        elif event == zmq.EVENT_DISCONNECTED:
-            self._peers = max(0, self._peers - 1)
-            if self._peers:
-                log.warning("accounting disconnected from %s: the other masters hold its "
-                            "share", acc)  # fmt: skip
-            else:
-                log.warning("accounting disconnected from %s: failing open", acc)
+            self._unproven[key] = time.monotonic()
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self._unproven.pop(key, None) is not None or self.curve is not None:
+                self._connection_up(control, link)
+        elif event == zmq.EVENT_DISCONNECTED and self._unproven.pop(key, None) is None:
+            self._connection_down(control, link)  # (one that never counted: not logged)
+
+    def _prove_connections(self) -> None:
+        """Without CURVE, count the connections open ``UNPROVEN_S`` with no failure
+        (a ZMTP 1.0/2.0 master reports no handshake)."""
+        if self.curve is not None:
+            return
+        now = time.monotonic()
+        for key, opened in list(self._unproven.items()):
+            if now - opened >= UNPROVEN_S:
+                del self._unproven[key]
+                self._connection_up(*key)
+
+    def _connection_up(self, control: bool, link: int) -> None:
+        self._auth.pop((control, link), None)
+        if control:
+            self._control_event(zmq.EVENT_CONNECTED, link)
+            return
+        self._acc_up[link] += 1
+        self._peers += 1
+        log.info("accounting connected to %s", self.masters[link][0])
+
+    def _connection_down(self, control: bool, link: int) -> None:
+        if control:
+            if self._controls[link].up:
+                self._control_event(zmq.EVENT_DISCONNECTED, link)
+            return
+        if not self._acc_up[link]:
+            return
+        self._acc_up[link] -= 1
+        self._peers = max(0, self._peers - 1)
+        acc = self.masters[link][0]
+        if self._peers:
+            log.warning("accounting disconnected from %s: the other masters hold its "
+                        "share", acc)  # fmt: skip
+        else:
+            log.warning("accounting disconnected from %s: failing open", acc)
 
     def _control_event(self, event: int, link: int) -> None:
         control = self._controls[link]
@@ -462,17 +545,15 @@ class _Link:
                 return k
         return 0
 
-    def _handshake_failed(self, control: bool, link: int = 0) -> None:
-        if self.curve is None:
-            why = "the master may require CURVE keys (--curve-secret, --curve-server)"
-        else:
-            why = ("the peer does not hold the secret key of the master this gatekeeper "
-                   "pins (--curve-server), or does not allow this gatekeeper's key")  # fmt: skip
-        acc, ctl = self.masters[link]
-        key = f"{'control' if control else 'accounting'}{link}"
-        self._handshake_log.warning("handshake with %s failed: %s", ctl if control else acc,
-                                    why, key=key)  # fmt: skip
+    def _handshake_failed(self, control: bool, link: int, event: int, value: int) -> None:
+        """Counted, remembered (readiness) and said: one warning per master and minute,
+        however fast libzmq redials."""
         self.handshakes_failed += 1
+        self._auth[control, link] = (event, value, time.monotonic())
+        acc, ctl = self.masters[link]
+        self._handshake_log.warning("cannot authenticate to the master at %s: %s; failing "
+                                    "open meanwhile", ctl if control else acc,
+                                    self._auth_reason(event, value), key=f"auth{link}")  # fmt: skip
         self._redial.setdefault((control, link), time.monotonic() + REDIAL_S)
 
     def _control_socket(self, link: int = 0) -> zmq.Socket[Any] | None:
@@ -506,6 +587,8 @@ class _Link:
         """
         if self._redial:
             self._dial_again()
+        if self._unproven:
+            self._prove_connections()
         if self._pub is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._pub.getsockopt(zmq.EVENTS)

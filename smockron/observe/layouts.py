@@ -11,7 +11,14 @@ _DECISIONS = {"decisions": ("verdict", ("accepted", "delayed", "rejected"))}
 GATEKEEPER = Layout(
     "smockron_gatekeeper",
     gauges=frozenset(
-        {"waiting", "delay_entries", "first_lines", "master_connected", "control_connected"}
+        {
+            "waiting",
+            "delay_entries",
+            "first_lines",
+            "master_connected",
+            "control_connected",
+            "auth_problem",
+        }
     ),
     groups=_DECISIONS,
     docs={
@@ -33,7 +40,8 @@ GATEKEEPER = Layout(
         "first_lines": "Domains with rules of their own (the first line)",
         "master_connected": "1 while the accounting socket is connected to a master",
         "control_connected": "1 while the control socket is connected to a master",
-        "handshakes_failed": "CURVE handshakes with the master that failed (wrong or unpinned key)",
+        "handshakes_failed": "Handshakes with the master that failed (no keys here, a wrong key)",
+        "auth_problem": "1 while the last handshake with a master failed (see the log's reason)",
         "header_timeouts": "Connections closed for not sending complete request headers in time",
         "connections_evicted": "Idle connections closed to make room at the connection cap",
         "connections_refused": "Connections refused (503) at the cap, every one busy",
