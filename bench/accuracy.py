@@ -93,6 +93,8 @@ class Config:
     rule: Rule
     duration: float
     pool_cap: int
+    masters: int = 1
+    """A fleet of this many peered masters; proxies follow all of them (--master)."""
 
     @property
     def ideal(self) -> float:
@@ -297,18 +299,24 @@ PATTERN_FUNCS: Final[dict[str, Pattern]] = {
 }
 
 
-def master_args(cfg: Config, algorithm: str, accounting: str, control: str) -> list[str]:
+def master_args(cfg: Config, algorithm: str, me: tuple[str, str],
+                fleet: list[tuple[str, str]]) -> list[str]:  # fmt: skip
+    peers = [arg for acc, ctl in fleet if (acc, ctl) != me for arg in ("--peer", f"{acc},{ctl}")]
     return [
-        "master", "--accounting", accounting, "--control", control,
+        "master", "--accounting", me[0], "--control", me[1], *peers,
         "--rule", cfg.rule_spec, "--algorithm", f"{cfg.domain}={algorithm}",
     ]  # fmt: skip
 
 
-def proxy_args(cfg: Config, port: int, backend: int, accounting: str, control: str) -> list[str]:
+def proxy_args(cfg: Config, port: int, backend: int, fleet: list[tuple[str, str]]) -> list[str]:
     """A proxy on its defaults: only addresses, identification and the decision header."""
+    if len(fleet) == 1:
+        masters = ["--accounting", fleet[0][0], "--control", fleet[0][1]]
+    else:
+        masters = [arg for acc, ctl in fleet for arg in ("--master", f"{acc},{ctl}")]
     return [
         "proxy", "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{backend}",
-        "--domain", cfg.domain, "--accounting", accounting, "--control", control,
+        "--domain", cfg.domain, *masters,
         "--identify", "header:X-Client", "--decision-header",
     ]  # fmt: skip
 
@@ -324,7 +332,7 @@ async def ready(procs: list[Proc], ports: list[int]) -> None:
     """Proxies listen and report their accounting socket connected to the master."""
     await asyncio.gather(*(asyncio.to_thread(wait_port, p, READY_TIMEOUT_S) for p in ports))
     deadline = time.monotonic() + READY_TIMEOUT_S
-    proxies = procs[1:]
+    proxies = [p for p in procs if "proxy" in p.log_path.name]
     while not all("accounting connected" in p.log() for p in proxies):
         check_alive(procs)
         if time.monotonic() > deadline:
@@ -358,17 +366,21 @@ def stop_all(procs: list[Proc]) -> None:
 async def system(
     cfg: Config, algorithm: str, gatekeepers: int, workdir: Path
 ) -> AsyncIterator[tuple[list[str], Backend, list[Proc]]]:
-    """A fresh master, ``gatekeepers`` proxies and a backend, stopped when the block ends."""
-    acc, ctl, back, *ports = free_ports(3 + gatekeepers)
-    accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
+    """A fresh master (or fleet), ``gatekeepers`` proxies and a backend, stopped when the
+    block ends."""
+    back, *ports = free_ports(1 + gatekeepers)
+    addresses = free_ports(2 * cfg.masters)
+    fleet = [(f"tcp://127.0.0.1:{addresses[2 * i]}", f"tcp://127.0.0.1:{addresses[2 * i + 1]}")
+             for i in range(cfg.masters)]  # fmt: skip
     backend = Backend()
     procs: list[Proc] = []
     try:
         await backend.start(back)
-        procs.append(run_smockron(master_args(cfg, algorithm, accounting, control),
-                                  workdir / "master.log"))  # fmt: skip
+        for i, me in enumerate(fleet):
+            procs.append(run_smockron(master_args(cfg, algorithm, me, fleet),
+                                      workdir / f"master-{i + 1}.log"))  # fmt: skip
         for i, port in enumerate(ports):
-            args = proxy_args(cfg, port, back, accounting, control)
+            args = proxy_args(cfg, port, back, fleet)
             procs.append(run_smockron(args, workdir / f"proxy-{i + 1}.log"))
         await ready(procs, ports)
         yield [f"http://127.0.0.1:{p}/" for p in ports], backend, procs
@@ -476,6 +488,7 @@ def parse_args() -> argparse.Namespace:
     add("--algorithms", default=",".join(ALGORITHMS), help="the master's [history,gcra]")
     add("--rule", default="acc:10/s:20", help="DOMAIN:RATE/UNIT:BURST [acc:10/s:20]")
     add("--pool-cap", type=int, default=50_000, help="most requests of the pool pattern")
+    add("--masters", type=int, default=1, help="a fleet of this many masters [1]")
     add("--json", type=Path, help="also write the rows here")
     return parser.parse_args()
 
@@ -484,7 +497,9 @@ def build(args: argparse.Namespace) -> tuple[Config, list[Row]]:
     if args.duration <= 0 or args.rounds < 1 or args.pool_cap < 1:
         raise SystemExit("--duration, --rounds and --pool-cap must be positive")
     domain, rule = parse_rule_spec(args.rule)
-    cfg = Config(args.rule, domain, rule, args.duration, args.pool_cap)
+    if not 1 <= args.masters <= 8:
+        raise SystemExit("--masters: between 1 and 8")
+    cfg = Config(args.rule, domain, rule, args.duration, args.pool_cap, args.masters)
     try:
         counts = [int(n) for n in args.gatekeepers.split(",")]
     except ValueError:
@@ -505,6 +520,7 @@ def main() -> None:
     cfg, rows = build(args)
     print(f"accuracy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} CPUs (shared), load {os.getloadavg()[0]:.2f}; "
+          f"{cfg.masters} master(s); "
           f"{len(rows)} cells x {args.rounds} round(s)", flush=True)  # fmt: skip
     interrupted = False
     try:
