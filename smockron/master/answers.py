@@ -20,6 +20,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -56,6 +57,9 @@ class Answers:
                  offers: dict[str, list[bytes]]) -> None:  # fmt: skip
         self.engine, self.store, self.out, self.stats = engine, store, out, stats
         self.offers = offers
+        self.warming: Callable[[], bool] = lambda: False
+        """While true (a fleet master taking its peers' state), RESYNCs wait: an answer
+        from a partial store would tell a gatekeeper less than the fleet knows."""
         self._resynced: dict[tuple[str, bytes | None], float] = {}
         self.resyncs = 0
         self.syncs = 0
@@ -64,6 +68,8 @@ class Answers:
         wanted = self.engine.resync_wanted
         while True:
             await asyncio.sleep(POLL_S)
+            if self.warming():
+                continue
             for name, reply in self._due(wanted, time.monotonic()):
                 await self.resync(name, reply)
 

@@ -116,6 +116,8 @@ class Master:
         self.warm: WarmStart | None = None
         if not self.fleet.alone and self.store.warm_start:  # not ready until it ran
             self.warm = WarmStart(self.ctx, self.fleet, self.answers.merge, self._peer_curve())
+            warm = self.warm
+            self.answers.warming = lambda: warm.problem is not None
         self._subscribed: list[bytes] = []
 
     @property
