@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import pytest
 
 from smockron.cluster.envoy.service import EnvoyStats
+from smockron.cluster.envoy.stats import LimitStats
 from smockron.counters import CounterSet
+from smockron.daemons.dthrottle import DThrottleStats
+from smockron.daemons.jarl import JarlStats
 from smockron.gatekeeper._decider import Counters
 from smockron.master.stats import DomainStats
 
@@ -27,7 +31,23 @@ def test_as_dict_is_a_snapshot_in_declaration_order() -> None:
     assert c.as_dict() == {"first": 1, "second": 2}
 
 
-@pytest.mark.parametrize("cls", [Example, EnvoyStats, Counters, DomainStats])
+@dataclass(slots=True)
+class WithReasons(CounterSet):
+    seen: int = 0
+    malformed: Counter[str] = field(default_factory=Counter)
+
+
+def test_a_by_reason_field_reads_out_as_its_total() -> None:
+    c = WithReasons()
+    c.malformed["short"] += 2
+    c.malformed["bad_version"] += 1
+    assert c.as_dict() == {"seen": 0, "malformed": 3}
+
+
+ALL = [Example, WithReasons, EnvoyStats, LimitStats, Counters, DomainStats, DThrottleStats]
+
+
+@pytest.mark.parametrize("cls", [*ALL, JarlStats])
 def test_counter_classes_have_no_instance_dict(cls: type[CounterSet]) -> None:
     c = cls()
     assert not hasattr(c, "__dict__")

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 
+from smockron.counters import CounterSet
 from smockron.daemons.dthrottle.algorithm import Throttle
 from smockron.daemons.dthrottle.clock import Clock, MonotonicClock
 from smockron.daemons.dthrottle.config import DThrottleConfig, Listen
@@ -40,8 +41,8 @@ SOCKET_MODE = 0o660
 """Permissions of a Unix listening socket: its owner and group may connect."""
 
 
-@dataclass
-class DThrottleStats:
+@dataclass(slots=True)
+class DThrottleStats(CounterSet):
     """Counters since start; logged periodically and read by tests."""
 
     connections: int = 0
@@ -56,6 +57,7 @@ class DThrottleStats:
     own_echoes: int = 0
     duplicates: int = 0
     garbage: Counter[str] = field(default_factory=Counter)
+    """Peer report datagrams dropped as malformed, by ``ProtocolError.reason``."""
 
 
 class LineProtocol(asyncio.Protocol):
@@ -156,18 +158,15 @@ class DThrottleDaemon:
         self.started = False
 
     def counters(self) -> dict[str, int]:
-        """For /metrics: the stats with tags answered OK (accepted) and NO (refused)."""
-        s = self.stats
-        return {
-            "accepted": s.queries - s.refused, "refused": s.refused,
-            "connections": s.connections, "open_connections": s.open_connections,
-            "overlong": s.overlong, "malformed": sum(s.garbage.values()),
-            "reports_sent": s.reports_sent, "datagrams_sent": s.datagrams_sent,
-            "datagrams_received": s.datagrams_received, "parts_applied": s.parts_applied,
-            "own_echoes": s.own_echoes, "duplicates": s.duplicates,
-            "buckets": len(self.throttle.buckets), "peers": self.ledger.peers,
-            "evicted": self.throttle.evicted,
-        }  # fmt: skip
+        """For /metrics: the stats with tags answered OK (accepted) and NO (refused),
+        malformed datagrams (``garbage``) and the gauges."""
+        out = self.stats.as_dict()
+        out["accepted"] = out.pop("queries") - out["refused"]
+        out["malformed"] = out.pop("garbage")
+        out["buckets"] = len(self.throttle.buckets)
+        out["peers"] = self.ledger.peers
+        out["evicted"] = self.throttle.evicted
+        return out
 
     def observe(self, address: str) -> ObserveServer:
         """/metrics, /healthz, /readyz (every listener and peer transport is up)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from smockron.counters import CounterSet
 from smockron.daemons.jarl.algorithm import Jarl, format_delay
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import JARL
@@ -32,7 +33,7 @@ RETRY_AFTER_EMFILE = 0.1
 
 
 @dataclass(slots=True)
-class JarlStats:
+class JarlStats(CounterSet):
     """Counts since start; the per-minute log line reports their differences."""
 
     answered: int = 0
@@ -69,9 +70,9 @@ class JarlServer:
 
     def counters(self) -> dict[str, int]:
         """For /metrics: connections answered at once (accepted) or told to wait."""
-        s = self.stats
-        return {"accepted": s.answered - s.delayed, "delayed": s.delayed,
-                "accept_errors": s.accept_errors}  # fmt: skip
+        out = self.stats.as_dict()
+        out["accepted"] = out.pop("answered") - out["delayed"]
+        return out
 
     def observe(self, address: str) -> ObserveServer:
         """/metrics, /healthz, /readyz (the JARL socket is listening)."""
