@@ -3,7 +3,7 @@
 :class:`Gatekeeper` (threads) and :class:`AsyncGatekeeper` (asyncio) speak the Smockron
 protocol to a master; :class:`SmockronMiddleware` (ASGI) and
 :class:`SmockronWSGIMiddleware` (WSGI) put one in front of a web app, and
-``smockron proxy`` (``smockron.gatekeeper.proxy``, needs aiohttp) in front of any service.
+``smockron proxy`` (``smockron.gatekeeper.proxy``) in front of any service.
 """
 
 from __future__ import annotations

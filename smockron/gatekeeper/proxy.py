@@ -1,71 +1,34 @@
 """A reverse-proxy gatekeeper in front of any HTTP service (the seed's nginx-module role).
 
-aiohttp on both sides: bodies are streamed both ways, upstream connections are kept
-alive and reused, hop-by-hop headers are dropped and ``X-Forwarded-For`` is appended.
+The HTTP side is smockron/gatekeeper/_http1.py (asyncio protocols, llhttp parsing):
+bodies are streamed both ways, upstream connections are kept alive and reused,
+hop-by-hop headers are dropped and ``X-Forwarded-For`` is appended. Here: what the
+gatekeeper says about each request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
 from typing import Final
 from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from smockron.errors import ConfigError
 from smockron.gatekeeper._asyncio import AsyncGatekeeper
-from smockron.gatekeeper._decider import Verdict
+from smockron.gatekeeper._decider import Decision, Verdict
+from smockron.gatekeeper._http1 import ClientConnection, Http1Proxy, Request
 from smockron.gatekeeper.httpgate import HttpGate
 from smockron.gatekeeper.identify import RequestInfo
-from smockron.httpguard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedSite
-from smockron.httplog import ServerLog
+from smockron.httpguard import HEADER_TIMEOUT_S, ConnectionGuard
 from smockron.observe import CountersCollector, ObserveServer, Readiness, bound, serve
 from smockron.observe.layouts import GATEKEEPER
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.gatekeeper.proxy")
 
-HOP_BY_HOP: Final = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
 DECISION_HEADER: Final = "X-Smockron-Decision"
-_CHUNK: Final = 64 * 1024
-
-
-def end_to_end(headers: Iterable[tuple[str, str]], connection: str | None) -> CIMultiDict[str]:
-    """Headers minus hop-by-hop ones, including any named in ``Connection``."""
-    drop = set(HOP_BY_HOP)
-    if connection:
-        drop.update(token.strip().lower() for token in connection.split(","))
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers:
-        if name.lower() not in drop:
-            out.add(name, value)
-    return out
-
-
-def request_info(request: web.Request) -> RequestInfo:
-    headers = request.headers
-
-    def lookup(name: str) -> str | None:
-        values = headers.getall(name, ())
-        return ", ".join(values) if values else None
-
-    return RequestInfo(request.remote, request.method, request.path, lookup)
 
 
 class GatekeeperProxy:
@@ -92,12 +55,15 @@ class GatekeeperProxy:
         self.gate = gate
         self.gatekeeper = gatekeeper
         self.decision_header = decision_header
-        self.timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=5, sock_read=upstream_timeout_s
-        )
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
-        self.server_log = ServerLog(log)
+        self.upstream_timeout_s = upstream_timeout_s
+        self._extra = {
+            v: (f"{DECISION_HEADER}: {v.value}\r\n".encode() if decision_header else b"")
+            for v in Verdict
+        }
+        self._http: Http1Proxy | None = None
+        self._delays: set[asyncio.Task[None]] = set()
+        self.bad_requests = 0
+        self._bad_log = RateLimitedLog(log)
         self.metrics = metrics
         self.listener: ObserveServer | None = None
         self.guard = ConnectionGuard(log, header_timeout_s=header_timeout_s,
@@ -109,27 +75,18 @@ class GatekeeperProxy:
         return {
             **self.gatekeeper.stats(),
             "fail_open_errors": self.gate.errors,
-            "bad_requests": self.server_log.bad_requests,
+            "bad_requests": self.bad_requests,
             **self.guard.stats(),
         }
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=0, middlewares=[self.guard.middleware])
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
 
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port``; the gatekeeper and upstream pool start here too."""
         self.gatekeeper.start()
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, timeout=self.timeout
-        )
-        self._runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, logger=self.server_log
-        )
-        await self._runner.setup()
-        await GuardedSite(self._runner, host, port, self.guard, reuse_address=True).start()
+        http = Http1Proxy(self.upstream, self._on_request, self.guard, log,
+                          upstream_timeout_s=self.upstream_timeout_s,
+                          bad_request=self._bad_request)  # fmt: skip
+        await http.start(host, port)
+        self._http = http
         log.info("gatekeeper proxy on %s:%d -> %s (at most %d connections, headers within "
                  "%g s)", host, port, self.upstream, self.guard.max_connections,
                  self.guard.header_timeout_s)  # fmt: skip
@@ -142,90 +99,78 @@ class GatekeeperProxy:
         registry.register(CountersCollector(GATEKEEPER, self.stats))
         readiness = Readiness(
             {
-                "listening": bound(lambda: self._runner is not None, "HTTP listener"),
+                "listening": bound(lambda: self._http is not None, "HTTP listener"),
                 "master": self.gatekeeper.master_problem,
             }
         )
         return serve(address, readiness, registry)
 
     async def close(self) -> None:
+        """Stop listening; requests in progress (delays included) finish first."""
         if self.listener is not None:
             self.listener.close()
             self.listener = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         await self.gatekeeper.aclose()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        req = request_info(request)
-        target = self.gate.target(req)
-        verdict = Verdict.ACCEPT
-        if target is not None:
-            domain, identifier, loginfo = target
-            try:
-                decision = self.gatekeeper.check(domain, identifier, None, loginfo)
-            except Exception as exc:  # fail-permissive, even against our own bugs
-                self.gate.fail_open(exc)
-                return await self._forward(request, verdict)
-            verdict = decision.verdict
-            if verdict is Verdict.DELAY and not await self.gatekeeper.wait_out(
-                decision, domain, identifier, loginfo
-            ):  # the client connection stayed open; the upstream has not seen it yet
-                verdict = Verdict.REJECT
-                decision = decision._replace(verdict=verdict)
-            if verdict is Verdict.REJECT:
-                rejection = self.gate.reject(decision.wait_ms, req)
-                headers = CIMultiDict(rejection.headers)
-                if self.decision_header:
-                    headers[DECISION_HEADER] = verdict.value
-                return web.Response(status=rejection.status, headers=headers, body=rejection.body)
-        return await self._forward(request, verdict)
+    def _bad_request(self, what: str) -> None:
+        self.bad_requests += 1
+        self._bad_log.warning("malformed HTTP request: %s", what.splitlines()[0] if what else "")
 
-    async def _forward(self, request: web.Request, verdict: Verdict) -> web.StreamResponse:
-        assert self._session is not None, "GatekeeperProxy.start() was not awaited"
-        headers = end_to_end(request.headers.items(), request.headers.get("Connection"))
-        headers.popall("Host", None)
-        peer = request.remote or "unknown"
-        prior = request.headers.getall("X-Forwarded-For", ())
-        headers["X-Forwarded-For"] = ", ".join([*prior, peer])
-        headers.setdefault("X-Forwarded-Host", request.host)
-        headers.setdefault("X-Forwarded-Proto", request.scheme)
-        data = request.content if request.body_exists else None
+    def _on_request(self, conn: ClientConnection, req: Request) -> None:
+        info = RequestInfo(conn.peer, req.method.decode("latin-1"), req.path, req.header)
+        target = self.gate.target(info)
+        if target is None:
+            conn.forward(req, self._extra[Verdict.ACCEPT])
+            return
+        domain, identifier, loginfo = target
         try:
-            async with self._session.request(
-                request.method,
-                self.upstream + request.rel_url.raw_path_qs,
-                headers=headers,
-                data=data,
-                allow_redirects=False,
-            ) as upstream:
-                return await self._relay(request, upstream, verdict)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            log.warning("upstream %s failed: %r", self.upstream, exc)
-            return web.Response(status=502, text="502 Bad Gateway: upstream unavailable\n")
+            decision = self.gatekeeper.check(domain, identifier, None, loginfo)
+        except Exception as exc:  # fail-permissive, even against our own bugs
+            self.gate.fail_open(exc)
+            conn.forward(req, self._extra[Verdict.ACCEPT])
+            return
+        verdict = decision.verdict
+        if verdict is Verdict.ACCEPT:
+            conn.forward(req, self._extra[verdict])
+        elif verdict is Verdict.DELAY:
+            task = asyncio.get_running_loop().create_task(
+                self._delay(conn, req, info, decision, target)
+            )
+            req.task = task
+            self._delays.add(task)
+            task.add_done_callback(self._delays.discard)
+        else:
+            self._reject(conn, req, info, decision)
 
-    async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, verdict: Verdict
-    ) -> web.StreamResponse:
-        headers = end_to_end(upstream.headers.items(), upstream.headers.get("Connection"))
-        if self.decision_header:
-            headers[DECISION_HEADER] = verdict.value
-        response = web.StreamResponse(
-            status=upstream.status, reason=upstream.reason, headers=headers
+    async def _delay(
+        self,
+        conn: ClientConnection,
+        req: Request,
+        info: RequestInfo,
+        decision: Decision,
+        target: tuple[bytes, bytes, bytes | None],
+    ) -> None:
+        domain, identifier, loginfo = target
+        if await self.gatekeeper.wait_out(decision, domain, identifier, loginfo):
+            req.task = None
+            conn.forward(req, self._extra[Verdict.DELAY])
+            return
+        # the client connection stayed open; the upstream has not seen it yet
+        req.task = None
+        self._reject(conn, req, info, decision._replace(verdict=Verdict.REJECT))
+        conn.flush()
+
+    def _reject(
+        self, conn: ClientConnection, req: Request, info: RequestInfo, decision: Decision
+    ) -> None:
+        rejection = self.gate.reject(decision.wait_ms, info)
+        headers = b"".join(
+            b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in rejection.headers
+            if name != "content-length"
         )
-        await response.prepare(request)
-        try:
-            async for chunk in upstream.content.iter_chunked(_CHUNK):
-                await response.write(chunk)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            # headers are gone already: cut the connection so the client sees the truncation
-            log.warning("upstream %s failed mid-body: %r", self.upstream, exc)
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        await response.write_eof()
-        return response
+        conn.respond(req, rejection.status_line.encode(), headers, rejection.body,
+                     self._extra[Verdict.REJECT])  # fmt: skip
