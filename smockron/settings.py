@@ -94,6 +94,15 @@ def parse_duration(text: str, *, bare: str | None = "s") -> float:
 # ---------------------------------------------------------------------------- addresses
 
 
+def parse_master(spec: str) -> tuple[str, str]:
+    """A master's ``ACC_ADDR,CTL_ADDR`` (``--master``, ``--peer``, ``--advertise``): its
+    accounting and control addresses, e.g. ``tcp://10.0.0.5:10004,tcp://10.0.0.5:10005``."""
+    acc, sep, ctl = spec.partition(",")
+    if not sep or not acc.strip() or not ctl.strip():
+        raise ConfigError(f"cannot parse master {spec!r}: expected ACC_ADDR,CTL_ADDR")
+    return acc.strip(), ctl.strip()
+
+
 def parse_host_port(text: str, *, listen: bool = False) -> tuple[str, int]:
     """``HOST:PORT``, ``[IPV6]:PORT`` or (to listen) ``*:PORT`` / ``:PORT``.
 

@@ -28,6 +28,7 @@ from smockron.gatekeeper._decider import Counters, Decider
 from smockron.gatekeeper._firstline import Line, describe_line
 from smockron.observe.heard import MasterWatch
 from smockron.ratelog import RateLimitedLog
+from smockron.settings import parse_master
 from smockron.wire.batchio import send_all
 from smockron.wire.codec import (
     DELAY_UNTIL,
@@ -136,14 +137,6 @@ class _Control:
         heartbeat: the next one's difference in both is what was lost meanwhile."""
         self.replies: dict[bytes, bytes] = {}
         """Our private RESYNC reply topics on this connection -> their domain."""
-
-
-def parse_master(spec: str) -> Master:
-    """``ACC_ADDR,CTL_ADDR`` (as ``smockron router --master`` and the fleet take it)."""
-    acc, sep, ctl = spec.partition(",")
-    if not sep or not acc.strip() or not ctl.strip():
-        raise ConfigError(f"cannot parse master {spec!r}: expected ACC_ADDR,CTL_ADDR")
-    return acc.strip(), ctl.strip()
 
 
 class _Link:

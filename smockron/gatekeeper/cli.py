@@ -16,7 +16,6 @@ from smockron.curve_cli import curve_options
 from smockron.errors import ConfigError
 from smockron.gatekeeper._asyncio import AsyncGatekeeper
 from smockron.gatekeeper._firstline import first_lines
-from smockron.gatekeeper._link import parse_master
 from smockron.gatekeeper.httpgate import HttpGate, http_loginfo
 from smockron.gatekeeper.identify import parse_identify
 from smockron.gatekeeper.proxy import GatekeeperProxy
@@ -27,6 +26,7 @@ from smockron.settings import (
     ZmqAddress,
     parse_duration_ms,
     parse_listen,
+    parse_master,
     print_settings_if_asked,
     reread,
 )

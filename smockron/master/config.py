@@ -52,7 +52,7 @@ from smockron.core.rules import (
 from smockron.errors import ConfigError, RuleError
 from smockron.master.engine import DomainPolicy
 from smockron.master.stores.uri import parse_store_uri
-from smockron.settings import parse_duration
+from smockron.settings import parse_duration, parse_master
 from smockron.wire.codec import DEFAULT_LIMITS, Limits
 
 DEFAULT_ACCOUNTING = "tcp://127.0.0.1:10004"
@@ -139,10 +139,7 @@ _SCALARS = {f.name for f in fields(MasterSettings)} - {"domains"}
 
 def fleet_name(spec: str) -> str:
     """A master's name in a fleet, from ``ACC_ADDR,CTL_ADDR``: its accounting address."""
-    acc, sep, ctl = spec.partition(",")
-    if not sep or not acc.strip() or not ctl.strip():
-        raise ConfigError(f"cannot parse master {spec!r}: expected ACC_ADDR,CTL_ADDR")
-    return acc.strip()
+    return parse_master(spec)[0]
 
 
 _WILDCARD = re.compile(r"^tcp://(\*|0\.0\.0\.0|\[::\]|\[\*\]):")

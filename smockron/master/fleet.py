@@ -34,8 +34,9 @@ import zmq
 from smockron.core.shards import SHARDS, encode_shards, owned, shard_of, shard_prefix
 from smockron.curve import CurveClient
 from smockron.errors import ProtocolError
-from smockron.master.config import MasterSettings, fleet_name
+from smockron.master.config import MasterSettings
 from smockron.master.stores.base import Scope, State, Table, expires_at
+from smockron.settings import parse_master
 from smockron.wire.batchio import drain, wait_readable
 from smockron.wire.codec import topic
 from smockron.wire.fleet import (
@@ -67,9 +68,7 @@ class Peer:
 
     @classmethod
     def parse(cls, spec: str) -> Peer:
-        acc, _, ctl = spec.partition(",")
-        fleet_name(spec)  # checks the form
-        return cls(acc.strip(), ctl.strip())
+        return cls(*parse_master(spec))
 
 
 class Fleet:

@@ -68,6 +68,7 @@ from smockron.master.server import MAX_FRAME_BYTES, RULES_EVERY_S
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
+from smockron.settings import parse_master
 from smockron.wire.batchio import drain, send_all, wait_readable
 from smockron.wire.codec import (
     DELAY_UNTIL,
@@ -111,11 +112,8 @@ class MasterAddress:
 
     @classmethod
     def parse(cls, spec: str) -> MasterAddress:
-        """``ACC_ADDR,CTL_ADDR``, e.g. ``tcp://10.0.0.5:10004,tcp://10.0.0.5:10005``."""
-        acc, sep, ctl = spec.partition(",")
-        if not sep or not acc.strip() or not ctl.strip():
-            raise ConfigError(f"cannot parse master {spec!r}: expected ACC_ADDR,CTL_ADDR")
-        return cls(acc.strip(), ctl.strip())
+        """``ACC_ADDR,CTL_ADDR`` (:func:`smockron.settings.parse_master`)."""
+        return cls(*parse_master(spec))
 
 
 @dataclass(slots=True)
