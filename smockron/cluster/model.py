@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import Final, Protocol
 
 from smockron.core.algorithms import Algorithm, Behavior
 
 __all__ = [
+    "MAX_BATCH",
     "Algorithm",
     "Behavior",
     "RateLimitRequest",
@@ -22,6 +23,9 @@ __all__ = [
     "RateLimiter",
     "Status",
 ]
+
+MAX_BATCH: Final = 1000
+"""Gubernator refuses a GetRateLimits (or GetPeerRateLimits) call with more items."""
 
 
 class Status(IntEnum):

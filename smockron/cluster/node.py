@@ -26,6 +26,7 @@ from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.global_sync import GlobalSync
 from smockron.cluster.local import LocalLimiter, epoch_ms
 from smockron.cluster.metrics import ClusterMetrics
+from smockron.cluster.model import MAX_BATCH as MAX_BATCH  # re-exported for the fronts
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.cluster.peers import PeerClient
 from smockron.cluster.replica import ReplicaCache
@@ -37,8 +38,6 @@ from smockron.ratelog import RateLimitedLog, escaped
 log = logging.getLogger("smockron.cluster.node")
 
 _bad_globals_log = RateLimitedLog(log, interval=1.0)
-MAX_BATCH = 1000
-"""Gubernator's maxBatchSize: requests per GetRateLimits call."""
 
 _LOCAL = "local"
 Pending = asyncio.Future[RateLimitResponse]

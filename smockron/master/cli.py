@@ -24,6 +24,7 @@ from smockron.settings import (
     check_zmq_address,
     print_settings_if_asked,
 )
+from smockron.wire.codec import DEFAULT_LIMITS
 
 log = logging.getLogger("smockron.master")
 
@@ -141,19 +142,19 @@ def _refuse_open_binds(endpoints: tuple[str, str], clients: str | None, insecure
     "--max-identifier",
     type=click.IntRange(min=1),
     metavar="BYTES",
-    help="Longest identifier [default: 1024].",
+    help=f"Longest identifier [default: {DEFAULT_LIMITS.max_identifier}].",
 )
 @click.option(
     "--max-domain",
     type=click.IntRange(min=1),
     metavar="BYTES",
-    help="Longest domain [default: 256].",
+    help=f"Longest domain [default: {DEFAULT_LIMITS.max_domain}].",
 )
 @click.option(
     "--max-loginfo",
     type=click.IntRange(min=1),
     metavar="BYTES",
-    help="Longest log info [default: 8192].",
+    help=f"Longest log info [default: {DEFAULT_LIMITS.max_loginfo}].",
 )
 @click.option(
     "--peer",

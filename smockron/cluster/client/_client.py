@@ -69,6 +69,7 @@ from smockron.cluster.client._http import (
 from smockron.cluster.client._routing import REFRESH, OwnerRing
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.model import (
+    MAX_BATCH,
     Algorithm,
     Behavior,
     RateLimitRequest,
@@ -134,7 +135,7 @@ MINUTE = 60 * SECOND
 HOUR = 60 * MINUTE
 """Durations on the wire are milliseconds; Gubernator's Go client has the same constants."""
 
-MAX_BATCH_SIZE = 1000
+MAX_BATCH_SIZE = MAX_BATCH
 """Gubernator rejects a GetRateLimits call with more items than this."""
 
 DEFAULT_ADDRESS = "127.0.0.1:1051"
