@@ -247,16 +247,16 @@ def test_a_gatekeeper_restarted_five_times_costs_a_bystander_nothing() -> None:
     with running_master(config) as master, gatekeeper_sockets(config) as (pub, _sub):
         for i in range(live):
             pub.send_multipart(encode_accounting("api", ACCEPTED, b"id-%d" % i, now))
-        wait_for(lambda: master.stats.domain("api").published >= live, 10)
+        wait_for(lambda: master.stats.domain("api").published >= live, 30)
         bystander = Gatekeeper(config.accounting, config.control, ["api"])
         try:
-            wait_for(lambda: len(bystander.decider.table) >= live, 10)  # its own resync
+            wait_for(lambda: len(bystander.decider.table) >= live, 30)  # its own resync
             before = bystander.counters.control_received
             for _ in range(5):
                 restarted = Gatekeeper(config.accounting, config.control, ["api"])
                 try:
                     table = restarted.decider.table
-                    wait_for(lambda: len(table) >= 0.95 * live, 10)  # noqa: B023
+                    wait_for(lambda: len(table) >= 0.95 * live, 30)  # noqa: B023
                 finally:
                     restarted.close()
             time.sleep(0.5)
