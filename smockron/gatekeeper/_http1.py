@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from smockron.httpguard import ConnectionGuard
+from smockron.httpguard import _REFUSAL, ConnectionGuard
 from smockron.ratelog import RateLimitedLog
 
 MAX_FIELD: Final = 8190
@@ -177,18 +177,34 @@ class Http1Proxy:
         self.server: asyncio.AbstractServer | None = None
         self.closing = False
         self.local_host = b""
+        self._sweep_s = 1.0
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self.local_host = f"{host}:{port}".encode()
         self.server = await loop.create_server(
-            self.guard.factory(lambda: ClientConnection(self)), host, port, reuse_address=True
+            lambda: ClientConnection(self), host, port, reuse_address=True
         )
         self.pool.start()
+        self._sweep_s = min(1.0, self.guard.header_timeout_s / 4)
+        self._sweeper = loop.call_later(self._sweep_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections past their header deadline (one timer for all of them,
+        rather than one set and cancelled per request)."""
+        now = self.pool.loop.time()
+        guard = self.guard
+        for conn in [c for c in guard._idle if c.deadline <= now]:  # type: ignore[attr-defined]
+            guard._timed_out(conn)  # type: ignore[arg-type]
+        self._sweeper = self.pool.loop.call_later(self._sweep_s, self._sweep)
 
     async def close(self, grace_s: float = 10.0) -> None:
         """Stop listening, let requests in progress finish (``grace_s`` at most), close."""
         self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self.server is not None:
             self.server.close()
         for conn in list(self.conns):
@@ -218,7 +234,10 @@ class ClientConnection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
-        self.guarded: Any = None  # the guard's record of this connection
+        # for the ConnectionGuard: requests in progress, when the idle one is cut
+        self.busy = 0
+        self.deadline = 0.0
+        self.timeout_s = proxy.guard.header_timeout_s
         self.req: Request | None = None  # being parsed
         self.active: Request | None = None  # being answered
         self.queue: deque[Request] = deque()  # pipelined, waiting their turn
@@ -234,10 +253,18 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        guard = self.proxy.guard
+        if not guard._admit(self, transport):  # type: ignore[arg-type]
+            self.closed = True
+            with contextlib.suppress(Exception):
+                transport.write(_REFUSAL)  # type: ignore[attr-defined]
+            transport.close()
+            return
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) and peer else None
-        self.guarded = self.proxy.guard._open.get(transport)
         self.proxy.conns.add(self)
+        self.deadline = self.proxy.pool.loop.time() + self.timeout_s
+        guard._idle[self] = None  # type: ignore[index]
 
     def data_received(self, data: bytes) -> None:
         req = self.req
@@ -293,6 +320,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.proxy.conns.discard(self)
+        self.proxy.guard._gone(self)  # type: ignore[arg-type]
         for req in (self.active, *self.queue):
             if req is None:
                 continue
@@ -347,8 +375,9 @@ class ClientConnection(asyncio.Protocol):
         req.http11 = parser.get_http_version() == "1.1"
         req.held = 0  # counted the head's bytes, now counts the body's held ones
         self.head_bytes = 0
-        if self.guarded is not None:
-            self.guarded.begin()
+        if not self.busy:
+            self.proxy.guard._idle.pop(self, None)  # type: ignore[call-overload]
+        self.busy += 1
         if self.proxy.closing:
             req.close_after = True
         if self.active is None:
@@ -478,21 +507,15 @@ class ClientConnection(asyncio.Protocol):
         parts.append(b"\r\n\r\n")
         return b"".join(parts)
 
-    def response_head(self, req: Request, status: int, reason: bytes,
-                      headers: list[Header], dropped: set[bytes] | None) -> None:  # fmt: skip
-        """The upstream's response head, relayed (hop-by-hop headers dropped)."""
+    def response_head(self, req: Request, status: int, reason: bytes, headers: list[Header],
+                      dropped: set[bytes] | None, length: bool, chunked: bool) -> None:  # fmt: skip
+        """The upstream's response head, relayed: ``headers`` are without the hop-by-hop
+        ones, ``dropped`` the further names its Connection header listed."""
         no_body = req.method == b"HEAD" or status in (204, 304)
-        drop = HOP_BY_HOP if dropped is None else HOP_BY_HOP | dropped
         parts = [b"HTTP/1.1 %d %s" % (status, reason or _REASONS.get(status, b"Unknown"))]
-        length = chunked = False
         for lname, name, value in headers:
-            if lname in drop:
-                if lname == b"transfer-encoding":
-                    chunked = True
-                continue
-            if lname == b"content-length":
-                length = True
-            parts += (b"\r\n", name, b": ", value)
+            if dropped is None or lname not in dropped:
+                parts += (b"\r\n", name, b": ", value)
         if no_body:
             req.mode = _NONE
         elif length and not chunked:
@@ -553,11 +576,15 @@ class ClientConnection(asyncio.Protocol):
     def _finished(self, req: Request) -> None:
         req.up = None
         self.active = None
-        if self.guarded is not None:
-            self.guarded.end()
+        self.busy -= 1
         if req.close_after or self.closed:
             self.close()
             return
+        if not self.busy:
+            guard = self.proxy.guard
+            self.timeout_s = guard.idle_timeout_s
+            self.deadline = self.proxy.pool.loop.time() + guard.idle_timeout_s
+            guard._idle[self] = None  # type: ignore[index]
         if self.queue:
             asyncio.get_running_loop().call_soon(self._next)
         if not self.feeding:
@@ -648,6 +675,7 @@ class _Upstream(asyncio.Protocol):
         self.since = 0.0  # last activity (loop time)
         self.lost = False
         self.headers_framed = True  # False: the body runs to the end of the connection
+        self.cl = self.te = False  # Content-Length, Transfer-Encoding seen
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -658,6 +686,7 @@ class _Upstream(asyncio.Protocol):
         self.reason = b""
         self.headers = []
         self.dropped = None
+        self.cl = self.te = False
         self.since = self.pool.loop.time()
         self.pool.busy.add(self)
 
@@ -730,9 +759,16 @@ class _Upstream(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lname = name.lower()
+        if lname in HOP_BY_HOP:
+            if lname == b"connection":
+                if value.lower() not in (b"keep-alive", b"close"):
+                    self.dropped = (self.dropped or set()) | _tokens(value)
+            elif lname == b"transfer-encoding":
+                self.te = True
+            return
+        if lname == b"content-length":
+            self.cl = True
         self.headers.append((lname, name, value))
-        if lname == b"connection":
-            self.dropped = (self.dropped or set()) | _tokens(value)
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -741,14 +777,14 @@ class _Upstream(asyncio.Protocol):
             self.headers = []
             self.reason = b""
             self.dropped = None
+            self.cl = self.te = False
             return
         client, req = self.client, self.req
         if client is None or req is None:
             return
         self.keep = self.parser.should_keep_alive()
-        names = {lname for lname, _, _ in self.headers}
-        self.headers_framed = b"content-length" in names or b"transfer-encoding" in names
-        client.response_head(req, status, self.reason, self.headers, self.dropped)
+        self.headers_framed = self.cl or self.te
+        client.response_head(req, status, self.reason, self.headers, self.dropped, self.cl, self.te)
         if req.method == b"HEAD":
             # llhttp cannot be told the response to HEAD has no body: it is complete now,
             # and the next response gets a fresh parser

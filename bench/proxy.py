@@ -1,0 +1,226 @@
+"""``smockron proxy`` against nginx ``proxy_pass`` + ``limit_req`` in front of the same backend.
+
+    python bench/proxy.py [--rounds 5] [--duration 5] [--connections 32]
+                          [--proxy-core 0] [--load-core 1]
+
+Needs ``nginx`` and ``wrk`` (Debian packages of those names) and ``taskset``. Everything
+listens on 127.0.0.1 only. The backend is an nginx serving a 6-byte response; in front
+of it, on the proxy core, either an nginx (one worker, ``limit_req`` on the client
+address at a rate no request reaches, kept-alive upstream connections) or
+``smockron proxy`` (identified by address, with a running ``smockron master`` and a
+rule no request reaches, so both admit every request after asking their limiter).
+``wrk`` (one thread), the backend and the master share the other core.
+
+Each round runs wrk against the backend directly, through nginx and through smockron,
+interleaved; the figures are the medians of the rounds: requests/s, p50 and p99
+latency, added p50 (through a proxy minus direct), and the proxy's CPU time per request
+(user + system, from /proc, which is robust on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import ROOT, cpu_seconds, free_ports, median, smockron_env, wait_port
+
+BACKEND_CONF = """
+worker_processes 1;
+daemon off;
+master_process on;
+pid {dir}/backend.pid;
+error_log {dir}/backend-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/b-body; proxy_temp_path {dir}/b-proxy;
+    fastcgi_temp_path {dir}/b-fcgi; uwsgi_temp_path {dir}/b-uwsgi; scgi_temp_path {dir}/b-scgi;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{ return 200 "hello\\n"; }}
+    }}
+}}
+"""
+
+FRONT_CONF = """
+worker_processes 1;
+daemon off;
+master_process on;
+pid {dir}/front.pid;
+error_log {dir}/front-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/f-body; proxy_temp_path {dir}/f-proxy;
+    fastcgi_temp_path {dir}/f-fcgi; uwsgi_temp_path {dir}/f-uwsgi; scgi_temp_path {dir}/f-scgi;
+    keepalive_requests 1000000;
+    limit_req_zone $binary_remote_addr zone=perip:10m rate=1000000r/s;
+    upstream backend {{ server 127.0.0.1:{backend}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            limit_req zone=perip burst=1000000 nodelay;
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        }}
+    }}
+}}
+"""
+
+RULE = "api:1000000/s:1000000"
+
+
+@dataclass
+class Run:
+    rps: float
+    p50_us: float
+    p99_us: float
+    errors: float
+    cpu_us: float  # the proxy's CPU time per request (0 for the direct run)
+
+
+def _us(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+
+
+def wrk(port: int, core: int, connections: int, duration: float) -> tuple[float, float, float, int]:
+    out = subprocess.run(
+        ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s",
+         "--latency", f"http://127.0.0.1:{port}/"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _us(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _us(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    n = int(errors.group(1)) if errors else 0
+    if socket_errors:
+        n += sum(int(x) for x in re.findall(r"\d+", socket_errors.group(1)))
+    return rps, p50, p99, n
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its children (nginx's master and worker)."""
+    total = cpu_seconds(pid)
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            total += cpu_seconds(int(child))
+    return total
+
+
+def measure(port: int, pid: int | None, args: argparse.Namespace) -> Run:
+    before = tree_cpu(pid) if pid else 0.0
+    rps, p50, p99, errors = wrk(port, args.load_core, args.connections, args.duration)
+    cpu = (tree_cpu(pid) - before) if pid else 0.0
+    requests = rps * args.duration
+    return Run(rps, p50, p99, errors, cpu / requests * 1e6 if pid and requests else 0.0)
+
+
+@contextlib.contextmanager
+def process(
+    argv: list[str], port: int, env: dict[str, str] | None = None, stop: int = signal.SIGTERM
+) -> Iterator[int]:
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_port(port, timeout=15.0)
+        yield proc.pid
+    finally:
+        proc.send_signal(stop)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def nginx(conf: str, core: int, port: int) -> contextlib.AbstractContextManager[int]:
+    return process(["taskset", "-c", str(core), "nginx", "-c", conf], port, stop=signal.SIGQUIT)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds of each wrk run")
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--proxy-core", type=int, default=0)
+    ap.add_argument("--load-core", type=int, default=1)
+    args = ap.parse_args()
+    for tool in ("nginx", "wrk", "taskset"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not installed (apt-get install nginx wrk util-linux)")
+    back, front, proxy, acc, ctl = free_ports(5)
+    env = dict(smockron_env(), SMOCKRON_LOG_LEVEL="WARNING")
+    pin_load, pin_proxy = ["taskset", "-c", str(args.load_core)], ["taskset", "-c",
+                                                                   str(args.proxy_core)]
+    with tempfile.TemporaryDirectory(prefix="smockron-bench-proxy-") as tmp:
+        backend_conf, front_conf = Path(tmp, "backend.conf"), Path(tmp, "front.conf")
+        backend_conf.write_text(BACKEND_CONF.format(dir=tmp, port=back))
+        front_conf.write_text(FRONT_CONF.format(dir=tmp, port=front, backend=back))
+        master = [*pin_load, sys.executable, "-m", "smockron", "master", "--accounting",
+                  f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
+                  "--rule", RULE, "--stats-interval", "0"]  # fmt: skip
+        smockron = [*pin_proxy, sys.executable, "-m", "smockron", "proxy", "--listen",
+                    f"127.0.0.1:{proxy}", "--upstream", f"http://127.0.0.1:{back}",
+                    "--domain", "api", "--accounting", f"tcp://127.0.0.1:{acc}",
+                    "--control", f"tcp://127.0.0.1:{ctl}", "--rule", RULE,
+                    "--stats-interval", "0"]  # fmt: skip
+        with (
+            nginx(str(backend_conf), args.load_core, back),
+            nginx(str(front_conf), args.proxy_core, front) as nginx_pid,
+            process(master, ctl, env),
+            process(smockron, proxy, env) as smockron_pid,
+        ):
+            time.sleep(1.0)  # the proxy's control subscription reaches the master
+            for port in (back, front, proxy):  # warm up: connections, pools, caches
+                wrk(port, args.load_core, args.connections, 2)
+            runs: dict[str, list[Run]] = {"direct": [], "nginx": [], "smockron": []}
+            for i in range(args.rounds):
+                runs["direct"].append(measure(back, None, args))
+                runs["nginx"].append(measure(front, nginx_pid, args))
+                runs["smockron"].append(measure(proxy, smockron_pid, args))
+                print(f"round {i + 1}: " + "; ".join(
+                    f"{name} {r[-1].rps:,.0f} req/s p50 {r[-1].p50_us:.0f} us p99 "
+                    f"{r[-1].p99_us:.0f} us" for name, r in runs.items()), flush=True)  # fmt: skip
+    report(runs, args)
+
+
+def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
+    med = {
+        name: Run(*(median([getattr(r, f) for r in rs]) for f in Run.__dataclass_fields__))
+        for name, rs in runs.items()
+    }
+    direct = med["direct"]
+    print(f"\nmedians of {args.rounds} rounds, wrk -t1 -c{args.connections} -d{args.duration:g}s, "
+          f"proxy on core {args.proxy_core}, wrk + backend + master on core {args.load_core} "
+          f"({os.cpu_count()} cores)")  # fmt: skip
+    print(f"{'':10} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'added p50':>10} "
+          f"{'CPU us/req':>10} {'errors':>7}")  # fmt: skip
+    for name, r in med.items():
+        added = f"{r.p50_us - direct.p50_us:+.0f} us" if name != "direct" else ""
+        cpu = f"{r.cpu_us:.1f}" if name != "direct" else ""
+        print(f"{name:10} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
+              f"{cpu:>10} {r.errors:7.0f}")  # fmt: skip
+    n, s = med["nginx"], med["smockron"]
+    print(f"\nsmockron / nginx: {s.rps / n.rps:.2f}x requests/s, "
+          f"{s.cpu_us / n.cpu_us:.1f}x CPU per request")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
