@@ -13,7 +13,7 @@ answers for the verdicts it holds.
 
 Control: one SUB per master, so the router knows which master sent what. DELAY_UNTILs,
 RESYNC answers and everything else are relayed unchanged to the gatekeepers through the
-router's PUB, with two exceptions:
+router's PUB, with three exceptions:
 
 * the masters' publish counters (``PUBLISHED``) are not relayed. Each master counts only
   its own DELAY_UNTILs, so relayed as they are they would read, at a gatekeeper that
@@ -24,7 +24,10 @@ router's PUB, with two exceptions:
   way from any master to it;
 * the rules offers, which every master sends for every domain once a second, are relayed
   about once a second per domain (:class:`Offers`), and at once when they change or
-  precede a resync's answer.
+  precede a resync's answer;
+* a master's answers to its peers' warm start (``\\0smockron-sync\\0...``), which the
+  router receives (it subscribes to everything: the domains are the masters' to know)
+  and drops.
 
 Hostile input: the accounting SUB has the master's frame size limit (ZMQ_MAXMSGSIZE), so
 a gatekeeper sending a huge frame loses its own connection to the router rather than
@@ -82,6 +85,7 @@ from smockron.wire.codec import (
     encode_published,
     frame_count,
 )
+from smockron.wire.fleet import SYNC_PREFIX
 
 log = logging.getLogger("smockron.router")
 
@@ -594,6 +598,8 @@ class Router:
                 elif second == DELAY_UNTIL and head[:1] != b"\0":
                     counts[head] = counts.get(head, 0) + 1
                     relay.append(frames)
+                elif head[:1] == b"\0" and head.startswith(SYNC_PREFIX):
+                    continue  # a master's answer to a peer's warm start: not for gatekeepers
                 elif head == RULES_TOPIC and second == PUBLISHED:
                     if counts:  # what it counts came before it: counted first
                         self.counters.delivered(up.index, counts)

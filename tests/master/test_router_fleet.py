@@ -13,12 +13,14 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
+import zmq
 
 from smockron.core.hashring import HashRing
 from smockron.gatekeeper._decider import DELAY
 from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.master.router import OFFER_EVERY_S, Counters, Offers
 from smockron.wire.codec import MAX_FRAMES, encode_rules
+from smockron.wire.fleet import SYNC_PREFIX
 from tests.master.client import FakeGatekeeper, now_ms
 from tests.master.test_router import metric_sum
 from tests.support import Proc, free_ports, smockron_proc, wait_for
@@ -246,6 +248,20 @@ def test_identifier_sharding_discards_what_it_cannot_route(tmp_path: Path) -> No
         assert all(m.log().count("sync for a peer") <= 1 for m in setup.masters)
         discarded = metric_sum(setup.rmet, "smockron_router_discarded_total")
         assert discarded == {"smockron_router_discarded_total": 2.0}
+        # a restarted master's warm start: its peer's answer is not relayed
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        try:
+            sub.subscribe(SYNC_PREFIX)
+            sub.connect(addr(setup.rctl))
+            time.sleep(0.3)
+            answered = setup.masters[1].log().count("sync for a peer")
+            setup.restart(0)
+            wait_for(lambda: setup.masters[1].log().count("sync for a peer") > answered, 15)
+            assert not sub.poll(500), sub.recv_multipart()
+        finally:
+            sub.close(0)
+            ctx.term()
 
 
 def test_counters_against_an_injected_order() -> None:
