@@ -112,19 +112,17 @@ def test_no_loss_seen_and_one_resync_per_start(tmp_path: Path, shard_by: str) ->
                             delayed += 1
                             gk.release()
                 time.sleep(0.05)
-            received = {n: gk._controls[0].received.get(n, 0) for n in names}
-            # two counters after the last verdict: each counts all of them
+            time.sleep(1.0)  # the last verdicts arrive
+            # a counter after the last verdict: it counts every one of them
             link = gk._controls[0]
             wait_for(lambda: all(link.heartbeat[n][1] == link.received.get(n, 0)
                                  and link.heartbeat[n][0] > start[n][0] for n in names),
                      10)  # fmt: skip
-            time.sleep(2.2)
             assert delayed > 0
             assert gk.counters.control_lost == 0
             for n in names:
-                published, got = gk._controls[0].heartbeat[n]
-                assert got == received[n] == gk._controls[0].received[n]
-                assert received[n] - start[n][1] > 0, "no DELAY_UNTIL reached the gatekeeper"
+                published, got = link.heartbeat[n]
+                assert got - start[n][1] > 0, "no DELAY_UNTIL reached the gatekeeper"
                 # the router counted exactly what the gatekeeper received
                 assert published - start[n][0] == got - start[n][1]
             for domain in domains:
