@@ -9,15 +9,21 @@ call with OUT_OF_RANGE and Gubernator's message (``TOO_MANY``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
+from functools import partial
+
+from google.protobuf.message import DecodeError
 
 from smockron.cluster import convert
 from smockron.cluster.discovery.base import PeerInfo
-from smockron.cluster.model import RateLimitRequest, RateLimitResponse
+from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 
+_GLOBAL = int(Behavior.GLOBAL)
 TOO_MANY = f"Requests.RateLimits list too large; max size is '{MAX_BATCH}'"
 PEER_TOO_MANY = f"'PeerRequest.rate_limits' list too large; max size is '{MAX_BATCH}'"
 
@@ -64,6 +70,72 @@ def answer_here(
             return None
         _place(results, indexes, resps)
     return _encode(node, results, peer, start)
+
+
+def forward_now(
+    node: Node, request: pb.GetRateLimitsReq
+) -> Future[pb.GetRateLimitsResp] | None:
+    """A client call whose items another node owns, all of them, none GLOBAL, forwarded
+    as it came from the calling thread (a gRPC thread of the native server); its answer
+    comes in the returned future. None when the call does not qualify or the peer is
+    busy with such calls: the event loop's path then forwards it, batched with others.
+
+    The message goes unchanged: GetPeerRateLimitsReq and GetRateLimitsReq, and their
+    answers, have the same wire form (one repeated field 1 of the same type), so nothing
+    is decoded into smockron's types or re-encoded, and no batching timer or task waits.
+    If the call fails, the event loop's path decides the items (and counts the failure,
+    routes around the peer, answers locally)."""
+    msgs = request.requests
+    if not msgs or len(msgs) > MAX_BATCH:
+        return None
+    owner_of, owner = node.ring.owner, ""
+    for msg in msgs:
+        if msg.behavior & _GLOBAL or not msg.name or not msg.unique_key:
+            return None
+        this = owner_of(f"{msg.name}_{msg.unique_key}")
+        if this != owner:
+            if owner:
+                return None
+            owner = this
+    client = node.clients.get(owner) if owner != node.address else None
+    if client is None:
+        return None
+    future: Future[pb.GetRateLimitsResp] = Future()
+    n = len(msgs)
+
+    def done(raw: bytes | None) -> None:  # on the event loop
+        resp = _decoded(raw, n)
+        if resp is not None:
+            node.metrics.checks.labels("forwarded").inc(n)
+            future.set_result(resp)
+            return
+        task = asyncio.get_running_loop().create_task(answer(node, msgs))
+        task.add_done_callback(partial(_settle, future))
+
+    if not client.start_now(request.SerializeToString(), done):
+        return None
+    return future
+
+
+def _decoded(raw: bytes | None, n: int) -> pb.GetRateLimitsResp | None:
+    if raw is None:
+        return None
+    try:
+        resp = pb.GetRateLimitsResp.FromString(raw)
+    except DecodeError:
+        return None
+    return resp if len(resp.responses) == n else None
+
+
+def _settle(
+    future: Future[pb.GetRateLimitsResp], task: asyncio.Task[list[pb.RateLimitResp]]
+) -> None:
+    if task.cancelled():
+        future.cancel()
+    elif (exc := task.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(pb.GetRateLimitsResp(responses=task.result()))
 
 
 def _place(

@@ -1,8 +1,12 @@
 """Collect forwarded requests for one peer into batches (Gubernator's BATCHING).
 
-Items submitted within ``wait`` seconds of the first one travel in one call; a batch is
-sent early once it holds ``limit`` items. Every submitter awaits its own response, and
-a failed call fails every item of its batch (the caller then routes around the peer).
+While a call to the peer is in flight, items submitted within ``wait`` seconds of the
+first one travel in one call; a batch is sent early once it holds ``limit`` items. An
+item for an idle peer (no call in flight) goes without waiting, with whatever else was
+submitted in the same turn of the event loop (the items of one client call): waiting
+``wait`` for company that only comes under load would add it to every lone forwarded
+check. Every submitter awaits its own response, and a failed call fails every item of
+its batch (the caller then routes around the peer).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ class Batcher(Generic[In, Out]):
         self._limit = limit
         self._items: list[In] = []
         self._futures: list[asyncio.Future[Out]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches_sent = 0
 
@@ -39,7 +43,10 @@ class Batcher(Generic[In, Out]):
         if len(self._items) >= self._limit:
             self.flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self._wait, self.flush)
+            if self._tasks:  # a call in flight: wait for company
+                self._timer = loop.call_later(self._wait, self.flush)
+            else:
+                self._timer = loop.call_soon(self.flush)
         return fut
 
     def flush(self) -> None:

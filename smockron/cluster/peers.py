@@ -8,15 +8,23 @@ later.
 
 A peer is named by its gRPC address (the ring, HealthCheck) and called at ``target``,
 its PeersV1 listener (the gRPC address itself when PeersV1 shares the gRPC port).
+
+Calls go through the native client channel (smockron.cluster._nativeclient, libgrpc++)
+when it is built and the peers speak plain text: a forwarded check then costs the
+forwarding node a fraction of a grpc.aio call's CPU (the channel's completions reach the
+event loop through an eventfd it watches, as smockron.cluster.client's AsyncClient
+does). With TLS, or without the extension, they go through grpc.aio.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -25,7 +33,10 @@ from smockron.cluster.batching import Batcher
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import gubernator_pb2, gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
 from smockron.cluster.tls import TLSMaterial
+from smockron.compiled import load
 from smockron.ratelog import RateLimitedLog
+
+_nativeclient: Any = load("_nativeclient")  # built only where libgrpc++ is installed
 
 log = logging.getLogger("smockron.cluster.peers")
 
@@ -37,6 +48,85 @@ CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 0),
 ]
 ERROR_MEMORY_S = 60.0
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+_PEERS = "/pb.gubernator.PeersV1/"
+_LIVE_CHECK = "/pb.gubernator.V1/LiveCheck"
+_GET_PEER = _PEERS + "GetPeerRateLimits"
+NOW_CALLS = 2
+"""Calls started by ``start_now`` in flight to one peer at most; more go batched."""
+
+
+class PeerCallError(Exception):
+    """A call on the native channel failed: ``code`` is the gRPC status code's name."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+
+class _Now:
+    """The token of a ``start_now`` call: the channel's completion, delivered on the
+    loop, goes to the caller's ``done``."""
+
+    __slots__ = ("_client", "_done")
+
+    def __init__(self, client: PeerClient, done: Callable[[bytes | None], None]) -> None:
+        self._client = client
+        self._done = done
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, outcome: tuple[int, bytes | None, str]) -> None:
+        self._client._now_finished()
+        self._done(outcome[1])
+
+
+class _NativeUnary:
+    """Unary calls on the native channel, awaited on the running loop."""
+
+    def __init__(self, target: str, options: list[tuple[str, Any]]) -> None:
+        self.channel = _nativeclient.Channel(target, options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: set[asyncio.Future[tuple[int, bytes | None, str]]] = set()
+
+    @property
+    def watching(self) -> asyncio.AbstractEventLoop | None:
+        """The loop that delivers completions, once a call on it started watching."""
+        return self._loop
+
+    async def call(self, method: str, request: Any, answer: Any, timeout: float) -> Any:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+            loop.add_reader(self.channel.fileno(), self._deliver)
+        future: asyncio.Future[tuple[int, bytes | None, str]] = loop.create_future()
+        try:
+            self.channel.start(method, request.SerializeToString(), timeout, future)
+        except _nativeclient.CallError as exc:
+            code, details = exc.args
+            raise PeerCallError(_CODE_NAMES.get(code, "UNKNOWN"), details) from exc
+        self._waiting.add(future)
+        try:
+            code, raw, details = await future
+        finally:
+            self._waiting.discard(future)
+        if raw is None:
+            raise PeerCallError(_CODE_NAMES.get(code, "UNKNOWN"), details)
+        return answer.FromString(raw)
+
+    def _deliver(self) -> None:
+        for future, code, raw, details in self.channel.completions():
+            if not future.done():
+                future.set_result((code, raw, details))
+
+    def close(self) -> None:
+        self.channel.close()
+        if self._loop is not None:
+            self._loop.remove_reader(self.channel.fileno())
+        for future in list(self._waiting):
+            future.cancel()
 
 
 class PeerClient:
@@ -49,11 +139,16 @@ class PeerClient:
         timeout_ms: float = 500.0,
         tls: TLSMaterial | None = None,
         target: str = "",
+        native: bool = True,
     ) -> None:
         self.address = address
         self.target = target or address
         self._timeout = timeout_ms / 1000.0
-        if tls is None:
+        self._native: _NativeUnary | None = None
+        self._channel: grpc.aio.Channel | None = None
+        if tls is None and _nativeclient is not None and native:
+            self._native = _NativeUnary(self.target, CHANNEL_OPTIONS)
+        elif tls is None:
             self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
         else:
             self._channel = grpc.aio.secure_channel(
@@ -61,11 +156,14 @@ class PeerClient:
                 tls.channel_credentials(),
                 options=CHANNEL_OPTIONS + tls.channel_options(),
             )
-        self._peers = peers_pb2_grpc.PeersV1Stub(self._channel)  # type: ignore[no-untyped-call]
-        self._v1 = gubernator_pb2_grpc.V1Stub(self._channel)  # type: ignore[no-untyped-call]
+        if self._channel is not None:
+            self._peers = peers_pb2_grpc.PeersV1Stub(self._channel)  # type: ignore[no-untyped-call]
+            self._v1 = gubernator_pb2_grpc.V1Stub(self._channel)  # type: ignore[no-untyped-call]
         self._batcher: Batcher[RateLimitRequest, RateLimitResponse] = Batcher(
             self.get_peer_rate_limits, wait=batch_wait_ms / 1000.0, limit=batch_limit
         )
+        self._now_lock = threading.Lock()
+        self._now_calls = 0
         self.consecutive_failures = 0
         self._errors: deque[tuple[float, str]] = deque(maxlen=20)
         self._log = RateLimitedLog(log, interval=1.0)
@@ -77,13 +175,48 @@ class PeerClient:
         """One GetPeerRateLimits call; raises grpc.aio.AioRpcError on failure."""
         timeout = self._timeout if timeout_ms is None else timeout_ms / 1000.0
         msg = peers_pb2.GetPeerRateLimitsReq(requests=[convert.request_to_pb(r) for r in requests])
+        resp = await self._call("GetPeerRateLimits", msg, peers_pb2.GetPeerRateLimitsResp, timeout)
+        return [convert.response_from_pb(r) for r in resp.rate_limits]
+
+    async def _call(self, method: str, request: Any, answer: Any, timeout: float) -> Any:
+        """One PeersV1 ``method`` call; failures are noted, then raised."""
         try:
-            resp = await self._peers.GetPeerRateLimits(msg, timeout=timeout)
+            if self._native is not None:
+                got = await self._native.call(_PEERS + method, request, answer, timeout)
+            else:
+                got = await getattr(self._peers, method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            self._failed(f"GetPeerRateLimits: {exc.code().name}: {exc.details()}")
+            self._failed(f"{method}: {exc.code().name}: {exc.details()}")
+            raise
+        except PeerCallError as exc:
+            self._failed(f"{method}: {exc}")
             raise
         self._succeeded()
-        return [convert.response_from_pb(r) for r in resp.rate_limits]
+        return got
+
+    def start_now(self, request: bytes, done: Callable[[bytes | None], None]) -> bool:
+        """Start one GetPeerRateLimits call on raw bytes from any thread; ``done`` gets
+        the answer's bytes, or None if the call failed, on the event loop. False (and
+        nothing started) without the native channel, before the loop watches it, or
+        while ``NOW_CALLS`` such calls are in flight to this peer: the caller then takes
+        the batched path, which also counts failures."""
+        native = self._native
+        if native is None or native.watching is None:
+            return False
+        with self._now_lock:
+            if self._now_calls >= NOW_CALLS:
+                return False
+            self._now_calls += 1
+        try:
+            native.channel.start(_GET_PEER, request, self._timeout, _Now(self, done))
+        except _nativeclient.CallError:
+            self._now_finished()
+            return False
+        return True
+
+    def _now_finished(self) -> None:
+        with self._now_lock:
+            self._now_calls -= 1
 
     def forward(self, request: RateLimitRequest) -> asyncio.Future[RateLimitResponse]:
         """Queue ``request`` in the current batch; await the result."""
@@ -93,20 +226,19 @@ class PeerClient:
         self, updates: Sequence[peers_pb2.UpdatePeerGlobal], timeout_ms: float | None = None
     ) -> None:
         timeout = self._timeout if timeout_ms is None else timeout_ms / 1000.0
-        try:
-            await self._peers.UpdatePeerGlobals(
-                peers_pb2.UpdatePeerGlobalsReq(globals=updates), timeout=timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            self._failed(f"UpdatePeerGlobals: {exc.code().name}: {exc.details()}")
-            raise
-        self._succeeded()
+        msg = peers_pb2.UpdatePeerGlobalsReq(globals=updates)
+        await self._call("UpdatePeerGlobals", msg, peers_pb2.UpdatePeerGlobalsResp, timeout)
 
     async def probe(self) -> bool:
         """Does the peer answer LiveCheck? Used to bring a peer back into the ring."""
         try:
-            await self._v1.LiveCheck(gubernator_pb2.LiveCheckReq(), timeout=self._timeout)
-        except grpc.aio.AioRpcError:
+            if self._native is not None:
+                live = gubernator_pb2.LiveCheckReq()
+                answer = gubernator_pb2.LiveCheckResp
+                await self._native.call(_LIVE_CHECK, live, answer, self._timeout)
+            else:
+                await self._v1.LiveCheck(gubernator_pb2.LiveCheckReq(), timeout=self._timeout)
+        except (grpc.aio.AioRpcError, PeerCallError):
             return False
         self._succeeded()
         return True
@@ -131,4 +263,7 @@ class PeerClient:
 
     async def close(self) -> None:
         await self._batcher.close()
-        await self._channel.close(None)
+        if self._native is not None:
+            self._native.close()
+        if self._channel is not None:
+            await self._channel.close(None)

@@ -20,12 +20,19 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from smockron.cluster import convert
-from smockron.cluster.api import PEER_TOO_MANY, TOO_MANY, answer, answer_here, health_pb
+from smockron.cluster.api import (
+    PEER_TOO_MANY,
+    TOO_MANY,
+    answer,
+    answer_here,
+    forward_now,
+    health_pb,
+)
 from smockron.cluster.node import MAX_BATCH, Node
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import peers_pb2
 from smockron.cluster.transports import GrpcServer, ThreadedTransport
-from smockron.cluster.transports.threaded import fast_or_bridged, keep_none
+from smockron.cluster.transports.threaded import Deferred, fast_or_bridged, keep_none
 from smockron.ratelog import RateLimitedLog
 
 M = TypeVar("M", bound=Message)
@@ -156,8 +163,15 @@ def add_threaded_fast_paths(
     gRPC thread; the other calls of those two methods go to the asyncio servicers on the
     event loop. Register before ``add_to_server`` / ``add_peer_service``."""
 
-    def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | None:
+    defers = getattr(server, "defers", False)
+    """The server finishes a call later (the native one): forwards need no gRPC thread."""
+
+    def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | Deferred | None:
         if len(request.requests) <= MAX_BATCH:
+            # a call for another node is recognised before anything is decoded
+            forwarded = forward_now(node, request) if defers else None
+            if forwarded is not None:
+                return Deferred(forwarded)
             out = answer_here(node, request.requests)
             if out is not None:
                 return pb.GetRateLimitsResp(responses=out)

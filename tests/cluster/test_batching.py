@@ -41,12 +41,38 @@ async def test_limit_sends_early_without_waiting() -> None:
     assert rec.calls[-1] == [6]
 
 
-async def test_wait_sends_a_partial_batch() -> None:
+async def test_an_idle_peer_gets_an_item_without_the_wait() -> None:
     rec = Recorder()
-    batcher: Batcher[int, int] = Batcher(rec.send, wait=0.01, limit=100)
-    start = asyncio.get_running_loop().time()
-    assert await batcher.submit(1) == 10
-    assert asyncio.get_running_loop().time() - start >= 0.009
+    batcher: Batcher[int, int] = Batcher(rec.send, wait=3600.0, limit=100)
+    future = batcher.submit(1)
+    for _ in range(3):  # the next turns of the loop, not the hour
+        await asyncio.sleep(0)
+    assert rec.calls == [[1]] and future.done() and future.result() == 10
+
+
+async def test_wait_sends_a_partial_batch_while_a_call_is_in_flight() -> None:
+    release = asyncio.Event()
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(items)
+        if len(calls) == 1:
+            await release.wait()
+        return [i * 10 for i in items]
+
+    batcher: Batcher[int, int] = Batcher(send, wait=0.01, limit=100)
+    first = batcher.submit(1)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert calls == [[1]]  # in flight until released
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    later = [batcher.submit(2), batcher.submit(3)]
+    assert await asyncio.gather(*later) == [20, 30]
+    assert loop.time() - start >= 0.009  # they waited for company, and went together
+    assert calls == [[1], [2, 3]]
+    release.set()
+    assert await first == 10
 
 
 async def test_failure_reaches_every_waiter() -> None:

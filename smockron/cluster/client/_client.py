@@ -308,6 +308,33 @@ def _merge(
 _NO_ANSWER = RateLimitResponse(error="no answer")
 
 
+def _field1(item: bytes) -> bytes:
+    """A message holding ``item`` as its one field 1 (GetRateLimitsReq's ``requests``)."""
+    n, size = len(item), bytearray()
+    while n > 0x7F:
+        size.append(n & 0x7F | 0x80)
+        n >>= 7
+    size.append(n)
+    return b"\x0a" + bytes(size) + item
+
+
+def _only_field1(raw: bytes) -> bytes | None:
+    """The one field 1 of ``raw`` (GetRateLimitsResp's one response), or None when
+    ``raw`` is anything else (several, none, other fields)."""
+    if not raw or raw[0] != 0x0A:
+        return None
+    n = shift = 0
+    i = 1
+    while i < len(raw) and i < 6:
+        byte = raw[i]
+        n |= (byte & 0x7F) << shift
+        i += 1
+        if not byte & 0x80:
+            return raw[i:] if len(raw) - i == n else None
+        shift += 7
+    return None
+
+
 def _health(msg: pb.HealthCheckResp) -> HealthCheck:
     return HealthCheck(
         msg.status,
@@ -911,10 +938,28 @@ class AsyncClient(_Base[AsyncHttpTransport]):
     async def _one(
         self, request: RateLimitRequest, timeout: float | None = None
     ) -> RateLimitResponse:
-        """get_rate_limits for a single request, as the sync client's ``_one``."""
-        batch = _batches((request,))[0]
-        got = await self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
-        return _single(batch, got, self.address)
+        """get_rate_limits for a single request, as the sync client's ``_one``. On the
+        native channel the item is encoded and its answer decoded by the channel's codec
+        (no protobuf objects), as the sync client's coalesced checks are."""
+        if self._native is None:
+            batch = _batches((request,))[0]
+            got = await self._invoke("GetRateLimits", batch, pb.GetRateLimitsResp, timeout)
+            return _single(batch, got, self.address)
+        r = request
+        item = _nativeclient.encode_request(
+            r.name, r.unique_key, r.hits, r.limit, r.duration, r.algorithm, r.behavior,
+            r.burst, r.metadata or None, r.created_at,
+        )  # fmt: skip
+        raw = await self._raw("GetRateLimits", _field1(item), timeout)
+        answer = _only_field1(raw)
+        if answer is None:  # not one answer in the plain form: the generated classes judge
+            return _single(_batches((request,))[0], pb.GetRateLimitsResp.FromString(raw),
+                           self.address)  # fmt: skip
+        status, limit, remaining, reset_time, error, metadata = (
+            _nativeclient.decode_response(answer)
+        )
+        status = Status.OVER_LIMIT if status == pb.OVER_LIMIT else Status.UNDER_LIMIT
+        return RateLimitResponse(status, limit, remaining, reset_time, error, metadata)
 
     async def _one_http(
         self, request: RateLimitRequest, timeout: float | None = None
@@ -948,9 +993,13 @@ class AsyncClient(_Base[AsyncHttpTransport]):
                 return await getattr(self._stub, method)(request, timeout=deadline)
             except grpc.RpcError as exc:
                 raise _error(exc, self.address, method) from exc
+        return answer.FromString(await self._raw(method, request.SerializeToString(), timeout))
+
+    async def _raw(self, method: str, payload: bytes, timeout: float | None) -> bytes:
+        """One unary call of V1 ``method`` on the native channel, on bytes."""
         future = self._watch().create_future()
         try:
-            self._native.start(_PATH + method, request.SerializeToString(), deadline, future)
+            self._native.start(_PATH + method, payload, self._deadline(timeout), future)
         except _CallError as exc:
             raise _coded_error(exc, self.address, method) from exc
         self._waiting.add(future)
@@ -961,7 +1010,7 @@ class AsyncClient(_Base[AsyncHttpTransport]):
         if raw is None:
             raise _status_error(_CODES.get(code, grpc.StatusCode.UNKNOWN), details,
                                 self.address, method)  # fmt: skip
-        return answer.FromString(raw)
+        return bytes(raw)
 
     def _watch(self) -> asyncio.AbstractEventLoop:
         """The running loop, reading the native channel's completions from now on."""

@@ -95,6 +95,10 @@ class _Details:
 class NativeServer:
     """``ThreadedServer``'s interface over the libgrpc++ transport."""
 
+    defers = True
+    """A threaded handler may return a ``Deferred``: the call is finished when its
+    future is done, and no gRPC thread waits meanwhile."""
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
