@@ -1,7 +1,8 @@
 """``smockron proxy`` against nginx ``proxy_pass`` + ``limit_req`` in front of the same backend.
 
     python bench/proxy.py [--rounds 5] [--duration 5] [--connections 32]
-                          [--proxy-core 0] [--load-core 1]
+                          [--proxy-core 0] [--load-core 1] [--also LABEL=CHECKOUT ...]
+                          [--nice -10]
 
 Needs ``nginx`` and ``wrk`` (Debian packages of those names) and ``taskset``. Everything
 listens on 127.0.0.1 only. The backend is an nginx serving a 6-byte response; in front
@@ -12,9 +13,12 @@ rule no request reaches, so both admit every request after asking their limiter)
 ``wrk`` (one thread), the backend and the master share the other core.
 
 Each round runs wrk against the backend directly, through nginx and through smockron,
-interleaved; the figures are the medians of the rounds: requests/s, p50 and p99
-latency, added p50 (through a proxy minus direct), and the proxy's CPU time per request
-(user + system, from /proc, which is robust on a shared machine).
+interleaved (``--also`` adds the proxy of another checkout, e.g. an older commit
+unpacked with ``git archive``, under LABEL); the figures are the medians of the rounds:
+requests/s, p50 and p99 latency, added p50 (through a proxy minus direct), and the
+proxy's CPU time per request (user + system, from /proc, which is robust on a shared
+machine; on a busy one, requests/s say more about the neighbours than the proxy, and
+``--nice`` (negative: root only) runs everything measured ahead of them).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ http {{
 """
 
 RULE = "api:1000000/s:1000000"
+NICE: list[str] = []
 
 
 @dataclass
@@ -100,7 +105,7 @@ def _us(text: str) -> float:
 
 def wrk(port: int, core: int, connections: int, duration: float) -> tuple[float, float, float, int]:
     out = subprocess.run(
-        ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s",
+        [*NICE, "taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s",
          "--latency", f"http://127.0.0.1:{port}/"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
@@ -151,7 +156,9 @@ def process(
 
 
 def nginx(conf: str, core: int, port: int) -> contextlib.AbstractContextManager[int]:
-    return process(["taskset", "-c", str(core), "nginx", "-c", conf], port, stop=signal.SIGQUIT)
+    return process(
+        [*NICE, "taskset", "-c", str(core), "nginx", "-c", conf], port, stop=signal.SIGQUIT
+    )
 
 
 def main() -> None:
@@ -161,14 +168,19 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--proxy-core", type=int, default=0)
     ap.add_argument("--load-core", type=int, default=1)
+    ap.add_argument("--also", action="append", default=[], metavar="LABEL=CHECKOUT",
+                    help="also measure the smockron proxy of this source tree")  # fmt: skip
+    ap.add_argument("--nice", type=int, default=0, help="niceness of everything measured")
     args = ap.parse_args()
+    global NICE
+    NICE = ["nice", "-n", str(args.nice)] if args.nice else []
     for tool in ("nginx", "wrk", "taskset"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed (apt-get install nginx wrk util-linux)")
-    back, front, proxy, acc, ctl = free_ports(5)
+    back, front, proxy, acc, ctl, *others = free_ports(5 + len(args.also))
     env = dict(smockron_env(), SMOCKRON_LOG_LEVEL="WARNING")
-    pin_load, pin_proxy = ["taskset", "-c", str(args.load_core)], ["taskset", "-c",
-                                                                   str(args.proxy_core)]
+    pin_load = [*NICE, "taskset", "-c", str(args.load_core)]
+    pin_proxy = [*NICE, "taskset", "-c", str(args.proxy_core)]
     with tempfile.TemporaryDirectory(prefix="smockron-bench-proxy-") as tmp:
         backend_conf, front_conf = Path(tmp, "backend.conf"), Path(tmp, "front.conf")
         backend_conf.write_text(BACKEND_CONF.format(dir=tmp, port=back))
@@ -176,25 +188,33 @@ def main() -> None:
         master = [*pin_load, sys.executable, "-m", "smockron", "master", "--accounting",
                   f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
                   "--rule", RULE, "--stats-interval", "0"]  # fmt: skip
-        smockron = [*pin_proxy, sys.executable, "-m", "smockron", "proxy", "--listen",
-                    f"127.0.0.1:{proxy}", "--upstream", f"http://127.0.0.1:{back}",
+
+        def smockron(port: int) -> list[str]:
+            return [*pin_proxy, sys.executable, "-m", "smockron", "proxy", "--listen",
+                    f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{back}",
                     "--domain", "api", "--accounting", f"tcp://127.0.0.1:{acc}",
                     "--control", f"tcp://127.0.0.1:{ctl}", "--rule", RULE,
                     "--stats-interval", "0"]  # fmt: skip
-        with (
-            nginx(str(backend_conf), args.load_core, back),
-            nginx(str(front_conf), args.proxy_core, front) as nginx_pid,
-            process(master, ctl, env),
-            process(smockron, proxy, env) as smockron_pid,
-        ):
-            time.sleep(1.0)  # the proxy's control subscription reaches the master
-            for port in (back, front, proxy):  # warm up: connections, pools, caches
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(nginx(str(backend_conf), args.load_core, back))
+            targets: dict[str, tuple[int, int | None]] = {"direct": (back, None)}
+            targets["nginx"] = (front, stack.enter_context(
+                nginx(str(front_conf), args.proxy_core, front)))  # fmt: skip
+            stack.enter_context(process(master, ctl, env))
+            targets["smockron"] = (proxy, stack.enter_context(process(smockron(proxy), proxy, env)))
+            for spec, port in zip(args.also, others, strict=True):
+                label, _, tree = spec.partition("=")
+                other_env = dict(env, PYTHONPATH=str(Path(tree).resolve()))
+                targets[label] = (port, stack.enter_context(
+                    process(smockron(port), port, other_env)))  # fmt: skip
+            time.sleep(1.0)  # the proxies' control subscriptions reach the master
+            for port, _pid in targets.values():  # warm up: connections, pools, caches
                 wrk(port, args.load_core, args.connections, 2)
-            runs: dict[str, list[Run]] = {"direct": [], "nginx": [], "smockron": []}
+            runs: dict[str, list[Run]] = {name: [] for name in targets}
             for i in range(args.rounds):
-                runs["direct"].append(measure(back, None, args))
-                runs["nginx"].append(measure(front, nginx_pid, args))
-                runs["smockron"].append(measure(proxy, smockron_pid, args))
+                for name, (port, pid) in targets.items():
+                    runs[name].append(measure(port, pid, args))
                 print(f"round {i + 1}: " + "; ".join(
                     f"{name} {r[-1].rps:,.0f} req/s p50 {r[-1].p50_us:.0f} us p99 "
                     f"{r[-1].p99_us:.0f} us" for name, r in runs.items()), flush=True)  # fmt: skip
@@ -217,9 +237,13 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
         cpu = f"{r.cpu_us:.1f}" if name != "direct" else ""
         print(f"{name:10} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
               f"{cpu:>10} {r.errors:7.0f}")  # fmt: skip
-    n, s = med["nginx"], med["smockron"]
-    print(f"\nsmockron / nginx: {s.rps / n.rps:.2f}x requests/s, "
-          f"{s.cpu_us / n.cpu_us:.1f}x CPU per request")  # fmt: skip
+    n = med["nginx"]
+    print()
+    for name, r in med.items():
+        if name not in ("direct", "nginx"):
+            print(f"{name} / nginx: {r.rps / n.rps:.2f}x requests/s, {r.cpu_us / n.cpu_us:.1f}x "
+                  f"CPU per request; on a core of its own: {1e6 / r.cpu_us:,.0f} requests/s "
+                  f"at most, nginx {1e6 / n.cpu_us:,.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":
