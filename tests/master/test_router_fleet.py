@@ -294,3 +294,15 @@ def test_offers_deduplicated_by_content_and_time() -> None:
     assert offers.fresh(a, 1, OFFER_EVERY_S)
     assert offers.fresh(b, 0, OFFER_EVERY_S + 0.1)  # changed: at once, and two masters
     assert offers.disagree == 1  # disagreeing within a period is noticed
+
+
+def test_shard_by_is_domain_or_identifier() -> None:
+    from smockron.errors import ConfigError
+    from smockron.master.router import MasterAddress, Router
+
+    only = [MasterAddress.parse("tcp://127.0.0.1:1,tcp://127.0.0.1:2")]
+    with pytest.raises(ConfigError, match="neither domain nor identifier"):
+        Router("tcp://127.0.0.1:3", "tcp://127.0.0.1:4", only, shard_by="ip")
+    router = Router("tcp://127.0.0.1:3", "tcp://127.0.0.1:4", only, shard_by="identifier")
+    assert router.shard_by == "identifier"
+    router.close()
