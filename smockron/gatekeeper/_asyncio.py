@@ -77,6 +77,7 @@ class AsyncGatekeeper(_GatekeeperBase):
             monitor = zmq.asyncio.Socket.from_socket(self._pub.get_monitor_socket(events))
             self._sockets.append(monitor)
             self._tasks.append(asyncio.create_task(self._read_monitor(monitor)))
+            self._tasks.append(asyncio.create_task(self._read_xpub(self._pub)))
             self._connect_pub(self._pub)
         for link, (_acc, ctl) in enumerate(self.masters):
             if not ctl:
@@ -188,6 +189,13 @@ class AsyncGatekeeper(_GatekeeperBase):
                 self._apply_batch(batch[start : start + CONTROL_SLICE], now_ms(), link)
                 await asyncio.sleep(0)
 
+    async def _read_xpub(self, pub: zmq.Socket[bytes]) -> None:
+        """The masters' subscriptions, as they come: a connection counts for sending
+        once its master's is there (``_link._Link._awaiting``)."""
+        while True:
+            await wait_readable(pub, 0.25)
+            self._read_subscriptions()
+
     async def _read_monitor(
         self, monitor: zmq.asyncio.Socket, control: bool = False, link: int = 0
     ) -> None:
@@ -235,8 +243,9 @@ class AsyncGatekeeper(_GatekeeperBase):
             if watched is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     watched.disable_monitor()
-        for sock in reversed(self._sockets):
-            sock.close(0)
+        linger = self._close_linger_ms()
+        for sock in reversed(self._sockets):  # what is queued still goes to a master
+            sock.close(linger if sock is self._pub else 0)
         self._sockets.clear()
         self._pub = None
         if self._ctx is not None:

@@ -69,6 +69,14 @@ AUTH_STALE_S: Final = 10.0
 """A failed handshake makes the gatekeeper not ready until one succeeds, or for this long
 after the last failure (the master may have gone away meanwhile: then the silence says so)."""
 _MECHANISM_MISMATCH: Final = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+CLOSE_LINGER_MS: Final = 1000
+"""At close, the accounting still queued gets this long to reach a connected master
+(with none connected it is dropped at once, as it would be counted had it been sent)."""
+EARLY_SUBSCRIPTION_S: Final = 1.0
+"""A master's subscription read before its connection's handshake event counts for a
+handshake that follows within this long."""
+_SUBSCRIPTIONS_READ: Final = 1024
+"""Subscription messages read from the accounting socket in one call."""
 _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
 MAX_LINES: Final = 10_000
 """Domains a gatekeeper takes rules offers for: whatever publishes on the control port
@@ -192,7 +200,12 @@ class _Link:
                 self._reply_of[link.index, domain] = reply
                 self._control_topics[reply] = domain
         self._peers = 0  # accounting connections up, from the PUB socket's monitor
-        self._acc_up = [0] * len(self.masters)  # ...per master
+        self._acc_up = [0] * len(self.masters)  # ...per master, handshake done
+        self._awaiting: set[int] = set()
+        """Masters whose accounting handshake succeeded and whose subscription has not
+        arrived yet: a PUB drops what no one subscribes to, silently, so what is sent
+        meanwhile would vanish; it is counted as dropped instead."""
+        self._subscribed_early = 0.0  # when a subscription came before its handshake event
         self._unproven: dict[tuple[bool, int], float] = {}
         """(control?, master) -> when its TCP connection opened, handshake not yet done."""
         self._auth: dict[tuple[bool, int], tuple[int, int, float]] = {}
@@ -496,8 +509,37 @@ class _Link:
             self._control_event(zmq.EVENT_CONNECTED, link)
             return
         self._acc_up[link] += 1
+        if time.monotonic() - self._subscribed_early <= EARLY_SUBSCRIPTION_S:
+            self._subscribed_early = 0.0
+            self._accounting_ready(link)
+        else:  # sent to once its master's subscription arrived (_apply_subscriptions)
+            self._awaiting.add(link)
+
+    def _accounting_ready(self, link: int) -> None:
         self._peers += 1
         log.info("accounting connected to %s", self.masters[link][0])
+
+    def _read_subscriptions(self) -> None:
+        """Read the masters' subscriptions off the accounting socket (an XPUB)."""
+        pub = self._pub
+        if pub is None:
+            return
+        messages: list[bytes] = []
+        with contextlib.suppress(zmq.ZMQError):
+            while len(messages) < _SUBSCRIPTIONS_READ:
+                messages.append(pub.recv(zmq.NOBLOCK))
+        if any(m[:1] == b"\x01" for m in messages):
+            self._apply_subscriptions()
+
+    def _apply_subscriptions(self) -> None:
+        """A master subscribed: the connections waiting for it count from now on (which
+        master's it is the socket does not say: each waiting one)."""
+        if not self._awaiting:
+            self._subscribed_early = time.monotonic()
+            return
+        for link in sorted(self._awaiting):
+            self._accounting_ready(link)
+        self._awaiting.clear()
 
     def _connection_down(self, control: bool, link: int) -> None:
         if control:
@@ -507,6 +549,9 @@ class _Link:
         if not self._acc_up[link]:
             return
         self._acc_up[link] -= 1
+        if link in self._awaiting:  # never counted as connected: not logged either
+            self._awaiting.discard(link)
+            return
         self._peers = max(0, self._peers - 1)
         acc = self.masters[link][0]
         if self._peers:
@@ -571,20 +616,19 @@ class _Link:
                 sock.connect(endpoint)
 
     def _poke(self) -> None:
-        """Let the PUB socket process its pending commands (new subscriptions among them).
+        """Let the accounting socket process its pending commands (new subscriptions
+        among them) and read the subscriptions.
 
         libzmq processes a socket's commands only when its own thread calls into it, and
-        sends do so throttled; a periodic no-op call keeps a quiet gatekeeper's view of
-        the master's subscription fresh, so its first messages after a reconnection are
-        not dropped for want of it. Sockets whose handshake failed are dialled again.
+        sends do so throttled; a periodic call keeps a quiet gatekeeper's view of the
+        master's subscription fresh, and a connection counts for sending once it is
+        there (``_awaiting``). Sockets whose handshake failed are dialled again.
         """
         if self._redial:
             self._dial_again()
         if self._unproven:
             self._prove_connections()
-        if self._pub is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._pub.getsockopt(zmq.EVENTS)
+        self._read_subscriptions()  # also lets the socket process its pending commands
         self._send_resyncs()
 
     def _topics(self, link: int = 0) -> list[bytes]:
@@ -597,7 +641,10 @@ class _Link:
     def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
         if not self.accounting:
             return None
-        pub = self._secure(ctx.socket(zmq.PUB))
+        # an XPUB, sending as a PUB does: it also tells when a master's subscription
+        # arrived, before which what is sent would be dropped silently (_awaiting)
+        pub = self._secure(ctx.socket(zmq.XPUB))
+        pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every master's subscription, not the first
         allow_ipv6(pub, *(acc for acc, _ctl in self.masters if acc))
         if self.sharded:  # nothing queued for a master that is down: the others take it
             pub.setsockopt(zmq.IMMEDIATE, 1)
@@ -609,6 +656,11 @@ class _Link:
         pub.setsockopt(zmq.RECONNECT_IVL, 100)
         pub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         return pub  # connected by the caller once its monitor is watching (_connect_pub)
+
+    def _close_linger_ms(self) -> int:
+        """How long closing the accounting socket waits for what is queued
+        (``CLOSE_LINGER_MS``): only while a master is connected to take it."""
+        return CLOSE_LINGER_MS if self._peers > 0 else 0
 
     def _connect_pub(self, pub: zmq.Socket[bytes]) -> None:
         """Connect the accounting PUB to every master."""

@@ -144,9 +144,11 @@ class Gatekeeper(_GatekeeperBase):
                 if watched is not None:
                     with contextlib.suppress(zmq.ZMQError):
                         watched.disable_monitor()
-            for sock in (self._monitor, *self._cmonitors, *subs, self._pub):
+            for sock in (self._monitor, *self._cmonitors, *subs):
                 if sock is not None:
                     sock.close(0)
+            if self._pub is not None:  # what is queued still goes to a connected master
+                self._pub.close(self._close_linger_ms())
             self._pub = None
         self._ctx.term()
 

@@ -31,6 +31,15 @@ class MasterSockets:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(self.control_addr)
 
+    def accepting(self) -> bool:
+        """Let the bound SUB take its new connections (True, for ``wait_for``).
+
+        A bound socket attaches a connection, and sends it its subscription, only when
+        its own thread calls into it, as a master draining its socket always does; a
+        gatekeeper counts its accounting connection once that subscription arrived."""
+        self.sub.getsockopt(zmq.EVENTS)
+        return True
+
     def publish(self, domain: str, identifier: bytes, until_ms: int) -> None:
         self.pub.send_multipart(encode_control(domain, identifier, until_ms))
 

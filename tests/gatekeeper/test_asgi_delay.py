@@ -76,7 +76,7 @@ def _middleware(master: MasterSockets, app: EchoApp) -> SmockronMiddleware:
 
 def _delay_peer(master: MasterSockets, mw: SmockronMiddleware, ms: int) -> int:
     """Publish a DELAY_UNTIL for our address until the gatekeeper holds it."""
-    wait_for(lambda: mw.gatekeeper.master_connected, 10)  # accounting is heard too
+    wait_for(lambda: master.accepting() and mw.gatekeeper.master_connected, 10)
     until = wall_ms() + ms
 
     def held() -> bool:

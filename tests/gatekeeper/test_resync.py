@@ -142,7 +142,7 @@ def test_accounting_dropped_at_the_high_water_mark_is_counted(master: MasterSock
     gk = Gatekeeper(master.accounting_addr, None, ["api"], sndhwm=10)
     total = 0
     try:
-        wait_for(lambda: gk.master_connected, 10)
+        wait_for(lambda: master.accepting() and gk.master_connected, 10)
 
         def heard() -> bool:  # the master's subscription has reached the PUB socket
             gk.decide(b"api", b"probe")
