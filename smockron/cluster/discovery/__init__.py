@@ -1,32 +1,26 @@
 """Peer discovery: each mechanism reports the full peer list whenever it changes.
 
 Mechanisms live one per module (``static``, ``etcd``, ``dns``, ``kubernetes``,
-``memberlist``) and are
-imported lazily by :func:`make_discovery`, so a node using a static list never imports an
-etcd or Kubernetes client.
+``memberlist``); each class declares the kinds it serves and registers in
+:data:`~smockron.cluster.discovery.base.DISCOVERY` (``smockron.registry``), which
+:func:`make_discovery` asks, so a node using a static list never imports an etcd or
+Kubernetes client.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from smockron import errors
 from smockron.cluster import config as _config
 from smockron.cluster.config import peer_address_of as _peer_address_of
+from smockron.cluster.discovery.base import DISCOVERY as _DISCOVERY
 from smockron.cluster.discovery.base import Discovery, OnChange, PeerInfo
 
-# kind -> "module:class"; "k8s" is Gubernator's GUBER_PEER_DISCOVERY_TYPE spelling.
-MECHANISMS: dict[str, str] = {
-    "static": "smockron.cluster.discovery.static:StaticDiscovery",
-    "file": "smockron.cluster.discovery.static:FileDiscovery",
-    "etcd": "smockron.cluster.discovery.etcd:EtcdDiscovery",
-    "dns": "smockron.cluster.discovery.dns:DnsDiscovery",
-    "kubernetes": "smockron.cluster.discovery.kubernetes:KubernetesDiscovery",
-    "k8s": "smockron.cluster.discovery.kubernetes:KubernetesDiscovery",
-    "member-list": "smockron.cluster.discovery.memberlist:MemberListDiscovery",
-}
+MECHANISMS: Mapping[str, str] = _DISCOVERY.modules
+"""Kind -> the module of the class that serves it; ``k8s`` is Gubernator's
+GUBER_PEER_DISCOVERY_TYPE spelling of ``kubernetes``."""
 
 __all__ = [
     "MECHANISMS",
@@ -41,12 +35,7 @@ __all__ = [
 
 def make_discovery(kind: str, **options: Any) -> Discovery:
     """Build the mechanism named ``kind`` with its constructor's keyword ``options``."""
-    target = MECHANISMS.get(kind.lower())
-    if target is None:
-        choices = ", ".join(sorted(MECHANISMS))
-        raise errors.ConfigError(f"unknown peer discovery {kind!r}; choices are {choices}")
-    module_name, cls_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    cls = _DISCOVERY.lookup(kind.lower())
     try:
         discovery: Discovery = cls(**options)
     except (TypeError, ValueError) as exc:

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from smockron.registry import Registry
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class PeerInfo:
@@ -32,3 +34,19 @@ class Discovery(Protocol):
 
     async def stop(self) -> None:
         """Stop watching and withdraw this node's registration, if any."""
+
+
+_MODULE = "smockron.cluster.discovery."
+DISCOVERY: Registry[Discovery] = Registry(
+    "peer discovery",
+    {
+        "static": _MODULE + "static",
+        "file": _MODULE + "static",
+        "etcd": _MODULE + "etcd",
+        "dns": _MODULE + "dns",
+        "kubernetes": _MODULE + "kubernetes",
+        "k8s": _MODULE + "kubernetes",
+        "member-list": _MODULE + "memberlist",
+    },
+)
+"""Kind -> the Discovery class serving it, each module imported on first use."""

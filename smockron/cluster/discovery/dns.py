@@ -30,15 +30,18 @@ from smockron.cluster.discovery._common import (
     log,
     split_host_port,
 )
-from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.cluster.discovery.base import DISCOVERY, OnChange, PeerInfo
 from smockron.ratelog import RateLimitedLog
 
 MAX_TTL_DELAY = 300.0
 """Gubernator polls again after the smallest record TTL, but at least every 300 s."""
 
 
+@DISCOVERY.register
 class DnsDiscovery:
     """Polls ``fqdn`` and reports ``ip:grpc_port`` for each A/AAAA record, plus ourselves."""
+
+    schemes = ("dns",)
 
     def __init__(
         self,

@@ -40,7 +40,7 @@ from smockron.cluster.discovery._common import (
     log,
     split_host_port,
 )
-from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.cluster.discovery.base import DISCOVERY, OnChange, PeerInfo
 from smockron.errors import LeaseLost
 from smockron.ratelog import RateLimitedLog
 
@@ -94,8 +94,11 @@ def decode_peer(value: bytes) -> PeerInfo:
     )
 
 
+@DISCOVERY.register
 class EtcdDiscovery:
     """Registers ``advertise`` in etcd and reports every registered peer."""
+
+    schemes = ("etcd",)
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ from smockron.cluster.discovery._common import (
     join_host_port,
     log,
 )
-from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.cluster.discovery.base import DISCOVERY, OnChange, PeerInfo
 from smockron.errors import MalformedEvent
 from smockron.ratelog import RateLimitedLog
 
@@ -127,8 +127,11 @@ def make_configuration(
     return configuration
 
 
+@DISCOVERY.register
 class KubernetesDiscovery:
     """Watches the EndpointSlices selected by ``selector`` (or ``service_name``)."""
+
+    schemes = ("kubernetes", "k8s")
 
     def __init__(
         self,

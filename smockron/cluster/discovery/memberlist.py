@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from smockron.cluster.discovery import memberlist_wire as wire
 from smockron.cluster.discovery._common import DiscoveryMetrics, Publisher, cancel_task
-from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.cluster.discovery.base import DISCOVERY, OnChange, PeerInfo
 from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog
 from smockron.settings import parse_host_port
@@ -124,8 +124,11 @@ class _Udp(asyncio.DatagramProtocol):
         pass  # an ICMP error for an earlier packet: the probe finds out
 
 
+@DISCOVERY.register
 class MemberListDiscovery:
     """Peers from a memberlist cluster; ``advertise`` is what this node's metadata names."""
+
+    schemes = ("member-list",)
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 
 from smockron.cluster.discovery._common import Publisher, as_peer, cancel_task
-from smockron.cluster.discovery.base import OnChange, PeerInfo
+from smockron.cluster.discovery.base import DISCOVERY, OnChange, PeerInfo
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.discovery")
@@ -28,8 +28,11 @@ def parse_peers(text: str) -> list[PeerInfo]:
     return [as_peer(item.strip()) for item in text.split(",") if item.strip()]
 
 
+@DISCOVERY.register
 class StaticDiscovery:
     """Reports one list at start and never changes it."""
+
+    schemes = ("static",)
 
     def __init__(
         self, peers: Iterable[PeerInfo | str] | str, advertise: PeerInfo | str | None = None
@@ -60,10 +63,13 @@ def read_peers_file(path: str) -> list[PeerInfo]:
     return items
 
 
+@DISCOVERY.register
 class FileDiscovery:
     """Static peers from a file, re-read when it changes (checked every ``interval``
     seconds) and on ``reload`` (SIGHUP), so nodes can be added and removed without a
     restart. A file that cannot be read or parsed keeps the current list (logged)."""
+
+    schemes = ("file",)
 
     def __init__(
         self, path: str, advertise: PeerInfo | str | None = None, interval: float = 1.0

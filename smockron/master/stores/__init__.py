@@ -6,6 +6,7 @@ from __future__ import annotations
 from smockron import errors
 from smockron.master.stores.base import Scope, State, Store, Table
 from smockron.master.stores.memory import MemoryStore
+from smockron.master.stores.uri import STORES as _STORES
 from smockron.master.stores.uri import StoreURI, parse_store_uri
 
 __all__ = ["MemoryStore", "Scope", "State", "Store", "StoreURI", "Table", "open_store",
@@ -16,15 +17,8 @@ def open_store(uri: str, *, snapshot: str | None = None, snapshot_interval: floa
     """The store a URI names; Redis is imported only when asked for. ``snapshot`` (a
     path) makes the memory store persist its states there (Redis persists them itself)."""
     parsed = parse_store_uri(uri)
-    if parsed.scheme == "memory":
-        return MemoryStore(snapshot, snapshot_interval)
     try:
-        from smockron.master.stores.original import OriginalLayoutStore
-        from smockron.master.stores.redis import ClusterRedisStore, RedisStore
+        cls = _STORES.lookup(parsed.scheme)
     except ImportError as exc:
         raise errors.ConfigError(f"the redis store needs smockron[redis]: {exc}") from None
-    if parsed.scheme == "redis+cluster":
-        return ClusterRedisStore(uri)
-    if parsed.layout == "original":
-        return OriginalLayoutStore(parsed.client_uri)
-    return RedisStore(parsed.client_uri)
+    return cls.open(parsed, snapshot, snapshot_interval)

@@ -37,10 +37,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from smockron.master.stores import snapshot as snapshot_file
 from smockron.master.stores.base import Scope, State, Table, expires_at
+from smockron.master.stores.uri import STORES, StoreURI
 from smockron.memory import Reclaimer
 from smockron.ratelog import RateLimitedLog, escaped
 
@@ -239,6 +240,7 @@ def scope_expiry(scope: Scope) -> Callable[[State], float]:
     return lambda state: expires_at(state, scope)
 
 
+@STORES.register
 class MemoryStore(TableSet[MemoryTable]):
     """The default store: states in this process only. With ``snapshot`` (a path) the
     states are written there every ``snapshot_interval_s`` and on ``close``, and read
@@ -246,8 +248,13 @@ class MemoryStore(TableSet[MemoryTable]):
     forgive everyone; without it every I/O step is a no-op."""
 
     scheme = "memory"
+    schemes: ClassVar[tuple[str, ...]] = ("memory",)
     writes_behind = False
     warm_start = True
+
+    @classmethod
+    def open(cls, uri: StoreURI, snapshot: str | None, snapshot_interval: float) -> MemoryStore:
+        return cls(snapshot, snapshot_interval)
 
     def __init__(
         self,

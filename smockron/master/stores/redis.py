@@ -32,7 +32,7 @@ import struct
 import time
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
@@ -41,7 +41,7 @@ from smockron.errors import ConfigError
 from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.master.stores.breaker import Breaker
 from smockron.master.stores.memory import MemoryTable, TableSet, memory_states, scope_expiry
-from smockron.master.stores.uri import StoreURI, parse_store_uri, redacted
+from smockron.master.stores.uri import STORES, StoreURI, parse_store_uri, redacted
 
 KEY_PREFIX = b"smockron:"
 
@@ -106,14 +106,26 @@ class RedisTable(MemoryTable):
         return key in self.current or key in self.previous or key in self.lasting
 
 
+@STORES.register
 class RedisStore(TableSet[RedisTable]):
     """Batched Redis persistence; see the module docstring."""
 
     scheme = "redis"
+    schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss", "unix", "redis+sentinel")
     layout = "smockron"
     writes_behind = True
     warm_start = False
     write_lua = _WRITE_LUA
+
+    @classmethod
+    def open(cls, uri: StoreURI, snapshot: str | None, snapshot_interval: float) -> RedisStore:
+        """``?layout=original`` opens the original master's layout (Redis persists the
+        states itself: no snapshot)."""
+        if uri.layout == "original":
+            from smockron.master.stores.original import OriginalLayoutStore
+
+            return OriginalLayoutStore(uri.client_uri)
+        return cls(uri.client_uri)
 
     def __init__(
         self,
@@ -382,6 +394,7 @@ _RECORD_HEAD = struct.Struct(">I")
 _RECORD_TTL = struct.Struct(">Q")
 
 
+@STORES.register
 class ClusterRedisStore(RedisStore):
     """``redis+cluster://``: the same states and TTLs, written and read with one
     pipeline of single-key GET/SET/DEL per batch instead of one Lua script (a script may
@@ -390,6 +403,7 @@ class ClusterRedisStore(RedisStore):
     node, and no key needs a hash tag. RESYNC's listing SCANs every primary in turn."""
 
     scheme = "redis+cluster"
+    schemes: ClassVar[tuple[str, ...]] = ("redis+cluster",)
 
     async def _read(self, keys: Iterable[bytes]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)

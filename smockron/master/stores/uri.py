@@ -8,14 +8,22 @@ A Redis URI may add ``layout=original`` (``redis://HOST:PORT/DB?layout=original`
 states are then kept under the original Smockron master's keys and values, so that it
 and smockron can share one Redis (``smockron.master.stores.original``). The option is
 taken out of the URI given to the Redis client, which knows nothing of it.
+
+:data:`STORES` maps each scheme to the store class that serves it (see
+``smockron.registry``); ``open_store`` looks the class up there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from smockron.errors import ConfigError
+from smockron.registry import Registry
+
+if TYPE_CHECKING:
+    from smockron.master.stores.base import Store
 
 LAYOUTS = ("smockron", "original")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
@@ -37,6 +45,24 @@ class StoreURI:
     db: int = 0
     username: str | None = None
     password: str | None = None
+
+
+class StoreClass(Protocol):
+    """What a store class registered in :data:`STORES` offers."""
+
+    schemes: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def open(cls, uri: StoreURI, snapshot: str | None, snapshot_interval: float) -> Store:
+        """The store ``uri`` (checked) names; ``snapshot`` is the memory store's file."""
+        ...
+
+
+STORES: Registry[StoreClass] = Registry(
+    "store scheme",
+    {"memory": "smockron.master.stores.memory"}
+    | {scheme: "smockron.master.stores.redis" for scheme in REDIS_SCHEMES},
+)
 
 
 def parse_store_uri(uri: str) -> StoreURI:
