@@ -11,6 +11,10 @@ Each hits item names the sending node and the hits it was asked for (``lending.P
 ``lending.DEMAND`` in the request metadata); the owner answers with the budget it lends
 that node (see lending.py and replica.py).
 
+The owner stamps each answer to GLOBAL hits and each broadcast status (``replica.VERSION``
+in the response metadata, with ``owner``): the stamps order its words, which arrive in
+any order, so a non-owner never installs an older one over a newer one (replica.py).
+
 Summed hits carry DRAIN_OVER_LIMIT: the sending node has already admitted them, so the
 owner must count as many of them as still fit rather than refuse the whole sum
 (Gubernator refuses it and undercounts).
@@ -30,7 +34,7 @@ from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.pb import peers_pb2
 from smockron.cluster.peers import PeerClient
-from smockron.cluster.replica import ReplicaCache
+from smockron.cluster.replica import VERSION, ReplicaCache
 from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.global")
@@ -63,9 +67,14 @@ class GlobalSync:
         timeout_ms: float = 500.0,
         clock: Callable[[], int],
         address: str = "",
+        name: str = "",
         metrics: ClusterMetrics | None = None,
     ) -> None:
-        """``metrics``: where the duration of each round and failed calls are counted."""
+        """``address``: this node's, when it names itself to lending owners; ``name``:
+        this node's, with its broadcasts; ``metrics``: where the duration of each round
+        and failed calls are counted."""
+        self._name = name
+        self._stamp = 0
         self._metrics = metrics or ClusterMetrics()
         self._timeout_ms = timeout_ms
         self._limiter = limiter
@@ -88,6 +97,12 @@ class GlobalSync:
         self._tasks: set[asyncio.Task[bool]] = set()
         self.hits_sent = 0
         self.broadcasts_sent = 0
+
+    def stamp(self) -> str:
+        """The next stamp of this owner's words: increasing, and from the clock, so also
+        across restarts. Take it when the state it stamps is read."""
+        self._stamp = max(self._stamp + 1, self._clock() * 1000)
+        return str(self._stamp)
 
     # -- queueing ---------------------------------------------------------------------
     def queue_hits(
@@ -213,6 +228,8 @@ class GlobalSync:
         for start in range(0, len(reqs), self._limit):
             chunk = reqs[start : start + self._limit]
             sent_at = self._clock()
+            for req in chunk:
+                self._replicas.sending(req.hash_key, req.hits)
             try:
                 resps: Sequence[RateLimitResponse | None] = await peer.get_peer_rate_limits(
                     chunk, self._timeout_ms
@@ -232,6 +249,8 @@ class GlobalSync:
         reqs = list(broadcasts.values())
         now = self._clock()
         statuses = self._limiter.check(reqs, now)
+        for resp in statuses:
+            resp.metadata = {"owner": self._name, VERSION: self.stamp()}
         updates = [
             peers_pb2.UpdatePeerGlobal(
                 key=req.hash_key,

@@ -29,7 +29,7 @@ from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import MAX_BATCH as MAX_BATCH  # re-exported for the fronts
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.cluster.peers import PeerClient
-from smockron.cluster.replica import ReplicaCache
+from smockron.cluster.replica import VERSION, ReplicaCache
 from smockron.cluster.tls import TLSMaterial
 from smockron.core.hashring import HashRing
 from smockron.memory import Reclaimer
@@ -89,6 +89,7 @@ class Node:
             timeout_ms=config.global_timeout_ms,
             clock=self._clock,
             address=self.address if self.lends else "",
+            name=self.address,
             metrics=self.metrics,
         )
         self._probe_task: asyncio.Task[None] | None = None
@@ -382,6 +383,8 @@ class Node:
         flags = int(req.behavior)
         if not flags & _GLOBAL:
             return
+        if route == "peer":  # orders this answer among the owner's words (replica.py)
+            resp.metadata[VERSION] = self.global_sync.stamp()
         if req.hits or flags & _RESET_REMAINING:
             self.global_sync.queue_broadcast(req, urgent=_low(resp))
         peer = req.metadata.get(lending.PEER) if route == "peer" else lending.OWNER
@@ -482,6 +485,7 @@ class Node:
         if resp is not None and int(req.behavior) & _GLOBAL:
             self.replicas.install(req.hash_key, resp, req.algorithm, req.duration, sent_at)
             resp.metadata.pop(lending.LOAN, None)
+            resp.metadata.pop(VERSION, None)
             if resp.metadata.pop(lending.ALLOWANCE, None) is not None:
                 self.global_sync.forwarded(req)
 

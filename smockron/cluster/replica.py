@@ -4,9 +4,18 @@ and the budget the owner lent this node.
 Pure (``now`` is an argument, no I/O). A non-owner answers GLOBAL requests from here
 and queues the hits it admitted for the owner; ``pending`` counts those hits until the
 owner confirms them, so a node never admits the same allowance twice while its hits
-are in flight. The owner's word wins whenever it arrives (a confirmation or an
-UpdatePeerGlobals broadcast); between them the replica is conservative: remaining only
-goes down, and returns to ``limit`` once the owner's ``reset_time`` has passed.
+are in flight. The owner's newest word wins (a confirmation or an UpdatePeerGlobals
+broadcast); between them the replica is conservative: remaining only goes down, and
+returns to ``limit`` once the owner's ``reset_time`` has passed.
+
+Words arrive in any order (a broadcast read before this node's hits were applied can
+land after the answer to them), so a smockron owner stamps each word (``VERSION``, from a
+counter that only increases, in the response metadata; ``owner`` names it) and an older
+word never replaces a newer one. A word that lands while this node's hits are in flight
+to the owner may or may not count them; it waits (``parked``) until they are answered,
+then the newest word is installed and the hits it counts leave ``pending``. So, within a
+window, ``remaining`` never rises but by negative hits, a reset, or hits lost with a
+failed sync. A word without a stamp (a Gubernator owner) is installed when it arrives.
 
 What this node may admit is its ``budget``, not the whole remaining: the other nodes
 spend the same remaining meanwhile. The owner lends the budget with its answer to this
@@ -33,8 +42,24 @@ from smockron.cluster.model import (
     Status,
 )
 
+VERSION = "smockron-global-version"
+"""Response metadata of an owner's word (an answer to GLOBAL hits a peer sent, a
+broadcast's status): its stamp, increasing per owner. A Gubernator node ignores it."""
+
+_MAX_WAIT = 2
+"""Flights a parked word waits to land while others are still in flight."""
+
 _RESET_REMAINING = int(Behavior.RESET_REMAINING)
 _DRAIN_OVER_LIMIT = int(Behavior.DRAIN_OVER_LIMIT)
+
+
+class Word(NamedTuple):
+    """An owner's stamped answer, kept until it can be installed."""
+
+    response: RateLimitResponse
+    algorithm: Algorithm
+    duration: int
+    version: int
 
 
 @dataclass(slots=True)
@@ -52,6 +77,19 @@ class Replica:
     """The owner holds ``budget`` for this node until then; 0: not lent, an equal share."""
     loan: int = 0
     """The number of the owner's latest grant seen here (answers with older ones are late)."""
+    version: int = 0
+    """The owner's stamp on the word installed (0: none, a Gubernator owner's)."""
+    owner: str = ""
+    """Who stamped it: stamps are compared only with the same owner's."""
+    flights: int = 0
+    """Syncs carrying hits of this key in flight to the owner."""
+    landed: int = 0
+    """Hits of syncs the owner answered while a word was parked: in ``pending`` until it
+    is installed (it counts them)."""
+    parked: Word | None = None
+    """The newest word, waiting for ``flights`` to land."""
+    waited: int = 0
+    """Flights landed since ``parked`` was first parked, others still in flight."""
 
 
 class Answer(NamedTuple):
@@ -92,18 +130,47 @@ class ReplicaCache:
         duration: int,
         sent_at: int | None = None,
     ) -> None:
-        """The owner's current answer for ``key``; local pending hits are kept. With
-        ``sent_at``, an answer to this node's hits sent then: its grant (``ALLOWANCE``,
-        ``LOAN`` in its metadata) replaces the lease unless an answer the owner decided
-        later came first; without a grant the owner holds nothing for this node. A
-        broadcast keeps the lease."""
+        """The owner's answer for ``key``; local pending hits are kept. With ``sent_at``,
+        an answer to this node's hits sent then: its grant (``ALLOWANCE``, ``LOAN`` in its
+        metadata) replaces the lease unless an answer the owner decided later came first;
+        without a grant the owner holds nothing for this node. A broadcast keeps the
+        lease. A stamped answer older than the one held is dropped (its grant still
+        counts); one that lands while this node's hits are in flight waits for them."""
         if resp.error:
             return
         old = self._items.get(key)
+        version = _int(resp.metadata.get(VERSION, "0"))
+        if old is not None and version:
+            if sent_at is not None:
+                self._grant(old, resp.metadata, sent_at)
+                sent_at = None
+            owner = resp.metadata.get("owner", "")
+            newest = old.parked.version if old.parked is not None else old.version
+            if owner == old.owner and version <= newest:
+                return  # the owner said something newer since
+            if old.flights:
+                if old.parked is None:
+                    old.waited = 0
+                old.parked = Word(resp, algorithm, duration, version)
+                return
+        self._put(key, old, resp, algorithm, duration, sent_at)
+
+    def _put(
+        self,
+        key: str,
+        old: Replica | None,
+        resp: RateLimitResponse,
+        algorithm: Algorithm,
+        duration: int,
+        sent_at: int | None = None,
+    ) -> None:
+        version = _int(resp.metadata.get(VERSION, "0"))
         item = Replica(resp.limit, resp.remaining, resp.reset_time, algorithm, duration)
+        item.version, item.owner = version, resp.metadata.get("owner", "") if version else ""
         if old is not None:
-            item.pending, item.budget = old.pending, old.budget
+            item.pending, item.budget = old.pending - old.landed, old.budget
             item.lease_until, item.loan = old.lease_until, old.loan
+            item.flights = old.flights
         if sent_at is not None:
             self._grant(item, resp.metadata, sent_at)
         if not item.lease_until:
@@ -125,8 +192,15 @@ class ReplicaCache:
         if allowance is None:
             item.lease_until = 0
         else:
-            item.budget = _int(allowance) - item.pending
+            item.budget = _int(allowance) - (item.pending - item.landed)
             item.lease_until = sent_at + self._lease
+
+    def sending(self, key: str, hits: int) -> None:
+        """``hits`` of ``key`` are about to be sent to the owner (0: a sync that carries
+        none, which any word may count or not alike)."""
+        item = self._items.get(key)
+        if item is not None and hits:
+            item.flights += 1
 
     def confirm(
         self,
@@ -137,12 +211,39 @@ class ReplicaCache:
         sent_at: int | None = None,
     ) -> None:
         """The owner applied (``resp``) or lost (``None``) ``hits`` sent from here at
-        ``sent_at``."""
+        ``sent_at`` (announced with ``sending``)."""
         item = self._items.get(key)
         if item is not None:
-            item.pending -= hits
+            flew = bool(hits) and item.flights > 0
+            if flew:
+                item.flights -= 1
+            if flew and resp is not None and _int(resp.metadata.get(VERSION, "0")):
+                item.landed += hits  # counted by this answer: out with the word that counts it
+            else:
+                item.pending -= hits
         if resp is not None:
             self.install(key, resp, algorithm, item.duration if item else 0, sent_at)
+        item = self._items.get(key)
+        if item is None:
+            return
+        if item.parked is not None and item.flights:
+            item.waited += 1
+        if not item.flights or item.waited >= _MAX_WAIT:
+            self._settle(key, item)
+
+    def _settle(self, key: str, item: Replica) -> None:
+        """Install the newest word held back, which counts every hit that landed
+        meanwhile: when no hits are in flight, or when a word has waited for
+        ``_MAX_WAIT`` flights to land (syncs that overlap without end, an owner slower
+        than the sync wait), as the node must hear of the other nodes' hits; a hit still
+        in flight then may count twice until it lands."""
+        parked, item.parked = item.parked, None
+        if parked is not None:
+            self._put(key, item, parked.response, parked.algorithm, parked.duration)
+            item = self._items.get(key, item)
+        else:
+            item.pending -= item.landed
+        item.landed = 0
 
     def answer(self, req: RateLimitRequest, now: int) -> Answer | None:
         """The answer and the hits to send to the owner, or None when only the owner can
