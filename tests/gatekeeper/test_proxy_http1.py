@@ -54,6 +54,14 @@ class RawBackend:
                     await writer.drain()
                     await asyncio.sleep(0.05)
                     break
+                if path == "/sleep":  # answers after 0.6 s
+                    await asyncio.sleep(0.6)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nslept")
+                    await writer.drain()
+                    continue
+                if path == "/silent":  # never answers
+                    await asyncio.sleep(30)
+                    break
                 if path == "/garbage":
                     writer.write(b"NOT HTTP AT ALL\r\n\r\n")
                     await writer.drain()
@@ -262,5 +270,41 @@ async def test_slowloris_head_is_cut_at_the_header_timeout(raw_backend: RawBacke
         writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (await asyncio.wait_for(reader.readuntil(b"GET /a 0"), 5)).startswith(b"HTTP/1.1")
         writer.close()
+    finally:
+        await p.close()
+
+
+async def test_stop_lets_requests_in_progress_finish(
+    proxy: tuple[GatekeeperProxy, int],
+) -> None:
+    p, port = proxy
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /sleep HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+    await asyncio.sleep(0.2)  # the request is with the upstream
+    closing = asyncio.get_running_loop().create_task(p.close())
+    await asyncio.sleep(0.1)
+    assert await asyncio.wait_for(idle_reader.read(), 2) == b""  # idle: closed at once
+    with pytest.raises(OSError):  # no longer listening
+        await asyncio.open_connection("127.0.0.1", port)
+    response = await asyncio.wait_for(reader.read(), 5)  # answered whole, then closed
+    assert response.startswith(b"HTTP/1.1 200") and response.endswith(b"slept")
+    assert b"Connection: close" in response
+    await asyncio.wait_for(closing, 5)
+    writer.close()
+    idle_writer.close()
+
+
+async def test_silent_upstream_is_502_after_the_upstream_timeout(raw_backend: RawBackend) -> None:
+    port, acc, ctl = free_ports(3)
+    gk = AsyncGatekeeper(f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}", ["api"])
+    p = GatekeeperProxy(f"http://127.0.0.1:{raw_backend.port}", HttpGate("api"), gk,
+                        upstream_timeout_s=0.5)  # fmt: skip
+    await p.start("127.0.0.1", port)
+    try:
+        out = await exchange(port, b"GET /silent HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 502")
+        ok = await exchange(port, b"GET /fine HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200")
     finally:
         await p.close()
