@@ -324,6 +324,21 @@ def allow_ipv6(sock: zmq.Socket[Any], *endpoints: str) -> None:
             return
 
 
+HEARTBEAT_IVL_MS = 500
+HEARTBEAT_TIMEOUT_MS = 2000
+
+
+def keep_alive(sock: zmq.Socket[Any]) -> None:
+    """ZMTP heartbeats on ``sock``'s connections: a peer that answers nothing for
+    ``HEARTBEAT_TIMEOUT_MS`` (a partition: no reset, the TCP connection looks open) is
+    dropped and dialled again. Without them such a connection queues what is sent to it
+    and delivers it all when the network heals, old, on the same connection. Peers that
+    speak an older ZMTP (the original programs' libzmq) are never sent a PING."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
 def is_loopback(endpoint: str) -> bool:
     """Whether binding ``endpoint`` is reachable from this host only: ``ipc://`` and
     ``inproc://``, or TCP (or WebSocket) on 127.0.0.0/8, ::1 or ``localhost``. A wildcard,

@@ -22,7 +22,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from smockron.core.rules import ALGORITHMS
-from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient, allow_ipv6
+from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient, allow_ipv6, keep_alive
 from smockron.errors import ConfigError, ProtocolError
 from smockron.gatekeeper._decider import Counters, Decider
 from smockron.gatekeeper._firstline import Line, describe_line
@@ -646,6 +646,7 @@ class _Link:
         pub = self._secure(ctx.socket(zmq.XPUB))
         pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every master's subscription, not the first
         allow_ipv6(pub, *(acc for acc, _ctl in self.masters if acc))
+        keep_alive(pub)
         if self.sharded:  # nothing queued for a master that is down: the others take it
             pub.setsockopt(zmq.IMMEDIATE, 1)
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
@@ -679,6 +680,7 @@ class _Link:
         address = self.masters[link][1] or ""
         self._secure(sub)
         allow_ipv6(sub, address)
+        keep_alive(sub)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
         sub.setsockopt(zmq.RECONNECT_IVL, 100)

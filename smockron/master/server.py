@@ -21,7 +21,14 @@ from collections.abc import Callable
 import zmq
 
 from smockron import runtime
-from smockron.curve import AllowList, CurveClient, allow_ipv6, bind_mode, curve_server
+from smockron.curve import (
+    AllowList,
+    CurveClient,
+    allow_ipv6,
+    bind_mode,
+    curve_server,
+    keep_alive,
+)
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.answers import Answers
 from smockron.master.config import MasterSettings, limits
@@ -192,6 +199,8 @@ class Master:
         self._subscribe()
         allow_ipv6(self.sub, self.settings.accounting)
         allow_ipv6(self.pub, self.settings.control)
+        keep_alive(self.sub)  # a partitioned gatekeeper's connection is dropped, not kept
+        keep_alive(self.pub)
         self.sub.bind(self.settings.accounting)
         # Connections accepted: what a gatekeeper queued meanwhile comes right after
         # (with CURVE, once its key is allowed: a denied peer is no gatekeeper).

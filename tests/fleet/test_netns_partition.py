@@ -174,18 +174,9 @@ def _stopped_line(log: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w[\w.]*)=(\d+)", lines[-1])} if lines else {}
 
 
-PARTITIONED = pytest.mark.xfail(strict=True, reason=(
-    "a partition is worse than a kill: the gatekeeper's accounting connection to the cut-off "
-    "master stays up (no ZMTP heartbeat), its share is queued, and on healing TCP delivers it; "
-    "no new connection, so no backlog rule: the master re-times what is older than the skew "
-    "tolerance to its arrival (counted skewed) and charges the partition's requests at once: "
-    "the abuser is held below its rule, the polite client is slowed"))  # fmt: skip
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("partition_s", [pytest.param(0.0, id="loss-only"),
-                                         pytest.param(PARTITION_FOR, id="partition",
-                                                      marks=PARTITIONED)])  # fmt: skip
+                                         pytest.param(PARTITION_FOR, id="partition")])  # fmt: skip
 def test_a_partitioned_master_is_no_worse_than_a_killed_one(
     network: dict[str, str], tmp_path: Path, partition_s: float
 ) -> None:
