@@ -2,7 +2,7 @@
  * RateLimitResponse out, over the limiter's OrderedDict cache of flat state tuples.
  *
  * Why: in Python most of a check's cost is object creation (LimitParams, the
- * state named tuple, Verdict, the response's dataclass __init__), attribute reads and
+ * state named tuple, Outcome, the response's dataclass __init__), attribute reads and
  * the cache bookkeeping; the arithmetic itself is a few integer operations. Here a
  * check reads the request's slots directly, does the arithmetic of core/algorithms.py
  * on int64 (same formulas, Python's floor division), writes the same cache entry

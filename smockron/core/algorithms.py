@@ -72,7 +72,9 @@ class LimitParams:
 
 
 @dataclass(slots=True)
-class Verdict:
+class Outcome:
+    """What one check answers: Gubernator's response fields, before the response is built."""
+
     over_limit: bool
     limit: int
     remaining: int
@@ -126,7 +128,7 @@ class HistoryState(NamedTuple):
 State: TypeAlias = TokenBucketState | LeakyBucketState | SlidingWindowState | HistoryState
 
 
-def check(state: State | None, params: LimitParams, now_ms: int) -> tuple[State, Verdict]:
+def check(state: State | None, params: LimitParams, now_ms: int) -> tuple[State, Outcome]:
     """Apply ``params.hits`` at ``now_ms``; raises InvalidParams for unusable params."""
     _validate(params)
     if params.duration == 0 and not int(params.behavior) & _GREGORIAN:
@@ -197,7 +199,7 @@ def _status(hits: int, available: int) -> bool:
     return hits > available
 
 
-def _memoryless(p: LimitParams, now: int) -> tuple[State, Verdict]:
+def _memoryless(p: LimitParams, now: int) -> tuple[State, Outcome]:
     """``duration == 0``: a window that is over as soon as it starts, so every request is
     judged against a full allowance and nothing is remembered (Gubernator accepts it)."""
     tb = p.algorithm == Algorithm.TOKEN_BUCKET or p.algorithm == Algorithm.SLIDING_WINDOW
@@ -208,7 +210,7 @@ def _memoryless(p: LimitParams, now: int) -> tuple[State, Verdict]:
     else:
         remaining = maximum - p.hits if tb else min(maximum, maximum - p.hits)
     state = TokenBucketState(p.limit, 0, False, remaining, now, now)
-    return state, Verdict(over, p.limit, remaining, now)
+    return state, Outcome(over, p.limit, remaining, now)
 
 
 def _ceil(x: float) -> int:
@@ -221,7 +223,7 @@ def _ceil(x: float) -> int:
 
 def _token_bucket(
     s: TokenBucketState | None, p: LimitParams, now: int
-) -> tuple[TokenBucketState, Verdict]:
+) -> tuple[TokenBucketState, Outcome]:
     gregorian = bool(int(p.behavior) & _GREGORIAN)
     hits, reset = p.hits, False
     if s is None or now >= s.end:
@@ -244,7 +246,7 @@ def _token_bucket(
     elif hits:
         remaining -= hits  # negative hits may raise it above limit, as in Gubernator
     state = TokenBucketState(p.limit, p.duration, gregorian, remaining, start, end)
-    return state, Verdict(over, p.limit, remaining, end)
+    return state, Outcome(over, p.limit, remaining, end)
 
 
 # -- leaky bucket --------------------------------------------------------------------------
@@ -252,7 +254,7 @@ def _token_bucket(
 
 def _leaky_bucket(
     s: LeakyBucketState | None, p: LimitParams, now: int
-) -> tuple[LeakyBucketState, Verdict]:
+) -> tuple[LeakyBucketState, Outcome]:
     gregorian = bool(int(p.behavior) & _GREGORIAN)
     burst = p.burst or p.limit
     window_end: int | None = None
@@ -285,7 +287,7 @@ def _leaky_bucket(
     state = LeakyBucketState(
         p.limit, p.duration, gregorian, burst, period, level, updated, window_end
     )
-    return state, Verdict(over, p.limit, level // period, _leaky_full_at(state))
+    return state, Outcome(over, p.limit, level // period, _leaky_full_at(state))
 
 
 def _leaky_full_at(s: LeakyBucketState) -> int:
@@ -302,7 +304,7 @@ def _leaky_full_at(s: LeakyBucketState) -> int:
 
 def _sliding(
     s: SlidingWindowState | None, p: LimitParams, now: int
-) -> tuple[SlidingWindowState, Verdict]:
+) -> tuple[SlidingWindowState, Outcome]:
     """Two-window weighted counter.
 
     Windows are aligned to the epoch (``k * duration``) or to the calendar. With ``c``
@@ -339,7 +341,7 @@ def _sliding(
     budget = p.limit * length - previous * (end - now) - current * length
     remaining = max(0, budget // length)
     state = SlidingWindowState(p.duration, gregorian, start, end, previous, current)
-    return state, Verdict(over, p.limit, remaining, max(now, _sliding_full_at(state)))
+    return state, Outcome(over, p.limit, remaining, max(now, _sliding_full_at(state)))
 
 
 def _sliding_full_at(s: SlidingWindowState) -> int:
@@ -352,7 +354,7 @@ def _sliding_full_at(s: SlidingWindowState) -> int:
 # -- the seed's history rule ---------------------------------------------------------------
 
 
-def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryState, Verdict]:
+def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryState, Outcome]:
     """The seed's rule: a hit is accepted while fewer than ``burst`` hits were accepted in
     the past ``burst / rate`` (``rate = limit / duration``). ``n`` hits are accepted
     together when ``recent + n <= burst`` and recorded as ``n`` timestamps ``now``. With
@@ -362,7 +364,7 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
     burst = p.burst or p.limit
     if burst <= 0 or p.limit <= 0:
         state = HistoryState(p.limit, p.duration, burst, ())
-        return state, Verdict(p.hits >= 0, p.limit, 0, now)
+        return state, Outcome(p.hits >= 0, p.limit, 0, now)
     rule = _rule(p.limit, p.duration, burst)
     log: history.History = list(s.history) if s is not None else []
     hits, reset = p.hits, s is not None and bool(int(p.behavior) & _RESET)
@@ -385,7 +387,7 @@ def _history(s: HistoryState | None, p: LimitParams, now: int) -> tuple[HistoryS
     state = HistoryState(p.limit, p.duration, burst, tuple(log))
     remaining = burst - _recent(log, now, rule)
     full_at = _ceil(history.expires_at(log, rule)) if log else now
-    return state, Verdict(over, p.limit, remaining, max(now, full_at))
+    return state, Outcome(over, p.limit, remaining, max(now, full_at))
 
 
 @lru_cache(maxsize=1024)

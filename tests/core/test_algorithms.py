@@ -16,8 +16,8 @@ from smockron.core.algorithms import (
     Algorithm,
     Behavior,
     LimitParams,
+    Outcome,
     State,
-    Verdict,
     check,
     expire_at,
 )
@@ -51,7 +51,7 @@ class Key:
         algorithm: Algorithm = TB,
         behavior: Behavior = Behavior.BATCHING,
         burst: int = 0,
-    ) -> Verdict:
+    ) -> Outcome:
         params = LimitParams(hits, limit, duration, burst, algorithm, behavior)
         self.state, verdict = check(self.state, params, now)
         return verdict
@@ -62,36 +62,36 @@ class Key:
 
 def test_token_bucket_basic_window() -> None:
     k = Key()
-    assert k.hit(T0) == Verdict(False, 10, 9, T0 + 1000)
-    assert k.hit(T0 + 10, hits=0) == Verdict(False, 10, 9, T0 + 1000)
-    assert k.hit(T0 + 20, hits=9) == Verdict(False, 10, 0, T0 + 1000)
-    assert k.hit(T0 + 30) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0) == Outcome(False, 10, 9, T0 + 1000)
+    assert k.hit(T0 + 10, hits=0) == Outcome(False, 10, 9, T0 + 1000)
+    assert k.hit(T0 + 20, hits=9) == Outcome(False, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 30) == Outcome(True, 10, 0, T0 + 1000)
     # A query always fits (Gubernator's TestDrainOverLimit), even with nothing left.
-    assert k.hit(T0 + 40, hits=0) == Verdict(False, 10, 0, T0 + 1000)
-    assert k.hit(T0 + 999) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 40, hits=0) == Outcome(False, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 999) == Outcome(True, 10, 0, T0 + 1000)
     # The window ends at reset_time: a fresh one starts with this hit.
-    assert k.hit(T0 + 1000) == Verdict(False, 10, 9, T0 + 2000)
+    assert k.hit(T0 + 1000) == Outcome(False, 10, 9, T0 + 2000)
 
 
 def test_token_bucket_over_limit_consumes_nothing_and_is_not_sticky() -> None:
     k = Key()
-    assert k.hit(T0, hits=3) == Verdict(False, 10, 7, T0 + 1000)
-    assert k.hit(T0 + 1, hits=8) == Verdict(True, 10, 7, T0 + 1000)
+    assert k.hit(T0, hits=3) == Outcome(False, 10, 7, T0 + 1000)
+    assert k.hit(T0 + 1, hits=8) == Outcome(True, 10, 7, T0 + 1000)
     # Gubernator would still say OVER_LIMIT here (its stored status is sticky).
-    assert k.hit(T0 + 2, hits=7) == Verdict(False, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 2, hits=7) == Outcome(False, 10, 0, T0 + 1000)
 
 
 def test_token_bucket_first_request_over_limit() -> None:
     k = Key()
-    assert k.hit(T0, hits=11) == Verdict(True, 10, 10, T0 + 1000)
-    assert k.hit(T0 + 1, hits=10) == Verdict(False, 10, 0, T0 + 1000)
+    assert k.hit(T0, hits=11) == Outcome(True, 10, 10, T0 + 1000)
+    assert k.hit(T0 + 1, hits=10) == Outcome(False, 10, 0, T0 + 1000)
 
 
 def test_token_bucket_drain_over_limit() -> None:
     k = Key()
     k.hit(T0, hits=3)
-    assert k.hit(T0 + 1, hits=8, behavior=DRAIN) == Verdict(True, 10, 0, T0 + 1000)
-    assert k.hit(T0 + 2) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 1, hits=8, behavior=DRAIN) == Outcome(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 2) == Outcome(True, 10, 0, T0 + 1000)
 
 
 def test_token_bucket_negative_hits_give_back_even_above_limit() -> None:
@@ -101,18 +101,18 @@ def test_token_bucket_negative_hits_give_back_even_above_limit() -> None:
     assert got == [3, 4, 0, 1]
     k = Key()
     k.hit(T0, hits=5)
-    assert k.hit(T0 + 1, hits=-2) == Verdict(False, 10, 7, T0 + 1000)
-    assert k.hit(T0 + 2, hits=-50) == Verdict(False, 10, 57, T0 + 1000)
+    assert k.hit(T0 + 1, hits=-2) == Outcome(False, 10, 7, T0 + 1000)
+    assert k.hit(T0 + 2, hits=-50) == Outcome(False, 10, 57, T0 + 1000)
     assert k.hit(T0 + 1000, hits=0).remaining == 10  # the next window starts at limit
 
 
 def test_token_bucket_limit_change_moves_remaining_by_difference() -> None:
     k = Key()
     k.hit(T0, hits=4)  # 6 left of 10
-    assert k.hit(T0 + 1, hits=0, limit=20) == Verdict(False, 20, 16, T0 + 1000)
-    assert k.hit(T0 + 2, hits=0, limit=15) == Verdict(False, 15, 11, T0 + 1000)
-    assert k.hit(T0 + 3, hits=0, limit=2) == Verdict(False, 2, 0, T0 + 1000)
-    assert k.hit(T0 + 4, hits=1, limit=2) == Verdict(True, 2, 0, T0 + 1000)
+    assert k.hit(T0 + 1, hits=0, limit=20) == Outcome(False, 20, 16, T0 + 1000)
+    assert k.hit(T0 + 2, hits=0, limit=15) == Outcome(False, 15, 11, T0 + 1000)
+    assert k.hit(T0 + 3, hits=0, limit=2) == Outcome(False, 2, 0, T0 + 1000)
+    assert k.hit(T0 + 4, hits=1, limit=2) == Outcome(True, 2, 0, T0 + 1000)
 
 
 def test_reset_remaining_refills_without_counting_the_request() -> None:
@@ -129,23 +129,23 @@ def test_reset_remaining_refills_without_counting_the_request() -> None:
     # The leaky bucket refills, then applies the hits (Gubernator's leaky bucket does too).
     k = Key()
     k.hit(T0, hits=10, algorithm=LB)
-    assert k.hit(T0 + 1, hits=3, algorithm=LB, behavior=RESET) == Verdict(False, 10, 7, T0 + 301)
+    assert k.hit(T0 + 1, hits=3, algorithm=LB, behavior=RESET) == Outcome(False, 10, 7, T0 + 301)
 
 
 def test_token_bucket_duration_change() -> None:
     k = Key()
     k.hit(T0, hits=4)
     # Longer duration: same window start, later end, remaining kept.
-    assert k.hit(T0 + 500, hits=0, duration=5000) == Verdict(False, 10, 6, T0 + 5000)
+    assert k.hit(T0 + 500, hits=0, duration=5000) == Outcome(False, 10, 6, T0 + 5000)
     # Shorter duration that has already ended: a new window starts now.
-    assert k.hit(T0 + 600, hits=1, duration=100) == Verdict(False, 10, 9, T0 + 700)
+    assert k.hit(T0 + 600, hits=1, duration=100) == Outcome(False, 10, 9, T0 + 700)
 
 
 def test_token_bucket_gregorian_minute_and_expire_at() -> None:
     now = ms(2024, 3, 5, 11, 20, 10)
     k = Key()
     v = k.hit(now, duration=0, behavior=GREG)
-    assert v == Verdict(False, 10, 9, ms(2024, 3, 5, 11, 21, 0))
+    assert v == Outcome(False, 10, 9, ms(2024, 3, 5, 11, 21, 0))
     assert k.state is not None and expire_at(k.state) == ms(2024, 3, 5, 11, 21, 0)
     assert k.hit(ms(2024, 3, 5, 11, 21, 0), duration=0, behavior=GREG).remaining == 9
 
@@ -171,12 +171,12 @@ def test_calendar_windows(now: int, interval: int, start: int, end: int) -> None
 def test_token_bucket_gregorian_month_resets_at_month_end() -> None:
     k = Key()
 
-    def month(now: int, hits: int = 1) -> Verdict:
+    def month(now: int, hits: int = 1) -> Outcome:
         return k.hit(now, hits, limit=3, duration=4, behavior=GREG)
 
-    assert month(ms(2024, 2, 29, 23), 3) == Verdict(False, 3, 0, ms(2024, 3, 1))
+    assert month(ms(2024, 2, 29, 23), 3) == Outcome(False, 3, 0, ms(2024, 3, 1))
     assert month(ms(2024, 2, 29, 23, 59, 59)).over_limit
-    assert month(ms(2024, 3, 1)) == Verdict(False, 3, 2, ms(2024, 4, 1))
+    assert month(ms(2024, 3, 1)) == Outcome(False, 3, 2, ms(2024, 4, 1))
 
 
 # -- leaky bucket ------------------------------------------------------------------------
@@ -185,21 +185,21 @@ def test_token_bucket_gregorian_month_resets_at_month_end() -> None:
 def test_leaky_bucket_burst_defaults_to_limit_and_refills() -> None:
     k = Key()
     # 10 per 1000 ms: one token per 100 ms.
-    assert k.hit(T0, hits=10, algorithm=LB) == Verdict(False, 10, 0, T0 + 1000)
-    assert k.hit(T0 + 50, algorithm=LB) == Verdict(True, 10, 0, T0 + 1000)
-    assert k.hit(T0 + 100, algorithm=LB) == Verdict(False, 10, 0, T0 + 1100)
-    assert k.hit(T0 + 450, hits=0, algorithm=LB) == Verdict(False, 10, 3, T0 + 1100)
+    assert k.hit(T0, hits=10, algorithm=LB) == Outcome(False, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 50, algorithm=LB) == Outcome(True, 10, 0, T0 + 1000)
+    assert k.hit(T0 + 100, algorithm=LB) == Outcome(False, 10, 0, T0 + 1100)
+    assert k.hit(T0 + 450, hits=0, algorithm=LB) == Outcome(False, 10, 3, T0 + 1100)
 
 
 def test_leaky_bucket_burst_above_limit() -> None:
     k = Key()
-    assert k.hit(T0, hits=15, algorithm=LB, burst=20) == Verdict(False, 10, 5, T0 + 1500)
+    assert k.hit(T0, hits=15, algorithm=LB, burst=20) == Outcome(False, 10, 5, T0 + 1500)
     assert k.hit(T0, hits=6, algorithm=LB, burst=20).over_limit
     # Burst lowered to 10: what is left is clamped to it (5 stays 5; Gubernator clamps too).
-    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Verdict(False, 10, 5, T0 + 500)
-    assert k.hit(T0, hits=0, algorithm=LB, burst=4) == Verdict(False, 10, 4, T0 + 0)
+    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Outcome(False, 10, 5, T0 + 500)
+    assert k.hit(T0, hits=0, algorithm=LB, burst=4) == Outcome(False, 10, 4, T0 + 0)
     # Burst raised: more room by the difference (4 + 6 = 10 of 10).
-    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Verdict(False, 10, 10, T0)
+    assert k.hit(T0, hits=0, algorithm=LB, burst=10) == Outcome(False, 10, 10, T0)
 
 
 def test_gubernator_change_limit_sequence() -> None:
@@ -354,8 +354,8 @@ def test_gubernator_functional_sequences(name: str) -> None:
 
 def test_leaky_bucket_first_request_over_burst_consumes_nothing() -> None:
     k = Key()
-    assert k.hit(T0, hits=11, algorithm=LB) == Verdict(True, 10, 10, T0)
-    assert k.hit(T0, hits=11, algorithm=LB, behavior=DRAIN) == Verdict(True, 10, 0, T0 + 1000)
+    assert k.hit(T0, hits=11, algorithm=LB) == Outcome(True, 10, 10, T0)
+    assert k.hit(T0, hits=11, algorithm=LB, behavior=DRAIN) == Outcome(True, 10, 0, T0 + 1000)
 
 
 def test_leaky_bucket_gregorian_rate_uses_calendar_length() -> None:
@@ -364,7 +364,7 @@ def test_leaky_bucket_gregorian_rate_uses_calendar_length() -> None:
     start = ms(2024, 3, 5)
     # 24 per day: one per hour; the bucket is reset at the end of the day.
     v = k.hit(start + 3_600_000, hits=24, limit=24, duration=2, algorithm=LB, behavior=GREG)
-    assert v == Verdict(False, 24, 0, start + day)
+    assert v == Outcome(False, 24, 0, start + day)
     v = k.hit(start + 2 * 3_600_000, hits=0, limit=24, duration=2, algorithm=LB, behavior=GREG)
     assert v.remaining == 1
     v = k.hit(start + day, hits=0, limit=24, duration=2, algorithm=LB, behavior=GREG)
@@ -376,7 +376,7 @@ def test_leaky_bucket_gregorian_month_rate_uses_true_month_length() -> None:
     # 29 per month in February 2024 (29 days): one token per day.
     feb1 = ms(2024, 2, 1)
     v = k.hit(feb1, hits=29, limit=29, duration=4, algorithm=LB, behavior=GREG)
-    assert v == Verdict(False, 29, 0, ms(2024, 3, 1))
+    assert v == Outcome(False, 29, 0, ms(2024, 3, 1))
     v = k.hit(feb1 + 86_400_000 - 1, hits=1, limit=29, duration=4, algorithm=LB, behavior=GREG)
     assert v.over_limit
     v = k.hit(feb1 + 3 * 86_400_000, hits=0, limit=29, duration=4, algorithm=LB, behavior=GREG)
@@ -394,12 +394,12 @@ def test_leaky_bucket_gregorian_month_rate_uses_true_month_length() -> None:
 def test_sliding_window_weighting() -> None:
     k = Key()
     base = 1_000_000  # a multiple of the 1000 ms window
-    assert k.hit(base + 500, hits=10, algorithm=SW) == Verdict(False, 10, 0, base + 2000)
+    assert k.hit(base + 500, hits=10, algorithm=SW) == Outcome(False, 10, 0, base + 2000)
     # Next window, 25% in: previous weighs 0.75 -> estimate 7.5, remaining floor(2.5) = 2.
-    assert k.hit(base + 1250, hits=3, algorithm=SW) == Verdict(True, 10, 2, base + 2000)
-    assert k.hit(base + 1250, hits=2, algorithm=SW) == Verdict(False, 10, 0, base + 3000)
+    assert k.hit(base + 1250, hits=3, algorithm=SW) == Outcome(True, 10, 2, base + 2000)
+    assert k.hit(base + 1250, hits=2, algorithm=SW) == Outcome(False, 10, 0, base + 3000)
     # Two windows later everything has aged out.
-    assert k.hit(base + 3000, hits=0, algorithm=SW) == Verdict(False, 10, 10, base + 3000)
+    assert k.hit(base + 3000, hits=0, algorithm=SW) == Outcome(False, 10, 10, base + 3000)
 
 
 # -- the seed's history rule -------------------------------------------------------------
@@ -454,7 +454,7 @@ def test_duration_zero_remembers_nothing(algorithm: Algorithm) -> None:
     k = Key()
     for _ in range(3):
         v = k.hit(T0, hits=1, limit=10, duration=0, algorithm=algorithm)
-        assert v == Verdict(False, 10, 9, T0)
+        assert v == Outcome(False, 10, 9, T0)
         assert k.state is not None and expire_at(k.state) == T0
     assert k.hit(T0, hits=11, limit=10, duration=0, algorithm=algorithm).over_limit
 
@@ -462,7 +462,7 @@ def test_duration_zero_remembers_nothing(algorithm: Algorithm) -> None:
 def test_switching_algorithm_starts_fresh() -> None:
     k = Key()
     k.hit(T0, hits=10)
-    assert k.hit(T0 + 1, hits=1, algorithm=LB) == Verdict(False, 10, 9, T0 + 101)
+    assert k.hit(T0 + 1, hits=1, algorithm=LB) == Outcome(False, 10, 9, T0 + 101)
 
 
 def test_check_does_not_mutate_state() -> None:
@@ -491,7 +491,7 @@ class FixedWindowOracle:
     start: int | None = None
     used: int = 0
 
-    def hit(self, now: int, hits: int) -> Verdict:
+    def hit(self, now: int, hits: int) -> Outcome:
         if self.start is None or now >= self.start + self.duration:
             self.start, self.used = now, 0
         left = self.limit - self.used
@@ -501,7 +501,7 @@ class FixedWindowOracle:
                 self.used = self.limit
         else:
             self.used += hits
-        return Verdict(over, self.limit, self.limit - self.used, self.start + self.duration)
+        return Outcome(over, self.limit, self.limit - self.used, self.start + self.duration)
 
 
 @settings(max_examples=150, deadline=None)
@@ -527,7 +527,7 @@ class LeakyOracle:
     tokens: Fraction | None = None
     updated: int = 0
 
-    def hit(self, now: int, hits: int) -> Verdict:
+    def hit(self, now: int, hits: int) -> Outcome:
         rate = Fraction(self.limit, self.duration)
         if self.tokens is None:
             self.tokens = Fraction(self.burst)
@@ -548,7 +548,7 @@ class LeakyOracle:
             reset = now + self.duration
         else:
             reset = now + ceil(missing / rate)
-        return Verdict(over, self.limit, floor(self.tokens), reset)
+        return Outcome(over, self.limit, floor(self.tokens), reset)
 
 
 @settings(max_examples=150, deadline=None)
@@ -580,7 +580,7 @@ class SlidingOracle:
         weight = Fraction(start + self.duration - now, self.duration)
         return prev * weight + cur, prev, cur
 
-    def hit(self, now: int, hits: int) -> Verdict:
+    def hit(self, now: int, hits: int) -> Outcome:
         est, _, cur = self.estimate(now)
         left = max(0, floor(self.limit - est))
         over = hits > left
@@ -597,7 +597,7 @@ class SlidingOracle:
             reset = start + self.duration
         else:
             reset = now
-        return Verdict(over, self.limit, max(0, floor(self.limit - est)), reset)
+        return Outcome(over, self.limit, max(0, floor(self.limit - est)), reset)
 
 
 @settings(max_examples=150, deadline=None)
@@ -739,13 +739,13 @@ def test_calendar_months_and_years_for_any_int64_moment(now: int, interval: int)
 def test_sliding_window_gregorian_months_of_different_lengths() -> None:
     k = Key()
 
-    def month(now: int, hits: int) -> Verdict:
+    def month(now: int, hits: int) -> Outcome:
         return k.hit(now, hits, limit=31, duration=4, algorithm=SW, behavior=GREG)
 
     # 31 hits in January fill it; on 1 March 00:00 (Feb has 29 days in 2024) the previous
     # window is February, which is empty.
-    assert month(ms(2024, 1, 20), 31) == Verdict(False, 31, 0, ms(2024, 3, 1))
+    assert month(ms(2024, 1, 20), 31) == Outcome(False, 31, 0, ms(2024, 3, 1))
     # Halfway through February (14.5 of 29 days), January's 31 weigh 15.5: 15 left.
-    assert month(ms(2024, 2, 15, 12), 0) == Verdict(False, 31, 15, ms(2024, 3, 1))
+    assert month(ms(2024, 2, 15, 12), 0) == Outcome(False, 31, 15, ms(2024, 3, 1))
     assert month(ms(2024, 2, 15, 12), 16).over_limit
-    assert month(ms(2024, 3, 1), 0) == Verdict(False, 31, 31, ms(2024, 3, 1))
+    assert month(ms(2024, 3, 1), 0) == Outcome(False, 31, 31, ms(2024, 3, 1))

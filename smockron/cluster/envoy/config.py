@@ -108,11 +108,11 @@ class Match:
 
 
 @dataclass(slots=True)
-class Node:
+class DescriptorNode:
     """One configured descriptor: its limit (if any) and its nested descriptors."""
 
     limit: Limit | None = None
-    children: dict[str, Node] = field(default_factory=dict)
+    children: dict[str, DescriptorNode] = field(default_factory=dict)
     """Keyed by ``key_value`` (wildcard patterns included, literally) or ``key``."""
     wildcards: list[tuple[str, list[str]]] = field(default_factory=list)
     """``(key_value pattern, pattern split on *)`` of the children whose value has a ``*``,
@@ -126,7 +126,7 @@ class Node:
 class EnvoyConfig:
     """Every loaded domain, by name."""
 
-    domains: dict[str, Node] = field(default_factory=dict)
+    domains: dict[str, DescriptorNode] = field(default_factory=dict)
 
     def find(self, domain: str, entries: Sequence[tuple[str, str]]) -> Limit | None:
         """The limit for a descriptor's entries, or None when no configured limit matches."""
@@ -169,10 +169,10 @@ def wildcard_match(parts: Sequence[str], value: str) -> bool:
     return True
 
 
-def _walk(root: Node, domain: str, entries: Sequence[tuple[str, str]]) -> Match | None:
+def _walk(root: DescriptorNode, domain: str, entries: Sequence[tuple[str, str]]) -> Match | None:
     detailed, by_value = [domain], [domain]
     shared: dict[int, str] = {}
-    found: tuple[Node, Limit] | None = None
+    found: tuple[DescriptorNode, Limit] | None = None
     parent = root
     for i, (key, value) in enumerate(entries):
         composite = f"{key}_{value}"
@@ -210,7 +210,7 @@ def _walk(root: Node, domain: str, entries: Sequence[tuple[str, str]]) -> Match 
 
 
 def _metric_part(
-    key: str, value: str, node: Node, pattern: str, shared: str, by_exact_value: bool
+    key: str, value: str, node: DescriptorNode, pattern: str, shared: str, by_exact_value: bool
 ) -> str:
     """One level of the stats key without ``detailed_metric`` (``value_to_metric`` rules)."""
     if pattern:
@@ -254,7 +254,7 @@ def load_config(
     return config
 
 
-def parse_domain(document: Any, where: str = "<config>") -> tuple[str, Node]:
+def parse_domain(document: Any, where: str = "<config>") -> tuple[str, DescriptorNode]:
     """One file's document: ``(domain, tree)``."""
     config = EnvoyConfig()
     _add_document(config, document, where, merge=False)
@@ -274,7 +274,7 @@ def _add_document(config: EnvoyConfig, document: Any, where: str, merge: bool) -
     if root is not None and not merge:
         raise ConfigError(f"{where}: duplicate domain {domain!r} in config files")
     if root is None:
-        root = Node()
+        root = DescriptorNode()
     _add_descriptors(root, document.get("descriptors"), f"{where}: {domain}", domain)
     config.domains[domain] = root
 
@@ -321,7 +321,7 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def _add_descriptors(parent: Node, items: Any, where: str, parent_key: str) -> None:
+def _add_descriptors(parent: DescriptorNode, items: Any, where: str, parent_key: str) -> None:
     if items is None:
         return
     if not isinstance(items, list):
@@ -343,14 +343,14 @@ def _add_descriptors(parent: Node, items: Any, where: str, parent_key: str) -> N
         parent.children[composite] = node
 
 
-def _node(item: Mapping[str, Any], where: str, composite: str) -> Node:
+def _node(item: Mapping[str, Any], where: str, composite: str) -> DescriptorNode:
     share = _flag(item, "share_threshold", where)
     if share and "*" not in composite:
         raise ConfigError(
             f"{where}: share_threshold can only be used with wildcard values "
             f"(containing '*'), but found key {composite!r}"
         )
-    return Node(
+    return DescriptorNode(
         limit=_parse_limit(item, where),
         value_to_metric=_flag(item, "value_to_metric", where),
         share_threshold=share,

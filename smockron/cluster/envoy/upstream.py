@@ -38,7 +38,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2
 
 from smockron import runtime
-from smockron.cluster.envoy.config import EnvoyConfig, Node, load_config
+from smockron.cluster.envoy.config import DescriptorNode, EnvoyConfig, load_config
 from smockron.cluster.envoy.pb import rls_pb2
 from smockron.cluster.envoy.reload import ConfigReloader
 from smockron.cluster.envoy.service import RateLimitServicer, ServiceError, add_to_server
@@ -46,7 +46,7 @@ from smockron.cluster.envoy.settings import EnvoySettings
 from smockron.cluster.envoy.stats import EnvoyStatsCollector
 from smockron.cluster.envoy.statsd_sink import StatsdSink, counters
 from smockron.cluster.envoy.upstream_env import UpstreamSettings, refusals, warnings
-from smockron.cluster.node import Node as ClusterNode
+from smockron.cluster.node import Node
 from smockron.cluster.transports import GrpcServer
 from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog
@@ -182,7 +182,7 @@ class UpstreamFront:
         self._tasks: list[asyncio.Task[None]] = []
         self._runners: list[web.AppRunner] = []
         self._metrics: Any = None
-        self._node: ClusterNode | None = None
+        self._node: Node | None = None
         self._log = RateLimitedLog(log)
 
     def facts(self) -> dict[str, str]:
@@ -197,7 +197,7 @@ class UpstreamFront:
 
     # -- on the gRPC server (ClusterServer's extension) ------------------------------------
 
-    def __call__(self, server: GrpcServer, node: ClusterNode) -> None:
+    def __call__(self, server: GrpcServer, node: Node) -> None:
         self._node = node
         servicer = self._build_servicer(node)
         add_to_server(server, node, self.config, servicer=servicer)
@@ -218,7 +218,7 @@ class UpstreamFront:
             (grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": check}),)
         )
 
-    def _build_servicer(self, node: ClusterNode) -> RateLimitServicer:
+    def _build_servicer(self, node: Node) -> RateLimitServicer:
         common: dict[str, Any] = {"settings": self.envoy_settings, "metrics": node.metrics}
         if self.settings.backend_type == "redis":
             from smockron.cluster.envoy.redis_cache import build_redis_servicer
@@ -389,7 +389,7 @@ _REASONS = {400: "Bad Request", 500: "Internal Server Error"}
 def _dump(config: EnvoyConfig) -> Iterator[str]:
     """One line per limit: ``<domain.key_value...>: unit=<UNIT> requests_per_unit=<n>``."""
 
-    def walk(prefix: str, node: Node) -> Iterator[str]:
+    def walk(prefix: str, node: DescriptorNode) -> Iterator[str]:
         if node.limit is not None:
             limit = node.limit
             if limit.unlimited:
