@@ -56,6 +56,9 @@ HOP_BY_HOP: Final = frozenset(
     }
 )
 _REQUEST_DROP: Final = HOP_BY_HOP | {b"host", b"expect", b"x-forwarded-for"}
+_FRAMING: Final = frozenset(
+    {b"host", b"connection", b"transfer-encoding", b"content-length", b"expect"}
+)
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -268,8 +271,7 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         req = self.req
-        in_head = req is None or not req.method
-        if in_head:
+        if req is None or not req.method:
             self.head_bytes += len(data)
         self.feeding = True
         try:
@@ -290,9 +292,12 @@ class ClientConnection(asyncio.Protocol):
             self._bad(_TooLarge(f"request head over {MAX_HEAD} bytes"))
             return
         active = self.active
-        if active is not None and active.up is not None:
-            active.up.flush()
-        self.flush()
+        if active is not None:
+            up = active.up
+            if up is not None and up.out:
+                up.flush()
+        if self.out:
+            self.flush()
 
     def eof_received(self) -> bool | None:
         if self.active is None and not self.queue:
@@ -343,21 +348,28 @@ class ClientConnection(asyncio.Protocol):
         req.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) + len(value) > MAX_FIELD:
+        size = len(name) + len(value)
+        if size > MAX_FIELD:
             self.too_large = True
             raise _TooLarge(f"header line over {MAX_FIELD} bytes")
         req = self.req
         assert req is not None
-        req.held += len(name) + len(value) + 4
+        req.held += size + 4
         if req.held > MAX_HEAD:
             self.too_large = True
             raise _TooLarge(f"request head over {MAX_HEAD} bytes")
         lname = name.lower()
         req.headers.append((lname, name, value))
+        if lname in _FRAMING:
+            self._framing(req, lname, value)
+
+    def _framing(self, req: Request, lname: bytes, value: bytes) -> None:
+        """The headers that say how the request is framed and where it goes."""
         if lname == b"host":
             req.host = value
         elif lname == b"connection":
-            req.dropped = (req.dropped or set()) | _tokens(value)
+            if value.lower() not in (b"keep-alive", b"close"):
+                req.dropped = (req.dropped or set()) | _tokens(value)
         elif lname == b"transfer-encoding":
             req.chunked = True
             req.has_body = True
@@ -819,7 +831,8 @@ class _Upstream(asyncio.Protocol):
             self.keep = False
         client = self.client
         if client is not None:
-            client.unblock_upstream()
+            if client.blocked & _UPSTREAM:
+                client.unblock_upstream()
             if client.write_paused and self.transport is not None:
                 self.transport.resume_reading()
         self.client = self.req = None
