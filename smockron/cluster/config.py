@@ -8,10 +8,11 @@ Flags and ``SMOCKRON_CLUSTER_*`` win over the ``GUBER_*`` variables, which win o
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from smockron.cluster.model import MAX_BATCH
 from smockron.core.hashring import DEFAULT_REPLICAS, HASHES
 from smockron.errors import ConfigError
 from smockron.settings import parse_go_duration_ms
@@ -210,32 +211,10 @@ class ClusterConfig:
         return f"{host}:{port}"
 
     def validate(self) -> ClusterConfig:
-        if self.grpc_server not in GRPC_SERVERS:
-            raise ConfigError(
-                f"grpc_server must be one of {', '.join(GRPC_SERVERS)}, got {self.grpc_server!r}"
-            )
-        if self.global_mode not in GLOBAL_MODES:
-            raise ConfigError(
-                f"global_mode must be one of {', '.join(GLOBAL_MODES)}, got {self.global_mode!r}"
-            )
-        if self.peer_picker_hash not in HASHES:
-            known = ", ".join(HASHES)
-            raise ConfigError(
-                f"peer_picker_hash must be one of {known}, got {self.peer_picker_hash!r}"
-            )
-        names = ("batch_limit", "global_batch_limit", "cache_size", "peer_down_after")
-        for name in (*names, "peer_picker_replicas"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("batch_limit", "global_batch_limit"):
-            if getattr(self, name) > 1000:  # a peer refuses calls of more than 1,000 items
-                raise ConfigError(f"{name} must be <= 1000, got {getattr(self, name)!r}")
-        for name in ("batch_wait_ms", "global_sync_wait_ms", "envoy_reload_interval_ms"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("batch_timeout_ms", "global_timeout_ms"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        _one_of("grpc_server", self.grpc_server, GRPC_SERVERS)
+        _one_of("global_mode", self.global_mode, GLOBAL_MODES)
+        _one_of("peer_picker_hash", self.peer_picker_hash, HASHES)
+        self._validate_bounds()
         if self.peers_on_grpc_port and self.peer_address:
             raise ConfigError("peer_address and peers_on_grpc_port exclude each other: "
                               "PeersV1 is served on one of the two")  # fmt: skip
@@ -247,11 +226,23 @@ class ClusterConfig:
         self._validate_discovery()
         return self
 
+    def _validate_bounds(self) -> None:
+        names = ("batch_limit", "global_batch_limit", "cache_size", "peer_down_after")
+        for name in (*names, "peer_picker_replicas"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("batch_limit", "global_batch_limit"):
+            if getattr(self, name) > MAX_BATCH:  # a peer refuses larger calls
+                raise ConfigError(f"{name} must be <= {MAX_BATCH}, got {getattr(self, name)!r}")
+        for name in ("batch_wait_ms", "global_sync_wait_ms", "envoy_reload_interval_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("batch_timeout_ms", "global_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
     def _validate_discovery(self) -> None:
-        if self.peer_discovery not in DISCOVERY_TYPES:
-            choices = ", ".join(DISCOVERY_TYPES)
-            raise ConfigError(f"peer_discovery must be one of {choices}, "
-                              f"got {self.peer_discovery!r}")  # fmt: skip
+        _one_of("peer_discovery", self.peer_discovery, DISCOVERY_TYPES)
         if self.peers and self.peer_discovery not in ("static", "none"):
             raise ConfigError(f"a static peer list (--peers, GUBER_PEERS) and "
                               f"{self.peer_discovery} discovery exclude each other")  # fmt: skip
@@ -267,16 +258,8 @@ class ClusterConfig:
                               "watches EndpointSlices only (endpointslices)")  # fmt: skip
 
     def _validate_tls(self) -> None:
-        if self.tls_client_auth not in CLIENT_AUTH_MODES:
-            raise ConfigError(
-                f"tls_client_auth must be one of {', '.join(CLIENT_AUTH_MODES[1:])}, "
-                f"got {self.tls_client_auth!r}"
-            )
-        if self.tls_min_version not in TLS_VERSIONS:
-            raise ConfigError(
-                f"tls_min_version must be one of {', '.join(TLS_VERSIONS)}, "
-                f"got {self.tls_min_version!r}"
-            )
+        _one_of("tls_client_auth", self.tls_client_auth, CLIENT_AUTH_MODES, CLIENT_AUTH_MODES[1:])
+        _one_of("tls_min_version", self.tls_min_version, TLS_VERSIONS)
         if not self.tls_auto and bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both a certificate (GUBER_TLS_CERT) and its key "
                               "(GUBER_TLS_KEY), or GUBER_TLS_AUTO")  # fmt: skip
@@ -298,6 +281,15 @@ def peer_address_of(grpc_address: str) -> str:
         return grpc_address
     number = int(port)
     return f"{host}:{number + 1 if number else 0}"
+
+
+def _one_of(
+    name: str, value: object, choices: Collection[str], shown: Collection[str] | None = None
+) -> None:
+    """The one wording of a setting outside its choices (``shown``: the ones to name)."""
+    if value not in choices:
+        known = ", ".join(choices if shown is None else shown)
+        raise ConfigError(f"{name} must be one of {known}, got {value!r}")
 
 
 def _csv(text: str) -> tuple[str, ...]:
