@@ -11,6 +11,7 @@ import random
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
 import grpc
@@ -152,13 +153,13 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-def _run(cluster: Cluster, run: int, created_at: int, seed: int) -> list[int]:
-    """Ten single GLOBAL hits on a fresh key through one of its non-owners, 0-30 ms
-    apart: the ``remaining`` of each answer."""
-    rng = random.Random(seed)
+def _run(cluster: Cluster, run: int, created_at: int, seed: int, side: int = -1) -> list[int]:
+    """Ten single GLOBAL hits on a fresh key through one of its non-owners (``side``; by
+    default one after the other), 0-30 ms apart: the ``remaining`` of each answer."""
+    rng = random.Random(seed * 2 + side)
     key = f"order-{seed}-{run}"
     owner = HashRing(cluster.addresses).owner(f"t_{key}")
-    via = [a for a in cluster.addresses if a != owner][run % 2]
+    via = [a for a in cluster.addresses if a != owner][run % 2 if side < 0 else side]
     item = pb.RateLimitReq(
         name="t", unique_key=key, hits=1, limit=LIMIT, duration=180_000,
         behavior=pb.GLOBAL, created_at=created_at,
@@ -185,3 +186,16 @@ def test_remaining_never_rises_through_a_non_owner(nodes: Cluster) -> None:
     expected = [LIMIT - 1 - i for i in range(HITS)]
     bad = [seen for seen in runs if seen != expected]
     assert bad == [], f"seed {seed}: {len(bad)} of {RUNS} runs: {bad[:5]}"
+
+
+def test_remaining_never_rises_while_another_node_spends(nodes: Cluster) -> None:
+    """Two clients on a key, each through its own non-owner: each sees the other's hits
+    only take ``remaining`` down."""
+    seed = random.getrandbits(32)
+    created_at = time.time_ns() // 1_000_000
+    jobs = [(run, side) for run in range(RUNS // 2) for side in (0, 1)]
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda job: _run(nodes, job[0], created_at, seed, job[1]), jobs))
+    bad = [seen for seen in runs if any(b >= a for a, b in pairwise(seen))]
+    assert bad == [], f"seed {seed}: {len(bad)} of {len(runs)} clients: {bad[:5]}"
+    assert all(LIMIT - 2 * HITS <= seen[-1] <= LIMIT - HITS for seen in runs)
