@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +153,8 @@ def check_zmq_address(text: str) -> str:
 # ---------------------------------------------------------------------------- click types
 
 if TYPE_CHECKING:  # generic from click 8.2 on; the package accepts 8.1
+    from click.decorators import FC
+
     _ParamType = click.ParamType[Any, Any]
 else:
     _ParamType = click.ParamType
@@ -193,6 +195,13 @@ class HostPort(_ParamType):
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
         return str(value)
+
+
+def metrics_option(
+    help: str = "Serve /metrics, /healthz, /readyz here.",
+) -> Callable[[FC], FC]:
+    """Every command's ``--metrics HOST:PORT`` flag, spelled once."""
+    return click.option("--metrics", type=HostPort(listen=True), metavar="HOST:PORT", help=help)
 
 
 class ZmqAddress(_ParamType):

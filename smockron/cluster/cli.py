@@ -46,6 +46,7 @@ from smockron.settings import (
     Duration,
     HostPort,
     SmockronCommand,
+    metrics_option,
     parse_host_port,
     print_settings_if_asked,
 )
@@ -510,12 +511,7 @@ def _reload(server: ClusterServer, front: Any, discovery: Discovery) -> None:
     type=click.Choice(["1.0", "1.1", "1.2", "1.3"]),
     help="least TLS version of the HTTP gateway [GUBER_TLS_MIN_VERSION; 1.3]",
 )
-@click.option(
-    "--metrics",
-    type=HostPort(listen=True),
-    metavar="HOST:PORT",
-    help="Also serve /metrics, /healthz, /readyz here.",
-)
+@metrics_option("Also serve /metrics, /healthz, /readyz here.")
 def cluster(**flags: Any) -> None:
     """Run a Gubernator-compatible rate-limit node (gRPC V1/PeersV1 + HTTP/JSON).
 

@@ -18,10 +18,10 @@ from smockron.master.config import DEFAULT_ACCOUNTING, DEFAULT_CONTROL, MasterSe
 from smockron.master.config import load_settings as _load_settings
 from smockron.settings import (
     Duration,
-    HostPort,
     SmockronCommand,
     ZmqAddress,
     check_zmq_address,
+    metrics_option,
     print_settings_if_asked,
 )
 from smockron.wire.codec import DEFAULT_LIMITS
@@ -111,12 +111,7 @@ def _refuse_open_binds(endpoints: tuple[str, str], clients: str | None, insecure
     metavar="DURATION",
     help="How often the snapshot is written [default: 30s].",
 )
-@click.option(
-    "--metrics",
-    type=HostPort(listen=True),
-    metavar="HOST:PORT",
-    help="Serve /metrics, /healthz, /readyz here.",
-)
+@metrics_option()
 @click.option(
     "--stats-interval",
     type=Duration(),
@@ -253,12 +248,7 @@ def master(
     help="ZeroMQ high-water mark of every socket.",
 )
 @curve_options("router", server=True, client=True)
-@click.option(
-    "--metrics",
-    type=HostPort(listen=True),
-    metavar="HOST:PORT",
-    help="Serve /metrics, /healthz, /readyz here.",
-)
+@metrics_option()
 def router(
     accounting: str,
     control: str,

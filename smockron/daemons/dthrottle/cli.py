@@ -19,8 +19,8 @@ from smockron.daemons.dthrottle.server import DThrottleDaemon
 from smockron.errors import ConfigError
 from smockron.settings import (
     Duration,
-    HostPort,
     SmockronCommand,
+    metrics_option,
     print_settings_if_asked,
     source_of,
 )
@@ -147,12 +147,7 @@ def _stats_interval(ctx: click.Context, param: click.Parameter, value: float) ->
     hidden=True,
     help="Test only: read the time from this file instead of the monotonic clock.",
 )
-@click.option(
-    "--metrics",
-    type=HostPort(listen=True),
-    metavar="HOST:PORT",
-    help="Serve /metrics, /healthz, /readyz here.",
-)
+@metrics_option()
 def dthrottle(
     config_file: Path | None, test_clock_file: Path | None, stats_interval: float, **flags: Any
 ) -> None:

@@ -11,7 +11,7 @@ from smockron import runtime
 from smockron.daemons.jarl.algorithm import Jarl
 from smockron.daemons.jarl.server import JarlServer
 from smockron.errors import ConfigError, SmockronError
-from smockron.settings import HostPort, SmockronCommand, print_settings_if_asked, reread
+from smockron.settings import SmockronCommand, metrics_option, print_settings_if_asked, reread
 
 log = logging.getLogger("smockron.jarl")
 
@@ -56,12 +56,7 @@ def _at_least_one(ctx: click.Context, param: click.Parameter, value: int) -> int
     show_default=True,
     help="Log a line every minute with the connections answered and delayed.",
 )
-@click.option(
-    "--metrics",
-    type=HostPort(listen=True),
-    metavar="HOST:PORT",
-    help="Serve /metrics, /healthz, /readyz here.",
-)
+@metrics_option()
 def jarl(
     service: str,
     requests_: int,
