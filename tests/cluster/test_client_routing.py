@@ -250,3 +250,37 @@ def test_owner_ring_switches_to_the_hash_the_nodes_use() -> None:
     ring.learn(nodes)
     assert ring.hash == "fnv1a"
     assert all(ring.owner(f"api_k{i}") == theirs.owner(f"api_k{i}") for i in range(200))
+
+
+def test_client_learns_the_hash_the_nodes_use(tmp_path: Path) -> None:
+    """Nodes on Gubernator's bare FNV-1a: the client, on fnv1a-mix, sees answers from
+    other owners than it picked and switches to the hash that explains them."""
+    ports = free_ports(6)
+    addresses = [f"127.0.0.1:{p}" for p in ports[:3]]
+    http = [f"127.0.0.1:{p}" for p in ports[3:]]
+    procs: list[Proc] = []
+    with stopping(procs):
+        for i, address in enumerate(addresses):
+            args = ["cluster", "--grpc-address", address, "--http-address", http[i],
+                    "--peers", ",".join(addresses), "--peer-picker-hash", "fnv1a"]  # fmt: skip
+            procs.append(run_smockron(args, tmp_path / f"node{i}.log"))
+        for port in ports:
+            wait_port(port, timeout=20)
+        found = Cluster(addresses, dict(zip(addresses, http, strict=True)), {}, tmp_path / "x")
+        with Client(addresses[0], timeout=5) as client:
+            keys = iter(range(100_000))
+
+            def switched() -> bool:
+                for _ in range(20):
+                    client.check("route_hash", f"w{next(keys)}", 1, 10, MINUTE)
+                return client.ring is not None and client.ring.hash == "fnv1a"
+
+            wait_for(switched, timeout=20)
+            theirs = HashRing(addresses, hash="fnv1a")
+            before = found.counts()
+            for i in range(30):
+                resp = client.check("route_hash", f"k{i}", 1, 10, MINUTE)
+                assert resp.metadata["owner"] == theirs.owner(f"route_hash_k{i}")
+            after = found.counts()
+        assert set(_delta(before, after, "forwarded").values()) == {0}
+        assert sum(_delta(before, after, "local").values()) == 30

@@ -498,11 +498,13 @@ class _Base(Generic[_Http]):
             return node
 
     def _nodes_to_ask(self) -> list[Self]:
-        """Where to ask for the node list: ``address``, then the nodes known and up."""
+        """Where to ask for the node list: ``address``, then the nodes known and up
+        (``address`` last when it is known to be down: no wait on it first)."""
         ring = self.ring
         assert ring is not None
         others: list[Self] = [self._node(n) for n in ring.nodes if n not in ring.down]
-        return [self, *(node for node in others if node is not self)]
+        others = [node for node in others if node is not self]
+        return [*others, self] if self._seed_name in ring.down else [self, *others]
 
     def _took(self, via: Self, health: HealthCheck) -> list[Self]:
         """A node's answer taken into the ring; the clients of nodes no longer listed

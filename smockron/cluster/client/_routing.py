@@ -39,6 +39,8 @@ DOWN_FOR = 1.0
 MISMATCH_REFRESH = 1.0
 """At least this many seconds between two refreshes caused by answers from other owners."""
 _SAMPLES = 64
+_MIN_SAMPLES = 8
+"""Keys answered elsewhere needed before another hash is tried."""
 
 
 class OwnerRing:
@@ -157,8 +159,8 @@ class OwnerRing:
         live = [n for n in self.nodes if n not in self.down]
         if not samples or not live or not set(samples.values()) <= set(live):
             return
-        if all(self._ring.owner(k) == o for k, o in samples.items()):
-            return
+        if len(samples) < _MIN_SAMPLES or all(self._ring.owner(k) == o for k, o in samples.items()):
+            return  # too few to tell a hash from chance (a third of keys match any hash)
         for name in HASHES:
             if name == self.hash:
                 continue
