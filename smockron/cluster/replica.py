@@ -70,7 +70,8 @@ class Replica:
     algorithm: Algorithm
     duration: int
     pending: int = 0
-    """Hits admitted here and sent (or about to be sent) to the owner, not yet confirmed."""
+    """Hits admitted here and sent (or about to be sent) to the owner, not yet counted by
+    the word installed."""
     budget: int = 0
     """Hits this node may still admit before the owner's next word."""
     lease_until: int = 0
