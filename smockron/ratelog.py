@@ -20,7 +20,11 @@ def escaped(value: object) -> object:
     drive a terminal (ESC) or cut a line (NUL). Numbers pass unchanged."""
     if isinstance(value, int | float) or value is None:
         return value
-    text = repr(value) if isinstance(value, bytes) else str(value)
+    return escape_controls(repr(value) if isinstance(value, bytes) else str(value))
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (and U+2028/9) written as its escape."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 

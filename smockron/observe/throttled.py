@@ -9,10 +9,9 @@ window (later new ones only add to ``others``), and the counts restart every
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+from smockron.ratelog import escape_controls
 
 CAPACITY = 10_000
 WINDOW_S = 60.0
@@ -23,7 +22,7 @@ def escape_identifier(raw: bytes, limit: int = 80) -> str:
     """An identifier as inert text: undecodable bytes and control characters escaped,
     cut to ``limit`` characters."""
     text = raw[: limit * 4].decode("utf-8", "backslashreplace")
-    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    text = escape_controls(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
