@@ -345,24 +345,7 @@ def lzw_decode(data: bytes, limit: int = 2 * MAX_STATE_BYTES) -> bytes:
             continue
         if code == _EOF:
             return bytes(out)
-        if code < _CLEAR:
-            head, entry = code, bytes([code])
-        elif code <= hi:
-            c, tail = code, b""
-            if code == hi and last != _INVALID:
-                c = last
-                while c >= _CLEAR:
-                    c = prefix[c]
-                tail, c = bytes([c]), last
-            chain = bytearray()
-            while c >= _CLEAR:
-                chain.append(suffix[c])
-                c = prefix[c]
-            chain.append(c)
-            chain.reverse()
-            head, entry = c, bytes(chain) + tail
-        else:
-            raise Malformed("lzw: invalid code")
+        head, entry = _lzw_entry(code, hi, last, prefix, suffix)
         out += entry
         if len(out) > limit:
             raise Malformed("decompressed message is larger than limit")
@@ -374,6 +357,30 @@ def lzw_decode(data: bytes, limit: int = 2 * MAX_STATE_BYTES) -> bytes:
                 last, hi = _INVALID, hi - 1
             else:
                 width, overflow = width + 1, 1 << (width + 1)
+
+
+def _lzw_entry(
+    code: int, hi: int, last: int, prefix: list[int], suffix: bytearray
+) -> tuple[int, bytes]:
+    """The bytes ``code`` stands for and their first byte. ``code == hi`` is the code
+    being defined by this very step: the last string plus that string's first byte."""
+    if code < _CLEAR:
+        return code, bytes([code])
+    if code > hi:
+        raise Malformed("lzw: invalid code")
+    c, tail = code, b""
+    if code == hi and last != _INVALID:
+        c = last
+        while c >= _CLEAR:
+            c = prefix[c]
+        tail, c = bytes([c]), last
+    chain = bytearray()
+    while c >= _CLEAR:
+        chain.append(suffix[c])
+        c = prefix[c]
+    chain.append(c)
+    chain.reverse()
+    return c, bytes(chain) + tail
 
 
 # -- node metadata: Gubernator's PeerInfo as JSON (memberlist.go) ---------------------------
@@ -463,6 +470,20 @@ def first_object(data: bytes) -> tuple[Any, int]:
     return obj, int(unpacker.tell())
 
 
+def _decrypt_stream(data: bytes, keys: Sequence[bytes]) -> bytes:
+    """The plaintext of an encrypted stream (net.go ``decryptRemoteState``)."""
+    if not keys:
+        raise Malformed("remote state is encrypted and encryption is not configured")
+    if len(data) < 5:
+        raise Truncated("encrypted stream header")
+    size = struct.unpack(">I", data[1:5])[0]
+    if size > MAX_STATE_BYTES:
+        raise Malformed(f"remote node state is larger than limit ({size})")
+    if len(data) < 5 + size:
+        raise Truncated("encrypted stream")
+    return decrypt(keys, data[5 : 5 + size], data[:5])
+
+
 def read_stream(data: bytes, keys: Sequence[bytes] = (), verify: bool = True) -> tuple[int, Any]:
     """A stream's message (net.go ``readStream``): ``(PUSH_PULL, PushPull)``, or
     ``(type, struct)`` for a ping, ack or error; encryption (with ``keys``) and
@@ -474,16 +495,7 @@ def read_stream(data: bytes, keys: Sequence[bytes] = (), verify: bool = True) ->
     if kind == HAS_LABEL:
         raise Malformed("labelled stream: no GUBER_* setting gives a memberlist label")
     if kind == ENCRYPT:
-        if not keys:
-            raise Malformed("remote state is encrypted and encryption is not configured")
-        if len(data) < 5:
-            raise Truncated("encrypted stream header")
-        size = struct.unpack(">I", data[1:5])[0]
-        if size > MAX_STATE_BYTES:
-            raise Malformed(f"remote node state is larger than limit ({size})")
-        if len(data) < 5 + size:
-            raise Truncated("encrypted stream")
-        plain = decrypt(keys, data[5 : 5 + size], data[:5])
+        plain = _decrypt_stream(data, keys)
         try:
             return read_stream(plain)
         except Truncated as exc:
