@@ -492,23 +492,10 @@ class MemberListDiscovery:
         if len(vsn) >= 3 and (vsn[0] == 0 or vsn[1] == 0 or vsn[0] > vsn[1]):
             raise wire.Malformed(f"alive for {name}: wrong protocol versions {list(vsn)}")
         ip_text(a["Addr"] or b"")  # a malformed address stops here
-        member = self.members.get(name)
-        moved = False
-        if member is None:
-            if len(self.members) >= MAX_MEMBERS:
-                raise wire.Malformed(f"alive for {name}: already {MAX_MEMBERS} members")
-            member = Member(name, a["Addr"], a["Port"], a["Meta"], 0, wire.STATE_DEAD, vsn,
-                            self._now())  # fmt: skip
-            self.members[name] = member
-        elif (member.addr, member.port) != (a["Addr"], a["Port"]):
-            if member.state != wire.STATE_LEFT:
-                self._rlog.warning(
-                    "member-list: two nodes are named %s: %s:%d and %s:%d; set "
-                    "GUBER_MEMBERLIST_NODE_NAME (the host name by default) to tell them apart",
-                    name, ip_text(member.addr), member.port, ip_text(a["Addr"]), a["Port"],
-                    key=f"conflict {name}")  # fmt: skip
-                return
-            moved = True
+        found = self._alive_member(name, a, vsn)
+        if found is None:
+            return
+        member, moved = found
         local = name == self.name
         if a["Incarnation"] <= member.incarnation and not local and not moved:
             return
@@ -527,6 +514,28 @@ class MemberListDiscovery:
         if old_state != wire.STATE_ALIVE:
             member.state, member.changed = wire.STATE_ALIVE, self._now()
         self._publish()
+
+    def _alive_member(self, name: str, a: dict[str, Any], vsn: bytes) -> tuple[Member, bool] | None:
+        """The member an alive message is about (added, dead, if new) and whether it is a
+        left one back at another address; None when another node has its name."""
+        member = self.members.get(name)
+        if member is None:
+            if len(self.members) >= MAX_MEMBERS:
+                raise wire.Malformed(f"alive for {name}: already {MAX_MEMBERS} members")
+            member = Member(name, a["Addr"], a["Port"], a["Meta"], 0, wire.STATE_DEAD, vsn,
+                            self._now())  # fmt: skip
+            self.members[name] = member
+            return member, False
+        if (member.addr, member.port) == (a["Addr"], a["Port"]):
+            return member, False
+        if member.state != wire.STATE_LEFT:
+            self._rlog.warning(
+                "member-list: two nodes are named %s: %s:%d and %s:%d; set "
+                "GUBER_MEMBERLIST_NODE_NAME (the host name by default) to tell them apart",
+                name, ip_text(member.addr), member.port, ip_text(a["Addr"]), a["Port"],
+                key=f"conflict {name}")  # fmt: skip
+            return None
+        return member, True
 
     def _suspect(self, incarnation: int, name: str, origin: str) -> None:
         member = self.members.get(name)
