@@ -481,3 +481,29 @@ async def test_a_bad_entry_in_a_push_pull_spoils_only_itself() -> None:
     finally:
         await node.stop()
     assert sorted(node.members) == ["me", "ok"]
+
+
+async def test_a_second_node_with_a_taken_name_is_ignored_until_the_first_has_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
+                               node_name="me")  # fmt: skip
+    await node.start(lambda peers: None)
+
+    def alive(incarnation: int, last_octet: int) -> dict[str, object]:
+        return {"Incarnation": incarnation, "Node": "twin", "Port": 9, "Vsn": wire.VSN,
+                "Addr": bytes([127, 0, 0, last_octet]),
+                "Meta": wire.encode_meta(PeerInfo(f"127.0.0.{last_octet}:1051"))}  # fmt: skip
+
+    try:
+        node.packet(wire.encode(wire.ALIVE, "alive", alive(1, 4)), ("127.0.0.4", 9))
+        node.packet(wire.encode(wire.ALIVE, "alive", alive(5, 5)), ("127.0.0.5", 9))
+        first = node.members["twin"]
+        assert (first.addr, first.incarnation) == (bytes([127, 0, 0, 4]), 1)
+        assert "two nodes are named twin" in caplog.text
+        first.state = wire.STATE_LEFT  # the first one left: the name is free again
+        node.packet(wire.encode(wire.ALIVE, "alive", alive(1, 5)), ("127.0.0.5", 9))
+    finally:
+        await node.stop()
+    moved = node.members["twin"]
+    assert (moved.addr, moved.state) == (bytes([127, 0, 0, 5]), wire.STATE_ALIVE)
