@@ -1,26 +1,44 @@
-"""The master's engine in process, without sockets: what a batch costs in CPU time.
+"""The master's engine in process, without sockets: what a message costs in CPU time.
 
-    python bench/master_engine.py [--messages 200000] [--runs 7]
+    python bench/master_engine.py [--runs 3] [--messages 200000] [--only history]
+    python bench/master_engine.py --mode decode [--runs 7]
+    python bench/master_engine.py --mode connections [--runs 3] [--connections 16]
     PYTHONPATH=/path/to/other/checkout python bench/master_engine.py   # A/B two trees
 
-Two cases, each on 200,000 six-frame ACCEPTED messages (2,000 identifiers, one domain
-ruled ``1/m:30``: 71% of the messages get a DELAY_UNTIL), in batches of 256:
+``--mode costs`` (the default): how the cost per message grows with the work. Cases:
+``history`` and ``gcra``, a domain of 1 rule and one of 10 rules, 10,000 and 1,000,000
+identifiers (10 rules with 10,000 only: a million identifiers under ten history rules
+hold gigabytes). The engine is driven as the server drives it: ``store.tick`` and
+``Engine.apply`` on records decoded beforehand (a fresh identifier and timestamp object
+per message, as the receive loop makes them), in batches of 256, 100 messages per
+millisecond of the clock (100,000 a second), identifiers drawn at random. The rules are
+scaled to the number of identifiers so that each identifier sees the same load in
+every case and only their number changes: an identifier sends on average ``r = 100,000 /
+identifiers`` requests a second, the one rule allows ``2r`` with a burst of 10 (``20/s:10``
+for 10,000 identifiers, ``0.2/s:10`` for a million), the ten rules ``2r``, ``1.9r``, ...
+``1.1r``, each with a burst of 10. Before it is measured, each case runs ``--warm``
+requests per identifier (histories full, the generations rotated), then ``--runs``
+rounds of ``--messages`` each, continuing the same clock; CPU time of this process,
+medians. Ratios printed: 10 rules against 1 rule, 1,000,000 identifiers against 10,000.
 
-- ``records``: ``Engine.ingest`` + ``Engine.apply`` on records as the compiled receive
-  loop (``smockron.wire._zmqfast``) returns them: what a production master runs per batch;
-- ``frames``: ``Engine.process`` on frames: the pure-Python decode (``split_accounting``
-  and the codec), as without the compiled extension, then ``apply``.
+``--mode decode``: ``records`` (``ingest`` + ``apply`` on what the compiled receive loop
+returns) and ``frames`` (``Engine.process``: the pure-Python decode, then ``apply``),
+200,000 messages over 2,000 identifiers ruled ``1/m:30``.
 
-CPU time of this process (``time.process_time``), median of ``--runs``: on a shared
-machine other processes' load distorts wall-clock time far more.
+``--mode connections``: the same total load sent by 1 and by ``--connections`` PUB
+sockets (one sender process each) to a real ``smockron master``, stopped while they send
+and then resumed: its drain rate (messages handled per second of wall time), as
+``bench/master_throughput.py`` measures it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from smockron.core.rules import Rule
 from smockron.master.engine import DomainPolicy, Engine
@@ -33,9 +51,106 @@ except ImportError:  # a tree from before smockron.wire, for an A/B run
 
 T0 = 1_700_000_000_000
 BATCH = 256
+PER_MS = 100
+"""Messages per millisecond of the clock."""
+
+# ---------------------------------------------------------------- costs
+
+Batch = list[tuple[object, ...]]
 
 
-def engine() -> Engine:
+def rules_for(identifiers: int, count: int) -> tuple[Rule, ...]:
+    """``count`` rules allowing 2, 1.9, ... times an identifier's mean rate, burst 10."""
+    rate = PER_MS * 1000 / identifiers
+    return tuple(Rule(rate * (20 - k) / 10, 10) for k in range(count))
+
+
+class Load:
+    """Random identifiers out of ``identifiers``, ``PER_MS`` messages a millisecond."""
+
+    def __init__(self, identifiers: int, seed: int = 1) -> None:
+        self.idents = [b"id%07d" % i for i in range(identifiers)]
+        self.rand = random.Random(seed)
+        self.sent = 0
+
+    def now(self) -> float:
+        return float(T0 + self.sent // PER_MS)
+
+    def batches(self, eng: Engine, count: int, fresh: bool) -> Iterator[Batch]:
+        """``count`` messages as decoded records, a batch at a time; ``fresh``: a new
+        identifier object for each (as received), else the load's own (warm-up)."""
+        dom = eng.topics[b"api\0"]
+        choices = self.rand.choices
+        for start in range(0, count, BATCH):
+            size = min(BATCH, count - start)
+            idents = choices(self.idents, k=size)
+            if fresh:
+                idents = [bytes(bytearray(i)) for i in idents]
+            first = self.sent
+            batch: Batch = [(dom, ACCEPTED, ident, float(T0 + (first + k) // PER_MS), None)
+                            for k, ident in enumerate(idents)]  # fmt: skip
+            self.sent += size
+            yield batch
+
+
+def drive(eng: Engine, batches: list[Batch]) -> tuple[float, int]:
+    """Apply decoded batches as the server does; (CPU seconds, DELAY_UNTILs)."""
+    tick, apply = eng.store.tick, eng.apply
+    published = 0
+    start = time.process_time()
+    for batch in batches:
+        now = batch[-1][3]
+        tick(now)  # type: ignore[arg-type]
+        published += len(apply(batch, now, now))  # type: ignore[arg-type]
+    return time.process_time() - start, published
+
+
+def cost_case(algorithm: str, rules: int, identifiers: int, args: argparse.Namespace
+              ) -> tuple[float, float]:  # fmt: skip
+    """Median CPU microseconds per message and the share answered with a DELAY_UNTIL."""
+    policy = {"api": DomainPolicy(rules_for(identifiers, rules), algorithm)}
+    load = Load(identifiers)
+    eng = Engine(policy, MemoryStore(now_ms=load.now()))
+    for batch in load.batches(eng, args.warm * identifiers, fresh=False):
+        drive(eng, [batch])
+    costs, published = [], 0
+    for _ in range(args.runs):
+        batches = list(load.batches(eng, args.messages, fresh=True))
+        gc.collect()
+        seconds, published = drive(eng, batches)
+        del batches
+        costs.append(seconds / args.messages * 1e6)
+    return statistics.median(costs), published / args.messages
+
+
+def costs(args: argparse.Namespace) -> None:
+    cases = [
+        (alg, rules, n)
+        for alg in ("history", "gcra")
+        for rules, n in ((1, 10_000), (10, 10_000), (1, 1_000_000))
+        if not args.only or args.only == alg
+    ]
+    print(f"{args.messages} messages per round, {args.runs} rounds, warm-up "
+          f"{args.warm} requests per identifier; CPU us per message (median)")  # fmt: skip
+    got: dict[tuple[str, int, int], float] = {}
+    for alg, rules, n in cases:
+        us, throttled = cost_case(alg, rules, n, args)
+        got[alg, rules, n] = us
+        print(f"  {alg:8} {rules:2} rule(s) {n:>9,} identifiers: {us:6.3f} us "
+              f"({throttled:.0%} answered with a DELAY_UNTIL)", flush=True)  # fmt: skip
+    for alg in ("history", "gcra"):
+        if (alg, 1, 10_000) not in got:
+            continue
+        one = got[alg, 1, 10_000]
+        print(f"{alg}: 10 rules / 1 rule = {got[alg, 10, 10_000] / one:.2f}x (goal <= 10x); "
+              f"1,000,000 / 10,000 identifiers = {got[alg, 1, 1_000_000] / one:.2f}x"
+              + (" (goal <= 2x)" if alg == "history" else ""))  # fmt: skip
+
+
+# ---------------------------------------------------------------- decode
+
+
+def decode_engine() -> Engine:
     policy = {"api": DomainPolicy((Rule(1 / 60, 30),))}
     return Engine(policy, MemoryStore(), skew_tolerance_ms=1e12)
 
@@ -46,7 +161,7 @@ def messages(n: int) -> list[list[bytes]]:
 
 
 def run_records(msgs: list[list[bytes]]) -> tuple[float, int]:
-    eng = engine()
+    eng = decode_engine()
     batches = [eng.decode(msgs[s : s + BATCH]) for s in range(0, len(msgs), BATCH)]
     published = 0
     start = time.process_time()
@@ -58,7 +173,7 @@ def run_records(msgs: list[list[bytes]]) -> tuple[float, int]:
 
 
 def run_frames(msgs: list[list[bytes]]) -> tuple[float, int]:
-    eng = engine()
+    eng = decode_engine()
     published = 0
     start = time.process_time()
     for s in range(0, len(msgs), BATCH):
@@ -66,11 +181,7 @@ def run_frames(msgs: list[list[bytes]]) -> tuple[float, int]:
     return time.process_time() - start, published
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=200_000)
-    ap.add_argument("--runs", type=int, default=7)
-    args = ap.parse_args()
+def decode(args: argparse.Namespace) -> None:
     msgs = messages(args.messages)
     cases: dict[str, Callable[[list[list[bytes]]], tuple[float, int]]] = {
         "records (after the compiled receive loop)": run_records,
@@ -83,6 +194,55 @@ def main() -> None:
             rates.append(len(msgs) / seconds)
         print(f"{name}: median {statistics.median(rates):,.0f} messages/s of CPU, "
               f"{published} DELAY_UNTIL")  # fmt: skip
+
+
+# ---------------------------------------------------------------- connections
+
+
+def connections(args: argparse.Namespace) -> None:
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import master_throughput as mt  # the load, the senders and the drain measure
+
+    total = sum(n for _, n in mt.workload(args.messages))
+    print(f"{total} messages per run from 1 and from {args.connections} PUB connections "
+          f"(one process each) to one master; drain rate, wall time")  # fmt: skip
+    rates: dict[int, list[float]] = {1: [], args.connections: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(args.runs):
+            line = f"run {run + 1}:"
+            for n in rates:
+                rate, info = mt.measure_master(args.messages, n, "memory://", Path(tmp))
+                rates[n].append(rate)
+                line += f" {n} connection(s) {rate:,.0f}/s ({info});"
+            print(line, flush=True)
+    one, many = statistics.median(rates[1]), statistics.median(rates[args.connections])
+    print(f"median: 1 connection {one:,.0f}/s, {args.connections} connections {many:,.0f}/s "
+          f"= {many / one:.2f}x (goal >= 1x)")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--mode", choices=("costs", "decode", "connections"), default="costs")
+    ap.add_argument("--messages", type=int, default=None)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warm", type=int, default=12, help="requests per identifier first")
+    ap.add_argument("--only", choices=("history", "gcra"), default=None)
+    ap.add_argument("--connections", type=int, default=16)
+    args = ap.parse_args()
+    if args.mode == "costs":
+        args.messages = args.messages or 200_000
+        costs(args)
+    elif args.mode == "decode":
+        args.messages = args.messages or 200_000
+        decode(args)
+    else:
+        args.messages = args.messages or 400_000
+        connections(args)
 
 
 if __name__ == "__main__":

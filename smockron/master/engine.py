@@ -29,9 +29,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from smockron.core.gcra import expires_at as gcra_expires_at
-from smockron.core.gcra import gcra_update
-from smockron.core.history import next_allowed, recorded, served_at, verdict_of, verdicts_after
+from smockron.core.history import verdict_of, verdicts_after
 from smockron.core.rules import Rule
 from smockron.core.shards import SHARDS, decode_shards, shard_topic
 from smockron.core.vocabulary import ALGORITHMS, stored_as
@@ -97,7 +95,7 @@ class DomainPolicy:
 class _Domain:
     """A configured domain as the hot path wants it: topic, tables, counters."""
 
-    __slots__ = ("debt", "gcra", "name", "one", "rules", "scopes", "stats", "topic")
+    __slots__ = ("debt", "gcra", "hot", "name", "one", "rules", "scopes", "stats", "topic")
 
     def __init__(self, name: str, policy: DomainPolicy, store: Store, stats: DomainStats) -> None:
         self.name = name
@@ -112,6 +110,13 @@ class _Domain:
             for rule in dict.fromkeys(policy.rules)
         )
         self.rules = tuple(rule for rule, _table, _window in self.scopes)
+        self.hot: tuple[tuple[Table, float, float, int, float], ...] = tuple(
+            (table, window, rule.interval_ms, rule.burst, rule.burst * rule.interval_ms)
+            for rule, table, window in self.scopes
+        )
+        """Per rule, what the hot path reads: table, window, interval, burst and GCRA's
+        tolerance (``burst * interval``, as core.gcra computes it): plain locals in one
+        loop instead of a Rule's properties and a core function per rule."""
         self.one: tuple[Table, float, float, int] | None = None
         """A one-rule domain's table, window, interval and burst, for the hot path."""
         if len(self.scopes) == 1:
@@ -359,15 +364,19 @@ class Engine:
         ahead = self.max_delay_ahead_ms  # also the most debt a message can add
         arrived = now_ms if arrived_ms is None else arrived_ms
         late_before = arrived - tolerance if arrived < self._backlog_until else -math.inf
+        shared = math.nan  # the last timestamp taken as it came (NaN: none yet)
         for dom, _status, ident, received_ms, delayed_ms in decoded:
             if delayed_ms is None:  # ACCEPTED, the common case, inline
                 if received_ms < late_before:  # backlog: served failing open, long ago
                     dom.stats.late += 1
                     continue
-                ts = received_ms
-                if received_ms - arrived > tolerance or arrived - received_ms > tolerance:
+                if received_ms == shared:  # the same time as the last: the same float
+                    ts = shared
+                elif received_ms - arrived > tolerance or arrived - received_ms > tolerance:
                     ts = arrived  # re-timed: charged when it arrived
                     dom.stats.skewed += 1
+                else:
+                    ts = shared = received_ms
             else:
                 timed = self._delayed_at(dom, received_ms, delayed_ms, arrived, late_before)
                 if timed is None:
@@ -434,23 +443,36 @@ def _apply_histories(
     The rule is applied at the message's own time when the master is behind it (a
     queue, a busy loop): an instant master would have seen it then. Applied at the later
     ``now`` instead, ``start = max(now, last)`` would push DELAY_UNTIL back by the lag
-    and throttle requests an instant master allows."""
-    scopes = dom.scopes
-    olds = [table.get(ident) or () for _rule, table, _window in scopes]
-    if dom.debt:
-        ts = served_at(dom.rules, olds, ts, ahead)
+    and throttle requests an instant master allows.
+
+    Twin of smockron.core.history.served_at, recorded and next_allowed, inlined as in
+    the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
+    with plain locals, no function call but the table's."""
+    hot = dom.hot
+    olds = [table.get(ident) or () for table, _w, _i, _b, _t in hot]
+    if dom.debt:  # served_at
+        due = ts
+        for (_table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
+            if len(old) >= burst:
+                last = old[-1]
+                nxt = last + interval
+                if nxt > due and min(old) > last - window:
+                    due = nxt
+        ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
-    until: float | None = None
-    for (rule, table, window), old in zip(scopes, olds, strict=True):
-        state = recorded(old, ts, rule)
+    until = now_ms
+    for (table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
+        n = len(old)
+        state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)  # recorded
         table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
-        if len(state) >= rule.burst:  # below the burst next_allowed is always None
-            nxt = next_allowed(state, at, rule)
-            if nxt is not None and (until is None or nxt > until):
-                until = nxt
-    return until if until is not None and until > now_ms else None  # else allowed now
+        # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
+        # when it has ``burst`` of them all within the window; its newest is ``ts``,
+        # not before ``at``, so the next request is allowed one interval after ``ts``.
+        if n + 1 >= burst and ts + interval > until and min(state) > at - window:
+            until = ts + interval
+    return until if until > now_ms else None  # else allowed now
 
 
 def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
@@ -460,16 +482,21 @@ def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float |
     gatekeeper's backlog, within the skew tolerance) is applied at that time, as an
     instant master would have applied it: taken at ``now``, a second's worth arriving
     together would be charged as a burst. One on time is applied at ``now``, as the
-    original master's formula does. What is published is what lies after ``now``."""
-    until: float | None = None
+    original master's formula does. What is published is what lies after ``now``.
+
+    Twin of smockron.core.gcra.gcra_update and expires_at, inlined (compared in
+    tests/master/test_engine_twins.py)."""
     at = ts if now_ms - ts > ON_TIME_MS else now_ms
-    for rule, table, _window in dom.scopes:
+    t = ts if ts > at else at
+    until = now_ms
+    for table, window, interval, _burst, tolerance in dom.hot:
         state = table.get(ident)
-        value = gcra_update(state[0] if state else None, ts, at, rule).value
+        floor = t - tolerance
+        value = (floor if not state or state[0] < floor else state[0]) + interval
         state = (value,)
         table.put(ident, state)
         if value > table.keep_after_ms:  # far ahead: keep the state longer
-            table.keep(ident, state, gcra_expires_at(value, rule))
-        if value > now_ms and (until is None or value > until):
+            table.keep(ident, state, value + window)
+        if value > until:
             until = value
-    return until
+    return until if until > now_ms else None
