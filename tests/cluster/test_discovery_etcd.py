@@ -326,7 +326,8 @@ async def test_two_processes_find_a_peer_listener_away_from_grpc_plus_one(
             procs.append(run_smockron(args, tmp_path / f"{grpc}.log"))
         for port in (h1, h2):
             wait_port(port, 20)
-        async with AsyncClient(f"127.0.0.1:{g1}", timeout=5) as a:
+        # route=False: every check goes to A, which forwards B's keys (what is tested)
+        async with AsyncClient(f"127.0.0.1:{g1}", timeout=5, route=False) as a:
             await peer_count_becomes(a, 2)
             for i in range(40):
                 assert (await a.check("n", f"k{i}", 1, 100, MINUTE)).remaining == 99

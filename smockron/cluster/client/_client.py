@@ -7,8 +7,15 @@ Gubernator itself. Requests and responses are smockron.cluster.model values.
         resp = client.check("requests_per_sec", "account:42", 1, 100, SECOND)
         if resp.status is Status.OVER_LIMIT: ...
 
-    async with AsyncClient(["10.0.0.1:1051", "10.0.0.2:1051"]) as client:  # round-robin
+    async with AsyncClient(["10.0.0.1:1051", "10.0.0.2:1051"]) as client:
         resps = await client.get_rate_limits([RateLimitRequest(...), ...])
+
+Each check goes to the node that owns its key (smockron.cluster.client._routing: the
+ring learned from a node's HealthCheck, kept up to date), so no node forwards it; a
+batch is split by owner, the parts sent in parallel. The given address(es) (several:
+balanced round-robin) are where the node list is asked for, and where calls go while
+no ring is known (Gubernator lists no peers) or no owner answers. ``route=False`` sends
+everything to the given address(es), as Envoy or Gubernator's clients do.
 
 Errors (all from smockron.errors.SmockronError):
 
@@ -528,7 +535,13 @@ class Client(_Base[HttpTransport]):
     ``http_address``: the node's HTTP gateway (``--http-address``), ``host:port``; lone
     checks go there unless ``transport="grpc"``. ``ssl_context``: for a gateway on TLS
     (required with ``credentials``), e.g. ``ssl.create_default_context(cafile=ca)`` with
-    ``load_cert_chain`` when the node asks for client certificates."""
+    ``load_cert_chain`` when the node asks for client certificates.
+
+    ``route``: send each check to its owner (default; off with an ``http_address``);
+    ``ring_refresh``: seconds between two reads of the node list; ``ring_hash`` and
+    ``ring_replicas``: the nodes' ``--peer-picker-hash`` and replicas, if known (else
+    the hash is learned from the answers). One more channel per node, opened on first
+    use; a batch's parts go out on up to 8 threads."""
 
     def __init__(
         self,
