@@ -246,6 +246,18 @@ class SmockronMiddleware:
                 pending.cancel()
             await self._reject(decision, scope, send)
             return
+        await self._call_app(scope, receive, send, replay, pending)
+
+    async def _call_app(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        replay: deque[Message],
+        pending: asyncio.Future[Message] | None,
+    ) -> None:
+        """Call the app after a delay: it receives first what was read while waiting
+        (``replay``, then the read still ``pending``), then ``receive``'s messages."""
         if not replay and pending is None:
             await self.app(scope, receive, send)
             return
