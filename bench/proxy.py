@@ -139,9 +139,14 @@ def measure(port: int, pid: int | None, args: argparse.Namespace) -> Run:
 
 @contextlib.contextmanager
 def process(
-    argv: list[str], port: int, env: dict[str, str] | None = None, stop: int = signal.SIGTERM
+    argv: list[str],
+    port: int,
+    env: dict[str, str] | None = None,
+    stop: int = signal.SIGTERM,
+    cwd: Path = ROOT,
 ) -> Iterator[int]:
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    """``python -m`` imports from the working directory first: ``cwd`` is the tree run."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_port(port, timeout=15.0)
@@ -205,9 +210,10 @@ def main() -> None:
             targets["smockron"] = (proxy, stack.enter_context(process(smockron(proxy), proxy, env)))
             for spec, port in zip(args.also, others, strict=True):
                 label, _, tree = spec.partition("=")
-                other_env = dict(env, PYTHONPATH=str(Path(tree).resolve()))
+                root = Path(tree).resolve()
+                other_env = dict(env, PYTHONPATH=str(root))
                 targets[label] = (port, stack.enter_context(
-                    process(smockron(port), port, other_env)))  # fmt: skip
+                    process(smockron(port), port, other_env, cwd=root)))  # fmt: skip
             time.sleep(1.0)  # the proxies' control subscriptions reach the master
             for port, _pid in targets.values():  # warm up: connections, pools, caches
                 wrk(port, args.load_core, args.connections, 2)
