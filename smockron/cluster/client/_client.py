@@ -581,6 +581,7 @@ class Client(_Base[HttpTransport]):
         self._routing(route, (ring_refresh, ring_hash, ring_replicas), node_args)
         self._pool: ThreadPoolExecutor | None = None
         """Sends the parts of a batch owned by different nodes in parallel."""
+        self._refresher: threading.Thread | None = None
 
     def get_rate_limits(
         self, requests: Sequence[RateLimitRequest], *, timeout: float | None = None
@@ -597,7 +598,7 @@ class Client(_Base[HttpTransport]):
         ring = self.ring
         assert ring is not None
         if ring.due():
-            self._refresh()
+            self._refresh_due()
         groups = _plan(ring, requests)
         if len(groups) == 1:
             return self._group(next(iter(groups)), requests, timeout, attempts)
@@ -635,7 +636,7 @@ class Client(_Base[HttpTransport]):
         ring = self.ring
         assert ring is not None
         if ring.due():
-            self._refresh()
+            self._refresh_due()
         key = request.hash_key
         for _ in range(_ATTEMPTS - 1):
             owner = ring.owner(key)
@@ -652,6 +653,17 @@ class Client(_Base[HttpTransport]):
             return resp
         last: RateLimitResponse = self._via(timeout)(request)
         return last
+
+    def _refresh_due(self) -> None:
+        """The first time, read the node list on this thread; later on a thread of its
+        own, so that no check waits for a HealthCheck."""
+        if self.ring is None or not self.ring.learned:
+            self._refresh()
+        elif self._refresher is None or not self._refresher.is_alive():
+            self._refresher = threading.Thread(
+                target=self._refresh, name="smockron-client-ring", daemon=True
+            )
+            self._refresher.start()
 
     def _refresh(self) -> None:
         """Re-read the node list (one thread at a time; the others go on meanwhile)."""
