@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -41,6 +43,10 @@ class RawBackend:
                     0,
                 )
                 body = await reader.readexactly(length) if length else b""
+                if any(x.lower() == "transfer-encoding: chunked" for x in lines):
+                    while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                        body += (await reader.readexactly(size + 2))[:-2]
+                    await reader.readuntil(b"\r\n")
                 if path == "/eof":  # no length: the body ends with the connection
                     writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nto the end")
                     await writer.drain()
@@ -308,3 +314,48 @@ async def test_silent_upstream_is_502_after_the_upstream_timeout(raw_backend: Ra
         assert ok.startswith(b"HTTP/1.1 200")
     finally:
         await p.close()
+
+
+def _mutations(rng: random.Random) -> list[bytes]:
+    """Valid requests with a byte flipped, cut short, or repeated; and random bytes."""
+    valid = [
+        b"GET /a?b=c HTTP/1.1\r\nHost: x\r\nX-Client: c\r\n\r\n",
+        b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        b"POST /p HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"HEAD / HTTP/1.0\r\n\r\n",
+    ]
+    out = []
+    for _ in range(120):
+        data = bytearray(rng.choice(valid))
+        roll = rng.random()
+        if roll < 0.5:
+            for _ in range(rng.randrange(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif roll < 0.7:
+            data = data[: rng.randrange(1, len(data))]
+        elif roll < 0.85:
+            data = data * rng.randrange(2, 5)
+        else:
+            data = bytearray(rng.randbytes(rng.randrange(1, 200)))
+        out.append(bytes(data))
+    return out
+
+
+async def test_fuzzed_requests_never_break_the_proxy(
+    proxy: tuple[GatekeeperProxy, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    p, port = proxy
+    rng = random.Random(20261127)
+    for payload in _mutations(rng):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(payload)
+        with contextlib.suppress(ConnectionError):
+            writer.write_eof()
+            # every connection ends: answered, refused, or cut at the end of its input
+            await asyncio.wait_for(reader.read(-1), 5)
+        writer.close()
+    # no error of the proxy's, and nothing malformed passed on to the upstream's parser
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
+    ok = await exchange(port, b"GET /fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200")
+    assert p.stats()["bad_requests"] > 0
