@@ -38,7 +38,7 @@ GATEKEEPER = Layout(
         "waiting": "Requests waiting out a delay now",
         "delay_entries": "Identifiers with a pending DELAY_UNTIL",
         "first_lines": "Domains with rules of their own (the first line)",
-        "master_connected": "1 while the accounting socket is connected to a master",
+        "master_connected": "1 while a master is connected to the accounting socket, subscribed",
         "control_connected": "1 while the control socket is connected to a master",
         "handshakes_failed": "Handshakes with the master that failed (no keys here, a wrong key)",
         "auth_problem": "1 while the last handshake with a master failed (see the log's reason)",
