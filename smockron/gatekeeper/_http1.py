@@ -202,8 +202,9 @@ class Http1Proxy:
             guard._timed_out(conn)  # type: ignore[arg-type]
         self._sweeper = self.pool.loop.call_later(self._sweep_s, self._sweep)
 
-    async def close(self, grace_s: float = 10.0) -> None:
-        """Stop listening, let requests in progress finish (``grace_s`` at most), close."""
+    async def close(self, grace_s: float = 5.0) -> None:
+        """Stop listening, let requests in progress finish (``grace_s`` at most), close.
+        Well inside the runtime's 10 s for a stop, which also closes the gatekeeper."""
         self.closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
