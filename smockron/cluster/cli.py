@@ -27,16 +27,10 @@ from click.core import ParameterSource
 from prometheus_client import CollectorRegistry
 
 from smockron import runtime
-from smockron.cluster.config import (
-    CLIENT_AUTH_MODES,
-    ClusterConfig,
-    from_env,
-    is_env_file,
-    read_env_file,
-    with_changes,
-)
+from smockron.cluster.config import CLIENT_AUTH_MODES, ClusterConfig, with_changes
 from smockron.cluster.discovery import make_discovery, options
 from smockron.cluster.discovery.base import Discovery, PeerInfo
+from smockron.cluster.guber_env import from_env, is_env_file, read_env_file
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.node import Node
 from smockron.cluster.server import ClusterServer, GrpcServer

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from smockron.cluster.cli import build_config, build_discovery
-from smockron.cluster.config import ClusterConfig, from_env, guber_log_level
+from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.static import StaticDiscovery
+from smockron.cluster.guber_env import from_env, guber_log_level
 from smockron.cluster.node import Node
 from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from smockron.cluster.cli import build_config
-from smockron.cluster.config import (
+from smockron.cluster.discovery import PeerInfo, options_from_env
+from smockron.cluster.guber_env import (
     IGNORED,
     REFUSED,
     is_env_file,
     read_env_file,
     warnings,
 )
-from smockron.cluster.discovery import PeerInfo, options_from_env
 from smockron.errors import ConfigError
 from tests.support import free_ports, run_smockron, smockron_proc, wait_for, wait_port
 

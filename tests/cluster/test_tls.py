@@ -594,7 +594,8 @@ def test_client_san_setting(certs: Certs, caplog: pytest.LogCaptureFixture) -> N
     from prometheus_client import CollectorRegistry, Counter
 
     from smockron.cluster import tls
-    from smockron.cluster.config import ClusterConfig, from_env
+    from smockron.cluster.config import ClusterConfig
+    from smockron.cluster.guber_env import from_env
     from smockron.errors import ConfigError
 
     env = {"GRPC_SERVER_TLS_CERT": f"{certs.dir}/gubernator.pem",

@@ -48,7 +48,7 @@ def options_from_env(
 ) -> tuple[str, dict[str, Any]] | None:
     """Gubernator's ``GUBER_*`` discovery variables -> ``(kind, options)`` for make_discovery;
     None for a static list or ``none``. See :func:`options`."""
-    from smockron.cluster.config import from_env
+    from smockron.cluster.guber_env import from_env
 
     return options(from_env(environ), advertise)
 
