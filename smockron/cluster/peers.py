@@ -121,12 +121,26 @@ class _NativeUnary:
             if not future.done():
                 future.set_result((code, raw, details))
 
-    def close(self) -> None:
+    async def close(self, started: Callable[[], int]) -> None:
+        """Close the channel once the calls ``start_now`` began (``started()`` of them
+        left) have ended, a second at most; the rest are cancelled and their completions
+        still delivered, so that their callers answer (from the batched path) instead of
+        waiting for their deadline."""
+        loop = self._loop
+        for _ in range(100 if loop is not None else 0):
+            if not started():
+                break
+            await asyncio.sleep(0.01)
         self.channel.close()
-        if self._loop is not None:
-            self._loop.remove_reader(self.channel.fileno())
         for future in list(self._waiting):
             future.cancel()
+        if loop is None:
+            return
+        for _ in range(10):
+            if not started():
+                break
+            await asyncio.sleep(0.01)
+        loop.remove_reader(self.channel.fileno())
 
 
 class PeerClient:
@@ -264,6 +278,6 @@ class PeerClient:
     async def close(self) -> None:
         await self._batcher.close()
         if self._native is not None:
-            self._native.close()
+            await self._native.close(lambda: self._now_calls)
         if self._channel is not None:
             await self._channel.close(None)
