@@ -188,11 +188,12 @@ def test_a_partitioned_master_is_no_worse_than_a_killed_one(
     with stopping([]) as procs:
         procs += [_master(names, "m1", tmp_path / "m1.log"),
                   _master(names, "m2", tmp_path / "m2.log")]  # fmt: skip
+        gk_log = open(tmp_path / "gk.log", "wb")  # noqa: SIM115 - closed below
         gk = subprocess.Popen(
             ["ip", "netns", "exec", names["gk"], sys.executable, "-c", GATEKEEPER,
              json.dumps([_addr("m1"), _addr("m2")]), str(SECONDS)],
-            stdout=subprocess.PIPE, stderr=open(tmp_path / "gk.log", "wb"),  # noqa: SIM115
-            text=True, env=smockron_env(), cwd=REPO_ROOT,
+            stdout=subprocess.PIPE, stderr=gk_log, text=True, env=smockron_env(),
+            cwd=REPO_ROOT,
         )  # fmt: skip
         try:
             assert gk.stdout is not None
@@ -208,6 +209,7 @@ def test_a_partitioned_master_is_no_worse_than_a_killed_one(
             if gk.poll() is None:
                 gk.kill()
                 gk.wait()
+            gk_log.close()
         for proc in procs:
             proc.stop()
         m1_log = procs[0].log()
