@@ -103,6 +103,11 @@ def parse_master(spec: str) -> tuple[str, str]:
     return acc.strip(), ctl.strip()
 
 
+WILDCARD_HOSTS = frozenset({"", "*", "0.0.0.0", "::", "[::]"})
+"""Hosts that mean every interface, as an address may write them (IPv6 in brackets or
+not): a node listening there is reached at another address."""
+
+
 def parse_host_port(text: str, *, listen: bool = False) -> tuple[str, int]:
     """``HOST:PORT``, ``[IPV6]:PORT`` or (to listen) ``*:PORT`` / ``:PORT``.
 

@@ -37,6 +37,7 @@ from smockron.cluster.server import ClusterServer, GrpcServer
 from smockron.cluster.transports.http import observe
 from smockron.errors import ConfigError
 from smockron.settings import (
+    WILDCARD_HOSTS,
     Duration,
     HostPort,
     SmockronCommand,
@@ -101,9 +102,6 @@ def build_config(
     return replace(config, **_listen_everywhere(config)).validate()
 
 
-_WILDCARDS = ("", "0.0.0.0", "[::]", "::")
-
-
 def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
     """Go-style ``:1051`` listens on all interfaces; peers then need a dialable address.
 
@@ -111,10 +109,10 @@ def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
     address is a wildcard and GUBER_ADVERTISE_ADDRESS is not set.
     """
     host, sep, port = config.grpc_address.rpartition(":")
-    if not sep or host not in _WILDCARDS:
+    if not sep or host not in WILDCARD_HOSTS:
         return {}
     changes: dict[str, Any] = {
-        "grpc_address": f"0.0.0.0:{port}" if host == "" else config.grpc_address
+        "grpc_address": f"0.0.0.0:{port}" if host in ("", "*") else config.grpc_address
     }
     if not config.advertise_address:
         try:

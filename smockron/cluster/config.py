@@ -15,6 +15,7 @@ from typing import Any
 from smockron.cluster.model import MAX_BATCH
 from smockron.core.hashring import DEFAULT_REPLICAS, HASHES
 from smockron.errors import ConfigError
+from smockron.settings import WILDCARD_HOSTS
 
 GRPC_SERVERS = ("threads", "asyncio", "native")
 GLOBAL_MODES = ("lend", "gubernator")
@@ -205,7 +206,7 @@ class ClusterConfig:
         host, _, port = self.peer_address.rpartition(":")
         if not port.isdigit() or int(port) == 0:
             return ""
-        if host in ("", "*", "0.0.0.0", "[::]", "::"):
+        if host in WILDCARD_HOSTS:
             host = self.advertise.rpartition(":")[0]
         return f"{host}:{port}"
 

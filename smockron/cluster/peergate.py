@@ -33,7 +33,7 @@ from prometheus_client import Counter
 from smockron.cluster.node import Node
 from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog, escaped
-from smockron.settings import parse_host_port
+from smockron.settings import WILDCARD_HOSTS, parse_host_port
 
 log = logging.getLogger("smockron.cluster")
 
@@ -44,7 +44,6 @@ RESOLVE_EVERY_S = 10.0
 
 REFUSED = "PeersV1 is served to the cluster's members only"
 
-_WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 
 
 def peer_ip(peer: str) -> IP | None:
@@ -114,7 +113,7 @@ class MemberGate:
             }
             found: set[IP] = set()
             named = False
-            for host in hosts - _WILDCARDS:
+            for host in hosts - WILDCARD_HOSTS:
                 ip = _ip(host)
                 if ip is not None:
                     found.add(ip)

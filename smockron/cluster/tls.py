@@ -28,6 +28,7 @@ from smockron.cluster import san
 from smockron.cluster.config import ClusterConfig
 from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog
+from smockron.settings import WILDCARD_HOSTS
 
 log = logging.getLogger("smockron.cluster")
 
@@ -262,7 +263,7 @@ def names(config: ClusterConfig) -> list[str]:
     found = ["localhost", "127.0.0.1", socket.gethostname()]
     for address in (config.grpc_address, config.advertise, config.http_address):
         host = address.rpartition(":")[0].strip("[]")
-        if host and host not in ("0.0.0.0", "::"):
+        if host not in WILDCARD_HOSTS:
             found.append(host)
     with contextlib.suppress(OSError):
         found.append(socket.gethostbyname(socket.gethostname()))

@@ -310,3 +310,13 @@ def test_tls_min_version() -> None:
     assert from_env({"GUBER_TLS_MIN_VERSION": "1.2"}).tls_min_version == "1.2"
     with pytest.raises(ConfigError, match="tls_min_version must be one of"):
         from_env({"GUBER_TLS_AUTO": "1", "GUBER_TLS_MIN_VERSION": "1.4"}).validate()
+
+
+@pytest.mark.parametrize("host", ["", "*", "0.0.0.0", "[::]"])
+def test_every_wildcard_spelling_listens_everywhere_and_advertises_a_dialable_address(
+    host: str,
+) -> None:
+    config = build_config({}, {"grpc_address": f"{host}:1051"})
+    assert config.grpc_address == ("[::]:1051" if host == "[::]" else "0.0.0.0:1051")
+    advertised = config.advertise_address.rpartition(":")[0]
+    assert advertised and advertised not in ("*", "0.0.0.0", "[::]")
