@@ -73,7 +73,8 @@ VALID_KEYS = frozenset(
 )  # fmt: skip
 """Every key upstream accepts, at any level (``validKeys`` in config_impl.go)."""
 
-_MAX_UINT32 = 2**32 - 1
+MAX_UINT32 = 2**32 - 1
+"""The largest value of envoyproxy/ratelimit's uint32 fields (requests_per_unit, remaining)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +435,7 @@ def _requests(spec: Mapping[str, Any], where: str, *, required: bool) -> int:
     if (
         isinstance(requests, bool)
         or not isinstance(requests, int)
-        or not 0 <= requests <= _MAX_UINT32
+        or not 0 <= requests <= MAX_UINT32
     ):
         raise ConfigError(
             f"{where}: 'requests_per_unit' must be an integer >= 0 (at most 2^32-1), "

@@ -46,7 +46,14 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 from google.protobuf.struct_pb2 import Struct
 
-from smockron.cluster.envoy.config import UNIT_NAME, UNIT_NUMBER, EnvoyConfig, Limit, Match
+from smockron.cluster.envoy.config import (
+    MAX_UINT32,
+    UNIT_NAME,
+    UNIT_NUMBER,
+    EnvoyConfig,
+    Limit,
+    Match,
+)
 from smockron.cluster.envoy.headers import rate_limit_headers, speaking_status
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
 from smockron.cluster.envoy.settings import EnvoySettings
@@ -88,7 +95,6 @@ log = logging.getLogger(__name__)
 SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 OK = rls_pb2.RateLimitResponse.OK
 OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
-_MAX_UINT32 = 2**32 - 1
 
 Decide = Callable[[list[RateLimitRequest]], list[RateLimitResponse] | None]
 
@@ -331,7 +337,7 @@ class RateLimitServicer:
             status = response.statuses.add()
             self.stats.descriptors += 1
             if plan.unlimited[i]:
-                status.code, status.limit_remaining = OK, _MAX_UINT32
+                status.code, status.limit_remaining = OK, MAX_UINT32
                 continue
             checked = by_index.get(i)
             quota = settings.quota_mode or (
@@ -378,7 +384,7 @@ class RateLimitServicer:
             status.code = OK
             return
         over = answer.status == Status.OVER_LIMIT
-        remaining = max(0, min(_MAX_UINT32, answer.remaining))
+        remaining = max(0, min(MAX_UINT32, answer.remaining))
         before = limit.requests_per_unit - remaining
         if not over:
             before -= check.hits
