@@ -92,6 +92,7 @@ class MemberGate:
         self._resolved_at = 0.0
         self._lock = threading.Lock()
         self._passed: dict[str, None] = {}  # peer strings let in, for _passed_for
+        self._local = False
         self._passed_for: frozenset[IP] | None = None
 
     def allowed(self) -> frozenset[IP]:
@@ -121,6 +122,9 @@ class MemberGate:
                 named = True
                 found.update(a for a in map(_ip, self._resolve(host)) if a is not None)
             self._allowed, self._names = frozenset(found), named
+            # a member on a loopback address is a process on this host, and a call from
+            # this host comes from whichever loopback address the kernel picks for it
+            self._local = any(ip.is_loopback for ip in found)
             self._seen, self._resolved_at = infos, time.monotonic()
 
     def refuses(self, peer: str) -> bool:
@@ -133,7 +137,7 @@ class MemberGate:
         if peer in self._passed:
             return False
         ip = peer_ip(peer)
-        if ip is not None and ip in allowed:
+        if ip is not None and (ip in allowed or (ip.is_loopback and self._local)):
             if len(self._passed) < 4096:  # one entry a connection
                 self._passed[peer] = None
             return False
