@@ -31,6 +31,7 @@ import grpc
 from prometheus_client import Counter
 
 from smockron.cluster.node import Node
+from smockron.cluster.transports.threaded import AdaptedHandler
 from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog, escaped
 from smockron.settings import WILDCARD_HOSTS, parse_host_port
@@ -153,7 +154,13 @@ class MemberGate:
 
     def guard(self, inner: grpc.GenericRpcHandler[Any, Any]) -> grpc.GenericRpcHandler[Any, Any]:
         """``inner`` (PeersV1's handler) with every method refusing non-members."""
-        return _Guarded(inner, self)
+
+        def adapt(method: str, handler: Any) -> Any:
+            if handler.unary_unary is None:
+                return handler
+            return handler._replace(unary_unary=_wrap(method, handler.unary_unary, self))
+
+        return AdaptedHandler(inner, adapt)
 
     def deny(self, method: str, peer: str) -> None:
         self._refused.labels(method.rpartition("/")[2]).inc()
@@ -169,25 +176,6 @@ def _resolve(host: str) -> list[str]:
     except OSError as exc:
         log.warning("peer %s does not resolve (%s): calls from it are refused", host, exc)
         return []
-
-
-class _Guarded(grpc.GenericRpcHandler):  # type: ignore[type-arg]
-    def __init__(self, inner: grpc.GenericRpcHandler[Any, Any], gate: MemberGate) -> None:
-        self._inner = inner
-        self._gate = gate
-        self._cache: dict[str, Any] = {}
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        method = handler_call_details.method
-        if method in self._cache:
-            return self._cache[method]
-        handler = self._inner.service(handler_call_details)
-        if handler is not None and handler.unary_unary is not None:
-            wrapped = _wrap(method, handler.unary_unary, self._gate)
-            handler = handler._replace(unary_unary=wrapped)  # type: ignore[attr-defined]
-        if len(self._cache) < 1024:  # method names come from clients
-            self._cache[method] = handler
-        return handler
 
 
 def _wrap(method: str, behavior: Callable[..., Any], gate: MemberGate) -> Callable[..., Any]:

@@ -30,7 +30,7 @@ import grpc
 
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.tls import NATIVE_CLIENT_AUTH, CertDir, ClientSanCheck, TLSMaterial
-from smockron.cluster.transports.threaded import Deferred, bridge
+from smockron.cluster.transports.threaded import MAX_METHODS, Deferred, bridge
 from smockron.compiled import load
 from smockron.errors import Aborted
 
@@ -192,7 +192,7 @@ class NativeServer:
             entry = self._cache[method]
         except KeyError:
             entry = self._lookup(method)
-            if len(self._cache) < 1024:  # method names come from clients
+            if len(self._cache) < MAX_METHODS:
                 self._cache[method] = entry
         if entry is None:
             self._unknown_method.inc()

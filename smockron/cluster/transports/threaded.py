@@ -116,14 +116,19 @@ def fast_or_bridged(
     return call
 
 
-class _Bridged(grpc.GenericRpcHandler):  # type: ignore[type-arg]
-    """Serves ``inner``'s methods, asyncio unary handlers bridged to the event loop."""
+MAX_METHODS = 1024
+"""Methods whose handler a server keeps looked up (their names come from clients)."""
+
+
+class AdaptedHandler(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+    """Serves ``inner``'s methods as ``adapt(method, handler)`` changes them, each
+    method's handler adapted once and kept (at most :data:`MAX_METHODS`)."""
 
     def __init__(
-        self, inner: grpc.GenericRpcHandler[Any, Any], loop: asyncio.AbstractEventLoop
+        self, inner: grpc.GenericRpcHandler[Any, Any], adapt: Callable[[str, Any], Any]
     ) -> None:
         self._inner = inner
-        self._loop = loop
+        self._adapt = adapt
         self._cache: dict[str, Any] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -131,14 +136,27 @@ class _Bridged(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         if method in self._cache:
             return self._cache[method]
         handler = self._inner.service(handler_call_details)
-        if handler is not None and inspect.iscoroutinefunction(handler.unary_unary):
-            handler = handler._replace(  # type: ignore[attr-defined]
-                unary_unary=bridge(handler.unary_unary, self._loop),
-                request_deserializer=keep_none(handler.request_deserializer),
-            )
-        if len(self._cache) < 1024:  # method names come from clients
+        if handler is not None:
+            handler = self._adapt(method, handler)
+        if len(self._cache) < MAX_METHODS:
             self._cache[method] = handler
         return handler
+
+
+def _bridged(
+    inner: grpc.GenericRpcHandler[Any, Any], loop: asyncio.AbstractEventLoop
+) -> AdaptedHandler:
+    """Serves ``inner``'s methods, asyncio unary handlers bridged to the event loop."""
+
+    def adapt(method: str, handler: Any) -> Any:
+        if not inspect.iscoroutinefunction(handler.unary_unary):
+            return handler
+        return handler._replace(
+            unary_unary=bridge(handler.unary_unary, loop),
+            request_deserializer=keep_none(handler.request_deserializer),
+        )
+
+    return AdaptedHandler(inner, adapt)
 
 
 class _CountUnknown(grpc.GenericRpcHandler):  # type: ignore[type-arg]
@@ -172,7 +190,7 @@ class ThreadedServer:
     def add_generic_rpc_handlers(
         self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]
     ) -> None:
-        self._server.add_generic_rpc_handlers(tuple(_Bridged(h, self.loop) for h in handlers))
+        self._server.add_generic_rpc_handlers(tuple(_bridged(h, self.loop) for h in handlers))
 
     def add_threaded_handlers(self, handlers: Iterable[grpc.GenericRpcHandler[Any, Any]]) -> None:
         """Handlers that run on the gRPC thread as they are (register these first)."""
