@@ -60,6 +60,10 @@ _FRAMING: Final = frozenset(
     {b"host", b"connection", b"transfer-encoding", b"content-length", b"expect"}
 )
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
+_STATUS_LINES: Final = {
+    code: b"HTTP/1.1 %d %s" % (code, phrase) for code, phrase in _REASONS.items()
+}
+_RESPONSE_FRAMING: Final = HOP_BY_HOP | {b"content-length"}
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # flags for why reading from a client is paused
@@ -520,15 +524,16 @@ class ClientConnection(asyncio.Protocol):
         parts.append(b"\r\n\r\n")
         return b"".join(parts)
 
-    def response_head(self, req: Request, status: int, reason: bytes, headers: list[Header],
-                      dropped: set[bytes] | None, length: bool, chunked: bool) -> None:  # fmt: skip
-        """The upstream's response head, relayed: ``headers`` are without the hop-by-hop
-        ones, ``dropped`` the further names its Connection header listed."""
+    def response_head(self, req: Request, status: int, fields: bytes, length: bool,
+                      chunked: bool) -> None:  # fmt: skip
+        """The upstream's response head, relayed: ``fields`` are its end-to-end header
+        lines, each after a CRLF. The reason phrase is the standard one (as nginx does:
+        the upstream's carries nothing a client may act on)."""
         no_body = req.method == b"HEAD" or status in (204, 304)
-        parts = [b"HTTP/1.1 %d %s" % (status, reason or _REASONS.get(status, b"Unknown"))]
-        for lname, name, value in headers:
-            if dropped is None or lname not in dropped:
-                parts += (b"\r\n", name, b": ", value)
+        line = _STATUS_LINES.get(status)
+        if line is None:
+            line = b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))
+        parts = [line, fields]
         if no_body:
             req.mode = _NONE
         elif length and not chunked:
@@ -677,8 +682,7 @@ class _Upstream(asyncio.Protocol):
         self.client: ClientConnection | None = None
         self.req: Request | None = None
         self.out: list[bytes] = []
-        self.reason = b""
-        self.headers: list[Header] = []
+        self.lines: list[bytes] = []  # end-to-end header lines, CRLF, name, ": ", value
         self.dropped: set[bytes] | None = None
         self.interim = False
         self.got = False  # a byte of this exchange's response has arrived
@@ -696,8 +700,7 @@ class _Upstream(asyncio.Protocol):
     def begin(self, client: ClientConnection, req: Request) -> None:
         self.client, self.req = client, req
         self.got = self.done = False
-        self.reason = b""
-        self.headers = []
+        self.lines = []
         self.dropped = None
         self.cl = self.te = False
         self.since = self.pool.loop.time()
@@ -767,28 +770,27 @@ class _Upstream(asyncio.Protocol):
 
     # ---- httptools callbacks
 
-    def on_status(self, reason: bytes) -> None:
-        self.reason += reason
-
     def on_header(self, name: bytes, value: bytes) -> None:
         lname = name.lower()
-        if lname in HOP_BY_HOP:
-            if lname == b"connection":
+        if lname in _RESPONSE_FRAMING:
+            if lname == b"content-length":
+                self.cl = True
+            elif lname == b"connection":
                 if value.lower() not in (b"keep-alive", b"close"):
                     self.dropped = (self.dropped or set()) | _tokens(value)
+                return
             elif lname == b"transfer-encoding":
                 self.te = True
-            return
-        if lname == b"content-length":
-            self.cl = True
-        self.headers.append((lname, name, value))
+                return
+            else:  # the other hop-by-hop headers
+                return
+        self.lines += (b"\r\n", name, b": ", value)
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         if status < 200:  # interim (100 Continue...): we sent no Expect, so drop it
             self.interim = True
-            self.headers = []
-            self.reason = b""
+            self.lines = []
             self.dropped = None
             self.cl = self.te = False
             return
@@ -797,7 +799,16 @@ class _Upstream(asyncio.Protocol):
             return
         self.keep = self.parser.should_keep_alive()
         self.headers_framed = self.cl or self.te
-        client.response_head(req, status, self.reason, self.headers, self.dropped, self.cl, self.te)
+        lines = self.lines
+        if self.dropped is not None:  # Connection named more headers: drop those too
+            dropped = self.dropped
+            lines = [
+                part
+                for i in range(0, len(lines), 4)
+                if lines[i + 1].lower() not in dropped
+                for part in lines[i : i + 4]
+            ]
+        client.response_head(req, status, b"".join(lines), self.cl, self.te)
         if req.method == b"HEAD":
             # llhttp cannot be told the response to HEAD has no body: it is complete now,
             # and the next response gets a fresh parser
