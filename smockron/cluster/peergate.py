@@ -31,6 +31,7 @@ import grpc
 from prometheus_client import Counter
 
 from smockron.cluster.node import Node
+from smockron.cluster.san import IP
 from smockron.cluster.transports.threaded import AdaptedHandler
 from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog, escaped
@@ -38,7 +39,6 @@ from smockron.settings import WILDCARD_HOSTS, parse_host_port
 
 log = logging.getLogger("smockron.cluster")
 
-IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 RESOLVE_EVERY_S = 10.0
 """Member host names are resolved again at most this often (on a refused call)."""

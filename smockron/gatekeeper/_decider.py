@@ -22,9 +22,9 @@ from smockron.gatekeeper._table import (
     _NEVER,
     MAX_AHEAD_MS,
     DelayTable,
+    DelayUntil,
     Hold,
     Key,
-    Record,
     forget_passed,
 )
 from smockron.wire.codec import DEFAULT_LIMITS
@@ -252,7 +252,7 @@ class Decider:
         return bool(self.control_many([(domain, identifier, until_ms)], now_ms))
 
     def control_many(
-        self, records: list[Record], now_ms: int, counts: dict[bytes, int] | None = None
+        self, records: list[DelayUntil], now_ms: int, counts: dict[bytes, int] | None = None
     ) -> int:
         """:meth:`control` for DELAY_UNTILs ``(domain, identifier, until_ms)`` in order
         (``counts``: per domain, how many there were); how many moved an identifier's

@@ -19,16 +19,16 @@ from smockron.errors import ConfigError
 from smockron.memory import Reclaimer
 
 Key = tuple[bytes, bytes]  # (domain, identifier)
-Record: TypeAlias = tuple[bytes, bytes, int]
+DelayUntil: TypeAlias = tuple[bytes, bytes, int]
 """A DELAY_UNTIL: ``(domain, identifier, until_ms)``."""
 Hold: TypeAlias = "tuple[float, dict[bytes, float], int] | None"
 """A domain's first line as applying DELAY_UNTILs needs it: for one rule, the offset
 added to a DELAY_UNTIL, the identifiers' arrival times and how many it may hold; None
 for several rules (the caller holds those)."""
 UpdateRun: TypeAlias = Callable[
-    [dict[Key, int], list[Record], int, int, int, int,
+    [dict[Key, int], list[DelayUntil], int, int, int, int,
      "Mapping[bytes, Hold] | None", "dict[bytes, int] | None"],
-    tuple[int, int, int, list[Record]],
+    tuple[int, int, int, list[DelayUntil]],
 ]  # fmt: skip
 Passed: TypeAlias = Callable[[Mapping[Any, Any], int], list[Any]]
 _K = TypeVar("_K")
@@ -46,14 +46,14 @@ between two, eviction makes the room (a sweep scans the whole table)."""
 
 def update_run_python(
     entries: dict[Key, int],
-    records: list[Record],
+    records: list[DelayUntil],
     start: int,
     now_ms: int,
     max_ahead_ms: int,
     room: int,
     holds: Mapping[bytes, Hold] | None,
     counts: dict[bytes, int] | None,
-) -> tuple[int, int, int, list[Record]]:
+) -> tuple[int, int, int, list[DelayUntil]]:
     """Remember ``records[start:]`` in ``entries``, forward-only, in order, until one needs
     a new entry while ``entries`` holds ``room``: returns ``(stop, refused, moved,
     unheld)``, ``stop`` that record's index (``len(records)`` when all were done) for the
@@ -68,7 +68,7 @@ def update_run_python(
     counted per domain. The pure-Python twin of the compiled ``_tablefast.update_run``."""
     get = entries.get
     refused = moved = 0
-    unheld: list[Record] = []
+    unheld: list[DelayUntil] = []
     stop = len(records)
     for index in range(start, len(records)):
         record = records[index]
@@ -91,7 +91,7 @@ def update_run_python(
     return stop, refused, moved, unheld
 
 
-def _held(record: Record, holds: Mapping[bytes, Hold] | None, unheld: list[Record]) -> None:
+def _held(record: DelayUntil, holds: Mapping[bytes, Hold] | None, unheld: list[DelayUntil]) -> None:
     """A moved record to its first line (``update_run_python``)."""
     if holds is None:
         unheld.append(record)
@@ -192,11 +192,11 @@ class DelayTable:
 
     def update_many(
         self,
-        records: list[Record],
+        records: list[DelayUntil],
         now_ms: int,
         holds: Mapping[bytes, Hold] | None = None,
         counts: dict[bytes, int] | None = None,
-    ) -> tuple[int, list[Record]]:
+    ) -> tuple[int, list[DelayUntil]]:
         """Remember DELAY_UNTILs in order, in one compiled loop where built (a resync
         brings a million), sweeping (and evicting) when the table needs room. How many
         moved an identifier's time forward, and those of them ``holds`` leaves to the

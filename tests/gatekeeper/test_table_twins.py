@@ -15,9 +15,9 @@ from smockron.core.rules import parse_rule_spec
 from smockron.gatekeeper._decider import Decider
 from smockron.gatekeeper._firstline import Line
 from smockron.gatekeeper._table import (
+    DelayUntil,
     Hold,
     Key,
-    Record,
     UpdateRun,
     passed_compiled,
     passed_python,
@@ -42,7 +42,7 @@ locals_ = st.dictionaries(st.sampled_from([b"x", b"y", b"z"]),
 
 
 def run_all(
-    update: UpdateRun, entries: dict[Key, int], recs: list[Record], room: int,
+    update: UpdateRun, entries: dict[Key, int], recs: list[DelayUntil], room: int,
     holds: dict[bytes, Hold] | None, start: int,
 ) -> tuple[object, ...]:  # fmt: skip
     counts: dict[bytes, int] = {}
@@ -55,7 +55,7 @@ def run_all(
 @given(recs=records, entries=tables, local=locals_, room=st.integers(0, 8),
        cap=st.integers(0, 4), start=st.integers(0, 5), with_holds=st.booleans())  # fmt: skip
 def test_compiled_and_python_agree(
-    recs: list[Record], entries: dict[Key, int], local: dict[bytes, float], room: int,
+    recs: list[DelayUntil], entries: dict[Key, int], local: dict[bytes, float], room: int,
     cap: int, start: int, with_holds: bool,
 ) -> None:  # fmt: skip
     holds: dict[bytes, Hold] | None = None
@@ -71,7 +71,7 @@ def test_compiled_and_python_agree(
 @pytest.mark.parametrize("update", TWINS)
 def test_a_run_stops_where_the_table_needs_room(update: UpdateRun) -> None:
     entries: dict[Key, int] = {(b"a", b"x"): 2_000}
-    recs: list[Record] = [(b"a", b"x", 2_500), (b"a", b"x", 2_100), (b"a", b"n", 900),
+    recs: list[DelayUntil] = [(b"a", b"x", 2_500), (b"a", b"x", 2_100), (b"a", b"n", 900),
                           (b"a", b"y", 3_000), (b"a", b"z", 9_000)]  # fmt: skip
     counts: dict[bytes, int] = {}
     stop, refused, moved, unheld = update(entries, recs, 0, NOW, 5_000, 1, None, counts)
@@ -86,7 +86,7 @@ def test_a_run_stops_where_the_table_needs_room(update: UpdateRun) -> None:
 def test_holds_keep_a_first_line_behind_the_master(update: UpdateRun) -> None:
     local = {b"x": 10_000.0, b"y": 1_500.0}
     holds: dict[bytes, Hold] = {b"a": (100.0, local, 3), b"b": None}
-    recs: list[Record] = [(d, i, 2_000) for d, i in
+    recs: list[DelayUntil] = [(d, i, 2_000) for d, i in
                           ((b"a", b"x"), (b"a", b"y"), (b"a", b"z"), (b"a", b"w"), (b"b", b"x"),
                            (b"c", b"x"))]  # fmt: skip
     entries: dict[Key, int] = {}
@@ -109,7 +109,9 @@ def test_decider_applies_a_resync_through_either_twin(
     two = Line.of("history", [parse_rule_spec("b:1/s:1")[1], parse_rule_spec("b:10/m:10")[1]])
     decider.set_line(b"a", one)
     decider.set_line(b"b", two)
-    recs: list[Record] = [(d, b"%d" % i, NOW + 10 + i) for i in range(2_000) for d in (b"a", b"b")]
+    recs: list[DelayUntil] = [
+        (d, b"%d" % i, NOW + 10 + i) for i in range(2_000) for d in (b"a", b"b")
+    ]
     counts: dict[bytes, int] = {}
     assert decider.control_many(recs, NOW, counts) == 4_000
     assert counts == {b"a": 2_000, b"b": 2_000}
