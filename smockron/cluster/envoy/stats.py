@@ -128,14 +128,7 @@ class EnvoyStatsCollector(Collector):
 
 
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
-_LIMIT_FIELDS = (
-    "total_hits",
-    "over_limit",
-    "near_limit",
-    "within_limit",
-    "shadow_mode",
-    "over_limit_with_local_cache",
-)
+_LIMIT_FIELDS = tuple(LimitStats().as_dict())
 
 
 def sanitize_stat_name(name: str) -> str:

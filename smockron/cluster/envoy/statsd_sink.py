@@ -33,15 +33,6 @@ from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.envoy")
 
-_LIMIT_FIELDS = (
-    "total_hits",
-    "over_limit",
-    "near_limit",
-    "within_limit",
-    "shadow_mode",
-    "over_limit_with_local_cache",
-)
-
 
 def tag_suffix(tags: Mapping[str, str]) -> str:
     """gostats' ``serializeTags`` suffix; pairs with an empty key or value are dropped."""
@@ -59,9 +50,8 @@ def counters(source: StatsSource, tags: Mapping[str, str]) -> dict[str, int]:
     rl = "ratelimit.service.rate_limit."
     for key, stats in list(source.limit_stats.items()):
         clean = sanitize_stat_name(key)
-        values = stats.as_dict()
-        for name in _LIMIT_FIELDS:
-            out[f"{rl}{clean}.{name}{suffix}"] = values[name]
+        for name, value in stats.as_dict().items():
+            out[f"{rl}{clean}.{name}{suffix}"] = value
     for domain, count in list(source.domain_not_found.items()):
         out[f"{rl}{sanitize_stat_name(domain)}.domain_not_found{suffix}"] = count
     s = source.stats
