@@ -343,13 +343,26 @@ static PyObject *response(PyObject *limit, const Outcome *o) {
     return r;
 }
 
-/* Store ``entry`` as the most recently used; evict the least recently used beyond max. */
-static int store(PyObject *cache, PyObject *key, int known, PyObject *entry, Py_ssize_t max) {
+/* The limiter's counters (a bytearray of uint64, LocalLimiter's STATS order), read by
+ * the node's /metrics when scraped: plain increments, no lock beyond the GIL. */
+enum { S_OVER, S_HIT, S_MISS, S_EVICTED_LIVE, N_STATS_C };
+
+/* Store ``entry`` as the most recently used; evict the least recently used beyond max,
+ * counting those evicted before they expired (the cache is too small for the load). */
+static int store(PyObject *cache, PyObject *key, int known, PyObject *entry, Py_ssize_t max,
+                 int64_t now, uint64_t *stats) {
     if (known && PyODict_DelItem(cache, key) < 0) return -1;
     if (PyODict_SetItem(cache, key, entry) < 0) return -1;
     while (PyDict_GET_SIZE(cache) > max) {
         PyObject *r = PyObject_CallMethod(cache, "popitem", "O", Py_False);
         if (r == NULL) return -1;
+        PyObject *old = PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == 2 ? PyTuple_GET_ITEM(r, 1)
+                                                                          : NULL;
+        int64_t expires;
+        if (old != NULL && PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) > 0 &&
+            as_i64(PyTuple_GET_ITEM(old, 0), INT64_MIN, INT64_MAX, &expires) && now < expires)
+            stats[S_EVICTED_LIVE]++;
+        PyErr_Clear();
         Py_DECREF(r);
     }
     return 0;
@@ -357,7 +370,7 @@ static int store(PyObject *cache, PyObject *key, int known, PyObject *entry, Py_
 
 /* One request: 1 answered (*out), 0 not a fast case, -1 error. */
 static int check_one(PyObject *req, int64_t now, PyObject *cache, Py_ssize_t max,
-                     PyObject **out) {
+                     PyObject **out, uint64_t *stats) {
     if (Py_TYPE(req) != req_type) return 0;
     PyObject *f[N_REQ];
     for (int i = 0; i < N_REQ; i++)
@@ -400,7 +413,9 @@ static int check_one(PyObject *req, int64_t now, PyObject *cache, Py_ssize_t max
     else if (algorithm == 2) done = sliding_window(live, &p, &o);
     else done = history(live, &p, &o);
     if (done <= 0) goto finish;
-    if (store(cache, key, entry != NULL, o.entry, max) < 0) done = -1;
+    stats[live != NULL ? S_HIT : S_MISS]++;
+    if (o.over) stats[S_OVER]++;
+    if (store(cache, key, entry != NULL, o.entry, max, now, stats) < 0) done = -1;
     Py_DECREF(o.entry);
     if (done > 0 && (*out = response(f[R_LIMIT], &o)) == NULL) done = -1;
     goto finish;
@@ -415,8 +430,8 @@ finish:
 }
 
 static PyObject *localfast_check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "check(requests, now, cache, max_keys, slow)");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "check(requests, now, cache, max_keys, slow, stats)");
         return NULL;
     }
     if (req_type == NULL) {
@@ -428,6 +443,12 @@ static PyObject *localfast_check(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "cache must be an OrderedDict");
         return NULL;
     }
+    if (!PyByteArray_CheckExact(args[5]) ||
+        PyByteArray_GET_SIZE(args[5]) < (Py_ssize_t)(N_STATS_C * sizeof(uint64_t))) {
+        PyErr_SetString(PyExc_TypeError, "stats must be a bytearray of the limiter's counters");
+        return NULL;
+    }
+    uint64_t *stats = (uint64_t *)PyByteArray_AS_STRING(args[5]);
     long long now = PyLong_AsLongLong(now_obj);
     Py_ssize_t max = PyLong_AsSsize_t(args[3]);
     if ((now == -1 || max == -1) && PyErr_Occurred()) return NULL;
@@ -438,7 +459,7 @@ static PyObject *localfast_check(PyObject *self, PyObject *const *args, Py_ssize
     if (result == NULL) goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *req = PySequence_Fast_GET_ITEM(seq, i), *r = NULL;
-        int done = check_one(req, now, cache, max, &r);
+        int done = check_one(req, now, cache, max, &r, stats);
         if (done < 0) goto fail;
         if (done == 0 && (r = PyObject_CallFunctionObjArgs(slow, req, now_obj, NULL)) == NULL)
             goto fail;
@@ -456,7 +477,7 @@ static PyMethodDef methods[] = {
     {"bind", localfast_bind, METH_VARARGS,
      "bind(RateLimitRequest, RateLimitResponse, UNDER_LIMIT, OVER_LIMIT)"},
     {"check", (PyCFunction)(void (*)(void))localfast_check, METH_FASTCALL,
-     "check(requests, now, cache, max_keys, slow) -> list of responses"},
+     "check(requests, now, cache, max_keys, slow, stats) -> list of responses"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -465,5 +486,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_localfast", NULL, -
 PyMODINIT_FUNC PyInit__localfast(void) {
     empty = PyUnicode_FromString("");
     for (int i = 0; i < 4; i++) kinds[i] = PyLong_FromLong(i);
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "STATS", N_STATS_C) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -51,8 +51,17 @@ async def answer(
     """Decide every item (client or peer semantics), in request order, as protobuf."""
     start = time.perf_counter()
     valid, indexes, results = decode(msgs)
+    metrics = node.metrics
+    if len(valid) < len(msgs):
+        metrics.check_errors.labels("Invalid algorithm").inc(len(msgs) - len(valid))
     if valid:
-        resps = await (node.peer_rate_limits(valid) if peer else node.get_rate_limits(valid))
+        if not peer:
+            metrics.in_flight += 1
+        try:
+            resps = await (node.peer_rate_limits(valid) if peer else node.get_rate_limits(valid))
+        finally:
+            if not peer:
+                metrics.in_flight -= 1
         _place(results, indexes, resps)
     return _encode(node, results, peer, start)
 
@@ -67,8 +76,10 @@ def answer_here(
     if valid:
         resps = node.answer_here(valid, peer=peer)
         if resps is None:
-            return None
+            return None  # answer() decodes them again, and counts their errors
         _place(results, indexes, resps)
+    if len(valid) < len(msgs):
+        node.metrics.check_errors.labels("Invalid algorithm").inc(len(msgs) - len(valid))
     return _encode(node, results, peer, start)
 
 

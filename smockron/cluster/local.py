@@ -92,6 +92,7 @@ CompiledCheck = Callable[
         "OrderedDict[str, Entry]",
         int,
         Callable[[RateLimitRequest, int], RateLimitResponse],
+        bytearray,
     ],
     Responses,
 ]
@@ -101,14 +102,21 @@ def _load_compiled() -> CompiledCheck | None:
     """``_localfast.check`` bound to the model's types, or None (then Python checks all).
     ``SMOCKRON_PURE_PYTHON=1`` forces Python (tests run both)."""
     _localfast = optional_extension("smockron.cluster._localfast")
-    if _localfast is None:
-        return None
+    if _localfast is None or getattr(_localfast, "STATS", 0) != 4:
+        return None  # not built, or built before check counted (rebuild it)
     _localfast.bind(RateLimitRequest, RateLimitResponse, Status.UNDER_LIMIT, Status.OVER_LIMIT)
     return cast(CompiledCheck, _localfast.check)
 
 
 check_compiled: Final = _load_compiled()
-"""``(requests, now, cache, max_keys, slow) -> responses``: the C loop, or None."""
+"""``(requests, now, cache, max_keys, slow, stats) -> responses``: the C loop, or None."""
+
+STATS: Final = ("over_limit", "hit", "miss", "unexpired_evictions", "invalid")
+"""The limiter's counters, in the order of its ``stats`` buffer (the C loop counts the
+first four at the same indexes): checks over the limit, cache lookups that found a live
+state or none (Gubernator's hit/miss), keys evicted at ``max_keys`` before they expired,
+and items rejected before any algorithm ran (empty fields, bad parameters)."""
+_OVER, _HIT, _MISS, _EVICTED, _INVALID = range(len(STATS))
 
 
 def epoch_ms() -> int:
@@ -126,6 +134,12 @@ class LocalLimiter:
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._compiled = check_compiled
+        self._stats = bytearray(8 * len(STATS))
+        self._counts = memoryview(self._stats).cast("Q")
+
+    def stats(self) -> dict[str, int]:
+        """The counters of ``STATS`` since start (read by /metrics when scraped)."""
+        return dict(zip(STATS, self._counts.tolist(), strict=True))
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -147,7 +161,7 @@ class LocalLimiter:
         with self._lock:
             if self._compiled is not None:
                 responses = self._compiled(
-                    requests, now, self._cache, self._max_keys, self._check_one
+                    requests, now, self._cache, self._max_keys, self._check_one, self._stats
                 )
             else:
                 responses = [self._check_one(req, now) for req in requests]
@@ -170,7 +184,9 @@ class LocalLimiter:
 
     def _check_one(self, req: RateLimitRequest, now: int) -> RateLimitResponse:
         error = _invalid(req)
+        counts = self._counts
         if error:
+            counts[_INVALID] += 1
             return RateLimitResponse(error=error)
         if req.created_at:
             now = req.created_at
@@ -183,7 +199,11 @@ class LocalLimiter:
         try:
             state, verdict = check(state, params, now)
         except InvalidParams as exc:
+            counts[_INVALID] += 1
             return RateLimitResponse(error=str(exc))
+        counts[_MISS if entry is None or now >= entry[0] else _HIT] += 1
+        if verdict.over_limit:
+            counts[_OVER] += 1
         self._store(key, state, _keep_until(req, now))
         return RateLimitResponse(
             status=Status.OVER_LIMIT if verdict.over_limit else Status.UNDER_LIMIT,
@@ -197,7 +217,8 @@ class LocalLimiter:
         cache[key] = _pack(state, keep_until)
         cache.move_to_end(key)
         while len(cache) > self._max_keys:
-            cache.popitem(last=False)
+            if self._clock() < cache.popitem(last=False)[1][0]:
+                self._counts[_EVICTED] += 1
 
     def reclaim(self, now_ms: int | None = None, budget: int = RECLAIM_BUDGET) -> tuple[int, bool]:
         """One bounded step of the expiry sweep: look at up to ``budget`` entries from

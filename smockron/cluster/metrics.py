@@ -11,7 +11,7 @@ command line builds it (``registry=``); the Envoy front adds its collector with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -124,6 +124,17 @@ class ClusterMetrics:
             "(native server) or calls (threads, asyncio).",
             registry=reg,
         )
+        self.check_errors = Counter(
+            "smockron_cluster_check_errors_total",
+            "Check calls or items refused before any limiter ran, by Gubernator's error "
+            'label: "Request too large" (a call of more than 1,000 items), "Invalid '
+            'algorithm" (an item naming no known algorithm).',
+            ["error"],
+            registry=reg,
+        )
+        self.in_flight = 0
+        """GetRateLimits calls being answered on the event loop (a plain integer: read
+        when scraped, as Gubernator's concurrent_checks gauge)."""
 
     def shared(self, name: str, make: Callable[[], C]) -> C:
         """The collector ``name`` of this node, made and registered at first use: what a
@@ -151,12 +162,24 @@ _HELP = {
     "gubernator_broadcast_errors": "The count of errors during during UpdatePeerGlobals",
     "gubernator_cache_size": "The number of items in LRU Cache which holds the rate limits.",
     "gubernator_updatepeerglobals_counter": "The count of items received in UpdatePeerGlobals",
+    "gubernator_over_limit_counter": "The number of rate limit checks that are over the limit.",
+    "gubernator_check_error_counter": "The number of errors while checking rate limits.",
+    "gubernator_cache_access_count": 'Cache access counts.  Label "type" = hit|miss.',
+    "gubernator_unexpired_evictions_count": "Count the number of cache items which were "
+    "evicted while unexpired.",
+    "gubernator_func_duration": "The timings of key functions in Gubernator in seconds.",
+    "gubernator_concurrent_checks_counter": "The number of concurrent GetRateLimits API calls.",
 }
+_FUNCS = {"client": "V1Instance.GetRateLimits", "peer": "V1Instance.GetPeerRateLimits"}
+"""gubernator_func_duration's ``name`` for the calls smockron times: its other names time
+Go functions (worker pool, peer client batching) smockron has no counterpart of."""
 
 Samples = list[tuple[str, dict[str, str], float]]
 
 
-def gubernator_exposition(metrics: ClusterMetrics, cache_size: int) -> bytes:
+def gubernator_exposition(
+    metrics: ClusterMetrics, cache_size: int, stats: Mapping[str, int] | None = None
+) -> bytes:
     """Gubernator's own metric families (names, types and labels as its Go source
     declares them), in the Prometheus text format, computed from this node's counters
     when scraped: nothing is counted twice per request.
@@ -164,7 +187,11 @@ def gubernator_exposition(metrics: ClusterMetrics, cache_size: int) -> bytes:
     Written here rather than by prometheus-client, which would rename a counter
     ``..._total``; Gubernator's Go client does not. A summary's quantiles (0.5 and 0.99,
     Gubernator's objectives) are estimated from the histogram's buckets since start,
-    where Gubernator's come from a sliding ten-minute window."""
+    where Gubernator's come from a sliding ten-minute window.
+
+    ``stats`` are the limiter's counters (``LocalLimiter.stats``): over the limit, cache
+    hits and misses, unexpired evictions, invalid items; a limiter without them counts 0."""
+    stats = stats or {}
     lines: list[str] = []
     checks = _values(metrics.checks, "route")
     local = sum(v for route, v in checks.items() if route not in ("forwarded", "global_replica"))
@@ -197,6 +224,25 @@ def gubernator_exposition(metrics: ClusterMetrics, cache_size: int) -> bytes:
     received = sum(s.value for m in metrics.peer_globals.collect() for s in m.samples
                    if s.name.endswith("_total"))  # fmt: skip
     _family(lines, "gubernator_updatepeerglobals_counter", "counter", [("", {}, received)])
+    _family(lines, "gubernator_over_limit_counter", "counter",
+            [("", {}, stats.get("over_limit", 0))])  # fmt: skip
+    errors = {"Invalid request": float(stats.get("invalid", 0)), "Request too large": 0.0,
+              "Invalid algorithm": 0.0}  # fmt: skip
+    for label, value in _values(metrics.check_errors, "error").items():
+        errors[label] = errors.get(label, 0.0) + value
+    _family(lines, "gubernator_check_error_counter", "counter",
+            [("", {"error": label}, value) for label, value in sorted(errors.items())])  # fmt: skip
+    _family(lines, "gubernator_cache_access_count", "counter", [
+        ("", {"type": "hit"}, stats.get("hit", 0)), ("", {"type": "miss"}, stats.get("miss", 0)),
+    ])  # fmt: skip
+    _family(lines, "gubernator_unexpired_evictions_count", "counter",
+            [("", {}, stats.get("unexpired_evictions", 0))])  # fmt: skip
+    funcs: Samples = []
+    for kind, name in _FUNCS.items():
+        funcs += requests.get(kind, _EMPTY).summary({"name": name}, (0.5, 0.99, 1.0))
+    _family(lines, "gubernator_func_duration", "summary", funcs)
+    _family(lines, "gubernator_concurrent_checks_counter", "gauge",
+            [("", {}, float(metrics.in_flight))])  # fmt: skip
     return "".join(lines).encode()
 
 
@@ -246,8 +292,11 @@ class _Histogram:
             low, below = bound, cumulative
         return low
 
-    def summary(self, labels: dict[str, str]) -> Samples:
-        out: Samples = [("", {**labels, "quantile": str(q)}, self.quantile(q)) for q in (0.5, 0.99)]
+    def summary(
+        self, labels: dict[str, str], quantiles: tuple[float, ...] = (0.5, 0.99)
+    ) -> Samples:
+        out: Samples = [("", {**labels, "quantile": _number(q)}, self.quantile(q))
+                        for q in quantiles]  # fmt: skip
         return [*out, ("_sum", labels, self.sum), ("_count", labels, self.count)]
 
 

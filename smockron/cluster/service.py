@@ -103,6 +103,7 @@ async def _items(
         await _reject(node, context, method)
         raise AssertionError("unreachable: abort raises")
     if len(request.requests) > MAX_BATCH:
+        node.metrics.check_errors.labels("Request too large").inc()
         await context.abort(grpc.StatusCode.OUT_OF_RANGE, too_many)
     return request.requests
 

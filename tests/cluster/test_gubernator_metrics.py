@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from smockron.cluster.metrics import ClusterMetrics, gubernator_exposition
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
@@ -107,3 +110,69 @@ def test_quantiles_come_from_the_buckets() -> None:
     assert math.isclose(q99, 0.01 + 0.015 * 49 / 50)
     assert values["gubernator_cache_size"] == "7"
     assert values['gubernator_getratelimit_counter{calltype="local"}'] == "0"
+
+
+def post(http_port: int, items: list[dict[str, object]]) -> tuple[int, list[dict[str, str]]]:
+    body = json.dumps({"requests": items}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/GetRateLimits", body)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())["responses"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, []
+
+
+def item(key: str, limit: int = 1, **more: object) -> dict[str, object]:
+    return {"name": "dash", "unique_key": key, "hits": 1, "limit": limit, "duration": 60_000,
+            **more}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_checks_move_the_limiter_and_error_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Over-limit checks, cache hits and misses, evictions of live keys, refused items and
+    calls, on a real node with room for two keys (the C check and the Python one)."""
+    monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1" if path == "python" else "0")
+    g, h = free_ports(2)
+    args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address", f"127.0.0.1:{h}",
+            "--peers", f"127.0.0.1:{g}", "--cache-size", "2"]  # fmt: skip
+    procs: list[Proc] = []
+    with stopping(procs):
+        procs.append(run_smockron(args, tmp_path / "node.log"))
+        wait_port(h)
+        types, before = scrape(h)
+        statuses = [post(h, [item("over")])[1][0].get("status", "UNDER_LIMIT"),
+                    post(h, [item("over")])[1][0].get("status", "UNDER_LIMIT")]  # fmt: skip
+        for key in ("k1", "k2", "k3"):  # each evicts the least recently used, still live
+            post(h, [item(key, limit=5)])
+        _, bad = post(h, [item(""), item("algo", algorithm=9), item("k3", limit=5)])
+        too_many = post(h, [item(f"m{i}") for i in range(1001)])[0]
+        _, after = scrape(h)
+    assert statuses == ["UNDER_LIMIT", "OVER_LIMIT"]
+    assert [bool(r.get("error")) for r in bad] == [True, True, False]
+    assert too_many == 400
+    for name, kind in {"gubernator_over_limit_counter": "counter",
+                       "gubernator_check_error_counter": "counter",
+                       "gubernator_cache_access_count": "counter",
+                       "gubernator_unexpired_evictions_count": "counter",
+                       "gubernator_func_duration": "summary",
+                       "gubernator_concurrent_checks_counter": "gauge"}.items():  # fmt: skip
+        assert types.get(name) == kind, name
+
+    def moved(name: str, labels: str = "") -> float:
+        return after[(name, labels)] - before[(name, labels)]
+
+    assert moved("gubernator_over_limit_counter") == 1
+    # "over" misses then hits; k1..k3 miss; the last k3 hits
+    assert moved("gubernator_cache_access_count", 'type="hit"') == 2
+    assert moved("gubernator_cache_access_count", 'type="miss"') == 4
+    assert moved("gubernator_unexpired_evictions_count") == 2  # "over", then k1
+    errors = "gubernator_check_error_counter"
+    assert moved(errors, 'error="Invalid request"') == 1
+    assert moved(errors, 'error="Invalid algorithm"') == 1
+    assert moved(errors, 'error="Request too large"') == 1
+    func = 'name="V1Instance.GetRateLimits"'
+    assert moved("gubernator_func_duration_count", func) == 6  # the calls answered
+    assert after[("gubernator_func_duration", func + ',quantile="1"')] > 0
+    assert after[("gubernator_concurrent_checks_counter", "")] == 0

@@ -186,6 +186,27 @@ def test_lru_bound_evicts_least_recently_used() -> None:
     assert lim.check([req("a", hits=0)])[0].remaining == 0
 
 
+def test_counters_of_hits_misses_over_limit_and_evictions() -> None:
+    """What /metrics exports as Gubernator's cache and over-limit counters, on both paths."""
+    clock = FakeClock()
+    lim = LocalLimiter(clock=clock, max_keys=2)
+    assert lim.stats() == dict.fromkeys(local.STATS, 0)
+    lim.check([req("a", limit=1), req("a", limit=1), req("b"), req("a", limit=1, hits=0)])
+    # a: a miss, then a hit over the limit, then a hit (zero hits is never over)
+    assert lim.stats() == {"over_limit": 1, "hit": 2, "miss": 2,
+                           "unexpired_evictions": 0, "invalid": 0}  # fmt: skip
+    lim.check([req("c")])  # a third live key: the least recently used (b) goes, unexpired
+    assert lim.stats()["unexpired_evictions"] == 1
+    clock.now += 10_000  # a and c expired: b misses, and so does d; they evict a and c,
+    lim.check([req("b"), req("d")])  # which are not counted
+    assert lim.stats() == {"over_limit": 1, "hit": 2, "miss": 5,
+                           "unexpired_evictions": 1, "invalid": 0}  # fmt: skip
+    bad = [RateLimitRequest(name="requests", unique_key="", hits=1, limit=1, duration=1000),
+           req(limit=-1)]  # fmt: skip
+    assert all(r.error for r in lim.check(bad))
+    assert lim.stats()["invalid"] == 2
+
+
 def test_get_and_set_state_replicate_a_key() -> None:
     clock = FakeClock()
     owner, replica = LocalLimiter(clock=clock), LocalLimiter(clock=clock)

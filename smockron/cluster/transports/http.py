@@ -100,9 +100,11 @@ async def get_rate_limits(request: web.Request) -> web.Response:
         json_format.ParseDict(data, msg, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
         return _bad_request(request, "bad_fields", f"invalid GetRateLimitsReq: {exc}")
+    node = request.app[_NODE]
     if len(msg.requests) > MAX_BATCH:
+        node.metrics.check_errors.labels("Request too large").inc()
         return _error(400, _OUT_OF_RANGE, TOO_MANY)
-    resps = await answer(request.app[_NODE], msg.requests)
+    resps = await answer(node, msg.requests)
     return web.json_response(_to_json(pb.GetRateLimitsResp(responses=resps)))
 
 
@@ -171,7 +173,7 @@ async def metrics(request: web.Request) -> web.Response:
     Gubernator's names for them, where Gubernator serves its metrics."""
     node = request.app[_NODE]
     body = generate_latest() + generate_latest(node.metrics.registry)
-    body += gubernator_exposition(node.metrics, len(node.limiter))
+    body += gubernator_exposition(node.metrics, len(node.limiter), node.limiter.stats())
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
