@@ -34,6 +34,10 @@ class Batcher(Generic[In, Out]):
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches_sent = 0
 
+    def __len__(self) -> int:
+        """Items waiting for the next call (Gubernator's batch queue length)."""
+        return len(self._items)
+
     def submit(self, item: In) -> asyncio.Future[Out]:
         """Queue ``item``; the future resolves to its response."""
         loop = asyncio.get_running_loop()

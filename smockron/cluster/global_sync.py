@@ -104,6 +104,11 @@ class GlobalSync:
         self._stamp = max(self._stamp + 1, self._clock() * 1000)
         return str(self._stamp)
 
+    def queued(self) -> tuple[int, int]:
+        """Keys waiting for the next round: hits for their owners, broadcasts of owned
+        state (Gubernator's global send and global queue lengths)."""
+        return len(self._hits), len(self._broadcasts)
+
     # -- queueing ---------------------------------------------------------------------
     def queue_hits(
         self, req: RateLimitRequest, hits: int, urgent: bool = False, demand: int | None = None

@@ -169,6 +169,12 @@ _HELP = {
     "evicted while unexpired.",
     "gubernator_func_duration": "The timings of key functions in Gubernator in seconds.",
     "gubernator_concurrent_checks_counter": "The number of concurrent GetRateLimits API calls.",
+    "gubernator_global_send_queue_length": "The count of requests queued up for global "
+    "broadcast.  This is only used for GetRateLimit requests using global behavior.",
+    "gubernator_global_queue_length": "The count of requests queued up for global broadcast.  "
+    "This is only used for GetRateLimit requests using global behavior.",
+    "gubernator_batch_queue_length": "The getRateLimitsBatch() queue length in PeerClient.  "
+    "This represents rate checks queued by for batching to a remote peer.",
 }
 _FUNCS = {"client": "V1Instance.GetRateLimits", "peer": "V1Instance.GetPeerRateLimits"}
 """gubernator_func_duration's ``name`` for the calls smockron times: its other names time
@@ -178,7 +184,12 @@ Samples = list[tuple[str, dict[str, str], float]]
 
 
 def gubernator_exposition(
-    metrics: ClusterMetrics, cache_size: int, stats: Mapping[str, int] | None = None
+    metrics: ClusterMetrics,
+    cache_size: int,
+    stats: Mapping[str, int] | None = None,
+    *,
+    global_queues: tuple[int, int] = (0, 0),
+    batch_queues: Mapping[str, int] | None = None,
 ) -> bytes:
     """Gubernator's own metric families (names, types and labels as its Go source
     declares them), in the Prometheus text format, computed from this node's counters
@@ -190,7 +201,9 @@ def gubernator_exposition(
     where Gubernator's come from a sliding ten-minute window.
 
     ``stats`` are the limiter's counters (``LocalLimiter.stats``): over the limit, cache
-    hits and misses, unexpired evictions, invalid items; a limiter without them counts 0."""
+    hits and misses, unexpired evictions, invalid items; a limiter without them counts 0.
+    ``global_queues`` are GLOBAL keys waiting for a round (hits to send, broadcasts),
+    ``batch_queues`` the forwarded items waiting for a batch, by peer address."""
     stats = stats or {}
     lines: list[str] = []
     checks = _values(metrics.checks, "route")
@@ -243,6 +256,12 @@ def gubernator_exposition(
     _family(lines, "gubernator_func_duration", "summary", funcs)
     _family(lines, "gubernator_concurrent_checks_counter", "gauge",
             [("", {}, float(metrics.in_flight))])  # fmt: skip
+    _family(lines, "gubernator_global_send_queue_length", "gauge",
+            [("", {}, float(global_queues[0]))])  # fmt: skip
+    _family(lines, "gubernator_global_queue_length", "gauge", [("", {}, float(global_queues[1]))])
+    batches = sorted((batch_queues or {}).items())
+    _family(lines, "gubernator_batch_queue_length", "gauge",
+            [("", {"peerAddr": peer}, float(n)) for peer, n in batches])  # fmt: skip
     return "".join(lines).encode()
 
 

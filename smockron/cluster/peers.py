@@ -232,6 +232,11 @@ class PeerClient:
         with self._now_lock:
             self._now_calls -= 1
 
+    @property
+    def queued(self) -> int:
+        """Forwarded items waiting for the next batch to this peer."""
+        return len(self._batcher)
+
     def forward(self, request: RateLimitRequest) -> asyncio.Future[RateLimitResponse]:
         """Queue ``request`` in the current batch; await the result."""
         return self._batcher.submit(request)

@@ -176,3 +176,34 @@ def test_checks_move_the_limiter_and_error_counters(
     assert moved("gubernator_func_duration_count", func) == 6  # the calls answered
     assert after[("gubernator_func_duration", func + ',quantile="1"')] > 0
     assert after[("gubernator_concurrent_checks_counter", "")] == 0
+
+
+def test_queue_lengths_follow_the_global_rounds(tmp_path: Path) -> None:
+    """GLOBAL hits wait at a non-owner for the next round (here 3 s): the send queue
+    holds their keys until then, and every peer has its batch queue series."""
+    g1, h1, g2, h2 = free_ports(4)
+    peers = f"127.0.0.1:{g1},127.0.0.1:{g2}"
+    procs: list[Proc] = []
+    with stopping(procs):
+        for g, h in ((g1, h1), (g2, h2)):
+            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
+                    f"127.0.0.1:{h}", "--peers", peers, "--global-sync-wait", "3s"]  # fmt: skip
+            procs.append(run_smockron(args, tmp_path / f"{g}.log"))
+        for port in (h1, h2):
+            wait_port(port)
+        for i in range(20):
+            check(h1, f"global-{i % 10}", behavior=2)
+        types, waiting = scrape(h1)
+
+        def drained() -> bool:
+            samples = scrape(h1)[1]
+            return samples[("gubernator_global_send_queue_length", "")] == 0
+
+        wait_for(drained, timeout=15)
+        after = scrape(h1)[1]
+    for name in ("gubernator_global_send_queue_length", "gubernator_global_queue_length",
+                 "gubernator_batch_queue_length"):  # fmt: skip
+        assert types.get(name) == "gauge", name
+    assert waiting[("gubernator_global_send_queue_length", "")] > 0
+    assert after[("gubernator_global_send_queue_length", "")] == 0
+    assert after[("gubernator_batch_queue_length", f'peerAddr="127.0.0.1:{g2}"')] == 0
