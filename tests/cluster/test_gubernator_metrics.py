@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -70,7 +72,10 @@ def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
 
         def synced() -> bool:
             ones, twos = scrape(h1)[1], scrape(h2)[1]
-            return all(s[("gubernator_broadcast_duration_count", "")] > 0 for s in (ones, twos))
+            sent = ones[("gubernator_global_send_duration_count", "")] > 0  # h1's hits
+            return sent and all(
+                s[("gubernator_broadcast_duration_count", "")] > 0 for s in (ones, twos)
+            )
 
         wait_for(synced)
         types, samples = scrape(h1)
@@ -207,3 +212,34 @@ def test_queue_lengths_follow_the_global_rounds(tmp_path: Path) -> None:
     assert waiting[("gubernator_global_send_queue_length", "")] > 0
     assert after[("gubernator_global_send_queue_length", "")] == 0
     assert after[("gubernator_batch_queue_length", f'peerAddr="127.0.0.1:{g2}"')] == 0
+
+
+def test_concurrent_checks_counts_calls_in_flight(tmp_path: Path) -> None:
+    """A call forwarded to a peer that accepts connections and never answers stays in
+    flight until the peer timeout (3 s): the gauge counts it meanwhile, and not after."""
+    g, h, silent_port = free_ports(3)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", silent_port))
+    silent.listen(16)  # accepts (in the kernel's backlog), never speaks HTTP/2
+    peers = f"127.0.0.1:{g},127.0.0.1:{silent_port}"
+    args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address", f"127.0.0.1:{h}",
+            "--peers", peers, "--peers-on-grpc-port", "--batch-timeout", "3s"]  # fmt: skip
+    procs: list[Proc] = []
+    try:
+        with stopping(procs):
+            procs.append(run_smockron(args, tmp_path / "node.log"))
+            wait_port(h)
+            # twenty keys: some are the silent peer's (the chance that none is: 2**-20)
+            call = threading.Thread(target=post, args=(h, [item(f"k{i}") for i in range(20)]))
+            call.start()
+
+            def in_flight() -> bool:
+                return scrape(h)[1][("gubernator_concurrent_checks_counter", "")] == 1
+
+            wait_for(in_flight, timeout=3)
+            call.join(timeout=15)
+            after = scrape(h)[1]
+    finally:
+        silent.close()
+    assert not call.is_alive()
+    assert after[("gubernator_concurrent_checks_counter", "")] == 0
