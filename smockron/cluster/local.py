@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
+from smockron import compiled
 from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
 from smockron.compiled import optional_extension
 from smockron.core import calendar
@@ -102,14 +103,14 @@ def _load_compiled() -> CompiledCheck | None:
     """``_localfast.check`` bound to the model's types, or None (then Python checks all).
     ``SMOCKRON_PURE_PYTHON=1`` forces Python (tests run both)."""
     _localfast = optional_extension("smockron.cluster._localfast")
-    if _localfast is None or getattr(_localfast, "STATS", 0) != 4:
-        return None  # not built, or built before check counted (rebuild it)
+    if _localfast is None:
+        return None
+    if getattr(_localfast, "STATS", 0) != len(STATS) - 1:  # built before check counted
+        compiled.mark_unusable("_localfast")
+        return None
     _localfast.bind(RateLimitRequest, RateLimitResponse, Status.UNDER_LIMIT, Status.OVER_LIMIT)
     return cast(CompiledCheck, _localfast.check)
 
-
-check_compiled: Final = _load_compiled()
-"""``(requests, now, cache, max_keys, slow, stats) -> responses``: the C loop, or None."""
 
 STATS: Final = ("over_limit", "hit", "miss", "unexpired_evictions", "invalid")
 """The limiter's counters, in the order of its ``stats`` buffer (the C loop counts the
@@ -117,6 +118,9 @@ first four at the same indexes): checks over the limit, cache lookups that found
 state or none (Gubernator's hit/miss), keys evicted at ``max_keys`` before they expired,
 and items rejected before any algorithm ran (empty fields, bad parameters)."""
 _OVER, _HIT, _MISS, _EVICTED, _INVALID = range(len(STATS))
+
+check_compiled: Final = _load_compiled()
+"""``(requests, now, cache, max_keys, slow, stats) -> responses``: the C loop, or None."""
 
 
 def epoch_ms() -> int:
