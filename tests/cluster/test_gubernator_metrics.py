@@ -12,9 +12,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 
 from smockron.cluster.metrics import ClusterMetrics, gubernator_exposition
+from smockron.cluster.pb import gubernator_pb2 as pb
+from smockron.cluster.pb import gubernator_pb2_grpc
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 V1 = "/pb.gubernator.V1/GetRateLimits"
@@ -153,10 +156,19 @@ def test_checks_move_the_limiter_and_error_counters(
             post(h, [item(key, limit=5)])
         _, bad = post(h, [item(""), item("algo", algorithm=9), item("k3", limit=5)])
         too_many = post(h, [item(f"m{i}") for i in range(1001)])[0]
+        with grpc.insecure_channel(f"127.0.0.1:{g}") as channel:  # the native server
+            stub = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
+            msg = pb.RateLimitReq(name="dash", unique_key="g", hits=1, limit=5, duration=60_000)
+            odd = pb.RateLimitReq(name="dash", unique_key="g", algorithm=9)  # type: ignore[arg-type]  # unknown on purpose
+            grpc_bad = stub.GetRateLimits(pb.GetRateLimitsReq(requests=[odd]), timeout=5)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.GetRateLimits(pb.GetRateLimitsReq(requests=[msg] * 1001), timeout=5)
         _, after = scrape(h)
     assert statuses == ["UNDER_LIMIT", "OVER_LIMIT"]
     assert [bool(r.get("error")) for r in bad] == [True, True, False]
     assert too_many == 400
+    assert grpc_bad.responses[0].error
+    assert refused.value.code() == grpc.StatusCode.OUT_OF_RANGE
     for name, kind in {"gubernator_over_limit_counter": "counter",
                        "gubernator_check_error_counter": "counter",
                        "gubernator_cache_access_count": "counter",
@@ -175,10 +187,10 @@ def test_checks_move_the_limiter_and_error_counters(
     assert moved("gubernator_unexpired_evictions_count") == 2  # "over", then k1
     errors = "gubernator_check_error_counter"
     assert moved(errors, 'error="Invalid request"') == 1
-    assert moved(errors, 'error="Invalid algorithm"') == 1
-    assert moved(errors, 'error="Request too large"') == 1
+    assert moved(errors, 'error="Invalid algorithm"') == 2  # HTTP, gRPC
+    assert moved(errors, 'error="Request too large"') == 2
     func = 'name="V1Instance.GetRateLimits"'
-    assert moved("gubernator_func_duration_count", func) == 6  # the calls answered
+    assert moved("gubernator_func_duration_count", func) == 7  # the calls answered
     assert after[("gubernator_func_duration", func + ',quantile="1"')] > 0
     assert after[("gubernator_concurrent_checks_counter", "")] == 0
 
