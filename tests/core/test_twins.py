@@ -72,9 +72,11 @@ def test_engine_applies_core_history(
         max_delay_ahead_ms=ahead,
     )
     states: dict[bytes, list[tuple[float, ...]]] = {}
-    received = T0
+    received = now = T0
     for gap, lag, delay, ident in messages:
-        received += gap
+        # a master's clock never goes back: a message received after a DELAYED one was
+        # accounted (``now`` moved on by its lag) is received no earlier than that
+        received = max(received + gap, now)
         if delay is None:
             frames = encode_accounting("api", ACCEPTED, ident, received)
             ts = float(received)
