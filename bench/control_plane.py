@@ -272,8 +272,10 @@ def resync_main(sizes: list[int], rounds: int) -> None:
                       f"after {median:.3f} s (rounds: {', '.join(f'{t:.3f}' for t in times)})"
                       f"  goal <= 1 s: {'MET' if median <= 1.0 and held >= live else 'NOT MET'}",
                       flush=True)  # fmt: skip
-            print(f"  resyncs the master sent: {len(resync_sizes(log))} (asked: {1 + 2 * rounds}; "
-                  "more: a gatekeeper lost some and asked again)")
+            print(
+                f"  resyncs the master sent: {len(resync_sizes(log))} (asked: {1 + 2 * rounds}; "
+                "more: a gatekeeper lost some and asked again)"
+            )
         finally:
             master.terminate()
             master.wait(30)
@@ -289,8 +291,18 @@ def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
     accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
     master = start_master(accounting, control)
     seconds = identifiers / 20_000 + 6.0
-    role = [sys.executable, __file__, "--role", "master-gk", "--accounting", accounting,
-            "--control", control, "--seconds", str(seconds)]
+    role = [
+        sys.executable,
+        __file__,
+        "--role",
+        "master-gk",
+        "--accounting",
+        accounting,
+        "--control",
+        control,
+        "--seconds",
+        str(seconds),
+    ]
     procs = [subprocess.Popen(role, stdout=subprocess.PIPE, text=True, env=smockron_env())
              for _ in range(gatekeepers)]  # fmt: skip
     ctx, feeder, counter = feeder_and_counter(accounting, control)
@@ -333,15 +345,17 @@ def master_main(identifiers: int, rounds: int) -> None:
         def med(key: str, runs: list[dict[str, float]] = runs) -> float:
             return statistics.median(r[key] for r in runs)
 
-        print(f"  x{n}: published {med('published'):,.0f}, received {med('received'):,.0f} "
-              f"({med('received') / max(1.0, med('published')):.2%}), control_lost "
-              f"{med('lost'):,.0f}; identifiers held when the stream ended "
-              f"{med('held_at_end'):,.0f}, after {med('resyncs'):.0f} resync(s) "
-              f"{med('held'):,.0f}, {med(FULL):.2f} s after the stream ended "
-              f"(rounds: {', '.join(f'{r[FULL]:.2f}' for r in runs)}); a gatekeeper "
-              f"started afterwards held {med('late_held'):,.0f} by RESYNC "
-              f"{med('late_s'):.2f} s after it started "
-              f"(rounds: {', '.join(f'{r[LATE]:.2f}' for r in runs)})")
+        print(
+            f"  x{n}: published {med('published'):,.0f}, received {med('received'):,.0f} "
+            f"({med('received') / max(1.0, med('published')):.2%}), control_lost "
+            f"{med('lost'):,.0f}; identifiers held when the stream ended "
+            f"{med('held_at_end'):,.0f}, after {med('resyncs'):.0f} resync(s) "
+            f"{med('held'):,.0f}, {med(FULL):.2f} s after the stream ended "
+            f"(rounds: {', '.join(f'{r[FULL]:.2f}' for r in runs)}); a gatekeeper "
+            f"started afterwards held {med('late_held'):,.0f} by RESYNC "
+            f"{med('late_s'):.2f} s after it started "
+            f"(rounds: {', '.join(f'{r[LATE]:.2f}' for r in runs)})"
+        )
 
 
 def one_round(kind: str, gatekeepers: int, messages: int, rate: float) -> list[float]:

@@ -176,9 +176,7 @@ class _Guarded(asyncio.Protocol):
     def _wait_headers(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.guard._idle[self] = None
-        self._timer = asyncio.get_running_loop().call_later(
-            timeout_s, self.guard._timed_out, self
-        )
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self.guard._timed_out, self)
 
     def begin(self) -> None:
         self.busy += 1

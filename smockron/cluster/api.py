@@ -83,9 +83,7 @@ def answer_here(
     return _encode(node, results, peer, start)
 
 
-def forward_now(
-    node: Node, request: pb.GetRateLimitsReq
-) -> Future[pb.GetRateLimitsResp] | None:
+def forward_now(node: Node, request: pb.GetRateLimitsReq) -> Future[pb.GetRateLimitsResp] | None:
     """A client call whose items another node owns, all of them, none GLOBAL, forwarded
     as it came from the calling thread (a gRPC thread of the native server); its answer
     comes in the returned future. None when the call does not qualify or the peer is

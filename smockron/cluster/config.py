@@ -82,7 +82,6 @@ class MemberListPoolConfig:
     gossip_verify_outgoing: bool = True
 
 
-
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     grpc_address: str = "127.0.0.1:1051"

@@ -143,6 +143,7 @@ def _logging(env: Mapping[str, str]) -> dict[str, str]:
         raise ConfigError("GUBER_LOG_FORMAT is invalid; expected value is either json or text")
     return {"log_level": guber_log_level(env) or "", "log_format": fmt}
 
+
 REFUSED: dict[str, str] = {
     "GUBER_FORCE_GLOBAL": "GLOBAL behaviour forced on every check",
     "GUBER_GRPC_MAX_CONN_AGE_SEC": "a maximum gRPC connection age",

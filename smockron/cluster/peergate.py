@@ -46,7 +46,6 @@ RESOLVE_EVERY_S = 10.0
 REFUSED = "PeersV1 is served to the cluster's members only"
 
 
-
 def peer_ip(peer: str) -> IP | None:
     """The address of gRPC's ``context.peer()`` (``ipv4:10.0.0.5:4242``,
     ``ipv6:%5B::1%5D:4242``); None for anything else (a Unix socket)."""

@@ -108,9 +108,7 @@ async def _items(
     return request.requests
 
 
-async def _reject(
-    node: Node, context: grpc.aio.ServicerContext[Any, Any], method: str
-) -> None:
+async def _reject(node: Node, context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
     node.metrics.grpc_malformed.labels(method).inc()
     peer = context.peer()
     _bad_log.warning("%s from %s: request bytes do not decode", method, peer)
@@ -145,9 +143,7 @@ def _handler(
     )
 
 
-Guard: TypeAlias = (
-    "Callable[[grpc.GenericRpcHandler[Any, Any]], grpc.GenericRpcHandler[Any, Any]]"
-)
+Guard: TypeAlias = "Callable[[grpc.GenericRpcHandler[Any, Any]], grpc.GenericRpcHandler[Any, Any]]"
 """Wraps PeersV1's handler on the peer listener (peergate.MemberGate.guard)."""
 
 
@@ -267,8 +263,7 @@ def _refusing_handler(node: Node) -> grpc.GenericRpcHandler[Any, Any]:
             )  # fmt: skip
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                "PeersV1 is not served on this port (node-to-node calls go to the peer "
-                "listener)",
+                "PeersV1 is not served on this port (node-to-node calls go to the peer listener)",
             )
 
         return call

@@ -419,8 +419,10 @@ def peer_names_check(config: ClusterConfig, material: TLSMaterial | None, refuse
     if not names:
         return None
     if material is None or material.client_auth != "require-and-verify":
-        raise ConfigError("peer_tls_names needs TLS with GUBER_TLS_CLIENT_AUTH="
-                          "require-and-verify (peers' certificates verified by the CA)")
+        raise ConfigError(
+            "peer_tls_names needs TLS with GUBER_TLS_CLIENT_AUTH="
+            "require-and-verify (peers' certificates verified by the CA)"
+        )
     return ClientSanCheck(names, refused, required=True)
 
 

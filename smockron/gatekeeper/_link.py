@@ -323,9 +323,7 @@ class _Link:
                 for frames in run:
                     self._apply_control(cast("list[bytes]", frames), now, link)
 
-    def _apply_delays(
-        self, records: list[ControlRecord[bytes]], now: int, link: int = 0
-    ) -> None:
+    def _apply_delays(self, records: list[ControlRecord[bytes]], now: int, link: int = 0) -> None:
         """DELAY_UNTILs ``(domain, identifier, until_ms)`` for domains we serve (decoded,
         checked): counted per domain (loss detection), then remembered."""
         self.counters.control_received += len(records)

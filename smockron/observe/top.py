@@ -106,9 +106,7 @@ def render(before: Snapshot | None, after: Snapshot, source: str) -> RenderableT
                         *(_number(per_second[name][c], rate=True) for c in COLUMNS))  # fmt: skip
         domains.add_row("", "total", *(_number(int(counts.get(c, 0))) for c in COLUMNS))
     window = after.get("top_window_s", 0)
-    heading = Text(
-        f"most throttled: DELAY_UNTILs sent per identifier, current {window:g} s window"
-    )
+    heading = Text(f"most throttled: DELAY_UNTILs sent per identifier, current {window:g} s window")
     top = _table("domain", "identifier", "DELAY_UNTILs")
     ident = top.columns[1]
     ident.justify, ident.max_width, ident.overflow = "left", IDENT_WIDTH, "ellipsis"

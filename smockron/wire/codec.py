@@ -238,9 +238,7 @@ def encode_published(domain: bytes | str, count: int) -> list[bytes]:
     return [RULES_TOPIC, PUBLISHED, name, b"%d" % count]
 
 
-def decode_published(
-    frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS
-) -> tuple[bytes, int]:
+def decode_published(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> tuple[bytes, int]:
     """(domain, count) of a PUBLISHED heartbeat."""
     n = frame_count(frames)
     if n != 4 or frames[0] != RULES_TOPIC or frames[1] != PUBLISHED:

@@ -47,7 +47,6 @@ class SendControls(Protocol):
     ) -> int: ...
 
 
-
 COMPILED = drain_control_c is not None and send_controls_c is not None
 """Whether the compiled twins loaded (``SMOCKRON_PURE_PYTHON=1`` keeps them unloaded)."""
 

@@ -499,7 +499,8 @@ HOSTILE = {
     "blank_run": b"HTTP/1.1 200 OK\r\nContent-Length: 1" + b" " * 60_000 + b"x\r\n\r\n",
     "status_without_space": b"HTTP/1.1 200OK\r\nContent-Length: 0\r\n\r\n",
     "endless_head": b"HTTP/1.1 200 OK\r\n" + b"X-A: " + b"a" * (MAX_HEAD + 10),
-    "long_head": b"HTTP/1.1 200 OK\r\nX-A: " + b"a" * (MAX_HEAD + 10)
+    "long_head": b"HTTP/1.1 200 OK\r\nX-A: "
+    + b"a" * (MAX_HEAD + 10)
     + b"\r\nContent-Length: 2\r\n\r\n{}",
     "huge_content_length": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
     % (MAX_RESPONSE_BODY + 1),

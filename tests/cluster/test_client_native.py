@@ -63,7 +63,13 @@ def test_sync_answers_and_errors(server: tuple[ServerThread, Any], native: bool)
         assert got[0].reset_time == NOW + SECOND
         # plain ints, as callers without the enums pass them (the signature says the enums)
         plain_ints = client.check(
-            "nat_lb", f"i{native}", 1, 5, SECOND, algorithm=1, behavior=0  # type: ignore[arg-type]
+            "nat_lb",
+            f"i{native}",
+            1,
+            5,
+            SECOND,
+            algorithm=1,  # type: ignore[arg-type]
+            behavior=0,  # type: ignore[arg-type]
         )
         assert (plain_ints.status, plain_ints.remaining) == (Status.UNDER_LIMIT, 4)
         with pytest.raises(ValueError):

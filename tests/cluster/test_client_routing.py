@@ -87,9 +87,7 @@ def test_sync_client_sends_each_check_to_its_owner(cluster: Cluster) -> None:
                 assert (resp.remaining, resp.metadata["owner"]) == (9, owner)
         assert client.ring is not None and client.ring.nodes == tuple(sorted(three))
     after = cluster.counts()
-    assert _delta(before, after, "local") == {
-        a: len(owned.get(a, [])) for a in cluster.addresses
-    }
+    assert _delta(before, after, "local") == {a: len(owned.get(a, [])) for a in cluster.addresses}
     assert set(_delta(before, after, "forwarded").values()) == {0}
     assert set(_delta(before, after, "peer").values()) == {0}
 

@@ -83,7 +83,10 @@ async def test_peers_v1_refused_on_the_client_port_served_on_the_peer_listener(
     assert config.peer_listen_address == peer_address_of(config.grpc_address)
     status = pb.RateLimitResp(limit=100, remaining=0, reset_time=2**41)
     forged = peers_pb2.UpdatePeerGlobal(
-        key="api_victim", status=status, algorithm=0, duration=60_000  # type: ignore[arg-type]
+        key="api_victim",
+        status=status,
+        algorithm=0,  # type: ignore[arg-type]
+        duration=60_000,
     )
     check = pb.RateLimitReq(name="api", unique_key="victim", hits=1, limit=100, duration=60_000)
     async with grpc.aio.insecure_channel(config.grpc_address) as channel:
@@ -424,8 +427,9 @@ async def http_gateway() -> AsyncIterator[str]:
         await server.stop()
 
 
-async def test_http_bad_fields_log_line_is_escaped(caplog: pytest.LogCaptureFixture,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_http_bad_fields_log_line_is_escaped(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from smockron.cluster.transports import http
 
     monkeypatch.setattr(http._bad_input_log, "_windows", {})

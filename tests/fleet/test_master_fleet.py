@@ -230,8 +230,10 @@ def test_the_middleware_follows_a_fleet() -> None:
 
     fleet = ["tcp://127.0.0.1:1,tcp://127.0.0.1:2", "tcp://127.0.0.1:3,tcp://127.0.0.1:4"]
     middleware = SmockronMiddleware(app, domain="api", masters=fleet, registry=None)
-    assert middleware.gatekeeper.masters == [("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"),
-                                             ("tcp://127.0.0.1:3", "tcp://127.0.0.1:4")]
+    assert middleware.gatekeeper.masters == [
+        ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"),
+        ("tcp://127.0.0.1:3", "tcp://127.0.0.1:4"),
+    ]
     assert middleware.gatekeeper.sharded
 
 

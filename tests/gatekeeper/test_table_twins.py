@@ -131,8 +131,9 @@ times = st.one_of(  # a time, or a first line's times under several rules (its l
     time_,
     st.tuples(time_),
     st.lists(st.floats(0, 3_000), min_size=1, max_size=4).map(tuple),
-    st.lists(st.one_of(st.floats(allow_nan=True), st.integers(0, 3_000)), min_size=1, max_size=4)
-    .map(tuple),
+    st.lists(
+        st.one_of(st.floats(allow_nan=True), st.integers(0, 3_000)), min_size=1, max_size=4
+    ).map(tuple),
 )
 
 

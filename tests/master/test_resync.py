@@ -120,8 +120,10 @@ async def test_memory_store_lists_live_states() -> None:
     table.put(b"a", (1.0,))
     table.keep(b"b", (2.0,), 10.0)
     table.put(b"b", (3.0,))
-    assert sorted(await store.live(Scope("api", rule, "history"), 10)) == [(b"a", (1.0,)),
-                                                                            (b"b", (3.0,))]
+    assert sorted(await store.live(Scope("api", rule, "history"), 10)) == [
+        (b"a", (1.0,)),
+        (b"b", (3.0,)),
+    ]
     assert await store.live(Scope("x", rule, "history"), 10) == []
 
 

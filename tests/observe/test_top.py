@@ -92,8 +92,12 @@ def test_a_frame_fits_80_columns_at_any_figures() -> None:
                "delayed": 98_765_432, "rejected": 7, "published": 99_999_999}
                for i in range(1, 4)}  # fmt: skip
     before = {"time": 0.0, "domains": {}}
-    after = {"time": 0.5, "domains": domains, "top_window_s": 60,
-             "top": {"checkout-api-1-with-a-long-name": [("203.0.113.7-" + "x" * 80, 12_345)]}}
+    after = {
+        "time": 0.5,
+        "domains": domains,
+        "top_window_s": 60,
+        "top": {"checkout-api-1-with-a-long-name": [("203.0.113.7-" + "x" * 80, 12_345)]},
+    }
     console = Console(width=WIDTH, record=True)
     console.print(render(before, after, "127.0.0.1:9100"))
     text = console.export_text()

@@ -17,9 +17,7 @@ from smockron.master.config import MasterSettings
 from smockron.master.server import Master
 from smockron.wire.codec import RULES_TOPIC, Control, decode_control
 
-_LOOPS: weakref.WeakKeyDictionary[Master, asyncio.AbstractEventLoop] = (
-    weakref.WeakKeyDictionary()
-)
+_LOOPS: weakref.WeakKeyDictionary[Master, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
 
 
 def on_loop(master: Master, call: Callable[[], object]) -> None:

@@ -66,6 +66,7 @@ def test_the_middlewares_pass_the_keys_to_their_gatekeeper(keys: Keys) -> None:
 
     acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
     curve = keys.client("gk")
+
     async def app(scope: Any, receive: Any, send: Any) -> None:
         return None
 

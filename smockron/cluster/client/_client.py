@@ -892,9 +892,7 @@ class AsyncClient(_Base[AsyncHttpTransport]):
         ring.observe(requests[0].hash_key, owner, got[0].metadata.get("owner"))
         return got
 
-    async def _routed(
-        self, request: RateLimitRequest, timeout: float | None
-    ) -> RateLimitResponse:
+    async def _routed(self, request: RateLimitRequest, timeout: float | None) -> RateLimitResponse:
         """As the sync client's ``_routed``."""
         ring = self.ring
         assert ring is not None
@@ -982,8 +980,8 @@ class AsyncClient(_Base[AsyncHttpTransport]):
         if answer is None:  # not one answer in the plain form: the generated classes judge
             return _single(_batches((request,))[0], pb.GetRateLimitsResp.FromString(raw),
                            self.address)  # fmt: skip
-        status, limit, remaining, reset_time, error, metadata = (
-            _nativeclient.decode_response(answer)
+        status, limit, remaining, reset_time, error, metadata = _nativeclient.decode_response(
+            answer
         )
         status = Status.OVER_LIMIT if status == pb.OVER_LIMIT else Status.UNDER_LIMIT
         return RateLimitResponse(status, limit, remaining, reset_time, error, metadata)

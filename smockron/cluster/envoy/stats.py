@@ -218,4 +218,3 @@ def _sum(items: Iterator[tuple[tuple[str, ...], int]]) -> dict[tuple[str, ...], 
     for labels, value in items:
         out[labels] = out.get(labels, 0) + value
     return out
-
