@@ -214,7 +214,7 @@ SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 def defined_in_source(metric: str) -> bool:
     """The name, less a Prometheus suffix, is a literal in smockron's code, or is made there
     from a literal prefix and a quoted key in the same module (``f"prefix_{key}"``, or a
-    ``Layout("prefix", ...)`` with ``"key"``)."""
+    ``Layout("prefix", ...)`` with ``"key"``), or a counter class's field of that name."""
     bases = {metric} | {metric[: -len(s)] for s in SUFFIXES if metric.endswith(s)}
     for text in SOURCES.values():
         for base in bases:
@@ -224,7 +224,8 @@ def defined_in_source(metric: str) -> bool:
             for i in range(2, len(parts)):
                 prefix, key = "_".join(parts[:i]), "_".join(parts[i:])
                 made = f'"{prefix}"' in text or f'"{prefix}_{{' in text
-                if made and f'"{key}"' in text:
+                field = f"\n    {key}: int" in text  # a counter class's field, named by it
+                if made and (f'"{key}"' in text or field):
                     return True
     return False
 
