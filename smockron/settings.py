@@ -188,17 +188,23 @@ class HostPort(_ParamType):
 
     name = "host:port"
 
-    def __init__(self, *, listen: bool = False, optional: bool = False) -> None:
+    def __init__(
+        self, *, listen: bool = False, optional: bool = False, any_port: bool = True
+    ) -> None:
         self.listen = listen
         self.optional = optional  # "" turns the listener off
+        self.any_port = any_port  # port 0 (any free one) allowed
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if self.optional and str(value) == "":
             return ""
         try:
-            parse_host_port(str(value), listen=self.listen)
+            _host, port = parse_host_port(str(value), listen=self.listen)
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
+        if port == 0 and not self.any_port:
+            self.fail(f"{value!r}: port 0 (any free port) cannot be found by a scraper or a "
+                      "probe: name the port", param, ctx)  # fmt: skip
         return str(value)
 
 
@@ -206,7 +212,9 @@ def metrics_option(
     help: str = "Serve /metrics, /healthz, /readyz here.",
 ) -> Callable[[FC], FC]:
     """Every command's ``--metrics HOST:PORT`` flag, spelled once."""
-    return click.option("--metrics", type=HostPort(listen=True), metavar="HOST:PORT", help=help)
+    return click.option(
+        "--metrics", type=HostPort(listen=True, any_port=False), metavar="HOST:PORT", help=help
+    )
 
 
 class ZmqAddress(_ParamType):

@@ -39,8 +39,11 @@ def test_bad_listen_addresses(text: str, message: str) -> None:
         parse_listen(text)
 
 
-@pytest.mark.parametrize("command", ["master", "proxy", "jarl", "dthrottle", "cluster"])
-@pytest.mark.parametrize(("bad", "message"), [("::1:80", "brackets"), ("h:99999", "65535")])
+@pytest.mark.parametrize("command", ["master", "proxy", "jarl", "dthrottle", "cluster", "router"])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [("::1:80", "brackets"), ("h:99999", "65535"), ("127.0.0.1:0", "name the port")],
+)
 def test_every_metrics_flag_is_checked_alike(command: str, bad: str, message: str) -> None:
     result = CliRunner().invoke(main, [command, "--metrics", bad, "--print-settings"])
     assert result.exit_code == 2, result.output

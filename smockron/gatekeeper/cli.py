@@ -24,6 +24,7 @@ from smockron.settings import (
     HostPort,
     SmockronCommand,
     ZmqAddress,
+    metrics_option,
     parse_duration_ms,
     parse_listen,
     parse_master,
@@ -157,12 +158,7 @@ def rule_config(rules: tuple[str, ...], algorithms: tuple[str, ...]) -> dict[str
     "[what the descriptor limit allows, two per connection].",
 )
 @curve_options("proxy", server=False, client=True)
-@click.option(
-    "--metrics",
-    type=HostPort(listen=True),
-    metavar="HOST:PORT",
-    help="Serve /metrics, /healthz, /readyz here.",
-)
+@metrics_option()
 def proxy(
     listen: str,
     upstream: str,
