@@ -412,15 +412,17 @@ def _apply_history(
     if dom.debt and n >= burst:
         last = old[-1]
         nxt = last + interval
-        if nxt > ts and min(old) > last - window:
+        horizon = last - window  # full: every entry after it (the oldest first: cheap)
+        if nxt > ts and old[0] > horizon and min(old) > horizon:
             ts = nxt if nxt - ts <= ahead else ts + ahead
     state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)
     table.put(ident, state)
     if ts > table.keep_after_ms:
         table.keep(ident, state, ts + window)
     if n + 1 >= burst:
-        at = ts if ts < now_ms else now_ms
-        if min(state) > at - window:
+        horizon = (ts if ts < now_ms else now_ms) - window
+        if state[0] > horizon and min(state) > horizon:
+            at = ts if ts < now_ms else now_ms
             last = state[-1]
             until = (at if at > last else last) + interval
             if until > now_ms:
@@ -456,7 +458,8 @@ def _apply_histories(
             if len(old) >= burst:
                 last = old[-1]
                 nxt = last + interval
-                if nxt > due and min(old) > last - window:
+                horizon = last - window
+                if nxt > due and old[0] > horizon and min(old) > horizon:
                     due = nxt
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
@@ -470,8 +473,10 @@ def _apply_histories(
         # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
         # when it has ``burst`` of them all within the window; its newest is ``ts``,
         # not before ``at``, so the next request is allowed one interval after ``ts``.
-        if n + 1 >= burst and ts + interval > until and min(state) > at - window:
-            until = ts + interval
+        if n + 1 >= burst and ts + interval > until:
+            horizon = at - window  # its oldest entry first: a cheap "not full"
+            if state[0] > horizon and min(state) > horizon:
+                until = ts + interval
     return until if until > now_ms else None  # else allowed now
 
 
