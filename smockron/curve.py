@@ -328,15 +328,22 @@ HEARTBEAT_IVL_MS = 500
 HEARTBEAT_TIMEOUT_MS = 2000
 
 
-def keep_alive(sock: zmq.Socket[Any]) -> None:
+def keep_alive(sock: zmq.Socket[Any], *, ttl: bool = True) -> None:
     """ZMTP heartbeats on ``sock``'s connections: a peer that answers nothing for
     ``HEARTBEAT_TIMEOUT_MS`` (a partition: no reset, the TCP connection looks open) is
     dropped and dialled again. Without them such a connection queues what is sent to it
     and delivers it all when the network heals, old, on the same connection. Peers that
-    speak an older ZMTP (the original programs' libzmq) are never sent a PING."""
+    speak an older ZMTP (the original programs' libzmq) are never sent a PING.
+
+    ``ttl``: also tell the peer to drop the connection after that long without hearing
+    from us. A master does not: a peer that configured no heartbeats of its own (a load
+    generator, an original gatekeeper) keeps its connection to a master that is stopped
+    for a while (a debugger, SIGSTOP) as it always did; smockron gatekeepers time a
+    silent master out themselves."""
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+    if ttl:
+        sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
 def is_loopback(endpoint: str) -> bool:

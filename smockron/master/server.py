@@ -199,8 +199,8 @@ class Master:
         self._subscribe()
         allow_ipv6(self.sub, self.settings.accounting)
         allow_ipv6(self.pub, self.settings.control)
-        keep_alive(self.sub)  # a partitioned gatekeeper's connection is dropped, not kept
-        keep_alive(self.pub)
+        keep_alive(self.sub, ttl=False)  # a partitioned gatekeeper's connection is dropped
+        keep_alive(self.pub, ttl=False)
         self.sub.bind(self.settings.accounting)
         # Connections accepted: what a gatekeeper queued meanwhile comes right after
         # (with CURVE, once its key is allowed: a denied peer is no gatekeeper).
