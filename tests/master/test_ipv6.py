@@ -68,7 +68,9 @@ def test_router_between_over_ipv6(tmp_path: Path) -> None:
         smockron_proc(router, tmp_path / "router.log") as rproc,
     ):
         wait_for(lambda: "router: accounting" in rproc.log(), 15)
-        assert "loopback only" in mproc.log()  # ::1 is loopback: no --insecure-bind needed
+        # ::1 is loopback: no --insecure-bind needed (two processes: the master may log
+        # it after the router has started)
+        wait_for(lambda: "loopback only" in mproc.log(), 15)
         gk = Gatekeeper(v6(racc), v6(rctl), ["api"])
         try:
             assert delayed(gk, 15)
