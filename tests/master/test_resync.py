@@ -246,7 +246,9 @@ def test_resync_flood_is_bounded_and_original_subscriber_parses_all() -> None:
         else:
             assert frames[1] in (RESYNCSTART, RESYNCDONE) and len(frames) == 2
     counters = [decode_published(f) for f in seen if f[0] == RULES_TOPIC and f[1] == PUBLISHED]
-    assert counters and all(domain == b"api" and n >= 2 for domain, n in counters)
+    # a counter published before the first verdict may say 0; the last one counts them
+    assert counters and all(domain == b"api" for domain, _n in counters)
+    assert counters[-1][1] >= 2
     assert RESYNC not in {f[1] for f in got}
 
 
