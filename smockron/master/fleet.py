@@ -63,6 +63,8 @@ QUIET_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class Peer:
+    """A master's accounting and control addresses (``--peer``, the router's ``--master``)."""
+
     accounting: str
     control: str
 

@@ -67,11 +67,11 @@ from smockron.curve import (
     bind_mode,
 )
 from smockron.errors import ConfigError, ProtocolError
+from smockron.master.fleet import Peer
 from smockron.master.server import MAX_FRAME_BYTES, RULES_EVERY_S
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
-from smockron.settings import parse_master
 from smockron.wire.batchio import drain, send_all, wait_readable
 from smockron.wire.codec import (
     DELAY_UNTIL,
@@ -109,15 +109,8 @@ MASTERS_PREFIX = b"\0smockron"
 """Topics of messages between masters (sync requests): never from a gatekeeper."""
 
 
-@dataclass(frozen=True, slots=True)
-class MasterAddress:
-    accounting: str
-    control: str
-
-    @classmethod
-    def parse(cls, spec: str) -> MasterAddress:
-        """``ACC_ADDR,CTL_ADDR`` (:func:`smockron.settings.parse_master`)."""
-        return cls(*parse_master(spec))
+MasterAddress = Peer
+"""A master's accounting and control addresses: the fleet's :class:`Peer`, one type."""
 
 
 @dataclass(slots=True)
