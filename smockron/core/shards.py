@@ -7,11 +7,16 @@ so ZeroMQ's own subscription filtering (done in the gatekeeper's PUB socket) del
 every message to exactly the masters that own its shard: sharding and replication cost
 the gatekeeper one CRC per message and no socket per master.
 
-Ownership is a consistent-hash ring of the masters' names (the accounting addresses the
-fleet knows them by): shard ``s`` belongs to the first ``replicas`` distinct masters
-clockwise from ``shard-s``. Every master computes its own shards from the same member
-list, with no messages exchanged; adding or removing a master moves only its share.
-Gatekeepers never need the ring: they only connect to every master.
+Ownership is consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam,
+2018): each shard ranks the masters by a consistent-hash ring of their names (the
+accounting addresses the fleet knows them by), clockwise from ``shard-s``, and takes the
+first ``replicas`` of them that still have room, a master holding at most its fair share
+rounded up. A plain ring gives one master of two 34 shards of 64 and the other 30, so the
+busier one caps the fleet at 1.88x one master; the bound gives 32 and 32. Every master
+computes the same table from the same member list, with no messages exchanged. Adding or
+removing a master moves its share of the shards and, through the bound, up to about as
+many again (a master that gains shards takes their state from its peers at start, as
+every master does). Gatekeepers never need the table: they only connect to every master.
 
 A shard topic starts with a NUL, as the rules offer's topic does, so it never reaches an
 original gatekeeper's or master's ``domain\\0`` subscription.
@@ -55,10 +60,27 @@ def is_shard_topic(frame: bytes) -> bool:
 
 
 def owners(members: Iterable[str], replicas: int) -> dict[int, tuple[str, ...]]:
-    """Each shard's owners: ``replicas`` distinct members (all of them if fewer)."""
+    """Each shard's owners: ``replicas`` distinct members (all of them if fewer), a
+    member holding ``ceil(SHARDS * replicas / members)`` shards, or a few more when the
+    last shards find their preferred members full."""
     ring = HashRing(members)
     count = min(replicas, len(ring))
-    return {shard: ring.successors(f"shard-{shard}", count) for shard in range(SHARDS)}
+    if count == 0:
+        return {shard: () for shard in range(SHARDS)}
+    cap = -(-SHARDS * count // len(ring))
+    load = dict.fromkeys(ring.nodes, 0)
+    table: dict[int, tuple[str, ...]] = {}
+    for shard in range(SHARDS):
+        # the ring's order is the preference; the cap only skips a member already full.
+        # The last shards may find fewer than ``count`` members with room: they take the
+        # next preferred ones anyway (one over the cap), never the same member twice.
+        ranked = ring.successors(f"shard-{shard}", len(ring))
+        roomy = [name for name in ranked if load[name] < cap][:count]
+        chosen = tuple(roomy + [n for n in ranked if n not in roomy][: count - len(roomy)])
+        for name in chosen:
+            load[name] += 1
+        table[shard] = chosen
+    return table
 
 
 def owned(me: str, members: Iterable[str], replicas: int) -> frozenset[int]:

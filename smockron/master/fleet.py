@@ -16,6 +16,11 @@ the later of the two values. Live traffic is received and applied meanwhile: a m
 the same whichever comes first, and a master that knows less only publishes fewer
 verdicts, which a gatekeeper, holding the latest of its masters' verdicts, never obeys
 in place of another's.
+
+A master cut off from its fleet and its gatekeepers for a while (a partition that heals)
+missed the same past without restarting. It hears each peer's rules offer every second
+(:class:`PeerWatch`); a peer heard again after ``GONE_S`` of silence is asked for the
+same states as at start, so a partition costs no more than a kill.
 """
 
 from __future__ import annotations
@@ -32,13 +37,13 @@ from typing import Any
 import zmq
 
 from smockron.core.shards import SHARDS, encode_shards, owned, shard_of, shard_prefix
-from smockron.curve import CurveClient
+from smockron.curve import CurveClient, keep_alive
 from smockron.errors import ProtocolError
 from smockron.master.config import MasterSettings
 from smockron.master.stores.base import Scope, State, Table, expires_at
 from smockron.settings import parse_master
 from smockron.wire.batchio import drain, wait_readable
-from smockron.wire.codec import topic
+from smockron.wire.codec import RULES_TOPIC, topic
 from smockron.wire.fleet import (
     FLEET_PREFIX,
     STATES,
@@ -59,6 +64,10 @@ START_TIMEOUT_S = 3.0
 """A peer that does not answer within this long is taken for down: start without it."""
 QUIET_TIMEOUT_S = 5.0
 """A peer that started answering and then sends nothing for this long is given up."""
+GONE_S = 3.0
+"""A peer whose rules offers (every second) stop for this long is taken for cut off:
+heard again, it is asked for this master's shards' states."""
+WATCH_EVERY_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +167,7 @@ class WarmStart:
         self.problem: str | None = "taking the fleet's state from its peers"
         self.states = 0
         self.answered = 0
+        self.catch_ups = 0
 
     async def run(self) -> None:
         start = time.monotonic()
@@ -173,6 +183,17 @@ class WarmStart:
         else:
             log.info("warm start: %d state(s) from %d of %d peer(s) in %.3f s", self.states,
                      self.answered, len(self.fleet.peers), time.monotonic() - start)  # fmt: skip
+
+    async def catch_up(self, peer: Peer) -> None:
+        """Take ``peer``'s states of this master's shards again (it was cut off)."""
+        before = self.states
+        self.catch_ups += 1
+        try:
+            await self._from(peer)
+        except (zmq.ZMQError, OSError) as exc:
+            log.warning("catching up with %s failed: %s", peer.accounting, exc)
+            return
+        log.info("caught up with %s: %d state(s)", peer.accounting, self.states - before)
 
     async def _from(self, peer: Peer) -> None:
         token = os.urandom(8).hex().encode()
@@ -229,3 +250,49 @@ class WarmStart:
                         exc)  # fmt: skip
             return
         self.states += self.merge(scope, pairs)
+
+
+class PeerWatch:
+    """Hears each peer's rules offers (its control socket's rules topic: one message a
+    second per domain) and calls ``on_return`` for a peer heard again after ``GONE_S`` of
+    silence, counted from the watch's start for a peer never heard."""
+
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        fleet: Fleet,
+        on_return: Callable[[Peer], Any],
+        curve: CurveClient | None = None,
+    ) -> None:
+        self.ctx = context
+        self.fleet = fleet
+        self.on_return = on_return
+        self.curve = curve
+
+    async def run(self) -> None:
+        subs: list[zmq.Socket[bytes]] = []
+        try:
+            for peer in self.fleet.peers:
+                sub = self.ctx.socket(zmq.SUB)
+                subs.append(sub)
+                sub.setsockopt(zmq.LINGER, 0)
+                if self.curve is not None:
+                    self.curve.secure(sub)
+                keep_alive(sub)  # a partitioned connection is dropped and dialled again
+                sub.subscribe(RULES_TOPIC)
+                sub.connect(peer.control)
+            heard = [time.monotonic()] * len(subs)
+            while True:
+                await asyncio.sleep(WATCH_EVERY_S)
+                now = time.monotonic()
+                for i, (peer, sub) in enumerate(zip(self.fleet.peers, subs, strict=True)):
+                    if not drain(sub, 1024):
+                        continue
+                    if now - heard[i] >= GONE_S:
+                        log.warning("peer %s heard again after %.1f s: taking its state",
+                                    peer.accounting, now - heard[i])  # fmt: skip
+                        self.on_return(peer)
+                    heard[i] = now
+        finally:
+            for sub in subs:
+                sub.close(0)

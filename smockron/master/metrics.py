@@ -70,6 +70,11 @@ class StatsCollector(Collector):
             "CURVE handshakes refused: the key is not an allowed gatekeeper's",
             value=self.stats.auth_denied,
         )
+        yield CounterMetricFamily(
+            "smockron_master_fleet_peer_returns",
+            "Fleet peers heard again after a silence; each is asked for the shards' states",
+            value=self.stats.peer_returns,
+        )
         if self.queue_depth is not None:
             yield GaugeMetricFamily(
                 "smockron_master_queue_depth",

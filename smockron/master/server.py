@@ -34,7 +34,7 @@ from smockron.master.answers import Answers
 from smockron.master.config import MasterSettings, limits
 from smockron.master.control_out import ControlOut
 from smockron.master.engine import Decoded, Engine, Frames
-from smockron.master.fleet import Fleet, WarmStart
+from smockron.master.fleet import Fleet, Peer, PeerWatch, WarmStart
 from smockron.master.stats import Stats
 from smockron.master.stores import open_store
 from smockron.observe import ObserveServer, Readiness
@@ -121,10 +121,13 @@ class Master:
         self.listener: ObserveServer | None = None
         self.answers = Answers(self.engine, self.store, self.out, self.stats, self._offers)
         self.warm: WarmStart | None = None
+        self.watch: PeerWatch | None = None
         if not self.fleet.alone and self.store.warm_start:  # not ready until it ran
             self.warm = WarmStart(self.ctx, self.fleet, self.answers.merge, self._peer_curve())
             warm = self.warm
             self.answers.warming = lambda: warm.problem is not None
+            self.watch = PeerWatch(self.ctx, self.fleet, self._catch_up, self._peer_curve())
+        self._catching_up: set[asyncio.Task[None]] = set()
         self._subscribed: list[bytes] = []
 
     @property
@@ -290,11 +293,14 @@ class Master:
         tasks.append(asyncio.create_task(self.answers.answer_syncs(), name="sync"))
         if self.warm is not None:
             tasks.append(asyncio.create_task(self.warm.run(), name="warm start"))
+        if self.watch is not None:
+            tasks.append(asyncio.create_task(self.watch.run(), name="peer watch"))
         tasks.append(asyncio.create_task(self._watch_store(), name="store"))
         try:
             await self._stopping.wait()
             await tasks[1]  # the processor finishes what was received
         finally:
+            tasks.extend(self._catching_up)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -434,6 +440,16 @@ class Master:
     async def resync(self, name: str, reply: bytes | None = None) -> int:
         """Answer a RESYNC now (see :mod:`smockron.master.answers`)."""
         return await self.answers.resync(name, reply)
+
+    def _catch_up(self, peer: Peer) -> None:
+        """A peer heard again after a silence: take its states of our shards (what we
+        missed if the silence was ours), in the background."""
+        if self.warm is None:
+            return
+        self.stats.peer_returns += 1
+        task = asyncio.create_task(self.warm.catch_up(peer), name=f"catch up {peer.accounting}")
+        self._catching_up.add(task)
+        task.add_done_callback(self._catching_up.discard)
 
     def _peer_curve(self) -> CurveClient | None:
         """A fleet shares the master key pair: peers are reached as CURVE clients that

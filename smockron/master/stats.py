@@ -42,9 +42,12 @@ class Stats:
     dropped: int = 0
     """Messages dropped because the master's bounded queue was full."""
     batches: int = 0
+    """Batches processed; messages / batches is the mean batch size."""
     auth_denied: int = 0
     """CURVE handshakes the allow-list refused (a key that is not a known gatekeeper's)."""
-    """Batches processed; messages / batches is the mean batch size."""
+    peer_returns: int = 0
+    """Fleet peers heard again after a silence (a partition healed, a peer restarted):
+    each one is asked for this master's shards' states."""
 
     def domain(self, name: str) -> DomainStats:
         """The counters of ``name``, created on first use; kept across rule reloads."""

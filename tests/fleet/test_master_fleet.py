@@ -3,6 +3,8 @@ from a peer, private RESYNC answers, and the backlog rule a bare connection cann
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import socket
 import time
@@ -15,7 +17,7 @@ from smockron.core.rules import Rule
 from smockron.core.shards import SHARDS, owned, shard_of, shard_topic
 from smockron.master.config import MasterSettings
 from smockron.master.engine import DomainPolicy, Engine
-from smockron.master.fleet import merge_state
+from smockron.master.fleet import GONE_S, Fleet, Peer, PeerWatch, merge_state
 from smockron.master.stores import MemoryStore, Scope
 from smockron.wire.codec import (
     ACCEPTED,
@@ -24,6 +26,7 @@ from smockron.wire.codec import (
     RESYNCSTART,
     decode_control,
     encode_accounting,
+    encode_rules,
     topic,
 )
 from smockron.wire.fleet import encode_private_resync, resync_reply
@@ -265,3 +268,42 @@ def test_a_gatekeeper_restarted_five_times_costs_a_bystander_nothing() -> None:
             assert bystander.counters.control_received - before <= 0.1 * live
         finally:
             bystander.close()
+
+
+def test_a_peer_heard_again_after_a_silence_is_asked_for_its_state() -> None:
+    """A partition that heals: the peer's rules offers stop for longer than ``GONE_S``,
+    then come again; the watch calls back once, when they come again, not while they
+    flow nor while they are silent."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    peer_control = ctx.socket(zmq.PUB)
+    peer_control.setsockopt(zmq.LINGER, 0)
+    port = peer_control.bind_to_random_port("tcp://127.0.0.1")
+    me = dataclasses.replace(
+        settings(api="1/s:1"), peers=(f"tcp://127.0.0.1:9,tcp://127.0.0.1:{port}",)
+    )
+    returned: list[Peer] = []
+    watch = PeerWatch(ctx, Fleet(me), returned.append)
+
+    async def offers(seconds: float) -> None:
+        for _ in range(round(seconds / 0.25)):
+            peer_control.send_multipart(encode_rules("api", "history", (Rule(1.0, 1),)))
+            await asyncio.sleep(0.25)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(watch.run())
+        try:
+            await offers(2.0)
+            assert returned == []  # heard all along
+            await asyncio.sleep(GONE_S + 0.5)
+            assert returned == []  # silence alone asks nothing
+            await offers(1.0)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        peer_control.close(0)
+    assert [p.control for p in returned] == [f"tcp://127.0.0.1:{port}"]

@@ -182,7 +182,8 @@ def test_a_partitioned_master_is_no_worse_than_a_killed_one(
 ) -> None:
     """Lossy network, and (``partition``) m1 cut off from ``PARTITION_AT`` s for
     ``partition_s`` s, then back; m1 keeps running throughout (no warm start: it keeps
-    its own state and takes the live traffic again)."""
+    its own state, takes the live traffic again, and takes what it missed from m2 when
+    it hears m2 again)."""
     names = network
     print(f"faults: {names['faults']}")
     with stopping([]) as procs:
@@ -217,6 +218,11 @@ def test_a_partitioned_master_is_no_worse_than_a_killed_one(
     m1 = _stopped_line(m1_log)
     print(f"m1 after the partition: {m1}")
     print(f"m1 warm starts: {m1_log.count('warm start')} (its start only: it never restarted)")
+    if partition_s:
+        # m1 heard m2 again after the partition and took what it missed from it
+        caught = re.findall(r"caught up with \S+: (\d+) state", m1_log)
+        print(f"m1 caught up after the partition: {caught} state(s)")
+        assert "heard again" in m1_log and caught and int(caught[0]) >= 1, m1_log[-2000:]
     allowed = BURST + RATE * result["window"]
     assert result["failed"] == 0
     assert result["slowed"] == 0
