@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import zmq
-from _common import ROOT, cpu_seconds, free_ports, smockron_env
+from _common import ROOT, cpu_seconds, free_ports, paced_accounting, smockron_env
 
 from smockron.core.shards import owned, owners, shard_of, shard_topic
 
@@ -484,29 +484,9 @@ def run_loadgen(accs: list[str], ctls: list[str], rate: int, seconds: float,
     pub, subs = connect_gatekeeper(ctx, accs, ctls, [b"probe\0"])
     handshake(pub, subs, b"load-")
     print("ready", flush=True)
-    raw_send = zmq.backend.Socket.send  # type: ignore[attr-defined]
-    more, last = zmq.SNDMORE | zmq.NOBLOCK, zmq.NOBLOCK
     idents = [b"u%d" % i for i in range(IDENTIFIERS)]
-    heads = [accounting(i, b"", sharded)[0] for i in idents]
-    tick, owed, seq = 0.001, 0.0, 0
-    start = next_tick = time.perf_counter()
-    while next_tick - start < seconds:
-        owed += rate * tick
-        ts = b"%d" % int(time.time() * 1000)
-        while owed >= 1:
-            owed -= 1
-            seq += 1
-            k = seq % IDENTIFIERS
-            raw_send(pub, heads[k], more)
-            raw_send(pub, b"ACCEPTED", more)
-            raw_send(pub, idents[k], more)
-            raw_send(pub, ts, more)
-            raw_send(pub, b"", last)
-        next_tick += tick
-        pause = next_tick - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
-    print(f"sent {seq} in {time.perf_counter() - start:.2f}s", flush=True)
+    paced_accounting(pub, [accounting(i, b"", sharded)[0] for i in idents], idents, rate,
+                     seconds)  # fmt: skip
     pub.close(1000)
     for sub in subs:
         sub.close(0)

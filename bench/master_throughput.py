@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from _common import ROOT, free_port, full_gc_ms  # puts this checkout first on sys.path
+from _common import ROOT, free_port, full_gc_ms, paced_accounting  # checkout first on sys.path
 
 IDENTIFIERS = 10_000
 HEAVY_SHARE = 0.2
@@ -372,29 +372,8 @@ def run_loadgen(acc: int, rate: int, seconds: float, pin: str) -> None:
     pub.connect(f"tcp://127.0.0.1:{acc}")
     time.sleep(0.5)  # slow joiner: the master is running, its subscription arrives
     print("ready", flush=True)
-    raw_send = zmq.backend.Socket.send  # type: ignore[attr-defined]
-    more = zmq.SNDMORE | zmq.NOBLOCK
-    last = zmq.NOBLOCK
-    head = (b"bench\0", b"ACCEPTED")
     idents = [b"u%d" % i for i in range(10_000)]
-    tick, owed, seq = 0.001, 0.0, 0
-    start = next_tick = time.perf_counter()
-    while next_tick - start < seconds:
-        owed += rate * tick
-        ts = b"%d" % int(time.time() * 1000)
-        while owed >= 1:
-            owed -= 1
-            seq += 1
-            raw_send(pub, head[0], more)
-            raw_send(pub, head[1], more)
-            raw_send(pub, idents[seq % 10_000], more)
-            raw_send(pub, ts, more)
-            raw_send(pub, b"", last)
-        next_tick += tick
-        pause = next_tick - time.perf_counter()
-        if pause > 0:
-            time.sleep(pause)
-    print(f"sent {seq} in {time.perf_counter() - start:.2f}s", flush=True)
+    paced_accounting(pub, [b"bench\0"] * len(idents), idents, rate, seconds)
     pub.close(linger=1000)
     ctx.term()
 
