@@ -32,9 +32,13 @@ verdict
 kill
     Two masters, two library gatekeepers in this process (``masters=[a, b]``), an abuser
     sending bursts of 20 every 250 ms over both (``api:20/s:20``) and a polite client
-    (one request per tick); each master SIGKILLed and restarted in turn (as in
-    tests/fleet/test_fleet_e2e.py). Printed: admitted / (burst + rate x T), the polite
-    client's slowed requests, requests that failed (raised).
+    (one request per tick); each master SIGKILLed and restarted in turn, the next kill
+    once the restarted master is ready (as in tests/fleet/test_fleet_e2e.py). Printed:
+    admitted / (burst + rate x T), the polite client's slowed requests, requests that
+    failed (raised). Meanwhile a probe every
+    20 ms (a new identifier of ``probe:1/s:1`` on its shard topic to both masters) is
+    timed to its first DELAY_UNTIL from either: the longest wait is the longest gap in
+    verdicts through the kills and restarts.
 
 model
     From the drain's per-message costs: a fleet carrying one domain at 5 million
@@ -585,20 +589,84 @@ def bench_verdict(rounds: int, rates: list[int], seconds: float, logdir: Path) -
 # ---------------------------------------------------------------- kill and restart
 
 
-def kill_once(logdir: Path) -> tuple[float, int, int]:
-    """admitted / allowed, polite slowed, failed requests."""
+class ProbeClock:
+    """Verdict time through kills: in a thread, a new identifier of the domain ``probe``
+    (``1/s:1``: each gets a DELAY_UNTIL) every ``every`` s, published on its shard topic
+    to every master (``ZMQ_IMMEDIATE``: nothing queued for a dead one), timed to its first
+    DELAY_UNTIL from any master. The longest wait is the longest gap in verdicts a
+    gatekeeper saw, kills and restarts included."""
+
+    def __init__(self, accs: Sequence[str], ctls: Sequence[str], every: float = 0.02) -> None:
+        import threading
+
+        self.every = every
+        self.waits: list[float] = []
+        self.unanswered = 0
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.IMMEDIATE, 1)
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.subscribe(b"probe\0")
+        for acc, ctl in zip(accs, ctls, strict=True):
+            self._pub.connect(acc)
+            self._sub.connect(ctl)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        time.sleep(0.5)  # subscriptions up both ways
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        sent: dict[bytes, float] = {}
+        seq = 0
+        next_send = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_send:
+                seq += 1
+                ident = b"k%d" % seq
+                sent[ident] = now
+                self._pub.send_multipart([shard_topic(shard_of(ident), b"probe\0"),
+                                          b"ACCEPTED", ident, b"%d" % int(time.time() * 1000),
+                                          b""])  # fmt: skip
+                next_send += self.every
+            while self._sub.poll(max(0, int((next_send - time.monotonic()) * 1000))):
+                t0 = sent.pop(self._sub.recv_multipart()[2], None)
+                if t0 is not None:
+                    self.waits.append(time.monotonic() - t0)
+        time.sleep(0.5)
+        while self._sub.poll(0):
+            t0 = sent.pop(self._sub.recv_multipart()[2], None)
+            if t0 is not None:
+                self.waits.append(time.monotonic() - t0)
+        self.unanswered = len(sent)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self._pub.close(0)
+        self._sub.close(0)
+        self._ctx.term()
+
+
+def kill_once(logdir: Path) -> tuple[float, int, int, float, int]:
+    """admitted / allowed, polite slowed, failed requests, the longest wait for a
+    verdict (s) and probes never answered (:class:`ProbeClock`)."""
     from smockron.gatekeeper import Gatekeeper, Verdict
-    from tests.support import run_smockron, stopping
+    from tests.support import Proc, RollingKills, run_smockron, stopping
 
     rate, burst = 20.0, 20
-    rule = f"api:{int(rate)}/s:{burst}"
+    rules = [f"api:{int(rate)}/s:{burst}", "probe:1/s:1"]
     ports = free_ports(4)
     a = (f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}")
     b = (f"tcp://127.0.0.1:{ports[2]}", f"tcp://127.0.0.1:{ports[3]}")
 
-    def master(me: tuple[str, str], peer: tuple[str, str], name: str) -> Any:
+    def master(me: tuple[str, str], peer: tuple[str, str], name: str) -> Proc:
         return run_smockron(["master", "--accounting", me[0], "--control", me[1], "--peer",
-                             ",".join(peer), "--rule", rule, "--stats-interval", "0"],
+                             ",".join(peer), "--rule", rules[0], "--rule", rules[1],
+                             "--stats-interval", "0"],
                             logdir / f"{name}-{time.time_ns()}.log")  # fmt: skip
 
     def ready(gk: Gatekeeper) -> bool:
@@ -610,23 +678,18 @@ def kill_once(logdir: Path) -> tuple[float, int, int]:
         procs += [master(a, b, "a"), master(b, a, "b")]
         gks = [Gatekeeper(None, None, ["api"], masters=[a, b], max_delay_ms=0)
                for _ in range(2)]  # fmt: skip
+        clock = ProbeClock([a[0], b[0]], [a[1], b[1]])
         try:
             deadline = time.monotonic() + 20
             while not all(map(ready, gks)):
                 if time.monotonic() > deadline:
                     raise RuntimeError("gatekeepers not ready within 20 s")
                 time.sleep(0.05)
-            schedule = {8: ("kill", 0), 12: ("start", 0), 20: ("kill", 1), 24: ("start", 1)}
+            kills = RollingKills(procs, lambda k: master(*((a, b) if k == 0 else (b, a)), "ab"[k]))
+            clock.start()
             start = time.monotonic()
-            for tick in range(36):  # 9 s
-                action = schedule.get(tick)
-                if action is not None:
-                    kind, which = action
-                    if kind == "kill":
-                        procs[which].kill()
-                    else:
-                        me, peer = (a, b) if which == 0 else (b, a)
-                        procs[which] = master(me, peer, "ab"[which])
+            for tick in range(48):  # 12 s
+                kills.at(tick)
                 for i in range(20):
                     try:
                         admitted += gks[i % 2].decide(b"api", b"abuser").verdict is Verdict.ACCEPT
@@ -638,26 +701,34 @@ def kill_once(logdir: Path) -> tuple[float, int, int]:
                     failed += 1
                 time.sleep(max(0.0, start + (tick + 1) * 0.25 - time.monotonic()))
             window = time.monotonic() - start
+            if not kills.done:
+                raise RuntimeError(f"a restarted master was not ready in time: {kills.steps}")
         finally:
+            clock.close()
             for gk in gks:
                 gk.close()
-    return admitted / (burst + rate * window), slowed, failed
+    longest = max(clock.waits, default=float("nan"))
+    return admitted / (burst + rate * window), slowed, failed, longest, clock.unanswered
 
 
 def bench_kill(rounds: int, logdir: Path) -> None:
-    print(f"kill and restart: 2 masters, 2 gatekeepers, bursts of 20 every 250 ms for 9 s "
-          f"('api:20/s:20'), each master SIGKILLed and restarted in turn, {rounds} round(s)",
+    print(f"kill and restart: 2 masters, 2 gatekeepers, bursts of 20 every 250 ms for 12 s "
+          f"('api:20/s:20'), each master SIGKILLed and restarted in turn (the next kill once "
+          f"the restarted one is ready), {rounds} round(s)",
           flush=True)  # fmt: skip
     out = []
     for r in range(rounds):
-        ratio, slowed, failed = retried(lambda: kill_once(logdir))
-        out.append((ratio, slowed, failed))
+        ratio, slowed, failed, wait, lost = retried(lambda: kill_once(logdir))
+        out.append((ratio, slowed, failed, wait))
         print(f"  round {r + 1}: admitted {ratio:.3f} of (burst + rate x T), polite slowed "
-              f"{slowed}, failed {failed}", flush=True)  # fmt: skip
+              f"{slowed}, failed {failed}; probes every 20 ms: longest wait for a verdict "
+              f"{wait * 1000:.0f} ms, {lost} unanswered", flush=True)  # fmt: skip
     print(f"kill and restart, medians: admitted {statistics.median(x[0] for x in out):.3f} of "
           f"(burst + rate x T) (worst {max(x[0] for x in out):.3f}), polite slowed "
           f"{statistics.median(x[1] for x in out):.0f}, failed "
-          f"{statistics.median(x[2] for x in out):.0f}")  # fmt: skip
+          f"{statistics.median(x[2] for x in out):.0f}, longest wait for a verdict "
+          f"{statistics.median(x[3] for x in out) * 1000:.0f} ms (worst "
+          f"{max(x[3] for x in out) * 1000:.0f} ms)")  # fmt: skip
 
 
 # ---------------------------------------------------------------- model

@@ -122,6 +122,46 @@ class Proc:
         return self.stop(signal.SIGKILL)
 
 
+class RollingKills:
+    """Each master of a fleet SIGKILLed and restarted in turn, ``steps`` of
+    ``(tick, "kill" | "start", index)``: a kill waits until every other master is ready
+    (its warm start over: the ``warm start: `` line), as an operator's rolling restart
+    waits for readiness, so the fleet never has all its masters down at once however
+    slowly a loaded machine starts them; later steps move by what it waited."""
+
+    READY = "warm start: "
+
+    def __init__(
+        self,
+        procs: list[Proc],
+        restart: Callable[[int], Proc],
+        steps: Sequence[tuple[int, str, int]] = (
+            (8, "kill", 0), (12, "start", 0), (20, "kill", 1), (24, "start", 1)),
+    ) -> None:  # fmt: skip
+        self.procs = procs
+        self.restart = restart
+        self.steps = list(steps)
+        self.waited = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.steps
+
+    def at(self, tick: int) -> None:
+        """Take the steps due at ``tick``."""
+        while self.steps and tick >= self.steps[0][0] + self.waited:
+            _, kind, which = self.steps[0]
+            others = (p for i, p in enumerate(self.procs) if i != which)
+            if kind == "kill" and not all(self.READY in p.log() for p in others):
+                self.waited += 1
+                return
+            self.steps.pop(0)
+            if kind == "kill":
+                self.procs[which].kill()
+            else:
+                self.procs[which] = self.restart(which)
+
+
 def run_smockron(args: Sequence[str], log_path: Path) -> Proc:
     """Start ``python -m smockron ARGS`` as a subprocess."""
     return Proc([sys.executable, "-m", "smockron", *args], log_path)

@@ -1,6 +1,7 @@
 """A fleet of two real ``smockron master`` processes and two gatekeepers following both:
-each master SIGKILLed and restarted in turn under an abuser's bursts; the abuser is held
-to its rule over the whole window, a polite client is never slowed."""
+each master SIGKILLed and restarted in turn (the next kill once the restarted one is
+ready) under an abuser's bursts; the abuser is held to its rule over the whole window, a
+polite client is never slowed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from smockron.gatekeeper import Gatekeeper, Verdict
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_for
+from tests.support import Proc, RollingKills, free_ports, run_smockron, stopping, wait_for
 
 RATE, BURST = 20.0, 20
 RULE = f"api:{int(RATE)}/s:{BURST}"
@@ -38,17 +39,15 @@ def test_each_master_killed_in_turn_holds_the_abuser_to_its_rule(tmp_path: Path)
         try:
             wait_for(lambda: all(map(_ready, gks)), 15)
             admitted = polite_slowed = 0
-            schedule = {8: ("kill", 0), 12: ("start", 0), 20: ("kill", 1), 24: ("start", 1)}
+
+            def restart(which: int) -> Proc:
+                me, peer = (a, b) if which == 0 else (b, a)
+                return _master(me, peer, tmp_path / f"{'ab'[which]}{time.monotonic_ns()}.log")
+
+            kills = RollingKills(procs, restart)
             start = time.monotonic()
-            for tick in range(36):  # 9 s: a burst of 20 every 250 ms, split over both
-                action = schedule.get(tick)
-                if action is not None:
-                    kind, which = action
-                    if kind == "kill":
-                        procs[which].kill()
-                    else:
-                        me, peer = (a, b) if which == 0 else (b, a)
-                        procs[which] = _master(me, peer, tmp_path / f"{'ab'[which]}{tick}.log")
+            for tick in range(48):  # 12 s: a burst of 20 every 250 ms, split over both
+                kills.at(tick)
                 for i in range(20):
                     verdict = gks[i % 2].decide(b"api", b"abuser").verdict
                     admitted += verdict is Verdict.ACCEPT
@@ -56,6 +55,7 @@ def test_each_master_killed_in_turn_holds_the_abuser_to_its_rule(tmp_path: Path)
                 polite_slowed += polite is not Verdict.ACCEPT
                 time.sleep(max(0.0, start + (tick + 1) * 0.25 - time.monotonic()))
             window = time.monotonic() - start
+            assert kills.done, f"a restarted master was not ready in time: {kills.steps}"
         finally:
             for gk in gks:
                 gk.close()
