@@ -22,15 +22,21 @@ The copy follows the cluster three ways:
 
 A node that lists no peers (Gubernator, whose HealthCheck gives a count only) leaves
 the ring empty: every check then goes to the address the client was given.
+
+``Route`` is one call's way to its owners, the same for both clients: it names the parts
+to send and takes what came of each; the sync client sends the parts on threads, the
+asyncio one as tasks.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
+from smockron.cluster.model import RateLimitRequest, RateLimitResponse
 from smockron.core.hashring import DEFAULT_REPLICAS, HASHES, HashRing
+from smockron.errors import ClientUnavailable
 
 REFRESH = 5.0
 """Seconds between two HealthCheck calls that re-read the node list."""
@@ -38,6 +44,10 @@ DOWN_FOR = 1.0
 """Seconds an unreachable node stays out of the client's ring before it is tried again."""
 MISMATCH_REFRESH = 1.0
 """At least this many seconds between two refreshes caused by answers from other owners."""
+ATTEMPTS = 3
+"""Nodes a routed call tries: its owner, then the next ones as they fail to answer."""
+HEALTH_TIMEOUT = 2.0
+"""At most this long (seconds) to ask a node for the node list."""
 _SAMPLES = 64
 _MIN_SAMPLES = 8
 """Keys answered elsewhere needed before another hash is tried."""
@@ -170,3 +180,82 @@ class OwnerRing:
                 self._ring = HashRing((), self._replicas, hash=name)
                 self._rebuild()
                 return
+
+
+Part = tuple[str | None, Sequence[RateLimitRequest]]
+"""Requests to send together, and to whom: their owner, or None for the address the
+client was given."""
+Outcome = list[RateLimitResponse] | ClientUnavailable
+"""What came of a part: its answers in order, or the error of an owner out of reach
+(other errors are raised by the client as they come)."""
+_NO_ANSWER = RateLimitResponse(error="no answer")
+
+
+class Route:
+    """One routed call, without I/O: the clients loop ``parts`` (send each part, in
+    parallel) and ``take`` (what came of each) until ``take`` says every request is
+    answered; the answers are then in ``answers``, in request order.
+
+    An owner out of reach is marked down and its part goes to the requests' next owners,
+    ``attempts`` owners in all; then its error is raised, or with ``fallback`` the last
+    try goes to the client's own address (owner None), which forwards. An answer from
+    another owner than the one picked is told to the ring (``OwnerRing.observe``)."""
+
+    __slots__ = ("_fallback", "_groups", "_left", "_todo", "answers", "requests", "ring")
+
+    def __init__(
+        self,
+        ring: OwnerRing,
+        requests: Sequence[RateLimitRequest],
+        attempts: int = ATTEMPTS,
+        fallback: bool = False,
+    ) -> None:
+        self.ring = ring
+        self.requests = requests
+        self.answers: list[RateLimitResponse] = [_NO_ANSWER] * len(requests)
+        self._left = attempts
+        self._fallback = fallback
+        self._todo: Sequence[int] = range(len(requests))
+        """The indexes of the requests not answered yet."""
+        self._groups: dict[str | None, list[int]] = {}
+
+    def parts(self) -> list[Part]:
+        """What to send next: the unanswered requests by owner."""
+        requests, todo = self.requests, self._todo
+        if self._fallback and self._left == 1:
+            groups: dict[str | None, list[int]] = {None: list(todo)}
+        elif len(requests) == 1:  # a lone check (the common case): no loop
+            r = requests[0]
+            groups = {self.ring.owner(f"{r.name}_{r.unique_key}"): [0]}
+        else:
+            owner = self.ring.owner
+            groups = {}
+            for i in todo:
+                r = requests[i]
+                groups.setdefault(owner(f"{r.name}_{r.unique_key}"), []).append(i)
+        self._groups = groups
+        if len(groups) == 1 and len(todo) == len(requests):
+            return [(next(iter(groups)), requests)]  # the whole call: no copy
+        return [(owner, [requests[i] for i in idx]) for owner, idx in groups.items()]
+
+    def take(self, outcomes: Sequence[Outcome]) -> bool:
+        """What came of each of the last ``parts``; True once every request has its
+        answer. Raises the error of a part that has no next owner to go to."""
+        self._left -= 1
+        retry: list[int] = []
+        ring, answers = self.ring, self.answers
+        for (owner, idx), got in zip(self._groups.items(), outcomes, strict=True):
+            if isinstance(got, ClientUnavailable):
+                if owner is None or self._left < 1:
+                    raise got
+                ring.mark_down(owner)
+                retry.extend(idx)
+                continue
+            if owner is not None:
+                ring.observe(self.requests[idx[0]].hash_key, owner, got[0].metadata.get("owner"))
+            for i, resp in zip(idx, got, strict=True):
+                answers[i] = resp
+        if not retry:
+            return True
+        self._todo = sorted(retry)
+        return False
