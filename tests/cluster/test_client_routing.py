@@ -8,11 +8,12 @@ import re
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from smockron.cluster.client import MINUTE, AsyncClient, Client
+from smockron.cluster.client import MINUTE, AsyncClient, Client, ClientError
 from smockron.cluster.client._routing import OwnerRing
 from smockron.cluster.model import RateLimitRequest
 from smockron.core.hashring import HashRing
@@ -59,7 +60,20 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             found.procs[address] = procs[-1]
         for port in ports:
             wait_port(port, timeout=20)
+        for address in addresses:
+            wait_for(partial(_serves, address, addresses[:3]), timeout=20)
         yield found
+
+
+def _serves(address: str, listed: list[str]) -> bool:
+    """Whether the node at ``address`` answers a HealthCheck that lists the nodes of the
+    peers file: a listening port alone does not say the node serves calls yet."""
+    try:
+        with Client(address, timeout=2, route=False) as client:
+            health = client.health_check()
+    except ClientError:
+        return False
+    return health.healthy and set(listed) <= {p.grpc_address for p in health.local_peers}
 
 
 def _delta(
