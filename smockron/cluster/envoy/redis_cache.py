@@ -71,26 +71,45 @@ def cache_key(
 class OverLimitCache:
     """Keys known to be over their limit, until their window ends, in at most ``size``
     bytes (upstream's freecache: 512 KiB at least; a key costs its length plus a 24-byte
-    header). The oldest entries go first when it is full."""
+    header). The oldest entries go first when it is full.
+
+    It counts what freecache counts, for upstream's ``ratelimit.localcache.*`` gauges
+    (``gauges()``): lookups that found a live key (hits) or not (misses; a key found
+    expired is dropped and counted expired too), entries dropped to make room (evacuated;
+    expired ones count as expired), keys set again while present (overwrites), and the
+    mean of the entries' last access times (Unix seconds: set, or found)."""
 
     MIN_SIZE = 512 * 1024
     ENTRY_OVERHEAD = 24
 
-    def __init__(self, size: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        size: int,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.size = max(size, self.MIN_SIZE)
         self._clock = clock
-        self._entries: OrderedDict[str, float] = OrderedDict()
+        self._wall = wall
+        self._entries: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        """key: (expiry on ``clock``, last access in Unix seconds)."""
         self._used = 0
+        self._access_total = 0
         self.hits = 0
         self.misses = 0
+        self.expired = 0
+        self.evacuated = 0
+        self.overwrites = 0
 
     def __contains__(self, key: str) -> bool:
-        expires = self._entries.get(key)
-        if expires is not None and expires > self._clock():
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] > self._clock():
             self.hits += 1
+            self._access(key, entry[0])
             return True
-        if expires is not None:
+        if entry is not None:
             self._drop(key)
+            self.expired += 1
         self.misses += 1
         return False
 
@@ -98,15 +117,45 @@ class OverLimitCache:
         cost = len(key.encode()) + self.ENTRY_OVERHEAD
         if cost > self.size:
             return
-        if key in self._entries:
-            self._drop(key)
+        expires = self._clock() + ttl_s
+        if key in self._entries:  # in place, as freecache overwrites
+            self.overwrites += 1
+            self._access(key, expires)
+            return
         while self._used + cost > self.size and self._entries:
-            self._drop(next(iter(self._entries)))
-        self._entries[key] = self._clock() + ttl_s
+            oldest, (until, _) = next(iter(self._entries.items()))
+            self._drop(oldest)
+            if until > self._clock():
+                self.evacuated += 1
+            else:
+                self.expired += 1
+        now = int(self._wall())
+        self._entries[key] = (expires, now)
+        self._access_total += now
         self._used += cost
 
+    def gauges(self) -> dict[str, int]:
+        """freecache's counters under the names upstream gives its gauges, in its order."""
+        entries = len(self._entries)
+        return {
+            "evacuateCount": self.evacuated,
+            "expiredCount": self.expired,
+            "entryCount": entries,
+            "averageAccessTime": self._access_total // entries if entries else 0,
+            "hitCount": self.hits,
+            "missCount": self.misses,
+            "lookupCount": self.hits + self.misses,
+            "overwriteCount": self.overwrites,
+        }
+
+    def _access(self, key: str, expires: float) -> None:
+        now = int(self._wall())
+        self._access_total += now - self._entries[key][1]
+        self._entries[key] = (expires, now)
+
     def _drop(self, key: str) -> None:
-        del self._entries[key]
+        _, accessed = self._entries.pop(key)
+        self._access_total -= accessed
         self._used -= len(key.encode()) + self.ENTRY_OVERHEAD
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ from smockron.cluster.envoy.stats import (
     EnvoyStats,
     EnvoyStatsCollector,
     LimitStats,
+    ServerStats,
     UpstreamMetrics,
     near_threshold,
     record,
@@ -160,6 +162,8 @@ class RateLimitServicer:
         self.stats = EnvoyStats(config_loads=int(config is not None))
         self.limit_stats: dict[str, LimitStats] = {}
         self.domain_not_found: dict[str, int] = {}
+        self.server_stats: ServerStats | None = None
+        """Set in envoyproxy/ratelimit mode: each gRPC call counted and timed."""
         self._near_ratio = settings.near_limit_ratio
         self._clock = clock
         self._log = RateLimitedLog(log)
@@ -179,11 +183,15 @@ class RateLimitServicer:
         request: rls_pb2.RateLimitRequest | None,
         context: grpc.aio.ServicerContext[rls_pb2.RateLimitRequest, rls_pb2.RateLimitResponse],
     ) -> rls_pb2.RateLimitResponse:
+        start = time.perf_counter()
         try:
             return await self.decide(request)
         except ServiceError as exc:
             await context.abort(exc.code, exc.message)
             raise  # abort raises; this line is for the type checker
+        finally:
+            if self.server_stats is not None and request is not None:
+                self.server_stats.record("ShouldRateLimit", time.perf_counter() - start)
 
     async def decide(self, request: rls_pb2.RateLimitRequest | None) -> rls_pb2.RateLimitResponse:
         """The answer to one request; ServiceError when there is none."""
@@ -229,6 +237,7 @@ class RateLimitServicer:
         """ShouldRateLimit without the event loop, for the threaded server: None (nothing
         counted) when the request is invalid or ``decide`` (``Node.answer_here``) cannot
         answer alone; the caller then takes the asyncio path."""
+        start = time.perf_counter()
         config = self.config
         if not request.domain or not request.descriptors or config is None:
             return None
@@ -240,7 +249,10 @@ class RateLimitServicer:
         if drains and decide(drains) is None:  # owners moved between the two checks
             self._drain_failed("not owned here any more")
         self.stats.calls += 1
-        return self._respond(plan, answers)
+        response = self._respond(plan, answers)
+        if self.server_stats is not None:
+            self.server_stats.record("ShouldRateLimit", time.perf_counter() - start)
+        return response
 
     # -- before the limiter -----------------------------------------------------------------
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 import re
 import struct
+import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -102,10 +104,54 @@ def record(
     stats.within_limit += hits
 
 
+class ServerStats:
+    """envoyproxy/ratelimit's ``ratelimit_server.<method>`` stats, which its gRPC server's
+    interceptor keeps for every unary call (``ShouldRateLimit``, the health ``Check``; not
+    ``POST /json``): the calls, and each call's time in whole milliseconds (truncated, as
+    upstream's ``time.Since(start).Milliseconds()``). The times are kept as a count per
+    value until sent, so a statsd that cannot be reached costs no memory per call."""
+
+    def __init__(self) -> None:
+        self.total_requests: dict[str, int] = {}
+        self._times: dict[str, Counter[int]] = {}
+        self._lock = threading.Lock()  # calls are recorded on gRPC threads too
+
+    def record(self, method: str, seconds: float) -> None:
+        ms = int(seconds * 1000)
+        with self._lock:
+            self.total_requests[method] = self.total_requests.get(method, 0) + 1
+            times = self._times.get(method)
+            if times is None:
+                times = self._times[method] = Counter()
+            times[ms] += 1
+
+    def take_times(self) -> dict[str, Counter[int]]:
+        """The times recorded since the last take, per method (and forgets them)."""
+        with self._lock:
+            taken, self._times = self._times, {}
+        return taken
+
+    def put_back(self, taken: dict[str, Counter[int]]) -> None:
+        """Times taken but not sent: they go with the next take."""
+        with self._lock:
+            for method, counts in taken.items():
+                self._times.setdefault(method, Counter()).update(counts)
+
+
 class StatsSource(Protocol):
     stats: EnvoyStats
     limit_stats: dict[str, LimitStats]
     domain_not_found: dict[str, int]
+    server_stats: ServerStats | None
+
+
+def grpc_calls(source: StatsSource) -> dict[str, int]:
+    """Upstream's ``total_requests`` per gRPC method: the gRPC calls when they are counted
+    apart (envoyproxy/ratelimit mode), else every ShouldRateLimit call."""
+    server = source.server_stats
+    if server is None:
+        return {"ShouldRateLimit": source.stats.calls}
+    return dict(server.total_requests)
 
 
 class EnvoyStatsCollector(Collector):
@@ -181,11 +227,12 @@ class UpstreamMetrics(Collector):
         ):
             total = sum(getattr(s.stats, field) for s in sources)
             yield self._family(f"ratelimit_service_{name}", doc, [], {(): total})
+        calls: dict[tuple[str, ...], int] = {("ShouldRateLimit",): 0}
+        for s in sources:
+            for method, n in grpc_calls(s).items():
+                calls[method,] = calls.get((method,), 0) + n
         yield self._family(
-            "ratelimit_service_total_requests",
-            "Calls, by gRPC method.",
-            ["grpc_method"],
-            {("ShouldRateLimit",): sum(s.stats.calls for s in sources)},
+            "ratelimit_service_total_requests", "Calls, by gRPC method.", ["grpc_method"], calls
         )
 
     def _limits(self, sources: list[StatsSource]) -> Iterator[Metric]:

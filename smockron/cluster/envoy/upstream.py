@@ -16,8 +16,8 @@ gRPC port it serves what upstream serves:
 * the gRPC health service on the gRPC port: ``ratelimit`` is SERVING when every component
   is healthy (Redis answered, with the Redis backend; a config with a domain is loaded,
   with ``HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED``; not stopping), ``""`` always;
-* statsd counters (statsd_sink.py), the Redis backend (redis_cache.py), ``LOG_LEVEL``
-  and ``LOG_FORMAT``.
+* statsd counters, timers and gauges (statsd_sink.py), the Redis backend
+  (redis_cache.py), ``LOG_LEVEL`` and ``LOG_FORMAT``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,8 @@ from smockron.cluster.envoy.pb import rls_pb2
 from smockron.cluster.envoy.reload import ConfigReloader
 from smockron.cluster.envoy.service import RateLimitServicer, ServiceError, add_to_server
 from smockron.cluster.envoy.settings import EnvoySettings
-from smockron.cluster.envoy.stats import EnvoyStatsCollector
-from smockron.cluster.envoy.statsd_sink import StatsdSink, counters
+from smockron.cluster.envoy.stats import EnvoyStatsCollector, ServerStats
+from smockron.cluster.envoy.statsd_sink import CacheGauges, StatsdSink, counters, gauges
 from smockron.cluster.envoy.upstream_env import UpstreamSettings, refusals, warnings
 from smockron.cluster.node import Node
 from smockron.cluster.transports import GrpcServer
@@ -178,6 +179,8 @@ class UpstreamFront:
             self._load_error = str(exc)
             log.error("envoy: no rate limit configuration loaded: %s", exc)
         self.servicer: RateLimitServicer | None = None
+        self.server_stats = ServerStats()
+        """Upstream's ``ratelimit_server.<method>`` stats of the gRPC calls."""
         self._reloader: ConfigReloader | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._runners: list[web.AppRunner] = []
@@ -200,6 +203,7 @@ class UpstreamFront:
     def __call__(self, server: GrpcServer, node: Node) -> None:
         self._node = node
         servicer = self._build_servicer(node)
+        servicer.server_stats = self.server_stats
         add_to_server(server, node, self.config, servicer=servicer)
         if self.config is None:
             servicer.stats.config_errors += 1
@@ -210,13 +214,34 @@ class UpstreamFront:
             servicer, lambda: runtime_files(self.settings), self.reload_interval, self._on_load
         )
         check = grpc.unary_unary_rpc_method_handler(
-            self.health.Check,
+            self._check,
             request_deserializer=_parse_health,
             response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
         )
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(HEALTH_SERVICE, {"Check": check}),)
         )
+
+    async def _check(
+        self,
+        request: health_pb2.HealthCheckRequest | None,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> health_pb2.HealthCheckResponse:
+        """The health ``Check``, counted and timed as upstream's interceptor does."""
+        start = time.perf_counter()
+        try:
+            return await self.health.Check(request, context)
+        finally:
+            if request is not None:
+                self.server_stats.record("Check", time.perf_counter() - start)
+
+    @property
+    def local_cache(self) -> CacheGauges | None:
+        """The Redis backend's local cache (``LOCAL_CACHE_SIZE_IN_BYTES``), if any."""
+        from smockron.cluster.envoy.redis_cache import RedisRateLimitServicer
+
+        servicer = self.servicer
+        return servicer.local_cache if isinstance(servicer, RedisRateLimitServicer) else None
 
     def _build_servicer(self, node: Node) -> RateLimitServicer:
         common: dict[str, Any] = {"settings": self.envoy_settings, "metrics": node.metrics}
@@ -241,7 +266,12 @@ class UpstreamFront:
             self._tasks.append(loop.create_task(self._reloader.run()))
         if s.use_statsd and not s.disable_stats and self.servicer is not None:
             sink = StatsdSink(
-                self.servicer, s.statsd_host, s.statsd_port, s.extra_tags, s.stats_flush_interval_s
+                self.servicer,
+                s.statsd_host,
+                s.statsd_port,
+                s.extra_tags,
+                s.stats_flush_interval_s,
+                local_cache=self.local_cache,
             )
             self._tasks.append(loop.create_task(sink.run()))
             log.info("envoy: statsd counters to %s:%d every %gs", s.statsd_host, s.statsd_port,
@@ -364,6 +394,7 @@ class UpstreamFront:
             if self.servicer is None:
                 return web.Response(text="")
             values = counters(self.servicer, self.settings.extra_tags)
+            values.update(gauges(self.local_cache, self.settings.extra_tags))
             return web.Response(text="".join(f"{k}: {v}\n" for k, v in sorted(values.items())))
 
         app = web.Application()

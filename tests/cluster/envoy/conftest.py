@@ -3,7 +3,8 @@
 ``upstream_node(env)`` starts a node in envoyproxy/ratelimit mode on free ports, with the
 runtime directory of upstream's integration test (copied, so tests may edit it) unless
 ``RUNTIME_ROOT`` is given; ``StatsdListener`` is a real TCP statsd server that sums the
-counters it is sent. Sentinel and Redis Cluster come from tests/master/test_redis_urls.py.
+counters it is sent and keeps the gauges' last values and the timers' values. Sentinel and
+Redis Cluster come from tests/master/test_redis_urls.py.
 """
 
 from __future__ import annotations
@@ -133,10 +134,13 @@ def upstream_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
 
 @dataclass
 class StatsdListener:
-    """A TCP statsd server on 127.0.0.1 that sums ``name:value|c`` lines."""
+    """A TCP statsd server on 127.0.0.1: sums ``name:value|c`` lines, keeps the last
+    ``|g`` value and every ``|ms`` value per name."""
 
     port: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, int] = field(default_factory=dict)
+    timers: dict[str, list[float]] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
     _sock: socket.socket | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -183,10 +187,30 @@ class StatsdListener:
             self.lines.append(line)
             if kind == "c":
                 self.counters[name] = self.counters.get(name, 0) + int(value)
+            elif kind == "g":
+                self.gauges[name] = int(value)
+            elif kind == "ms":
+                self.timers.setdefault(name, []).append(float(value))
 
     def get(self, name: str) -> int:
         with self._lock:
             return self.counters.get(name, 0)
+
+    def times(self, name: str) -> list[float]:
+        with self._lock:
+            return list(self.timers.get(name, []))
+
+    def gauges_under(self, prefix: str) -> dict[str, int]:
+        """The last values of the gauges named ``prefix...``, by the rest of their name."""
+        with self._lock:
+            return {
+                n.removeprefix(prefix): v for n, v in self.gauges.items() if n.startswith(prefix)
+            }
+
+    def count(self, prefix: str) -> int:
+        """The lines received whose name starts with ``prefix``."""
+        with self._lock:
+            return sum(1 for line in self.lines if line.startswith(prefix))
 
     def stop(self) -> None:
         if self._sock is not None:

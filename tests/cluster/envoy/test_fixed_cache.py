@@ -22,7 +22,7 @@ import yaml
 from smockron.cluster.envoy import EnvoySettings
 from smockron.cluster.envoy.config import load_config
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
-from smockron.cluster.envoy.redis_cache import RedisRateLimitServicer, make_client
+from smockron.cluster.envoy.redis_cache import OverLimitCache, RedisRateLimitServicer, make_client
 from smockron.cluster.envoy.upstream_env import RedisSettings, UpstreamSettings
 from smockron.cluster.model import RateLimiter
 from tests.support import RedisServer, start_redis
@@ -158,6 +158,17 @@ def second_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.stop()
 
 
+def local_cache_stats(cache: Cache) -> tuple[int, int, int, int, int]:
+    """Upstream's ``testLocalCacheStats``: every ``localcache`` gauge is there; ``(hit,
+    miss, lookup, expired, entry)`` counts."""
+    local = cache.servicer.local_cache
+    assert local is not None
+    g = local.gauges()
+    assert set(g) == {"averageAccessTime", "hitCount", "missCount", "lookupCount",
+                      "overwriteCount", "evacuateCount", "expiredCount", "entryCount"}  # fmt: skip
+    return g["hitCount"], g["missCount"], g["lookupCount"], g["expiredCount"], g["entryCount"]
+
+
 def preset(client: redis.Redis, key: str, count: int) -> None:
     """Make the next INCRBY of ``key`` by ``hits`` return ``count + hits``."""
     client.set(key, count, keepttl=True)
@@ -210,19 +221,19 @@ async def over_limit_with_local_cache(cache: Cache, main: redis.Redis, shadow: b
     preset(main, key, 10)
     assert await cache.do_limit([[("key4", "value4")]]) == [(OK, 15, UNIT.HOUR, 4)]
     assert cache.stats("key4_value4") == counts(1, 0, 0, 1)
-    local = cache.servicer.local_cache
-    assert local is not None and (local.hits, local.misses) == (0, 1)
+    assert local_cache_stats(cache) == (0, 1, 1, 0, 0)
     preset(main, key, 12)
     assert await cache.do_limit([[("key4", "value4")]]) == [(OK, 15, UNIT.HOUR, 2)]
     assert cache.stats("key4_value4") == counts(2, 0, 1, 2)
+    assert local_cache_stats(cache) == (0, 2, 2, 0, 0)
     preset(main, key, 15)
     assert await cache.do_limit([[("key4", "value4")]]) == [(code_over, 15, UNIT.HOUR, 0)]
     assert cache.stats("key4_value4") == counts(3, 1, 1, 2, shadow=int(shadow))
-    assert (local.hits, local.misses) == (0, 3)
+    assert local_cache_stats(cache) == (0, 3, 3, 0, 1)
     # over the limit in the local cache: Redis is not asked
     assert await cache.do_limit([[("key4", "value4")]]) == [(code_over, 15, UNIT.HOUR, 0)]
     assert cache.stats("key4_value4") == counts(4, 2, 1, 2, local=1, shadow=2 * shadow)
-    assert (local.hits, local.misses) == (1, 3)
+    assert local_cache_stats(cache) == (1, 3, 4, 0, 1)
     assert main.get(key) == "16"
 
 
@@ -309,11 +320,52 @@ async def test_over_limit_with_stop_cache_key_increment_when_overlimit_config(
     assert await cache.do_limit(both, [1, 1]) == [(OK, 15, UNIT.HOUR, 4), (OK, 14, UNIT.HOUR, 3)]
     assert cache.stats("key4_value4") == counts(1, 0, 0, 1)
     assert cache.stats("key5_value5") == counts(1, 0, 0, 1)
+    assert local_cache_stats(cache) == (0, 2, 2, 0, 0)
     assert await cache.do_limit(both, [2, 2]) == [(OK, 15, UNIT.HOUR, 2), (OK, 14, UNIT.HOUR, 1)]
     assert cache.stats("key4_value4") == counts(3, 0, 1, 3)
     assert cache.stats("key5_value5") == counts(3, 0, 2, 3)
+    assert local_cache_stats(cache) == (0, 4, 4, 0, 0)
     answer = await cache.do_limit(both, [2, 2])
     assert answer == [(OK, 15, UNIT.HOUR, 2), (OVER, 14, UNIT.HOUR, 0)]
     assert (main.get(k4), main.get(k5)) == ("13", "15")  # key4 not incremented
     assert cache.stats("key4_value4") == counts(5, 0, 2, 5)
     assert cache.stats("key5_value5") == counts(5, 1, 3, 3)
+    assert local_cache_stats(cache) == (0, 6, 6, 0, 1)
+
+
+def test_local_cache_gauges_expiry_room_overwrite() -> None:
+    """freecache's other counters: expired (a key found expired, or dropped for room after
+    its expiry), evacuated (dropped for room before it), overwrites, and the mean of the
+    entries' last access times."""
+    mono, wall = [0.0], [1000.0]
+    cache = OverLimitCache(0, clock=lambda: mono[0], wall=lambda: wall[0])
+    length = 150_000 - cache.ENTRY_OVERHEAD  # three fit in freecache's 512 KiB, not four
+    a, b, c, d, e = (ch * length for ch in "abcde")
+    cache.add(a, 10)
+    wall[0] = 1010
+    cache.add(b, 100)
+    assert cache.gauges()["averageAccessTime"] == 1005
+    mono[0], wall[0] = 5, 1020
+    assert a in cache  # a hit is an access
+    assert cache.gauges()["averageAccessTime"] == 1015
+    wall[0] = 1030
+    cache.add(b, 100)  # b again: overwritten in place
+    cache.add(c, 100)
+    assert cache.gauges()["averageAccessTime"] == (1020 + 1030 + 1030) // 3
+    mono[0], wall[0] = 20, 1040
+    cache.add(d, 100)  # room: a goes, expired
+    cache.add(e, 100)  # room: b goes, not expired: evacuated
+    mono[0] = 200
+    assert c not in cache  # expired: dropped, a miss
+    assert cache.gauges() == {
+        "evacuateCount": 1,
+        "expiredCount": 2,
+        "entryCount": 2,
+        "averageAccessTime": 1040,
+        "hitCount": 1,
+        "missCount": 1,
+        "lookupCount": 2,
+        "overwriteCount": 1,
+    }
+    assert d not in cache and e not in cache  # past their expiry too
+    assert cache.gauges()["entryCount"] == cache.gauges()["averageAccessTime"] == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import shutil
 import subprocess
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from smockron.cluster import tlsgen
 from smockron.cluster.envoy.pb import rls_pb2
@@ -241,6 +243,87 @@ async def test_basic_config_extra_tags(
     assert statsd_listener.get(calls) == 1
     await asyncio.sleep(0.5)  # later flushes send only what changed
     assert statsd_listener.get(hits) == 1
+    assert statsd_listener.count("ratelimit.localcache.") == 0  # no LOCAL_CACHE_SIZE_IN_BYTES
+
+
+def statsd_env(redis_port: int, statsd_port: int, **more: str) -> dict[str, str]:
+    return redis_env(
+        redis_port,
+        USE_STATSD="true",
+        STATSD_HOST="127.0.0.1",
+        STATSD_PORT=str(statsd_port),
+        STATS_FLUSH_INTERVAL="100ms",
+        **more,
+    )
+
+
+async def test_statsd_response_time(
+    upstream_node: StartNode, redis_server: RedisServer, statsd_listener: StatsdListener
+) -> None:
+    """Upstream's gRPC interceptor stats: ``ratelimit_server.<method>.total_requests`` and
+    a ``response_time`` timer value (whole milliseconds) per gRPC call, ShouldRateLimit
+    and the health Check; ``POST /json`` is not a gRPC call and is not counted."""
+    node = upstream_node(statsd_env(redis_server.port, statsd_listener.port, EXTRA_TAGS="a:b"))
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        for _ in range(3):
+            await node.stub(channel).ShouldRateLimit(
+                request("basic", [[("key1", "foo")]]), timeout=10
+            )
+        health = health_pb2_grpc.HealthStub(channel)  # type: ignore[no-untyped-call]
+        await health.Check(health_pb2.HealthCheckRequest(service="ratelimit"), timeout=10)
+    body = b'{"domain": "basic", "descriptors": [{"entries": [{"key": "key1", "value": "foo"}]}]}'
+    url = f"http://127.0.0.1:{node.http_port}/json"
+    with urllib.request.urlopen(urllib.request.Request(url, body), timeout=10) as resp:
+        assert resp.status == 200
+    should = "ratelimit_server.ShouldRateLimit"
+    check = "ratelimit_server.Check"
+    wait_for(lambda: len(statsd_listener.times(f"{check}.response_time.__a=b")) == 1)
+    await asyncio.sleep(0.5)  # the /json call, if it were timed, would be sent by now
+    times = statsd_listener.times(f"{should}.response_time.__a=b")
+    assert len(times) == 3
+    assert all(t == int(t) and 0 <= t < 5000 for t in times), times
+    assert statsd_listener.get(f"{should}.total_requests.__a=b") == 3
+    assert statsd_listener.get(f"{check}.total_requests.__a=b") == 1
+    timer_line = re.compile(r"ratelimit_server\.(ShouldRateLimit|Check)\.response_time\.__a=b:"
+                            r"\d+(\.0+)?\|ms")  # fmt: skip
+    timer_lines = [line for line in statsd_listener.lines if "|ms" in line]
+    assert len(timer_lines) == 4 and all(timer_line.fullmatch(t) for t in timer_lines)
+
+
+async def test_statsd_local_cache_gauges(
+    upstream_node: StartNode, redis_server: RedisServer, statsd_listener: StatsdListener
+) -> None:
+    """LOCAL_CACHE_SIZE_IN_BYTES: freecache's counters as upstream's
+    ``ratelimit.localcache.*`` gauges, every one sent at every flush."""
+    env = statsd_env(redis_server.port, statsd_listener.port, LOCAL_CACHE_SIZE_IN_BYTES="1000")
+    node = upstream_node(env)
+    await away_from_minute_edge()
+    start = time.time()
+    value = str(random.getrandbits(62))
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        for i in range(22):  # 20 within the limit, 1 over from Redis, 1 from the local cache
+            resp = await node.stub(channel).ShouldRateLimit(
+                request("another", [[("key2_local", value)]]), timeout=10
+            )
+            assert resp.overall_code == (OVER if i >= 20 else OK), i
+    expected = {
+        "hitCount": 1,
+        "missCount": 21,
+        "lookupCount": 22,
+        "entryCount": 1,
+        "overwriteCount": 0,
+        "evacuateCount": 0,
+        "expiredCount": 0,
+    }
+    prefix = "ratelimit.localcache."
+    wait_for(lambda: statsd_listener.gauges_under(prefix).get("lookupCount") == 22)
+    got = statsd_listener.gauges_under(prefix)
+    access = got.pop("averageAccessTime")
+    assert got == expected
+    assert start - 1 <= access <= time.time() + 1
+    sent = statsd_listener.count("ratelimit.localcache.hitCount:")
+    wait_for(lambda: statsd_listener.count("ratelimit.localcache.hitCount:") >= sent + 2)
+    assert stats(node)["ratelimit.localcache.hitCount"] == 1  # the debug port shows them too
 
 
 @pytest.mark.parametrize(
