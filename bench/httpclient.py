@@ -36,12 +36,8 @@ import urllib3
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from smockron.cluster.client import MINUTE, Client
-from smockron.cluster.client._http import (
-    AsyncHttpTransport,
-    HttpTransport,
-    decode_responses,
-    encode_requests,
-)
+from smockron.cluster.client._http import AsyncHttpTransport, HttpTransport
+from smockron.cluster.client._httpcodec import decode_responses, encode_requests
 from smockron.cluster.model import RateLimitRequest
 from tests.support import free_ports, run_smockron, wait_port
 

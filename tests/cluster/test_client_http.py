@@ -1,4 +1,4 @@
-"""The clients' HTTP/1.1 transports (smockron.cluster.client._http), sync and asyncio.
+"""The clients' HTTP/1.1 transports (smockron.cluster.client._http, _httpcodec), sync and asyncio.
 
 Against real ``smockron cluster`` node processes: the same answers as gRPC, one kept-alive
 connection for many checks (counted on the server's side, in the kernel's socket table),
@@ -42,7 +42,7 @@ from smockron.cluster.client import (
     ClientUnavailable,
     ItemError,
 )
-from smockron.cluster.client._http import MAX_HEAD, MAX_RESPONSE_BODY, encode_requests
+from smockron.cluster.client._httpcodec import MAX_HEAD, MAX_RESPONSE_BODY, encode_requests
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse, Status
 from tests.support import Proc, free_ports, run_smockron, wait_for, wait_port
 

@@ -24,7 +24,8 @@ from smockron.cluster.client._channel import (
     status_error,
 )
 from smockron.cluster.client._coalesce import AsyncCoalescer
-from smockron.cluster.client._http import AsyncHttpTransport, CallError, encode_requests
+from smockron.cluster.client._http import AsyncHttpTransport
+from smockron.cluster.client._httpcodec import CallError, encode_requests
 from smockron.cluster.client._messages import (
     MAX_BATCH_SIZE,
     HealthCheck,

@@ -21,12 +21,8 @@ from smockron.cluster.client._channel import (
     nativeclient,
     use_native,
 )
-from smockron.cluster.client._http import (
-    AsyncHttpTransport,
-    CallError,
-    HttpTransport,
-    decode_responses,
-)
+from smockron.cluster.client._http import AsyncHttpTransport, HttpTransport
+from smockron.cluster.client._httpcodec import CallError, decode_responses
 from smockron.cluster.client._messages import HealthCheck
 from smockron.cluster.client._routing import HEALTH_TIMEOUT, REFRESH, OwnerRing
 from smockron.cluster.model import RateLimitRequest, RateLimitResponse

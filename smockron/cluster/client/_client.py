@@ -50,7 +50,7 @@ The modules behind the clients, each one concern: ``_sync`` (Client) and ``_asyn
 (AsyncClient), twins over ``_base`` (their shared arguments, channels and node clients);
 ``_routing`` (the ring's copy, and ``Route``: one call's way to its owners, both twins
 drive it); ``_messages`` (the protobuf messages, built and read); ``_channel`` (targets,
-native or grpcio, errors); ``_http`` and ``_coalesce``.
+native or grpcio, errors); ``_http`` (over ``_httpcodec``) and ``_coalesce``.
 """
 
 from __future__ import annotations

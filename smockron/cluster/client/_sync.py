@@ -22,7 +22,8 @@ from smockron.cluster.client._channel import (
     rpc_error,
 )
 from smockron.cluster.client._coalesce import Coalescer, NativeCoalescer
-from smockron.cluster.client._http import CallError, HttpTransport, encode_requests
+from smockron.cluster.client._http import HttpTransport
+from smockron.cluster.client._httpcodec import CallError, encode_requests
 from smockron.cluster.client._messages import (
     MAX_BATCH_SIZE,
     HealthCheck,
