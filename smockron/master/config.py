@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -284,6 +285,7 @@ def _from_yaml(data: Any, path: Path) -> MasterSettings:
     server = data.get("server") or {}
     if not isinstance(server, dict):
         raise ConfigError(f"{file}: 'server' must be a mapping")
+    _warn_unread(data, server, file)
     if server.get("listen") is not None:
         values["accounting"], values["control"] = _listen_pair(server["listen"], file)
     if "datastore" in data:
@@ -293,6 +295,26 @@ def _from_yaml(data: Any, path: Path) -> MasterSettings:
         raise ConfigError(f"{file}: 'domains' must map domain names to rules")
     domains = {str(name): _yaml_domain(str(name), spec, file) for name, spec in raw.items()}
     return MasterSettings(**values, domains=domains)
+
+
+def _warn_unread(data: dict[Any, Any], server: dict[Any, Any], file: str) -> None:
+    """Settings of the file smockron does not read are named once at load, never dropped
+    without a word (the original reads these three and ignores the rest)."""
+    if "stats" in data:
+        log.warning(
+            "%s: 'stats' (the original master's statsd) is not read: smockron logs its "
+            "statistics (--stats-interval) and serves Prometheus metrics (--metrics)", file
+        )  # fmt: skip
+    if "datastore" not in data and os.environ.get("REDIS_URL"):
+        log.warning(
+            "%s: REDIS_URL is not read: the file's datastore or --store names the store "
+            "(without either, the master keeps its state in memory)", file
+        )  # fmt: skip
+    unread = sorted(str(k) for k in data if k not in ("server", "datastore", "domains", "stats"))
+    unread += sorted(f"server.{k}" for k in server if k != "listen")
+    if unread:
+        log.warning("%s: not read by the original master nor by smockron: %s",
+                    file, ", ".join(unread))  # fmt: skip
 
 
 # The original's Server._parseConnectionString, as written.

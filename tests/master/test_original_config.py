@@ -190,6 +190,40 @@ def test_a_duration_burst_between_requests_keeps_the_whole_requests(
     assert "master.yaml" in caplog.text and "'api'" in caplog.text
 
 
+def test_settings_not_read_are_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The original's ``stats`` (statsd) and keys neither master reads load, each named in
+    one warning, not dropped silently."""
+    text = ORIGINAL_DEFAULT_YAML + "statsd:\n  port: 8125\nserver_name: edge\n"
+    text = text.replace('  listen: "0.0.0.0"\n', '  listen: "0.0.0.0"\n  backlog: 5\n')
+    with caplog.at_level(logging.WARNING, "smockron.master.config"):
+        settings = load_yaml(tmp_path, text)
+    assert settings.accounting == "tcp://0.0.0.0:10004"
+    assert "'stats' (the original master's statsd) is not read" in caplog.text
+    assert "not read by the original master nor by smockron: server_name, statsd, server.backlog" \
+        in caplog.text  # fmt: skip
+    caplog.clear()
+    plain = "server:\n  listen: '*'\ndomains:\n  a: {rate: 1/sec, burst: 2}\n"
+    with caplog.at_level(logging.WARNING, "smockron.master.config"):
+        load_yaml(tmp_path, plain)
+    assert caplog.text == ""
+
+
+def test_redis_url_is_named_when_the_file_has_no_datastore(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The original's Redis client reads REDIS_URL when the file names no host; smockron
+    does not, and says so rather than keep the state in memory without a word."""
+    monkeypatch.setenv("REDIS_URL", "redis://redis.internal:6379")
+    plain = "server:\n  listen: '*'\ndomains:\n  a: {rate: 1/sec, burst: 2}\n"
+    with caplog.at_level(logging.WARNING, "smockron.master.config"):
+        assert load_yaml(tmp_path, plain).store == "memory://"
+    assert "REDIS_URL is not read" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "smockron.master.config"):
+        load_yaml(tmp_path, plain + "datastore:\n  host: 'tcp://redis.internal:6379'\n")
+    assert caplog.text == ""
+
+
 def test_algorithm_and_smockron_rules_still_accepted(tmp_path: Path) -> None:
     s = load_yaml(
         tmp_path,
