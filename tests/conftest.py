@@ -9,9 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from smockron import compiled
 from tests.support import EtcdServer, RedisServer, start_etcd, start_redis
+
+# Property tests check results, not time: hypothesis's default 200 ms deadline per example
+# is a wall-clock bound that a loaded machine breaks (the fast tests are timing-free).
+settings.register_profile("smockron", deadline=None)
+settings.load_profile("smockron")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -130,6 +130,7 @@ def test_the_first_line_holds_before_the_master_is_heard_from(tmp_path: Path) ->
         assert asyncio.run(_burst(ports, "someone-else", 5)) == Counter({"accept": 5})
 
 
+@pytest.mark.slow  # timing: the polite client's even spacing is the test's own clock
 @pytest.mark.parametrize("proxies", [2, 4])
 def test_bursts_over_several_proxies_are_held_to_the_rule(tmp_path: Path, proxies: int) -> None:
     """Bursts of 10 concurrent requests every 250 ms for 4 s, round-robin over the
