@@ -97,16 +97,16 @@ def forward_now(node: Node, request: pb.GetRateLimitsReq) -> Future[pb.GetRateLi
     msgs = request.requests
     if not msgs or len(msgs) > MAX_BATCH:
         return None
-    owner_of, owner = node.ring.owner, ""
+    owner_of, owner, here = node.ring.owner, "", node.address
     for msg in msgs:
         if msg.behavior & _GLOBAL or not msg.name or not msg.unique_key:
             return None
         this = owner_of(f"{msg.name}_{msg.unique_key}")
         if this != owner:
-            if owner:
-                return None
+            if owner or this == here:  # two owners, or owned here: stop at once, so a
+                return None  # call this node answers pays one lookup here, not one an item
             owner = this
-    client = node.clients.get(owner) if owner != node.address else None
+    client = node.clients.get(owner)
     if client is None:
         return None
     future: Future[pb.GetRateLimitsResp] = Future()

@@ -12,13 +12,14 @@ from typing import Any
 import grpc
 import pytest
 
-from smockron.cluster import peers
+from smockron.cluster import api, peers
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import ClusterServer
 from smockron.cluster.transports import native
+from smockron.core.hashring import HashRing
 from tests.support import free_ports
 
 pytestmark = pytest.mark.skipif(
@@ -89,3 +90,42 @@ async def test_a_failed_forward_is_decided_by_the_batched_path(
     assert {r.metadata["owner"] for r in answers} == {a.node.address}  # answered here
     assert _count(a, "owner_failed") == 3
     assert a.node.clients[b.node.address].consecutive_failures >= 3
+
+
+class _CountingRing(HashRing):
+    """The node's ring, counting its owner lookups (what forward_now costs a call)."""
+
+    __slots__ = ("lookups",)
+
+    def __init__(self, nodes: list[str]) -> None:
+        super().__init__(nodes)
+        self.lookups = 0
+
+    def owner(self, key: str | bytes) -> str:
+        self.lookups += 1
+        return super().owner(key)
+
+
+async def test_a_call_owned_here_costs_one_lookup(
+    pair: tuple[ClusterServer, ClusterServer],
+) -> None:
+    """forward_now stops at the first item this node owns (or at a second owner): a call
+    this node answers itself pays one ring lookup there, not one per item."""
+    a = pair[0]
+    ring = _CountingRing(list(a.node.ring.nodes))
+    a.node.ring = ring
+    here = [k for k in (f"k{i}" for i in range(500)) if ring.owner(f"fn_{k}") == a.node.address]
+    there = [k for k in (f"k{i}" for i in range(500)) if ring.owner(f"fn_{k}") != a.node.address]
+
+    def call(keys: list[str]) -> pb.GetRateLimitsReq:
+        return pb.GetRateLimitsReq(requests=[
+            pb.RateLimitReq(name="fn", unique_key=k, hits=1, limit=5, duration=60_000) for k in keys
+        ])  # fmt: skip
+
+    for keys in (here[:100], there[:1] + here[:99]):
+        ring.lookups = 0
+        assert api.forward_now(a.node, call(keys)) is None
+        assert ring.lookups == (1 if keys[0] in here else 2)
+    ring.lookups = 0
+    api.forward_now(a.node, call(there[:50]))  # all b's: every item is looked up
+    assert ring.lookups == 50
