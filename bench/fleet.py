@@ -1,7 +1,7 @@
 """A fleet of masters: drain rate, verdict time, kill-and-restart, and a model at scale.
 
     python bench/fleet.py [--part drain,verdict,kill,model] [--rounds 3]
-        [--messages 200000] [--rates 1000,10000,30000] [--seconds 4]
+        [--messages 200000] [--rates 1000,10000,30000] [--seconds 4] [--capacity-only]
 
 Every process runs on 127.0.0.1 and stops by itself; every load loop is bounded in
 messages and in time. Ratios are against a baseline measured in the same run; figures
@@ -419,13 +419,14 @@ DRAIN_CONFIGS = [("one master", 1, 1), ("2 masters, replicas 1", 2, 1),
                  ("2 masters, replicas 2", 2, 2), ("4 masters, replicas 2", 4, 2)]  # fmt: skip
 
 
-def bench_drain(rounds: int, messages: int, logdir: Path) -> dict[str, float]:
+def bench_drain(rounds: int, messages: int, logdir: Path, capacity_only: bool = False
+                ) -> dict[str, float]:  # fmt: skip
     print(f"drain: {sum(c for _, c in workload(messages)):,} requests (10,000 identifiers, "
           f"20% over {DRAIN_RULE!r}), 2 sender processes, {rounds} round(s)",
           flush=True)  # fmt: skip
     results: dict[str, list[Drain]] = {}
     for r in range(rounds):
-        for label, n, replicas in DRAIN_CONFIGS:
+        for label, n, replicas in DRAIN_CONFIGS[:2] if capacity_only else DRAIN_CONFIGS:
             d = retried(lambda: drain_once(n, replicas, messages, logdir))  # noqa: B023
             results.setdefault(label, []).append(d)
             print(f"  round {r + 1}, {label}: {d.rate:,.0f} req/s, {d.cpu_per_request_us:.2f} "
@@ -433,6 +434,8 @@ def bench_drain(rounds: int, messages: int, logdir: Path) -> dict[str, float]:
                   f"{d.processed:,} processed, {d.published:,} published, "
                   f"{d.cpu_share:.2f} cores busy; load {os.getloadavg()[0]:.1f}",
                   flush=True)  # fmt: skip
+        if capacity_only:
+            continue
         d = retried(lambda: drain_once(1, 1, messages, logdir, polite=True))
         results.setdefault("one master, polite", []).append(d)
         print(f"  round {r + 1}, one master, polite load: {d.rate:,.0f} req/s, "
@@ -461,6 +464,8 @@ def bench_drain(rounds: int, messages: int, logdir: Path) -> dict[str, float]:
               f"{cpu_msg:.2f} us/message processed; capacity {1e6 / busiest:9,.0f} req/s = "
               f"{base_busiest / busiest:.2f}x; {published:,.0f} published; "
               f"{share:.2f} cores busy")  # fmt: skip
+    if capacity_only:
+        return {"per_message_us": 0.0, "per_verdict_us": 0.0, "per_copy_us": 0.0}
     polite = med["one master, polite"]
     std = med["one master"]
     per_msg = polite[2]
@@ -829,6 +834,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--rates", default="1000,10000,30000")
+    ap.add_argument(
+        "--capacity-only",
+        action="store_true",
+        help="drain: one master and two at replicas 1 only (no cost runs)",
+    )
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--per-message-us", type=float, default=0.0,
                     help="model without the drain: CPU per accounting message")  # fmt: skip
@@ -854,7 +864,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         logdir = Path(tmp)
         if "drain" in parts:
-            costs = bench_drain(args.rounds, args.messages, logdir)
+            costs = bench_drain(args.rounds, args.messages, logdir, args.capacity_only)
         if "verdict" in parts:
             bench_verdict(args.rounds, [int(r) for r in args.rates.split(",")], args.seconds,
                           logdir)  # fmt: skip
