@@ -28,6 +28,16 @@ K8S_MECHANISMS = ("endpointslices", "endpoints")
 in Gubernator too); Gubernator's ``pods`` is refused."""
 
 
+def k8s_mechanism_error(value: str) -> str:
+    """The one line for a GUBER_K8S_WATCH_MECHANISM smockron does not follow: Gubernator's
+    ``pods``, or a value Gubernator refuses too (its message names both choices)."""
+    if value == "pods":
+        return (f"GUBER_K8S_WATCH_MECHANISM={value}: smockron watches EndpointSlices only "
+                "(endpointslices): name the Service in GUBER_K8S_SERVICE_NAME")  # fmt: skip
+    return (f"GUBER_K8S_WATCH_MECHANISM={value}: needs to be either 'endpointslices' or "
+            "'pods' (defaults to 'endpointslices'); smockron follows 'endpointslices'")  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class EtcdPoolConfig:
     """Gubernator's EtcdPoolConfig (GUBER_ETCD_*)."""
@@ -54,6 +64,9 @@ class K8sPoolConfig:
     pod_ip: str = ""
     pod_port: str = ""
     mechanism: str = "endpointslices"
+    given: tuple[str, ...] = ()
+    """The GUBER_K8S_* variables that were set: Gubernator checks the pool when any is,
+    whatever the discovery type."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +266,13 @@ class ClusterConfig:
             except ValueError as exc:
                 raise ConfigError(f"GUBER_MEMBERLIST_SECRET_KEYS: {exc}") from None
         if self.k8s.mechanism not in K8S_MECHANISMS:
-            raise ConfigError(f"GUBER_K8S_WATCH_MECHANISM={self.k8s.mechanism}: smockron "
-                              "watches EndpointSlices only (endpointslices)")  # fmt: skip
+            raise ConfigError(k8s_mechanism_error(self.k8s.mechanism))
+        if self.k8s.given and not (self.k8s.service_name or self.k8s.selector):
+            raise ConfigError(
+                f"{self.k8s.given[0]} is set: when using k8s for peer discovery with "
+                "endpointslices, you MUST provide `GUBER_K8S_SERVICE_NAME` to identify the "
+                "Service (or GUBER_K8S_SELECTOR)"
+            )
 
     def _validate_tls(self) -> None:
         _one_of("tls_client_auth", self.tls_client_auth, CLIENT_AUTH_MODES, CLIENT_AUTH_MODES[1:])

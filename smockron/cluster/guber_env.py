@@ -9,7 +9,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from smockron.cluster.config import DISCOVERY_TYPES, K8S_MECHANISMS, ClusterConfig, with_changes
+from smockron.cluster.config import (
+    DISCOVERY_TYPES,
+    K8S_MECHANISMS,
+    ClusterConfig,
+    k8s_mechanism_error,
+    with_changes,
+)
 from smockron.errors import ConfigError
 from smockron.settings import parse_go_duration_ms
 
@@ -176,8 +182,7 @@ def refused(env: Mapping[str, str]) -> None:
                               "unset it, or keep this node on Gubernator")  # fmt: skip
     mechanism = env.get("GUBER_K8S_WATCH_MECHANISM", "").strip().lower()
     if mechanism and mechanism not in K8S_MECHANISMS:
-        raise ConfigError(f"GUBER_K8S_WATCH_MECHANISM={mechanism}: smockron watches "
-                          "EndpointSlices only (endpointslices)")  # fmt: skip
+        raise ConfigError(k8s_mechanism_error(mechanism))
 
 
 def warnings(env: Mapping[str, str]) -> list[str]:
@@ -229,6 +234,9 @@ def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> Clust
     """
     refused(env)
     changes: dict[str, Any] = _envoy_tls(env)
+    k8s = tuple(sorted(var for var in env if var.startswith("GUBER_K8S_") and env[var]))
+    if k8s:
+        changes["k8s.given"] = k8s
     for var, (name, conv) in ENV.items():
         text = env.get(var)
         if text:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from smockron.cluster.cli import build_config
+from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery import PeerInfo, options_from_env
 from smockron.cluster.guber_env import (
     IGNORED,
@@ -206,3 +207,72 @@ def test_guber_log_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.delenv("SMOCKRON_LOG_FORMAT", raising=False)
     line = _refusal(tmp_path, {"GUBER_LOG_FORMAT": "xml"}, monkeypatch)
     assert "GUBER_LOG_FORMAT is invalid; expected value is either json or text" in line
+
+
+# Gubernator's config_test.go, ported as written: the same env files, read as --config
+# reads them. InstanceID is not checked: smockron's nodes carry none (GUBER_INSTANCE_ID
+# has no effect, one warning); GUBER_K8S_WATCH_MECHANISM=pods is refused (smockron
+# watches EndpointSlices only), where those tests expect Gubernator to accept it.
+
+
+def _daemon_config(text: str) -> ClusterConfig:
+    """Gubernator's ``SetupDaemonConfig`` on an env file, with a clear environment."""
+    return build_config(read_env_file(text), {})
+
+
+def test_parses_grpc_address() -> None:
+    config = _daemon_config("\n# a comment\nGUBER_GRPC_ADDRESS=10.10.10.10:9000")
+    assert config.grpc_address == "10.10.10.10:9000"
+
+
+def test_default_listen_address() -> None:
+    config = _daemon_config("\n# a comment")
+    assert (config.grpc_address, config.http_address) == ("127.0.0.1:1051", "127.0.0.1:1050")
+
+
+def test_k8s_config_service_name() -> None:
+    config = _daemon_config("\nGUBER_K8S_SERVICE_NAME=gubernator\nGUBER_K8S_NAMESPACE=default\n"
+                            "GUBER_K8S_POD_IP=10.0.0.1\nGUBER_K8S_POD_PORT=9051")  # fmt: skip
+    assert (config.k8s.service_name, config.k8s.namespace) == ("gubernator", "default")
+
+
+@pytest.mark.parametrize(
+    ("text", "selector"),
+    [
+        ("GUBER_K8S_SELECTOR=app=gubernator-new\nGUBER_K8S_ENDPOINTS_SELECTOR=app=gubernator-old",
+         "app=gubernator-new"),
+        ("GUBER_K8S_ENDPOINTS_SELECTOR=app=gubernator", "app=gubernator"),
+        ("GUBER_K8S_SELECTOR=app=gubernator", "app=gubernator"),
+    ],
+    ids=["GUBER_K8S_SELECTOR takes precedence", "GUBER_K8S_ENDPOINTS_SELECTOR fallback",
+         "GUBER_K8S_SELECTOR preferred"],
+)  # fmt: skip
+def test_k8s_selector_backward_compatibility(text: str, selector: str) -> None:
+    assert _daemon_config(text).k8s.selector == selector
+    with pytest.raises(ConfigError, match="WATCH_MECHANISM=pods: smockron watches EndpointSlices"):
+        _daemon_config(text + "\nGUBER_K8S_WATCH_MECHANISM=pods")
+
+
+def test_k8s_validation_endpoint_slices() -> None:
+    with pytest.raises(ConfigError, match="GUBER_K8S_SERVICE_NAME"):  # ServiceName required
+        _daemon_config("\nGUBER_K8S_NAMESPACE=default\nGUBER_K8S_POD_IP=10.0.0.1")
+    config = _daemon_config("\nGUBER_K8S_SERVICE_NAME=gubernator\nGUBER_K8S_NAMESPACE=default\n"
+                            "GUBER_K8S_POD_IP=10.0.0.1\nGUBER_K8S_POD_PORT=9051")  # fmt: skip
+    assert (config.k8s.service_name, config.k8s.mechanism) == ("gubernator", "endpointslices")
+    with pytest.raises(ConfigError, match="GUBER_K8S_SERVICE_NAME"):  # explicit mechanism
+        _daemon_config("\nGUBER_K8S_WATCH_MECHANISM=endpointslices\nGUBER_K8S_NAMESPACE=default")
+
+
+def test_k8s_validation_pods() -> None:
+    """Gubernator: the pods mechanism needs GUBER_K8S_SELECTOR; smockron refuses pods."""
+    for text in ("GUBER_K8S_WATCH_MECHANISM=pods\nGUBER_K8S_NAMESPACE=default",
+                 "GUBER_K8S_WATCH_MECHANISM=pods\nGUBER_K8S_SELECTOR=app=gubernator\n"
+                 "GUBER_K8S_NAMESPACE=default"):  # fmt: skip
+        with pytest.raises(ConfigError, match="GUBER_K8S_WATCH_MECHANISM=pods"):
+            _daemon_config(text)
+
+
+def test_watch_mechanism_error_message() -> None:
+    with pytest.raises(ConfigError) as caught:
+        _daemon_config("\nGUBER_K8S_WATCH_MECHANISM=invalid\nGUBER_K8S_SERVICE_NAME=gubernator")
+    assert "endpointslices" in str(caught.value) and "pods" in str(caught.value)
