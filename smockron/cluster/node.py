@@ -8,32 +8,36 @@ counts against the peer; after ``peer_down_after`` consecutive failures the peer
 the ring until it answers a LiveCheck again, and the failed items are answered locally
 rather than failed. GLOBAL requests follow ``global_sync``; what each node may admit
 on its own follows ``lending`` (the owner's side) and ``replica`` (a non-owner's).
+
+Modules: the peers and ring in ``membership``, GLOBAL keys in ``global_keys``; here the
+API, the forwarding of a call's items, expiry and health.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from smockron.cluster import lending
-from smockron.cluster.config import ClusterConfig, peer_address_of
+from smockron.cluster.config import ClusterConfig
 from smockron.cluster.convert import algorithm_from_int
 from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.global_keys import GlobalKeys
 from smockron.cluster.global_sync import GlobalSync
 from smockron.cluster.local import LocalLimiter, epoch_ms
+from smockron.cluster.membership import Membership
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import MAX_BATCH as MAX_BATCH  # re-exported for the fronts
-from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse, Status
+from smockron.cluster.model import Behavior, RateLimitRequest, RateLimitResponse
 from smockron.cluster.peers import PeerClient
-from smockron.cluster.replica import VERSION, ReplicaCache
+from smockron.cluster.replica import ReplicaCache
 from smockron.cluster.tls import TLSMaterial
 from smockron.core.hashring import HashRing
 from smockron.memory import Reclaimer
-from smockron.ratelog import RateLimitedLog, escaped
+from smockron.ratelog import RateLimitedLog
 
 log = logging.getLogger("smockron.cluster.node")
 
@@ -41,13 +45,17 @@ _bad_globals_log = RateLimitedLog(log, interval=1.0)
 
 _LOCAL = "local"
 Pending = asyncio.Future[RateLimitResponse]
+Waits = list[tuple[int, PeerClient, Pending]]
+"""Forwarded items: (index, the owner's client, the answer to come)."""
 _GLOBAL = int(Behavior.GLOBAL)
 _NO_BATCHING = int(Behavior.NO_BATCHING)
-_RESET_REMAINING = int(Behavior.RESET_REMAINING)
-_DRAIN_OVER_LIMIT = int(Behavior.DRAIN_OVER_LIMIT)
 
 
-class Node:
+class Node(Membership, GlobalKeys):
+    """The ``RateLimiter`` the fronts call (see the module docstring); its peers
+    (smockron.cluster.membership) and GLOBAL keys (smockron.cluster.global_keys) are
+    the two halves it is built on."""
+
     def __init__(
         self,
         config: ClusterConfig,
@@ -99,128 +107,6 @@ class Node:
         self._tasks: set[asyncio.Task[None]] = set()
         self._delayed: set[asyncio.Task[None]] = set()
 
-    # -- membership -------------------------------------------------------------------
-    def set_peers(self, peers: Iterable[PeerInfo]) -> None:
-        """Discovery's callback: the full list, this node included (added if missing)."""
-        infos = {p.grpc_address: p for p in peers}
-        self.in_peer_list = self.address in infos
-        infos.setdefault(self.address, PeerInfo(self.address))
-        self.peer_infos = infos
-        for addr, client in list(self.clients.items()):
-            # gone, or its record now names another PeersV1 address: a new client
-            if addr not in infos or client.target != self._peer_target(addr):
-                self._closing.append(self.clients.pop(addr))
-                self.down.discard(addr)
-        for addr in infos:
-            if addr != self.address and addr not in self.clients:
-                self.clients[addr] = self._new_client(addr)
-        self._rebuild_ring()
-        if self._closing:
-            with contextlib.suppress(RuntimeError):  # no loop yet: closed in close()
-                task = asyncio.get_running_loop().create_task(self._close_removed())
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        log.info("peers: %s (ring: %s)", sorted(infos), list(self.ring.nodes))
-
-    def _new_client(self, address: str) -> PeerClient:
-        return PeerClient(
-            address,
-            batch_wait_ms=self.config.batch_wait_ms,
-            batch_limit=self.config.batch_limit,
-            timeout_ms=self.config.batch_timeout_ms,
-            tls=self.tls,
-            target=self._peer_target(address),
-        )
-
-    def _peer_target(self, address: str) -> str:
-        """Where a peer serves PeersV1: what its discovery record says, else its gRPC
-        port (``peers_on_grpc_port``, as Gubernator) or that port + 1."""
-        info = self.peer_infos.get(address)
-        if info is not None and info.peer_address:
-            return info.peer_address
-        return address if self.config.peers_on_grpc_port else peer_address_of(address)
-
-    def use_tls(self, tls: TLSMaterial) -> None:
-        """New certificates (a reload): every peer gets a new channel that shows them; the
-        old clients finish their calls and close. The dict is swapped whole, as gRPC
-        worker threads read it (``answer_here``)."""
-        self.tls = tls
-        old = self.clients
-        self.clients = {addr: self._new_client(addr) for addr in old}
-        self._closing.extend(old.values())
-        # calls in progress on the old channels have until their deadline to finish
-        task = asyncio.get_running_loop().create_task(
-            self._close_removed(after=self._call_deadline())
-        )
-        self._delayed.add(task)
-        task.add_done_callback(self._delayed.discard)
-
-    def _rebuild_ring(self) -> None:
-        self.ring.set_nodes(a for a in self.peer_infos if a not in self.down)
-
-    async def _close_removed(self, after: float = 0.0) -> None:
-        if after:
-            await asyncio.sleep(after)
-        closing, self._closing = self._closing, []
-        for client in closing:
-            await client.close()
-        if not closing:
-            return
-        # A failed call leaves reference cycles (exception, traceback, frames) that hold
-        # its channel's core, which keeps reconnecting to the removed peer (probing it, in
-        # effect) until a collection: collect now. Rare (membership changes, certificate
-        # reloads); ~65 ms with a million keys cached.
-        del closing, client
-        gc.collect()
-
-    def _call_deadline(self) -> float:
-        """The longest a call to a peer may last (seconds)."""
-        return max(self.config.batch_timeout_ms, self.config.global_timeout_ms) / 1000
-
-    def _owner_client(self, key: str) -> PeerClient | None:
-        owner = self.ring.owner(key)
-        return None if owner == self.address else self.clients.get(owner)
-
-    def _peer_failed(self, client: PeerClient) -> None:
-        self.metrics.peer_failures.inc()
-        if (
-            client.consecutive_failures >= self.config.peer_down_after
-            and client.address in self.clients
-            and client.address not in self.down
-        ):
-            log.warning("peer %s is down: routing around it", escaped(client.address))
-            self.down.add(client.address)
-            self._rebuild_ring()
-        if self._probe_task is None or self._probe_task.done():
-            self._probe_task = asyncio.get_running_loop().create_task(self._probe_down())
-
-    def _to_probe(self) -> list[str]:
-        """Peers out of the ring, and peers with recent errors (HealthCheck reports them
-        until one call or probe succeeds)."""
-        errored = (a for a, c in self.clients.items() if c.recent_errors())
-        return sorted(self.down.union(errored))
-
-    async def _probe_down(self) -> None:
-        """Every probe interval, LiveCheck the peers that failed: one that answers is
-        back in the ring and forgets its errors. Stops when none is left; a peer removed
-        from the list is no longer probed."""
-        while addrs := self._to_probe():
-            await asyncio.sleep(self.config.peer_probe_interval_ms / 1000.0)
-            for addr in addrs:
-                await self._probe(addr)
-
-    async def _probe(self, addr: str) -> None:
-        """One probe; the client is not held past it (a removed peer's channel must be
-        free to go while the loop sleeps)."""
-        client = self.clients.get(addr)
-        if client is None:
-            self.down.discard(addr)
-            return
-        if await client.probe() and addr in self.down:
-            log.info("peer %s is back", escaped(addr))
-            self.down.discard(addr)
-            self._rebuild_ring()
-
     # -- expiry -----------------------------------------------------------------------
     def start_reclaiming(self) -> None:
         """Sweep expired keys out of the limiter every ``reclaim_interval_ms``, with or
@@ -252,10 +138,26 @@ class Node:
     ) -> list[RateLimitResponse]:
         """Answer client requests in order, wherever their owners are."""
         results: list[RateLimitResponse | None] = [None] * len(requests)
-        local: list[int] = []
-        waits: list[tuple[int, PeerClient, Pending]] = []
-        unbatched: dict[str, list[int]] = {}
         now = self._clock()
+        local, waits, unbatched, sent = self._dispatch(requests, results, now)
+        if local:
+            self._answer_locally(requests, local, results)
+        if waits or unbatched:
+            await self._collect(sent or requests, results, waits, unbatched, now)
+        return [r if r is not None else RateLimitResponse(error="no answer") for r in results]
+
+    def _dispatch(
+        self,
+        requests: Sequence[RateLimitRequest],
+        results: list[RateLimitResponse | None],
+        now: int,
+    ) -> tuple[list[int], Waits, dict[str, list[int]], list[RateLimitRequest] | None]:
+        """Each request's way: (indexes to answer here, forwards in a peer's batch,
+        indexes sent alone by owner (NO_BATCHING), the requests as forwarded if any
+        changed). GLOBAL ones a replica answers go straight into ``results``."""
+        local: list[int] = []
+        waits: Waits = []
+        unbatched: dict[str, list[int]] = {}
         sent: list[RateLimitRequest] | None = None  # a copy once a GLOBAL item names this node
         for i, req in enumerate(requests):
             if not req.unique_key or not req.name:
@@ -268,31 +170,18 @@ class Node:
                 continue
             flags = int(req.behavior)  # IntFlag's own & builds a new flag: slow per item
             if flags & _GLOBAL:
-                answered = self.replicas.answer(req, now)
-                if answered is None and not self.lends:
-                    if req.created_at is None:  # as Gubernator stamps it, for the owner
-                        req = replace(req, created_at=now)
-                    answered = self.replicas.fresh(req, now)
-                if answered is not None:
-                    resp, hits, urgent = answered
-                    resp.metadata["owner"] = owner
-                    results[i] = resp
-                    self.global_sync.queue_hits(req, hits, urgent=urgent)
-                    self.metrics.checks.labels("global_replica").inc()
+                results[i], req = self._global_item(req, owner, now)
+                if results[i] is not None:
                     continue
                 if self.lends:
                     if sent is None:
                         sent = list(requests)
-                    req = sent[i] = self._leasing(req)
+                    sent[i] = req
             if flags & _NO_BATCHING:
                 unbatched.setdefault(owner, []).append(i)
             else:
                 waits.append((i, client, client.forward(req)))
-        if local:
-            self._answer_locally(requests, local, results)
-        if waits or unbatched:
-            await self._collect(sent or requests, results, waits, unbatched, now)
-        return [r if r is not None else RateLimitResponse(error="no answer") for r in results]
+        return local, waits, unbatched, sent
 
     def answer_here(
         self, requests: Sequence[RateLimitRequest], *, peer: bool = False
@@ -368,80 +257,11 @@ class Node:
             results[i] = self._within_loans(requests[i], route, now)
         self.metrics.checks.labels(route).inc(len(idx) + len(lent))
 
-    def _owned(
-        self,
-        req: RateLimitRequest,
-        resp: RateLimitResponse,
-        route: str,
-        now: int,
-        left: int | None = None,
-    ) -> None:
-        """After this node decided ``req`` as its owner: broadcast GLOBAL changes, note
-        demand, and lend a non-owner that sent GLOBAL hits its share of what is ``left``
-        (default: ``resp.remaining``)."""
-        resp.metadata["owner"] = self.address
-        flags = int(req.behavior)
-        if not flags & _GLOBAL:
-            return
-        if route == "peer":  # orders this answer among the owner's words (replica.py)
-            resp.metadata[VERSION] = self.global_sync.stamp()
-        if req.hits or flags & _RESET_REMAINING:
-            self.global_sync.queue_broadcast(req, urgent=_low(resp))
-        peer = req.metadata.get(lending.PEER) if route == "peer" else lending.OWNER
-        if peer is None:  # a Gubernator non-owner: it would ignore a loan
-            return
-        if peer == lending.OWNER:
-            if len(self.ring.nodes) > 1:
-                self.ledger.ask(req.hash_key, peer, req.hits, now)
-            return
-        demand = _demand(req)
-        if demand <= 0:  # idle there: hold nothing for it (no allowance: no lease)
-            number = self.ledger.release(req.hash_key, peer, now)
-            resp.metadata[lending.LOAN] = str(number)
-            return
-        self.ledger.ask(req.hash_key, peer, demand, now)
-        remaining = resp.remaining if left is None else left
-        amount, number = self.ledger.lend(
-            req.hash_key, peer, remaining, resp.reset_time, now,
-            limit=resp.limit, nodes=len(self.ring.nodes),
-        )  # fmt: skip
-        resp.metadata[lending.ALLOWANCE] = str(amount)
-        resp.metadata[lending.LOAN] = str(number)
-
-    def _against_loans(self, req: RateLimitRequest, route: str, now: int) -> bool:
-        """Is ``req`` a GLOBAL client request (of this node's clients, or forwarded by a
-        non-owner) for a key with loans out to other nodes?"""
-        flags = int(req.behavior)
-        if not flags & _GLOBAL or flags & _RESET_REMAINING or req.hits <= 0:
-            return False
-        borrower = _borrower(req, route)
-        return borrower is not None and self.ledger.reserved(req.hash_key, now, but=borrower) > 0
-
-    def _within_loans(self, req: RateLimitRequest, route: str, now: int) -> RateLimitResponse:
-        """Decide a GLOBAL client request from what is not lent to other nodes: hits that
-        would need their budgets are refused (drained to what is free)."""
-        lent = self.ledger.reserved(req.hash_key, now, but=_borrower(req, route))
-        state = self.limiter.check([replace(req, hits=0)], now)[0]
-        free = state.remaining - lent
-        if state.error or req.hits <= free:
-            resp = self.limiter.check([req], now)[0]
-            left = resp.remaining
-        elif int(req.behavior) & _DRAIN_OVER_LIMIT and free > 0:
-            resp = self.limiter.check([replace(req, hits=free)], now)[0]
-            left = resp.remaining
-            resp.status, resp.remaining = Status.OVER_LIMIT, 0
-        else:
-            resp = RateLimitResponse(Status.OVER_LIMIT, state.limit, max(free, 0), state.reset_time)
-            left = state.remaining
-        if not resp.error:
-            self._owned(req, resp, route, now, left)
-        return resp
-
     async def _collect(
         self,
         requests: Sequence[RateLimitRequest],
         results: list[RateLimitResponse | None],
-        waits: list[tuple[int, PeerClient, Pending]],
+        waits: Waits,
         unbatched: dict[str, list[int]],
         sent_at: int,
     ) -> None:
@@ -477,23 +297,6 @@ class Node:
         if failed:
             failed.sort()
             self._answer_locally(requests, failed, results, route="owner_failed")
-
-    def _after_forward(
-        self, req: RateLimitRequest, resp: RateLimitResponse | None, sent_at: int
-    ) -> None:
-        """A GLOBAL answer fetched from the owner seeds this node's replica and lease."""
-        if resp is not None and int(req.behavior) & _GLOBAL:
-            self.replicas.install(req.hash_key, resp, req.algorithm, req.duration, sent_at)
-            resp.metadata.pop(lending.LOAN, None)
-            resp.metadata.pop(VERSION, None)
-            if resp.metadata.pop(lending.ALLOWANCE, None) is not None:
-                self.global_sync.forwarded(req)
-
-    def _leasing(self, req: RateLimitRequest) -> RateLimitRequest:
-        """A GLOBAL request forwarded to its owner: names this node, so the owner lends it
-        a budget with the answer."""
-        metadata = {**req.metadata, lending.PEER: self.address}
-        return replace(req, metadata=metadata)
 
     # -- health -----------------------------------------------------------------------
     def health(self) -> tuple[str, str, int, str]:
@@ -543,26 +346,3 @@ class Node:
         self._closing.extend(self.clients.values())
         self.clients.clear()
         await self._close_removed()
-
-
-def _borrower(req: RateLimitRequest, route: str) -> str | None:
-    """Whose loan a GLOBAL request may use besides what is free: OWNER for this node's
-    clients, the sender for a request a non-owner forwarded (named, without a demand);
-    None for a non-owner's sync, whose hits were already admitted under its loan."""
-    if route != "peer":
-        return lending.OWNER
-    md = req.metadata
-    return md.get(lending.PEER) if lending.DEMAND not in md else None
-
-
-def _demand(req: RateLimitRequest) -> int:
-    """Hits a non-owner was asked for (its sync says; else the hits it sent)."""
-    try:
-        return int(req.metadata.get(lending.DEMAND, req.hits))
-    except ValueError:
-        return req.hits
-
-
-def _low(resp: RateLimitResponse) -> bool:
-    """Nearly used up: under a tenth of the limit left."""
-    return resp.remaining * 10 < resp.limit
