@@ -374,9 +374,9 @@ def test_two_real_nodes_find_each_other_by_gubernators_variables_alone(
 async def test_announced_members_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Anyone who can send a packet can announce members: past the bound they are
     refused and counted, not stored."""
-    from smockron.cluster.discovery import memberlist
+    from smockron.cluster.discovery import memberlist_members
 
-    monkeypatch.setattr(memberlist, "MAX_MEMBERS", 3)
+    monkeypatch.setattr(memberlist_members, "MAX_MEMBERS", 3)
     node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
                                node_name="me")  # fmt: skip
     await node.start(lambda peers: None)

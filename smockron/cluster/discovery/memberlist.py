@@ -14,6 +14,10 @@ does (AES-GCM, the first key encrypting, every key tried). What is not spoken: l
 user messages (Gubernator sends none), sending compressed messages (read, never
 written: memberlist takes both), awareness-scaled probe intervals and the protocol
 version negotiation beyond checking each member's versions.
+
+The members' states, suspicions and news queue are memberlist_members, the probes
+memberlist_probe, the bytes memberlist_wire; here the rest of the I/O: joining,
+push/pull streams, packets, gossip.
 """
 
 from __future__ import annotations
@@ -22,11 +26,9 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import math
 import random
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -34,6 +36,12 @@ from prometheus_client import CollectorRegistry
 from smockron.cluster.discovery import memberlist_wire as wire
 from smockron.cluster.discovery._common import DiscoveryMetrics, Publisher, cancel_task
 from smockron.cluster.discovery.base import DISCOVERY, OnChange, PeerInfo
+from smockron.cluster.discovery.memberlist_members import (
+    Member,
+    Suspicion,
+    ip_bytes,
+)
+from smockron.cluster.discovery.memberlist_probe import Probing
 from smockron.errors import ConfigError
 from smockron.ratelog import RateLimitedLog
 from smockron.settings import parse_host_port
@@ -44,73 +52,6 @@ DEFAULT_PORT = 7946
 UDP_BUFFER = 1400
 """memberlist's UDPBufferSize: gossip packets stay below it."""
 JOIN_RETRY = 0.3
-MAX_MEMBERS = 10_000
-"""Alive news about more nodes than this is refused: without encryption anyone who can
-send a packet can announce members, and they must not grow without bound."""
-
-
-@dataclass
-class Member:
-    """One node as memberlist's nodeState holds it."""
-
-    name: str
-    addr: bytes
-    port: int
-    meta: bytes | None
-    incarnation: int
-    state: int
-    vsn: bytes
-    changed: float
-    peer: PeerInfo | None = None
-    """Its metadata read as a peer; None when unreadable (it then routes nothing)."""
-
-    @property
-    def target(self) -> tuple[str, int]:
-        return ip_text(self.addr), self.port
-
-    def pushed(self) -> dict[str, Any]:
-        return {"Name": self.name, "Addr": self.addr, "Port": self.port, "Meta": self.meta,
-                "Incarnation": self.incarnation, "State": self.state, "Vsn": self.vsn}  # fmt: skip
-
-
-def ip_text(addr: bytes) -> str:
-    if len(addr) == 4:
-        return str(ipaddress.IPv4Address(addr))
-    if len(addr) == 16:
-        ip = ipaddress.IPv6Address(addr)
-        return str(ip.ipv4_mapped or ip)
-    raise wire.Malformed(f"address of {len(addr)} bytes")
-
-
-def ip_bytes(text: str) -> bytes:
-    return ipaddress.ip_address(text).packed
-
-
-class _Suspicion:
-    """memberlist's suspicion.go: the timeout shrinks from ``high`` towards ``low`` as
-    other members confirm (``k`` confirmations expected)."""
-
-    def __init__(self, origin: str, k: int, low: float, high: float,
-                 fire: Callable[[], None]) -> None:  # fmt: skip
-        self._loop = asyncio.get_running_loop()
-        self._start = self._loop.time()
-        self._seen = {origin}
-        self._k, self._low, self._high, self._fire = k, low, high, fire
-        self._handle = self._loop.call_at(self._start + (high if k >= 1 else low), fire)
-
-    def confirm(self, origin: str) -> bool:
-        n = len(self._seen) - 1
-        if n >= self._k or origin in self._seen:
-            return False
-        self._seen.add(origin)
-        frac = math.log(n + 2) / math.log(self._k + 1)
-        timeout = max(self._low, self._high - frac * (self._high - self._low))
-        self._handle.cancel()
-        self._handle = self._loop.call_at(self._start + timeout, self._fire)
-        return True
-
-    def cancel(self) -> None:
-        self._handle.cancel()
 
 
 class _Udp(asyncio.DatagramProtocol):
@@ -125,7 +66,7 @@ class _Udp(asyncio.DatagramProtocol):
 
 
 @DISCOVERY.register
-class MemberListDiscovery:
+class MemberListDiscovery(Probing):
     """Peers from a memberlist cluster; ``advertise`` is what this node's metadata names."""
 
     schemes = ("member-list",)
@@ -182,7 +123,7 @@ class MemberListDiscovery:
         self._seq = 0
         self._acks: dict[int, Callable[[], None]] = {}
         self._queue: list[list[Any]] = []  # [node name, message, transmits]
-        self._suspicions: dict[str, _Suspicion] = {}
+        self._suspicions: dict[str, Suspicion] = {}
         self._probe_order: list[str] = []
         self._leaving = False
         self._publisher: Publisher | None = None
@@ -377,275 +318,7 @@ class MemberListDiscovery:
         elif kind != wire.USER:
             raise wire.Malformed(f"message type {kind} not supported")
 
-    def _ping(self, ping: dict[str, Any], source: tuple[str, int]) -> None:
-        if ping["Node"] not in ("", self.name):
-            self._rlog.warning("member-list: ping for node %s, not this one (%s) from %s",
-                               ping["Node"], self.name, source, key="ping-name")  # fmt: skip
-            return
-        reply_to = source
-        if ping["SourceAddr"] and ping["SourcePort"]:
-            reply_to = (ip_text(ping["SourceAddr"]), ping["SourcePort"])
-        self._send_gossiping(reply_to, wire.encode(wire.ACK, "ack", {"SeqNo": ping["SeqNo"]}))
-
-    def _indirect_ping(self, ind: dict[str, Any], source: tuple[str, int]) -> None:
-        reply_to = source
-        if ind["SourceAddr"] and ind["SourcePort"]:
-            reply_to = (ip_text(ind["SourceAddr"]), ind["SourcePort"])
-        seq = self._next_seq()
-        acked = False
-
-        def relay() -> None:
-            nonlocal acked
-            acked = True
-            self._send(reply_to, wire.encode(wire.ACK, "ack", {"SeqNo": ind["SeqNo"]}))
-
-        def nack() -> None:
-            self._acks.pop(seq, None)
-            if ind["Nack"] and not acked:
-                self._send(reply_to, wire.encode(wire.NACK, "nack", {"SeqNo": ind["SeqNo"]}))
-
-        self._acks[seq] = relay
-        asyncio.get_running_loop().call_later(self.probe_timeout, nack)
-        target = (ip_text(ind["Target"]), ind["Port"] or self.port)
-        self._send(target, self._ping_message(seq, ind["Node"]))
-
-    # -- failure detection ----------------------------------------------------------------
-    async def _probe_next(self) -> None:
-        """memberlist's probe: the next member in a shuffled round, skipping ourselves and
-        the dead."""
-        for _ in range(len(self.members) + 1):
-            if not self._probe_order:
-                self._reap()
-                self._probe_order = [n for n in self.members if n != self.name]
-                random.shuffle(self._probe_order)
-                if not self._probe_order:
-                    return
-            member = self.members.get(self._probe_order.pop())
-            if member is not None and member.state in (wire.STATE_ALIVE, wire.STATE_SUSPECT):
-                await self._probe(member)
-                return
-
-    async def _probe(self, member: Member) -> None:
-        loop = asyncio.get_running_loop()
-        seq = self._next_seq()
-        answered = loop.create_future()
-        self._acks[seq] = lambda: None if answered.done() else answered.set_result(True)
-        ping = self._ping_message(seq, member.name)
-        try:
-            if member.state == wire.STATE_ALIVE:
-                self._send_gossiping(member.target, ping)
-            else:
-                suspect = wire.encode(
-                    wire.SUSPECT,
-                    "suspect",
-                    {"Incarnation": member.incarnation, "Node": member.name, "From": self.name},
-                )
-                self._send(member.target, wire.make_compound([ping, suspect]))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(answered), self.probe_timeout)
-                return
-            ind = wire.encode(
-                wire.INDIRECT_PING,
-                "indirect_ping",
-                {
-                    "SeqNo": seq,
-                    "Target": member.addr,
-                    "Port": member.port,
-                    "Node": member.name,
-                    "SourceAddr": self.addr,
-                    "SourcePort": self.port,
-                    "SourceNode": self.name,
-                },
-            )
-            helpers = [m for m in self._live(exclude_self=True, alive_only=True)
-                       if m.name != member.name]  # fmt: skip
-            for helper in random.sample(helpers, min(3, len(helpers))):
-                self._send(helper.target, ind)
-            rest = max(self.probe_interval - self.probe_timeout, 0.1)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(answered), rest)
-                return
-            log.info("member-list: suspect %s has failed, no acks received", member.name)
-            self._suspect(member.incarnation, member.name, self.name)
-        finally:
-            self._acks.pop(seq, None)
-            answered.cancel()
-
-    def _ping_message(self, seq: int, node: str) -> bytes:
-        return wire.encode(
-            wire.PING,
-            "ping",
-            {
-                "SeqNo": seq,
-                "Node": node,
-                "SourceAddr": self.addr,
-                "SourcePort": self.port,
-                "SourceNode": self.name,
-            },
-        )
-
-    # -- state: memberlist's aliveNode, suspectNode, deadNode -----------------------------
-    def _alive(self, a: dict[str, Any], bootstrap: bool = False) -> None:
-        name, vsn = a["Node"], a["Vsn"] or b""
-        if (self._leaving and name == self.name) or not name:
-            return
-        if len(vsn) >= 3 and (vsn[0] == 0 or vsn[1] == 0 or vsn[0] > vsn[1]):
-            raise wire.Malformed(f"alive for {name}: wrong protocol versions {list(vsn)}")
-        ip_text(a["Addr"] or b"")  # a malformed address stops here
-        found = self._alive_member(name, a, vsn)
-        if found is None:
-            return
-        member, moved = found
-        local = name == self.name
-        if a["Incarnation"] <= member.incarnation and not local and not moved:
-            return
-        if a["Incarnation"] < member.incarnation and local:
-            return
-        self._cancel_suspicion(name)
-        old_state = member.state
-        if local and not bootstrap:
-            if (a["Incarnation"], a["Meta"], vsn) != (member.incarnation, member.meta, member.vsn):
-                self._refute(member, a["Incarnation"])
-            return
-        self._broadcast(name, wire.encode(wire.ALIVE, "alive", a))
-        member.incarnation, member.meta, member.vsn = a["Incarnation"], a["Meta"], vsn
-        member.addr, member.port = a["Addr"], a["Port"]
-        member.peer = self._peer_of(member)
-        if old_state != wire.STATE_ALIVE:
-            member.state, member.changed = wire.STATE_ALIVE, self._now()
-        self._publish()
-
-    def _alive_member(self, name: str, a: dict[str, Any], vsn: bytes) -> tuple[Member, bool] | None:
-        """The member an alive message is about (added, dead, if new) and whether it is a
-        left one back at another address; None when another node has its name."""
-        member = self.members.get(name)
-        if member is None:
-            if len(self.members) >= MAX_MEMBERS:
-                raise wire.Malformed(f"alive for {name}: already {MAX_MEMBERS} members")
-            member = Member(name, a["Addr"], a["Port"], a["Meta"], 0, wire.STATE_DEAD, vsn,
-                            self._now())  # fmt: skip
-            self.members[name] = member
-            return member, False
-        if (member.addr, member.port) == (a["Addr"], a["Port"]):
-            return member, False
-        if member.state != wire.STATE_LEFT:
-            self._rlog.warning(
-                "member-list: two nodes are named %s: %s:%d and %s:%d; set "
-                "GUBER_MEMBERLIST_NODE_NAME (the host name by default) to tell them apart",
-                name, ip_text(member.addr), member.port, ip_text(a["Addr"]), a["Port"],
-                key=f"conflict {name}")  # fmt: skip
-            return None
-        return member, True
-
-    def _suspect(self, incarnation: int, name: str, origin: str) -> None:
-        member = self.members.get(name)
-        if member is None or incarnation < member.incarnation:
-            return
-        suspicion = self._suspicions.get(name)
-        if suspicion is not None:
-            if suspicion.confirm(origin):
-                self._broadcast(name, self._suspect_message(incarnation, name, origin))
-            return
-        if member.state != wire.STATE_ALIVE:
-            return
-        if name == self.name:
-            self._refute(member, incarnation)
-            return
-        self._broadcast(name, self._suspect_message(incarnation, name, origin))
-        member.incarnation, member.state, member.changed = (
-            incarnation,
-            wire.STATE_SUSPECT,
-            self._now(),
-        )
-        changed = member.changed
-        n = len(self._live())
-        k = self._suspicion_mult - 2 if n - 2 >= self._suspicion_mult - 2 else 0
-        low = self._suspicion_mult * max(1.0, math.log10(max(1.0, n))) * self.probe_interval
-        high = self._suspicion_max * low
-
-        def timeout() -> None:
-            self._suspicions.pop(name, None)
-            now = self.members.get(name)
-            if now is not None and now.state == wire.STATE_SUSPECT and now.changed == changed:
-                log.info("member-list: marking %s as failed, suspect timeout reached", name)
-                self._dead(now.incarnation, name, self.name)
-
-        self._suspicions[name] = _Suspicion(origin, k, low, high, timeout)
-
-    def _suspect_message(self, incarnation: int, name: str, origin: str) -> bytes:
-        return wire.encode(wire.SUSPECT, "suspect",
-                           {"Incarnation": incarnation, "Node": name, "From": origin})  # fmt: skip
-
-    def _dead(self, incarnation: int, name: str, origin: str) -> None:
-        member = self.members.get(name)
-        if member is None or incarnation < member.incarnation:
-            return
-        self._cancel_suspicion(name)
-        if member.state in (wire.STATE_DEAD, wire.STATE_LEFT):
-            return
-        if name == self.name and not self._leaving:
-            self._refute(member, incarnation)
-            return
-        self._broadcast(name, wire.encode(wire.DEAD, "dead", {
-            "Incarnation": incarnation, "Node": name, "From": origin}))  # fmt: skip
-        member.incarnation = incarnation
-        member.state = wire.STATE_LEFT if name == origin else wire.STATE_DEAD
-        member.changed = self._now()
-        self._publish()
-
-    def _refute(self, me: Member, accused: int) -> None:
-        """memberlist's refute: an incarnation above the accusation, and the news."""
-        self._incarnation = max(self._incarnation + 1, accused + 1)
-        me.incarnation = self._incarnation
-        self._broadcast(me.name, wire.encode(wire.ALIVE, "alive", {
-            "Incarnation": me.incarnation, "Node": me.name, "Addr": me.addr, "Port": me.port,
-            "Meta": me.meta, "Vsn": me.vsn}))  # fmt: skip
-
-    def _reap(self) -> None:
-        """Forget members dead or gone for longer than news of them is gossiped
-        (memberlist's resetNodes), so restarted pods under new names do not pile up."""
-        now = self._now()
-        for name, member in list(self.members.items()):
-            gone = member.state in (wire.STATE_DEAD, wire.STATE_LEFT)
-            if gone and now - member.changed > self._to_the_dead:
-                del self.members[name]
-
-    def _cancel_suspicion(self, name: str) -> None:
-        suspicion = self._suspicions.pop(name, None)
-        if suspicion is not None:
-            suspicion.cancel()
-
-    def _peer_of(self, member: Member) -> PeerInfo | None:
-        if member.name == self.name:
-            return self.me
-        try:
-            return wire.decode_meta(member.meta)
-        except wire.Malformed as exc:
-            self._malformed(exc, member.target)
-            return None
-
-    def _publish(self) -> None:
-        if self._publisher is not None:
-            self._publisher.publish(m.peer for m in self._live() if m.peer is not None)
-
     # -- gossip ---------------------------------------------------------------------------
-    def _broadcast(self, name: str, message: bytes) -> None:
-        """Queue news about ``name``; it replaces older news about the same node."""
-        self._queue = [item for item in self._queue if item[0] != name]
-        self._queue.append([name, message, 0])
-
-    def _take_broadcasts(self, budget: int) -> list[bytes]:
-        limit = self._retransmit_mult * math.ceil(math.log10(len(self.members) + 1))
-        taken: list[bytes] = []
-        for item in sorted(self._queue, key=lambda i: i[2]):
-            if len(item[1]) + 2 > budget:
-                continue
-            budget -= len(item[1]) + 2
-            taken.append(item[1])
-            item[2] += 1
-        self._queue = [item for item in self._queue if item[2] < limit]
-        return taken
-
     def _gossip(self) -> None:
         now = self._now()
         targets = [m for m in self.members.values() if m.name != self.name and (
@@ -687,22 +360,6 @@ class MemberListDiscovery:
                     raise wire.Malformed("remote node state is larger than limit") from None
 
     # -- helpers --------------------------------------------------------------------------
-    def _live(self, exclude_self: bool = False, alive_only: bool = False) -> list[Member]:
-        states = (wire.STATE_ALIVE,) if alive_only else (wire.STATE_ALIVE, wire.STATE_SUSPECT)
-        return [m for m in self.members.values()
-                if m.state in states and not (exclude_self and m.name == self.name)]  # fmt: skip
-
-    def _next_seq(self) -> int:
-        self._seq = (self._seq + 1) & 0xFFFFFFFF
-        return self._seq
-
-    def _now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    def _malformed(self, exc: Exception, source: object) -> None:
-        self.metrics.malformed.inc()
-        self._rlog.warning("member-list: malformed message from %s: %s", source, exc,
-                           key="malformed")  # fmt: skip
 
 
 def _host_port(text: str, what: str, listen: bool = False) -> tuple[str, int]:
