@@ -8,135 +8,42 @@ all lands in one ClusterConfig, built once (smockron/cluster/config.py). Duratio
 need a unit (``500us``, ``100ms``, ``1s``, ``1m30s``): a bare number once meant
 milliseconds here and is now refused rather than reread; the ``GUBER_*`` variables keep
 Gubernator's Go syntax.
+
+The settings are built in smockron.cluster.build, the node run in smockron.cluster.run;
+here the command: its flags, the ``--config`` file's two forms, logging.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
-import socket
-from collections.abc import Mapping
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
-from prometheus_client import CollectorRegistry
 
 from smockron import runtime
-from smockron.cluster.config import CLIENT_AUTH_MODES, ClusterConfig, with_changes
-from smockron.cluster.discovery import make_discovery, options
-from smockron.cluster.discovery.base import Discovery, PeerInfo
-from smockron.cluster.guber_env import from_env, is_env_file, read_env_file
+from smockron.cluster.build import build_config as build_config  # re-exported: the old home
+from smockron.cluster.build import build_discovery as build_discovery
+from smockron.cluster.build import printable
+from smockron.cluster.config import CLIENT_AUTH_MODES, ClusterConfig
+from smockron.cluster.guber_env import is_env_file, read_env_file
 from smockron.cluster.metrics import ClusterMetrics
-from smockron.cluster.node import Node
-from smockron.cluster.server import ClusterServer, GrpcServer
-from smockron.cluster.transports.http import observe
+from smockron.cluster.run import envoy_front, reload, serve
+from smockron.cluster.server import ClusterServer
 from smockron.errors import ConfigError
 from smockron.settings import (
-    WILDCARD_HOSTS,
     Duration,
     HostPort,
     SmockronCommand,
     metrics_option,
-    parse_host_port,
     print_settings_if_asked,
 )
 
 log = logging.getLogger("smockron.cluster")
 
-# flag (click parameter name) -> the discovery pool field it sets
-_DISCOVERY_FLAGS = {
-    "etcd_endpoints": "etcd.endpoints",
-    "dns_fqdn": "dns.fqdn",
-    "k8s_namespace": "k8s.namespace",
-    "k8s_selector": "k8s.selector",
-    "k8s_pod_ip": "k8s.pod_ip",
-}
-
-
 _DURATION = Duration(bare=None, unit="ms")  # a bare number used to be ms: refused
-_FIELDS = frozenset(f.name for f in fields(ClusterConfig))
-
-
-def _changes(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Flag values (click's, already converted) as ClusterConfig changes (with_changes)."""
-    changes = {k: v for k, v in values.items() if v is not None and k in _FIELDS}
-    for flag, path in _DISCOVERY_FLAGS.items():
-        if values.get(flag):
-            changes[path] = values[flag]
-    if values.get("peers"):
-        changes["peers"] = _addresses(values["peers"], "peers", peer_suffix=True)
-    if values.get("etcd_endpoints"):
-        changes["etcd.endpoints"] = _addresses(values["etcd_endpoints"], "etcd endpoints")
-    if changes.get("peer_discovery") == "kubernetes":
-        changes["peer_discovery"] = "k8s"
-    return changes
-
-
-def _addresses(text: str, what: str, peer_suffix: bool = False) -> tuple[str, ...]:
-    """A comma-separated list of HOST:PORT, each checked; with ``peer_suffix`` each may
-    end in ``/HOST:PORT`` or ``/PORT`` (where that node serves PeersV1)."""
-    items = tuple(p.strip() for p in str(text).split(",") if p.strip())
-    for item in items:
-        address, sep, peer = item.partition("/") if peer_suffix else (item, "", "")
-        try:
-            parse_host_port(address)
-            if sep and not peer.isdigit():
-                parse_host_port(peer)
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc}") from None
-    return items
-
-
-def build_config(
-    env: Mapping[str, str], flags: Mapping[str, Any], file: Mapping[str, Any] | None = None
-) -> ClusterConfig:
-    """The one settings object: defaults, then the ``file`` values, then ``GUBER_*``
-    (``env``, read once), then ``flags`` (the command line and ``SMOCKRON_CLUSTER_*``)."""
-    base = with_changes(ClusterConfig(), _changes(file or {}))
-    config = with_changes(from_env(env, base), _changes(flags))
-    return replace(config, **_listen_everywhere(config)).validate()
-
-
-def _listen_everywhere(config: ClusterConfig) -> dict[str, Any]:
-    """Go-style ``:1051`` listens on all interfaces; peers then need a dialable address.
-
-    As Gubernator does, the advertised address defaults to this host's IP when the gRPC
-    address is a wildcard and GUBER_ADVERTISE_ADDRESS is not set.
-    """
-    host, sep, port = config.grpc_address.rpartition(":")
-    if not sep or host not in WILDCARD_HOSTS:
-        return {}
-    changes: dict[str, Any] = {
-        "grpc_address": f"0.0.0.0:{port}" if host in ("", "*") else config.grpc_address
-    }
-    if not config.advertise_address:
-        try:
-            ip = socket.gethostbyname(socket.gethostname())
-        except OSError:
-            ip = "127.0.0.1"
-        changes["advertise_address"] = f"{ip}:{port}"
-    return changes
-
-
-def build_discovery(config: ClusterConfig, registry: CollectorRegistry | None = None) -> Discovery:
-    """The mechanism ``config`` names, from its settings alone; ``registry``: the node's,
-    for the discovery counters."""
-    me = PeerInfo(config.advertise, config.http_address, config.data_center, config.advertise_peer)
-    kind = config.peer_discovery
-    if config.peers_file:
-        if kind not in ("static", "none") or config.peers:
-            raise ConfigError("peers_file is a static peer list: it excludes --peers and "
-                              f"--peer-discovery {kind}")  # fmt: skip
-        return make_discovery("file", path=config.peers_file, advertise=me)
-    found = options(config, me)
-    if found is None:
-        return make_discovery("static", peers=list(config.peers) or [me.grpc_address], advertise=me)
-    return make_discovery(found[0], **found[1], registry=registry)
 
 
 def _chosen(name: str) -> bool:
@@ -189,144 +96,6 @@ class ClusterCommand(SmockronCommand):
 
 
 _GUBER_FILE = "smockron.cluster.guber_file"
-
-
-def _printable(config: ClusterConfig) -> dict[str, Any]:
-    """The settings for --print-settings, secrets masked."""
-    values = {f: getattr(config, f) for f in sorted(_FIELDS)}
-    if config.etcd.password:
-        values["etcd"] = replace(config.etcd, password="***")
-    if config.member_list.secret_keys:
-        values["member_list"] = replace(config.member_list, secret_keys=("***",))
-    return values
-
-
-class EnvoyFront:
-    """The Envoy RLS front on the node's gRPC server; its descriptor files are reloaded
-    when they change (as envoyproxy/ratelimit does), every ``reload_interval`` seconds."""
-
-    def __init__(self, paths: str, reload_interval: float, headers: bool = False) -> None:
-        from smockron.cluster import envoy
-
-        self._envoy = envoy
-        self.paths = paths
-        self.loaded = envoy.load_config(paths)  # a bad file stops the command at start
-        self.reload_interval = reload_interval
-        self.headers = headers
-        self._task: asyncio.Task[None] | None = None
-        self._reloader: Any = None
-
-    def __call__(self, server: GrpcServer, node: Node) -> None:
-        servicer = self._envoy.add_to_server(
-            server, node, self.loaded, response_headers=self.headers
-        )
-        self._reloader = self._envoy.ConfigReloader(servicer, self.paths, self.reload_interval)
-        if self.reload_interval > 0:
-            self._task = asyncio.get_running_loop().create_task(self._reloader.run())
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def reload(self) -> None:
-        """SIGHUP: check the descriptor files now rather than at the next poll."""
-        if self._reloader is not None and not self._reloader.check():
-            log.info("envoy: SIGHUP: the descriptor files are unchanged")
-
-    async def start(self) -> None:
-        """Nothing beyond the gRPC port (UpstreamFront starts its listeners here)."""
-
-
-def _envoy_front(
-    config: ClusterConfig, env: Mapping[str, str], given: Mapping[str, Any]
-) -> tuple[ClusterConfig, Any]:
-    """The Envoy front, if any: ``--envoy-config``'s, or envoyproxy/ratelimit mode's
-    (envoy/upstream_env.py), whose GRPC_HOST:GRPC_PORT is the gRPC address unless one was
-    given (flag, SMOCKRON_CLUSTER_GRPC_ADDRESS, GUBER_GRPC_ADDRESS, the --config file)."""
-    from smockron.cluster.envoy.upstream_env import upstream_mode
-
-    if upstream_mode(env, config.envoy_config):
-        from smockron.cluster.envoy.upstream import UpstreamFront, apply_logging
-        from smockron.cluster.envoy.upstream_env import UpstreamSettings
-
-        settings = UpstreamSettings.from_env(env)
-        apply_logging(settings, env)
-        if given.get("grpc_address") is None and not env.get("GUBER_GRPC_ADDRESS"):
-            config = replace(config, grpc_address=settings.grpc_address)
-            config = replace(config, **_listen_everywhere(config)).validate()
-        interval = config.envoy_reload_interval_ms / 1000
-        front = UpstreamFront(settings, interval, env, config.envoy_response_headers)
-        return config, front
-    if not config.envoy_config:
-        return config, None
-    return config, EnvoyFront(
-        config.envoy_config,
-        config.envoy_reload_interval_ms / 1000,
-        headers=config.envoy_response_headers,
-    )
-
-
-async def serve(
-    server: ClusterServer,
-    front: Any = None,
-    stop: asyncio.Event | None = None,
-    facts: Mapping[str, Any] | None = None,
-    metrics: str | None = None,
-) -> None:
-    """Start, serve until ``stop`` (the runtime's SIGTERM/SIGINT), then stop cleanly."""
-    stop = stop or asyncio.Event()
-    try:
-        await server.start()
-    except OSError as exc:
-        if front is not None:
-            await front.close()
-        await server.stop()
-        raise click.ClickException(str(exc)) from None
-    runtime.startup_line("cluster", **(facts or {}))
-    listener = None
-    try:
-        if front is not None:
-            try:
-                await front.start()
-            except OSError as exc:
-                raise click.ClickException(str(exc)) from None
-        runtime.announce(f"smockron cluster: node {server.node.address} serving")
-        if metrics:
-            try:
-                listener = observe(server.node, metrics)
-            except ConfigError as exc:
-                raise click.ClickException(str(exc)) from None
-        await stop.wait()
-        if hasattr(front, "stopping"):
-            front.stopping()  # envoyproxy/ratelimit's health check fails from SIGTERM on
-        await _drain(server.config.graceful_termination_delay_ms / 1000)
-    finally:
-        log.info("shutting down")
-        if listener is not None:
-            listener.close()
-        if front is not None:
-            await front.close()
-        await server.stop()
-
-
-async def _drain(delay: float) -> None:
-    """GUBER_GRACEFUL_TERMINATION_DELAY_SEC: keep serving a while after SIGTERM."""
-    if delay > 0:
-        log.info("graceful termination: serving %.0f s more before stopping", delay)
-        await asyncio.sleep(delay)
-
-
-def _reload(server: ClusterServer, front: Any, discovery: Discovery) -> None:
-    """SIGHUP: the TLS certificate and key files, the Envoy descriptor files, and the
-    peers file."""
-    server.reload_tls()
-    if front is not None:
-        front.reload()
-    reload = getattr(discovery, "reload", None)
-    if reload is not None:
-        reload()
 
 
 @click.command("cluster", cls=ClusterCommand)
@@ -518,8 +287,8 @@ def cluster(**flags: Any) -> None:
     filed = {k: v for k, v in flags.items() if ctx.get_parameter_source(k) == from_file}
     config = build_config(env, given, filed)
     _apply_guber_logging(config)
-    config, front = _envoy_front(config, env, {**filed, **given})
-    print_settings_if_asked(_printable(config))
+    config, front = envoy_front(config, env, {**filed, **given})
+    print_settings_if_asked(printable(config))
     for line in config.ignored:
         log.warning("%s", line)
     metrics = ClusterMetrics()
@@ -544,5 +313,5 @@ def cluster(**flags: Any) -> None:
     runtime.run(
         lambda stop: serve(server, front, stop, facts, metrics=flags.get("metrics")),
         name="cluster",
-        reload=lambda: _reload(server, front, discovery),
+        reload=lambda: reload(server, front, discovery),
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from smockron.cluster.cli import build_config, build_discovery
+from smockron.cluster.build import build_config, build_discovery
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.guber_env import from_env, guber_log_level

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from smockron.cluster.cli import build_config, build_discovery
+from smockron.cluster.build import build_config, build_discovery
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery.base import Discovery, PeerInfo

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from smockron.cluster.cli import build_config
+from smockron.cluster.build import build_config
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery import PeerInfo, options_from_env
 from smockron.cluster.guber_env import (

@@ -139,7 +139,7 @@ def _parse_health(data: bytes) -> health_pb2.HealthCheckRequest | None:
 
 class UpstreamFront:
     """The Envoy front and everything around it, in envoyproxy/ratelimit mode. The same
-    interface as cli.EnvoyFront (called with the gRPC server, ``start``, ``close``,
+    interface as run.EnvoyFront (called with the gRPC server, ``start``, ``close``,
     ``reload``)."""
 
     def __init__(
