@@ -176,18 +176,8 @@ def _walk(root: DescriptorNode, domain: str, entries: Sequence[tuple[str, str]])
     found: tuple[DescriptorNode, Limit] | None = None
     parent = root
     for i, (key, value) in enumerate(entries):
-        composite = f"{key}_{value}"
-        detailed.append(composite)
-        node = parent.children.get(composite)
-        pattern = ""
-        if node is None:
-            for candidate, parts in parent.wildcards:
-                if wildcard_match(parts, composite):
-                    node, pattern = parent.children[candidate], candidate
-                    break
-        by_exact_value = node is not None
-        if node is None:
-            node = parent.children.get(key)
+        detailed.append(f"{key}_{value}")
+        node, pattern, by_exact_value = _child(parent, key, value)
         if node is None:
             by_value.append(key)
             break
@@ -208,6 +198,19 @@ def _walk(root: DescriptorNode, domain: str, entries: Sequence[tuple[str, str]])
     else:
         stats_key = ".".join(by_value)
     return Match(limit, stats_key, patterns, node.metadata)
+
+
+def _child(parent: DescriptorNode, key: str, value: str) -> tuple[DescriptorNode | None, str, bool]:
+    """(the node an entry leads to, the wildcard pattern it matched or "", whether by its
+    value): the exact ``key_value`` first, then wildcards in order, then ``key`` alone."""
+    composite = f"{key}_{value}"
+    node = parent.children.get(composite)
+    if node is not None:
+        return node, "", True
+    for candidate, parts in parent.wildcards:
+        if wildcard_match(parts, composite):
+            return parent.children[candidate], candidate, True
+    return parent.children.get(key), "", False
 
 
 def _metric_part(

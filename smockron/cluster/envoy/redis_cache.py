@@ -36,7 +36,8 @@ from typing import Any
 
 from smockron.cluster.envoy.config import Match
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
-from smockron.cluster.envoy.service import RateLimitServicer, _Check, _Plan
+from smockron.cluster.envoy.plan import Check, Plan
+from smockron.cluster.envoy.service import RateLimitServicer
 from smockron.cluster.envoy.upstream_env import RedisSettings, UpstreamSettings
 from smockron.cluster.model import RateLimitResponse, Status
 from smockron.errors import ConfigError
@@ -177,10 +178,14 @@ def _host_port(text: str, what: str) -> tuple[str, int]:
 def make_client(settings: RedisSettings, what: str = "REDIS_URL") -> Any:
     """An asyncio redis-py client for one of upstream's Redis settings (hiredis parses
     the replies when installed)."""
-    from redis.asyncio import Redis
-    from redis.asyncio.cluster import ClusterNode, RedisCluster
-    from redis.asyncio.sentinel import Sentinel
+    make = {"single": _single, "sentinel": _sentinel, "cluster": _cluster}.get(settings.type)
+    if make is None:
+        raise ConfigError(f"REDIS_TYPE {settings.type!r}: use single, sentinel or cluster")
+    return make(settings, _common_options(settings), what)
 
+
+def _common_options(settings: RedisSettings) -> dict[str, Any]:
+    """The client options every kind of deployment takes: auth, timeouts, pool, TLS."""
     user, password = split_auth(settings.auth)
     common: dict[str, Any] = {
         "username": user,
@@ -198,42 +203,53 @@ def make_client(settings: RedisSettings, what: str = "REDIS_URL") -> Any:
             ssl_check_hostname=not settings.tls_skip_hostname_verification,
             ssl_cert_reqs=ssl.CERT_REQUIRED,
         )
-    kind = settings.type
-    if kind == "single":
-        if settings.socket_type == "unix":
-            common.pop("ssl", None)
-            for name in [k for k in common if k.startswith("ssl_")]:
-                common.pop(name)
-            return Redis(unix_socket_path=settings.url, **common)
-        if settings.socket_type != "tcp":
-            raise ConfigError(f"{what}: socket type {settings.socket_type!r}: use tcp or unix")
-        if settings.url.startswith(("redis://", "rediss://")):
-            return Redis.from_url(settings.url, **{k: v for k, v in common.items() if v})
-        host, port = _host_port(settings.url, what)
-        return Redis(host=host, port=port, **common)
-    if kind == "sentinel":
-        parts = [p.strip() for p in settings.url.split(",") if p.strip()]
-        if len(parts) < 2:
-            raise ConfigError(
-                f"{what}: Expected master name and a list of urls for the sentinels, in the "
-                "format: <redis master name>,<sentinel1>,...,<sentineln>"
-            )
-        sentinels = [_host_port(p, what) for p in parts[1:]]
-        s_user, s_password = split_auth(settings.sentinel_auth)
-        sentinel_kwargs: dict[str, Any] = {"socket_timeout": settings.timeout_s}
-        if s_password:
-            sentinel_kwargs.update(username=s_user, password=s_password)
-        max_connections = common.pop("max_connections")
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            sentinels, sentinel_kwargs=sentinel_kwargs, **common
+    return common
+
+
+def _single(settings: RedisSettings, common: dict[str, Any], what: str) -> Any:
+    from redis.asyncio import Redis
+
+    if settings.socket_type == "unix":
+        common.pop("ssl", None)
+        for name in [k for k in common if k.startswith("ssl_")]:
+            common.pop(name)
+        return Redis(unix_socket_path=settings.url, **common)
+    if settings.socket_type != "tcp":
+        raise ConfigError(f"{what}: socket type {settings.socket_type!r}: use tcp or unix")
+    if settings.url.startswith(("redis://", "rediss://")):
+        return Redis.from_url(settings.url, **{k: v for k, v in common.items() if v})
+    host, port = _host_port(settings.url, what)
+    return Redis(host=host, port=port, **common)
+
+
+def _sentinel(settings: RedisSettings, common: dict[str, Any], what: str) -> Any:
+    from redis.asyncio.sentinel import Sentinel
+
+    parts = [p.strip() for p in settings.url.split(",") if p.strip()]
+    if len(parts) < 2:
+        raise ConfigError(
+            f"{what}: Expected master name and a list of urls for the sentinels, in the "
+            "format: <redis master name>,<sentinel1>,...,<sentineln>"
         )
-        return sentinel.master_for(parts[0], max_connections=max_connections)
-    if kind == "cluster":
-        nodes = [ClusterNode(*_host_port(p, what)) for p in settings.url.split(",") if p.strip()]
-        if not nodes:
-            raise ConfigError(f"{what}: no cluster node address")
-        return RedisCluster(startup_nodes=nodes, **common)
-    raise ConfigError(f"REDIS_TYPE {kind!r}: use single, sentinel or cluster")
+    sentinels = [_host_port(p, what) for p in parts[1:]]
+    s_user, s_password = split_auth(settings.sentinel_auth)
+    sentinel_kwargs: dict[str, Any] = {"socket_timeout": settings.timeout_s}
+    if s_password:
+        sentinel_kwargs.update(username=s_user, password=s_password)
+    max_connections = common.pop("max_connections")
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels, sentinel_kwargs=sentinel_kwargs, **common
+    )
+    return sentinel.master_for(parts[0], max_connections=max_connections)
+
+
+def _cluster(settings: RedisSettings, common: dict[str, Any], what: str) -> Any:
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    nodes = [ClusterNode(*_host_port(p, what)) for p in settings.url.split(",") if p.strip()]
+    if not nodes:
+        raise ConfigError(f"{what}: no cluster node address")
+    return RedisCluster(startup_nodes=nodes, **common)
 
 
 @dataclass(slots=True)
@@ -297,14 +313,14 @@ class RedisRateLimitServicer(RateLimitServicer):
         descriptor: ratelimit_pb2.RateLimitDescriptor,
         match: Match,
         now: int,
-    ) -> _Check:
+    ) -> Check:
         check = RateLimitServicer._check(index, request, descriptor, match, now)
         divider_ms = UNIT_DIVIDER[match.limit.unit] * 1000
         now_s_ms = now - now % 1000  # upstream counts in whole seconds
         check.window_end = now_s_ms - now_s_ms % divider_ms + divider_ms
         return check
 
-    def _keys(self, plan: _Plan) -> list[_Key]:
+    def _keys(self, plan: Plan) -> list[_Key]:
         now_s = plan.now // 1000
         keys = []
         for check in plan.checks:
@@ -323,7 +339,7 @@ class RedisRateLimitServicer(RateLimitServicer):
             keys.append(_Key(key, per_second, UNIT_DIVIDER[unit]))
         return keys
 
-    async def _limit(self, plan: _Plan) -> list[RateLimitResponse]:
+    async def _limit(self, plan: Plan) -> list[RateLimitResponse]:
         checks = plan.checks
         if not checks:
             return []
@@ -372,7 +388,7 @@ class RedisRateLimitServicer(RateLimitServicer):
             return hits
         return 0
 
-    def _local_cache_hit(self, check: _Check) -> None:
+    def _local_cache_hit(self, check: Check) -> None:
         stats = self._limit_stats(check.match.stats_key)
         stats.over_limit_with_local_cache += check.hits
 

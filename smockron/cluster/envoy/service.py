@@ -29,6 +29,10 @@ limit configuration loaded", as upstream answers. Every failure is logged, rate-
 ``decide()`` is the same answer without gRPC (``ServiceError`` for the failures), for
 upstream's ``POST /json``. Subclasses count elsewhere by overriding ``_limit`` (the Redis
 backend, redis_cache.py).
+
+Modules: the request resolved against the config in ``plan``, the answer's pure pieces
+in ``answer``; here the servicer (the limiter asked, the answer and its counters) and
+its registration on a gRPC server.
 """
 
 from __future__ import annotations
@@ -37,26 +41,21 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote
 
 import grpc
-from google.protobuf import text_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
-from google.protobuf.struct_pb2 import Struct
 
+from smockron.cluster.envoy.answer import ceil_s, dynamic_metadata
 from smockron.cluster.envoy.config import (
     MAX_UINT32,
-    UNIT_NAME,
     UNIT_NUMBER,
     EnvoyConfig,
     Limit,
-    Match,
 )
 from smockron.cluster.envoy.headers import rate_limit_headers, speaking_status
-from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
+from smockron.cluster.envoy.pb import rls_pb2
+from smockron.cluster.envoy.plan import Check, Plan, check_of, drains_of, match_of
 from smockron.cluster.envoy.settings import EnvoySettings
 from smockron.cluster.envoy.stats import (
     EnvoyStats,
@@ -70,8 +69,6 @@ from smockron.cluster.envoy.stats import (
 from smockron.cluster.local import epoch_ms
 from smockron.cluster.metrics import ClusterMetrics
 from smockron.cluster.model import (
-    Algorithm,
-    Behavior,
     RateLimiter,
     RateLimitRequest,
     RateLimitResponse,
@@ -81,7 +78,6 @@ from smockron.cluster.node import Node
 from smockron.cluster.transports import GrpcServer
 from smockron.cluster.transports.native import NativeServer
 from smockron.cluster.transports.threaded import ThreadedServer, fast_or_bridged, keep_none
-from smockron.core import calendar
 from smockron.ratelog import RateLimitedLog
 
 __all__ = [
@@ -110,32 +106,6 @@ class ServiceError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(slots=True)
-class _Check:
-    """One descriptor that goes to the limiter."""
-
-    index: int
-    match: Match
-    hits: int
-    window_end: int
-    request: RateLimitRequest
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What a call asks, resolved against the config before the limiter is asked."""
-
-    request: rls_pb2.RateLimitRequest
-    now: int
-    known_domain: bool
-    unlimited: list[bool]
-    checks: list[_Check]
-
-    @property
-    def batch(self) -> list[RateLimitRequest]:
-        return [check.request for check in self.checks]
 
 
 class RateLimitServicer:
@@ -220,7 +190,7 @@ class RateLimitServicer:
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, "rate limiter unavailable") from None
         return self._respond(plan, answers)
 
-    async def _limit(self, plan: _Plan) -> list[RateLimitResponse]:
+    async def _limit(self, plan: Plan) -> list[RateLimitResponse]:
         """The limiter's answers to ``plan.checks``, in order (raises when it fails)."""
         answers = await self.limiter.get_rate_limits(plan.batch) if plan.checks else []
         drains = self._drains(plan, answers)
@@ -256,7 +226,7 @@ class RateLimitServicer:
 
     # -- before the limiter -----------------------------------------------------------------
 
-    def _plan(self, request: rls_pb2.RateLimitRequest, config: EnvoyConfig) -> _Plan:
+    def _plan(self, request: rls_pb2.RateLimitRequest, config: EnvoyConfig) -> Plan:
         now = self._clock()
         domain = request.domain
         matches = [self._match(config, domain, d) for d in request.descriptors]
@@ -269,66 +239,13 @@ class RateLimitServicer:
             if match.limit.name and match.limit.name in replaced:
                 continue
             checks.append(self._check(i, request, descriptor, match, now))
-        return _Plan(request, now, domain in config.domains, unlimited, checks)
+        return Plan(request, now, domain in config.domains, unlimited, checks)
 
-    @staticmethod
-    def _match(
-        config: EnvoyConfig, domain: str, descriptor: ratelimit_pb2.RateLimitDescriptor
-    ) -> Match | None:
-        entries = [(e.key, e.value) for e in descriptor.entries]
-        override = None
-        if descriptor.HasField("limit") and descriptor.limit.unit in UNIT_NAME:
-            override = (descriptor.limit.requests_per_unit, UNIT_NAME[descriptor.limit.unit])
-        return config.lookup(domain, entries, override)
+    _match = staticmethod(match_of)
+    _check = staticmethod(check_of)
+    """How a matched descriptor becomes a Check (a subclass adds to it)."""
 
-    @staticmethod
-    def _check(
-        index: int,
-        request: rls_pb2.RateLimitRequest,
-        descriptor: ratelimit_pb2.RateLimitDescriptor,
-        match: Match,
-        now: int,
-    ) -> _Check:
-        if descriptor.HasField("hits_addend"):
-            hits = descriptor.hits_addend.value
-        else:
-            hits = max(1, request.hits_addend)
-        key = _counter_key(descriptor, match.share_patterns)
-        duration, gregorian = match.limit.window
-        if gregorian:
-            _, end = calendar.window(now, duration)
-        else:  # aligned to the epoch: the window is part of the key
-            start = now - now % duration
-            end = start + duration
-            key = f"{key}@{start}"
-        limiter_request = RateLimitRequest(
-            name=f"envoy/{request.domain}",
-            unique_key=key,
-            hits=hits,
-            limit=match.limit.requests_per_unit,
-            duration=duration,
-            algorithm=Algorithm.TOKEN_BUCKET,
-            behavior=Behavior.DURATION_IS_GREGORIAN if gregorian else Behavior.BATCHING,
-            created_at=now,
-        )
-        return _Check(index, match, hits, end, limiter_request)
-
-    @staticmethod
-    def _drains(plan: _Plan, answers: list[RateLimitResponse]) -> list[RateLimitRequest]:
-        """Checks that empty the windows a refused request left room in (its refused hits
-        count, as upstream's counter counts them)."""
-        drains = []
-        for check, answer in zip(plan.checks, answers, strict=True):
-            if answer.status == Status.OVER_LIMIT and answer.remaining > 0 and not answer.error:
-                drains.append(
-                    dataclasses.replace(
-                        check.request,
-                        hits=answer.remaining,
-                        behavior=check.request.behavior | Behavior.DRAIN_OVER_LIMIT,
-                        metadata={},
-                    )
-                )
-        return drains
+    _drains = staticmethod(drains_of)
 
     def _drain_failed(self, why: str) -> None:
         self.stats.limiter_errors += 1
@@ -336,7 +253,7 @@ class RateLimitServicer:
 
     # -- the answer -------------------------------------------------------------------------
 
-    def _respond(self, plan: _Plan, answers: list[RateLimitResponse]) -> rls_pb2.RateLimitResponse:
+    def _respond(self, plan: Plan, answers: list[RateLimitResponse]) -> rls_pb2.RateLimitResponse:
         request, settings = plan.request, self.settings
         if not plan.known_domain:
             count = self.domain_not_found.get(request.domain, 0)
@@ -374,14 +291,14 @@ class RateLimitServicer:
             self.stats.global_shadow_mode += 1
         if settings.dynamic_metadata:
             metadata = [by_index[i][0].match.metadata for i in passed if i in by_index]
-            response.dynamic_metadata.CopyFrom(_dynamic_metadata(request, metadata))
+            response.dynamic_metadata.CopyFrom(dynamic_metadata(request, metadata))
         response.overall_code = OVER_LIMIT if over else OK
         return response
 
     def _fill(
         self,
         status: rls_pb2.RateLimitResponse.DescriptorStatus,
-        check: _Check,
+        check: Check,
         answer: RateLimitResponse,
         now: int,
     ) -> None:
@@ -389,7 +306,7 @@ class RateLimitServicer:
         status.current_limit.requests_per_unit = limit.requests_per_unit
         status.current_limit.unit = UNIT_NUMBER[limit.unit]  # type: ignore[assignment]
         status.current_limit.name = limit.name
-        status.duration_until_reset.CopyFrom(Duration(seconds=_ceil_s(check.window_end - now)))
+        status.duration_until_reset.CopyFrom(Duration(seconds=ceil_s(check.window_end - now)))
         if answer.error:
             self.stats.limiter_errors += 1
             self._log.warning("envoy: limiter error, failing open: %s", answer.error, key="item")
@@ -404,7 +321,7 @@ class RateLimitServicer:
         status.limit_remaining = 0 if over else remaining
         status.code = OVER_LIMIT if over and not limit.shadow_mode else OK
 
-    def _record(self, check: _Check, limit: Limit, before: int, over: bool) -> None:
+    def _record(self, check: Check, limit: Limit, before: int, over: bool) -> None:
         stats = self._limit_stats(check.match.stats_key)
         near = near_threshold(limit.requests_per_unit, self._near_ratio)
         record(stats, limit.requests_per_unit, before, check.hits, over, limit.shadow_mode, near)
@@ -424,69 +341,15 @@ class RateLimitServicer:
         self,
         response: rls_pb2.RateLimitResponse,
         refusing: list[bool],
-        by_index: Mapping[int, tuple[_Check, RateLimitResponse]],
+        by_index: Mapping[int, tuple[Check, RateLimitResponse]],
         now: int,
     ) -> None:
         chosen = speaking_status(response.statuses, refusing)
         if chosen is None or chosen not in by_index:
             return
-        reset_s = _ceil_s(by_index[chosen][0].window_end - now)
+        reset_s = ceil_s(by_index[chosen][0].window_end - now)
         for name, value in rate_limit_headers(response.statuses[chosen], reset_s, self.settings):
             response.response_headers_to_add.add(key=name, value=value)
-
-
-def _counter_key(descriptor: ratelimit_pb2.RateLimitDescriptor, patterns: tuple[str, ...]) -> str:
-    """``k1=v1&k2=v2``, URL-escaped; a ``share_threshold`` pattern stands for its values."""
-    parts = []
-    for j, entry in enumerate(descriptor.entries):
-        value = patterns[j] if patterns and patterns[j] else entry.value
-        parts.append(f"{quote(entry.key, safe='')}={quote(value, safe='')}")
-    return "&".join(parts) or "-"
-
-
-def _ceil_s(ms: int) -> int:
-    """Whole seconds, rounded up, as upstream's ``CalculateReset`` (which counts from the
-    current whole second) gives them."""
-    return max(0, -(-ms // 1000))
-
-
-def _dynamic_metadata(
-    request: rls_pb2.RateLimitRequest, passed: list[Mapping[str, Any] | None]
-) -> Struct:
-    """Upstream's ``ratelimitToMetadata``: the request, and the merged ``metadata`` of the
-    limits that passed (the first one's value wins)."""
-    descriptors = []
-    for d in request.descriptors:
-        item: dict[str, Any] = {"entries": [f"{e.key}={e.value}" for e in d.entries]}
-        if d.HasField("limit"):
-            item["limit"] = text_format.MessageToString(d.limit, as_one_line=True)
-        if d.HasField("hits_addend"):
-            item["hitsAddend"] = float(d.hits_addend.value)
-        descriptors.append(item)
-    fields: dict[str, Any] = {"domain": request.domain, "descriptors": descriptors}
-    if request.hits_addend:
-        fields["hitsAddend"] = float(request.hits_addend)
-    merged: dict[str, Any] = {}
-    for metadata in passed:
-        if metadata:
-            _merge(merged, metadata)
-    if merged:
-        fields["metadata"] = merged
-    out = Struct()
-    out.update(fields)
-    return out
-
-
-def _merge(dest: dict[str, Any], src: Mapping[str, Any]) -> None:
-    for key, value in src.items():
-        if key not in dest:
-            dest[key] = _copy(value)
-        elif isinstance(dest[key], dict) and isinstance(value, Mapping):
-            _merge(dest[key], value)
-
-
-def _copy(value: Any) -> Any:
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def add_to_server(
