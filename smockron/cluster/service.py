@@ -162,36 +162,14 @@ def add_threaded_fast_paths(
 
     defers = getattr(server, "defers", False)
     """The server finishes a call later (the native one): forwards need no gRPC thread."""
-
-    def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | Deferred | None:
-        if len(request.requests) <= MAX_BATCH:
-            # a call for another node is recognised before anything is decoded
-            forwarded = forward_now(node, request) if defers else None
-            if forwarded is not None:
-                return Deferred(forwarded)
-            out = answer_here(node, request.requests)
-            if out is not None:
-                return pb.GetRateLimitsResp(responses=out)
-        return None
-
-    def peer_checks(
-        request: peers_pb2.GetPeerRateLimitsReq,
-    ) -> peers_pb2.GetPeerRateLimitsResp | None:
-        if len(request.requests) <= MAX_BATCH:
-            out = answer_here(node, request.requests, peer=True)
-            if out is not None:
-                return peers_pb2.GetPeerRateLimitsResp(rate_limits=out)
-        return None
-
+    client_checks = _client_fast_path(node, defers)
+    peer_checks = _peer_fast_path(node)
     get_rate_limits = fast_or_bridged(client_checks, V1Servicer(node).GetRateLimits, server.loop)
     get_peer_rate_limits = fast_or_bridged(
         peer_checks, PeersV1Servicer(node).GetPeerRateLimits, server.loop
     )
 
-    def live_check(request: pb.LiveCheckReq, context: grpc.ServicerContext) -> pb.LiveCheckResp:
-        return pb.LiveCheckResp()
-
-    v1 = {"LiveCheck": _handler(live_check, pb.LiveCheckReq, pb.LiveCheckResp, threaded=True)}
+    v1 = {"LiveCheck": _handler(_live_check, pb.LiveCheckReq, pb.LiveCheckResp, threaded=True)}
     if client:
         v1["GetRateLimits"] = _handler(
             get_rate_limits, pb.GetRateLimitsReq, pb.GetRateLimitsResp, threaded=True
@@ -209,6 +187,47 @@ def add_threaded_fast_paths(
         peer = grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", peer_methods)
         handlers.append((guard or _same)(peer))
     server.add_threaded_handlers(handlers)
+
+
+def _client_fast_path(
+    node: Node, defers: bool
+) -> Callable[[pb.GetRateLimitsReq], pb.GetRateLimitsResp | Deferred | None]:
+    """GetRateLimits on the gRPC thread: forwarded at once (``defers``: the server
+    finishes the call later) or answered here; None: the event loop's servicer answers."""
+
+    def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | Deferred | None:
+        if len(request.requests) <= MAX_BATCH:
+            # a call for another node is recognised before anything is decoded
+            forwarded = forward_now(node, request) if defers else None
+            if forwarded is not None:
+                return Deferred(forwarded)
+            out = answer_here(node, request.requests)
+            if out is not None:
+                return pb.GetRateLimitsResp(responses=out)
+        return None
+
+    return client_checks
+
+
+def _peer_fast_path(
+    node: Node,
+) -> Callable[[peers_pb2.GetPeerRateLimitsReq], peers_pb2.GetPeerRateLimitsResp | None]:
+    """GetPeerRateLimits answered on the gRPC thread, or None (the event loop's)."""
+
+    def peer_checks(
+        request: peers_pb2.GetPeerRateLimitsReq,
+    ) -> peers_pb2.GetPeerRateLimitsResp | None:
+        if len(request.requests) <= MAX_BATCH:
+            out = answer_here(node, request.requests, peer=True)
+            if out is not None:
+                return peers_pb2.GetPeerRateLimitsResp(rate_limits=out)
+        return None
+
+    return peer_checks
+
+
+def _live_check(request: pb.LiveCheckReq, context: grpc.ServicerContext) -> pb.LiveCheckResp:
+    return pb.LiveCheckResp()
 
 
 def add_to_server(
