@@ -22,7 +22,15 @@ import pytest
 
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2, rls_pb2_grpc
 from tests.master.test_redis_urls import cluster, sentinel  # noqa: F401 - fixtures
-from tests.support import Proc, free_ports, run_smockron, wait_for, wait_port
+from tests.support import (
+    Proc,
+    RedisServer,
+    free_ports,
+    run_smockron,
+    start_redis,
+    wait_for,
+    wait_port,
+)
 
 UPSTREAM = Path(__file__).parent / "upstream"
 
@@ -226,3 +234,13 @@ def statsd_listener() -> Iterator[StatsdListener]:
         yield listener
     finally:
         listener.stop()
+
+
+@pytest.fixture
+def per_second_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A second real Redis, for upstream's per-second limits (REDIS_PERSECOND)."""
+    server = start_redis(tmp_path_factory.mktemp("redis-persecond"))
+    try:
+        yield server
+    finally:
+        server.stop()

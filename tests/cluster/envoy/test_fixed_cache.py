@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -21,11 +20,12 @@ import yaml
 
 from smockron.cluster.envoy import EnvoySettings
 from smockron.cluster.envoy.config import load_config
-from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
+from smockron.cluster.envoy.pb import rls_pb2
 from smockron.cluster.envoy.redis_cache import OverLimitCache, RedisRateLimitServicer, make_client
 from smockron.cluster.envoy.upstream_env import RedisSettings, UpstreamSettings
 from smockron.cluster.model import RateLimiter
-from tests.support import RedisServer, start_redis
+from tests.cluster.envoy.conftest import request
+from tests.support import RedisServer
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
@@ -53,25 +53,11 @@ descriptors:
   - key: key4
     value: value4
     rate_limit: {unit: hour, requests_per_unit: 15}
-  - key: key5
-    value: value5
-    rate_limit: {unit: second, requests_per_unit: 20}
-  - key: key6
-    value: value6
-    rate_limit: {unit: second, requests_per_unit: 8}
-  - key: key7
-    value: value7
-    rate_limit: {unit: second, requests_per_unit: 20}
-  - key: key8
-    value: value8
-    rate_limit: {unit: second, requests_per_unit: 20}
-  - key: key9
-    value: value9
-    rate_limit: {unit: second, requests_per_unit: 20}
-  - key: key10
-    value: value10
-    rate_limit: {unit: second, requests_per_unit: 10}
-"""
+""" + "".join(  # key5..key10: per-second limits
+    f"  - key: key{n}\n    value: value{n}\n"
+    f"    rate_limit: {{unit: second, requests_per_unit: {per}}}\n"
+    for n, per in ((5, 20), (6, 8), (7, 20), (8, 20), (9, 20), (10, 10))
+)
 
 
 class Cache:
@@ -116,17 +102,11 @@ class Cache:
         self, descriptors: list[list[tuple[str, str]]], hits: list[int] | int = 1
     ) -> list[tuple[int, int, int, int]]:
         """``(code, requests_per_unit, unit, limit_remaining)`` per descriptor."""
-        request = rls_pb2.RateLimitRequest(domain="domain")
-        if isinstance(hits, int):
-            request.hits_addend = hits
-        for i, entries in enumerate(descriptors):
-            d = ratelimit_pb2.RateLimitDescriptor()
-            for key, value in entries:
-                d.entries.add(key=key, value=value)
-            if isinstance(hits, list):
-                d.hits_addend.value = hits[i]
-            request.descriptors.append(d)
-        response = await self.servicer.decide(request)
+        req = request("domain", descriptors, hits if isinstance(hits, int) else 0)
+        if isinstance(hits, list):
+            for descriptor, n in zip(req.descriptors, hits, strict=True):
+                descriptor.hits_addend.value = n
+        response = await self.servicer.decide(req)
         return [
             (s.code, s.current_limit.requests_per_unit, s.current_limit.unit, s.limit_remaining)
             for s in response.statuses
@@ -149,15 +129,6 @@ def counts(
     }
 
 
-@pytest.fixture
-def second_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(tmp_path_factory.mktemp("redis-persecond"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def local_cache_stats(cache: Cache) -> tuple[int, int, int, int, int]:
     """Upstream's ``testLocalCacheStats``: every ``localcache`` gauge is there; ``(hit,
     miss, lookup, expired, entry)`` counts."""
@@ -177,12 +148,12 @@ def preset(client: redis.Redis, key: str, count: int) -> None:
 @pytest.mark.parametrize("per_second", [False, True], ids=["WithoutPerSecondRedis",
                                                            "WithPerSecondRedis"])  # fmt: skip
 async def test_redis(
-    per_second: bool, tmp_path: Any, redis_server: RedisServer, second_redis: RedisServer
+    per_second: bool, tmp_path: Any, redis_server: RedisServer, per_second_redis: RedisServer
 ) -> None:
     """TestRedis: upstream's keys, counts and expiry, second limits in their own Redis."""
-    cache = Cache(tmp_path, redis_server.port, second_redis.port if per_second else None)
+    cache = Cache(tmp_path, redis_server.port, per_second_redis.port if per_second else None)
     main = redis.Redis(port=redis_server.port, decode_responses=True)
-    seconds = redis.Redis(port=second_redis.port, decode_responses=True)
+    seconds = redis.Redis(port=per_second_redis.port, decode_responses=True)
     used = seconds if per_second else main
     preset(used, "domain_key_value_1234", 4)
     assert await cache.do_limit([[("key", "value")]]) == [(OK, 10, UNIT.SECOND, 5)]
@@ -237,21 +208,15 @@ async def over_limit_with_local_cache(cache: Cache, main: redis.Redis, shadow: b
     assert main.get(key) == "16"
 
 
-async def test_over_limit_with_local_cache(tmp_path: Any, redis_server: RedisServer) -> None:
-    cache = Cache(tmp_path, redis_server.port, local_cache_size_in_bytes=100)
-    cache.now = 1_000_000
-    await over_limit_with_local_cache(
-        cache, redis.Redis(port=redis_server.port, decode_responses=True), False
-    )
-
-
-async def test_over_limit_with_local_cache_shadow_rule(
-    tmp_path: Any, redis_server: RedisServer
+@pytest.mark.parametrize("shadow", [False, True], ids=["", "shadow_rule"])
+async def test_over_limit_with_local_cache(
+    shadow: bool, tmp_path: Any, redis_server: RedisServer
 ) -> None:
-    cache = Cache(tmp_path, redis_server.port, local_cache_size_in_bytes=100, shadow=True)
+    """TestOverLimitWithLocalCache and TestOverLimitWithLocalCacheShadowRule."""
+    cache = Cache(tmp_path, redis_server.port, local_cache_size_in_bytes=100, shadow=shadow)
     cache.now = 1_000_000
     await over_limit_with_local_cache(
-        cache, redis.Redis(port=redis_server.port, decode_responses=True), True
+        cache, redis.Redis(port=redis_server.port, decode_responses=True), shadow
     )
 
 

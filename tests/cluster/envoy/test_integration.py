@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from smockron.cluster import tlsgen
 from smockron.cluster.envoy.pb import rls_pb2
 from tests.cluster.envoy.conftest import StartNode, StatsdListener, UpstreamNode, request
-from tests.support import RedisServer, free_port, start_redis, wait_for, wait_port
+from tests.support import RedisServer, free_port, wait_for, wait_port
 
 OK = rls_pb2.RateLimitResponse.OK
 OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
@@ -153,15 +153,6 @@ async def duration_until_reset_ticks_down(node: UpstreamNode) -> None:
         second = await stub.ShouldRateLimit(req, timeout=10)
     before = first.statuses[0].duration_until_reset.seconds
     assert second.statuses[0].duration_until_reset.seconds < before
-
-
-@pytest.fixture
-def per_second_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(tmp_path_factory.mktemp("redis-persecond"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 VARIANTS = {
