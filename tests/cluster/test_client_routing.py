@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from smockron.cluster.client import MINUTE, AsyncClient, Client, ClientError
-from smockron.cluster.client._routing import OwnerRing
+from smockron.cluster.client import (
+    MINUTE,
+    AsyncClient,
+    Client,
+    ClientError,
+    ClientUnavailable,
+    RateLimitResponse,
+)
+from smockron.cluster.client._routing import Outcome, OwnerRing, Part, Route
 from smockron.cluster.model import RateLimitRequest
 from smockron.core.hashring import HashRing
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
@@ -242,6 +249,68 @@ def test_owner_ring_refreshes_on_its_timer_and_takes_nodes_back_after_down_for()
     assert ring.claim()
     ring.learn(["n1", "n3"])
     assert ring.owner(key) in ("n1", "n3")
+
+
+def _answers(parts: list[Part]) -> list[Outcome]:
+    """Each part answered by its owner, as a node names itself in ``owner``."""
+    return [
+        [RateLimitResponse(remaining=int(r.unique_key[1:]), metadata={"owner": owner or "seed"})
+         for r in reqs]
+        for owner, reqs in parts
+    ]  # fmt: skip
+
+
+def test_route_splits_by_owner_and_sends_an_unreachable_owners_part_to_the_next() -> None:
+    """The one routing path both clients drive (Route), without I/O: a batch split by
+    owner, answered in request order; an owner out of reach is marked down and its part
+    goes to the keys' next owners; after ``attempts`` owners the error is raised."""
+    ring = OwnerRing(clock=_Clock())
+    assert ring.claim()
+    ring.learn(["n1", "n2", "n3"])
+    reqs = [RateLimitRequest("r", f"k{i}", 1, 10, MINUTE) for i in range(30)]
+    route = Route(ring, reqs)
+    parts = route.parts()
+    assert {owner for owner, _ in parts} == {"n1", "n2", "n3"}
+    assert all(ring.owner(r.hash_key) == owner for owner, part in parts for r in part)
+    down = ClientUnavailable("n2 is down")
+    outcomes = [
+        down if owner == "n2" else got
+        for (owner, _), got in zip(parts, _answers(parts), strict=True)
+    ]
+    assert not route.take(outcomes)  # n2's keys still to send
+    assert "n2" in ring.down
+    again = route.parts()
+    assert {owner for owner, _ in again} <= {"n1", "n3"}
+    assert sum(len(part) for _, part in again) == sum(len(p) for o, p in parts if o == "n2")
+    assert route.take(_answers(again))
+    assert [a.remaining for a in route.answers] == list(range(30))
+
+    lone = Route(ring, reqs[:1], attempts=2)
+    ((first, _),) = lone.parts()
+    assert not lone.take([ClientUnavailable(f"{first} is down")])
+    ((second, _),) = lone.parts()
+    assert second not in (None, first)
+    with pytest.raises(ClientUnavailable):
+        lone.take([ClientUnavailable(f"{second} is down")])
+
+
+def test_route_with_fallback_tries_the_given_address_last() -> None:
+    """A lone check (``fallback``): its owners, then the address the client was given
+    (owner None), which forwards; that one's error is the call's."""
+    ring = OwnerRing(clock=_Clock())
+    assert ring.claim()
+    ring.learn(["n1", "n2", "n3"])
+    route = Route(ring, [RateLimitRequest("r", "k7", 1, 10, MINUTE)], fallback=True)
+    tried = []
+    for _ in range(2):
+        ((owner, _),) = route.parts()
+        tried.append(owner)
+        assert not route.take([ClientUnavailable("down")])
+    assert None not in tried and len(set(tried)) == 2
+    ((last, part),) = route.parts()
+    assert last is None
+    assert route.take(_answers([(last, part)]))
+    assert route.answers[0].metadata["owner"] == "seed"
 
 
 def test_owner_ring_switches_to_the_hash_the_nodes_use() -> None:
