@@ -251,8 +251,9 @@ class Route:
                 ring.mark_down(owner)
                 retry.extend(idx)
                 continue
-            if owner is not None:
-                ring.observe(self.requests[idx[0]].hash_key, owner, got[0].metadata.get("owner"))
+            named = got[0].metadata.get("owner")
+            if owner is not None and named and named != owner:  # the ring may differ
+                ring.observe(self.requests[idx[0]].hash_key, owner, named)
             for i, resp in zip(idx, got, strict=True):
                 answers[i] = resp
         if not retry:
