@@ -307,3 +307,30 @@ def test_a_peer_heard_again_after_a_silence_is_asked_for_its_state() -> None:
     finally:
         peer_control.close(0)
     assert [p.control for p in returned] == [f"tcp://127.0.0.1:{port}"]
+
+
+def test_a_master_takes_what_it_missed_from_a_peer_heard_again() -> None:
+    """Master a holds an abuser's history that b never saw (sent to a alone, as while b
+    was cut off); b then goes silent for longer than ``GONE_S`` (stopped) and comes
+    back: a counts the return and merges b's states, and b, restarted, takes a's."""
+    a, b = peered(settings(api="1/60s:5"), settings(api="1/60s:5"))
+    abuser = b"abuser"
+    with running_master(a) as ma:
+        with running_master(b) as mb:
+            wait_for(lambda: mb.warm is not None and mb.warm.problem is None, 10)
+        time.sleep(GONE_S + 0.5)  # b silent
+        assert ma.stats.peer_returns == 0
+        with running_master(b) as mb2:
+            with gatekeeper_sockets(b) as (pub, sub):  # b alone sees these
+                for _ in range(5):
+                    pub.send_multipart([shard_topic(shard_of(abuser), b"api\0"), b"ACCEPTED",
+                                        abuser, b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+                assert [decode_control(c).identifier for c in controls(sub, 1.0)] == [abuser]
+            wait_for(lambda: ma.stats.peer_returns == 1, 10)
+            assert ma.warm is not None
+            wait_for(lambda: ma.warm is not None and ma.warm.states >= 1, 10)
+            assert mb2.stats.peer_returns == 0  # b heard a from its start: nothing missed
+        with gatekeeper_sockets(a) as (pub, sub):  # a now knows the abuser is over
+            pub.send_multipart([shard_topic(shard_of(abuser), b"api\0"), b"ACCEPTED", abuser,
+                                b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+            assert [decode_control(c).identifier for c in controls(sub, 1.0)] == [abuser]
