@@ -39,37 +39,32 @@ from pathlib import Path
 
 from _common import ROOT, cpu_seconds, free_ports, median, smockron_env, wait_port
 
-BACKEND_CONF = """
+NGINX_CONF = """
 worker_processes 1;
 daemon off;
 master_process on;
-pid {dir}/backend.pid;
-error_log {dir}/backend-error.log warn;
+pid {dir}/{name}.pid;
+error_log {dir}/{name}-error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
-    client_body_temp_path {dir}/b-body; proxy_temp_path {dir}/b-proxy;
-    fastcgi_temp_path {dir}/b-fcgi; uwsgi_temp_path {dir}/b-uwsgi; scgi_temp_path {dir}/b-scgi;
+    client_body_temp_path {dir}/{name}-body; proxy_temp_path {dir}/{name}-proxy;
+    fastcgi_temp_path {dir}/{name}-fcgi; uwsgi_temp_path {dir}/{name}-uwsgi;
+    scgi_temp_path {dir}/{name}-scgi;
     keepalive_requests 1000000;
+{http}
+}}
+"""
+"""One nginx, one worker: ``http`` is what its ``http`` block holds besides the common."""
+
+BACKEND = """
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         location / {{ return 200 "hello\\n"; }}
     }}
-}}
 """
 
-FRONT_CONF = """
-worker_processes 1;
-daemon off;
-master_process on;
-pid {dir}/front.pid;
-error_log {dir}/front-error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/f-body; proxy_temp_path {dir}/f-proxy;
-    fastcgi_temp_path {dir}/f-fcgi; uwsgi_temp_path {dir}/f-uwsgi; scgi_temp_path {dir}/f-scgi;
-    keepalive_requests 1000000;
+FRONT = """
     limit_req_zone $binary_remote_addr zone=perip:10m rate=1000000r/s;
     upstream backend {{ server 127.0.0.1:{backend}; keepalive 64; }}
     server {{
@@ -82,7 +77,6 @@ http {{
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
         }}
     }}
-}}
 """
 
 RULE = "api:1000000/s:1000000"
@@ -144,10 +138,14 @@ def process(
     env: dict[str, str] | None = None,
     stop: int = signal.SIGTERM,
     cwd: Path = ROOT,
+    session: bool = False,
 ) -> Iterator[int]:
-    """``python -m`` imports from the working directory first: ``cwd`` is the tree run."""
+    """``python -m`` imports from the working directory first: ``cwd`` is the tree run.
+    ``session``: a session of its own, so (with autogroup, as on most desktops and
+    shared machines) its core is shared with the other sessions' processes as between
+    equals, not as one of this script's many processes on both cores."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+                            stderr=subprocess.DEVNULL, start_new_session=session)  # fmt: skip
     try:
         wait_port(port, timeout=15.0)
         yield proc.pid
@@ -160,10 +158,15 @@ def process(
             proc.wait()
 
 
-def nginx(conf: str, core: int, port: int) -> contextlib.AbstractContextManager[int]:
-    return process(
-        [*NICE, "taskset", "-c", str(core), "nginx", "-c", conf], port, stop=signal.SIGQUIT
-    )
+def nginx_conf(tmp: str, name: str, http: str) -> str:
+    return NGINX_CONF.format(dir=tmp, name=name, http=http.strip("\n"))
+
+
+def nginx(
+    conf: str, core: int, port: int, session: bool = False
+) -> contextlib.AbstractContextManager[int]:
+    return process([*NICE, "taskset", "-c", str(core), "nginx", "-c", conf], port,
+                   stop=signal.SIGQUIT, session=session)  # fmt: skip
 
 
 def main() -> None:
@@ -188,8 +191,8 @@ def main() -> None:
     pin_proxy = [*NICE, "taskset", "-c", str(args.proxy_core)]
     with tempfile.TemporaryDirectory(prefix="smockron-bench-proxy-") as tmp:
         backend_conf, front_conf = Path(tmp, "backend.conf"), Path(tmp, "front.conf")
-        backend_conf.write_text(BACKEND_CONF.format(dir=tmp, port=back))
-        front_conf.write_text(FRONT_CONF.format(dir=tmp, port=front, backend=back))
+        backend_conf.write_text(nginx_conf(tmp, "backend", BACKEND.format(port=back)))
+        front_conf.write_text(nginx_conf(tmp, "front", FRONT.format(port=front, backend=back)))
         master = [*pin_load, sys.executable, "-m", "smockron", "master", "--accounting",
                   f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
                   "--rule", RULE, "--stats-interval", "0"]  # fmt: skip
@@ -205,15 +208,14 @@ def main() -> None:
             stack.enter_context(nginx(str(backend_conf), args.load_core, back))
             targets: dict[str, tuple[int, int | None]] = {"direct": (back, None)}
             targets["nginx"] = (front, stack.enter_context(
-                nginx(str(front_conf), args.proxy_core, front)))  # fmt: skip
+                nginx(str(front_conf), args.proxy_core, front, session=True)))  # fmt: skip
             stack.enter_context(process(master, ctl, env))
-            targets["smockron"] = (proxy, stack.enter_context(process(smockron(proxy), proxy, env)))
-            for spec, port in zip(args.also, others, strict=True):
-                label, _, tree = spec.partition("=")
-                root = Path(tree).resolve()
-                other_env = dict(env, PYTHONPATH=str(root))
+            also = (spec.partition("=") for spec in args.also)
+            trees = [("smockron", ROOT), *((name, Path(tree).resolve()) for name, _, tree in also)]
+            for (label, root), port in zip(trees, [proxy, *others], strict=True):
+                tree_env = dict(env, PYTHONPATH=str(root))
                 targets[label] = (port, stack.enter_context(
-                    process(smockron(port), port, other_env, cwd=root)))  # fmt: skip
+                    process(smockron(port), port, tree_env, cwd=root, session=True)))  # fmt: skip
             time.sleep(1.0)  # the proxies' control subscriptions reach the master
             for port, _pid in targets.values():  # warm up: connections, pools, caches
                 wrk(port, args.load_core, args.connections, 2)
