@@ -1,6 +1,7 @@
 """HTTP/1.1 proxying for ``smockron proxy``: asyncio protocols (uvloop's transports when
-it runs the loop) with httptools (llhttp) parsing the clients' requests and the
-upstream's responses.
+it runs the loop) with httptools (llhttp) parsing the clients' requests; the upstream
+side is smockron/gatekeeper/_http1_upstream.py, what is forwarded and how
+smockron/gatekeeper/_http1_forward.py.
 
 A request is handled in the parser's callbacks: no task unless it waits out a delay or
 needs a new upstream connection. Bodies are streamed both ways with flow control (a full
@@ -18,137 +19,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import httptools
 
+from smockron.gatekeeper._http1_forward import (
+    CHUNKED,
+    CONTINUE,
+    FRAMING,
+    HOP_BY_HOP,
+    MAX_FIELD,
+    MAX_HEAD,
+    NONE,
+    RAW,
+    Request,
+    chunk,
+    framing_header,
+    request_head,
+    status_line,
+)
+from smockron.gatekeeper._http1_upstream import Pool, Upstream
 from smockron.httpguard import _REFUSAL, ConnectionGuard
 from smockron.ratelog import RateLimitedLog
 
-MAX_FIELD: Final = 8190
-"""Longest header line (name and value), as aiohttp's and nginx's defaults."""
-MAX_HEAD: Final = 64 * 1024
-"""Longest request line plus headers."""
 HIGH_WATER: Final = 256 * 1024
 """Request body bytes held before reading from the client pauses (no upstream yet)."""
-POOL_IDLE_S: Final = 30.0
-"""An idle upstream connection is closed after this long."""
-POOL_MAX_IDLE: Final = 1024
-CONNECT_TIMEOUT_S: Final = 5.0
-
-HOP_BY_HOP: Final = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"trailers",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
-_REQUEST_DROP: Final = HOP_BY_HOP | {b"host", b"expect", b"x-forwarded-for"}
-_FRAMING: Final = frozenset(
-    {b"host", b"connection", b"transfer-encoding", b"content-length", b"expect"}
-)
-_REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
-_STATUS_LINES: Final = {
-    code: b"HTTP/1.1 %d %s" % (code, phrase) for code, phrase in _REASONS.items()
-}
-_RESPONSE_FRAMING: Final = HOP_BY_HOP | {b"content-length"}
-_CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # flags for why reading from a client is paused
 _BODY, _PIPELINE, _UPSTREAM = 1, 2, 4
-# how a response body goes to the client
-_NONE, _RAW, _CHUNKED = 0, 1, 2
-
-Header = tuple[bytes, bytes, bytes]  # lower-case name, name, value
 
 
 class _TooLarge(Exception):
     pass
-
-
-def _tokens(value: bytes) -> set[bytes]:
-    return {t.strip().lower() for t in value.split(b",") if t.strip()}
-
-
-class Request:
-    """One request on a client connection, from its head to the end of its response."""
-
-    __slots__ = (
-        "chunked",
-        "close_after",
-        "complete",
-        "dropped",
-        "expect",
-        "extra",
-        "has_body",
-        "head",
-        "headers",
-        "held",
-        "host",
-        "http11",
-        "keep_alive",
-        "method",
-        "mode",
-        "pending",
-        "responded",
-        "task",
-        "up",
-        "url",
-    )
-
-    def __init__(self) -> None:
-        self.url = b""
-        self.headers: list[Header] = []
-        self.method = b""
-        self.http11 = True
-        self.keep_alive = True
-        self.chunked = False
-        self.has_body = False
-        self.expect = False
-        self.host: bytes | None = None
-        self.dropped: set[bytes] | None = None  # header names Connection lists
-        self.complete = False  # the whole request (body included) has been read
-        self.pending: list[bytes] | None = None  # body held until an upstream is attached
-        self.held = 0
-        self.up: _Upstream | None = None
-        self.head = b""  # as sent upstream (kept for one retry on a stale connection)
-        self.extra = b""  # header lines added to the response
-        self.responded = False  # the response head is out
-        self.mode = _NONE
-        self.close_after = False
-        self.task: asyncio.Task[None] | None = None
-
-    def header(self, name: str) -> str | None:
-        """A header by lower-case name, repeats joined with ``", "`` (RequestInfo's lookup)."""
-        key = name.encode("latin-1")
-        values = [v for k, _, v in self.headers if k == key]
-        if not values:
-            return None
-        return b", ".join(values).decode("latin-1")
-
-    @property
-    def path(self) -> str:
-        """The path, percent-decoded, without the query."""
-        url = self.url
-        if not url.startswith(b"/"):
-            try:
-                url = httptools.parse_url(url).path or b"/"
-            except httptools.HttpParserInvalidURLError:
-                return ""
-        path = url.split(b"?", 1)[0].decode("latin-1")
-        return unquote(path, "utf-8", "surrogateescape") if "%" in path else path
 
 
 Handler = Callable[["ClientConnection", Request], None]
@@ -180,6 +85,7 @@ class Http1Proxy:
         self.prefix = parts.path.rstrip("/").encode()
         self.host_header = parts.netloc.encode("idna" if not parts.netloc.isascii() else "ascii")
         self.pool = Pool(parts, upstream_timeout_s, self)
+        self.loop = self.pool.loop
         self.conns: set[ClientConnection] = set()
         self.server: asyncio.AbstractServer | None = None
         self.closing = False
@@ -188,23 +94,22 @@ class Http1Proxy:
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
         self.local_host = f"{host}:{port}".encode()
-        self.server = await loop.create_server(
+        self.server = await self.loop.create_server(
             lambda: ClientConnection(self), host, port, reuse_address=True
         )
         self.pool.start()
         self._sweep_s = min(1.0, self.guard.header_timeout_s / 4)
-        self._sweeper = loop.call_later(self._sweep_s, self._sweep)
+        self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
 
     def _sweep(self) -> None:
         """Close connections past their header deadline (one timer for all of them,
         rather than one set and cancelled per request)."""
-        now = self.pool.loop.time()
+        now = self.loop.time()
         guard = self.guard
         for conn in [c for c in guard._idle if c.deadline <= now]:  # type: ignore[attr-defined]
             guard._timed_out(conn)  # type: ignore[arg-type]
-        self._sweeper = self.pool.loop.call_later(self._sweep_s, self._sweep)
+        self._sweeper = self.loop.call_later(self._sweep_s, self._sweep)
 
     async def close(self, grace_s: float = 5.0) -> None:
         """Stop listening, let requests in progress finish (``grace_s`` at most), close.
@@ -218,9 +123,8 @@ class Http1Proxy:
         for conn in list(self.conns):
             if conn.active is None:
                 conn.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_s
-        while self.conns and loop.time() < deadline:
+        deadline = self.loop.time() + grace_s
+        while self.conns and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
         for conn in list(self.conns):
             conn.abort()
@@ -239,9 +143,13 @@ class ClientConnection(asyncio.Protocol):
 
     def __init__(self, proxy: Http1Proxy) -> None:
         self.proxy = proxy
+        self.pool = proxy.pool
+        self.guard = proxy.guard
+        self.idle: OrderedDict[Any, None] = proxy.guard._idle  # the guard's, by connection
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
+        self.peer_bytes = b"unknown"  # as X-Forwarded-For ends
         # for the ConnectionGuard: requests in progress, when the idle one is cut
         self.busy = 0
         self.deadline = 0.0
@@ -261,8 +169,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        guard = self.proxy.guard
-        if not guard._admit(self, transport):  # type: ignore[arg-type]
+        if not self.guard._admit(self, transport):  # type: ignore[arg-type]
             self.closed = True
             with contextlib.suppress(Exception):
                 transport.write(_REFUSAL)  # type: ignore[attr-defined]
@@ -270,13 +177,15 @@ class ClientConnection(asyncio.Protocol):
             return
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) and peer else None
+        if self.peer:
+            self.peer_bytes = self.peer.encode()
         self.proxy.conns.add(self)
-        self.deadline = self.proxy.pool.loop.time() + self.timeout_s
-        guard._idle[self] = None  # type: ignore[index]
+        self.deadline = self.proxy.loop.time() + self.timeout_s
+        self.idle[self] = None
 
     def data_received(self, data: bytes) -> None:
         req = self.req
-        if req is None or not req.method:
+        if req is None or not req.verb:
             self.head_bytes += len(data)
         self.feeding = True
         try:
@@ -292,7 +201,7 @@ class ClientConnection(asyncio.Protocol):
         finally:
             self.feeding = False
         req = self.req
-        if (req is None or not req.method) and self.head_bytes > MAX_HEAD:
+        if (req is None or not req.verb) and self.head_bytes > MAX_HEAD:
             self.too_large = True
             self._bad(_TooLarge(f"request head over {MAX_HEAD} bytes"))
             return
@@ -308,7 +217,7 @@ class ClientConnection(asyncio.Protocol):
         if self.active is None and not self.queue:
             return False  # close
         # half-closed: answer what was asked, then close
-        if self.req is not None and not self.req.complete and self.req.method:
+        if self.req is not None and not self.req.complete and self.req.verb:
             return False
         for r in (self.active, *self.queue):
             if r is not None:
@@ -330,7 +239,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.proxy.conns.discard(self)
-        self.proxy.guard._gone(self)  # type: ignore[arg-type]
+        self.guard._gone(self)  # type: ignore[arg-type]
         for req in (self.active, *self.queue):
             if req is None:
                 continue
@@ -345,7 +254,7 @@ class ClientConnection(asyncio.Protocol):
     # ---- httptools callbacks
 
     def on_message_begin(self) -> None:
-        self.req = Request()
+        self.req = Request(self.peer)
 
     def on_url(self, url: bytes) -> None:
         req = self.req
@@ -353,47 +262,33 @@ class ClientConnection(asyncio.Protocol):
         req.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        size = len(name) + len(value)
-        if size > MAX_FIELD:
-            self.too_large = True
-            raise _TooLarge(f"header line over {MAX_FIELD} bytes")
         req = self.req
         assert req is not None
+        size = len(name) + len(value)
         req.held += size + 4
-        if req.held > MAX_HEAD:
+        if size > MAX_FIELD or req.held > MAX_HEAD:
             self.too_large = True
-            raise _TooLarge(f"request head over {MAX_HEAD} bytes")
+            raise _TooLarge(
+                f"header line over {MAX_FIELD} bytes"
+                if size > MAX_FIELD
+                else f"request head over {MAX_HEAD} bytes"
+            )
         lname = name.lower()
         req.headers.append((lname, name, value))
-        if lname in _FRAMING:
-            self._framing(req, lname, value)
-
-    def _framing(self, req: Request, lname: bytes, value: bytes) -> None:
-        """The headers that say how the request is framed and where it goes."""
-        if lname == b"host":
-            req.host = value
-        elif lname == b"connection":
-            if value.lower() not in (b"keep-alive", b"close"):
-                req.dropped = (req.dropped or set()) | _tokens(value)
-        elif lname == b"transfer-encoding":
-            req.chunked = True
-            req.has_body = True
-        elif lname == b"content-length":
-            req.has_body = value.strip() not in (b"0", b"")
-        elif lname == b"expect":
-            req.expect = value.strip().lower() == b"100-continue"
+        if lname in FRAMING:
+            framing_header(req, lname, value)
 
     def on_headers_complete(self) -> None:
         req = self.req
         assert req is not None
         parser = self.parser
-        req.method = parser.get_method()
+        req.set_verb(parser.get_method())
         req.keep_alive = parser.should_keep_alive()
         req.http11 = parser.get_http_version() == "1.1"
         req.held = 0  # counted the head's bytes, now counts the body's held ones
         self.head_bytes = 0
         if not self.busy:
-            self.proxy.guard._idle.pop(self, None)  # type: ignore[call-overload]
+            self.idle.pop(self, None)
         self.busy += 1
         if self.proxy.closing:
             req.close_after = True
@@ -411,7 +306,7 @@ class ClientConnection(asyncio.Protocol):
         up = req.up
         if up is not None:
             if req.chunked:
-                up.out.extend((b"%x\r\n" % len(data), data, b"\r\n"))
+                up.out.extend(chunk(data))
             else:
                 up.out.append(data)
             return
@@ -448,16 +343,19 @@ class ClientConnection(asyncio.Protocol):
         if self.closed or req is not self.active:
             return
         req.extra = extra
-        req.head = self._request_head(req)
-        up = self.proxy.pool.acquire()
+        proxy = self.proxy
+        req.head = request_head(req, proxy.prefix, proxy.host_header, self.peer_bytes,
+                                proxy.local_host)  # fmt: skip
+        up = self.pool.acquire()
         if up is None:
-            req.task = asyncio.get_running_loop().create_task(self._connect(req))
+            req.task = proxy.loop.create_task(self.connect(req))
         else:
             self._attach(req, up)
 
-    async def _connect(self, req: Request) -> None:
+    async def connect(self, req: Request) -> None:
+        """``req`` on a new upstream connection (502 when there is none to be had)."""
         try:
-            up = await self.proxy.pool.connect()
+            up = await self.pool.connect()
         except (OSError, TimeoutError) as exc:
             req.task = None
             self.proxy.upstream_failed(exc)
@@ -465,22 +363,22 @@ class ClientConnection(asyncio.Protocol):
             return
         req.task = None
         if self.closed or req is not self.active:
-            self.proxy.pool.release(up)
+            self.pool.release(up)
             return
         self._attach(req, up)
 
-    def _attach(self, req: Request, up: _Upstream) -> None:
+    def _attach(self, req: Request, up: Upstream) -> None:
         req.up = up
         up.begin(self, req)
         if req.expect and not req.complete and self.transport is not None:
-            self.transport.write(_CONTINUE)
+            self.transport.write(CONTINUE)
         out = up.out
         out.append(req.head)
         pending = req.pending
         if pending:
             if req.chunked:
                 for data in pending:
-                    out.extend((b"%x\r\n" % len(data), data, b"\r\n"))
+                    out.extend(chunk(data))
             else:
                 out.extend(pending)
             req.pending = None
@@ -493,56 +391,20 @@ class ClientConnection(asyncio.Protocol):
         if not self.feeding:
             up.flush()
 
-    def _request_head(self, req: Request) -> bytes:
-        url = req.url
-        if not url.startswith(b"/") and url != b"*":  # absolute-form
-            parsed = httptools.parse_url(url)
-            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
-        proxy = self.proxy
-        parts = [req.method, b" ", proxy.prefix, url, b" HTTP/1.1\r\nHost: ", proxy.host_header]
-        drop = _REQUEST_DROP if req.dropped is None else _REQUEST_DROP | req.dropped
-        xff: list[bytes] = []
-        xfh = xfp = False
-        for lname, name, value in req.headers:
-            if lname in drop:
-                if lname == b"x-forwarded-for":
-                    xff.append(value)
-                continue
-            if lname == b"x-forwarded-host":
-                xfh = True
-            elif lname == b"x-forwarded-proto":
-                xfp = True
-            parts += (b"\r\n", name, b": ", value)
-        xff.append((self.peer or "unknown").encode())
-        parts += (b"\r\nX-Forwarded-For: ", b", ".join(xff))
-        if not xfh:
-            parts += (b"\r\nX-Forwarded-Host: ", req.host or proxy.local_host)
-        if not xfp:
-            parts.append(b"\r\nX-Forwarded-Proto: http")
-        if req.chunked:
-            parts.append(b"\r\nTransfer-Encoding: chunked")
-        parts.append(b"\r\n\r\n")
-        return b"".join(parts)
-
     def response_head(self, req: Request, status: int, fields: bytes, length: bool,
                       chunked: bool) -> None:  # fmt: skip
         """The upstream's response head, relayed: ``fields`` are its end-to-end header
-        lines, each after a CRLF. The reason phrase is the standard one (as nginx does:
-        the upstream's carries nothing a client may act on)."""
-        no_body = req.method == b"HEAD" or status in (204, 304)
-        line = _STATUS_LINES.get(status)
-        if line is None:
-            line = b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))
-        parts = [line, fields]
-        if no_body:
-            req.mode = _NONE
+        lines, each after a CRLF."""
+        parts = [status_line(status), fields]
+        if req.verb == b"HEAD" or status in (204, 304):
+            req.mode = NONE
         elif length and not chunked:
-            req.mode = _RAW
+            req.mode = RAW
         elif req.http11:
-            req.mode = _CHUNKED
+            req.mode = CHUNKED
             parts.append(b"\r\nTransfer-Encoding: chunked")
         else:  # an HTTP/1.0 client: the end of the body is the end of the connection
-            req.mode = _RAW
+            req.mode = RAW
             req.close_after = True
         if not req.complete or not req.keep_alive or self.proxy.closing:
             req.close_after = True
@@ -554,14 +416,8 @@ class ClientConnection(asyncio.Protocol):
         req.responded = True
         self.out.append(b"".join(parts))
 
-    def response_body(self, req: Request, data: bytes) -> None:
-        if req.mode == _CHUNKED:
-            self.out.extend((b"%x\r\n" % len(data), data, b"\r\n"))
-        elif req.mode == _RAW:
-            self.out.append(data)
-
     def response_done(self, req: Request) -> None:
-        if req.mode == _CHUNKED:
+        if req.mode == CHUNKED:
             self.out.append(b"0\r\n\r\n")
         self._finished(req)
 
@@ -577,7 +433,7 @@ class ClientConnection(asyncio.Protocol):
             b"" if req.http11 else b"Connection: keep-alive\r\n")  # fmt: skip
         self.out.append(b"HTTP/1.1 %s\r\n%s%s%sContent-Length: %d\r\n\r\n%s" % (
             status_line, headers, extra, conn, len(body),
-            b"" if req.method == b"HEAD" else body))  # fmt: skip
+            b"" if req.verb == b"HEAD" else body))  # fmt: skip
         req.responded = True
         req.pending = None
         self._unblock(_BODY)
@@ -599,12 +455,12 @@ class ClientConnection(asyncio.Protocol):
             self.close()
             return
         if not self.busy:
-            guard = self.proxy.guard
-            self.timeout_s = guard.idle_timeout_s
-            self.deadline = self.proxy.pool.loop.time() + guard.idle_timeout_s
-            guard._idle[self] = None  # type: ignore[index]
+            idle_timeout_s = self.guard.idle_timeout_s
+            self.timeout_s = idle_timeout_s
+            self.deadline = self.proxy.loop.time() + idle_timeout_s
+            self.idle[self] = None
         if self.queue:
-            asyncio.get_running_loop().call_soon(self._next)
+            self.proxy.loop.call_soon(self._next)
         if not self.feeding:
             self.flush()
 
@@ -633,6 +489,9 @@ class ClientConnection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def block_upstream(self) -> None:
+        self._block(_UPSTREAM)
 
     def unblock_upstream(self) -> None:
         self._unblock(_UPSTREAM)
@@ -670,281 +529,6 @@ class ClientConnection(asyncio.Protocol):
         if self.active is not None and self.active.up is not None:
             self.active.up.abandon()
         self.close()
-
-
-class _Upstream(asyncio.Protocol):
-    """One kept-alive connection to the upstream, serving one exchange at a time."""
-
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.client: ClientConnection | None = None
-        self.req: Request | None = None
-        self.out: list[bytes] = []
-        self.lines: list[bytes] = []  # end-to-end header lines, CRLF, name, ": ", value
-        self.dropped: set[bytes] | None = None
-        self.interim = False
-        self.got = False  # a byte of this exchange's response has arrived
-        self.done = False  # this exchange's response is complete
-        self.keep = True
-        self.reused = False
-        self.since = 0.0  # last activity (loop time)
-        self.lost = False
-        self.headers_framed = True  # False: the body runs to the end of the connection
-        self.cl = self.te = False  # Content-Length, Transfer-Encoding seen
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def begin(self, client: ClientConnection, req: Request) -> None:
-        self.client, self.req = client, req
-        self.got = self.done = False
-        self.lines = []
-        self.dropped = None
-        self.cl = self.te = False
-        self.since = self.pool.loop.time()
-        self.pool.busy.add(self)
-
-    def flush(self) -> None:
-        out = self.out
-        if out and self.transport is not None:
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-            out.clear()
-            self.since = self.pool.loop.time()
-
-    def data_received(self, data: bytes) -> None:
-        client = self.client
-        if client is None:  # bytes on an idle connection: nothing asked, so it is unusable
-            self._close()
-            return
-        self.got = True
-        self.since = self.pool.loop.time()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.keep = False
-            self.pool.proxy.upstream_failed(exc, key="upstream-bytes")
-            self._fail()
-            return
-        client.flush()
-        if self.done and self.client is not None:
-            self.exchange_over()
-
-    def eof_received(self) -> bool | None:
-        return False
-
-    def pause_writing(self) -> None:
-        if self.client is not None:
-            self.client._block(_UPSTREAM)
-
-    def resume_writing(self) -> None:
-        if self.client is not None:
-            self.client._unblock(_UPSTREAM)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self.keep = False
-        pool = self.pool
-        pool.busy.discard(self)
-        with contextlib.suppress(ValueError):
-            pool.idle.remove(self)
-        client, req = self.client, self.req
-        if client is None or req is None or self.done:
-            return
-        if req.responded and not self.headers_framed:
-            self.on_message_complete()  # a body delimited by the end of the connection
-            client.flush()
-            if self.client is not None:
-                self.exchange_over()
-            return
-        if self.reused and not self.got and not req.has_body and not client.closed:
-            # a kept-alive connection the upstream had closed: once more on a new one
-            self.client = self.req = None
-            req.up = None
-            client.unblock_upstream()
-            req.task = asyncio.get_running_loop().create_task(client._connect(req))
-            return
-        self.pool.proxy.upstream_failed(exc or "connection closed")
-        self._fail()
-
-    # ---- httptools callbacks
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        if lname in _RESPONSE_FRAMING:
-            if lname == b"content-length":
-                self.cl = True
-            elif lname == b"connection":
-                if value.lower() not in (b"keep-alive", b"close"):
-                    self.dropped = (self.dropped or set()) | _tokens(value)
-                return
-            elif lname == b"transfer-encoding":
-                self.te = True
-                return
-            else:  # the other hop-by-hop headers
-                return
-        self.lines += (b"\r\n", name, b": ", value)
-
-    def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
-        if status < 200:  # interim (100 Continue...): we sent no Expect, so drop it
-            self.interim = True
-            self.lines = []
-            self.dropped = None
-            self.cl = self.te = False
-            return
-        client, req = self.client, self.req
-        if client is None or req is None:
-            return
-        self.keep = self.parser.should_keep_alive()
-        self.headers_framed = self.cl or self.te
-        lines = self.lines
-        if self.dropped is not None:  # Connection named more headers: drop those too
-            dropped = self.dropped
-            lines = [
-                part
-                for i in range(0, len(lines), 4)
-                if lines[i + 1].lower() not in dropped
-                for part in lines[i : i + 4]
-            ]
-        client.response_head(req, status, b"".join(lines), self.cl, self.te)
-        if req.method == b"HEAD":
-            # llhttp cannot be told the response to HEAD has no body: it is complete now,
-            # and the next response gets a fresh parser
-            self.parser = httptools.HttpResponseParser(self)
-            self.on_message_complete()
-
-    def on_body(self, data: bytes) -> None:
-        client, req = self.client, self.req
-        if client is not None and req is not None and not self.done:
-            client.response_body(req, data)
-
-    def on_message_complete(self) -> None:
-        if self.interim:
-            self.interim = False
-            return
-        client, req = self.client, self.req
-        if client is None or req is None or self.done:
-            return
-        self.done = True
-        if not self.headers_framed:
-            self.keep = False
-        client.response_done(req)
-
-    # ---- the exchange's end
-
-    def exchange_over(self) -> None:
-        """The response is complete: back to the pool once the request is sent whole."""
-        req = self.req
-        if req is None:
-            return
-        if not req.complete:  # the upstream answered before the body ended
-            self.keep = False
-        client = self.client
-        if client is not None:
-            if client.blocked & _UPSTREAM:
-                client.unblock_upstream()
-            if client.write_paused and self.transport is not None:
-                self.transport.resume_reading()
-        self.client = self.req = None
-        self.pool.busy.discard(self)
-        if self.keep and not self.lost:
-            self.pool.release(self)
-        else:
-            self._close()
-
-    def abandon(self) -> None:
-        """The client went away mid-exchange."""
-        self.client = self.req = None
-        self.keep = False
-        self._close()
-
-    def _fail(self) -> None:
-        client, req = self.client, self.req
-        self.client = self.req = None
-        self._close()
-        if client is not None and req is not None:
-            req.up = None
-            client.unblock_upstream()
-            client.bad_gateway(req)
-
-    def _close(self) -> None:
-        self.pool.busy.discard(self)
-        if self.transport is not None:
-            self.transport.close()
-
-
-class Pool:
-    """Kept-alive connections to the upstream; a sweep closes idle ones and times out
-    exchanges whose upstream has sent nothing for ``read_timeout_s``."""
-
-    def __init__(self, parts: Any, read_timeout_s: float, proxy: Http1Proxy) -> None:
-        self.proxy = proxy
-        self.name = f"{parts.scheme}://{parts.netloc}"
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = (
-            ssl.create_default_context() if parts.scheme == "https" else None
-        )
-        self.read_timeout_s = read_timeout_s
-        self.idle: list[_Upstream] = []
-        self.busy: set[_Upstream] = set()
-        self._sweeper: asyncio.TimerHandle | None = None
-        self.loop = asyncio.get_running_loop()
-
-    def start(self) -> None:
-        self._sweeper = self.loop.call_later(1.0, self._sweep)
-
-    def acquire(self) -> _Upstream | None:
-        idle = self.idle
-        while idle:
-            up = idle.pop()
-            if not up.lost and up.transport is not None and not up.transport.is_closing():
-                up.reused = True
-                return up
-        return None
-
-    async def connect(self) -> _Upstream:
-        _, up = await asyncio.wait_for(
-            self.loop.create_connection(
-                lambda: _Upstream(self), self.host, self.port, ssl=self.ssl
-            ),
-            CONNECT_TIMEOUT_S,
-        )
-        return up
-
-    def release(self, up: _Upstream) -> None:
-        if len(self.idle) >= POOL_MAX_IDLE:
-            up._close()
-            return
-        up.since = self.loop.time()
-        self.idle.append(up)
-
-    def _sweep(self) -> None:
-        now = self.loop.time()
-        stale = [up for up in self.idle if now - up.since > POOL_IDLE_S]
-        for up in stale:
-            self.idle.remove(up)
-            up._close()
-        late = [u for u in self.busy if now - u.since > self.read_timeout_s
-                and not (u.client is not None and u.client.write_paused)]  # fmt: skip
-        for up in late:
-            up.keep = False
-            self.proxy.upstream_failed(
-                TimeoutError(f"nothing from the upstream in {self.read_timeout_s:g} s")
-            )
-            up._fail()
-        self._sweeper = self.loop.call_later(1.0, self._sweep)
-
-    def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
-        for up in [*self.idle, *self.busy]:
-            up._close()
-        self.idle.clear()
-        self.busy.clear()
 
 
 __all__ = ["HOP_BY_HOP", "ClientConnection", "Http1Proxy", "Request"]

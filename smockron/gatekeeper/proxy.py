@@ -20,7 +20,6 @@ from smockron.gatekeeper._asyncio import AsyncGatekeeper
 from smockron.gatekeeper._decider import Decision, Verdict
 from smockron.gatekeeper._http1 import ClientConnection, Http1Proxy, Request
 from smockron.gatekeeper.httpgate import HttpGate
-from smockron.gatekeeper.identify import RequestInfo
 from smockron.httpguard import HEADER_TIMEOUT_S, ConnectionGuard
 from smockron.observe import CountersCollector, ObserveServer, Readiness, bound, serve
 from smockron.observe.layouts import GATEKEEPER
@@ -29,6 +28,7 @@ from smockron.ratelog import RateLimitedLog
 log = logging.getLogger("smockron.gatekeeper.proxy")
 
 DECISION_HEADER: Final = "X-Smockron-Decision"
+ACCEPT, DELAY = Verdict.ACCEPT, Verdict.DELAY
 
 
 class GatekeeperProxy:
@@ -60,6 +60,7 @@ class GatekeeperProxy:
             v: (f"{DECISION_HEADER}: {v.value}\r\n".encode() if decision_header else b"")
             for v in Verdict
         }
+        self._accepted = self._extra[Verdict.ACCEPT]  # per request: no enum hash
         self._http: Http1Proxy | None = None
         self._delays: set[asyncio.Task[None]] = set()
         self.bad_requests = 0
@@ -120,36 +121,32 @@ class GatekeeperProxy:
         self._bad_log.warning("malformed HTTP request: %s", what.splitlines()[0] if what else "")
 
     def _on_request(self, conn: ClientConnection, req: Request) -> None:
-        info = RequestInfo(conn.peer, req.method.decode("latin-1"), req.path, req.header)
-        target = self.gate.target(info)
+        target = self.gate.target(req)
         if target is None:
-            conn.forward(req, self._extra[Verdict.ACCEPT])
+            conn.forward(req, self._accepted)
             return
         domain, identifier, loginfo = target
         try:
             decision = self.gatekeeper.check(domain, identifier, None, loginfo)
         except Exception as exc:  # fail-permissive, even against our own bugs
             self.gate.fail_open(exc)
-            conn.forward(req, self._extra[Verdict.ACCEPT])
+            conn.forward(req, self._accepted)
             return
         verdict = decision.verdict
-        if verdict is Verdict.ACCEPT:
-            conn.forward(req, self._extra[verdict])
-        elif verdict is Verdict.DELAY:
-            task = asyncio.get_running_loop().create_task(
-                self._delay(conn, req, info, decision, target)
-            )
+        if verdict is ACCEPT:
+            conn.forward(req, self._accepted)
+        elif verdict is DELAY:
+            task = asyncio.get_running_loop().create_task(self._delay(conn, req, decision, target))
             req.task = task
             self._delays.add(task)
             task.add_done_callback(self._delays.discard)
         else:
-            self._reject(conn, req, info, decision)
+            self._reject(conn, req, decision)
 
     async def _delay(
         self,
         conn: ClientConnection,
         req: Request,
-        info: RequestInfo,
         decision: Decision,
         target: tuple[bytes, bytes, bytes | None],
     ) -> None:
@@ -160,13 +157,11 @@ class GatekeeperProxy:
             return
         # the client connection stayed open; the upstream has not seen it yet
         req.task = None
-        self._reject(conn, req, info, decision._replace(verdict=Verdict.REJECT))
+        self._reject(conn, req, decision._replace(verdict=Verdict.REJECT))
         conn.flush()
 
-    def _reject(
-        self, conn: ClientConnection, req: Request, info: RequestInfo, decision: Decision
-    ) -> None:
-        rejection = self.gate.reject(decision.wait_ms, info)
+    def _reject(self, conn: ClientConnection, req: Request, decision: Decision) -> None:
+        rejection = self.gate.reject(decision.wait_ms, req)
         headers = b"".join(
             b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
             for name, value in rejection.headers

@@ -68,6 +68,18 @@ class RawBackend:
                 if path == "/silent":  # never answers
                     await asyncio.sleep(30)
                     break
+                if path == "/hops":  # hop-by-hop headers, some named by Connection
+                    writer.write(b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nConnection: "
+                                 b"keep-alive, X-Hop\r\nX-Hop: secret\r\nX-End:kept\r\n"
+                                 b"Transfer-Encoding: chunked\r\nUpgrade: h2c\r\nX-Te: 1\r\n"
+                                 b"\r\n5\r\nhello\r\n0\r\n\r\n")  # fmt: skip
+                    await writer.drain()
+                    continue
+                if path == "/interim":  # 103 Early Hints before the response
+                    writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+                                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")  # fmt: skip
+                    await writer.drain()
+                    continue
                 if path == "/garbage":
                     writer.write(b"NOT HTTP AT ALL\r\n\r\n")
                     await writer.drain()
@@ -165,6 +177,32 @@ async def test_http10_client_gets_a_close_delimited_body(
     head, _, body = out.partition(b"\r\n\r\n")
     assert b"Transfer-Encoding: chunked" in head
     assert body == b"a\r\nto the end\r\n0\r\n\r\n"
+
+
+async def test_response_hop_by_hop_headers_are_dropped(
+    proxy: tuple[GatekeeperProxy, int],
+) -> None:
+    _, port = proxy
+    out = await exchange(port, b"GET /hops HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 200 OK"
+    assert b"X-End:kept" in lines and b"X-Te: 1" in lines
+    names = [line.split(b":")[0].lower() for line in lines[1:]]
+    assert not {b"keep-alive", b"x-hop", b"upgrade"} & set(names), head
+    assert names.count(b"transfer-encoding") == 1 and names.count(b"connection") == 1
+    assert body == b"5\r\nhello\r\n0\r\n\r\n"
+
+
+async def test_interim_responses_are_not_relayed(proxy: tuple[GatekeeperProxy, int]) -> None:
+    _, port = proxy
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for _ in range(2):  # and the kept-alive upstream connection serves the next one
+        writer.write(b"GET /interim HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Link" not in head, head
+        assert await reader.readexactly(2) == b"ok"
+    writer.close()
 
 
 async def test_expect_continue(proxy: tuple[GatekeeperProxy, int], raw_backend: RawBackend) -> None:
