@@ -167,6 +167,7 @@ async def test_more_than_1000_are_split_in_order(
     assert sorted(server[1].call_sizes) == [500, 1000, 1000]
     with Client(server[0].address) as client:
         assert len(client.get_rate_limits(reqs[:1001])) == 1001
+        assert client.get_rate_limits([]) == []
     assert await aclient.get_rate_limits([]) == []
 
 

@@ -81,7 +81,7 @@ class AsyncClient(BaseClient[AsyncHttpTransport]):
     ) -> list[RateLimitResponse]:
         """One response per request, in order; each owner's part goes to it, the parts
         (and batches of 1,000) concurrently."""
-        if self.ring is None:
+        if self.ring is None or not requests:
             return await self._get(requests, timeout)
         return await self._drive(Route(self.ring, requests), AsyncClient._get, timeout)
 

@@ -212,29 +212,31 @@ class Route:
     ) -> None:
         self.ring = ring
         self.requests = requests
-        self.answers: list[RateLimitResponse] = [_NO_ANSWER] * len(requests)
+        self.answers: list[RateLimitResponse] = []
         self._left = attempts
         self._fallback = fallback
-        self._todo: Sequence[int] = range(len(requests))
-        """The indexes of the requests not answered yet."""
+        self._todo: list[int] | None = None
+        """The indexes of the requests not answered yet; None: all of them."""
         self._groups: dict[str | None, list[int]] = {}
 
     def parts(self) -> list[Part]:
         """What to send next: the unanswered requests by owner."""
         requests, todo = self.requests, self._todo
         if self._fallback and self._left == 1:
-            groups: dict[str | None, list[int]] = {None: list(todo)}
+            groups: dict[str | None, list[int]] = {
+                None: list(range(len(requests))) if todo is None else todo
+            }
         elif len(requests) == 1:  # a lone check (the common case): no loop
             r = requests[0]
             groups = {self.ring.owner(f"{r.name}_{r.unique_key}"): [0]}
         else:
             owner = self.ring.owner
             groups = {}
-            for i in todo:
+            for i in range(len(requests)) if todo is None else todo:
                 r = requests[i]
                 groups.setdefault(owner(f"{r.name}_{r.unique_key}"), []).append(i)
         self._groups = groups
-        if len(groups) == 1 and len(todo) == len(requests):
+        if todo is None and len(groups) == 1:
             return [(next(iter(groups)), requests)]  # the whole call: no copy
         return [(owner, [requests[i] for i in idx]) for owner, idx in groups.items()]
 
@@ -242,21 +244,33 @@ class Route:
         """What came of each of the last ``parts``; True once every request has its
         answer. Raises the error of a part that has no next owner to go to."""
         self._left -= 1
+        got = outcomes[0] if outcomes else None
+        if self._todo is None and type(got) is list and len(got) == len(self.requests):
+            (owner,) = self._groups  # the whole call went to one node: its answers are all
+            self._observe(owner, 0, got)
+            self.answers = got
+            return True
+        if not self.answers:
+            self.answers = [_NO_ANSWER] * len(self.requests)
         retry: list[int] = []
-        ring, answers = self.ring, self.answers
+        answers = self.answers
         for (owner, idx), got in zip(self._groups.items(), outcomes, strict=True):
             if isinstance(got, ClientUnavailable):
                 if owner is None or self._left < 1:
                     raise got
-                ring.mark_down(owner)
+                self.ring.mark_down(owner)
                 retry.extend(idx)
                 continue
-            named = got[0].metadata.get("owner")
-            if owner is not None and named and named != owner:  # the ring may differ
-                ring.observe(self.requests[idx[0]].hash_key, owner, named)
+            self._observe(owner, idx[0], got)
             for i, resp in zip(idx, got, strict=True):
                 answers[i] = resp
         if not retry:
             return True
         self._todo = sorted(retry)
         return False
+
+    def _observe(self, owner: str | None, first: int, got: list[RateLimitResponse]) -> None:
+        """Tell the ring when a part's answer names another owner than the one picked."""
+        named = got[0].metadata.get("owner")
+        if owner is not None and named and named != owner:
+            self.ring.observe(self.requests[first].hash_key, owner, named)

@@ -88,7 +88,7 @@ class Client(BaseClient[HttpTransport]):
     ) -> list[RateLimitResponse]:
         """One response per request, in order; per-item errors are in ``error``. Each
         owner's part goes to it, the parts in parallel."""
-        if self.ring is None:
+        if self.ring is None or not requests:
             return self._get(requests, timeout)
         return self._drive(Route(self.ring, requests), Client._get, timeout)
 
