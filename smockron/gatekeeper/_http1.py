@@ -346,11 +346,15 @@ class ClientConnection(asyncio.Protocol):
         proxy = self.proxy
         req.head = request_head(req, proxy.prefix, proxy.host_header, self.peer_bytes,
                                 proxy.local_host)  # fmt: skip
-        up = self.pool.acquire()
-        if up is None:
-            req.task = proxy.loop.create_task(self.connect(req))
-        else:
-            self._attach(req, up)
+        idle = self.pool.idle  # a kept-alive connection (no method call: once a request)
+        while idle:
+            up = idle.pop()
+            transport = up.transport
+            if not up.lost and transport is not None and not transport.is_closing():
+                up.reused = True
+                self._attach(req, up)
+                return
+        req.task = proxy.loop.create_task(self.connect(req))
 
     async def connect(self, req: Request) -> None:
         """``req`` on a new upstream connection (502 when there is none to be had)."""
@@ -416,11 +420,6 @@ class ClientConnection(asyncio.Protocol):
         req.responded = True
         self.out.append(b"".join(parts))
 
-    def response_done(self, req: Request) -> None:
-        if req.mode == CHUNKED:
-            self.out.append(b"0\r\n\r\n")
-        self._finished(req)
-
     def respond(self, req: Request, status_line: bytes, headers: bytes, body: bytes,
                 extra: bytes = b"") -> None:  # fmt: skip
         """A response of our own (rejection, 502): ``headers`` are ``Name: value\\r\\n``
@@ -437,7 +436,7 @@ class ClientConnection(asyncio.Protocol):
         req.responded = True
         req.pending = None
         self._unblock(_BODY)
-        self._finished(req)
+        self.finished(req)
 
     def bad_gateway(self, req: Request) -> None:
         if req.responded:  # headers are gone: cut the connection, the truncation shows
@@ -447,7 +446,8 @@ class ClientConnection(asyncio.Protocol):
         self.respond(req, b"502 Bad Gateway", b"Content-Type: text/plain; charset=utf-8\r\n",
                      b"502 Bad Gateway: upstream unavailable\n", req.extra)  # fmt: skip
 
-    def _finished(self, req: Request) -> None:
+    def finished(self, req: Request) -> None:
+        """``req``'s response is out (its upstream's last bytes are in ``out``)."""
         req.up = None
         self.active = None
         self.busy -= 1

@@ -57,13 +57,13 @@ _METHODS: Final = {
     m.encode(): m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 }
 _KEYS: dict[str, bytes] = {}  # header names asked for, encoded once
-_HOP_NAMES: Final = rb"connection|keep-alive|proxy-authenticate|proxy-authorization|" \
-    rb"proxy-connection|te|trailers?|transfer-encoding|upgrade"  # fmt: skip
-# llhttp has checked the head: CRLF lines, no folding, no space before a colon
+# over a lower-cased response head, whose lines llhttp has checked (CRLF, no folding, no
+# space before a colon); the alternatives branch on their first letter (no re.IGNORECASE:
+# twice as fast)
 _RESPONSE_FRAMING: Final = re.compile(
-    rb"\r\n(content-length|" + _HOP_NAMES + rb"):[ \t]*([^\r]*)", re.IGNORECASE
+    rb"\r\n(c(?:ontent-length|onnection)|keep-alive|proxy-(?:authenticate|authorization|"
+    rb"connection)|t(?:e|railers?|ransfer-encoding)|upgrade):([^\r]*)"
 )
-_HOP_LINES: Final = re.compile(rb"\r\n(?:" + _HOP_NAMES + rb"):[^\r]*", re.IGNORECASE)
 
 # how a response body goes to the client
 NONE, RAW, CHUNKED = 0, 1, 2
@@ -208,23 +208,24 @@ def request_head(req: Request, prefix: bytes, host: bytes, peer: bytes, local: b
 def response_fields(fields: bytes) -> tuple[bytes, bool, bool]:
     """An upstream response's header lines (each after a CRLF, as llhttp accepted them)
     without the hop-by-hop ones; whether it had Content-Length, Transfer-Encoding."""
-    found = _RESPONSE_FRAMING.findall(fields)
+    lower = fields.lower()  # ASCII only: the offsets are the same
+    found = _RESPONSE_FRAMING.findall(lower)
     if not found:
         return fields, False, False
-    length = chunked = hop = False
+    length = chunked = False
     named: set[bytes] | None = None
     for name, value in found:
-        lname = name.lower()
-        if lname == b"content-length":
+        if name == b"content-length":
             length = True
             continue
-        hop = True
-        if lname == b"transfer-encoding":
+        if name == b"transfer-encoding":
             chunked = True
-        elif lname == b"connection" and value.rstrip().lower() not in (b"keep-alive", b"close"):
+        elif name == b"connection" and value.strip() not in (b"keep-alive", b"close"):
             named = (named or set()) | tokens(value)
-    if hop:
-        fields = _HOP_LINES.sub(b"", fields)
+        start = lower.find(b"\r\n%s:" % name)  # the first such line: each goes in turn
+        end = lower.find(b"\r\n", start + 2)
+        end = len(lower) if end < 0 else end
+        fields, lower = fields[:start] + fields[end:], lower[:start] + lower[end:]
     if named:  # Connection named more headers: drop those too (never the framing)
         named.discard(b"content-length")
         fields = b"".join(

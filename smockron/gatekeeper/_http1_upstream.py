@@ -179,7 +179,9 @@ class Upstream(asyncio.Protocol):
         self.done = True
         if not self.framed:
             self.keep = False
-        client.response_done(req)
+        if req.mode == CHUNKED:
+            client.out.append(b"0\r\n\r\n")
+        client.finished(req)
 
     # ---- the exchange's end
 
@@ -197,8 +199,10 @@ class Upstream(asyncio.Protocol):
             if client.write_paused and self.transport is not None:
                 self.transport.resume_reading()
         self.client = self.req = None
-        if self.keep and not self.lost:
-            self.pool.release(self)
+        pool = self.pool
+        if self.keep and not self.lost and len(pool.idle) < POOL_MAX_IDLE:  # pool.release
+            self.since = self.loop.time()
+            pool.idle.append(self)
         else:
             self.close()
 
@@ -248,16 +252,6 @@ class Pool:
 
     def start(self) -> None:
         self._sweeper = self.loop.call_later(1.0, self._sweep)
-
-    def acquire(self) -> Upstream | None:
-        idle = self.idle
-        while idle:
-            up = idle.pop()
-            transport = up.transport
-            if not up.lost and transport is not None and not transport.is_closing():
-                up.reused = True
-                return up
-        return None
 
     async def connect(self) -> Upstream:
         _, up = await asyncio.wait_for(
