@@ -27,19 +27,16 @@ from urllib.parse import urlsplit
 import httptools
 
 from smockron.gatekeeper._http1_forward import (
-    CHUNKED,
     CONTINUE,
     FRAMING,
     HOP_BY_HOP,
     MAX_FIELD,
     MAX_HEAD,
-    NONE,
-    RAW,
     Request,
     chunk,
     framing_header,
+    own_response,
     request_head,
-    status_line,
 )
 from smockron.gatekeeper._http1_upstream import Pool, Upstream
 from smockron.httpguard import _REFUSAL, ConnectionGuard
@@ -395,45 +392,13 @@ class ClientConnection(asyncio.Protocol):
         if not self.feeding:
             up.flush()
 
-    def response_head(self, req: Request, status: int, fields: bytes, length: bool,
-                      chunked: bool) -> None:  # fmt: skip
-        """The upstream's response head, relayed: ``fields`` are its end-to-end header
-        lines, each after a CRLF."""
-        parts = [status_line(status), fields]
-        if req.verb == b"HEAD" or status in (204, 304):
-            req.mode = NONE
-        elif length and not chunked:
-            req.mode = RAW
-        elif req.http11:
-            req.mode = CHUNKED
-            parts.append(b"\r\nTransfer-Encoding: chunked")
-        else:  # an HTTP/1.0 client: the end of the body is the end of the connection
-            req.mode = RAW
-            req.close_after = True
-        if not req.complete or not req.keep_alive or self.proxy.closing:
-            req.close_after = True
-        if req.close_after:
-            parts.append(b"\r\nConnection: close")
-        elif not req.http11:
-            parts.append(b"\r\nConnection: keep-alive")
-        parts += (b"\r\n", req.extra, b"\r\n")
-        req.responded = True
-        self.out.append(b"".join(parts))
-
     def respond(self, req: Request, status_line: bytes, headers: bytes, body: bytes,
                 extra: bytes = b"") -> None:  # fmt: skip
         """A response of our own (rejection, 502): ``headers`` are ``Name: value\\r\\n``
         lines, without Content-Length."""
         if self.closed or req.responded:
             return
-        if not req.complete or not req.keep_alive or self.proxy.closing:
-            req.close_after = True
-        conn = b"Connection: close\r\n" if req.close_after else (
-            b"" if req.http11 else b"Connection: keep-alive\r\n")  # fmt: skip
-        self.out.append(b"HTTP/1.1 %s\r\n%s%s%sContent-Length: %d\r\n\r\n%s" % (
-            status_line, headers, extra, conn, len(body),
-            b"" if req.verb == b"HEAD" else body))  # fmt: skip
-        req.responded = True
+        self.out.append(own_response(req, status_line, headers + extra, body, self.proxy.closing))
         req.pending = None
         self._unblock(_BODY)
         self.finished(req)

@@ -236,6 +236,46 @@ def response_fields(fields: bytes) -> tuple[bytes, bool, bool]:
     return fields, length, chunked
 
 
+def response_head(
+    req: Request, status: int, fields: bytes, length: bool, chunked: bool, closing: bool
+) -> bytes:
+    """The upstream's response head as relayed (``fields``: its end-to-end header lines,
+    each after a CRLF), and ``req.mode``: how its body goes to the client."""
+    parts = [status_line(status), fields]
+    if req.verb == b"HEAD" or status in (204, 304):
+        req.mode = NONE
+    elif length and not chunked:
+        req.mode = RAW
+    elif req.http11:
+        req.mode = CHUNKED
+        parts.append(b"\r\nTransfer-Encoding: chunked")
+    else:  # an HTTP/1.0 client: the end of the body is the end of the connection
+        req.mode = RAW
+        req.close_after = True
+    if not req.complete or not req.keep_alive or closing:
+        req.close_after = True
+    if req.close_after:
+        parts.append(b"\r\nConnection: close")
+    elif not req.http11:
+        parts.append(b"\r\nConnection: keep-alive")
+    parts += (b"\r\n", req.extra, b"\r\n")
+    req.responded = True
+    return b"".join(parts)
+
+
+def own_response(req: Request, status: bytes, headers: bytes, body: bytes,
+                 closing: bool) -> bytes:  # fmt: skip
+    """A response of the proxy's own (rejection, 502): ``headers`` are ``Name: value\\r\\n``
+    lines, without Content-Length."""
+    if not req.complete or not req.keep_alive or closing:
+        req.close_after = True
+    conn = b"Connection: close\r\n" if req.close_after else (
+        b"" if req.http11 else b"Connection: keep-alive\r\n")  # fmt: skip
+    req.responded = True
+    return b"HTTP/1.1 %s\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
+        status, headers, conn, len(body), b"" if req.verb == b"HEAD" else body)  # fmt: skip
+
+
 def status_line(status: int) -> bytes:
     """The status line with the standard reason phrase (as nginx: the upstream's carries
     nothing a client may act on)."""
@@ -263,8 +303,10 @@ __all__ = [
     "Request",
     "chunk",
     "framing_header",
+    "own_response",
     "request_head",
     "response_fields",
+    "response_head",
     "status_line",
     "tokens",
 ]

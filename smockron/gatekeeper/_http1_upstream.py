@@ -23,6 +23,7 @@ from smockron.gatekeeper._http1_forward import (
     Request,
     chunk,
     response_fields,
+    response_head,
 )
 
 if TYPE_CHECKING:
@@ -153,7 +154,8 @@ class Upstream(asyncio.Protocol):
         self.keep = self.parser.should_keep_alive()
         fields, length, chunked = response_fields(fields)
         self.framed = length or chunked
-        client.response_head(req, status, fields, length, chunked)
+        closing = client.proxy.closing
+        client.out.append(response_head(req, status, fields, length, chunked, closing))
         if req.verb == b"HEAD":
             # llhttp cannot be told the response to HEAD has no body: it is complete now,
             # and the next response gets a fresh parser
