@@ -23,11 +23,14 @@ metric                                                      upstream statsd coun
 ``ratelimit_service_global_shadow_mode_total``              ``global_shadow_mode``
 ``ratelimit_service_total_requests_total``                  ``ratelimit_server.<method>.``
                                                             ``total_requests``
+``ratelimit_service_response_time_seconds`` (a histogram,   ``ratelimit_server.<method>.``
+  label ``grpc_method``; envoyproxy/ratelimit mode only)    ``response_time`` (a timer)
 ==========================================================  ===============================
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import struct
@@ -38,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from smockron.counters import CounterSet
@@ -104,26 +107,41 @@ def record(
     stats.within_limit += hits
 
 
+RESPONSE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""The buckets of ``ratelimit_service_response_time_seconds``: statsd_exporter's default
+(Prometheus' DefBuckets), which upstream's mapper leaves them at."""
+
+
 class ServerStats:
     """envoyproxy/ratelimit's ``ratelimit_server.<method>`` stats, which its gRPC server's
     interceptor keeps for every unary call (``ShouldRateLimit``, the health ``Check``; not
     ``POST /json``): the calls, and each call's time in whole milliseconds (truncated, as
     upstream's ``time.Since(start).Milliseconds()``). The times are kept as a count per
-    value until sent, so a statsd that cannot be reached costs no memory per call."""
+    value until sent to statsd, so a statsd that cannot be reached costs no memory per
+    call, and in the histogram upstream's Prometheus mapper makes of them: seconds, or
+    milliseconds with ``PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`` (upstream then drops the
+    mapper's scale, the buckets stay)."""
 
-    def __init__(self) -> None:
+    def __init__(self, milliseconds: bool = False) -> None:
         self.total_requests: dict[str, int] = {}
+        self.histograms: dict[str, tuple[list[int], float]] = {}
+        """Per method: the calls in each of RESPONSE_BUCKETS (and above), and the sum."""
+        self._scale = 1.0 if milliseconds else 0.001
         self._times: dict[str, Counter[int]] = {}
         self._lock = threading.Lock()  # calls are recorded on gRPC threads too
 
     def record(self, method: str, seconds: float) -> None:
         ms = int(seconds * 1000)
+        value = ms * self._scale
         with self._lock:
             self.total_requests[method] = self.total_requests.get(method, 0) + 1
             times = self._times.get(method)
             if times is None:
                 times = self._times[method] = Counter()
             times[ms] += 1
+            counts, total = self.histograms.get(method) or ([0] * (len(RESPONSE_BUCKETS) + 1), 0.0)
+            counts[bisect.bisect_left(RESPONSE_BUCKETS, value)] += 1
+            self.histograms[method] = (counts, total + value)
 
     def take_times(self) -> dict[str, Counter[int]]:
         """The times recorded since the last take, per method (and forgets them)."""
@@ -234,6 +252,7 @@ class UpstreamMetrics(Collector):
         yield self._family(
             "ratelimit_service_total_requests", "Calls, by gRPC method.", ["grpc_method"], calls
         )
+        yield _response_times(sources)
 
     def _limits(self, sources: list[StatsSource]) -> Iterator[Metric]:
         totals: dict[str, dict[tuple[str, ...], int]] = {f: {} for f in _LIMIT_FIELDS}
@@ -258,6 +277,32 @@ class UpstreamMetrics(Collector):
         for label_values, value in values.items():
             family.add_metric(list(label_values), value)
         return family
+
+
+def _response_times(sources: list[StatsSource]) -> HistogramMetricFamily:
+    """``ratelimit_service_response_time_seconds{grpc_method}`` over the sources that time
+    their gRPC calls (envoyproxy/ratelimit mode)."""
+    merged: dict[str, tuple[list[int], float]] = {}
+    for source in sources:
+        server = source.server_stats
+        for method, (counts, total) in list(server.histograms.items()) if server else ():
+            into, into_total = merged.get(method) or ([0] * len(counts), 0.0)
+            merged[method] = (
+                [a + b for a, b in zip(into, counts, strict=True)],
+                into_total + total,
+            )
+    family = HistogramMetricFamily(
+        "ratelimit_service_response_time_seconds",
+        "Time of each gRPC call, by method (whole milliseconds, as upstream times them).",
+        labels=["grpc_method"],
+    )
+    for method, (counts, total) in sorted(merged.items()):
+        cumulative, buckets = 0, []
+        for bound, n in zip((*map(str, RESPONSE_BUCKETS), "+Inf"), counts, strict=True):
+            cumulative += n
+            buckets.append((bound, float(cumulative)))
+        family.add_metric([method], buckets, total)
+    return family
 
 
 def _sum(items: Iterator[tuple[tuple[str, ...], int]]) -> dict[tuple[str, ...], int]:

@@ -179,7 +179,7 @@ class UpstreamFront:
             self._load_error = str(exc)
             log.error("envoy: no rate limit configuration loaded: %s", exc)
         self.servicer: RateLimitServicer | None = None
-        self.server_stats = ServerStats()
+        self.server_stats = ServerStats(settings.prometheus_response_time_as_milliseconds)
         """Upstream's ``ratelimit_server.<method>`` stats of the gRPC calls."""
         self._reloader: ConfigReloader | None = None
         self._tasks: list[asyncio.Task[None]] = []

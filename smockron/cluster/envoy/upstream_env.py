@@ -82,6 +82,7 @@ class UpstreamSettings:
     disable_stats: bool = False
     use_prometheus: bool = False
     prometheus_addr: str = ":9090"
+    prometheus_response_time_as_milliseconds: bool = False
     backend_type: str = "redis"
     cache_key_prefix: str = ""
     local_cache_size_in_bytes: int = 0
@@ -139,6 +140,9 @@ class UpstreamSettings:
             disable_stats=r.flag("DISABLE_STATS", d.disable_stats),
             use_prometheus=r.flag("USE_PROMETHEUS", d.use_prometheus),
             prometheus_addr=r.text("PROMETHEUS_ADDR", d.prometheus_addr),
+            prometheus_response_time_as_milliseconds=r.flag(
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", False
+            ),
             backend_type=r.text("BACKEND_TYPE", d.backend_type).lower(),
             cache_key_prefix=r.text("CACHE_KEY_PREFIX", d.cache_key_prefix),
             local_cache_size_in_bytes=r.number("LOCAL_CACHE_SIZE_IN_BYTES", 0, low=0),
@@ -241,7 +245,6 @@ _IGNORED = {
     "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR": "a call always waits for a connection",
     "PROMETHEUS_PATH": "the path is /metrics",
     "PROMETHEUS_MAPPER_YAML": "the Prometheus names are upstream's default mapping",
-    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS": "there is no response-time histogram",
     "FORCE_START_WITHOUT_INITIAL_CONFIG": "the node always starts; without a configuration it "
     "answers 'no rate limit configuration loaded'",
     "REDIS_STARTUP_INITIAL_INTERVAL": "the node starts at once and retries Redis until it answers",

@@ -198,14 +198,28 @@ async def test_backend_cluster_keeps_redis_untouched(
     assert redis.Redis(port=redis_server.port).dbsize() == 0
 
 
-def test_use_prometheus(upstream_node: StartNode) -> None:
-    """USE_PROMETHEUS with PROMETHEUS_ADDR: /metrics there, upstream's mapped names."""
+@pytest.mark.parametrize("milliseconds", [False, True])
+async def test_use_prometheus(upstream_node: StartNode, milliseconds: bool) -> None:
+    """USE_PROMETHEUS with PROMETHEUS_ADDR: /metrics there, upstream's mapped names, and
+    the response-time histogram of the gRPC calls (its values in milliseconds with
+    PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS, test_server_stats.py)."""
     port = free_port()
-    node = upstream_node(
-        {"BACKEND_TYPE": "cluster", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": f":{port}"}
-    )
+    env = {"BACKEND_TYPE": "cluster", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": f":{port}"}
+    if milliseconds:
+        env["PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS"] = "true"
+    node = upstream_node(env)
     wait_for(lambda: node.proc.alive() and _get(port) is not None)
     assert "ratelimit_service_config_load_success_total 1.0" in (_get(port) or "")
+    async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+        for _ in range(3):
+            await node.stub(channel).ShouldRateLimit(
+                request("basic", [[("key1", "x")]]), timeout=10
+            )
+    text = _get(port) or ""
+    count = 'ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 3.0'
+    inf = 'ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="+Inf"}'
+    assert count in text and f"{inf} 3.0" in text, text
+    assert "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS has no effect" not in node.proc.log()
 
 
 def _get(port: int) -> str | None:
