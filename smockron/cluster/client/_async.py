@@ -156,8 +156,12 @@ class AsyncClient(BaseClient[AsyncHttpTransport]):
             if ring.due():
                 await self._refresh_due()
             parts = route.parts()
-            if len(parts) == 1:
-                outcomes = [await self._outcome(send, *parts[0], timeout)]
+            if len(parts) == 1:  # no task: this one sends it
+                owner, part = parts[0]
+                try:
+                    outcomes: list[Outcome] = [await send(self._node(owner), part, timeout)]
+                except ClientUnavailable as exc:
+                    outcomes = [exc]
             else:
                 outcomes = await asyncio.gather(
                     *(self._outcome(send, owner, part, timeout) for owner, part in parts)

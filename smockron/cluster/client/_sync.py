@@ -153,8 +153,12 @@ class Client(BaseClient[HttpTransport]):
             if ring.due():
                 self._refresh_due()
             parts = route.parts()
-            if len(parts) == 1:
-                outcomes = [self._outcome(send, *parts[0], timeout)]
+            if len(parts) == 1:  # no thread: this one sends it
+                owner, part = parts[0]
+                try:
+                    outcomes: list[Outcome] = [send(self._node(owner), part, timeout)]
+                except ClientUnavailable as exc:
+                    outcomes = [exc]
             else:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(8, thread_name_prefix="smockron-client")
