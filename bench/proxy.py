@@ -225,7 +225,8 @@ def main() -> None:
                     runs[name].append(measure(port, pid, args))
                 print(f"round {i + 1}: " + "; ".join(
                     f"{name} {r[-1].rps:,.0f} req/s p50 {r[-1].p50_us:.0f} us p99 "
-                    f"{r[-1].p99_us:.0f} us" for name, r in runs.items()), flush=True)  # fmt: skip
+                    f"{r[-1].p99_us:.0f} us" + (f" {r[-1].cpu_us:.1f} us CPU" if r[-1].cpu_us
+                    else "") for name, r in runs.items()), flush=True)  # fmt: skip
     report(runs, args)
 
 
