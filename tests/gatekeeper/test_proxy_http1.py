@@ -131,6 +131,12 @@ async def exchange(port: int, data: bytes) -> bytes:
         writer.close()
 
 
+async def head_and_body(port: int, data: bytes) -> tuple[bytes, bytes]:
+    """:func:`exchange`'s answer cut into its head and the rest."""
+    head, _, body = (await exchange(port, data)).partition(b"\r\n\r\n")
+    return head, body
+
+
 async def test_head_has_no_body_and_keeps_the_connection(
     proxy: tuple[GatekeeperProxy, int],
 ) -> None:
@@ -165,8 +171,7 @@ async def test_http10_client_gets_a_close_delimited_body(
     proxy: tuple[GatekeeperProxy, int],
 ) -> None:
     _, port = proxy
-    out = await exchange(port, b"GET /eof HTTP/1.0\r\n\r\n")
-    head, _, body = out.partition(b"\r\n\r\n")
+    head, body = await head_and_body(port, b"GET /eof HTTP/1.0\r\n\r\n")
     assert b"Connection: close" in head and b"chunked" not in head.lower()
     assert body == b"to the end"
     # an HTTP/1.1 client gets the same body chunked, on a connection it may keep
@@ -183,8 +188,7 @@ async def test_response_hop_by_hop_headers_are_dropped(
     proxy: tuple[GatekeeperProxy, int],
 ) -> None:
     _, port = proxy
-    out = await exchange(port, b"GET /hops HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    head, _, body = out.partition(b"\r\n\r\n")
+    head, body = await head_and_body(port, b"GET /hops HTTP/1.1\r\nConnection: close\r\n\r\n")
     lines = head.split(b"\r\n")
     assert lines[0] == b"HTTP/1.1 200 OK"
     assert b"X-End:kept" in lines and b"X-Te: 1" in lines
