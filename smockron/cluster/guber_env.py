@@ -226,6 +226,22 @@ def _envoy_tls(env: Mapping[str, str]) -> dict[str, Any]:
     return changes
 
 
+def _converted(env: Mapping[str, str]) -> dict[str, Any]:
+    """The ClusterConfig changes of the variables of ``ENV`` that are set, converted (a
+    bad value named by its variable)."""
+    changes: dict[str, Any] = {}
+    for var, (name, conv) in ENV.items():
+        text = env.get(var)
+        if text:
+            try:
+                value = conv(text)
+            except ConfigError as exc:
+                raise ConfigError(f"{var}: {exc}") from None
+            if name:
+                changes[name] = value
+    return changes
+
+
 def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> ClusterConfig:
     """``base`` (or the defaults) overridden by every GUBER_* variable that is set.
 
@@ -237,15 +253,7 @@ def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> Clust
     k8s = tuple(sorted(var for var in env if var.startswith("GUBER_K8S_") and env[var]))
     if k8s:
         changes["k8s.given"] = k8s
-    for var, (name, conv) in ENV.items():
-        text = env.get(var)
-        if text:
-            try:
-                value = conv(text)
-            except ConfigError as exc:
-                raise ConfigError(f"{var}: {exc}") from None
-            if name:
-                changes[name] = value
+    changes.update(_converted(env))
     try:
         if _bool(env.get("GUBER_DISABLE_BATCHING") or "false"):
             changes["batch_wait_ms"] = 0.0
