@@ -160,14 +160,27 @@ class _GatekeeperBase(_Link):
             if loginfo is not None:
                 frames.append(loginfo)
             self._emit(pub, frames)
-        elif verdict is REJECT:
+            return decision
+        return self._account_held(decision, domain, identifier, now, loginfo, defer)
+
+    def _account_held(
+        self,
+        decision: Decision,
+        domain: bytes,
+        identifier: bytes,
+        now: int,
+        loginfo: bytes | None,
+        defer: bool,
+    ) -> Decision:
+        """:meth:`decide`'s accounting of a REJECT (sampled) or a DELAY (unless deferred)."""
+        if decision[0] is REJECT:
             self._sample_credit += self.reject_sample
             if self._sample_credit < 1.0:
                 self.counters.accounting_sampled_out += 1
                 return decision
             self._sample_credit -= 1.0
             self._send(domain, REJECTED, identifier, now, None, loginfo)
-        elif verdict is DELAY and not (defer and decision.paced):
+        elif decision[0] is DELAY and not (defer and decision.paced):
             self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
             if decision.paced:  # the caller will not recheck it: plain delay
                 return decision._replace(paced=False)

@@ -201,13 +201,7 @@ class Decider:
                 local[identifier] = (tat if tat > now_ms else now_ms) + interval
                 self.counters.accepted += 1
                 return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
-            wait = _ceil_ms(at)
-            if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
-                if len(local) < self._cap or identifier in local:
-                    local[identifier] = tat + interval
-                return self._delay(now_ms, wait, True)
-            self.counters.rejected += 1
-            return _new_decision(Decision, (REJECT, now_ms, wait, False))
+            return self._hold_one(local, identifier, tat + interval, _ceil_ms(at), now_ms)
         key = (domain, identifier)
         until = self._entries.get(key, 0)
         if self._several:
@@ -221,6 +215,21 @@ class Decider:
             return self._delay(now_ms, until, False)
         self.counters.rejected += 1
         return _new_decision(Decision, (REJECT, now_ms, until, False))
+
+    def _hold_one(
+        self, local: dict[bytes, float], identifier: bytes, tat: float, wait: int, now_ms: int
+    ) -> Decision:
+        """:meth:`decide` for a one-rule line when the request cannot go now: a DELAY
+        until ``wait`` that takes its slot (the identifier's time moves on to ``tat``),
+        or a REJECT. (A call that replaces ``_delay``'s: a DELAY costs the same.)"""
+        if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
+            if len(local) < self._cap or identifier in local:
+                local[identifier] = tat
+            self.waiting += 1
+            self.counters.delayed += 1
+            return _new_decision(Decision, (DELAY, now_ms, wait, True))
+        self.counters.rejected += 1
+        return _new_decision(Decision, (REJECT, now_ms, wait, False))
 
     def _decide_rules(self, line: Line, key: Key, until: int, now_ms: int) -> Decision:
         """:meth:`decide` for a domain of several rules."""

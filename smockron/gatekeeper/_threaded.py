@@ -86,6 +86,25 @@ class Gatekeeper(_GatekeeperBase):
         return self._subs[link] if link < len(self._subs) else None
 
     def _run(self) -> None:
+        poller, subs, monitors = self._poller()
+        next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+        while not self._stop.is_set():
+            try:
+                ready = dict(poller.poll(_POLL_MS))
+            except zmq.ZMQError:
+                break  # context terminated by close()
+            for sock in ready:
+                self._ready(sock, subs, monitors)
+            with self._lock:
+                self._poke()
+            if time.monotonic() >= next_sweep:
+                self._sweep()
+                next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+
+    def _poller(
+        self,
+    ) -> tuple[zmq.Poller, dict[zmq.Socket[bytes], int], dict[zmq.Socket[bytes], int]]:
+        """The reader's poller, and which master each control socket and monitor is of."""
         poller = zmq.Poller()
         subs: dict[zmq.Socket[bytes], int] = {}  # control socket -> its master
         monitors: dict[zmq.Socket[bytes], int] = {}  # its monitor -> the same
@@ -96,29 +115,30 @@ class Gatekeeper(_GatekeeperBase):
         for sock in (self._monitor, *subs, *monitors):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
-        next_sweep = time.monotonic() + SWEEP_INTERVAL_S
-        while not self._stop.is_set():
-            try:
-                ready = dict(poller.poll(_POLL_MS))
-            except zmq.ZMQError:
-                break  # context terminated by close()
-            for sock in ready:
-                if sock is self._monitor:
-                    with self._lock:
-                        self._apply_monitor(self._monitor.recv_multipart())
-                elif sock in subs:
-                    self._drain_sub(sock, subs[sock])
-                elif sock in monitors:
-                    with self._lock:
-                        self._apply_monitor(sock.recv_multipart(), True, monitors[sock])
+        return poller, subs, monitors
+
+    def _ready(
+        self,
+        sock: zmq.Socket[bytes],
+        subs: dict[zmq.Socket[bytes], int],
+        monitors: dict[zmq.Socket[bytes], int],
+    ) -> None:
+        """Read one socket the poller found readable."""
+        if sock is self._monitor:
             with self._lock:
-                self._poke()
-            if time.monotonic() >= next_sweep:
-                with self._lock:
-                    self._forget_passed(now_ms())
-                    self._watch_master(now_ms())
-                self.decider.reclaimer.reclaim()  # memory back after a wave, unlocked
-                next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+                self._apply_monitor(sock.recv_multipart())
+        elif sock in subs:
+            self._drain_sub(sock, subs[sock])
+        elif sock in monitors:
+            with self._lock:
+                self._apply_monitor(sock.recv_multipart(), True, monitors[sock])
+
+    def _sweep(self) -> None:
+        """Once a second: forget passed verdicts, watch the masters, give memory back."""
+        with self._lock:
+            self._forget_passed(now_ms())
+            self._watch_master(now_ms())
+        self.decider.reclaimer.reclaim()  # memory back after a wave, unlocked
 
     def _drain_sub(self, sub: zmq.Socket[bytes], link: int = 0) -> None:
         """Everything queued, in batches (wire.control.drain_control: one compiled call each,

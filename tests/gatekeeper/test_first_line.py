@@ -193,10 +193,10 @@ def test_waiting_rechecks_a_paced_delay_until_it_may_go() -> None:
 def test_rules_offers_are_bounded_and_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever publishes on the control port cannot make a gatekeeper remember
     unbounded domains, nor install rules it cannot use."""
-    from smockron.gatekeeper import Gatekeeper, _link
+    from smockron.gatekeeper import Gatekeeper, _control
     from smockron.wire.codec import RULES, RULES_TOPIC, encode_rules
 
-    monkeypatch.setattr(_link, "MAX_LINES", 3)
+    monkeypatch.setattr(_control, "MAX_LINES", 3)
     gk = Gatekeeper(None, None, None)  # every domain, no sockets
     try:
         for i in range(10):
