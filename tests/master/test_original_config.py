@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from smockron.errors import ConfigError
-from smockron.master.config import load_settings, rate_for_interval
+from smockron.master.config import load_settings
 from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.original_config import rate_for_interval
 from smockron.master.stores import MemoryStore
 from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 
