@@ -44,7 +44,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from smockron.core.rules import Rule
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores.memory import MemoryStore
 
 try:

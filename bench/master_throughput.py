@@ -632,7 +632,8 @@ def explain_slow(samples: list[tuple[float, float]], trace_path: Path, start: fl
 def measure_memory(identifiers: int) -> None:
     """Bytes per tracked identifier in memory://, for each algorithm (RSS growth)."""
     from smockron.core.rules import Rule
-    from smockron.master.engine import DomainPolicy, Engine
+    from smockron.master.domains import DomainPolicy
+    from smockron.master.engine import Engine
     from smockron.master.stores.memory import MemoryStore
 
     def rss() -> int:

@@ -27,7 +27,7 @@ from smockron.gatekeeper._decider import Decider
 from smockron.gatekeeper._firstline import Line
 from smockron.gatekeeper._table import DelayTable
 from smockron.master.config import MasterSettings
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 from smockron.master.server import Master
 from smockron.master.stores.memory import MemoryStore, MemoryTable
 from smockron.wire import batchio

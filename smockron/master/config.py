@@ -32,7 +32,7 @@ import yaml
 
 from smockron.core.rules import Rule, parse_rule_spec
 from smockron.errors import ConfigError, RuleError
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 from smockron.master.original_config import yaml_settings
 from smockron.master.rule_specs import domain_policy, rule_of
 from smockron.master.stores.uri import parse_store_uri

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from smockron.core.history import verdict_of, verdicts_after
-from smockron.core.rules import Rule
 from smockron.core.shards import SHARDS, decode_shards, shard_topic
-from smockron.core.vocabulary import ALGORITHMS, stored_as
 from smockron.errors import ConfigError, ProtocolError
-from smockron.master.stats import DomainStats, Stats
+from smockron.master.apply import apply_gcra, apply_history
+from smockron.master.domains import Domain, DomainPolicy
+from smockron.master.stats import Stats
 from smockron.master.stores.base import Scope, State, Store, Table
 from smockron.wire.accounting import Record, split_accounting
 from smockron.wire.codec import (
@@ -63,9 +62,6 @@ therefore changes nothing for a gatekeeper whose clock is within the skew tolera
 and a master that is itself behind judges by when a message arrived, not by when it got
 round to it."""
 MalformedHook = Callable[[ProtocolError, Frames], None]
-ON_TIME_MS = 500.0
-"""GCRA applies a message at the master's ``now`` when it is at most this old (the
-original master's formula), at its own time when older."""
 MAX_PENDING = 10_000
 """RESYNC requests waiting for an answer, at most (more are counted and dropped: a
 gatekeeper asks again)."""
@@ -73,58 +69,7 @@ MAX_PENDING_SYNCS = 64
 """Peers' warm-start requests waiting, at most."""
 
 
-@dataclass(frozen=True, slots=True)
-class DomainPolicy:
-    """The rules of one domain and the algorithm that applies them."""
-
-    rules: tuple[Rule, ...]
-    algorithm: str = "history"
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(
-                f"unknown algorithm {self.algorithm!r}: use one of {', '.join(ALGORITHMS)}"
-            )
-
-    @property
-    def stored_as(self) -> str:
-        """The store's name for this algorithm's states."""
-        return stored_as(self.algorithm)
-
-
-class _Domain:
-    """A configured domain as the hot path wants it: topic, tables, counters."""
-
-    __slots__ = ("debt", "gcra", "hot", "name", "one", "rules", "scopes", "stats", "topic")
-
-    def __init__(self, name: str, policy: DomainPolicy, store: Store, stats: DomainStats) -> None:
-        self.name = name
-        self.topic = topic(name)
-        self.gcra = policy.algorithm == "gcra"
-        self.debt = policy.algorithm == "history"
-        self.stats = stats
-        # A rule given twice is one rule: both would share one table (one Scope) and
-        # record every request twice, throttling at half the burst.
-        self.scopes: tuple[tuple[Rule, Table, float], ...] = tuple(
-            (rule, store.table(Scope(name, rule, policy.stored_as)), rule.window_ms)
-            for rule in dict.fromkeys(policy.rules)
-        )
-        self.rules = tuple(rule for rule, _table, _window in self.scopes)
-        self.hot: tuple[tuple[Table, float, float, int, float], ...] = tuple(
-            (table, window, rule.interval_ms, rule.burst, rule.burst * rule.interval_ms)
-            for rule, table, window in self.scopes
-        )
-        """Per rule, what the hot path reads: table, window, interval, burst and GCRA's
-        tolerance (``burst * interval``, as core.gcra computes it): plain locals in one
-        loop instead of a Rule's properties and a core function per rule."""
-        self.one: tuple[Table, float, float, int] | None = None
-        """A one-rule domain's table, window, interval and burst, for the hot path."""
-        if len(self.scopes) == 1:
-            rule, table, window = self.scopes[0]
-            self.one = (table, window, rule.interval_ms, rule.burst)
-
-
-Decoded = Record[_Domain]
+Decoded = Record[Domain]
 """(domain, status, identifier, receive ms, delayed ms or None): see smockron.wire."""
 
 
@@ -158,7 +103,7 @@ class Engine:
         self.shards = frozenset(range(SHARDS)) if shards is None else shards
         """The shards this master holds in its fleet (a fleet of one: all of them)."""
         self._backlog_until = float("-inf")
-        self._by_topic: dict[bytes, _Domain] = {}
+        self._by_topic: dict[bytes, Domain] = {}
         self.resync_wanted: dict[tuple[str, bytes | None], None] = {}
         """RESYNC requests not yet answered, in order: ``(domain, None)`` for a bare one
         (answered on the domain's topic: many are one resync), ``(domain, reply)`` for a
@@ -169,7 +114,7 @@ class Engine:
         self.configure(domains)
 
     def _delayed_at(
-        self, dom: _Domain, received_ms: float, delayed_ms: float, now_ms: float, late: float
+        self, dom: Domain, received_ms: float, delayed_ms: float, now_ms: float, late: float
     ) -> float | None:
         """The time a DELAYED message is accounted at, or None for backlog (dropped).
 
@@ -205,7 +150,7 @@ class Engine:
         """Install a new rule set; states of unchanged rules and all counters are kept."""
         by_topic = {}
         for name, policy in domains.items():
-            dom = _Domain(name, policy, self.store, self.stats.domain(name))
+            dom = Domain(name, policy, self.store, self.stats.domain(name))
             by_topic[dom.topic] = dom
             for shard in self.shards:  # a fleet's gatekeepers publish on these
                 by_topic[shard_topic(shard, dom.topic)] = dom
@@ -214,7 +159,7 @@ class Engine:
         self.store.retain({Scope(n, r, p.stored_as) for n, p in domains.items() for r in p.rules})
 
     @property
-    def topics(self) -> dict[bytes, _Domain]:
+    def topics(self) -> dict[bytes, Domain]:
         """Configured domains by topic (name + NUL): what smockron.wire.accounting splits by."""
         return self._by_topic
 
@@ -274,7 +219,7 @@ class Engine:
             delayed = None if msg.delayed_ms is None else float(msg.delayed_ms)
             append((dom, msg.status, msg.identifier, float(msg.received_ms), delayed))
 
-    def _malformed(self, exc: ProtocolError, frames: Frames, dom: _Domain | None) -> None:
+    def _malformed(self, exc: ProtocolError, frames: Frames, dom: Domain | None) -> None:
         self.stats.malformed[exc.reason] += 1
         if dom is not None:
             dom.stats.malformed += 1
@@ -383,125 +328,10 @@ class Engine:
                     continue
                 ts = timed
             if dom.gcra:
-                until = _apply_gcra(dom, ident, ts, now_ms)
+                until = apply_gcra(dom, ident, ts, now_ms)
             else:
-                until = _apply_history(dom, ident, ts, now_ms, ahead)
+                until = apply_history(dom, ident, ts, now_ms, ahead)
             if until is not None:
                 out.append(control_frames(dom.topic, ident, math.ceil(until)))
                 dom.stats.published += 1
         return out
-
-
-def _apply_history(
-    dom: _Domain, ident: bytes, ts: float, now_ms: float, ahead: float
-) -> float | None:
-    """The history rule for one message; for a one-rule domain, inlined here.
-
-    Twin of smockron.core.history.served_at, recorded and next_allowed (compared in
-    tests/core/test_twins.py)."""
-    one = dom.one
-    if one is None:
-        return _apply_histories(dom, ident, ts, now_ms, ahead)
-    # One rule (most domains): _apply_histories inlined, with ``recorded`` and
-    # ``next_allowed`` too. A stored history holds at most ``burst`` timestamps, so it is
-    # full (``burst`` of them within a window of a time) exactly when its oldest one is
-    # within that window: ``min`` in C instead of a count in Python.
-    table, window, interval, burst = one
-    old = table.get(ident) or ()
-    n = len(old)
-    if dom.debt and n >= burst:
-        last = old[-1]
-        nxt = last + interval
-        horizon = last - window  # full: every entry after it (the oldest first: cheap)
-        if nxt > ts and old[0] > horizon and min(old) > horizon:
-            ts = nxt if nxt - ts <= ahead else ts + ahead
-    state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)
-    table.put(ident, state)
-    if ts > table.keep_after_ms:
-        table.keep(ident, state, ts + window)
-    if n + 1 >= burst:
-        horizon = (ts if ts < now_ms else now_ms) - window
-        if state[0] > horizon and min(state) > horizon:
-            at = ts if ts < now_ms else now_ms
-            last = state[-1]
-            until = (at if at > last else last) + interval
-            if until > now_ms:
-                return until
-    return None
-
-
-def _apply_histories(
-    dom: _Domain, ident: bytes, ts: float, now_ms: float, ahead: float
-) -> float | None:
-    """The history rule for every rule of the domain; the latest "next allowed" wins.
-
-    Debt: a request the master learns of after the time its identifier was next allowed
-    had already passed it (a gatekeeper decided before the DELAY_UNTIL reached it) is
-    recorded at the time it should have been served, as a DELAYED request is recorded
-    at its delayed time, so each such request moves the next allowed time on by one
-    interval instead of being forgiven. A gatekeeper that was informed in time never
-    sends such a request, so for it nothing changes (``history-literal`` skips this).
-
-    The rule is applied at the message's own time when the master is behind it (a
-    queue, a busy loop): an instant master would have seen it then. Applied at the later
-    ``now`` instead, ``start = max(now, last)`` would push DELAY_UNTIL back by the lag
-    and throttle requests an instant master allows.
-
-    Twin of smockron.core.history.served_at, recorded and next_allowed, inlined as in
-    the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
-    with plain locals, no function call but the table's."""
-    hot = dom.hot
-    olds = [table.get(ident) or () for table, _w, _i, _b, _t in hot]
-    if dom.debt:  # served_at
-        due = ts
-        for (_table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
-            if len(old) >= burst:
-                last = old[-1]
-                nxt = last + interval
-                horizon = last - window
-                if nxt > due and old[0] > horizon and min(old) > horizon:
-                    due = nxt
-        ts = due if due - ts <= ahead else ts + ahead
-    at = ts if ts < now_ms else now_ms
-    until = now_ms
-    for (table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
-        n = len(old)
-        state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)  # recorded
-        table.put(ident, state)
-        if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
-            table.keep(ident, state, ts + window)
-        # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
-        # when it has ``burst`` of them all within the window; its newest is ``ts``,
-        # not before ``at``, so the next request is allowed one interval after ``ts``.
-        if n + 1 >= burst and ts + interval > until:
-            horizon = at - window  # its oldest entry first: a cheap "not full"
-            if state[0] > horizon and min(state) > horizon:
-                until = ts + interval
-    return until if until > now_ms else None  # else allowed now
-
-
-def _apply_gcra(dom: _Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
-    """GCRA for every rule of the domain; the latest DELAY_UNTIL wins.
-
-    A message the master takes more than ``ON_TIME_MS`` after its own time (its queue, a
-    gatekeeper's backlog, within the skew tolerance) is applied at that time, as an
-    instant master would have applied it: taken at ``now``, a second's worth arriving
-    together would be charged as a burst. One on time is applied at ``now``, as the
-    original master's formula does. What is published is what lies after ``now``.
-
-    Twin of smockron.core.gcra.gcra_update and expires_at, inlined (compared in
-    tests/master/test_engine_twins.py)."""
-    at = ts if now_ms - ts > ON_TIME_MS else now_ms
-    t = ts if ts > at else at
-    until = now_ms
-    for table, window, interval, _burst, tolerance in dom.hot:
-        state = table.get(ident)
-        floor = t - tolerance
-        value = (floor if not state or state[0] < floor else state[0]) + interval
-        state = (value,)
-        table.put(ident, state)
-        if value > table.keep_after_ms:  # far ahead: keep the state longer
-            table.keep(ident, state, value + window)
-        if value > until:
-            until = value
-    return until if until > now_ms else None

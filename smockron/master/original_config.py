@@ -23,7 +23,7 @@ from urllib.parse import quote, urlsplit
 
 from smockron.core.rules import Rule, original_interval_ms, original_rate_interval_ms, parse_rate
 from smockron.errors import ConfigError, RuleError
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 from smockron.master.rule_specs import domain_policy
 from smockron.master.stores.uri import parse_store_uri
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from smockron.core.rules import Rule, parse_burst, parse_rate
 from smockron.errors import ConfigError, RuleError
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 
 FirstRule = Callable[[Mapping[str, Any], str], Rule]
 """Reads a domain's own keys into its first rule (``where`` names it in errors)."""

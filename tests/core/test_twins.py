@@ -1,7 +1,7 @@
 """Each inlined or compiled copy of a core algorithm against the core function it copies.
 
-- the master's history rule (``Engine``: ``_apply_history``, the one-rule copy, and
-  ``_apply_histories``) against :mod:`smockron.core.history`, messages decoded by the
+- the master's history rule (``smockron.master.apply``: ``apply_history``, the one-rule
+  copy, and ``_apply_histories``) against :mod:`smockron.core.history`, messages decoded by the
   compiled accounting decoder where it is built;
 - the gatekeeper's first line (``Decider.decide``'s one-rule copy, ``line_admit`` for
   several rules, and DELAY_UNTILs applied by the compiled ``_tablefast`` where built)
@@ -25,7 +25,8 @@ from smockron.core.history import next_allowed, recorded, served_at
 from smockron.core.rules import Rule
 from smockron.gatekeeper._decider import Decider, Verdict
 from smockron.gatekeeper._firstline import Line, line_admit
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores.memory import MemoryStore
 from smockron.wire.codec import ACCEPTED, DELAYED, control_frames, encode_accounting, topic
 

@@ -8,7 +8,7 @@ from smockron.cluster.convert import algorithm_from_int
 from smockron.core.rules import Rule
 from smockron.core.vocabulary import ALGORITHMS, TABLE, Algorithm, name_of, stored_as
 from smockron.errors import ConfigError
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 
 
 def test_every_cluster_algorithm_has_exactly_one_name() -> None:

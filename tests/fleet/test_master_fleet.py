@@ -16,7 +16,8 @@ import zmq
 from smockron.core.rules import Rule
 from smockron.core.shards import SHARDS, owned, shard_of, shard_topic
 from smockron.master.config import MasterSettings
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.fleet import GONE_S, Fleet, Peer, PeerWatch, merge_state
 from smockron.master.stores import MemoryStore, Scope
 from smockron.wire.codec import (

@@ -13,7 +13,7 @@ import zmq
 
 from smockron.core.rules import Rule
 from smockron.master.config import MasterSettings
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 from smockron.master.server import Master
 from tests.support import free_ports
 

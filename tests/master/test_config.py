@@ -9,7 +9,7 @@ import pytest
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
 from smockron.master.config import MasterSettings, limits, load_settings
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 from smockron.master.original_config import rate_for_interval
 from smockron.wire.codec import Limits
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores.memory import MemoryStore
 from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, decode_control, encode_accounting
 

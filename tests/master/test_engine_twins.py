@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from smockron.core.gcra import expires_at, gcra_update
 from smockron.core.history import recorded, served_at
 from smockron.core.rules import Rule
-from smockron.master.engine import ON_TIME_MS, DomainPolicy, Engine
+from smockron.master.apply import ON_TIME_MS
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores.base import Scope
 from smockron.master.stores.memory import MemoryStore
 from smockron.wire.codec import ACCEPTED, control_frames, encode_accounting, topic

@@ -5,7 +5,8 @@ from __future__ import annotations
 import gc
 
 from smockron.core.rules import Rule
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores.base import Scope
 from smockron.master.stores.memory import RELEASE_PER_TICK, MemoryStore, MemoryTable
 from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting

@@ -15,7 +15,8 @@ import pytest
 
 from smockron.errors import ConfigError
 from smockron.master.config import load_settings
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.original_config import rate_for_interval
 from smockron.master.stores import MemoryStore
 from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting

@@ -6,7 +6,8 @@ import pytest
 
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores import MemoryStore, open_store
 from smockron.master.stores.redis import RedisStore
 from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting

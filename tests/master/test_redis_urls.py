@@ -15,7 +15,8 @@ import redis
 
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores import MemoryStore, Scope, open_store, parse_store_uri
 from smockron.master.stores.redis import ClusterRedisStore, RedisStore
 from smockron.master.stores.uri import redacted

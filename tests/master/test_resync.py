@@ -11,7 +11,8 @@ import zmq
 
 from smockron.core.rules import Rule
 from smockron.master.answers import RESYNC_EVERY_S
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores import MemoryStore, Scope, open_store
 from smockron.wire.codec import (
     ACCEPTED,

@@ -9,7 +9,8 @@ import zmq
 
 from smockron.core.rules import Rule
 from smockron.master.config import MasterSettings
-from smockron.master.engine import DomainPolicy, Frames
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Frames
 from smockron.master.server import Master
 from smockron.wire.codec import ACCEPTED, encode_accounting
 from tests.support import RedisServer

@@ -13,7 +13,8 @@ import pytest
 
 from smockron.core.rules import Rule
 from smockron.errors import ConfigError
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores import open_store
 from smockron.master.stores import snapshot as snapshot_file
 from smockron.master.stores.memory import MemoryStore

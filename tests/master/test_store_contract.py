@@ -8,7 +8,8 @@ import time
 import pytest
 
 from smockron.core.rules import Rule
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores import Store, open_store
 from smockron.wire.codec import ACCEPTED, decode_control, encode_accounting
 from tests.support import RedisServer

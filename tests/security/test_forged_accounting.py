@@ -9,7 +9,7 @@ import pytest
 
 from smockron.core.rules import Rule
 from smockron.master.config import MasterSettings
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 from smockron.wire.codec import ACCEPTED, DELAYED, encode_accounting
 from tests.security.conftest import Keys
 from tests.security.peers import Peer, running_master

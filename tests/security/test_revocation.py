@@ -13,7 +13,7 @@ import zmq
 from smockron.core.rules import Rule
 from smockron.curve import AllowList
 from smockron.master.config import MasterSettings
-from smockron.master.engine import DomainPolicy
+from smockron.master.domains import DomainPolicy
 from smockron.wire.codec import ACCEPTED, DELAYED, encode_accounting
 from tests.security.conftest import Keys
 from tests.security.peers import Peer, on_loop, running_master

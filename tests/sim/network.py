@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from smockron.core.rules import Rule
 from smockron.gatekeeper._decider import ACCEPT, DELAY, Decider, Decision, Waiting
 from smockron.gatekeeper._firstline import Line
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores.memory import MemoryStore
 from smockron.wire.codec import ACCEPTED, DELAYED, Control, decode_control, encode_accounting
 

@@ -9,7 +9,8 @@ import pytest
 import zmq
 
 from smockron.core.rules import Rule
-from smockron.master.engine import DomainPolicy, Engine
+from smockron.master.domains import DomainPolicy
+from smockron.master.engine import Engine
 from smockron.master.stores.memory import MemoryStore
 from smockron.wire.accounting import (
     COMPILED,

@@ -49,7 +49,11 @@ class Table(Protocol):
 
     def get(self, key: bytes) -> State | None: ...
 
-    def put(self, key: bytes, state: State) -> None: ...
+    def put(self, key: bytes, state: State, at: float | None = None) -> None:
+        """Store ``state``; ``at``: the time a GCRA update was applied at (the engine's
+        ``t``), for a store that replays the update rather than storing its result (the
+        original layout); None for a state not made by one step here (history, a peer's)."""
+        ...
 
     def keep(self, key: bytes, state: State, until_ms: float) -> None:
         """Keep the (stored) state at least until ``until_ms``, its expiry."""

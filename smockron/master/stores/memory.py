@@ -110,7 +110,7 @@ class MemoryTable:
                     self.current[key] = state
         return state
 
-    def put(self, key: bytes, state: State) -> None:
+    def put(self, key: bytes, state: State, at: float | None = None) -> None:
         self.current[key] = state
         lasting = self.lasting
         if lasting and key in lasting:  # the side table must not keep the older state

@@ -21,14 +21,9 @@ layout, and so that both masters see each other's updates:
   then, updates of the two masters in between are merged, not overwritten. (Values only
   grow, so where the engine's update did not use the floor, Redis's value, at least the
   engine's, is the one the original's formula picks as well.)
-* each key's expiry is set as the original sets it, ``t + B``. The store sees states,
-  not messages, so it infers ``t``: exactly when the update used the floor (a fresh or
-  rested identifier, ``t = floor + B``); otherwise as the later of the batch's ``now``
-  and the old value, which is ``t`` for an ACCEPTED request of an identifier that was
-  not throttled, and for a throttled one's request held until its DELAY_UNTIL (the old
-  value) and reported DELAYED at that time, as gatekeepers do. (An ACCEPTED request of a
-  throttled identifier, from a gatekeeper not yet told, makes the expiry later than the
-  original's, by at most the delay: the key is remembered longer, never shorter.)
+* each key's expiry is set as the original sets it, ``t + B`` with ``t = max(ts, now)``:
+  the engine passes each update's ``t`` to ``put`` (GCRA is computed in one place; this
+  store replays the step, it does not work it out again from the state).
 
 The value is written by Redis's Lua (``SET key <number>``), so it reads as the original
 writes it. Only GCRA domains of one rule can be kept so (one value per identifier).
@@ -102,20 +97,20 @@ class OriginalTable(RedisTable):
         self.ops: list[bytes] = []
         """Write-script records of the updates since the last flush, in order."""
 
-    def put(self, key: bytes, state: State) -> None:
-        old = self.get(key)
-        floor = state[0] - self.interval
-        # The floor t - B was used when it beat the old value: then t is known exactly.
-        # Else t is now, or (a request held until its DELAY_UNTIL, reported DELAYED at
-        # that time, the old value) the old value if it is later.
-        if old is None or floor > old[0]:
-            t = floor + self.tolerance
-        else:
-            t = old[0] if old[0] > self.now_ms else self.now_ms
+    def put(self, key: bytes, state: State, at: float | None = None) -> None:
+        """Record the engine's GCRA step at ``at`` (its ``t``) as the original's script
+        takes it: the floor ``t - B``, and the expiry ``max(t, now) + B`` (the original's
+        ``t`` is ``max(ts, now)``; the engine's is the message's own time when it came
+        late). A state made elsewhere (``at`` None: a peer's) is written as the larger
+        of it and Redis's value, expiring when it can throttle nothing."""
         MemoryTable.put(self, key, state)
         name = original_key(self.domain, key)
-        self.ops.append(_LEN(len(name)) + name + _OP(floor, self.interval,
-                                                     math.ceil(t + self.tolerance)))  # fmt: skip
+        if at is None:
+            op = _OP(state[0], 0.0, math.ceil(state[0] + self.tolerance))
+        else:
+            t = at if at > self.now_ms else self.now_ms
+            op = _OP(at - self.tolerance, self.interval, math.ceil(t + self.tolerance))
+        self.ops.append(_LEN(len(name)) + name + op)
 
     def forget(self, key: bytes) -> None:
         self.current.pop(key, None)

@@ -98,7 +98,7 @@ class RedisTable(MemoryTable):
         self.scope = scope
         self.dirty: dict[bytes, State] = {}
 
-    def put(self, key: bytes, state: State) -> None:
+    def put(self, key: bytes, state: State, at: float | None = None) -> None:
         super().put(key, state)
         self.dirty[key] = state
 

@@ -1,0 +1,126 @@
+"""One accounting message applied to its domain's rules: the history rule (with debt) and
+GCRA, inlined for the master's hot path (each the named twin of its ``smockron.core``
+function, compared in tests). Each returns the DELAY_UNTIL to publish, or None."""
+
+from __future__ import annotations
+
+from smockron.master.domains import Domain
+
+ON_TIME_MS = 500.0
+"""GCRA applies a message at the master's ``now`` when it is at most this old (the
+original master's formula), at its own time when older."""
+
+
+def apply_history(
+    dom: Domain, ident: bytes, ts: float, now_ms: float, ahead: float
+) -> float | None:
+    """The history rule for one message; for a one-rule domain, inlined here.
+
+    Twin of smockron.core.history.served_at, recorded and next_allowed (compared in
+    tests/core/test_twins.py)."""
+    one = dom.one
+    if one is None:
+        return _apply_histories(dom, ident, ts, now_ms, ahead)
+    # One rule (most domains): _apply_histories inlined, with ``recorded`` and
+    # ``next_allowed`` too. A stored history holds at most ``burst`` timestamps, so it is
+    # full (``burst`` of them within a window of a time) exactly when its oldest one is
+    # within that window: ``min`` in C instead of a count in Python.
+    table, window, interval, burst = one
+    old = table.get(ident) or ()
+    n = len(old)
+    if dom.debt and n >= burst:
+        last = old[-1]
+        nxt = last + interval
+        horizon = last - window  # full: every entry after it (the oldest first: cheap)
+        if nxt > ts and old[0] > horizon and min(old) > horizon:
+            ts = nxt if nxt - ts <= ahead else ts + ahead
+    state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)
+    table.put(ident, state)
+    if ts > table.keep_after_ms:
+        table.keep(ident, state, ts + window)
+    if n + 1 >= burst:
+        horizon = (ts if ts < now_ms else now_ms) - window
+        if state[0] > horizon and min(state) > horizon:
+            at = ts if ts < now_ms else now_ms
+            last = state[-1]
+            until = (at if at > last else last) + interval
+            if until > now_ms:
+                return until
+    return None
+
+
+def _apply_histories(
+    dom: Domain, ident: bytes, ts: float, now_ms: float, ahead: float
+) -> float | None:
+    """The history rule for every rule of the domain; the latest "next allowed" wins.
+
+    Debt: a request the master learns of after the time its identifier was next allowed
+    had already passed it (a gatekeeper decided before the DELAY_UNTIL reached it) is
+    recorded at the time it should have been served, as a DELAYED request is recorded
+    at its delayed time, so each such request moves the next allowed time on by one
+    interval instead of being forgiven. A gatekeeper that was informed in time never
+    sends such a request, so for it nothing changes (``history-literal`` skips this).
+
+    The rule is applied at the message's own time when the master is behind it (a
+    queue, a busy loop): an instant master would have seen it then. Applied at the later
+    ``now`` instead, ``start = max(now, last)`` would push DELAY_UNTIL back by the lag
+    and throttle requests an instant master allows.
+
+    Twin of smockron.core.history.served_at, recorded and next_allowed, inlined as in
+    the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
+    with plain locals, no function call but the table's."""
+    hot = dom.hot
+    olds = [table.get(ident) or () for table, _w, _i, _b, _t in hot]
+    if dom.debt:  # served_at
+        due = ts
+        for (_table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
+            if len(old) >= burst:
+                last = old[-1]
+                nxt = last + interval
+                horizon = last - window
+                if nxt > due and old[0] > horizon and min(old) > horizon:
+                    due = nxt
+        ts = due if due - ts <= ahead else ts + ahead
+    at = ts if ts < now_ms else now_ms
+    until = now_ms
+    for (table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
+        n = len(old)
+        state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)  # recorded
+        table.put(ident, state)
+        if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
+            table.keep(ident, state, ts + window)
+        # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
+        # when it has ``burst`` of them all within the window; its newest is ``ts``,
+        # not before ``at``, so the next request is allowed one interval after ``ts``.
+        if n + 1 >= burst and ts + interval > until:
+            horizon = at - window  # its oldest entry first: a cheap "not full"
+            if state[0] > horizon and min(state) > horizon:
+                until = ts + interval
+    return until if until > now_ms else None  # else allowed now
+
+
+def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
+    """GCRA for every rule of the domain; the latest DELAY_UNTIL wins.
+
+    A message the master takes more than ``ON_TIME_MS`` after its own time (its queue, a
+    gatekeeper's backlog, within the skew tolerance) is applied at that time, as an
+    instant master would have applied it: taken at ``now``, a second's worth arriving
+    together would be charged as a burst. One on time is applied at ``now``, as the
+    original master's formula does. What is published is what lies after ``now``.
+
+    Twin of smockron.core.gcra.gcra_update and expires_at, inlined (compared in
+    tests/master/test_engine_twins.py)."""
+    at = ts if now_ms - ts > ON_TIME_MS else now_ms
+    t = ts if ts > at else at
+    until = now_ms
+    for table, window, interval, _burst, tolerance in dom.hot:
+        state = table.get(ident)
+        floor = t - tolerance
+        value = (floor if not state or state[0] < floor else state[0]) + interval
+        state = (value,)
+        table.put(ident, state, t)  # ``t``: the original layout replays the step in Redis
+        if value > table.keep_after_ms:  # far ahead: keep the state longer
+            table.keep(ident, state, value + window)
+        if value > until:
+            until = value
+    return until if until > now_ms else None
