@@ -161,13 +161,12 @@ class Answers:
             out.send([[reply, SYNCSTART]])
             out.begin()
             try:
-                for name in sorted(engine.domains):
-                    for scope in engine.scopes(name):
-                        pairs = states_of(await self.store.live(scope, RESYNC_MAX), shards)
-                        messages = list(encode_states(reply, scope.key_prefix, pairs))
-                        await out.paced(functools.partial(_messages_from, out.pub, messages),
-                                        len(messages))  # fmt: skip
-                        count += len(pairs)
+                for scope in engine.every_scope():
+                    pairs = states_of(await self.store.live(scope, RESYNC_MAX), shards)
+                    messages = list(encode_states(reply, scope.key_prefix, pairs))
+                    await out.paced(functools.partial(_messages_from, out.pub, messages),
+                                    len(messages))  # fmt: skip
+                    count += len(pairs)
                 out.send([[reply, SYNCDONE, b"%d" % count]])
                 await out.drain()
             finally:
@@ -179,11 +178,9 @@ class Answers:
 
     def merge(self, scope_prefix: bytes, pairs: list[tuple[bytes, State]]) -> int:
         """A peer's states into our store (those of a rule we have too)."""
-        for name in self.engine.domains:
-            for scope in self.engine.scopes(name):
-                if scope.key_prefix == scope_prefix:
-                    table = self.store.table(scope)
-                    return merge_into(table, scope, pairs, time.time() * 1000.0)
+        for scope in self.engine.every_scope():
+            if scope.key_prefix == scope_prefix:
+                return merge_into(self.store.table(scope), scope, pairs, time.time() * 1000.0)
         return 0
 
 

@@ -257,6 +257,11 @@ class Engine:
             return []
         return [Scope(name, rule, policy.stored_as) for rule in dict.fromkeys(policy.rules)]
 
+    def every_scope(self) -> Iterator[Scope]:
+        """The store scopes of every configured domain, domain by domain in name order."""
+        for name in sorted(self._policies):
+            yield from self.scopes(name)
+
     def live_verdicts(
         self,
         name: str,
