@@ -49,7 +49,6 @@ import signal
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -66,26 +65,20 @@ from smockron.curve import (
     allow_ipv6,
     bind_mode,
 )
-from smockron.errors import ConfigError, ProtocolError
+from smockron.errors import ConfigError
 from smockron.master.fleet import Peer
-from smockron.master.server import MAX_FRAME_BYTES, RULES_EVERY_S
+from smockron.master.relay import Counters, Offers
+from smockron.master.server import MAX_FRAME_BYTES
+from smockron.master.upstream import _ControlRelay, _Upstream
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
 from smockron.wire.batchio import drain, send_all, wait_readable
 from smockron.wire.codec import (
-    DELAY_UNTIL,
     MAX_FRAMES,
-    PUBLISHED,
     RESYNC,
-    RESYNCSTART,
-    RULES,
-    RULES_TOPIC,
-    decode_published,
-    encode_published,
     frame_count,
 )
-from smockron.wire.fleet import SYNC_PREFIX
 
 log = logging.getLogger("smockron.router")
 
@@ -93,158 +86,17 @@ OWNER_CACHE = 65_536
 """Domains whose owner (or shard topics) is memoised; a flood of random domains only
 resets the cache."""
 SHARD_BY = ("domain", "identifier")
-MAX_DOMAINS = 10_000
-"""Domains the router keeps publish counters and rules offers for (a gatekeeper takes
-offers for as many)."""
-OFFER_EVERY_S = 0.9 * RULES_EVERY_S
-"""A domain's unchanged rules offer is relayed at most this often: about once per
-master's period, whichever master sends it first (a little less than the period, so a
-master's jitter does not skip one)."""
-COUNTER_STALE_S = 5 * RULES_EVERY_S
-"""A domain no master has counted for this long (removed by a reload) is no longer
-counted by the router either."""
-POKE_S = 0.05
-"""How often the PUB sockets are poked (:meth:`Router._poke`)."""
 MASTERS_PREFIX = b"\0smockron"
 """Topics of messages between masters (sync requests): never from a gatekeeper."""
+_WATCHED = HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
+"""What the monitors of the sockets towards the masters report (:meth:`Router._events`)."""
 
 
 MasterAddress = Peer
 """A master's accounting and control addresses: the fleet's :class:`Peer`, one type."""
 
 
-@dataclass(slots=True)
-class _Seen:
-    """One master's counter for one domain, as the router last heard it."""
-
-    published: int  # the master's count at its last heartbeat
-    received: int  # what the router had received from it then
-    lost: int = 0  # published by it, never received by the router (summed over heartbeats)
-
-
-@dataclass(slots=True)
-class Counters:
-    """The router's publish counter per domain, from its masters' (pure: no sockets).
-
-    The count of a domain is what the router relayed of its DELAY_UNTILs plus what the
-    masters' counters show the router never received. Why not the sum of the masters'
-    latest counts: a master's count runs ahead of its last heartbeat by what it has
-    published since, which the router relays at once; a gatekeeper comparing the sum
-    with what it received would take that for a loss whenever one master's heartbeat
-    was older than another's at one counter and newer at the next. What the router
-    counts instead is what it sent before it publishes the count, so a gatekeeper's
-    difference is exactly what was lost: on the way from a master to the router (found
-    at that master's next heartbeat: a master's heartbeat reaches the router after every
-    DELAY_UNTIL it counts, on the same connection) or from the router to it.
-
-    A master whose count went down restarted: its counting starts again from the new
-    count, and the router's count goes on growing (a gatekeeper behind the router does
-    not see masters restart; the RESYNC it needs then comes from the loss, if any, or
-    from nothing: a restarted master has lost nothing the gatekeeper holds). A restarted
-    router starts from zero, which a gatekeeper reads as a new master (it reconnected
-    anyway, and asked for a resync).
-    """
-
-    received: list[dict[bytes, int]]
-    """Per master, per domain topic (``domain\\0``): DELAY_UNTILs received (and relayed)."""
-    seen: list[dict[bytes, _Seen]] = field(default_factory=list)
-    heard: dict[bytes, float] = field(default_factory=dict)
-    """Domains (topic frame) a master counted, and when last (monotonic)."""
-    lost: int = 0
-
-    @classmethod
-    def of(cls, masters: int) -> Counters:
-        return cls([{} for _ in range(masters)], [{} for _ in range(masters)])
-
-    def delivered(self, master: int, counts: dict[bytes, int]) -> None:
-        """DELAY_UNTILs of ``master`` received and relayed, per domain topic."""
-        received = self.received[master]
-        for name, n in counts.items():
-            if name in received:
-                received[name] += n
-            elif len(received) < MAX_DOMAINS:
-                received[name] = n
-
-    def heartbeat(self, master: int, domain_topic: bytes, published: int, now: float) -> int:
-        """A master's counter for a domain; how many of its DELAY_UNTILs never reached the
-        router since its previous counter (0 at the first, and after a restart)."""
-        seen = self.seen[master]
-        got = self.received[master].get(domain_topic, 0)
-        last = seen.get(domain_topic)
-        if last is None:
-            if len(seen) >= MAX_DOMAINS or (domain_topic not in self.heard
-                                            and len(self.heard) >= MAX_DOMAINS):  # fmt: skip
-                return 0
-            seen[domain_topic] = _Seen(published, got)
-            self.heard[domain_topic] = now
-            return 0
-        self.heard[domain_topic] = now
-        lost = 0
-        if published >= last.published:  # else a restarted master: counting starts again
-            lost = max(0, (published - last.published) - (got - last.received))
-        last.published, last.received = published, got
-        last.lost += lost
-        self.lost += lost
-        return lost
-
-    def count(self, domain_topic: bytes) -> int:
-        """The router's counter of a domain: relayed, plus lost on the way to the router."""
-        total = 0
-        for master, received in enumerate(self.received):
-            total += received.get(domain_topic, 0)
-            seen = self.seen[master].get(domain_topic)
-            if seen is not None:
-                total += seen.lost
-        return total
-
-    def current(self, now: float) -> list[tuple[bytes, int]]:
-        """``(domain, count)`` of every domain a master counted lately (stale ones go)."""
-        out = []
-        for name, when in list(self.heard.items()):
-            if now - when > COUNTER_STALE_S:
-                del self.heard[name]
-                continue
-            out.append((name[:-1], self.count(name)))
-        return sorted(out)
-
-
-@dataclass(slots=True)
-class Offers:
-    """Which rules offers to relay: a domain's offer when it changed, or when the last
-    one relayed is ``OFFER_EVERY_S`` old (pure: no sockets)."""
-
-    last: dict[bytes, tuple[tuple[bytes, ...], float, int]] = field(default_factory=dict)
-    """Domain -> (frames, when relayed, from which master)."""
-    disagree: int = 0
-
-    def fresh(self, frames: Sequence[bytes], master: int, now: float) -> bool:
-        key = tuple(frames)
-        domain = frames[2] if len(frames) > 2 else b""
-        last = self.last.get(domain)
-        if last is not None and last[0] == key and now - last[1] < OFFER_EVERY_S:
-            return False
-        if last is None and len(self.last) >= MAX_DOMAINS:
-            return True  # relayed, not remembered
-        if last is not None and last[0] != key and last[2] != master and now - last[1] < 2.0:
-            self.disagree += 1
-        self.last[domain] = (key, now, master)
-        return True
-
-
-@dataclass(slots=True)
-class _Upstream:
-    """One master's control connection."""
-
-    index: int
-    address: str
-    sock: zmq.Socket[bytes]
-    held: list[bytes] | None = None
-    """A rules offer not relayed (a duplicate), kept while it is the last message read:
-    relayed after all if a RESYNCSTART follows it (the master sends the offer right
-    before a resync's answer, for a gatekeeper that has just connected)."""
-
-
-class Router:
+class Router(_ControlRelay):
     def __init__(
         self,
         accounting: str,
@@ -295,6 +147,7 @@ class Router:
         self.insecure_bind = insecure_bind
         self.auth: AllowList | None = None
         self._watched: list[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]] = []  # (sock, monitor)
+        self._redial_due: dict[tuple[int, str], float] = {}  # (watched, address) -> when
         self.handshake_log = RateLimitedLog(log, interval=60.0)
         self._stopping = asyncio.Event()
         self.metrics = metrics
@@ -323,7 +176,9 @@ class Router:
             sock.setsockopt(zmq.RCVHWM, self.hwm)
             sock.subscribe(b"")
         if self.curve_client is not None:
-            self._watch(sock)
+            self.curve_client.secure(sock)
+        if self.curve_client is not None or kind == zmq.SUB:  # (see _events)
+            self._watched.append((sock, sock.get_monitor_socket(_WATCHED)))
         for address in addresses:
             sock.connect(address)
         return sock
@@ -357,34 +212,41 @@ class Router:
             ", ".join(f"{m.accounting}|{m.control}" for m in self.masters),
         )
 
-    def _watch(self, sock: zmq.Socket[bytes]) -> None:
-        """CURVE towards the masters, and a monitor of failed handshakes (see _redial)."""
-        assert self.curve_client is not None
-        self.curve_client.secure(sock)
-        self._watched.append((sock, sock.get_monitor_socket(HANDSHAKE_FAILED)))
-
     async def _redial(self) -> None:
-        """Dial a master again ``REDIAL_S`` after a failed handshake (libzmq gives up)."""
-        due: dict[tuple[int, str], float] = {}
+        """Read the monitors of the sockets towards the masters (:meth:`_events`) and dial
+        a master again ``REDIAL_S`` after a failed handshake (libzmq gives up)."""
         while True:
             await asyncio.sleep(0.25)
+            for i in range(len(self._watched)):
+                self._events(i)
             now = time.monotonic()
-            for i, (_sock, monitor) in enumerate(self._watched):
-                while monitor.poll(0):
-                    endpoint = parse_monitor_message(monitor.recv_multipart())["endpoint"]
-                    address = endpoint.decode("utf-8", "replace")
-                    self.handshake_log.warning("handshake with master %s failed: does it "
-                                               "hold --curve-server's key, and allow this "
-                                               "router's key?", address, key=address)  # fmt: skip
-                    due.setdefault((i, address), now + REDIAL_S)
-            for (i, address), when in list(due.items()):
+            for (i, address), when in list(self._redial_due.items()):
                 if when <= now:
-                    del due[(i, address)]
+                    del self._redial_due[(i, address)]
                     sock = self._watched[i][0]
                     with contextlib.suppress(zmq.ZMQError):
                         sock.disconnect(address)
                     with contextlib.suppress(zmq.ZMQError):
                         sock.connect(address)
+
+    def _events(self, i: int) -> None:
+        """The events of watched socket ``i``: a failed handshake (logged, redialled), or
+        a master's control connection lost, after which its counting starts again
+        (:meth:`Counters.reconnected`: it restarted, or what it published meanwhile is
+        unknown)."""
+        sock, monitor = self._watched[i]
+        while monitor.poll(0):
+            message = parse_monitor_message(monitor.recv_multipart())
+            address = message["endpoint"].decode("utf-8", "replace")
+            if message["event"] == zmq.EVENT_DISCONNECTED:
+                for up in self.upstreams:
+                    if up.sock is sock:
+                        self.counters.reconnected(up.index)
+                continue
+            self.handshake_log.warning("handshake with master %s failed: does it hold "
+                                       "--curve-server's key, and allow this router's "
+                                       "key?", address, key=address)  # fmt: skip
+            self._redial_due.setdefault((i, address), time.monotonic() + REDIAL_S)
 
     def reload(self) -> None:
         """SIGHUP: read the allowed gatekeeper keys again (the masters and addresses need a
@@ -455,8 +317,7 @@ class Router:
         accounting = self._by_identifier() if self.to_fleet is not None else self._by_domain()
         tasks = [asyncio.create_task(accounting), asyncio.create_task(self._publish_counts()),
                  *(asyncio.create_task(self._control(up)) for up in self.upstreams)]  # fmt: skip
-        if self._watched:
-            tasks.append(asyncio.create_task(self._redial()))
+        tasks.append(asyncio.create_task(self._redial()))
         try:
             await self._stopping.wait()
         finally:
@@ -569,55 +430,6 @@ class Router:
             key=why,
         )
 
-    async def _control(self, up: _Upstream) -> None:
-        """One master's control: relayed in order, but for its publish counters (taken
-        into the router's own) and the rules offers other masters sent already."""
-        counts: dict[bytes, int] = {}
-        while True:
-            batch = drain(up.sock, self.batch)
-            if not batch:
-                await wait_readable(up.sock, 0.25)
-                continue
-            now = time.monotonic()
-            relay: list[list[bytes]] = []
-            for frames in batch:
-                head = frames[0]
-                second = frames[1] if len(frames) > 1 else b""
-                if type(frames) is not list:  # more frames than any message: not ours
-                    self.control_discarded += 1
-                    self.control_log.warning("master %s sent a control message of %d frames: "
-                                             "not relayed", up.address, frame_count(frames),
-                                             key="frames")  # fmt: skip
-                elif second == DELAY_UNTIL and head[:1] != b"\0":
-                    counts[head] = counts.get(head, 0) + 1
-                    relay.append(frames)
-                elif head[:1] == b"\0" and head.startswith(SYNC_PREFIX):
-                    continue  # a master's answer to a peer's warm start: not for gatekeepers
-                elif head == RULES_TOPIC and second == PUBLISHED:
-                    if counts:  # what it counts came before it: counted first
-                        self.counters.delivered(up.index, counts)
-                        counts.clear()
-                    self._heartbeat(up, frames, now)
-                    continue  # keeps up.held: the counters go out with the offers
-                elif head == RULES_TOPIC and second == RULES:
-                    if self.offers.fresh(frames, up.index, now):
-                        relay.append(frames)
-                        up.held = None
-                    else:
-                        up.held = frames
-                    continue
-                else:
-                    if second == RESYNCSTART and up.held is not None:
-                        relay.append(up.held)
-                    relay.append(frames)
-                up.held = None
-            if counts:  # counted before they are sent: the counter goes out after them
-                self.counters.delivered(up.index, counts)
-                counts.clear()
-            if relay:
-                self.relayed += send_all(self.control_out, relay)
-            await asyncio.sleep(0)
-
     def _poke(self) -> None:
         """Let the PUB sockets take their new connections and subscriptions now.
 
@@ -630,36 +442,3 @@ class Router:
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     sock.getsockopt(zmq.EVENTS)
-
-    def _heartbeat(self, up: _Upstream, frames: Sequence[bytes], now: float) -> None:
-        try:
-            domain, published = decode_published(frames)
-        except ProtocolError as exc:
-            self.control_discarded += 1
-            self.control_log.warning("master %s sent a malformed publish counter: %s",
-                                     up.address, exc, key="counter")  # fmt: skip
-            return
-        lost = self.counters.heartbeat(up.index, domain + b"\0", published, now)
-        if lost:
-            self.control_log.warning(
-                "lost %d DELAY_UNTIL(s) for %r from master %s (its queue towards the "
-                "router was full): the router's counter shows them to the gatekeepers, "
-                "which ask for a resync", lost, domain[:64], up.address, key="lost",
-            )  # fmt: skip
-
-    async def _publish_counts(self) -> None:
-        """The router's publish counter of each domain, once a period; between two,
-        the PUB sockets are poked (see :meth:`_poke`)."""
-        while True:
-            for _ in range(max(1, round(RULES_EVERY_S / POKE_S))):
-                await asyncio.sleep(POKE_S)
-                self._poke()
-            if self.offers.disagree:
-                self.control_log.warning("the masters offer different rules for a domain "
-                                         "(%d times): run them with the same rules",
-                                         self.offers.disagree, key="disagree")  # fmt: skip
-                self.offers.disagree = 0
-            counts = [encode_published(d, n) for d, n in self.counters.current(time.monotonic())]
-            if counts:
-                with contextlib.suppress(zmq.ZMQError):
-                    send_all(self.control_out, counts)

@@ -18,7 +18,7 @@ import zmq
 from smockron.core.hashring import HashRing
 from smockron.gatekeeper._decider import DELAY
 from smockron.gatekeeper._threaded import Gatekeeper
-from smockron.master.router import OFFER_EVERY_S, Counters, Offers
+from smockron.master.relay import OFFER_EVERY_S, Counters, Offers
 from smockron.wire.codec import MAX_FRAMES, encode_rules
 from smockron.wire.fleet import SYNC_PREFIX
 from tests.master.client import FakeGatekeeper, now_ms
@@ -282,6 +282,26 @@ def test_counters_against_an_injected_order() -> None:
     assert c.count(api) == 14
     assert c.current(3.0) == [(b"api", 14)]
     assert c.current(100.0) == []  # no master counts it any more: the router neither
+
+
+def test_a_reconnected_master_counts_afresh() -> None:
+    """A master whose connection came back starts a new baseline at its next counter,
+    even one past its old count (a restarted master that published before the router's
+    subscription reached it: the case counting by a lower count missed); what it lost
+    before stays in the router's counter, which never decreases."""
+    c = Counters.of(1)
+    api = b"api\0"
+    c.heartbeat(0, api, 0, 0.0)
+    c.delivered(0, {api: 1})
+    assert c.heartbeat(0, api, 2, 1.0) == 1
+    assert c.count(api) == 2
+    c.reconnected(0)  # it restarted, answered 4 requests, 3 before the router listened
+    c.delivered(0, {api: 1})
+    assert c.heartbeat(0, api, 4, 2.0) == 0  # a baseline, though 4 >= 2
+    assert c.count(api) == 3 and c.lost == 1
+    c.delivered(0, {api: 2})
+    assert c.heartbeat(0, api, 7, 3.0) == 1  # counting goes on from the baseline
+    assert c.count(api) == 6
 
 
 def test_offers_deduplicated_by_content_and_time() -> None:
