@@ -138,6 +138,9 @@ class _GatekeeperBase(_Link):
     ) -> Decision:
         """Decide and account one request. After a DELAY, call :meth:`release`.
         (``defer``: as :meth:`check` does; one method, as this runs for every request.)"""
+        # mccabe 12, kept whole: the REJECT and DELAY accounting in a method of their
+        # own cost one more call each, +2.9% instructions a decision (callgrind, a mix
+        # of 16% ACCEPT, 38% DELAY, 45% REJECT: the mix of a flood, when it matters)
         if now is None:
             now = now_ms()
         if len(identifier) > MAX_IDENTIFIER:  # the master would drop it: its digest
@@ -160,27 +163,14 @@ class _GatekeeperBase(_Link):
             if loginfo is not None:
                 frames.append(loginfo)
             self._emit(pub, frames)
-            return decision
-        return self._account_held(decision, domain, identifier, now, loginfo, defer)
-
-    def _account_held(
-        self,
-        decision: Decision,
-        domain: bytes,
-        identifier: bytes,
-        now: int,
-        loginfo: bytes | None,
-        defer: bool,
-    ) -> Decision:
-        """:meth:`decide`'s accounting of a REJECT (sampled) or a DELAY (unless deferred)."""
-        if decision[0] is REJECT:
+        elif verdict is REJECT:
             self._sample_credit += self.reject_sample
             if self._sample_credit < 1.0:
                 self.counters.accounting_sampled_out += 1
                 return decision
             self._sample_credit -= 1.0
             self._send(domain, REJECTED, identifier, now, None, loginfo)
-        elif decision[0] is DELAY and not (defer and decision.paced):
+        elif verdict is DELAY and not (defer and decision.paced):
             self._send(domain, DELAYED, identifier, now, decision.until_ms, loginfo)
             if decision.paced:  # the caller will not recheck it: plain delay
                 return decision._replace(paced=False)

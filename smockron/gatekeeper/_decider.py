@@ -201,7 +201,7 @@ class Decider:
                 local[identifier] = (tat if tat > now_ms else now_ms) + interval
                 self.counters.accepted += 1
                 return _new_decision(Decision, (ACCEPT, now_ms, 0, False))
-            return self._hold_one(local, identifier, tat + interval, _ceil_ms(at), now_ms)
+            return self._hold_one(local, identifier, tat + interval, at, now_ms)
         key = (domain, identifier)
         until = self._entries.get(key, 0)
         if self._several:
@@ -217,11 +217,13 @@ class Decider:
         return _new_decision(Decision, (REJECT, now_ms, until, False))
 
     def _hold_one(
-        self, local: dict[bytes, float], identifier: bytes, tat: float, wait: int, now_ms: int
+        self, local: dict[bytes, float], identifier: bytes, tat: float, at: float, now_ms: int
     ) -> Decision:
-        """:meth:`decide` for a one-rule line when the request cannot go now: a DELAY
-        until ``wait`` that takes its slot (the identifier's time moves on to ``tat``),
-        or a REJECT. (A call that replaces ``_delay``'s: a DELAY costs the same.)"""
+        """:meth:`decide` for a one-rule line when the request cannot go now (before
+        ``at``): a DELAY that takes its slot (the identifier's time moves on to ``tat``),
+        or a REJECT. One call, as ``_ceil_ms`` was: a held request costs no more."""
+        wait = int(at)
+        wait += wait < at  # _ceil_ms inlined: a DELAY_UNTIL is never early
         if wait - now_ms <= self.max_delay_ms and self.waiting < self.max_delayed:
             if len(local) < self._cap or identifier in local:
                 local[identifier] = tat
