@@ -100,9 +100,9 @@ class _Link(_ControlMessages):
     With several masters (a fleet), one PUB is connected to every master's accounting
     address and each message goes on its identifier's shard topic: ZeroMQ's subscription
     filtering hands it to the masters that hold the shard. Each master's control comes
-    on a SUB of its own (:class:`_Control`), so what it published, what we lost of it and
-    its RESYNC answers are counted per master; a verdict from any of them is obeyed (the
-    delay table keeps the latest time)."""
+    on a SUB of its own (a :class:`~smockron.gatekeeper._control._Control` each), so what
+    it published, what we lost of it and its RESYNC answers are counted per master; a
+    verdict from any of them is obeyed (the delay table keeps the latest time)."""
 
     sndhwm: int
 

@@ -231,11 +231,12 @@ def test_identifier_sharding_discards_what_it_cannot_route(tmp_path: Path) -> No
     setup = Setup(tmp_path, "identifier", ["api:1/s:3"])
     with setup.running(), FakeGatekeeper(setup.racc, setup.rctl) as gk:
         wait_for(lambda: all("accounting SUB on" in m.log() for m in setup.masters), 15)
+        assert setup.router is not None
+        router = setup.router
+        wait_for(lambda: "router: accounting on" in router.log(), 15)  # bound (it starts last)
         time.sleep(0.5)  # the router's subscription reaches the gatekeeper's PUB
         gk.send([b"api\0", b"ACCEPTED"])
         gk.send([b"\0smockron-sync\0abc", b"SYNC", b"\xff" * 8])
-        assert setup.router is not None
-        router = setup.router
         wait_for(lambda: "on a topic of the masters' own" in router.log())
         wait_for(lambda: "without an identifier (2 frames)" in router.log())
         for _ in range(3):
