@@ -47,9 +47,12 @@ def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
     """
     env = dict(smockron_env(), SMOCKRON_LOG_LEVEL="WARNING")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "smockron", *args], env=env, cwd=ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [sys.executable, "-m", "smockron", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(port, timeout=15.0)
         yield proc

@@ -299,13 +299,22 @@ PATTERN_FUNCS: Final[dict[str, Pattern]] = {
 }
 
 
-def master_args(cfg: Config, algorithm: str, me: tuple[str, str],
-                fleet: list[tuple[str, str]]) -> list[str]:  # fmt: skip
+def master_args(
+    cfg: Config, algorithm: str, me: tuple[str, str], fleet: list[tuple[str, str]]
+) -> list[str]:
     peers = [arg for acc, ctl in fleet if (acc, ctl) != me for arg in ("--peer", f"{acc},{ctl}")]
     return [
-        "master", "--accounting", me[0], "--control", me[1], *peers,
-        "--rule", cfg.rule_spec, "--algorithm", f"{cfg.domain}={algorithm}",
-    ]  # fmt: skip
+        "master",
+        "--accounting",
+        me[0],
+        "--control",
+        me[1],
+        *peers,
+        "--rule",
+        cfg.rule_spec,
+        "--algorithm",
+        f"{cfg.domain}={algorithm}",
+    ]
 
 
 def proxy_args(cfg: Config, port: int, backend: int, fleet: list[tuple[str, str]]) -> list[str]:
@@ -315,10 +324,18 @@ def proxy_args(cfg: Config, port: int, backend: int, fleet: list[tuple[str, str]
     else:
         masters = [arg for acc, ctl in fleet for arg in ("--master", f"{acc},{ctl}")]
     return [
-        "proxy", "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{backend}",
-        "--domain", cfg.domain, *masters,
-        "--identify", "header:X-Client", "--decision-header",
-    ]  # fmt: skip
+        "proxy",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--upstream",
+        f"http://127.0.0.1:{backend}",
+        "--domain",
+        cfg.domain,
+        *masters,
+        "--identify",
+        "header:X-Client",
+        "--decision-header",
+    ]
 
 
 def check_alive(procs: list[Proc]) -> None:
@@ -370,15 +387,20 @@ async def system(
     block ends."""
     back, *ports = free_ports(1 + gatekeepers)
     addresses = free_ports(2 * cfg.masters)
-    fleet = [(f"tcp://127.0.0.1:{addresses[2 * i]}", f"tcp://127.0.0.1:{addresses[2 * i + 1]}")
-             for i in range(cfg.masters)]  # fmt: skip
+    fleet = [
+        (f"tcp://127.0.0.1:{addresses[2 * i]}", f"tcp://127.0.0.1:{addresses[2 * i + 1]}")
+        for i in range(cfg.masters)
+    ]
     backend = Backend()
     procs: list[Proc] = []
     try:
         await backend.start(back)
         for i, me in enumerate(fleet):
-            procs.append(run_smockron(master_args(cfg, algorithm, me, fleet),
-                                      workdir / f"master-{i + 1}.log"))  # fmt: skip
+            procs.append(
+                run_smockron(
+                    master_args(cfg, algorithm, me, fleet), workdir / f"master-{i + 1}.log"
+                )
+            )
         for i, port in enumerate(ports):
             args = proxy_args(cfg, port, back, fleet)
             procs.append(run_smockron(args, workdir / f"proxy-{i + 1}.log"))
@@ -434,15 +456,21 @@ async def run_matrix(cfg: Config, rows: list[Row], rounds: int) -> None:
         for row in rows:
             outcome = await run_cell(cfg, row)
             row.rounds.append(outcome)
-            print(f"  round {r + 1}/{rounds} {row.pattern:8} {row.gatekeepers} gk "
-                  f"{row.algorithm:7}: admitted {outcome.admitted} / {row.ideal:g}, "
-                  f"at once {outcome.at_once}, abusive {outcome.abusive_verdicts}, "
-                  f"polite {outcome.polite_verdicts}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  round {r + 1}/{rounds} {row.pattern:8} {row.gatekeepers} gk "
+                f"{row.algorithm:7}: admitted {outcome.admitted} / {row.ideal:g}, "
+                f"at once {outcome.at_once}, abusive {outcome.abusive_verdicts}, "
+                f"polite {outcome.polite_verdicts}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def format_table(rows: list[Row]) -> str:
-    header = (f"{'pattern':9} {'gk':>2} {'algorithm':9} {'admitted':>8} {'ideal':>6} "
-              f"{'ratio':>7} {'goal':>7} {'at once':>9} {'polite slowed':>13}  result")  # fmt: skip
+    header = (
+        f"{'pattern':9} {'gk':>2} {'algorithm':9} {'admitted':>8} {'ideal':>6} "
+        f"{'ratio':>7} {'goal':>7} {'at once':>9} {'polite slowed':>13}  result"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         if not row.rounds:
@@ -518,10 +546,13 @@ def build(args: argparse.Namespace) -> tuple[Config, list[Row]]:
 def main() -> None:
     args = parse_args()
     cfg, rows = build(args)
-    print(f"accuracy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{os.cpu_count()} CPUs (shared), load {os.getloadavg()[0]:.2f}; "
-          f"{cfg.masters} master(s); "
-          f"{len(rows)} cells x {args.rounds} round(s)", flush=True)  # fmt: skip
+    print(
+        f"accuracy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{os.cpu_count()} CPUs (shared), load {os.getloadavg()[0]:.2f}; "
+        f"{cfg.masters} master(s); "
+        f"{len(rows)} cells x {args.rounds} round(s)",
+        flush=True,
+    )
     interrupted = False
     try:
         asyncio.run(run_matrix(cfg, rows, args.rounds))

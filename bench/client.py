@@ -100,9 +100,11 @@ def requests(n: int) -> list[RateLimitRequest]:
 
 def pb_batch(n: int) -> pb.GetRateLimitsReq:
     return pb.GetRateLimitsReq(
-        requests=[pb.RateLimitReq(name="bench", unique_key=f"k{i}", hits=1, limit=10**12,
-                                  duration=MINUTE) for i in range(n)]
-    )  # fmt: skip
+        requests=[
+            pb.RateLimitReq(name="bench", unique_key=f"k{i}", hits=1, limit=10**12, duration=MINUTE)
+            for i in range(n)
+        ]
+    )
 
 
 def sync_rates(address: str, seconds: float) -> dict[str, float]:
@@ -275,8 +277,7 @@ def client_cpu(address: str, http_address: str, seconds: float) -> dict[str, flo
             return 1
 
         def hundred_threads() -> int:
-            list(pool.map(lambda i: client.check("bench", f"k{i}", 1, 10**12, MINUTE),
-                          range(100)))  # fmt: skip
+            list(pool.map(lambda i: client.check("bench", f"k{i}", 1, 10**12, MINUTE), range(100)))
             return 100
 
         def pool_alone() -> int:
@@ -308,8 +309,9 @@ def client_cpu(address: str, http_address: str, seconds: float) -> dict[str, flo
             )
             done, cpu, start = 0, time.process_time(), loop.time()
             while loop.time() - start < seconds:
-                await asyncio.gather(*(grpcio_client.check("bench", f"k{i}", 1, 10**12, MINUTE)
-                                       for i in range(100)))  # fmt: skip
+                await asyncio.gather(
+                    *(grpcio_client.check("bench", f"k{i}", 1, 10**12, MINUTE) for i in range(100))
+                )
                 done += 100
             out["(coalesced: 100 asyncio tasks, over grpcio)"] = (
                 (time.process_time() - cpu) / done * 1e6
@@ -318,8 +320,9 @@ def client_cpu(address: str, http_address: str, seconds: float) -> dict[str, flo
             loop = asyncio.get_running_loop()
 
             async def hundred() -> None:
-                await asyncio.gather(*(client.check("bench", f"k{i}", 1, 10**12, MINUTE)
-                                       for i in range(100)))  # fmt: skip
+                await asyncio.gather(
+                    *(client.check("bench", f"k{i}", 1, 10**12, MINUTE) for i in range(100))
+                )
 
             async def one() -> None:
                 await client.check("bench", "k0", 1, 10**12, MINUTE)
@@ -422,8 +425,9 @@ def main() -> None:
                     limits_cpu(redis.url, args.seconds)
                 )
                 for uvloop in (False, True) if has_uvloop() else (False,):
-                    found_cpu = async_http_cpu(address, f"127.0.0.1:{http_port}", redis.url,
-                                               args.seconds, uvloop)  # fmt: skip
+                    found_cpu = async_http_cpu(
+                        address, f"127.0.0.1:{http_port}", redis.url, args.seconds, uvloop
+                    )
                     for name, value in found_cpu.items():
                         cpu.setdefault(name, []).append(value)
         finally:
@@ -467,8 +471,10 @@ def main() -> None:
                 own = statistics.median(owns)
                 verdict = "MET" if own <= 20 else "NOT MET"
                 runs_us = " ".join(f"{v:.1f}" for v in owns)
-                print(f"    the client's own CPU (minus the same threads without a client, "
-                      f"per run): {own:.1f} us: {verdict} (runs: {runs_us})")  # fmt: skip
+                print(
+                    f"    the client's own CPU (minus the same threads without a client, "
+                    f"per run): {own:.1f} us: {verdict} (runs: {runs_us})"
+                )
         elif "limits" not in name:
             # each run's ratio to limits measured in that run, then their median; the
             # AsyncClient's goal is limits' asyncio hit, on the same loop
@@ -478,8 +484,10 @@ def main() -> None:
                 base += ", uvloop" if name.endswith("uvloop") else ""
             ratio, each = ratios(name, base)
             verdict = "MET" if ratio <= 1 else "NOT MET"
-            print(f"  goal <= {base.removeprefix('sequential: ')} ({cpu_medians[base]:.1f} us), "
-                  f"{name}: {verdict} (median of per-run ratios {ratio:.2f}x: {each})")  # fmt: skip
+            print(
+                f"  goal <= {base.removeprefix('sequential: ')} ({cpu_medians[base]:.1f} us), "
+                f"{name}: {verdict} (median of per-run ratios {ratio:.2f}x: {each})"
+            )
             if base != sync_hit:
                 ratio, each = ratios(name, sync_hit)
                 print(f"    (vs limits' sync hit: {ratio:.2f}x: {each})")

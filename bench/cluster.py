@@ -93,8 +93,16 @@ def cluster(n: int, workdir: Path) -> Iterator[list[NodeAddr]]:
     try:
         for i in range(n):
             http = f"127.0.0.1:{ports[n + i]}"
-            args = ["cluster", "--grpc-address", grpc_addrs[i], "--http-address", http,
-                    "--peers", ",".join(grpc_addrs), *GRPC_SERVER]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                grpc_addrs[i],
+                "--http-address",
+                http,
+                "--peers",
+                ",".join(grpc_addrs),
+                *GRPC_SERVER,
+            ]
             procs.append(run_smockron(args, workdir / f"bench-node{i}.log"))
         for p in ports:
             wait_port(p, 20)
@@ -300,10 +308,9 @@ async def global_accuracy(addrs: list[str], runs: int, limit: int = 100) -> None
     total = 5 * limit
     for behavior, label in ((pb.BATCHING, "forwarded"), (pb.GLOBAL, "GLOBAL")):
         got = [
-            await round_robin(addrs, f"acc-{label}-{time.time_ns()}", limit, total, 500.0,
-                              behavior)
+            await round_robin(addrs, f"acc-{label}-{time.time_ns()}", limit, total, 500.0, behavior)
             for _ in range(runs)
-        ]  # fmt: skip
+        ]
         report(f"{label:9}, 5x limit round-robin", got, limit, total)
     ring = HashRing(addrs)
     moved = []
@@ -317,10 +324,17 @@ async def global_accuracy(addrs: list[str], runs: int, limit: int = 100) -> None
         moved.append(await round_robin(addrs, key, limit, total, 500.0, pb.GLOBAL, route=route))
     report("GLOBAL, round-robin, all to the owner after 30 calls", moved, limit, total)
     fast = [
-        await round_robin(addrs, f"acc-open-{time.time_ns()}", limit, 20 * limit, 2000.0,
-                          pb.GLOBAL, open_loop=True)
+        await round_robin(
+            addrs,
+            f"acc-open-{time.time_ns()}",
+            limit,
+            20 * limit,
+            2000.0,
+            pb.GLOBAL,
+            open_loop=True,
+        )
         for _ in range(runs)
-    ]  # fmt: skip
+    ]
     report("GLOBAL, 20x limit round-robin, open loop at 2,000 calls/s", fast, limit, 20 * limit)
 
 
@@ -343,20 +357,38 @@ def build_loadgen() -> Path | None:
     out.mkdir(exist_ok=True)
     try:
         subprocess.run(
-            ["protoc", f"-I{PROTO_DIR}", f"--cpp_out={out}", f"--grpc_out={out}",
-             f"--plugin=protoc-gen-grpc={plugin}", str(PROTO_DIR / "gubernator.proto")],
+            [
+                "protoc",
+                f"-I{PROTO_DIR}",
+                f"--cpp_out={out}",
+                f"--grpc_out={out}",
+                f"--plugin=protoc-gen-grpc={plugin}",
+                str(PROTO_DIR / "gubernator.proto"),
+            ],
             check=True,
-        )  # fmt: skip
+        )
         flags = subprocess.run(
             ["pkg-config", "--cflags", "--libs", "grpc++", "protobuf"],
-            check=True, capture_output=True, text=True,
-        ).stdout.split()  # fmt: skip
-        subprocess.run(
-            ["g++", "-O2", "-std=c++17", "-o", str(exe), str(LOADGEN_DIR / "loadgen.cc"),
-             str(out / "gubernator.pb.cc"), str(out / "gubernator.grpc.pb.cc"), f"-I{out}",
-             *flags, "-pthread"],
             check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        subprocess.run(
+            [
+                "g++",
+                "-O2",
+                "-std=c++17",
+                "-o",
+                str(exe),
+                str(LOADGEN_DIR / "loadgen.cc"),
+                str(out / "gubernator.pb.cc"),
+                str(out / "gubernator.grpc.pb.cc"),
+                f"-I{out}",
+                *flags,
+                "-pthread",
+            ],
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"  (cannot build the C++ load generator: {exc})")
         return None
@@ -379,10 +411,20 @@ def loadgen_latency(
     pin(node.pid, {1} if pinnable else all_cpus)
     try:
         out = subprocess.run(
-            [str(exe), node.grpc, str(node.pid), str(rate), str(seconds), "1000",
-             "0" if pinnable else "-1"],
-            check=True, capture_output=True, text=True, timeout=seconds + 60,
-        ).stdout  # fmt: skip
+            [
+                str(exe),
+                node.grpc,
+                str(node.pid),
+                str(rate),
+                str(seconds),
+                "1000",
+                "0" if pinnable else "-1",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        ).stdout
     finally:
         pin(node.pid, all_cpus)
     result: dict[str, Any] = json.loads(out)
@@ -403,8 +445,10 @@ def latency_part(node: NodeAddr, seconds: float, runs: int) -> None:
         for target in (500, 2000):
             lat = [asyncio.run(grpc_latency(node.grpc, target, seconds)) for _ in range(runs)]
             p50, p99 = median([x[0] for x in lat]), median([x[1] for x in lat])
-            print(f"gRPC single checks at {target:5,}/s:           p50 {p50:.3f} ms, "
-                  f"p99 {p99:.3f} ms (goal p99 < 1 ms at 2,000/s)")  # fmt: skip
+            print(
+                f"gRPC single checks at {target:5,}/s:           p50 {p50:.3f} ms, "
+                f"p99 {p99:.3f} ms (goal p99 < 1 ms at 2,000/s)"
+            )
         return
     for pinned in (False, True):
         how = "pinned  " if pinned else "unpinned"
@@ -415,11 +459,13 @@ def latency_part(node: NodeAddr, seconds: float, runs: int) -> None:
                 return median([g[key] for g in got])
 
             p99s = ", ".join(f"{g['p99']:.2f}" for g in got)
-            print(f"gRPC single checks at {target:5,}/s, {how}: p50 {med('p50'):.3f} ms, "
-                  f"p99 {med('p99'):.3f} ms [{p99s}] (goal < 1 ms at 2,000/s); CPU per "
-                  f"call: server {med('server_us'):.0f} us, client {med('client_us'):.0f} us; "
-                  f"idle round trip p50 {med('seq_p50'):.3f} ms, "
-                  f"server {med('seq_server_us'):.0f} us")  # fmt: skip
+            print(
+                f"gRPC single checks at {target:5,}/s, {how}: p50 {med('p50'):.3f} ms, "
+                f"p99 {med('p99'):.3f} ms [{p99s}] (goal < 1 ms at 2,000/s); CPU per "
+                f"call: server {med('server_us'):.0f} us, client {med('client_us'):.0f} us; "
+                f"idle round trip p50 {med('seq_p50'):.3f} ms, "
+                f"server {med('seq_server_us'):.0f} us"
+            )
 
 
 def local_ceiling() -> float:
@@ -514,8 +560,10 @@ def client_part(seconds: float, runs: int) -> None:
     from smockron.cluster.client import Client
 
     keys = [f"k{i}" for i in range(1000)]
-    print(f"smockron's client, 1 vs 3 nodes: {runs} rounds x {seconds}s, medians; "
-          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(
+        f"smockron's client, 1 vs 3 nodes: {runs} rounds x {seconds}s, medians; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     got: dict[str, list[Seq]] = {}
 
     def note(label: str, seq: Seq) -> None:
@@ -542,25 +590,37 @@ def client_part(seconds: float, runs: int) -> None:
                 note("3 nodes, no routing, local", sequential(check, local, pids, seconds))
                 note("3 nodes, no routing, forwarded", sequential(check, remote, pids, seconds))
                 note("3 nodes, no routing, 100/call", batched(c, keys, pids, seconds))
-            note("1 node, AsyncClient single", async_sequential(one[0].grpc, keys, one_pids,
-                                                                seconds))  # fmt: skip
-    med = {label: Seq(*(median([s[i] for s in seqs]) for i in range(4)))
-           for label, seqs in got.items()}  # fmt: skip
+            note(
+                "1 node, AsyncClient single", async_sequential(one[0].grpc, keys, one_pids, seconds)
+            )
+    med = {
+        label: Seq(*(median([s[i] for s in seqs]) for i in range(4))) for label, seqs in got.items()
+    }
     for label, m in med.items():
-        print(f"  {label:34s} {m.rate:8,.0f} checks/s  p50 {m.p50_us:7.0f} us  server "
-              f"{m.server_us:6.1f} us/check  client {m.client_us:6.1f} us/check")  # fmt: skip
+        print(
+            f"  {label:34s} {m.rate:8,.0f} checks/s  p50 {m.p50_us:7.0f} us  server "
+            f"{m.server_us:6.1f} us/check  client {m.client_us:6.1f} us/check"
+        )
     base, three_s = med["1 node, single"], med["3 nodes, single"]
     b100, t100 = med["1 node, 100/call"], med["3 nodes, 100/call"]
     loc, fwd = med["3 nodes, no routing, local"], med["3 nodes, no routing, forwarded"]
     asy = med["1 node, AsyncClient single"]
-    print(f"  3 vs 1 node, single checks: rate {three_s.rate / base.rate:.2f}x, server CPU "
-          f"{three_s.server_us / base.server_us:.2f}x (goal <= 1.25x)")  # fmt: skip
-    print(f"  3 vs 1 node, 100/call: rate {t100.rate / b100.rate:.2f}x, server CPU "
-          f"{t100.server_us / b100.server_us:.2f}x")  # fmt: skip
-    print(f"  forwarded vs local p50: {fwd.p50_us / loc.p50_us:.2f}x (goal <= 2x); server CPU "
-          f"{fwd.server_us / loc.server_us:.2f}x")  # fmt: skip
-    print(f"  AsyncClient vs Client, client CPU per single check: "
-          f"{asy.client_us / base.client_us:.2f}x (goal <= 1.5x)")  # fmt: skip
+    print(
+        f"  3 vs 1 node, single checks: rate {three_s.rate / base.rate:.2f}x, server CPU "
+        f"{three_s.server_us / base.server_us:.2f}x (goal <= 1.25x)"
+    )
+    print(
+        f"  3 vs 1 node, 100/call: rate {t100.rate / b100.rate:.2f}x, server CPU "
+        f"{t100.server_us / b100.server_us:.2f}x"
+    )
+    print(
+        f"  forwarded vs local p50: {fwd.p50_us / loc.p50_us:.2f}x (goal <= 2x); server CPU "
+        f"{fwd.server_us / loc.server_us:.2f}x"
+    )
+    print(
+        f"  AsyncClient vs Client, client CPU per single check: "
+        f"{asy.client_us / base.client_us:.2f}x (goal <= 1.5x)"
+    )
 
 
 def _check(client: Any, key: str) -> object:
@@ -574,8 +634,10 @@ def only_latency(seconds: float, runs: int) -> None:
 
 
 async def main(seconds: float, runs: int) -> None:
-    print(f"smockron cluster bench: {runs} runs x {seconds}s, medians; batch {BATCH}, "
-          f"{IN_FLIGHT} calls in flight")  # fmt: skip
+    print(
+        f"smockron cluster bench: {runs} runs x {seconds}s, medians; batch {BATCH}, "
+        f"{IN_FLIGHT} calls in flight"
+    )
     ceiling = median([local_ceiling() for _ in range(runs)])
     print(f"baseline LocalLimiter.check in-process:   {ceiling:10,.0f} checks/s")
     with tempfile.TemporaryDirectory() as tmp:
@@ -588,9 +650,11 @@ async def main(seconds: float, runs: int) -> None:
                 rate = median(
                     [await grpc_throughput(address, keys, seconds, batch) for _ in range(runs)]
                 )
-                print(f"gRPC, 1 node, {batch:4}/call:              {rate:10,.0f} checks/s "
-                      f"({rate / ceiling:.2f}x LocalLimiter, "
-                      f"{rate / 20_000:.2f}x goal 20,000)")  # fmt: skip
+                print(
+                    f"gRPC, 1 node, {batch:4}/call:              {rate:10,.0f} checks/s "
+                    f"({rate / ceiling:.2f}x LocalLimiter, "
+                    f"{rate / 20_000:.2f}x goal 20,000)"
+                )
                 if batch == BATCH:
                     single = rate
             await asyncio.get_running_loop().run_in_executor(
@@ -608,8 +672,10 @@ async def main(seconds: float, runs: int) -> None:
             fwd = median(
                 [await grpc_throughput(entry, remote[:1000], seconds) for _ in range(runs)]
             )
-            print(f"gRPC, 3 nodes, all forwarded, {BATCH}/call:  {fwd:10,.0f} checks/s "
-                  f"({fwd / single:.2f}x single node)")  # fmt: skip
+            print(
+                f"gRPC, 3 nodes, all forwarded, {BATCH}/call:  {fwd:10,.0f} checks/s "
+                f"({fwd / single:.2f}x single node)"
+            )
             await global_accuracy(addrs, runs)
 
 

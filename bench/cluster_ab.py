@@ -46,14 +46,27 @@ def nodes(checkout: Path, n: int, logs: Path) -> Iterator[tuple[list[str], list[
     env = dict(os.environ, PYTHONPATH=str(checkout), SMOCKRON_LOG_LEVEL="WARNING")
     procs, paths = [], []
     for i in range(n):
-        args = ["cluster", "--grpc-address", addrs[i], "--http-address",
-                f"127.0.0.1:{ports[n + i]}", "--peers", ",".join(addrs)]  # fmt: skip
+        args = [
+            "cluster",
+            "--grpc-address",
+            addrs[i],
+            "--http-address",
+            f"127.0.0.1:{ports[n + i]}",
+            "--peers",
+            ",".join(addrs),
+        ]
         paths.append(logs / f"{checkout.name}-{n}-{i}.log")
         with paths[-1].open("wb") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "smockron", *args], cwd=checkout, env=env,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            ))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "smockron", *args],
+                    cwd=checkout,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     try:
         for port in ports:
             wait_port(port, 30)
@@ -106,9 +119,13 @@ async def compare(trees: dict[str, Path], rounds: int, seconds: float) -> None:
     results: dict[tuple[str, str], list[tuple[float, float]]] = {
         (t, k): [] for t in trees for k in KINDS
     }
-    with tempfile.TemporaryDirectory() as tmp, nodes(trees["base"], 1, Path(tmp)) as b1, \
-            nodes(trees["head"], 1, Path(tmp)) as h1, nodes(trees["base"], 3, Path(tmp)) as b3, \
-            nodes(trees["head"], 3, Path(tmp)) as h3:  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        nodes(trees["base"], 1, Path(tmp)) as b1,
+        nodes(trees["head"], 1, Path(tmp)) as h1,
+        nodes(trees["base"], 3, Path(tmp)) as b3,
+        nodes(trees["head"], 3, Path(tmp)) as h3,
+    ):
         single, three = {"base": b1, "head": h1}, {"base": b3, "head": h3}
         remote = {}
         for tree, (addrs, _) in three.items():
@@ -127,8 +144,10 @@ async def compare(trees: dict[str, Path], rounds: int, seconds: float) -> None:
         for index, what in ((0, "checks/s"), (1, "server CPU us/check")):
             base = median([x[index] for x in results["base", kind]])
             head = median([x[index] for x in results["head", kind]])
-            print(f"{kind:19} {what:20} base {base:10,.1f}  head {head:10,.1f}  "
-                  f"head/base {head / base:.3f}")  # fmt: skip
+            print(
+                f"{kind:19} {what:20} base {base:10,.1f}  head {head:10,.1f}  "
+                f"head/base {head / base:.3f}"
+            )
 
 
 if __name__ == "__main__":

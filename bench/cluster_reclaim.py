@@ -48,8 +48,12 @@ async def run(keys: int) -> dict[str, Any]:
     clock = Clock()
     limiter = LocalLimiter(clock, max_keys=keys)
     for start in range(0, keys, 1000):
-        limiter.check([RateLimitRequest("n", f"key{i}", 1, 5, 1000)
-                       for i in range(start, min(keys, start + 1000))])  # fmt: skip
+        limiter.check(
+            [
+                RateLimitRequest("n", f"key{i}", 1, 5, 1000)
+                for i in range(start, min(keys, start + 1000))
+            ]
+        )
     full = rss_mb()
     node = Node(ClusterConfig(cache_size=keys), limiter=limiter)
     steps: list[float] = []
@@ -72,8 +76,15 @@ async def run(keys: int) -> dict[str, Any]:
     await asyncio.sleep(1.5)  # the trim after the wave
     after = rss_mb()
     await node.close()
-    return {"base": base, "full": full, "after": after, "took": took, "steps": len(steps),
-            "median_ms": statistics.median(steps) * 1000, "max_ms": max(steps) * 1000}  # fmt: skip
+    return {
+        "base": base,
+        "full": full,
+        "after": after,
+        "took": took,
+        "steps": len(steps),
+        "median_ms": statistics.median(steps) * 1000,
+        "max_ms": max(steps) * 1000,
+    }
 
 
 def main() -> None:
@@ -83,10 +94,12 @@ def main() -> None:
     args = parser.parse_args()
     for _ in range(args.runs):
         r = asyncio.run(run(args.keys))
-        print(f"RSS baseline {r['base']} MB, {args.keys:,} keys {r['full']} MB, after the "
-              f"sweep {r['after']} MB; emptied {r['took']:.2f} s after expiry (sweep timer "
-              f"1 s), {r['steps']} steps, median {r['median_ms']:.1f} ms, "
-              f"max {r['max_ms']:.1f} ms")  # fmt: skip
+        print(
+            f"RSS baseline {r['base']} MB, {args.keys:,} keys {r['full']} MB, after the "
+            f"sweep {r['after']} MB; emptied {r['took']:.2f} s after expiry (sweep timer "
+            f"1 s), {r['steps']} steps, median {r['median_ms']:.1f} ms, "
+            f"max {r['max_ms']:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -135,8 +135,16 @@ def master_receiver(accounting: str, control: str, seconds: float) -> None:
         if held_at_end == -1:  # never quiet for long enough within the run
             stream_end = last_at
         full_at = next(t for t, h in samples if h == final) - stream_end
-        print("got", received[b"api"], gk.counters.control_lost, held_at_end, final,
-              gk.resyncs_done - baseline, f"{max(0.0, full_at):.3f}", flush=True)  # fmt: skip
+        print(
+            "got",
+            received[b"api"],
+            gk.counters.control_lost,
+            held_at_end,
+            final,
+            gk.resyncs_done - baseline,
+            f"{max(0.0, full_at):.3f}",
+            flush=True,
+        )
         await gk.aclose()
 
     asyncio.run(run())
@@ -176,20 +184,49 @@ def late_receiver(accounting: str, control: str, kind: str = "async", want: int 
 def late_run(accounting: str, control: str, kind: str = "async", want: int = 0) -> list[str]:
     """One restarted gatekeeper in a process of its own: ``late_receiver``'s words."""
     return subprocess.run(
-        [sys.executable, __file__, "--role", "late-gk", "--accounting", accounting,
-         "--control", control, "--kind", kind, "--want", str(want)],
-        capture_output=True, text=True, env=smockron_env(), timeout=90,
-    ).stdout.split()  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--role",
+            "late-gk",
+            "--accounting",
+            accounting,
+            "--control",
+            control,
+            "--kind",
+            kind,
+            "--want",
+            str(want),
+        ],
+        capture_output=True,
+        text=True,
+        env=smockron_env(),
+        timeout=90,
+    ).stdout.split()
 
 
-def start_master(accounting: str, control: str, log: IO[bytes] | None = None
-                 ) -> subprocess.Popen[bytes]:  # fmt: skip
+def start_master(
+    accounting: str, control: str, log: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
     """A real master, memory store, one request an hour per identifier."""
     return subprocess.Popen(
-        [sys.executable, "-m", "smockron", "master", "--accounting", accounting,
-         "--control", control, "--rule", "api:1/h:1", "--stats-interval", "0"],
-        stderr=log or subprocess.DEVNULL, env=smockron_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "smockron",
+            "master",
+            "--accounting",
+            accounting,
+            "--control",
+            control,
+            "--rule",
+            "api:1/h:1",
+            "--stats-interval",
+            "0",
+        ],
+        stderr=log or subprocess.DEVNULL,
+        env=smockron_env(),
+    )
 
 
 def feeder_and_counter(
@@ -212,8 +249,10 @@ def feed(feeder: zmq.Socket[bytes], identifiers: int) -> None:
     """Accounting for ``identifiers`` distinct identifiers, each once, as fast as it goes."""
     for start in range(0, identifiers, 10_000):
         now = int(time.time() * 1000)  # fresh: the master drops accounting that is late
-        batch = [encode_accounting("api", ACCEPTED, b"id-%d" % i, now)
-                 for i in range(start, min(identifiers, start + 10_000))]  # fmt: skip
+        batch = [
+            encode_accounting("api", ACCEPTED, b"id-%d" % i, now)
+            for i in range(start, min(identifiers, start + 10_000))
+        ]
         sent = 0
         while sent < len(batch):  # NODROP: the feeder waits rather than drops
             sent += send_all(feeder, batch[sent:])
@@ -238,9 +277,11 @@ def resync_sizes(log: IO[bytes]) -> list[int]:
 
 def resync_main(sizes: list[int], rounds: int) -> None:
     """Time for a restarted gatekeeper to hold a master's ``size`` live delays."""
-    print(f"RESYNC restore: a real master holding N live delays (api:1/h:1), a gatekeeper "
-          f"started afresh {rounds} times; seconds from its start until it holds all N "
-          f"(median; goal <= 1 s)")  # fmt: skip
+    print(
+        f"RESYNC restore: a real master holding N live delays (api:1/h:1), a gatekeeper "
+        f"started afresh {rounds} times; seconds from its start until it holds all N "
+        f"(median; goal <= 1 s)"
+    )
     for size in sizes:
         acc, ctl = free_port(), free_port()
         accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
@@ -250,8 +291,9 @@ def resync_main(sizes: list[int], rounds: int) -> None:
         try:
             deadline = time.monotonic() + 10
             while (probes := published(counter, 1, 0.3)) == 0 and time.monotonic() < deadline:
-                feeder.send_multipart(encode_accounting("api", ACCEPTED, b"probe",
-                                                        int(time.time() * 1000)))  # fmt: skip
+                feeder.send_multipart(
+                    encode_accounting("api", ACCEPTED, b"probe", int(time.time() * 1000))
+                )
             time.sleep(BACKLOG_MS / 1000)  # past the backlog rule: nothing counts as late
             feed(feeder, size)
             got = published(counter, probes + size, size / 20_000 + 30)
@@ -261,17 +303,22 @@ def resync_main(sizes: list[int], rounds: int) -> None:
             # what one resync sends (the master's log says): the target of the timed ones
             first = late_run(accounting, control)
             live = resync_sizes(log)[0]
-            print(f"  {size:>9,} fed: a resync sends {live:,}, a first gatekeeper held "
-                  f"{first[1]} at its end", flush=True)  # fmt: skip
+            print(
+                f"  {size:>9,} fed: a resync sends {live:,}, a first gatekeeper held "
+                f"{first[1]} at its end",
+                flush=True,
+            )
             for kind in ("async", "threaded"):
                 runs = [late_run(accounting, control, kind, live) for _ in range(rounds)]
                 times = [float(r[2]) for r in runs]
                 held = statistics.median(float(r[1]) for r in runs)
                 median = statistics.median(times)
-                print(f"  {size:>9,} live, {kind:8}: held {held:,.0f} "
-                      f"after {median:.3f} s (rounds: {', '.join(f'{t:.3f}' for t in times)})"
-                      f"  goal <= 1 s: {'MET' if median <= 1.0 and held >= live else 'NOT MET'}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  {size:>9,} live, {kind:8}: held {held:,.0f} "
+                    f"after {median:.3f} s (rounds: {', '.join(f'{t:.3f}' for t in times)})"
+                    f"  goal <= 1 s: {'MET' if median <= 1.0 and held >= live else 'NOT MET'}",
+                    flush=True,
+                )
             print(
                 f"  resyncs the master sent: {len(resync_sizes(log))} (asked: {1 + 2 * rounds}; "
                 "more: a gatekeeper lost some and asked again)"
@@ -303,8 +350,10 @@ def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
         "--seconds",
         str(seconds),
     ]
-    procs = [subprocess.Popen(role, stdout=subprocess.PIPE, text=True, env=smockron_env())
-             for _ in range(gatekeepers)]  # fmt: skip
+    procs = [
+        subprocess.Popen(role, stdout=subprocess.PIPE, text=True, env=smockron_env())
+        for _ in range(gatekeepers)
+    ]
     ctx, feeder, counter = feeder_and_counter(accounting, control)
     try:
         for p in procs:
@@ -322,10 +371,17 @@ def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
                 published = max(published, decode_published(frames)[1])
         late = late_run(accounting, control)
         worst = min(rows, key=lambda r: r[0])
-        return {"published": published, "received": worst[0], "lost": worst[1],
-                "held_at_end": worst[2], "held": worst[3], "resyncs": worst[4],
-                "full_after_s": worst[5], "late_held": float(late[1]),
-                "late_s": float(late[2])}  # fmt: skip
+        return {
+            "published": published,
+            "received": worst[0],
+            "lost": worst[1],
+            "held_at_end": worst[2],
+            "held": worst[3],
+            "resyncs": worst[4],
+            "full_after_s": worst[5],
+            "late_held": float(late[1]),
+            "late_s": float(late[2]),
+        }
     finally:
         for p in procs:
             p.wait(60)
@@ -337,8 +393,10 @@ def master_round(gatekeepers: int, identifiers: int) -> dict[str, float]:
 
 
 def master_main(identifiers: int, rounds: int) -> None:
-    print(f"real master, {identifiers:,} identifiers each delayed once (api:1/h:1), "
-          f"medians of {rounds}; worst gatekeeper of each round")  # fmt: skip
+    print(
+        f"real master, {identifiers:,} identifiers each delayed once (api:1/h:1), "
+        f"medians of {rounds}; worst gatekeeper of each round"
+    )
     for n in (1, 4):
         runs = [master_round(n, identifiers) for _ in range(rounds)]
 
@@ -442,16 +500,17 @@ def main() -> None:
     print(f"{args.messages:,} DELAY_UNTILs at {args.rate:,.0f}/s, medians of {args.rounds}")
     for kind in ("raw", "async", "threaded"):
         for n in (1, 4):
-            shares = [min(one_round(kind, n, args.messages, args.rate))
-                      for _ in range(args.rounds)]  # fmt: skip
+            shares = [min(one_round(kind, n, args.messages, args.rate)) for _ in range(args.rounds)]
             median = statistics.median(shares)
             goal = (
                 ""
                 if kind == "raw"
                 else f"  goal >= 99.9%: {'MET' if median >= 0.999 else 'NOT MET'}"
             )
-            print(f"  {kind:8} x{n}: worst gatekeeper received {median:.2%} "
-                  f"(rounds {', '.join(f'{s:.2%}' for s in shares)}){goal}")  # fmt: skip
+            print(
+                f"  {kind:8} x{n}: worst gatekeeper received {median:.2%} "
+                f"(rounds {', '.join(f'{s:.2%}' for s in shares)}){goal}"
+            )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ def run_sender(acc: int, ctl: int, messages: int, keys: str | None) -> None:
     probe = 0
     while not sub.poll(100):
         probe += 1
-        pub.send_multipart([b"probe\0", b"ACCEPTED", b"p%d" % probe,
-                            b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+        pub.send_multipart(
+            [b"probe\0", b"ACCEPTED", b"p%d" % probe, b"%d" % int(time.time() * 1000), b""]
+        )
     print("ready", flush=True)
     sys.stdin.readline()
     idents = [b"user-%05d" % i for i in range(IDENTIFIERS)]
@@ -87,19 +88,56 @@ def measure(messages: int, keys: Path | None) -> tuple[float, float]:
             str(keys / "ok"),
         ]
     master = subprocess.Popen(
-        [sys.executable, "-m", "smockron", "master", "--accounting", f"tcp://127.0.0.1:{acc}",
-         "--control", f"tcp://127.0.0.1:{ctl}", "--rule", "bench:1/m:30", "--rule",
-         "probe:1/s:1", "--metrics", f"127.0.0.1:{met}", "--skew-tolerance", "3600",
-         "--stats-interval", "0", "--queue", str(messages + 100_000), "--hwm", "10000000",
-         *curve],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=smockron_env(), cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "smockron",
+            "master",
+            "--accounting",
+            f"tcp://127.0.0.1:{acc}",
+            "--control",
+            f"tcp://127.0.0.1:{ctl}",
+            "--rule",
+            "bench:1/m:30",
+            "--rule",
+            "probe:1/s:1",
+            "--metrics",
+            f"127.0.0.1:{met}",
+            "--skew-tolerance",
+            "3600",
+            "--stats-interval",
+            "0",
+            "--queue",
+            str(messages + 100_000),
+            "--hwm",
+            "10000000",
+            *curve,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=smockron_env(),
+        cwd=ROOT,
+    )
     role = [] if keys is None else ["--keys", str(keys)]
     sender = subprocess.Popen(
-        [sys.executable, __file__, "--role", "sender", "--acc", str(acc), "--ctl", str(ctl),
-         "--messages", str(messages), *role],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=smockron_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--role",
+            "sender",
+            "--acc",
+            str(acc),
+            "--ctl",
+            str(ctl),
+            "--messages",
+            str(messages),
+            *role,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=smockron_env(),
+    )
     try:
         assert sender.stdin is not None and sender.stdout is not None
         assert sender.stdout.readline().strip() == "ready"
@@ -149,9 +187,11 @@ def main() -> None:
             runs["CURVE"].append(measure(args.messages, folder))
         for name, values in runs.items():
             rates, cpus = [r for r, _ in values], [c for _, c in values]
-            print(f"{name:8}: median {median(rates):,.0f} msg/s "
-                  f"({', '.join(f'{v:,.0f}' for v in rates)}); master CPU median "
-                  f"{median(cpus):.2f} us/msg ({', '.join(f'{c:.2f}' for c in cpus)})")  # fmt: skip
+            print(
+                f"{name:8}: median {median(rates):,.0f} msg/s "
+                f"({', '.join(f'{v:,.0f}' for v in rates)}); master CPU median "
+                f"{median(cpus):.2f} us/msg ({', '.join(f'{c:.2f}' for c in cpus)})"
+            )
     finally:
         shutil.rmtree(folder)
 

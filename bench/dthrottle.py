@@ -83,8 +83,17 @@ def main() -> None:
     quick = "--quick" in sys.argv
     rounds, n, seconds = (2, 2000, 1.0) if quick else (5, 10000, 2.0)
     port = free_port()
-    args = ["dthrottle", "--listen", f"tcp:127.0.0.1:{port}", "--burst", "1000000000",
-            "--report-interval", "3600", "--stats-interval", "0"]  # fmt: skip
+    args = [
+        "dthrottle",
+        "--listen",
+        f"tcp:127.0.0.1:{port}",
+        "--burst",
+        "1000000000",
+        "--report-interval",
+        "3600",
+        "--stats-interval",
+        "0",
+    ]
     with daemon(args, port) as proc:
         single(port, 500)  # warm up
         rates1, rates2, p50, p99, cpu_us = [], [], [], [], []

@@ -140,19 +140,35 @@ class MasterProc:
         self.log.close()
 
 
-def start_fleet(n: int, replicas: int, rules: Sequence[str], logdir: Path,
-                extra: Sequence[str] = ()) -> list[MasterProc]:  # fmt: skip
+def start_fleet(
+    n: int, replicas: int, rules: Sequence[str], logdir: Path, extra: Sequence[str] = ()
+) -> list[MasterProc]:
     """``n`` master processes naming each other (``n == 1``: one master alone)."""
     ports = free_ports(3 * n)
-    addrs = [(f"tcp://127.0.0.1:{ports[3 * k]}", f"tcp://127.0.0.1:{ports[3 * k + 1]}")
-             for k in range(n)]  # fmt: skip
+    addrs = [
+        (f"tcp://127.0.0.1:{ports[3 * k]}", f"tcp://127.0.0.1:{ports[3 * k + 1]}") for k in range(n)
+    ]
     masters: list[MasterProc] = []
     env = dict(smockron_env())
     try:
         for k, (acc, ctl) in enumerate(addrs):
-            args = [sys.executable, "-m", "smockron", "--log-level", "INFO", "master",
-                    "--accounting", acc, "--control", ctl, "--metrics",
-                    f"127.0.0.1:{ports[3 * k + 2]}", "--stats-interval", "0", *extra]  # fmt: skip
+            args = [
+                sys.executable,
+                "-m",
+                "smockron",
+                "--log-level",
+                "INFO",
+                "master",
+                "--accounting",
+                acc,
+                "--control",
+                ctl,
+                "--metrics",
+                f"127.0.0.1:{ports[3 * k + 2]}",
+                "--stats-interval",
+                "0",
+                *extra,
+            ]
             for rule in rules:
                 args += ["--rule", rule]
             if n > 1:
@@ -162,8 +178,7 @@ def start_fleet(n: int, replicas: int, rules: Sequence[str], logdir: Path,
                         args += ["--peer", f"{pacc},{pctl}"]
             log_path = logdir / f"master-{k}-{time.time_ns()}.log"
             log = open(log_path, "wb")  # noqa: SIM115 - closed in MasterProc.stop
-            popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=ROOT)  # fmt: skip
+            popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             others = [a for j, (a, _c) in enumerate(addrs) if j != k]
             mine = owned(acc, others, replicas) if n > 1 else frozenset(range(64))
             masters.append(MasterProc(acc, ctl, ports[3 * k + 2], popen, log_path, log, mine))
@@ -180,8 +195,9 @@ def start_fleet(n: int, replicas: int, rules: Sequence[str], logdir: Path,
 
 
 @contextlib.contextmanager
-def fleet(n: int, replicas: int, rules: Sequence[str], logdir: Path,
-          extra: Sequence[str] = ()) -> Iterator[list[MasterProc]]:  # fmt: skip
+def fleet(
+    n: int, replicas: int, rules: Sequence[str], logdir: Path, extra: Sequence[str] = ()
+) -> Iterator[list[MasterProc]]:
     masters = start_fleet(n, replicas, rules, logdir, extra)
     try:
         yield masters
@@ -198,8 +214,10 @@ def workload(messages: int, polite: bool = False) -> list[tuple[bytes, int]]:
     heavy = 0 if polite else int(IDENTIFIERS * HEAVY_SHARE)
     light_n, heavy_n = 20, 120
     scale = messages / ((IDENTIFIERS - heavy) * light_n + heavy * heavy_n)
-    return [(b"user-%05d" % i, max(1, round((heavy_n if i < heavy else light_n) * scale)))
-            for i in range(IDENTIFIERS)]  # fmt: skip
+    return [
+        (b"user-%05d" % i, max(1, round((heavy_n if i < heavy else light_n) * scale)))
+        for i in range(IDENTIFIERS)
+    ]
 
 
 def accounting(ident: bytes, ts: bytes, sharded: bool) -> list[bytes]:
@@ -209,8 +227,9 @@ def accounting(ident: bytes, ts: bytes, sharded: bool) -> list[bytes]:
     return [head, b"ACCEPTED", ident, ts, b"", LOGINFO]
 
 
-def connect_gatekeeper(ctx: zmq.Context[Any], accs: Sequence[str], ctls: Sequence[str],
-                       topics: Sequence[bytes]) -> tuple[zmq.Socket[bytes], list[zmq.Socket[bytes]]]:  # fmt: skip  # noqa: E501
+def connect_gatekeeper(
+    ctx: zmq.Context[Any], accs: Sequence[str], ctls: Sequence[str], topics: Sequence[bytes]
+) -> tuple[zmq.Socket[bytes], list[zmq.Socket[bytes]]]:
     """One PUB to every master (unbounded queue), one SUB per master's control."""
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 0)
@@ -229,8 +248,9 @@ def connect_gatekeeper(ctx: zmq.Context[Any], accs: Sequence[str], ctls: Sequenc
     return pub, subs
 
 
-def handshake(pub: zmq.Socket[bytes], subs: list[zmq.Socket[bytes]], mark: bytes,
-              timeout: float = 20.0) -> None:  # fmt: skip
+def handshake(
+    pub: zmq.Socket[bytes], subs: list[zmq.Socket[bytes]], mark: bytes, timeout: float = 20.0
+) -> None:
     """Probe (domain ``probe``, on its own topic: every master takes it) until every
     master answered one of ours: our connection and its subscriptions are up."""
     heard = [False] * len(subs)
@@ -241,8 +261,9 @@ def handshake(pub: zmq.Socket[bytes], subs: list[zmq.Socket[bytes]], mark: bytes
             silent = [i for i, h in enumerate(heard) if not h]
             raise RuntimeError(f"no answer from masters {silent}")
         n += 1
-        pub.send_multipart([b"probe\0", b"ACCEPTED", mark + b"%d" % n,
-                            b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+        pub.send_multipart(
+            [b"probe\0", b"ACCEPTED", mark + b"%d" % n, b"%d" % int(time.time() * 1000), b""]
+        )
         time.sleep(0.1)
         for k, sub in enumerate(subs):
             while sub.poll(0):
@@ -250,16 +271,24 @@ def handshake(pub: zmq.Socket[bytes], subs: list[zmq.Socket[bytes]], mark: bytes
                     heard[k] = True
 
 
-def run_sender(accs: list[str], ctls: list[str], index: int, count: int, messages: int,
-               sharded: bool, polite: bool) -> None:  # fmt: skip
+def run_sender(
+    accs: list[str],
+    ctls: list[str],
+    index: int,
+    count: int,
+    messages: int,
+    sharded: bool,
+    polite: bool,
+) -> None:
     """Role: connect, handshake, wait for "go" on stdin, send this sender's share."""
     ctx: zmq.Context[Any] = zmq.Context()
     pub, subs = connect_gatekeeper(ctx, accs, ctls, [b"probe\0"])
     handshake(pub, subs, b"s%d-" % index)
     print("ready", flush=True)
     sys.stdin.readline()
-    share = [(ident, n) for i, (ident, n) in enumerate(workload(messages, polite))
-             if i % count == index]  # fmt: skip
+    share = [
+        (ident, n) for i, (ident, n) in enumerate(workload(messages, polite)) if i % count == index
+    ]
     heads = {ident: accounting(ident, b"", sharded)[0] for ident, _n in share}
     send = pub.send_multipart
     sent = 0
@@ -299,9 +328,14 @@ def run_subscribers(ctl: str, count: int) -> None:
 
 
 def spawn(role: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, "--role", role, *args],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=smockron_env(), cwd=ROOT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, __file__, "--role", role, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=smockron_env(),
+        cwd=ROOT,
+    )
 
 
 def tell(proc: subprocess.Popen[str], line: str) -> None:
@@ -342,22 +376,51 @@ class Drain:
     busiest_us: float  # the busiest master's CPU over the requests
 
 
-def drain_once(n: int, replicas: int, messages: int, logdir: Path, polite: bool = False,
-               senders: int = 2, subscribers: int = 0) -> Drain:  # fmt: skip
+def drain_once(
+    n: int,
+    replicas: int,
+    messages: int,
+    logdir: Path,
+    polite: bool = False,
+    senders: int = 2,
+    subscribers: int = 0,
+) -> Drain:
     load = workload(messages, polite)
     total = sum(c for _, c in load)
-    extra = ["--skew-tolerance", "3600", "--queue", str(max(2 * total, 100_000)),
-             "--hwm", "10000000"]  # fmt: skip
+    extra = [
+        "--skew-tolerance",
+        "3600",
+        "--queue",
+        str(max(2 * total, 100_000)),
+        "--hwm",
+        "10000000",
+    ]
     with fleet(n, replicas, [DRAIN_RULE, "probe:1/s:1"], logdir, extra) as masters:
         expected = [sum(c for ident, c in load if shard_of(ident) in m.shards) for m in masters]
         accs = ",".join(m.acc for m in masters)
         ctls = ",".join(m.ctl for m in masters)
-        helpers = [spawn("subscribers", "--ctls", masters[0].ctl, "--count", str(subscribers))
-                   for _ in range(1 if subscribers else 0)]  # fmt: skip
-        procs = [spawn("sender", "--accs", accs, "--ctls", ctls, "--index", str(i),
-                       "--count", str(senders), "--messages", str(messages),
-                       *(["--sharded"] if n > 1 else []), *(["--polite"] if polite else []))
-                 for i in range(senders)]  # fmt: skip
+        helpers = [
+            spawn("subscribers", "--ctls", masters[0].ctl, "--count", str(subscribers))
+            for _ in range(1 if subscribers else 0)
+        ]
+        procs = [
+            spawn(
+                "sender",
+                "--accs",
+                accs,
+                "--ctls",
+                ctls,
+                "--index",
+                str(i),
+                "--count",
+                str(senders),
+                "--messages",
+                str(messages),
+                *(["--sharded"] if n > 1 else []),
+                *(["--polite"] if polite else []),
+            )
+            for i in range(senders)
+        ]
         try:
             for p in helpers + procs:
                 if hear(p) != "ready":
@@ -410,60 +473,87 @@ def drain_once(n: int, replicas: int, messages: int, logdir: Path, polite: bool 
     cpu = sum(cpus) - sum(cpu0)
     processed = int(sum(c["messages"] for c in counts))
     busiest = max(c1 - c0 for c0, c1 in zip(cpu0, cpus, strict=True))
-    return Drain(total / wall, cpu / total * 1e6, cpu / processed * 1e6, processed,
-                 int(sum(c["published"] for c in counts)), cpu / wall,
-                 busiest / total * 1e6)  # fmt: skip
+    return Drain(
+        total / wall,
+        cpu / total * 1e6,
+        cpu / processed * 1e6,
+        processed,
+        int(sum(c["published"] for c in counts)),
+        cpu / wall,
+        busiest / total * 1e6,
+    )
 
 
-DRAIN_CONFIGS = [("one master", 1, 1), ("2 masters, replicas 1", 2, 1),
-                 ("2 masters, replicas 2", 2, 2), ("4 masters, replicas 2", 4, 2)]  # fmt: skip
+DRAIN_CONFIGS = [
+    ("one master", 1, 1),
+    ("2 masters, replicas 1", 2, 1),
+    ("2 masters, replicas 2", 2, 2),
+    ("4 masters, replicas 2", 4, 2),
+]
 
 
-def bench_drain(rounds: int, messages: int, logdir: Path, capacity_only: bool = False
-                ) -> dict[str, float]:  # fmt: skip
-    print(f"drain: {sum(c for _, c in workload(messages)):,} requests (10,000 identifiers, "
-          f"20% over {DRAIN_RULE!r}), 2 sender processes, {rounds} round(s)",
-          flush=True)  # fmt: skip
+def bench_drain(
+    rounds: int, messages: int, logdir: Path, capacity_only: bool = False
+) -> dict[str, float]:
+    print(
+        f"drain: {sum(c for _, c in workload(messages)):,} requests (10,000 identifiers, "
+        f"20% over {DRAIN_RULE!r}), 2 sender processes, {rounds} round(s)",
+        flush=True,
+    )
     results: dict[str, list[Drain]] = {}
     for r in range(rounds):
         for label, n, replicas in DRAIN_CONFIGS[:2] if capacity_only else DRAIN_CONFIGS:
             d = retried(lambda: drain_once(n, replicas, messages, logdir))  # noqa: B023
             results.setdefault(label, []).append(d)
-            print(f"  round {r + 1}, {label}: {d.rate:,.0f} req/s, {d.cpu_per_request_us:.2f} "
-                  f"us CPU/request, {d.cpu_per_message_us:.2f} us/message, "
-                  f"{d.processed:,} processed, {d.published:,} published, "
-                  f"{d.cpu_share:.2f} cores busy; load {os.getloadavg()[0]:.1f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"  round {r + 1}, {label}: {d.rate:,.0f} req/s, {d.cpu_per_request_us:.2f} "
+                f"us CPU/request, {d.cpu_per_message_us:.2f} us/message, "
+                f"{d.processed:,} processed, {d.published:,} published, "
+                f"{d.cpu_share:.2f} cores busy; load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
         if capacity_only:
             continue
         d = retried(lambda: drain_once(1, 1, messages, logdir, polite=True))
         results.setdefault("one master, polite", []).append(d)
-        print(f"  round {r + 1}, one master, polite load: {d.rate:,.0f} req/s, "
-              f"{d.cpu_per_request_us:.2f} us CPU/request, {d.published:,} published",
-              flush=True)  # fmt: skip
+        print(
+            f"  round {r + 1}, one master, polite load: {d.rate:,.0f} req/s, "
+            f"{d.cpu_per_request_us:.2f} us CPU/request, {d.published:,} published",
+            flush=True,
+        )
         d = retried(lambda: drain_once(1, 1, messages, logdir, subscribers=FANOUT))
         results.setdefault(f"one master, {FANOUT} subscribers", []).append(d)
-        print(f"  round {r + 1}, one master with {FANOUT} control subscribers: {d.rate:,.0f} "
-              f"req/s, {d.cpu_per_request_us:.2f} us CPU/request, {d.published:,} published",
-              flush=True)  # fmt: skip
-    med = {label: (statistics.median(x.rate for x in ds),
-                   statistics.median(x.cpu_per_request_us for x in ds),
-                   statistics.median(x.cpu_per_message_us for x in ds),
-                   statistics.median(x.published for x in ds),
-                   statistics.median(x.processed for x in ds),
-                   statistics.median(x.cpu_share for x in ds),
-                   statistics.median(x.busiest_us for x in ds))
-           for label, ds in results.items()}  # fmt: skip
+        print(
+            f"  round {r + 1}, one master with {FANOUT} control subscribers: {d.rate:,.0f} "
+            f"req/s, {d.cpu_per_request_us:.2f} us CPU/request, {d.published:,} published",
+            flush=True,
+        )
+    med = {
+        label: (
+            statistics.median(x.rate for x in ds),
+            statistics.median(x.cpu_per_request_us for x in ds),
+            statistics.median(x.cpu_per_message_us for x in ds),
+            statistics.median(x.published for x in ds),
+            statistics.median(x.processed for x in ds),
+            statistics.median(x.cpu_share for x in ds),
+            statistics.median(x.busiest_us for x in ds),
+        )
+        for label, ds in results.items()
+    }
     base_rate, base_cpu = med["one master"][0], med["one master"][1]
     base_busiest = med["one master"][6]
-    print("drain, medians (capacity: requests per CPU-second of the busiest master, i.e. "
-          "the drain rate if each master had a core of its own):")  # fmt: skip
+    print(
+        "drain, medians (capacity: requests per CPU-second of the busiest master, i.e. "
+        "the drain rate if each master had a core of its own):"
+    )
     for label, (rate, cpu_req, cpu_msg, published, _processed, share, busiest) in med.items():
-        print(f"  {label:32s} {rate:9,.0f} req/s = {rate / base_rate:.2f}x one master; "
-              f"CPU {cpu_req:.2f} us/request = {cpu_req / base_cpu:.2f}x, "
-              f"{cpu_msg:.2f} us/message processed; capacity {1e6 / busiest:9,.0f} req/s = "
-              f"{base_busiest / busiest:.2f}x; {published:,.0f} published; "
-              f"{share:.2f} cores busy")  # fmt: skip
+        print(
+            f"  {label:32s} {rate:9,.0f} req/s = {rate / base_rate:.2f}x one master; "
+            f"CPU {cpu_req:.2f} us/request = {cpu_req / base_cpu:.2f}x, "
+            f"{cpu_msg:.2f} us/message processed; capacity {1e6 / busiest:9,.0f} req/s = "
+            f"{base_busiest / busiest:.2f}x; {published:,.0f} published; "
+            f"{share:.2f} cores busy"
+        )
     if capacity_only:
         return {"per_message_us": 0.0, "per_verdict_us": 0.0, "per_copy_us": 0.0}
     polite = med["one master, polite"]
@@ -476,17 +566,18 @@ def bench_drain(rounds: int, messages: int, logdir: Path, capacity_only: bool = 
     fan = med[f"one master, {FANOUT} subscribers"]
     # the same load with FANOUT subscribers more: their cost over what was sent to them
     per_copy = max(0.0, (fan[2] - std[2]) * std[4] / (std[3] * FANOUT)) if std[3] else 0.0
-    print(f"  per accounting message at a master (polite load): {per_msg:.2f} us CPU; "
-          f"per DELAY_UNTIL published: {per_verdict:.2f} us CPU more; per DELAY_UNTIL per "
-          f"control subscriber: {per_copy:.3f} us")  # fmt: skip
+    print(
+        f"  per accounting message at a master (polite load): {per_msg:.2f} us CPU; "
+        f"per DELAY_UNTIL published: {per_verdict:.2f} us CPU more; per DELAY_UNTIL per "
+        f"control subscriber: {per_copy:.3f} us"
+    )
     return {"per_message_us": per_msg, "per_verdict_us": per_verdict, "per_copy_us": per_copy}
 
 
 # ---------------------------------------------------------------- verdict time
 
 
-def run_loadgen(accs: list[str], ctls: list[str], rate: int, seconds: float,
-                sharded: bool) -> None:  # fmt: skip
+def run_loadgen(accs: list[str], ctls: list[str], rate: int, seconds: float, sharded: bool) -> None:
     """Role: ``rate`` requests/s (within their rule) on shard topics for ``seconds``,
     every millisecond what is owed, frame by frame through the compiled send."""
     ctx: zmq.Context[Any] = zmq.Context()
@@ -494,31 +585,40 @@ def run_loadgen(accs: list[str], ctls: list[str], rate: int, seconds: float,
     handshake(pub, subs, b"load-")
     print("ready", flush=True)
     idents = [b"u%d" % i for i in range(IDENTIFIERS)]
-    paced_accounting(pub, [accounting(i, b"", sharded)[0] for i in idents], idents, rate,
-                     seconds)  # fmt: skip
+    paced_accounting(pub, [accounting(i, b"", sharded)[0] for i in idents], idents, rate, seconds)
     pub.close(1000)
     for sub in subs:
         sub.close(0)
     ctx.term()
 
 
-def verdict_once(n: int, replicas: int, rate: int, seconds: float,
-                 logdir: Path) -> tuple[float, float, int]:  # fmt: skip
+def verdict_once(
+    n: int, replicas: int, rate: int, seconds: float, logdir: Path
+) -> tuple[float, float, int]:
     """p50, p99 (ms) from a probe's send to its first DELAY_UNTIL, and unanswered."""
     with fleet(n, replicas, ["api:1000/s:1000", "probe:1/s:1"], logdir) as masters:
         ctx: zmq.Context[Any] = zmq.Context()
-        pub, subs = connect_gatekeeper(ctx, [m.acc for m in masters],
-                                       [m.ctl for m in masters], [b"probe\0"])  # fmt: skip
+        pub, subs = connect_gatekeeper(
+            ctx, [m.acc for m in masters], [m.ctl for m in masters], [b"probe\0"]
+        )
         load: subprocess.Popen[str] | None = None
         try:
             handshake(pub, subs, b"hello-")
             for sub in subs:
                 while sub.poll(300):
                     sub.recv_multipart()
-            load = spawn("loadgen", "--accs", ",".join(m.acc for m in masters),
-                         "--ctls", ",".join(m.ctl for m in masters),
-                         "--rate", str(max(rate - PROBE_RATE, 0)), "--seconds", str(seconds + 1),
-                         *(["--sharded"] if n > 1 else []))  # fmt: skip
+            load = spawn(
+                "loadgen",
+                "--accs",
+                ",".join(m.acc for m in masters),
+                "--ctls",
+                ",".join(m.ctl for m in masters),
+                "--rate",
+                str(max(rate - PROBE_RATE, 0)),
+                "--seconds",
+                str(seconds + 1),
+                *(["--sharded"] if n > 1 else []),
+            )
             if hear(load) != "ready":
                 raise RuntimeError("the load generator did not connect")
             time.sleep(0.5)
@@ -534,8 +634,7 @@ def verdict_once(n: int, replicas: int, rate: int, seconds: float,
                 ident = b"p%d" % seq
                 head = shard_topic(shard_of(ident), b"probe\0") if n > 1 else b"probe\0"
                 sent[ident] = time.perf_counter()
-                pub.send_multipart([head, b"ACCEPTED", ident, b"%d" % int(time.time() * 1000),
-                                    b""])  # fmt: skip
+                pub.send_multipart([head, b"ACCEPTED", ident, b"%d" % int(time.time() * 1000), b""])
                 next_send += 1 / PROBE_RATE
                 while (remaining := next_send - time.perf_counter()) > 0:
                     for sock, _ev in poller.poll(max(1, int(remaining * 1000))):
@@ -562,23 +661,35 @@ def verdict_once(n: int, replicas: int, rate: int, seconds: float,
     latencies.sort()
     if not latencies:
         return float("nan"), float("nan"), len(sent)
-    return (latencies[len(latencies) // 2],
-            latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], len(sent))  # fmt: skip
+    return (
+        latencies[len(latencies) // 2],
+        latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        len(sent),
+    )
 
 
 def bench_verdict(rounds: int, rates: list[int], seconds: float, logdir: Path) -> None:
-    print(f"verdict time (probe sent -> first DELAY_UNTIL), {PROBE_RATE} probes/s for "
-          f"{seconds:g} s, {rounds} round(s):", flush=True)  # fmt: skip
-    configs = [("one master", 1, 1), ("2 masters, replicas 2", 2, 2),
-               ("2 masters, replicas 1", 2, 1)]  # fmt: skip
+    print(
+        f"verdict time (probe sent -> first DELAY_UNTIL), {PROBE_RATE} probes/s for "
+        f"{seconds:g} s, {rounds} round(s):",
+        flush=True,
+    )
+    configs = [
+        ("one master", 1, 1),
+        ("2 masters, replicas 2", 2, 2),
+        ("2 masters, replicas 1", 2, 1),
+    ]
     res: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     for r in range(rounds):
         for rate in rates:
             for label, n, replicas in configs:
                 out = retried(lambda: verdict_once(n, replicas, rate, seconds, logdir))  # noqa: B023
                 res.setdefault((label, rate), []).append(out)
-                print(f"  round {r + 1}, {rate:,}/s, {label}: p50 {out[0]:.2f} ms, "
-                      f"p99 {out[1]:.2f} ms, {out[2]} unanswered", flush=True)  # fmt: skip
+                print(
+                    f"  round {r + 1}, {rate:,}/s, {label}: p50 {out[0]:.2f} ms, "
+                    f"p99 {out[1]:.2f} ms, {out[2]} unanswered",
+                    flush=True,
+                )
     print("verdict time, medians:")
     for rate in rates:
         base = statistics.median(x[1] for x in res["one master", rate])
@@ -586,9 +697,11 @@ def bench_verdict(rounds: int, rates: list[int], seconds: float, logdir: Path) -
             xs = res[label, rate]
             p50 = statistics.median(x[0] for x in xs)
             p99 = statistics.median(x[1] for x in xs)
-            print(f"  {rate:7,}/s {label:24s} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms "
-                  f"({p99 / base:.2f}x one master's p99); unanswered "
-                  f"{max(x[2] for x in xs)} at most")  # fmt: skip
+            print(
+                f"  {rate:7,}/s {label:24s} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms "
+                f"({p99 / base:.2f}x one master's p99); unanswered "
+                f"{max(x[2] for x in xs)} at most"
+            )
 
 
 # ---------------------------------------------------------------- kill and restart
@@ -632,9 +745,15 @@ class ProbeClock:
                 seq += 1
                 ident = b"k%d" % seq
                 sent[ident] = now
-                self._pub.send_multipart([shard_topic(shard_of(ident), b"probe\0"),
-                                          b"ACCEPTED", ident, b"%d" % int(time.time() * 1000),
-                                          b""])  # fmt: skip
+                self._pub.send_multipart(
+                    [
+                        shard_topic(shard_of(ident), b"probe\0"),
+                        b"ACCEPTED",
+                        ident,
+                        b"%d" % int(time.time() * 1000),
+                        b"",
+                    ]
+                )
                 next_send += self.every
             while self._sub.poll(max(0, int((next_send - time.monotonic()) * 1000))):
                 t0 = sent.pop(self._sub.recv_multipart()[2], None)
@@ -669,20 +788,34 @@ def kill_once(logdir: Path) -> tuple[float, int, int, float, int]:
     b = (f"tcp://127.0.0.1:{ports[2]}", f"tcp://127.0.0.1:{ports[3]}")
 
     def master(me: tuple[str, str], peer: tuple[str, str], name: str) -> Proc:
-        return run_smockron(["master", "--accounting", me[0], "--control", me[1], "--peer",
-                             ",".join(peer), "--rule", rules[0], "--rule", rules[1],
-                             "--stats-interval", "0"],
-                            logdir / f"{name}-{time.time_ns()}.log")  # fmt: skip
+        return run_smockron(
+            [
+                "master",
+                "--accounting",
+                me[0],
+                "--control",
+                me[1],
+                "--peer",
+                ",".join(peer),
+                "--rule",
+                rules[0],
+                "--rule",
+                rules[1],
+                "--stats-interval",
+                "0",
+            ],
+            logdir / f"{name}-{time.time_ns()}.log",
+        )
 
     def ready(gk: Gatekeeper) -> bool:
-        return (all(c.up > 0 for c in gk._controls) and gk.master_connected
-                and bool(gk.decider.lines))  # fmt: skip
+        return (
+            all(c.up > 0 for c in gk._controls) and gk.master_connected and bool(gk.decider.lines)
+        )
 
     admitted = slowed = failed = 0
     with stopping([]) as procs:
         procs += [master(a, b, "a"), master(b, a, "b")]
-        gks = [Gatekeeper(None, None, ["api"], masters=[a, b], max_delay_ms=0)
-               for _ in range(2)]  # fmt: skip
+        gks = [Gatekeeper(None, None, ["api"], masters=[a, b], max_delay_ms=0) for _ in range(2)]
         clock = ProbeClock([a[0], b[0]], [a[1], b[1]])
         try:
             deadline = time.monotonic() + 20
@@ -717,23 +850,30 @@ def kill_once(logdir: Path) -> tuple[float, int, int, float, int]:
 
 
 def bench_kill(rounds: int, logdir: Path) -> None:
-    print(f"kill and restart: 2 masters, 2 gatekeepers, bursts of 20 every 250 ms for 12 s "
-          f"('api:20/s:20'), each master SIGKILLed and restarted in turn (the next kill once "
-          f"the restarted one is ready), {rounds} round(s)",
-          flush=True)  # fmt: skip
+    print(
+        f"kill and restart: 2 masters, 2 gatekeepers, bursts of 20 every 250 ms for 12 s "
+        f"('api:20/s:20'), each master SIGKILLed and restarted in turn (the next kill once "
+        f"the restarted one is ready), {rounds} round(s)",
+        flush=True,
+    )
     out = []
     for r in range(rounds):
         ratio, slowed, failed, wait, lost = retried(lambda: kill_once(logdir))
         out.append((ratio, slowed, failed, wait))
-        print(f"  round {r + 1}: admitted {ratio:.3f} of (burst + rate x T), polite slowed "
-              f"{slowed}, failed {failed}; probes every 20 ms: longest wait for a verdict "
-              f"{wait * 1000:.0f} ms, {lost} unanswered", flush=True)  # fmt: skip
-    print(f"kill and restart, medians: admitted {statistics.median(x[0] for x in out):.3f} of "
-          f"(burst + rate x T) (worst {max(x[0] for x in out):.3f}), polite slowed "
-          f"{statistics.median(x[1] for x in out):.0f}, failed "
-          f"{statistics.median(x[2] for x in out):.0f}, longest wait for a verdict "
-          f"{statistics.median(x[3] for x in out) * 1000:.0f} ms (worst "
-          f"{max(x[3] for x in out) * 1000:.0f} ms)")  # fmt: skip
+        print(
+            f"  round {r + 1}: admitted {ratio:.3f} of (burst + rate x T), polite slowed "
+            f"{slowed}, failed {failed}; probes every 20 ms: longest wait for a verdict "
+            f"{wait * 1000:.0f} ms, {lost} unanswered",
+            flush=True,
+        )
+    print(
+        f"kill and restart, medians: admitted {statistics.median(x[0] for x in out):.3f} of "
+        f"(burst + rate x T) (worst {max(x[0] for x in out):.3f}), polite slowed "
+        f"{statistics.median(x[1] for x in out):.0f}, failed "
+        f"{statistics.median(x[2] for x in out):.0f}, longest wait for a verdict "
+        f"{statistics.median(x[3] for x in out) * 1000:.0f} ms (worst "
+        f"{max(x[3] for x in out) * 1000:.0f} ms)"
+    )
 
 
 # ---------------------------------------------------------------- model
@@ -769,20 +909,24 @@ def bench_model(per_message_us: float, per_verdict_us: float, per_copy_us: float
     ver_b = zmtp_bytes([DOMAIN, b"DELAY_UNTIL", ident, ts])
     replicas, rps, gks = 2, REQUESTS_PER_S, GATEKEEPERS
     verdicts = rps * THROTTLED
-    print(f"model: one domain at {rps:,} requests/s through {gks:,} gatekeepers, replicas "
-          f"{replicas}, {THROTTLED:.0%} of requests throttled (each gets a DELAY_UNTIL); "
-          f"costs measured above: {per_message_us:.2f} us of master CPU per accounting "
-          f"message, {per_verdict_us:.2f} us per DELAY_UNTIL published, {per_copy_us:.3f} us "
-          f"per DELAY_UNTIL per control subscriber; {acc_b} bytes per accounting message, "
-          f"{ver_b} per DELAY_UNTIL (ZMTP frames, 13-byte identifier, no loginfo, "
-          "no CURVE)")  # fmt: skip
+    print(
+        f"model: one domain at {rps:,} requests/s through {gks:,} gatekeepers, replicas "
+        f"{replicas}, {THROTTLED:.0%} of requests throttled (each gets a DELAY_UNTIL); "
+        f"costs measured above: {per_message_us:.2f} us of master CPU per accounting "
+        f"message, {per_verdict_us:.2f} us per DELAY_UNTIL published, {per_copy_us:.3f} us "
+        f"per DELAY_UNTIL per control subscriber; {acc_b} bytes per accounting message, "
+        f"{ver_b} per DELAY_UNTIL (ZMTP frames, 13-byte identifier, no loginfo, "
+        "no CURVE)"
+    )
     per_req_cpu = replicas * (per_message_us + THROTTLED * (per_verdict_us + gks * per_copy_us))
-    print(f"  per request: {replicas} accounting messages ({replicas * acc_b} bytes), "
-          f"{replicas * THROTTLED * gks:.0f} control messages "
-          f"({replicas * THROTTLED * gks * ver_b:.0f} bytes), master CPU {per_req_cpu:.2f} us "
-          f"= accounting {replicas * per_message_us:.2f} + verdicts "
-          f"{replicas * THROTTLED * per_verdict_us:.2f} + fan-out "
-          f"{replicas * THROTTLED * gks * per_copy_us:.2f}")  # fmt: skip
+    print(
+        f"  per request: {replicas} accounting messages ({replicas * acc_b} bytes), "
+        f"{replicas * THROTTLED * gks:.0f} control messages "
+        f"({replicas * THROTTLED * gks * ver_b:.0f} bytes), master CPU {per_req_cpu:.2f} us "
+        f"= accounting {replicas * per_message_us:.2f} + verdicts "
+        f"{replicas * THROTTLED * per_verdict_us:.2f} + fan-out "
+        f"{replicas * THROTTLED * gks * per_copy_us:.2f}"
+    )
     print(
         "  masters | busiest master: shards x even, msg/s in, | fleet CPU | control out of "
         "the fleet | control into each gatekeeper"
@@ -800,21 +944,27 @@ def bench_model(per_message_us: float, per_verdict_us: float, per_copy_us: float
         fleet_cpu = rps * per_req_cpu / 1e6
         out = verdicts * replicas * gks
         into = verdicts * replicas
-        print(f"  {n:7d} | {skew:.2f}x, {acc_in:10,.0f}, {cpu_acc:5.2f} + {cpu_fan:5.2f} = "
-              f"{cpu_acc + cpu_fan:5.2f} | {fleet_cpu:9.1f} | {out / 1e6:6.0f} M, "
-              f"{out * ver_b * 8 / 1e9:6.1f}         | {into:9,.0f}, "
-              f"{into * ver_b * 8 / 1e6:6.1f}")  # fmt: skip
+        print(
+            f"  {n:7d} | {skew:.2f}x, {acc_in:10,.0f}, {cpu_acc:5.2f} + {cpu_fan:5.2f} = "
+            f"{cpu_acc + cpu_fan:5.2f} | {fleet_cpu:9.1f} | {out / 1e6:6.0f} M, "
+            f"{out * ver_b * 8 / 1e9:6.1f}         | {into:9,.0f}, "
+            f"{into * ver_b * 8 / 1e6:6.1f}"
+        )
     holder_us = per_message_us + THROTTLED * (per_verdict_us + gks * per_copy_us)
     even = rps * per_req_cpu / 1e6 / CORE_BUDGET
-    print(f"  a domain's {64} shards cap one shard's load at {rps / 64:,.0f} requests/s = "
-          f"{rps / 64 * holder_us / 1e6:.2f} cores at each of its {replicas} holders; with "
-          f"perfectly even shards {even:.0f} masters at {CORE_BUDGET:.0%} of a core would "
-          f"carry {rps:,} requests/s; the ring's unevenness makes the busiest master the "
-          f"limit:")  # fmt: skip
+    print(
+        f"  a domain's {64} shards cap one shard's load at {rps / 64:,.0f} requests/s = "
+        f"{rps / 64 * holder_us / 1e6:.2f} cores at each of its {replicas} holders; with "
+        f"perfectly even shards {even:.0f} masters at {CORE_BUDGET:.0%} of a core would "
+        f"carry {rps:,} requests/s; the ring's unevenness makes the busiest master the "
+        f"limit:"
+    )
     for n in (8, 16, 32, 64):
         cap = CORE_BUDGET / (replicas / n * most_loaded(n, replicas) * holder_us / 1e6)
-        print(f"    {n:2d} masters carry {cap:12,.0f} requests/s of one domain "
-              f"({cap / rps:.0%} of {rps:,})")  # fmt: skip
+        print(
+            f"    {n:2d} masters carry {cap:12,.0f} requests/s of one domain "
+            f"({cap / rps:.0%} of {rps:,})"
+        )
 
 
 # ---------------------------------------------------------------- main
@@ -840,34 +990,54 @@ def main() -> None:
         help="drain: one master and two at replicas 1 only (no cost runs)",
     )
     ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--per-message-us", type=float, default=0.0,
-                    help="model without the drain: CPU per accounting message")  # fmt: skip
-    ap.add_argument("--per-verdict-us", type=float, default=0.0,
-                    help="model without the drain: CPU per DELAY_UNTIL")  # fmt: skip
-    ap.add_argument("--per-copy-us", type=float, default=0.0,
-                    help="model without the drain: CPU per DELAY_UNTIL per subscriber")  # fmt: skip
+    ap.add_argument(
+        "--per-message-us",
+        type=float,
+        default=0.0,
+        help="model without the drain: CPU per accounting message",
+    )
+    ap.add_argument(
+        "--per-verdict-us",
+        type=float,
+        default=0.0,
+        help="model without the drain: CPU per DELAY_UNTIL",
+    )
+    ap.add_argument(
+        "--per-copy-us",
+        type=float,
+        default=0.0,
+        help="model without the drain: CPU per DELAY_UNTIL per subscriber",
+    )
     args = ap.parse_args()
     accs, ctls = args.accs.split(","), args.ctls.split(",")
     if args.role == "sender":
-        return run_sender(accs, ctls, args.index, args.count, args.messages, args.sharded,
-                          args.polite)  # fmt: skip
+        return run_sender(
+            accs, ctls, args.index, args.count, args.messages, args.sharded, args.polite
+        )
     if args.role == "subscribers":
         return run_subscribers(ctls[0], args.count)
     if args.role == "loadgen":
         return run_loadgen(accs, ctls, args.rate, args.seconds, args.sharded)
     parts = set(args.part.split(","))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop our masters on the way out
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
-          f"{os.uname().release}, load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
-    costs = {"per_message_us": args.per_message_us, "per_verdict_us": args.per_verdict_us,
-             "per_copy_us": args.per_copy_us}  # fmt: skip
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+        f"{os.uname().release}, load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    costs = {
+        "per_message_us": args.per_message_us,
+        "per_verdict_us": args.per_verdict_us,
+        "per_copy_us": args.per_copy_us,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         logdir = Path(tmp)
         if "drain" in parts:
             costs = bench_drain(args.rounds, args.messages, logdir, args.capacity_only)
         if "verdict" in parts:
-            bench_verdict(args.rounds, [int(r) for r in args.rates.split(",")], args.seconds,
-                          logdir)  # fmt: skip
+            bench_verdict(
+                args.rounds, [int(r) for r in args.rates.split(",")], args.seconds, logdir
+            )
         if "kill" in parts:
             bench_kill(args.rounds, logdir)
     if "model" in parts:

@@ -148,8 +148,20 @@ def json_value(rng: random.Random, depth: int = 0) -> object:
         )
     if roll < 0.6:
         return [json_value(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
-    keys = ["name", "uniqueKey", "hits", "limit", "duration", "algorithm", "behavior", "burst",
-            "metadata", "createdAt", "requests", nasty(rng, 8).decode("latin-1")]  # fmt: skip
+    keys = [
+        "name",
+        "uniqueKey",
+        "hits",
+        "limit",
+        "duration",
+        "algorithm",
+        "behavior",
+        "burst",
+        "metadata",
+        "createdAt",
+        "requests",
+        nasty(rng, 8).decode("latin-1"),
+    ]
     return {rng.choice(keys): json_value(rng, depth + 1) for _ in range(rng.randrange(0, 5))}
 
 
@@ -179,15 +191,22 @@ def raw_http(rng: random.Random, host: str) -> bytes:
     """Bytes that are not quite HTTP: bad request lines, headers, lengths, chunks."""
     choices: list[Callable[[], bytes]] = [
         lambda: nasty(rng, 300) + b"\r\n\r\n",
-        lambda: b"POST /v1/GetRateLimits HTTP/1.1\r\nHost: " + host.encode()
-        + b"\r\nContent-Length: 99999999999999999999\r\n\r\n{}",
-        lambda: b"POST /v1/GetRateLimits HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + b"zz\r\n" + nasty(rng) + b"\r\n0\r\n\r\n",
+        lambda: (
+            b"POST /v1/GetRateLimits HTTP/1.1\r\nHost: "
+            + host.encode()
+            + b"\r\nContent-Length: 99999999999999999999\r\n\r\n{}"
+        ),
+        lambda: (
+            b"POST /v1/GetRateLimits HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"zz\r\n"
+            + nasty(rng)
+            + b"\r\n0\r\n\r\n"
+        ),
         lambda: b"GET /" + nasty(rng, 40) + b" HTTP/1.1\r\n\r\n",
         lambda: b"GET / HTTP/1.1\r\nX-" + nasty(rng, 20) + b": " + nasty(rng) + b"\r\n\r\n",
         lambda: b"GET / HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n",
         lambda: b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + rng.randbytes(50),
-    ]  # fmt: skip
+    ]
     return rng.choice(choices)()
 
 

@@ -408,20 +408,40 @@ def run_load(
     """Requests per second from one load run (``wrk`` or the Python loader)."""
     if loader == "py":
         out = subprocess.run(
-            [sys.executable, __file__, "--load", str(port), "--seconds", str(seconds),
-             "--conns", str(conns)],
-            capture_output=True, text=True, check=True, preexec_fn=pinned(cpus),
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--load",
+                str(port),
+                "--seconds",
+                str(seconds),
+                "--conns",
+                str(conns),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            preexec_fn=pinned(cpus),
+        )
         return float(out.stdout.strip())
     return wrk_result(start_wrk(port, seconds, conns, cpus))
 
 
 def start_wrk(port: int, seconds: float, conns: int, cpus: set[int] | None) -> Any:
     return subprocess.Popen(  # wrk takes whole seconds
-        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "-H", "User-Agent: bench",
-         f"http://127.0.0.1:{port}/"],
-        stdout=subprocess.PIPE, text=True, preexec_fn=pinned(cpus),
-    )  # fmt: skip
+        [
+            "wrk",
+            "-t1",
+            f"-c{conns}",
+            f"-d{max(1, round(seconds))}s",
+            "-H",
+            "User-Agent: bench",
+            f"http://127.0.0.1:{port}/",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=pinned(cpus),
+    )
 
 
 def wrk_result(proc: Any) -> float:
@@ -532,13 +552,17 @@ def bench_http(rounds: int, seconds: float, loader: str, conns: int, pin: Pin) -
     pairs = statistics.median(w[0] / p[0] for w, p in zip(runs[wrapped], runs[plain], strict=True))
     ratio = rps[wrapped] / rps[plain]
     print(f"  throughput ratio of medians with/without: {ratio:.3f}")
-    print(f"  server CPU ratio without/with: {cpu[plain] / cpu[wrapped]:.3f}"
-          f" (no master: {cpu[plain] / cpu[VARIANTS[1]]:.3f})")  # fmt: skip
+    print(
+        f"  server CPU ratio without/with: {cpu[plain] / cpu[wrapped]:.3f}"
+        f" (no master: {cpu[plain] / cpu[VARIANTS[1]]:.3f})"
+    )
     # The verdict uses the paired estimate: each round's two runs are back to back, so
     # the machine's drift between rounds (4,000-6,100 req/s for the same server here)
     # cancels out of each ratio; the ratio of medians mixes rounds of different speeds.
-    print(f"  median of the per-round throughput ratios (runs back to back): {pairs:.3f}"
-          f"  goal >= 0.90: {'MET' if pairs >= 0.9 else 'NOT MET'}")  # fmt: skip
+    print(
+        f"  median of the per-round throughput ratios (runs back to back): {pairs:.3f}"
+        f"  goal >= 0.90: {'MET' if pairs >= 0.9 else 'NOT MET'}"
+    )
     return pairs
 
 

@@ -90,14 +90,26 @@ def build_floor_server() -> Path | None:
     if not server.exists() or server.stat().st_mtime < source.stat().st_mtime:
         flags = subprocess.run(
             ["pkg-config", "--cflags", "--libs", "grpc++", "protobuf"],
-            check=True, capture_output=True, text=True,
-        ).stdout.split()  # fmt: skip
-        subprocess.run(
-            ["g++", "-O2", "-std=c++17", "-o", str(server), str(source),
-             str(out / "gubernator.pb.cc"), str(out / "gubernator.grpc.pb.cc"), f"-I{out}",
-             *flags, "-pthread"],
             check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        subprocess.run(
+            [
+                "g++",
+                "-O2",
+                "-std=c++17",
+                "-o",
+                str(server),
+                str(source),
+                str(out / "gubernator.pb.cc"),
+                str(out / "gubernator.grpc.pb.cc"),
+                f"-I{out}",
+                *flags,
+                "-pthread",
+            ],
+            check=True,
+        )
     return server
 
 
@@ -129,10 +141,12 @@ def main(seconds: float, runs: int, variants: tuple[str, ...] = VARIANTS) -> Non
             with running(variant, cxx) as node:
                 got.append(loadgen_latency(exe, node, 2000, seconds, pinned=True))
         p99s = ", ".join(f"{g['p99']:.2f}" for g in got)
-        print(f"{variant:16} server CPU {median([g['server_us'] for g in got]):4.0f} us/call, "
-              f"idle round trip {median([g['seq_p50'] for g in got]):.3f} ms, "
-              f"p50 {median([g['p50'] for g in got]):.3f} ms, "
-              f"p99 {median([g['p99'] for g in got]):.3f} ms [{p99s}]")  # fmt: skip
+        print(
+            f"{variant:16} server CPU {median([g['server_us'] for g in got]):4.0f} us/call, "
+            f"idle round trip {median([g['seq_p50'] for g in got]):.3f} ms, "
+            f"p50 {median([g['p50'] for g in got]):.3f} ms, "
+            f"p99 {median([g['p99'] for g in got]):.3f} ms [{p99s}]"
+        )
 
 
 if __name__ == "__main__":

@@ -171,9 +171,11 @@ def main() -> None:
             proc.stop()
 
     machine = f"{platform.node()}, {platform.machine()}, {os.cpu_count()} CPUs"
-    print(f"# {time.strftime('%Y-%m-%d')}, {machine}, Python {platform.python_version()}, "
-          f"httpx {httpx.__version__}, urllib3 {version('urllib3')}; "
-          f"{args.rounds} rounds of {args.calls} calls, medians")  # fmt: skip
+    print(
+        f"# {time.strftime('%Y-%m-%d')}, {machine}, Python {platform.python_version()}, "
+        f"httpx {httpx.__version__}, urllib3 {version('urllib3')}; "
+        f"{args.rounds} rounds of {args.calls} calls, medians"
+    )
     median: dict[str, tuple[float, float]] = {
         name: (statistics.median(c for c, _w in runs), statistics.median(w for _c, w in runs))
         for name, runs in results.items()

@@ -84,8 +84,19 @@ def main() -> None:
     quick = "--quick" in sys.argv
     rounds, seq_n, seconds = (2, 500, 1.0) if quick else (5, 3000, 1.5)
     port = free_port()
-    args = ["jarl", "--service", "bench", "--period", "1", "--requests", "1000000",
-            "--ip", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    args = [
+        "jarl",
+        "--service",
+        "bench",
+        "--period",
+        "1",
+        "--requests",
+        "1000000",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     seq_p50: list[float] = []
     seq_p99: list[float] = []
     rates: dict[int, list[float]] = {n: [] for n in INFLIGHT}

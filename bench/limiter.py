@@ -39,8 +39,11 @@ Round = Callable[[], Callable[[], None]]
 
 
 def ensure_peers() -> None:
-    missing = [p for p, m in (("limits", "limits"), ("throttled-py", "throttled")) if
-               importlib.util.find_spec(m) is None]  # fmt: skip
+    missing = [
+        p
+        for p, m in (("limits", "limits"), ("throttled-py", "throttled"))
+        if importlib.util.find_spec(m) is None
+    ]
     if missing:
         print(f"installing {' '.join(missing)} (benchmark peers only)", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
@@ -163,8 +166,10 @@ def main() -> None:
     one_us = median_us(one, slow)
     print(f"LocalLimiter TOKEN_BUCKET, 1 per call {one_us:6.2f}   {fastest / one_us:4.1f}x")
     built = median_us(built_round(checks, keys), checks)
-    print(f"LocalLimiter TOKEN_BUCKET, request built per check, 1 per call (as callers call) "
-          f"{built:6.2f}   {fastest / built:4.1f}x")  # fmt: skip
+    print(
+        f"LocalLimiter TOKEN_BUCKET, request built per check, 1 per call (as callers call) "
+        f"{built:6.2f}   {fastest / built:4.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,10 @@ class Load:
             if fresh:
                 idents = [bytes(bytearray(i)) for i in idents]
             first = self.sent
-            batch: Batch = [(dom, ACCEPTED, ident, float(T0 + (first + k) // PER_MS), None)
-                            for k, ident in enumerate(idents)]  # fmt: skip
+            batch: Batch = [
+                (dom, ACCEPTED, ident, float(T0 + (first + k) // PER_MS), None)
+                for k, ident in enumerate(idents)
+            ]
             self.sent += size
             yield batch
 
@@ -110,8 +112,9 @@ def drive(eng: Engine, batches: list[Batch]) -> tuple[float, int]:
     return time.process_time() - start, published
 
 
-def cost_case(algorithm: str, rules: int, step: int, identifiers: int,
-              args: argparse.Namespace) -> tuple[float, float]:  # fmt: skip
+def cost_case(
+    algorithm: str, rules: int, step: int, identifiers: int, args: argparse.Namespace
+) -> tuple[float, float]:
     """Median CPU microseconds per message and the share answered with a DELAY_UNTIL."""
     policy = {"api": DomainPolicy(rules_for(identifiers, rules, step), algorithm)}
     load = Load(identifiers)
@@ -130,25 +133,36 @@ def cost_case(algorithm: str, rules: int, step: int, identifiers: int,
 
 def costs(args: argparse.Namespace) -> None:
     shapes = ((1, -1, 10_000), (10, -1, 10_000), (10, 1, 10_000), (1, -1, 1_000_000))
-    cases = [(alg, *shape) for alg in ("history", "gcra") for shape in shapes
-             if not args.only or args.only == alg]  # fmt: skip
-    print(f"{args.messages} messages per round, {args.runs} rounds, warm-up "
-          f"{args.warm} requests per identifier; CPU us per message (median)")  # fmt: skip
+    cases = [
+        (alg, *shape)
+        for alg in ("history", "gcra")
+        for shape in shapes
+        if not args.only or args.only == alg
+    ]
+    print(
+        f"{args.messages} messages per round, {args.runs} rounds, warm-up "
+        f"{args.warm} requests per identifier; CPU us per message (median)"
+    )
     got: dict[tuple[str, int, int, int], float] = {}
     for alg, rules, step, n in cases:
         us, throttled = cost_case(alg, rules, step, n, args)
         got[alg, rules, step, n] = us
         shape = "" if rules == 1 else " down to 1.1r" if step < 0 else " from 2r up"
-        print(f"  {alg:8} {rules:2} rule(s){shape:13} {n:>9,} identifiers: {us:6.3f} us "
-              f"({throttled:.0%} answered with a DELAY_UNTIL)", flush=True)  # fmt: skip
+        print(
+            f"  {alg:8} {rules:2} rule(s){shape:13} {n:>9,} identifiers: {us:6.3f} us "
+            f"({throttled:.0%} answered with a DELAY_UNTIL)",
+            flush=True,
+        )
     for alg in ("history", "gcra"):
         if (alg, 1, -1, 10_000) not in got:
             continue
         one = got[alg, 1, -1, 10_000]
-        print(f"{alg}: 10 rules / 1 rule = {got[alg, 10, -1, 10_000] / one:.2f}x (down to 1.1r), "
-              f"{got[alg, 10, 1, 10_000] / one:.2f}x (from 2r up) (goal <= 10x); "
-              f"1,000,000 / 10,000 identifiers = {got[alg, 1, -1, 1_000_000] / one:.2f}x"
-              + (" (goal <= 2x)" if alg == "history" else ""))  # fmt: skip
+        print(
+            f"{alg}: 10 rules / 1 rule = {got[alg, 10, -1, 10_000] / one:.2f}x (down to 1.1r), "
+            f"{got[alg, 10, 1, 10_000] / one:.2f}x (from 2r up) (goal <= 10x); "
+            f"1,000,000 / 10,000 identifiers = {got[alg, 1, -1, 1_000_000] / one:.2f}x"
+            + (" (goal <= 2x)" if alg == "history" else "")
+        )
 
 
 # ---------------------------------------------------------------- decode
@@ -160,8 +174,10 @@ def decode_engine() -> Engine:
 
 
 def messages(n: int) -> list[list[bytes]]:
-    return [encode_accounting("api", ACCEPTED, b"id%d" % (i % 2_000), T0 + i // 100, None, b"ua")
-            for i in range(n)]  # fmt: skip
+    return [
+        encode_accounting("api", ACCEPTED, b"id%d" % (i % 2_000), T0 + i // 100, None, b"ua")
+        for i in range(n)
+    ]
 
 
 def run_records(msgs: list[list[bytes]]) -> tuple[float, int]:
@@ -196,8 +212,10 @@ def decode(args: argparse.Namespace) -> None:
         for _ in range(args.runs):
             seconds, published = case(msgs)
             rates.append(len(msgs) / seconds)
-        print(f"{name}: median {statistics.median(rates):,.0f} messages/s of CPU, "
-              f"{published} DELAY_UNTIL")  # fmt: skip
+        print(
+            f"{name}: median {statistics.median(rates):,.0f} messages/s of CPU, "
+            f"{published} DELAY_UNTIL"
+        )
 
 
 # ---------------------------------------------------------------- connections
@@ -213,8 +231,10 @@ def connections(args: argparse.Namespace) -> None:
     import master_throughput as mt  # the load, the senders and the drain measure
 
     total = sum(n for _, n in mt.workload(args.messages))
-    print(f"{total} messages per run from 1 and from {args.connections} PUB connections "
-          f"(one process each) to one master; drain rate, wall time")  # fmt: skip
+    print(
+        f"{total} messages per run from 1 and from {args.connections} PUB connections "
+        f"(one process each) to one master; drain rate, wall time"
+    )
     rates: dict[int, list[float]] = {1: [], args.connections: []}
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(args.runs):
@@ -225,8 +245,10 @@ def connections(args: argparse.Namespace) -> None:
                 line += f" {n} connection(s) {rate:,.0f}/s ({info});"
             print(line, flush=True)
     one, many = statistics.median(rates[1]), statistics.median(rates[args.connections])
-    print(f"median: 1 connection {one:,.0f}/s, {args.connections} connections {many:,.0f}/s "
-          f"= {many / one:.2f}x (goal >= 1x)")  # fmt: skip
+    print(
+        f"median: 1 connection {one:,.0f}/s, {args.connections} connections {many:,.0f}/s "
+        f"= {many / one:.2f}x (goal >= 1x)"
+    )
 
 
 def main() -> None:

@@ -105,8 +105,9 @@ def run_sender(acc: int, ctl: int, index: int, count: int, messages: int) -> Non
     live = False
     while not live:  # until a DELAY_UNTIL answers one of *this* sender's probes
         probe += 1
-        pub.send_multipart([b"probe\0", b"ACCEPTED", mine + b"%d" % probe,
-                            b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+        pub.send_multipart(
+            [b"probe\0", b"ACCEPTED", mine + b"%d" % probe, b"%d" % int(time.time() * 1000), b""]
+        )
         while sub.poll(100):
             if sub.recv_multipart()[2].startswith(mine):
                 live = True
@@ -197,8 +198,9 @@ def start_senders(acc: int, ctl: int, n: int, messages: int) -> list[subprocess.
     return procs
 
 
-def send_all(receiver: subprocess.Popen[bytes] | subprocess.Popen[str],
-             senders: list[subprocess.Popen[str]]) -> int:  # fmt: skip
+def send_all(
+    receiver: subprocess.Popen[bytes] | subprocess.Popen[str], senders: list[subprocess.Popen[str]]
+) -> int:
     """Stop the receiver, have the senders send everything, resume it; total sent."""
     receiver.send_signal(signal.SIGSTOP)
     for p in senders:
@@ -225,10 +227,22 @@ def measure_baseline(messages: int, n_senders: int) -> float:
     acc, ctl = free_port(), free_port()
     expected = sum(n for _, n in workload(messages))
     recv = subprocess.Popen(
-        [sys.executable, __file__, "--role", "baseline", "--acc", str(acc), "--ctl", str(ctl),
-         "--expected", str(expected)],
-        stdout=subprocess.PIPE, text=True, env=env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--role",
+            "baseline",
+            "--acc",
+            str(acc),
+            "--ctl",
+            str(ctl),
+            "--expected",
+            str(expected),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     senders: list[subprocess.Popen[str]] = []
     try:
         senders = start_senders(acc, ctl, n_senders, messages)
@@ -276,13 +290,39 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
     log_path = logdir / f"master-{time.time_ns()}.log"
     log = open(log_path, "w")  # noqa: SIM115
     master = subprocess.Popen(
-        [sys.executable, "-m", "smockron", "--log-level", "INFO", "master",
-         "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
-         "--rule", RULE, "--rule", "probe:1/s:1", "--metrics", f"127.0.0.1:{met}",
-         "--store", store, "--skew-tolerance", "3600", "--stats-interval", "0",
-         "--queue", str(max(expected, 100_000)), "--hwm", "10000000"],
-        stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "smockron",
+            "--log-level",
+            "INFO",
+            "master",
+            "--accounting",
+            f"tcp://127.0.0.1:{acc}",
+            "--control",
+            f"tcp://127.0.0.1:{ctl}",
+            "--rule",
+            RULE,
+            "--rule",
+            "probe:1/s:1",
+            "--metrics",
+            f"127.0.0.1:{met}",
+            "--store",
+            store,
+            "--skew-tolerance",
+            "3600",
+            "--stats-interval",
+            "0",
+            "--queue",
+            str(max(expected, 100_000)),
+            "--hwm",
+            "10000000",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env(),
+        cwd=ROOT,
+    )
     senders: list[subprocess.Popen[str]] = []
     try:
         senders = start_senders(acc, ctl, n_senders, messages)
@@ -300,8 +340,8 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
         finish(senders)
         assert done >= total, f"master handled {done} of {total}"
         with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics", timeout=5) as resp:
-            published = [ln for ln in resp.read().decode().splitlines()
-                         if ln.startswith('smockron_master_delay_until_published_total{domain="bench"')]  # fmt: skip  # noqa: E501
+            metric = 'smockron_master_delay_until_published_total{domain="bench"'
+            published = [ln for ln in resp.read().decode().splitlines() if ln.startswith(metric)]
         rate = total / (t1 - t0)
         info = published[0].rpartition(" ")[2] if published else "?"
     finally:
@@ -322,10 +362,22 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
         raise SystemExit("redis-server not found")
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), 0.1).close()
@@ -399,8 +451,9 @@ def run_traced_master(argv: list[str], trace_path: str) -> None:
         if phase == "start":
             gc_start[0] = clock()
         else:
-            events.append((f"gc{info['generation']}", gc_start[0], clock() - gc_start[0],
-                           info["collected"]))  # fmt: skip
+            events.append(
+                (f"gc{info['generation']}", gc_start[0], clock() - gc_start[0], info["collected"])
+            )
 
     gc.callbacks.append(on_gc)
     tick = MemoryTable.tick
@@ -456,8 +509,9 @@ def _schedstat(pid: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _sched_delta(before: dict[str, tuple[float, float]],
-                 after: dict[str, tuple[float, float]]) -> str:  # fmt: skip
+def _sched_delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> str:
     parts = []
     for key, (run, wait) in sorted(after.items()):
         run0, wait0 = before.get(key, (0.0, 0.0))
@@ -489,8 +543,9 @@ PIN_OTHERS = {0}
 """``--pin``: the master (all its threads) on CPU 1, load generator and probe on CPU 0."""
 
 
-def measure_reaction(rate: int, seconds: float, logdir: Path, *, pin: bool = False,
-                     trace: bool = False) -> tuple[float, float]:  # fmt: skip
+def measure_reaction(
+    rate: int, seconds: float, logdir: Path, *, pin: bool = False, trace: bool = False
+) -> tuple[float, float]:
     """p50 and p99 (ms) from sending an accounting message to receiving its DELAY_UNTIL,
     under ``rate`` messages/s in all: a load generator process sends the bulk (within
     its limit); this process sends 500 probes/s (domain ``probe``, burst 1: each one is
@@ -498,19 +553,41 @@ def measure_reaction(rate: int, seconds: float, logdir: Path, *, pin: bool = Fal
     acc, ctl = free_port(), free_port()
     log = open(logdir / f"reaction-{rate}.log", "w")  # noqa: SIM115
     trace_path = logdir / f"trace-{rate}.json"
-    master_args = ["master", "--accounting", f"tcp://127.0.0.1:{acc}",
-                   "--control", f"tcp://127.0.0.1:{ctl}", "--rule", "bench:1000/s:1000",
-                   "--rule", "probe:1/s:1", "--stats-interval", "0"]  # fmt: skip
+    master_args = [
+        "master",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--rule",
+        "bench:1000/s:1000",
+        "--rule",
+        "probe:1/s:1",
+        "--stats-interval",
+        "0",
+    ]
     if trace:
-        cmd = [sys.executable, __file__, "--role", "traced-master", "--trace-file",
-               str(trace_path), "--", *master_args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--role",
+            "traced-master",
+            "--trace-file",
+            str(trace_path),
+            "--",
+            *master_args,
+        ]
     else:
         cmd = [sys.executable, "-m", "smockron", *master_args]
     own_affinity = os.sched_getaffinity(0)
     master = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env(),
+        cwd=ROOT,
         preexec_fn=(lambda: os.sched_setaffinity(0, PIN_MASTER)) if pin else None,
-    )  # fmt: skip
+    )
     if pin:
         _pin(PIN_OTHERS)  # before this process creates its ZeroMQ context (I/O thread)
     probe_rate = 500
@@ -531,11 +608,24 @@ def measure_reaction(rate: int, seconds: float, logdir: Path, *, pin: bool = Fal
             sub.recv_multipart()
         pin_arg = ",".join(map(str, sorted(PIN_OTHERS))) if pin else ""
         load = subprocess.Popen(
-            [sys.executable, __file__, "--role", "loadgen", "--acc", str(acc),
-             "--rate", str(max(rate - probe_rate, 0)), "--seconds", str(seconds + 1),
-             "--pin-cpus", pin_arg],
-            stdout=subprocess.PIPE, text=True, env=env(),
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--role",
+                "loadgen",
+                "--acc",
+                str(acc),
+                "--rate",
+                str(max(rate - probe_rate, 0)),
+                "--seconds",
+                str(seconds + 1),
+                "--pin-cpus",
+                pin_arg,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
         assert load.stdout is not None and load.stdout.readline().strip() == "ready"
         time.sleep(0.5)  # the load is flowing
         sched0 = _schedstat(master.pid)
@@ -574,10 +664,13 @@ def measure_reaction(rate: int, seconds: float, logdir: Path, *, pin: bool = Fal
         latencies = sorted(lat for _, lat in samples)
         p50 = latencies[len(latencies) // 2]
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-        print(f"  at {rate:,} msg/s{' (pinned)' if pin else ''} (load generator: {done}): "
-              f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {latencies[-1]:.2f} ms over "
-              f"{len(latencies)} probes, {len(sent)} unanswered; other processes used "
-              f"{max(foreign, 0.0):.0%} of a core meanwhile", flush=True)  # fmt: skip
+        print(
+            f"  at {rate:,} msg/s{' (pinned)' if pin else ''} (load generator: {done}): "
+            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {latencies[-1]:.2f} ms over "
+            f"{len(latencies)} probes, {len(sent)} unanswered; other processes used "
+            f"{max(foreign, 0.0):.0%} of a core meanwhile",
+            flush=True,
+        )
         if trace:
             print(f"    master threads: {sched}")
     finally:
@@ -610,8 +703,10 @@ def explain_slow(samples: list[tuple[float, float]], trace_path: Path, start: fl
         kinds.setdefault(kind, []).append(dur * 1000)
     for kind, durs in sorted(kinds.items()):
         durs.sort()
-        print(f"    {kind:7s} n={len(durs):6d} p50 {durs[len(durs) // 2]:.3f} ms "
-              f"p99 {durs[int(len(durs) * 0.99)]:.3f} ms max {durs[-1]:.3f} ms")  # fmt: skip
+        print(
+            f"    {kind:7s} n={len(durs):6d} p50 {durs[len(durs) // 2]:.3f} ms "
+            f"p99 {durs[int(len(durs) * 0.99)]:.3f} ms max {durs[-1]:.3f} ms"
+        )
     slow = [(t0, lat) for t0, lat in samples if lat > 2.0]
     print(f"    {len(slow)} probes over 2 ms:")
     events.sort(key=lambda e: e[1])
@@ -623,10 +718,15 @@ def explain_slow(samples: list[tuple[float, float]], trace_path: Path, start: fl
             for k, t, d, n in during
             if k != "drain" or d > 0.0002
         )
-        busy = sum(min(t + d, t1) - max(t, t0) for k, t, d, _ in during
-                   if k in ("apply", "drain") and min(t + d, t1) > max(t, t0))  # fmt: skip
-        print(f"      at {t0 - start:6.3f}s {lat:5.2f} ms (master busy {busy * 1000:.2f} ms "
-              f"in apply/drain): {desc[:600]}")  # fmt: skip
+        busy = sum(
+            min(t + d, t1) - max(t, t0)
+            for k, t, d, _ in during
+            if k in ("apply", "drain") and min(t + d, t1) > max(t, t0)
+        )
+        print(
+            f"      at {t0 - start:6.3f}s {lat:5.2f} ms (master busy {busy * 1000:.2f} ms "
+            f"in apply/drain): {desc[:600]}"
+        )
 
 
 def measure_memory(identifiers: int) -> None:
@@ -646,21 +746,29 @@ def measure_memory(identifiers: int) -> None:
         now = int(time.time() * 1000)
         before = rss()
         for start in range(0, identifiers, 10_000):
-            batch = [[b"m\0", b"ACCEPTED", b"user-%08d" % i, b"%d" % now, b""]
-                     for i in range(start, min(start + 10_000, identifiers))]  # fmt: skip
+            batch = [
+                [b"m\0", b"ACCEPTED", b"user-%08d" % i, b"%d" % now, b""]
+                for i in range(start, min(start + 10_000, identifiers))
+            ]
             engine.process(batch, now)
         grown = rss() - before
-        print(f"  memory://, {algorithm}: {len(store):,} identifiers tracked, "
-              f"{grown / identifiers:.0f} bytes each (RSS growth, 13-byte identifiers, "
-              f"one request each)")  # fmt: skip
-        print(f"  memory://, {algorithm}: full gc.collect() with them stored: "
-              f"{full_gc_ms():.1f} ms (median of 5)")  # fmt: skip
+        print(
+            f"  memory://, {algorithm}: {len(store):,} identifiers tracked, "
+            f"{grown / identifiers:.0f} bytes each (RSS growth, 13-byte identifiers, "
+            f"one request each)"
+        )
+        print(
+            f"  memory://, {algorithm}: full gc.collect() with them stored: "
+            f"{full_gc_ms():.1f} ms (median of 5)"
+        )
         del engine, store
 
 
 def reaction(runs: int, seconds: float, pin: str, trace: bool) -> None:
-    print("reaction time, accounting sent -> DELAY_UNTIL received (memory://), "
-          f"{runs} round(s) of {seconds:g} s, load {os.getloadavg()[0]:.2f}:")  # fmt: skip
+    print(
+        "reaction time, accounting sent -> DELAY_UNTIL received (memory://), "
+        f"{runs} round(s) of {seconds:g} s, load {os.getloadavg()[0]:.2f}:"
+    )
     modes = {"no": [False], "yes": [True], "both": [False, True]}[pin]
     p99s: dict[tuple[int, bool], list[float]] = {}
     p50s: dict[tuple[int, bool], list[float]] = {}
@@ -673,10 +781,12 @@ def reaction(runs: int, seconds: float, pin: str, trace: bool) -> None:
                     p99s.setdefault((rate, pinned), []).append(p99)
     for (rate, pinned), values in p99s.items():
         runs_text = ", ".join(f"{v:.2f}" for v in values)
-        print(f"median at {rate:,} msg/s{' pinned' if pinned else ''}: "
-              f"p50 {statistics.median(p50s[(rate, pinned)]):.2f} ms, "
-              f"p99 {statistics.median(values):.2f} ms (p99 per round: {runs_text}; "
-              f"worst {max(values):.2f} ms)")  # fmt: skip
+        print(
+            f"median at {rate:,} msg/s{' pinned' if pinned else ''}: "
+            f"p50 {statistics.median(p50s[(rate, pinned)]):.2f} ms, "
+            f"p99 {statistics.median(values):.2f} ms (p99 per round: {runs_text}; "
+            f"worst {max(values):.2f} ms)"
+        )
 
 
 def main() -> None:
@@ -731,9 +841,11 @@ def main() -> None:
     from smockron.wire.accounting import COMPILED
 
     if args.runs > 0:
-        print(f"messages per run: {sum(n for _, n in workload(args.messages))}, "
-              f"{IDENTIFIERS} identifiers, 20% over '{RULE}', {args.senders} sender processes, "
-              f"receive loop: {'compiled' if COMPILED else 'pure Python'}")  # fmt: skip
+        print(
+            f"messages per run: {sum(n for _, n in workload(args.messages))}, "
+            f"{IDENTIFIERS} identifiers, 20% over '{RULE}', {args.senders} sender processes, "
+            f"receive loop: {'compiled' if COMPILED else 'pure Python'}"
+        )
         results: dict[str, list[float]] = {"baseline": [], "memory": [], "redis": []}
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)

@@ -58,10 +58,24 @@ def master_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], No
     from tests.master.client import FakeGatekeeper, now_ms
 
     acc, ctl = free_ports(2)
-    proc = run_smockron(["master", "--accounting", f"tcp://127.0.0.1:{acc}",
-                         "--control", f"tcp://127.0.0.1:{ctl}", "--rule", f"api:1/{hold}s:1",
-                         "--rule", "probe:1/s:1", "--stats-interval", "0",
-                         "--queue", "2000000"], workdir / "memory-master.log")  # fmt: skip
+    proc = run_smockron(
+        [
+            "master",
+            "--accounting",
+            f"tcp://127.0.0.1:{acc}",
+            "--control",
+            f"tcp://127.0.0.1:{ctl}",
+            "--rule",
+            f"api:1/{hold}s:1",
+            "--rule",
+            "probe:1/s:1",
+            "--stats-interval",
+            "0",
+            "--queue",
+            "2000000",
+        ],
+        workdir / "memory-master.log",
+    )
     gk = FakeGatekeeper(acc, ctl)
     gk.handshake()
 
@@ -87,12 +101,27 @@ def proxy_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], Non
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 0)
     pub.bind(f"tcp://127.0.0.1:{ctl}")
-    proc = run_smockron(["proxy", "--listen", f"127.0.0.1:{listen}",
-                         "--upstream", f"http://127.0.0.1:{up}", "--domain", "api",
-                         "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
-                         f"tcp://127.0.0.1:{ctl}", "--rule", "api:1/s:1",
-                         "--no-master-rules", "--stats-interval", "1"],
-                        workdir / "memory-proxy.log")  # fmt: skip
+    proc = run_smockron(
+        [
+            "proxy",
+            "--listen",
+            f"127.0.0.1:{listen}",
+            "--upstream",
+            f"http://127.0.0.1:{up}",
+            "--domain",
+            "api",
+            "--accounting",
+            f"tcp://127.0.0.1:{acc}",
+            "--control",
+            f"tcp://127.0.0.1:{ctl}",
+            "--rule",
+            "api:1/s:1",
+            "--no-master-rules",
+            "--stats-interval",
+            "1",
+        ],
+        workdir / "memory-proxy.log",
+    )
     wait_port(listen)
     time.sleep(1.0)  # the SUB joins
 
@@ -116,9 +145,20 @@ def proxy_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], Non
 
 def dthrottle_wave(workdir: Path, n: int, hold: int) -> tuple[Proc, Callable[[], None]]:
     (port,) = free_ports(1)
-    proc = run_smockron(["dthrottle", "--listen", f"tcp:127.0.0.1:{port}", "--burst", "1",
-                         "--rate", f"1/{hold}s", "--report-interval", "1"],
-                        workdir / "memory-dthrottle.log")  # fmt: skip
+    proc = run_smockron(
+        [
+            "dthrottle",
+            "--listen",
+            f"tcp:127.0.0.1:{port}",
+            "--burst",
+            "1",
+            "--rate",
+            f"1/{hold}s",
+            "--report-interval",
+            "1",
+        ],
+        workdir / "memory-dthrottle.log",
+    )
     wait_port(port)
 
     def wave() -> None:
@@ -161,9 +201,16 @@ class Sample:
         return self.after / self.baseline
 
 
-def measure(name: str, workdir: Path, n: int, hold: int, settle: float,
-            goal: float | None = None, quiet: bool = False, trace_every: int = 10,
-            ) -> Sample:  # fmt: skip
+def measure(
+    name: str,
+    workdir: Path,
+    n: int,
+    hold: int,
+    settle: float,
+    goal: float | None = None,
+    quiet: bool = False,
+    trace_every: int = 10,
+) -> Sample:
     """One daemon's RSS at baseline, right after a wave of ``n`` identifiers, and
     ``settle`` seconds later (sooner once within ``goal`` times the baseline, if given)."""
     proc, wave = WAVES[name](workdir, n, hold)
@@ -183,8 +230,11 @@ def measure(name: str, workdir: Path, n: int, hold: int, settle: float,
                 break
         if not quiet:
             trace = " ".join(f"{s / MB:.0f}" for s in samples[::trace_every])
-            print(f"  {name}: wave of {n:,} in {peak_at - start:.1f} s; RSS every "
-                  f"{trace_every} s after it (MB): {trace}", flush=True)  # fmt: skip
+            print(
+                f"  {name}: wave of {n:,} in {peak_at - start:.1f} s; RSS every "
+                f"{trace_every} s after it (MB): {trace}",
+                flush=True,
+            )
         wait_for(proc.alive, 1)
         return Sample(baseline, peak, samples[-1])
     finally:
@@ -199,8 +249,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--trace-every", type=int, default=10, help="seconds between RSS shown")
     parser.add_argument("--only", default=",".join(WAVES))
-    parser.add_argument("--allocators", default="default,malloc",
-                        help="default (PYTHONMALLOC unset), or PYTHONMALLOC values")  # fmt: skip
+    parser.add_argument(
+        "--allocators",
+        default="default,malloc",
+        help="default (PYTHONMALLOC unset), or PYTHONMALLOC values",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/smockron-memory"))
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -210,21 +263,36 @@ def main() -> None:
         for name in args.only.split(","):
             for alloc in allocators:
                 with allocator(alloc):
-                    sample = measure(name, args.workdir, args.identifiers, args.hold,
-                                     args.settle, trace_every=args.trace_every)  # fmt: skip
+                    sample = measure(
+                        name,
+                        args.workdir,
+                        args.identifiers,
+                        args.hold,
+                        args.settle,
+                        trace_every=args.trace_every,
+                    )
                 results.setdefault((name, alloc), []).append(sample)
-                print(f"run {run + 1} {name} {alloc}: {sample.baseline / MB:.1f} -> "
-                      f"{sample.peak / MB:.1f} -> {sample.after / MB:.1f} MB, "
-                      f"{sample.ratio:.2f}", flush=True)  # fmt: skip
-    print(f"\nmedians of {args.runs} run(s), {args.identifiers:,} identifiers\n"
-          "| daemon | allocator | baseline MB | after the wave MB | after expiry MB "
-          "| after / baseline |\n|---|---|---|---|---|---|")  # fmt: skip
+                print(
+                    f"run {run + 1} {name} {alloc}: {sample.baseline / MB:.1f} -> "
+                    f"{sample.peak / MB:.1f} -> {sample.after / MB:.1f} MB, "
+                    f"{sample.ratio:.2f}",
+                    flush=True,
+                )
+    print(
+        f"\nmedians of {args.runs} run(s), {args.identifiers:,} identifiers\n"
+        "| daemon | allocator | baseline MB | after the wave MB | after expiry MB "
+        "| after / baseline |\n|---|---|---|---|---|---|"
+    )
     for (name, alloc), samples in results.items():
-        base, peak, end = (statistics.median(getattr(s, f) for s in samples)
-                           for f in ("baseline", "peak", "after"))  # fmt: skip
+        base, peak, end = (
+            statistics.median(getattr(s, f) for s in samples) for f in ("baseline", "peak", "after")
+        )
         ratio = statistics.median(s.ratio for s in samples)
-        print(f"| {name} | {alloc} | {base / MB:.1f} | {peak / MB:.1f} | {end / MB:.1f} | "
-              f"{ratio:.2f} |", flush=True)  # fmt: skip
+        print(
+            f"| {name} | {alloc} | {base / MB:.1f} | {peak / MB:.1f} | {end / MB:.1f} | "
+            f"{ratio:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

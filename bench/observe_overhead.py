@@ -21,8 +21,10 @@ SLICE = 64
 
 
 def controls(identifiers: int, total: int) -> list[list[list[bytes]]]:
-    frames = [[b"api\0", b"DELAY_UNTIL", b"user-%d" % (i % identifiers), b"1700000000000"]
-              for i in range(total)]  # fmt: skip
+    frames = [
+        [b"api\0", b"DELAY_UNTIL", b"user-%d" % (i % identifiers), b"1700000000000"]
+        for i in range(total)
+    ]
     return [frames[i : i + SLICE] for i in range(0, total, SLICE)]
 
 
@@ -41,8 +43,10 @@ def main() -> None:
     for label, identifiers in (("50 identifiers", 50), ("12,800 distinct", 12_800)):
         batches = controls(identifiers, 12_800)
         runs = [round_ns(batches) for _ in range(args.rounds)]
-        print(f"{label}: median {statistics.median(runs):.0f} ns a control "
-              f"(min {min(runs):.0f}, max {max(runs):.0f})")  # fmt: skip
+        print(
+            f"{label}: median {statistics.median(runs):.0f} ns a control "
+            f"(min {min(runs):.0f}, max {max(runs):.0f})"
+        )
 
 
 if __name__ == "__main__":

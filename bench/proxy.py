@@ -99,10 +99,22 @@ def _us(text: str) -> float:
 
 def wrk(port: int, core: int, connections: int, duration: float) -> tuple[float, float, float, int]:
     out = subprocess.run(
-        [*NICE, "taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s",
-         "--latency", f"http://127.0.0.1:{port}/"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            *NICE,
+            "taskset",
+            "-c",
+            str(core),
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{duration:g}s",
+            "--latency",
+            f"http://127.0.0.1:{port}/",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _us(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _us(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
@@ -144,8 +156,14 @@ def process(
     ``session``: a session of its own, so (with autogroup, as on most desktops and
     shared machines) its core is shared with the other sessions' processes as between
     equals, not as one of this script's many processes on both cores."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=session)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=session,
+    )
     try:
         wait_port(port, timeout=15.0)
         yield proc.pid
@@ -165,8 +183,12 @@ def nginx_conf(tmp: str, name: str, http: str) -> str:
 def nginx(
     conf: str, core: int, port: int, session: bool = False
 ) -> contextlib.AbstractContextManager[int]:
-    return process([*NICE, "taskset", "-c", str(core), "nginx", "-c", conf], port,
-                   stop=signal.SIGQUIT, session=session)  # fmt: skip
+    return process(
+        [*NICE, "taskset", "-c", str(core), "nginx", "-c", conf],
+        port,
+        stop=signal.SIGQUIT,
+        session=session,
+    )
 
 
 def main() -> None:
@@ -176,8 +198,13 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--proxy-core", type=int, default=0)
     ap.add_argument("--load-core", type=int, default=1)
-    ap.add_argument("--also", action="append", default=[], metavar="LABEL=CHECKOUT",
-                    help="also measure the smockron proxy of this source tree")  # fmt: skip
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="LABEL=CHECKOUT",
+        help="also measure the smockron proxy of this source tree",
+    )
     ap.add_argument("--nice", type=int, default=0, help="niceness of everything measured")
     args = ap.parse_args()
     global NICE
@@ -193,29 +220,63 @@ def main() -> None:
         backend_conf, front_conf = Path(tmp, "backend.conf"), Path(tmp, "front.conf")
         backend_conf.write_text(nginx_conf(tmp, "backend", BACKEND.format(port=back)))
         front_conf.write_text(nginx_conf(tmp, "front", FRONT.format(port=front, backend=back)))
-        master = [*pin_load, sys.executable, "-m", "smockron", "master", "--accounting",
-                  f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
-                  "--rule", RULE, "--stats-interval", "0"]  # fmt: skip
+        master = [
+            *pin_load,
+            sys.executable,
+            "-m",
+            "smockron",
+            "master",
+            "--accounting",
+            f"tcp://127.0.0.1:{acc}",
+            "--control",
+            f"tcp://127.0.0.1:{ctl}",
+            "--rule",
+            RULE,
+            "--stats-interval",
+            "0",
+        ]
 
         def smockron(port: int) -> list[str]:
-            return [*pin_proxy, sys.executable, "-m", "smockron", "proxy", "--listen",
-                    f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{back}",
-                    "--domain", "api", "--accounting", f"tcp://127.0.0.1:{acc}",
-                    "--control", f"tcp://127.0.0.1:{ctl}", "--rule", RULE,
-                    "--stats-interval", "0"]  # fmt: skip
+            return [
+                *pin_proxy,
+                sys.executable,
+                "-m",
+                "smockron",
+                "proxy",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--upstream",
+                f"http://127.0.0.1:{back}",
+                "--domain",
+                "api",
+                "--accounting",
+                f"tcp://127.0.0.1:{acc}",
+                "--control",
+                f"tcp://127.0.0.1:{ctl}",
+                "--rule",
+                RULE,
+                "--stats-interval",
+                "0",
+            ]
 
         with contextlib.ExitStack() as stack:
             stack.enter_context(nginx(str(backend_conf), args.load_core, back))
             targets: dict[str, tuple[int, int | None]] = {"direct": (back, None)}
-            targets["nginx"] = (front, stack.enter_context(
-                nginx(str(front_conf), args.proxy_core, front, session=True)))  # fmt: skip
+            targets["nginx"] = (
+                front,
+                stack.enter_context(nginx(str(front_conf), args.proxy_core, front, session=True)),
+            )
             stack.enter_context(process(master, ctl, env))
             also = (spec.partition("=") for spec in args.also)
             trees = [("smockron", ROOT), *((name, Path(tree).resolve()) for name, _, tree in also)]
             for (label, root), port in zip(trees, [proxy, *others], strict=True):
                 tree_env = dict(env, PYTHONPATH=str(root))
-                targets[label] = (port, stack.enter_context(
-                    process(smockron(port), port, tree_env, cwd=root, session=True)))  # fmt: skip
+                targets[label] = (
+                    port,
+                    stack.enter_context(
+                        process(smockron(port), port, tree_env, cwd=root, session=True)
+                    ),
+                )
             time.sleep(1.0)  # the proxies' control subscriptions reach the master
             for port, _pid in targets.values():  # warm up: connections, pools, caches
                 wrk(port, args.load_core, args.connections, 2)
@@ -223,10 +284,16 @@ def main() -> None:
             for i in range(args.rounds):
                 for name, (port, pid) in targets.items():
                     runs[name].append(measure(port, pid, args))
-                print(f"round {i + 1}: " + "; ".join(
-                    f"{name} {r[-1].rps:,.0f} req/s p50 {r[-1].p50_us:.0f} us p99 "
-                    f"{r[-1].p99_us:.0f} us" + (f" {r[-1].cpu_us:.1f} us CPU" if r[-1].cpu_us
-                    else "") for name, r in runs.items()), flush=True)  # fmt: skip
+                print(
+                    f"round {i + 1}: "
+                    + "; ".join(
+                        f"{name} {r[-1].rps:,.0f} req/s p50 {r[-1].p50_us:.0f} us p99 "
+                        f"{r[-1].p99_us:.0f} us"
+                        + (f" {r[-1].cpu_us:.1f} us CPU" if r[-1].cpu_us else "")
+                        for name, r in runs.items()
+                    ),
+                    flush=True,
+                )
     report(runs, args)
 
 
@@ -236,23 +303,31 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
         for name, rs in runs.items()
     }
     direct = med["direct"]
-    print(f"\nmedians of {args.rounds} rounds, wrk -t1 -c{args.connections} -d{args.duration:g}s, "
-          f"proxy on core {args.proxy_core}, wrk + backend + master on core {args.load_core} "
-          f"({os.cpu_count()} cores)")  # fmt: skip
-    print(f"{'':10} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'added p50':>10} "
-          f"{'CPU us/req':>10} {'errors':>7}")  # fmt: skip
+    print(
+        f"\nmedians of {args.rounds} rounds, wrk -t1 -c{args.connections} -d{args.duration:g}s, "
+        f"proxy on core {args.proxy_core}, wrk + backend + master on core {args.load_core} "
+        f"({os.cpu_count()} cores)"
+    )
+    print(
+        f"{'':10} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'added p50':>10} "
+        f"{'CPU us/req':>10} {'errors':>7}"
+    )
     for name, r in med.items():
         added = f"{r.p50_us - direct.p50_us:+.0f} us" if name != "direct" else ""
         cpu = f"{r.cpu_us:.1f}" if name != "direct" else ""
-        print(f"{name:10} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
-              f"{cpu:>10} {r.errors:7.0f}")  # fmt: skip
+        print(
+            f"{name:10} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
+            f"{cpu:>10} {r.errors:7.0f}"
+        )
     n = med["nginx"]
     print()
     for name, r in med.items():
         if name not in ("direct", "nginx"):
-            print(f"{name} / nginx: {r.rps / n.rps:.2f}x requests/s, {r.cpu_us / n.cpu_us:.1f}x "
-                  f"CPU per request; on a core of its own: {1e6 / r.cpu_us:,.0f} requests/s "
-                  f"at most, nginx {1e6 / n.cpu_us:,.0f}")  # fmt: skip
+            print(
+                f"{name} / nginx: {r.rps / n.rps:.2f}x requests/s, {r.cpu_us / n.cpu_us:.1f}x "
+                f"CPU per request; on a core of its own: {1e6 / r.cpu_us:,.0f} requests/s "
+                f"at most, nginx {1e6 / n.cpu_us:,.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,13 @@ def addr(port: int) -> str:
 @contextmanager
 def process(args: Sequence[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "smockron", *args], stdout=log,
-                                stderr=subprocess.STDOUT, env=mt.env(), cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "smockron", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=mt.env(),
+            cwd=ROOT,
+        )
         try:
             yield proc
         finally:
@@ -62,10 +67,24 @@ def process(args: Sequence[str], log_path: Path) -> Iterator[subprocess.Popen[by
 def master_args(
     acc: int, ctl: int, met: int, expected: int, peer: tuple[int, int] | None
 ) -> list[str]:
-    args = ["master", "--accounting", addr(acc), "--control", addr(ctl),
-            "--metrics", f"127.0.0.1:{met}", "--skew-tolerance", "3600",
-            "--stats-interval", "0", "--queue", str(max(expected, 100_000)),
-            "--hwm", "10000000", *RULES]  # fmt: skip
+    args = [
+        "master",
+        "--accounting",
+        addr(acc),
+        "--control",
+        addr(ctl),
+        "--metrics",
+        f"127.0.0.1:{met}",
+        "--skew-tolerance",
+        "3600",
+        "--stats-interval",
+        "0",
+        "--queue",
+        str(max(expected, 100_000)),
+        "--hwm",
+        "10000000",
+        *RULES,
+    ]
     if peer is not None:
         args += ["--peer", f"{addr(peer[0])},{addr(peer[1])}", "--replicas", "1"]
     return args
@@ -86,14 +105,28 @@ def measure(kind: str, messages: int, n_senders: int, logdir: Path) -> tuple[flo
         procs = []
         for i, (acc, ctl, met) in enumerate(ports):
             peer = ports[1 - i][:2] if masters == 2 else None
-            procs.append(stack.enter_context(process(master_args(acc, ctl, met, expected, peer),
-                                                     logdir / f"m{i}-{stamp}.log")))  # fmt: skip
+            procs.append(
+                stack.enter_context(
+                    process(
+                        master_args(acc, ctl, met, expected, peer), logdir / f"m{i}-{stamp}.log"
+                    )
+                )
+            )
         if kind == "direct":
             target, (acc, ctl) = procs[0], ports[0][:2]
         else:
             acc, ctl = free_port(), free_port()
-            router = ["router", "--accounting", addr(acc), "--control", addr(ctl),
-                      "--shard-by", kind, "--hwm", "10000000"]  # fmt: skip
+            router = [
+                "router",
+                "--accounting",
+                addr(acc),
+                "--control",
+                addr(ctl),
+                "--shard-by",
+                kind,
+                "--hwm",
+                "10000000",
+            ]
             for m_acc, m_ctl, _ in ports:
                 router += ["--master", f"{addr(m_acc)},{addr(m_ctl)}"]
             target = stack.enter_context(process(router, logdir / f"router-{stamp}.log"))
@@ -128,16 +161,22 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    kinds = {"direct": "master fed directly", "domain": "router, by domain (1 master)",
-             "identifier": "router, by identifier (2 masters)"}  # fmt: skip
+    kinds = {
+        "direct": "master fed directly",
+        "domain": "router, by domain (1 master)",
+        "identifier": "router, by identifier (2 masters)",
+    }
     rounds: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.runs):  # rounds interleaved: the machine's load hits all alike
             for kind in kinds:
                 rounds[kind].append(measure(kind, args.messages, args.senders, Path(tmp)))
                 rate, own, masters = rounds[kind][-1]
-                print(f"  {kind}: {rate:,.0f} msg/s, CPU {own:.2f} us/msg (stopped process), "
-                      f"{masters:.2f} us/msg (masters)", flush=True)  # fmt: skip
+                print(
+                    f"  {kind}: {rate:,.0f} msg/s, CPU {own:.2f} us/msg (stopped process), "
+                    f"{masters:.2f} us/msg (masters)",
+                    flush=True,
+                )
     direct = median([r[0] for r in rounds["direct"]])
     print(f"\n{args.messages:,} messages, {args.senders} senders, median of {args.runs}:")
     for kind, label in kinds.items():

@@ -135,8 +135,9 @@ HEADER = (
 )
 
 
-def soak(target: Target, messages: int, seconds: float, check_every: int, seed: int,
-         name: str) -> Result:  # fmt: skip
+def soak(
+    target: Target, messages: int, seconds: float, check_every: int, seed: int, name: str
+) -> Result:
     """Fuzz ``target`` with ``messages`` (at most ``seconds``), checking it in between."""
     rng = random.Random(seed)
     pid = target.proc.popen.pid
@@ -155,8 +156,9 @@ def soak(target: Target, messages: int, seconds: float, check_every: int, seed: 
     alive = target.proc.alive()
     after = rss_bytes(pid) if alive else 0
     log = target.proc.log_path.read_bytes()
-    lines = sum(1 for line in log.decode("utf-8", "replace").splitlines()
-                if LOG_BAD_INPUT.search(line))  # fmt: skip
+    lines = sum(
+        1 for line in log.decode("utf-8", "replace").splitlines() if LOG_BAD_INPUT.search(line)
+    )
     counters = target.counters() if alive else {}
     resent = getattr(target, "resent", 0)
     return Result(
@@ -192,11 +194,24 @@ class MasterTarget:
         from tests.master.client import FakeGatekeeper
 
         acc, ctl, self.metrics = free_ports(3)
-        self.proc = run_smockron(["master", "--accounting", f"tcp://127.0.0.1:{acc}",
-                                  "--metrics", f"127.0.0.1:{self.metrics}",
-                                  "--control", f"tcp://127.0.0.1:{ctl}", "--stats-interval", "0",
-                                  "--rule", "api:1/s:1", "--rule", "probe:1/s:1"],
-                                 workdir / "master.log")  # fmt: skip
+        self.proc = run_smockron(
+            [
+                "master",
+                "--accounting",
+                f"tcp://127.0.0.1:{acc}",
+                "--metrics",
+                f"127.0.0.1:{self.metrics}",
+                "--control",
+                f"tcp://127.0.0.1:{ctl}",
+                "--stats-interval",
+                "0",
+                "--rule",
+                "api:1/s:1",
+                "--rule",
+                "probe:1/s:1",
+            ],
+            workdir / "master.log",
+        )
         self.gk = FakeGatekeeper(acc, ctl)
         self.gk.handshake()
         # a frame past the master's limit makes libzmq drop its connection: those go on
@@ -266,12 +281,27 @@ class ProxyTarget:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(f"tcp://127.0.0.1:{ctl}")
         up = self.upstream.server_address[1]
-        self.proc = run_smockron(["proxy", "--listen", f"127.0.0.1:{listen}",
-                                  "--upstream", f"http://127.0.0.1:{up}", "--domain", "api",
-                                  "--accounting", f"tcp://127.0.0.1:{acc}",
-                                  "--control", f"tcp://127.0.0.1:{ctl}",
-                                  "--identify", "header:X-Client", "--no-master-rules",
-                                  "--stats-interval", "0.5"], workdir / "proxy.log")  # fmt: skip
+        self.proc = run_smockron(
+            [
+                "proxy",
+                "--listen",
+                f"127.0.0.1:{listen}",
+                "--upstream",
+                f"http://127.0.0.1:{up}",
+                "--domain",
+                "api",
+                "--accounting",
+                f"tcp://127.0.0.1:{acc}",
+                "--control",
+                f"tcp://127.0.0.1:{ctl}",
+                "--identify",
+                "header:X-Client",
+                "--no-master-rules",
+                "--stats-interval",
+                "0.5",
+            ],
+            workdir / "proxy.log",
+        )
         wait_port(listen)
         self.http = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
         self.now = now_ms()
@@ -343,10 +373,22 @@ class DThrottleTarget:
 
     def __init__(self, workdir: Path) -> None:
         (self.port,) = free_ports(1)
-        self.proc = run_smockron(["dthrottle", "--listen", f"tcp:127.0.0.1:{self.port}",
-                                  "--burst", "3", "--rate", "0.001", "--stats-interval", "0.5",
-                                  "--max-tag-length", str(self.MAX_TAG)],
-                                 workdir / "dthrottle.log")  # fmt: skip
+        self.proc = run_smockron(
+            [
+                "dthrottle",
+                "--listen",
+                f"tcp:127.0.0.1:{self.port}",
+                "--burst",
+                "3",
+                "--rate",
+                "0.001",
+                "--stats-interval",
+                "0.5",
+                "--max-tag-length",
+                str(self.MAX_TAG),
+            ],
+            workdir / "dthrottle.log",
+        )
         wait_port(self.port)
         self.sock: socket.socket | None = None
         self.clean = socket.create_connection(("127.0.0.1", self.port), timeout=10)
@@ -392,9 +434,22 @@ class JarlTarget:
 
     def __init__(self, workdir: Path) -> None:
         (self.port,) = free_ports(1)
-        self.proc = run_smockron(["jarl", "--service", "soak", "--requests", "100000",
-                                  "--period", "1", "--ip", "127.0.0.1",
-                                  "--port", str(self.port)], workdir / "jarl.log")  # fmt: skip
+        self.proc = run_smockron(
+            [
+                "jarl",
+                "--service",
+                "soak",
+                "--requests",
+                "100000",
+                "--period",
+                "1",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            workdir / "jarl.log",
+        )
         wait_port(self.port)
         self.wrong = 0
 
@@ -432,10 +487,20 @@ class JarlTarget:
 
 def _cluster(workdir: Path, name: str, server: str) -> tuple[Proc, int, int]:
     grpc_port, http_port, peer_port = free_ports(3)  # the peer port chosen, not gRPC + 1
-    proc = run_smockron(["cluster", "--grpc-address", f"127.0.0.1:{grpc_port}",
-                         "--http-address", f"127.0.0.1:{http_port}", "--grpc-server", server,
-                         "--peer-address", f"127.0.0.1:{peer_port}"],
-                        workdir / f"{name}.log")  # fmt: skip
+    proc = run_smockron(
+        [
+            "cluster",
+            "--grpc-address",
+            f"127.0.0.1:{grpc_port}",
+            "--http-address",
+            f"127.0.0.1:{http_port}",
+            "--grpc-server",
+            server,
+            "--peer-address",
+            f"127.0.0.1:{peer_port}",
+        ],
+        workdir / f"{name}.log",
+    )
     wait_port(grpc_port)
     wait_port(http_port)
     return proc, grpc_port, http_port
@@ -528,8 +593,9 @@ class ClusterGrpcTarget:
 
     def check(self, k: int) -> bool:
         pb = self.pb
-        req = pb.RateLimitReq(name="soak", unique_key=f"valid-{k}", hits=1, limit=2,
-                              duration=60_000)  # fmt: skip
+        req = pb.RateLimitReq(
+            name="soak", unique_key=f"valid-{k}", hits=1, limit=2, duration=60_000
+        )
         got = []
         for _ in range(3):
             resp = self.stub.GetRateLimits(pb.GetRateLimitsReq(requests=[req]), timeout=10)
@@ -569,8 +635,9 @@ def started(name: str, workdir: Path) -> Iterator[Target]:
         target.proc.stop()
 
 
-def run(name: str, workdir: Path, messages: int, seconds: float, check_every: int = 1000,
-        seed: int = 1) -> Result:  # fmt: skip
+def run(
+    name: str, workdir: Path, messages: int, seconds: float, check_every: int = 1000, seed: int = 1
+) -> Result:
     """Start listener ``name``, soak it, stop it; the daemon's log is in the result."""
     with started(name, workdir) as target:
         return soak(target, messages, seconds, check_every, seed, name)
@@ -593,8 +660,11 @@ def main() -> None:
         print(result.row(), result.counters, flush=True)
         forged = forged_lines(result.log)
         if forged:
-            print(f"  {name}: {len(forged)} log lines not written by the logger, e.g. "
-                  f"{forged[0][:120]!r}", flush=True)  # fmt: skip
+            print(
+                f"  {name}: {len(forged)} log lines not written by the logger, e.g. "
+                f"{forged[0][:120]!r}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

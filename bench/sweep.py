@@ -31,8 +31,9 @@ from smockron.gatekeeper._table import passed_compiled, passed_python
 NOW = 1_700_000_000_000
 
 
-def timed(fn: Callable[[dict[Any, Any], int], list[Any]], table: dict[Any, Any],
-          runs: int) -> float:  # fmt: skip
+def timed(
+    fn: Callable[[dict[Any, Any], int], list[Any]], table: dict[Any, Any], runs: int
+) -> float:
     """Median milliseconds of ``runs`` scans."""
     took = []
     for _ in range(runs):
@@ -53,15 +54,21 @@ def main() -> None:
     n = args.entries
     delays: dict[Any, float] = {(b"api", b"id-%d" % i): NOW + 3_600_000 for i in range(n)}
     firsts: dict[Any, float] = {b"id-%d" % i: NOW + 3_600_000.5 for i in range(n)}
-    several: dict[Any, Any] = {(b"api", b"id-%d" % i): (NOW + 3_600_000.5, NOW - 1.5)
-                               for i in range(n)}  # fmt: skip
+    several: dict[Any, Any] = {
+        (b"api", b"id-%d" % i): (NOW + 3_600_000.5, NOW - 1.5) for i in range(n)
+    }
     print(f"sweep of {n:,} live entries, median of {args.runs} (ms)")
-    for name, table in (("delay table (int times)", delays), ("first line (float times)", firsts),
-                        ("first line, several rules", several)):  # fmt: skip
+    for name, table in (
+        ("delay table (int times)", delays),
+        ("first line (float times)", firsts),
+        ("first line, several rules", several),
+    ):
         python = timed(passed_python, table, args.runs)
         compiled = timed(passed_compiled, table, args.runs)
-        print(f"  {name:26}: Python {python:6.1f}, compiled {compiled:5.1f} "
-              f"({python / compiled:.1f}x faster)")  # fmt: skip
+        print(
+            f"  {name:26}: Python {python:6.1f}, compiled {compiled:5.1f} "
+            f"({python / compiled:.1f}x faster)"
+        )
     del delays, firsts, several
     dthrottle_main(n)
 
@@ -85,13 +92,17 @@ def dthrottle_reports(n: int, reports: int) -> tuple[list[float], list[float]]:
 def dthrottle_main(n: int) -> None:
     print(f"DThrottle report with {n:,} tags, pause per report (ms): median / max")
     slices = -(-n // algorithm.SWEEP_SLICE)
-    for name, size in ((f"slices of {algorithm.SWEEP_SLICE:,}", algorithm.SWEEP_SLICE),
-                       ("the whole table at once", n + 1)):  # fmt: skip
+    for name, size in (
+        (f"slices of {algorithm.SWEEP_SLICE:,}", algorithm.SWEEP_SLICE),
+        ("the whole table at once", n + 1),
+    ):
         algorithm.SWEEP_SLICE = size  # type: ignore[misc]
         live, full = dthrottle_reports(n, min(slices, 20))
-        print(f"  {name:26}: all live {statistics.median(live):6.1f} / {max(live):6.1f}; "
-              f"all full {statistics.median(full):6.1f} / {max(full):6.1f} "
-              f"({len(full)} report(s) to forget them)")  # fmt: skip
+        print(
+            f"  {name:26}: all live {statistics.median(live):6.1f} / {max(live):6.1f}; "
+            f"all full {statistics.median(full):6.1f} / {max(full):6.1f} "
+            f"({len(full)} report(s) to forget them)"
+        )
 
 
 if __name__ == "__main__":

@@ -56,19 +56,30 @@ async def drive(address: str, creds: grpc.ChannelCredentials, calls: int) -> flo
         return calls / (time.perf_counter() - start)
 
 
-def run(server: str, san: bool, d: Path, creds: grpc.ChannelCredentials, calls: int
-        ) -> tuple[float, float]:  # fmt: skip
+def run(
+    server: str, san: bool, d: Path, creds: grpc.ChannelCredentials, calls: int
+) -> tuple[float, float]:
     """(server CPU µs per call, calls/s) of one node."""
     port = free_port()
-    os.environ.update(GRPC_SERVER_USE_TLS="true", GRPC_SERVER_TLS_CERT=str(d / "server.pem"),
-                      GRPC_SERVER_TLS_KEY=str(d / "server.key"),
-                      GRPC_CLIENT_TLS_CACERT=str(d / "client-ca.pem"))  # fmt: skip
+    os.environ.update(
+        GRPC_SERVER_USE_TLS="true",
+        GRPC_SERVER_TLS_CERT=str(d / "server.pem"),
+        GRPC_SERVER_TLS_KEY=str(d / "server.key"),
+        GRPC_CLIENT_TLS_CACERT=str(d / "client-ca.pem"),
+    )
     if san:
         os.environ["GRPC_CLIENT_TLS_SAN"] = "envoy.internal"
     else:
         os.environ.pop("GRPC_CLIENT_TLS_SAN", None)
-    args = ["cluster", "--grpc-address", f"127.0.0.1:{port}", "--http-address", "",
-            "--grpc-server", server]  # fmt: skip
+    args = [
+        "cluster",
+        "--grpc-address",
+        f"127.0.0.1:{port}",
+        "--http-address",
+        "",
+        "--grpc-server",
+        server,
+    ]
     with daemon(args, port) as proc:
         time.sleep(0.5)
         before = cpu_seconds(proc.pid)

@@ -45,20 +45,37 @@ class Twin:
 
 
 REGISTRY: Final = (
-    Twin("_zmqfast", "smockron.wire._zmqfast",
-         "the Python loops of smockron/wire/batchio.py, accounting.py and control.py",
-         "gcc, python3-dev"),
-    Twin("_tablefast", "smockron.gatekeeper._tablefast",
-         "the gatekeeper's Python update_run and passed", "gcc, python3-dev"),
-    Twin("_localfast", "smockron.cluster._localfast",
-         "smockron/core/algorithms.py for every cluster check", "gcc, python3-dev"),
-    Twin("_native", "smockron.cluster._native",
-         "the cluster's grpcio server (--grpc-server threads)",
-         "g++, pkg-config, libgrpc++-dev, python3-dev"),
-    Twin("_nativeclient", "smockron.cluster._nativeclient",
-         "grpcio channels in the cluster's Python client",
-         "g++, pkg-config, libgrpc++-dev, python3-dev"),
-)  # fmt: skip
+    Twin(
+        "_zmqfast",
+        "smockron.wire._zmqfast",
+        "the Python loops of smockron/wire/batchio.py, accounting.py and control.py",
+        "gcc, python3-dev",
+    ),
+    Twin(
+        "_tablefast",
+        "smockron.gatekeeper._tablefast",
+        "the gatekeeper's Python update_run and passed",
+        "gcc, python3-dev",
+    ),
+    Twin(
+        "_localfast",
+        "smockron.cluster._localfast",
+        "smockron/core/algorithms.py for every cluster check",
+        "gcc, python3-dev",
+    ),
+    Twin(
+        "_native",
+        "smockron.cluster._native",
+        "the cluster's grpcio server (--grpc-server threads)",
+        "g++, pkg-config, libgrpc++-dev, python3-dev",
+    ),
+    Twin(
+        "_nativeclient",
+        "smockron.cluster._nativeclient",
+        "grpcio channels in the cluster's Python client",
+        "g++, pkg-config, libgrpc++-dev, python3-dev",
+    ),
+)
 BY_NAME: Final = {twin.name: twin for twin in REGISTRY}
 
 _loaded: dict[str, bool] = {}
@@ -114,8 +131,10 @@ def mark_unusable(name: str) -> None:
     """The module imported but cannot be used here (a stale build, a libzmq it cannot
     bind): the Python twin runs, and the startup line must not name it."""
     if required():
-        raise MissingCompiled(f"compiled extension {name} is built but unusable (a stale "
-                              f"build?): reinstall smockron, or unset {REQUIRE_ENV}")  # fmt: skip
+        raise MissingCompiled(
+            f"compiled extension {name} is built but unusable (a stale "
+            f"build?): reinstall smockron, or unset {REQUIRE_ENV}"
+        )
     _loaded[name] = False
 
 

@@ -185,8 +185,10 @@ def _both_or_none(secret: str | Path | None, other: str | Path | None, needs: st
 
 def curve_server(secret: str | Path | None, clients: str | Path | None) -> CurveServer | None:
     """The master's CURVE from ``--curve-secret`` and ``--curve-clients`` (both or none)."""
-    needs = ("--curve-secret (this master's .key_secret) and --curve-clients (a directory "
-             "of allowed gatekeepers' .key files)")  # fmt: skip
+    needs = (
+        "--curve-secret (this master's .key_secret) and --curve-clients (a directory "
+        "of allowed gatekeepers' .key files)"
+    )
     if not _both_or_none(secret, clients, needs):
         return None
     assert secret is not None and clients is not None
@@ -196,8 +198,10 @@ def curve_server(secret: str | Path | None, clients: str | Path | None) -> Curve
 
 def curve_client(secret: str | Path | None, server: str | Path | None) -> CurveClient | None:
     """A gatekeeper's CURVE from ``--curve-secret`` and ``--curve-server`` (both or none)."""
-    needs = ("--curve-secret (this gatekeeper's .key_secret) and --curve-server (the "
-             "master's public .key)")  # fmt: skip
+    needs = (
+        "--curve-secret (this gatekeeper's .key_secret) and --curve-server (the "
+        "master's public .key)"
+    )
     if not _both_or_none(secret, server, needs):
         return None
     assert secret is not None and server is not None
@@ -251,8 +255,11 @@ class AllowList(ThreadAuthenticator):
         self.keys = keys  # before the cut: the reconnections are judged by the new list
         _warn_if_empty(self.clients, keys)
         if revoked and sockets:
-            log.warning("%d key(s) revoked: closing every gatekeeper connection; the "
-                        "allowed ones reconnect", len(revoked))  # fmt: skip
+            log.warning(
+                "%d key(s) revoked: closing every gatekeeper connection; the "
+                "allowed ones reconnect",
+                len(revoked),
+            )
             for sock in sockets:
                 rebind(sock)
         return len(keys)
@@ -277,8 +284,7 @@ class AllowList(ThreadAuthenticator):
 
 def _warn_if_empty(clients: Path, keys: frozenset[bytes]) -> None:
     if not keys:
-        log.warning("%s holds no public key (*.key): every gatekeeper will be refused",
-                    clients)  # fmt: skip
+        log.warning("%s holds no public key (*.key): every gatekeeper will be refused", clients)
 
 
 REBIND_WAIT_S = 2.0

@@ -40,22 +40,39 @@ def curve_options(command: str, *, server: bool, client: bool) -> Callable[[Any]
     ``--insecure-bind``; for a connecting side ``--curve-server``."""
     env = f"SMOCKRON_{command.upper()}_"
     options = [
-        click.option("--curve-secret", envvar=env + "CURVE_SECRET", metavar="FILE",
-                     help="This process's CURVE secret key (.key_secret from `smockron keygen`)."),
-    ]  # fmt: skip
+        click.option(
+            "--curve-secret",
+            envvar=env + "CURVE_SECRET",
+            metavar="FILE",
+            help="This process's CURVE secret key (.key_secret from `smockron keygen`).",
+        ),
+    ]
     if server:
         options += [
-            click.option("--curve-clients", envvar=env + "CURVE_CLIENTS", metavar="DIR",
-                         help="Directory of the allowed gatekeepers' public keys (*.key)."),
-            click.option("--insecure-bind", envvar=env + "INSECURE_BIND", is_flag=True,
-                         default=None, help="Allow a non-loopback address without CURVE keys."),
-        ]  # fmt: skip
+            click.option(
+                "--curve-clients",
+                envvar=env + "CURVE_CLIENTS",
+                metavar="DIR",
+                help="Directory of the allowed gatekeepers' public keys (*.key).",
+            ),
+            click.option(
+                "--insecure-bind",
+                envvar=env + "INSECURE_BIND",
+                is_flag=True,
+                default=None,
+                help="Allow a non-loopback address without CURVE keys.",
+            ),
+        ]
     if client:
         options.append(
-            click.option("--curve-server", envvar=env + "CURVE_SERVER", metavar="FILE",
-                         help="The master's public key (.key): pinned, so no other process "
-                         "can pose as the master."),
-        )  # fmt: skip
+            click.option(
+                "--curve-server",
+                envvar=env + "CURVE_SERVER",
+                metavar="FILE",
+                help="The master's public key (.key): pinned, so no other process "
+                "can pose as the master.",
+            ),
+        )
 
     def decorate(f: Any) -> Any:
         for option in reversed(options):

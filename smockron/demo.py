@@ -93,8 +93,10 @@ def table(tally: Tally, scenario: Scenario, t0: float, span: float) -> str:
     """The live table: responses by verdict so far, then what reached the backend in the
     first ``span`` seconds beside what the rule allows in as long (what the summary
     compares, counted the same way)."""
-    lines = [f"t = {span:5.1f} s", f"  {'client':8} {'gatekeeper':10} {'accepted':>9} "
-             f"{'delayed':>8} {'rejected':>9}"]  # fmt: skip
+    lines = [
+        f"t = {span:5.1f} s",
+        f"  {'client':8} {'gatekeeper':10} {'accepted':>9} {'delayed':>8} {'rejected':>9}",
+    ]
     for client in CLIENTS:
         for gk in GATEKEEPERS:
             a, d, r = (tally.get(client, gk, v) for v in VERDICTS)
@@ -219,10 +221,23 @@ async def run_demo(scenario: Scenario, log_path: Path, live: bool) -> list[str]:
     spec = f"{DOMAIN}:{rule.rate:g}/s:{rule.burst}"
     with open(log_path, "wb") as log:
         master = subprocess.Popen(
-            [sys.executable, "-m", "smockron", "master", "--accounting", accounting,
-             "--control", control, "--rule", spec, "--stats-interval", "0"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "smockron",
+                "master",
+                "--accounting",
+                accounting,
+                "--control",
+                control,
+                "--rule",
+                spec,
+                "--stats-interval",
+                "0",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     tally = Tally()
     runner = await backend(tally, back)
     proxies: list[GatekeeperProxy] = []
@@ -258,11 +273,16 @@ async def run_demo(scenario: Scenario, log_path: Path, live: bool) -> list[str]:
             duration = scenario.duration_s
             drivers = asyncio.gather(
                 drive(session, "polite", steady(scenario.polite_rate, duration), urls, tally, t0),
-                drive(session, "abusive", steady(scenario.abusive_rate, duration), urls, tally,
-                      t0),
-                drive(session, "bursty", bursts(scenario.bursty_size, scenario.bursty_every_s,
-                                                duration), urls, tally, t0),
-            )  # fmt: skip
+                drive(session, "abusive", steady(scenario.abusive_rate, duration), urls, tally, t0),
+                drive(
+                    session,
+                    "bursty",
+                    bursts(scenario.bursty_size, scenario.bursty_every_s, duration),
+                    urls,
+                    tally,
+                    t0,
+                ),
+            )
             await show_live(drivers, tally, scenario, t0, live)
         # the window the summary counts: requests still held past it arrive too late
         print(table(tally, scenario, t0, duration), flush=True)

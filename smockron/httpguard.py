@@ -113,15 +113,22 @@ class ConnectionGuard:
         while len(self._open) >= self.max_connections:
             if not self._idle:
                 self._count("connections_refused")
-                self._log.warning("%d connections open, all with a request in progress: "
-                                  "refused one from %s (503)", len(self._open),
-                                  _peer(transport), key="refused")  # fmt: skip
+                self._log.warning(
+                    "%d connections open, all with a request in progress: "
+                    "refused one from %s (503)",
+                    len(self._open),
+                    _peer(transport),
+                    key="refused",
+                )
                 return False
             oldest, _ = self._idle.popitem(last=False)
             self._count("connections_evicted")
-            self._log.warning("%d connections open (the cap): closed the longest idle, "
-                              "from %s", len(self._open), _peer(oldest.transport),
-                              key="evicted")  # fmt: skip
+            self._log.warning(
+                "%d connections open (the cap): closed the longest idle, from %s",
+                len(self._open),
+                _peer(oldest.transport),
+                key="evicted",
+            )
             self._open.pop(oldest.transport, None)  # closing: its descriptor is as good as free
             oldest.close()
         self._open[transport] = conn
@@ -134,9 +141,12 @@ class ConnectionGuard:
 
     def _timed_out(self, conn: _Guarded) -> None:
         self._count("header_timeouts")
-        self._log.warning("closed a connection from %s: no complete request headers in "
-                          "%g s", _peer(conn.transport), conn.timeout_s,
-                          key="timeout")  # fmt: skip
+        self._log.warning(
+            "closed a connection from %s: no complete request headers in %g s",
+            _peer(conn.transport),
+            conn.timeout_s,
+            key="timeout",
+        )
         conn.close()
 
     def _gone(self, conn: _Guarded) -> None:

@@ -39,8 +39,10 @@ EXIT_DEADLINE = 1
 # ---------------------------------------------------------------------------- logging
 
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-    "message", "asctime", "taskName",
-}  # fmt: skip
+    "message",
+    "asctime",
+    "taskName",
+}
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _format = "text"
 
@@ -223,14 +225,19 @@ class Lifecycle:
         if sig == signal.SIGINT:  # the one line of Ctrl-C (through logging: JSON stays JSON)
             log.warning("%s: interrupted, stopping", self.name)
         else:
-            log.info("%s: received %s, shutting down (deadline %g s)", self.name, sig.name,
-                     self.grace)  # fmt: skip
+            log.info(
+                "%s: received %s, shutting down (deadline %g s)", self.name, sig.name, self.grace
+            )
         asyncio.get_running_loop().call_later(self.grace, self._too_slow)
         self.stop.set()
 
     def _too_slow(self) -> None:
-        log.error("%s: not stopped %g s after %s; exiting", self.name, self.grace,
-                  self.stopped_by.name if self.stopped_by else "the signal")  # fmt: skip
+        log.error(
+            "%s: not stopped %g s after %s; exiting",
+            self.name,
+            self.grace,
+            self.stopped_by.name if self.stopped_by else "the signal",
+        )
         interrupted = self.stopped_by == signal.SIGINT
         _exit_now(EXIT_INTERRUPTED if interrupted else EXIT_DEADLINE)
 

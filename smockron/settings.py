@@ -35,8 +35,17 @@ from smockron.errors import ConfigError
 
 # ---------------------------------------------------------------------------- durations
 
-_UNIT_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "μs": 1e-3, "ms": 1.0, "s": 1000.0,
-            "m": 60_000.0, "h": 3_600_000.0, "d": 86_400_000.0}  # fmt: skip
+_UNIT_MS = {
+    "ns": 1e-6,
+    "us": 1e-3,
+    "µs": 1e-3,
+    "μs": 1e-3,
+    "ms": 1.0,
+    "s": 1000.0,
+    "m": 60_000.0,
+    "h": 3_600_000.0,
+    "d": 86_400_000.0,
+}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|μs|ms|s|m|h|d)")
 _NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
@@ -203,8 +212,12 @@ class HostPort(_ParamType):
         except ConfigError as exc:
             self.fail(str(exc), param, ctx)
         if port == 0 and not self.any_port:
-            self.fail(f"{value!r}: port 0 (any free port) cannot be found by a scraper or a "
-                      "probe: name the port", param, ctx)  # fmt: skip
+            self.fail(
+                f"{value!r}: port 0 (any free port) cannot be found by a scraper or a "
+                "probe: name the port",
+                param,
+                ctx,
+            )
         return str(value)
 
 
@@ -349,10 +362,14 @@ class SmockronCommand(click.Command):
         super().__init__(*args, **kwargs)
         self.file_format = file_format
         if file_format == "toml":
-            self.params.insert(0, click.Option(
-                ["--config"], type=click.Path(dir_okay=False, path_type=Path),
-                help="TOML file of settings (keys: option names); flags and environment win.",
-            ))  # fmt: skip
+            self.params.insert(
+                0,
+                click.Option(
+                    ["--config"],
+                    type=click.Path(dir_okay=False, path_type=Path),
+                    help="TOML file of settings (keys: option names); flags and environment win.",
+                ),
+            )
         self.params.extend(_common_options())
         command = (self.name or "").upper()
         for param in self.params:
@@ -419,18 +436,21 @@ def _log_option(ctx: click.Context, name: str) -> str | None:
 def _common_options() -> list[click.Option]:
     return [
         click.Option(
-            ["--print-settings"], is_flag=True,
+            ["--print-settings"],
+            is_flag=True,
             help="Print the resolved settings as one JSON line and exit.",
         ),
         click.Option(
-            ["--log-level"], type=click.Choice(LOG_LEVELS, case_sensitive=False),
+            ["--log-level"],
+            type=click.Choice(LOG_LEVELS, case_sensitive=False),
             help="Logging threshold [SMOCKRON_LOG_LEVEL; INFO].",
         ),
         click.Option(
-            ["--log-format"], type=click.Choice(LOG_FORMATS),
+            ["--log-format"],
+            type=click.Choice(LOG_FORMATS),
             help="text, or json: one object per line [SMOCKRON_LOG_FORMAT; text].",
         ),
-    ]  # fmt: skip
+    ]
 
 
 def print_settings_if_asked(values: Mapping[str, Any]) -> None:

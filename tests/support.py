@@ -136,8 +136,12 @@ class RollingKills:
         procs: list[Proc],
         restart: Callable[[int], Proc],
         steps: Sequence[tuple[int, str, int]] = (
-            (8, "kill", 0), (12, "start", 0), (20, "kill", 1), (24, "start", 1)),
-    ) -> None:  # fmt: skip
+            (8, "kill", 0),
+            (12, "start", 0),
+            (20, "kill", 1),
+            (24, "start", 1),
+        ),
+    ) -> None:
         self.procs = procs
         self.restart = restart
         self.steps = list(steps)
@@ -316,8 +320,9 @@ def twins(python: object, compiled_twin: object | None, extension: str) -> list[
     if compiled_twin is not None:
         params.append(pytest.param(compiled_twin, id="compiled"))
     elif compiled.required():
-        raise compiled.MissingCompiled(f"{extension} is not loaded, and "
-                                       f"{compiled.REQUIRE_ENV}=1 requires it")  # fmt: skip
+        raise compiled.MissingCompiled(
+            f"{extension} is not loaded, and {compiled.REQUIRE_ENV}=1 requires it"
+        )
     else:
         why = "SMOCKRON_PURE_PYTHON=1" if compiled.pure_python() else "not built"
         skip = pytest.mark.skip(reason=f"{extension}: {why}")

@@ -40,8 +40,13 @@ def test_python_dash_m_entry_point() -> None:
 
 
 def _smockron(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "smockron", *args], capture_output=True,
-                          text=True, env=smockron_env(), timeout=30)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "smockron", *args],
+        capture_output=True,
+        text=True,
+        env=smockron_env(),
+        timeout=30,
+    )
 
 
 @pytest.fixture
@@ -55,15 +60,50 @@ def busy_port() -> Iterator[int]:
 def test_startup_failures_are_one_line(busy_port: int) -> None:
     """A busy port or a bad address is one line naming it, not a traceback."""
     cases = [
-        (["proxy", "--listen", f"127.0.0.1:{busy_port}", "--upstream", "http://127.0.0.1:9",
-          "--domain", "api"], f"cannot listen on 127.0.0.1:{busy_port}", 1),
-        (["proxy", "--listen", "127.0.0.1:1", "--upstream", "http://127.0.0.1:9",
-          "--domain", "api", "--accounting", "garbage"], "'--accounting': ZeroMQ address 'garbage'",
-         2),
-        (["master", "--rule", "a:1/s:1", "--accounting", "tcp://127.0.0.1:0", "--control",
-          "tcp://127.0.0.1:0", "--metrics", f"127.0.0.1:{busy_port}"],
-         f"cannot serve metrics on 127.0.0.1:{busy_port}", 1),
-    ]  # fmt: skip
+        (
+            [
+                "proxy",
+                "--listen",
+                f"127.0.0.1:{busy_port}",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--domain",
+                "api",
+            ],
+            f"cannot listen on 127.0.0.1:{busy_port}",
+            1,
+        ),
+        (
+            [
+                "proxy",
+                "--listen",
+                "127.0.0.1:1",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--domain",
+                "api",
+                "--accounting",
+                "garbage",
+            ],
+            "'--accounting': ZeroMQ address 'garbage'",
+            2,
+        ),
+        (
+            [
+                "master",
+                "--rule",
+                "a:1/s:1",
+                "--accounting",
+                "tcp://127.0.0.1:0",
+                "--control",
+                "tcp://127.0.0.1:0",
+                "--metrics",
+                f"127.0.0.1:{busy_port}",
+            ],
+            f"cannot serve metrics on 127.0.0.1:{busy_port}",
+            1,
+        ),
+    ]
     for args, message, code in cases:
         out = _smockron(*args)
         assert out.returncode == code, (args, out.stderr)

@@ -128,9 +128,10 @@ def test_master_fleet_is_a_statefulset_whose_pods_find_each_other(tmp_path: Path
     advertise = args[args.index("--advertise") + 1]
     for pod in range(3):
         name = f"smockron-master-fleet-{pod}"
-        settings = load_settings(tmp_path / "master.toml",
-                                 overrides={"advertise": advertise.replace("$(POD_NAME)", name),
-                                            "insecure_bind": True})  # fmt: skip
+        settings = load_settings(
+            tmp_path / "master.toml",
+            overrides={"advertise": advertise.replace("$(POD_NAME)", name), "insecure_bind": True},
+        )
         assert len(settings.peers) == 2 and not any(name + "." in p for p in settings.peers)
 
 
@@ -397,11 +398,23 @@ def test_the_systemd_guide_gives_a_master_that_starts_as_its_unit_runs_it() -> N
                 continue
             command = command.replace("/etc/smockron", str(etc))
             command = command.replace("/opt/smockron/bin/smockron", smockron_cmd)
-            done = subprocess.run(["bash", "-ec", command], cwd=REPO_ROOT, env=smockron_env(),
-                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            done = subprocess.run(
+                ["bash", "-ec", command],
+                cwd=REPO_ROOT,
+                env=smockron_env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert done.returncode == 0, f"{line}: {done.stderr}"
-        assert sorted(set(skipped)) == ["/opt/smockron/bin/pip", "apt-get", "cp", "curl",
-                                        "python3", "systemctl"]  # fmt: skip
+        assert sorted(set(skipped)) == [
+            "/opt/smockron/bin/pip",
+            "apt-get",
+            "cp",
+            "curl",
+            "python3",
+            "systemctl",
+        ]
         for toml in etc.glob("*.toml"):  # the scratch directory stands for /etc/smockron
             toml.write_text(toml.read_text().replace("/etc/smockron", str(etc)))
         unit = unit_settings(DEPLOY / "systemd" / "smockron-master.service")
@@ -420,16 +433,27 @@ def test_the_systemd_guide_gives_a_master_that_starts_as_its_unit_runs_it() -> N
         exec_start = exec_start.replace("%d", str(credentials)).replace("/etc/smockron", str(etc))
         argv = shlex.split(exec_start.replace("/opt/smockron/bin/smockron", smockron_cmd))
         acc, ctl, metrics = free_ports(3)
-        env = {**smockron_env(), "HOME": "/nonexistent", "CREDENTIALS_DIRECTORY": str(credentials),
-               "SMOCKRON_MASTER_ACCOUNTING": f"tcp://127.0.0.1:{acc}",  # loopback in a test
-               "SMOCKRON_MASTER_CONTROL": f"tcp://127.0.0.1:{ctl}",
-               "SMOCKRON_MASTER_METRICS": f"127.0.0.1:{metrics}"}  # fmt: skip
-        as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                     "--no-new-privs", *argv]  # fmt: skip
+        env = {
+            **smockron_env(),
+            "HOME": "/nonexistent",
+            "CREDENTIALS_DIRECTORY": str(credentials),
+            "SMOCKRON_MASTER_ACCOUNTING": f"tcp://127.0.0.1:{acc}",  # loopback in a test
+            "SMOCKRON_MASTER_CONTROL": f"tcp://127.0.0.1:{ctl}",
+            "SMOCKRON_MASTER_METRICS": f"127.0.0.1:{metrics}",
+        }
+        as_nobody = [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            "--no-new-privs",
+            *argv,
+        ]
         log = scratch / "master.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(as_nobody, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                as_nobody, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         try:
             wait_for(lambda: port_open(metrics) or proc.poll() is not None, timeout=30)
             assert proc.poll() is None, log.read_text()
@@ -458,16 +482,35 @@ def test_keys_the_daemons_user_cannot_read_are_one_line_not_a_traceback() -> Non
         public.mkdir()
         shutil.copy(scratch / "keys" / "gatekeepers" / "gk1.key", public)
         a, b = free_ports(2)
-        base = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                sys.executable, "-m", "smockron", "master", "--rule", "api:1/s:1",
-                "--accounting", f"tcp://127.0.0.1:{a}", "--control", f"tcp://127.0.0.1:{b}",
-                "--curve-secret", str(scratch / "keys" / "master.key_secret")]  # fmt: skip
+        base = [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "smockron",
+            "master",
+            "--rule",
+            "api:1/s:1",
+            "--accounting",
+            f"tcp://127.0.0.1:{a}",
+            "--control",
+            f"tcp://127.0.0.1:{b}",
+            "--curve-secret",
+            str(scratch / "keys" / "master.key_secret"),
+        ]
         for clients, says in (
             (scratch / "keys" / "gatekeepers", "cannot read public keys in"),
             (public, "cannot read key file"),
         ):
-            done = subprocess.run([*base, "--curve-clients", str(clients)], env=smockron_env(),
-                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            done = subprocess.run(
+                [*base, "--curve-clients", str(clients)],
+                env=smockron_env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert done.returncode == 2, done.stderr
             assert "Traceback" not in done.stderr and "Permission denied" in done.stderr
             assert done.stderr.startswith(f"smockron master: error: {says}"), done.stderr
@@ -479,10 +522,23 @@ def test_the_protected_mode_refusal_is_quoted_as_the_master_prints_it() -> None:
     """One wording across the docs: every line of them quoting the refusal is the line
     the master prints (it refuses before binding anything)."""
     done = subprocess.run(
-        [sys.executable, "-m", "smockron", "master", "--rule", "api:1/s:1",
-         "--accounting", "tcp://0.0.0.0:10004", "--control", "tcp://127.0.0.1:10005"],
-        capture_output=True, text=True, timeout=60, env=smockron_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "smockron",
+            "master",
+            "--rule",
+            "api:1/s:1",
+            "--accounting",
+            "tcp://0.0.0.0:10004",
+            "--control",
+            "tcp://127.0.0.1:10005",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=smockron_env(),
+    )
     assert done.returncode == 2
     printed = done.stderr.strip().splitlines()[-1]
     assert printed.startswith("smockron master: error: refusing to bind"), done.stderr
@@ -591,8 +647,11 @@ def dockerfile_problems(text: str) -> list[str]:
                 if Path(argv[0]).name == "pip" and "install" in argv:
                     for spec in argv[argv.index("install") + 1 :]:
                         for extra in re.findall(r"\[([\w,]+)\]", spec):
-                            problems += [f"pip extra {e!r}: not in pyproject.toml"
-                                         for e in extra.split(",") if e not in extras]  # fmt: skip
+                            problems += [
+                                f"pip extra {e!r}: not in pyproject.toml"
+                                for e in extra.split(",")
+                                if e not in extras
+                            ]
     for checked in stage_checked:
         if checked and not wanted <= checked:
             problems.append(f"an import check leaves out {sorted(wanted - checked)}")
@@ -896,8 +955,11 @@ def test_help_names_the_originals_not_the_spec() -> None:
     for name in COMMANDS:
         result = subprocess.run(
             [sys.executable, "-m", "smockron", name, "--help"],
-            capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO_ROOT,
+        )
         assert result.returncode == 0, name
         helps[name] = " ".join(result.stdout.split())  # as one line: click wraps it
         assert "seed" not in helps[name].lower(), (name, result.stdout)

@@ -62,8 +62,9 @@ def test_rss_returns_to_baseline_after_a_wave(
     object in it is gone (smockron.memory collects the free lists for that)."""
     goal = RETURNED[allocator]
     with memory_bench.allocator(allocator):
-        sample = memory_bench.measure(daemon, tmp_path, identifiers, hold=hold, settle=40,
-                                      goal=goal, quiet=True)  # fmt: skip
+        sample = memory_bench.measure(
+            daemon, tmp_path, identifiers, hold=hold, settle=40, goal=goal, quiet=True
+        )
     mb = {k: round(v / 2**20, 1) for k, v in vars(sample).items()}
     assert sample.peak > 1.4 * sample.baseline, mb  # the wave was held
     assert sample.ratio <= goal, mb

@@ -33,20 +33,59 @@ def _daemon_args(command: str) -> list[str]:
     """A command line that starts ``command`` on free loopback ports."""
     a, b = free_ports(2)
     return {
-        "master": ["master", "--accounting", f"tcp://127.0.0.1:{a}",
-                   "--control", f"tcp://127.0.0.1:{b}", "--rule", "api:1/s:1"],
-        "router": ["router", "--accounting", f"tcp://127.0.0.1:{a}",
-                   "--control", f"tcp://127.0.0.1:{b}",
-                   "--master", f"tcp://127.0.0.1:{free_port()},tcp://127.0.0.1:{free_port()}"],
-        "proxy": ["proxy", "--listen", f"127.0.0.1:{a}", "--upstream", "http://127.0.0.1:9",
-                  "--domain", "api", "--accounting", f"tcp://127.0.0.1:{b}",
-                  "--control", f"tcp://127.0.0.1:{free_port()}"],
-        "cluster": ["cluster", "--grpc-address", f"127.0.0.1:{a}",
-                    "--http-address", f"127.0.0.1:{b}"],
-        "jarl": ["jarl", "--service", "s", "--requests", "1", "--period", "1",
-                 "--ip", "127.0.0.1", "--port", str(a)],
+        "master": [
+            "master",
+            "--accounting",
+            f"tcp://127.0.0.1:{a}",
+            "--control",
+            f"tcp://127.0.0.1:{b}",
+            "--rule",
+            "api:1/s:1",
+        ],
+        "router": [
+            "router",
+            "--accounting",
+            f"tcp://127.0.0.1:{a}",
+            "--control",
+            f"tcp://127.0.0.1:{b}",
+            "--master",
+            f"tcp://127.0.0.1:{free_port()},tcp://127.0.0.1:{free_port()}",
+        ],
+        "proxy": [
+            "proxy",
+            "--listen",
+            f"127.0.0.1:{a}",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--domain",
+            "api",
+            "--accounting",
+            f"tcp://127.0.0.1:{b}",
+            "--control",
+            f"tcp://127.0.0.1:{free_port()}",
+        ],
+        "cluster": [
+            "cluster",
+            "--grpc-address",
+            f"127.0.0.1:{a}",
+            "--http-address",
+            f"127.0.0.1:{b}",
+        ],
+        "jarl": [
+            "jarl",
+            "--service",
+            "s",
+            "--requests",
+            "1",
+            "--period",
+            "1",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(a),
+        ],
         "dthrottle": ["dthrottle", "--listen", f"tcp:127.0.0.1:{a}"],
-    }[command]  # fmt: skip
+    }[command]
 
 
 COMMANDS = ["master", "router", "proxy", "cluster", "jarl", "dthrottle"]
@@ -90,8 +129,10 @@ def test_sigint_is_one_line_and_exit_130(command: str, tmp_path: Path) -> None:
 def test_sighup_reloads_the_master_config_file(tmp_path: Path) -> None:
     config = tmp_path / "master.toml"
     a, b = free_ports(2)
-    config.write_text(f'accounting = "tcp://127.0.0.1:{a}"\ncontrol = "tcp://127.0.0.1:{b}"\n'
-                      'rules = ["api:1/s:1"]\n')  # fmt: skip
+    config.write_text(
+        f'accounting = "tcp://127.0.0.1:{a}"\ncontrol = "tcp://127.0.0.1:{b}"\n'
+        'rules = ["api:1/s:1"]\n'
+    )
     proc = run_smockron(["master", "--config", str(config)], tmp_path / "m.log")
     try:
         wait_for(lambda: "control PUB on" in proc.log())
@@ -190,8 +231,13 @@ runtime.run(main, name="stuck", grace=0.5)
 
 
 def test_sigterm_deadline_exits_a_stuck_daemon(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=smockron_env())  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=smockron_env(),
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGTERM)
@@ -252,8 +298,13 @@ def _starting_line(extra_env: dict[str, str], prelude: str = "") -> tuple[int, s
         f"'--control', 'tcp://127.0.0.1:{b}', '--rule', 'api:1/s:1'])\n"
     )
     env = {**smockron_env(), **extra_env}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:

@@ -124,21 +124,58 @@ class Row:
 
 
 ROWS = [
-    Row("master", ["--stats-interval", "3s"], ("SMOCKRON_MASTER_STATS_INTERVAL", "4"),
-        "stats_interval = 5", "stats_interval", (3.0, 4.0, 5.0, 60.0)),
-    Row("router", ["--hwm", "11"], ("SMOCKRON_ROUTER_HWM", "12"), "hwm = 13", "hwm",
-        (11, 12, 13, 100_000), ["--master", "tcp://127.0.0.1:1,tcp://127.0.0.1:2"]),
-    Row("proxy", ["--max-delay", "1s"], ("SMOCKRON_PROXY_MAX_DELAY", "2"),
-        'max-delay = "3s"', "max_delay", (1000.0, 2000.0, 3000.0, 5000.0),
-        ["--listen", "127.0.0.1:1", "--upstream", "http://127.0.0.1:2", "--domain", "api"]),
-    Row("cluster", ["--batch-timeout", "11ms"], ("SMOCKRON_CLUSTER_BATCH_TIMEOUT", "12ms"),
-        'batch_timeout = "13ms"', "batch_timeout_ms", (11.0, 12.0, 13.0, 500.0)),
-    Row("jarl", ["--period", "11"], ("SMOCKRON_JARL_PERIOD", "12"), "period = 13", "period",
+    Row(
+        "master",
+        ["--stats-interval", "3s"],
+        ("SMOCKRON_MASTER_STATS_INTERVAL", "4"),
+        "stats_interval = 5",
+        "stats_interval",
+        (3.0, 4.0, 5.0, 60.0),
+    ),
+    Row(
+        "router",
+        ["--hwm", "11"],
+        ("SMOCKRON_ROUTER_HWM", "12"),
+        "hwm = 13",
+        "hwm",
+        (11, 12, 13, 100_000),
+        ["--master", "tcp://127.0.0.1:1,tcp://127.0.0.1:2"],
+    ),
+    Row(
+        "proxy",
+        ["--max-delay", "1s"],
+        ("SMOCKRON_PROXY_MAX_DELAY", "2"),
+        'max-delay = "3s"',
+        "max_delay",
+        (1000.0, 2000.0, 3000.0, 5000.0),
+        ["--listen", "127.0.0.1:1", "--upstream", "http://127.0.0.1:2", "--domain", "api"],
+    ),
+    Row(
+        "cluster",
+        ["--batch-timeout", "11ms"],
+        ("SMOCKRON_CLUSTER_BATCH_TIMEOUT", "12ms"),
+        'batch_timeout = "13ms"',
+        "batch_timeout_ms",
+        (11.0, 12.0, 13.0, 500.0),
+    ),
+    Row(
+        "jarl",
+        ["--period", "11"],
+        ("SMOCKRON_JARL_PERIOD", "12"),
+        "period = 13",
+        "period",
         (11, 12, 13, None),  # --period is required: no default
-        ["--service", "s", "--requests", "1", "--ip", "127.0.0.1", "--port", "1"]),
-    Row("dthrottle", ["--burst", "11"], ("SMOCKRON_DTHROTTLE_BURST", "12"), "burst = 13",
-        "burst", (11, 12, 13, 10)),
-]  # fmt: skip
+        ["--service", "s", "--requests", "1", "--ip", "127.0.0.1", "--port", "1"],
+    ),
+    Row(
+        "dthrottle",
+        ["--burst", "11"],
+        ("SMOCKRON_DTHROTTLE_BURST", "12"),
+        "burst = 13",
+        "burst",
+        (11, 12, 13, 10),
+    ),
+]
 LEVELS = ["flag", "env", "file", "default"]
 
 
@@ -188,8 +225,10 @@ def test_dthrottle_keeps_its_plural_variables() -> None:
 
 def test_config_file_keys_take_dashes_or_underscores(tmp_path: Path) -> None:
     config = tmp_path / "proxy.toml"
-    config.write_text('listen = "127.0.0.1:1"\nupstream = "http://a"\ndomain = "d"\n'
-                      "max_delayed = 5\nreject-sample = 0.5\n")  # fmt: skip
+    config.write_text(
+        'listen = "127.0.0.1:1"\nupstream = "http://a"\ndomain = "d"\n'
+        "max_delayed = 5\nreject-sample = 0.5\n"
+    )
     result = _run(["proxy", "--config", str(config), "--print-settings"])
     printed = json.loads(result.stdout)
     assert (printed["max_delayed"], printed["reject_sample"]) == (5, 0.5)
@@ -201,20 +240,47 @@ def test_config_file_keys_take_dashes_or_underscores(tmp_path: Path) -> None:
 BAD = [
     # command, base args, bad flag, bad env var, bad file line, what each error names
     ("master", [], ["--stats-interval", "soon"], ("SMOCKRON_MASTER_HWM", "0"), "hwm = 0"),
-    ("router", ["--master", "tcp://127.0.0.1:1,tcp://127.0.0.1:2"], ["--accounting", "x"],
-     ("SMOCKRON_ROUTER_HWM", "many"), 'control = "nowhere"'),
-    ("proxy", ["--upstream", "http://a", "--domain", "d"], ["--listen", "1.2.3.4:70000"],
-     ("SMOCKRON_PROXY_LISTEN", "nohost"), 'listen = "::1:80"'),
-    ("cluster", [], ["--batch-timeout", "2"], ("SMOCKRON_CLUSTER_CACHE_SIZE", "big"),
-     'global_timeout = "5"'),
-    ("jarl", ["--service", "s", "--requests", "1", "--ip", "127.0.0.1", "--port", "1"],
-     ["--period", "0"], ("SMOCKRON_JARL_PERIOD", "soon"), 'period = "x"'),
+    (
+        "router",
+        ["--master", "tcp://127.0.0.1:1,tcp://127.0.0.1:2"],
+        ["--accounting", "x"],
+        ("SMOCKRON_ROUTER_HWM", "many"),
+        'control = "nowhere"',
+    ),
+    (
+        "proxy",
+        ["--upstream", "http://a", "--domain", "d"],
+        ["--listen", "1.2.3.4:70000"],
+        ("SMOCKRON_PROXY_LISTEN", "nohost"),
+        'listen = "::1:80"',
+    ),
+    (
+        "cluster",
+        [],
+        ["--batch-timeout", "2"],
+        ("SMOCKRON_CLUSTER_CACHE_SIZE", "big"),
+        'global_timeout = "5"',
+    ),
+    (
+        "jarl",
+        ["--service", "s", "--requests", "1", "--ip", "127.0.0.1", "--port", "1"],
+        ["--period", "0"],
+        ("SMOCKRON_JARL_PERIOD", "soon"),
+        'period = "x"',
+    ),
     ("dthrottle", [], ["--stats-interval", "-1"], ("SMOCKRON_DTHROTTLE_BURST", "0"), "burst = 0"),
-]  # fmt: skip
+]
 
 
-def _bad(command: str, base: list[str], flag: list[str], env: tuple[str, str], line: str,
-         where: str, tmp_path: Path) -> tuple[Result, str]:  # fmt: skip
+def _bad(
+    command: str,
+    base: list[str],
+    flag: list[str],
+    env: tuple[str, str],
+    line: str,
+    where: str,
+    tmp_path: Path,
+) -> tuple[Result, str]:
     """The command run with one bad value at ``where``; returns the result and the name
     the error line must carry."""
     if where == "flag":
@@ -229,9 +295,14 @@ def _bad(command: str, base: list[str], flag: list[str], env: tuple[str, str], l
 @pytest.mark.parametrize("where", ["flag", "env", "file"])
 @pytest.mark.parametrize(("command", "base", "flag", "env", "line"), BAD, ids=[b[0] for b in BAD])
 def test_bad_values_exit_2_with_one_line_naming_them(
-    command: str, base: list[str], flag: list[str], env: tuple[str, str], line: str,
-    where: str, tmp_path: Path,
-) -> None:  # fmt: skip
+    command: str,
+    base: list[str],
+    flag: list[str],
+    env: tuple[str, str],
+    line: str,
+    where: str,
+    tmp_path: Path,
+) -> None:
     result, name = _bad(command, base, flag, env, line, where, tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2, result.output
@@ -250,8 +321,10 @@ def test_unknown_file_key_is_named(tmp_path: Path) -> None:
 
 
 def test_log_options_on_either_side_of_the_subcommand() -> None:
-    for args in (["--log-format", "json", "jarl", "--help"], ["jarl", "--log-format", "json",
-                                                              "--help"]):  # fmt: skip
+    for args in (
+        ["--log-format", "json", "jarl", "--help"],
+        ["jarl", "--log-format", "json", "--help"],
+    ):
         assert _run(args).exit_code == 0
     result = _run(["jarl", "--log-format", "yaml"])
     assert result.exit_code == 2 and "'yaml' is not one of 'text', 'json'" in result.stderr

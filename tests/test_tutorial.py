@@ -59,9 +59,14 @@ def test_the_tutorial_runs_as_written(shell_env: dict[str, str], tmp_path: Path)
 
     def start(name: str, script: str) -> None:
         log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the process holds it
-        background[name] = subprocess.Popen(["bash", "-c", f"exec {script}"], env=shell_env,
-                                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                            start_new_session=True)  # fmt: skip
+        background[name] = subprocess.Popen(
+            ["bash", "-c", f"exec {script}"],
+            env=shell_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
 
     def log(name: str) -> str:
         return (tmp_path / f"{name}.log").read_text(errors="replace")
@@ -78,8 +83,14 @@ def test_the_tutorial_runs_as_written(shell_env: dict[str, str], tmp_path: Path)
                 port = {"service": ports[9000], "master": ports[9100], "proxy": ports[9101]}
                 wait_for(lambda p=port[name]: port_open(p), timeout=30)  # type: ignore[misc]
                 continue
-            done = subprocess.run(["bash", "-ec", script], env=shell_env, capture_output=True,
-                                  text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+            done = subprocess.run(
+                ["bash", "-ec", script],
+                env=shell_env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=tmp_path,
+            )
             assert done.returncode == 0, (block, done.stdout, done.stderr)
             outputs.append(done.stdout)
         ready, alice, bob, carol, top, metrics = outputs
@@ -100,12 +111,18 @@ def test_the_tutorial_runs_as_written(shell_env: dict[str, str], tmp_path: Path)
         assert background.pop("master").wait(20) == 130
         wait_for(lambda: "failing open" in log("proxy"), timeout=10)
         polite = next(b for b in blocks() if "alice" in b)
-        alice_again = subprocess.run(["bash", "-ec", moved(polite)], env=shell_env,
-                                     capture_output=True, text=True, timeout=60)  # fmt: skip
+        alice_again = subprocess.run(
+            ["bash", "-ec", moved(polite)],
+            env=shell_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert alice_again.stdout.split().count("accept") == 5, alice_again.stdout
         greedy = moved(next(b for b in blocks() if "bob" in b)).replace("bob", "dave")
-        dave = subprocess.run(["bash", "-ec", greedy], env=shell_env, capture_output=True,
-                              text=True, timeout=60).stdout  # fmt: skip
+        dave = subprocess.run(
+            ["bash", "-ec", greedy], env=shell_env, capture_output=True, text=True, timeout=60
+        ).stdout
         assert dave.count("200 accept") == 5 and dave.count("200 delay") == 15, dave
     finally:
         for proc in background.values():

@@ -100,8 +100,9 @@ def build_discovery(config: ClusterConfig, registry: CollectorRegistry | None = 
     kind = config.peer_discovery
     if config.peers_file:
         if kind not in ("static", "none") or config.peers:
-            raise ConfigError("peers_file is a static peer list: it excludes --peers and "
-                              f"--peer-discovery {kind}")  # fmt: skip
+            raise ConfigError(
+                f"peers_file is a static peer list: it excludes --peers and --peer-discovery {kind}"
+            )
         return make_discovery("file", path=config.peers_file, advertise=me)
     found = options(config, me)
     if found is None:

@@ -32,10 +32,14 @@ def k8s_mechanism_error(value: str) -> str:
     """The one line for a GUBER_K8S_WATCH_MECHANISM smockron does not follow: Gubernator's
     ``pods``, or a value Gubernator refuses too (its message names both choices)."""
     if value == "pods":
-        return (f"GUBER_K8S_WATCH_MECHANISM={value}: smockron watches EndpointSlices only "
-                "(endpointslices): name the Service in GUBER_K8S_SERVICE_NAME")  # fmt: skip
-    return (f"GUBER_K8S_WATCH_MECHANISM={value}: needs to be either 'endpointslices' or "
-            "'pods' (defaults to 'endpointslices'); smockron follows 'endpointslices'")  # fmt: skip
+        return (
+            f"GUBER_K8S_WATCH_MECHANISM={value}: smockron watches EndpointSlices only "
+            "(endpointslices): name the Service in GUBER_K8S_SERVICE_NAME"
+        )
+    return (
+        f"GUBER_K8S_WATCH_MECHANISM={value}: needs to be either 'endpointslices' or "
+        "'pods' (defaults to 'endpointslices'); smockron follows 'endpointslices'"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,12 +232,15 @@ class ClusterConfig:
         _one_of("peer_picker_hash", self.peer_picker_hash, HASHES)
         self._validate_bounds()
         if self.peers_on_grpc_port and self.peer_address:
-            raise ConfigError("peer_address and peers_on_grpc_port exclude each other: "
-                              "PeersV1 is served on one of the two")  # fmt: skip
+            raise ConfigError(
+                "peer_address and peers_on_grpc_port exclude each other: "
+                "PeersV1 is served on one of the two"
+            )
         listen = self.peer_listen_address
         if listen and listen == self.grpc_address and not listen.endswith(":0"):
-            raise ConfigError(f"peer_address must differ from the gRPC address "
-                              f"{self.grpc_address!r}")  # fmt: skip
+            raise ConfigError(
+                f"peer_address must differ from the gRPC address {self.grpc_address!r}"
+            )
         self._validate_tls()
         self._validate_discovery()
         return self
@@ -256,8 +263,10 @@ class ClusterConfig:
     def _validate_discovery(self) -> None:
         _one_of("peer_discovery", self.peer_discovery, DISCOVERY_TYPES)
         if self.peers and self.peer_discovery not in ("static", "none"):
-            raise ConfigError(f"a static peer list (--peers, GUBER_PEERS) and "
-                              f"{self.peer_discovery} discovery exclude each other")  # fmt: skip
+            raise ConfigError(
+                f"a static peer list (--peers, GUBER_PEERS) and "
+                f"{self.peer_discovery} discovery exclude each other"
+            )
         if self.member_list.secret_keys:  # their format, before anything starts
             from smockron.cluster.discovery.memberlist_wire import secret_keys
 
@@ -278,17 +287,23 @@ class ClusterConfig:
         _one_of("tls_client_auth", self.tls_client_auth, CLIENT_AUTH_MODES, CLIENT_AUTH_MODES[1:])
         _one_of("tls_min_version", self.tls_min_version, TLS_VERSIONS)
         if not self.tls_auto and bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("TLS needs both a certificate (GUBER_TLS_CERT) and its key "
-                              "(GUBER_TLS_KEY), or GUBER_TLS_AUTO")  # fmt: skip
+            raise ConfigError(
+                "TLS needs both a certificate (GUBER_TLS_CERT) and its key "
+                "(GUBER_TLS_KEY), or GUBER_TLS_AUTO"
+            )
         if self.tls_ca_key and not self.tls_ca:
             raise ConfigError("GUBER_TLS_CA_KEY needs the CA certificate (GUBER_TLS_CA)")
         needs_tls = (self.tls_ca, self.tls_client_auth, self.tls_client_auth_ca_cert)
         if not self.tls and any((*needs_tls, self.tls_client_san)):
-            raise ConfigError("TLS settings given but no server certificate: set GUBER_TLS_CERT "
-                              "and GUBER_TLS_KEY, or GUBER_TLS_AUTO=true")  # fmt: skip
+            raise ConfigError(
+                "TLS settings given but no server certificate: set GUBER_TLS_CERT "
+                "and GUBER_TLS_KEY, or GUBER_TLS_AUTO=true"
+            )
         if self.tls_client_auth and not (self.tls_client_auth_ca_cert or self.tls_ca):
-            raise ConfigError("client auth enabled, but no CA's provided "
-                              "(GUBER_TLS_CLIENT_AUTH_CA_CERT or GUBER_TLS_CA)")  # fmt: skip
+            raise ConfigError(
+                "client auth enabled, but no CA's provided "
+                "(GUBER_TLS_CLIENT_AUTH_CA_CERT or GUBER_TLS_CA)"
+            )
 
 
 def peer_address_of(grpc_address: str) -> str:

@@ -86,9 +86,14 @@ class GlobalKeys:
         self.ledger.ask(req.hash_key, peer, demand, now)
         remaining = resp.remaining if left is None else left
         amount, number = self.ledger.lend(
-            req.hash_key, peer, remaining, resp.reset_time, now,
-            limit=resp.limit, nodes=len(self.ring.nodes),
-        )  # fmt: skip
+            req.hash_key,
+            peer,
+            remaining,
+            resp.reset_time,
+            now,
+            limit=resp.limit,
+            nodes=len(self.ring.nodes),
+        )
         resp.metadata[lending.ALLOWANCE] = str(amount)
         resp.metadata[lending.LOAN] = str(number)
 

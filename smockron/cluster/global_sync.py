@@ -182,8 +182,10 @@ class GlobalSync:
                 req.metadata = {lending.PEER: self._address, lending.DEMAND: asked}
         broadcasts, self._broadcasts = self._broadcasts, {}
         loop = asyncio.get_running_loop()
-        for kind, coro in (("hits", self._send_hits(hits)),
-                           ("broadcast", self._send_broadcasts(broadcasts))):  # fmt: skip
+        for kind, coro in (
+            ("hits", self._send_hits(hits)),
+            ("broadcast", self._send_broadcasts(broadcasts)),
+        ):
             task = loop.create_task(self._timed(kind, coro))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -123,9 +123,16 @@ ENV: dict[str, tuple[str, Any]] = {
 LOGGING_ENV = ("GUBER_LOG_FORMAT", "GUBER_LOG_LEVEL", "GUBER_DEBUG")
 """Read into ``log_level`` and ``log_format``, which the command line applies."""
 
-_GUBER_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
-                 "warning": "WARNING", "error": "ERROR", "fatal": "CRITICAL",
-                 "panic": "CRITICAL"}  # fmt: skip
+_GUBER_LEVELS = {
+    "trace": "DEBUG",
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warn": "WARNING",
+    "warning": "WARNING",
+    "error": "ERROR",
+    "fatal": "CRITICAL",
+    "panic": "CRITICAL",
+}
 """logrus's level names (Gubernator's GUBER_LOG_LEVEL) as logging's."""
 
 
@@ -178,8 +185,10 @@ def refused(env: Mapping[str, str]) -> None:
     """ConfigError (one line) for the first Gubernator setting smockron cannot honour."""
     for var, what in REFUSED.items():
         if env.get(var, "").strip().lower() not in _INERT:
-            raise ConfigError(f"{var} is set, but smockron does not implement {what}: "
-                              "unset it, or keep this node on Gubernator")  # fmt: skip
+            raise ConfigError(
+                f"{var} is set, but smockron does not implement {what}: "
+                "unset it, or keep this node on Gubernator"
+            )
     mechanism = env.get("GUBER_K8S_WATCH_MECHANISM", "").strip().lower()
     if mechanism and mechanism not in K8S_MECHANISMS:
         raise ConfigError(k8s_mechanism_error(mechanism))
@@ -264,9 +273,11 @@ def from_env(env: Mapping[str, str], base: ClusterConfig | None = None) -> Clust
     changes.update(_logging(env), ignored=tuple(warnings(env)))
     memberlist = any(v.startswith("GUBER_MEMBERLIST_") and env[v] for v in env)
     if memberlist and not changes.get("member_list.known_nodes"):
-        raise ConfigError("when using `member-list` for peer discovery, you MUST provide a "
-                          "hostname of a known host in the cluster via "
-                          "`GUBER_MEMBERLIST_KNOWN_NODES`")  # fmt: skip
+        raise ConfigError(
+            "when using `member-list` for peer discovery, you MUST provide a "
+            "hostname of a known host in the cluster via "
+            "`GUBER_MEMBERLIST_KNOWN_NODES`"
+        )
     if "peer_discovery" not in changes and memberlist:
         changes["peer_discovery"] = "member-list"
     return with_changes(base or ClusterConfig(), changes)

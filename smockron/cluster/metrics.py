@@ -31,9 +31,11 @@ class ClusterMetrics:
         self._shared: dict[str, Any] = {}
         reg = self.registry
         self.checks = Counter(
-            "smockron_cluster_checks_total", "Rate-limit checks answered, by how.", ["route"],
+            "smockron_cluster_checks_total",
+            "Rate-limit checks answered, by how.",
+            ["route"],
             registry=reg,
-        )  # fmt: skip
+        )
         self.peer_failures = Counter(
             "smockron_cluster_peer_failures_total",
             "Items whose peer call failed (forwards answered here, GLOBAL hits lost).",
@@ -209,9 +211,15 @@ def gubernator_exposition(
     checks = _values(metrics.checks, "route")
     local = sum(v for route, v in checks.items() if route not in ("forwarded", "global_replica"))
     glob = checks.get("global_replica", 0.0)
-    _family(lines, "gubernator_getratelimit_counter", "counter", [
-        ("", {"calltype": "local"}, local), ("", {"calltype": "global"}, glob),
-    ])  # fmt: skip
+    _family(
+        lines,
+        "gubernator_getratelimit_counter",
+        "counter",
+        [
+            ("", {"calltype": "local"}, local),
+            ("", {"calltype": "global"}, glob),
+        ],
+    )
     requests = _histograms(metrics.request_duration, "kind")
     malformed = _values(metrics.grpc_malformed, "method")
     counts: Samples = []
@@ -219,49 +227,80 @@ def gubernator_exposition(
     for kind, method in _METHODS.items():
         hist = requests.get(kind, _EMPTY)
         failed = sum(v for m, v in malformed.items() if method.endswith("/" + m))
-        counts += [("", {"method": method, "status": "failed"}, failed),
-                   ("", {"method": method, "status": "success"}, hist.count)]  # fmt: skip
+        counts += [
+            ("", {"method": method, "status": "failed"}, failed),
+            ("", {"method": method, "status": "success"}, hist.count),
+        ]
         durations += hist.summary({"method": method})
     _family(lines, "gubernator_grpc_request_counts", "counter", counts)
     _family(lines, "gubernator_grpc_request_duration", "summary", durations)
     sync = _histograms(metrics.global_sync_duration, "kind")
     errors = _values(metrics.global_sync_errors, "kind")
-    _family(lines, "gubernator_global_send_duration", "summary",
-            sync.get("hits", _EMPTY).summary({}))  # fmt: skip
+    _family(
+        lines, "gubernator_global_send_duration", "summary", sync.get("hits", _EMPTY).summary({})
+    )
     _family(lines, "gubernator_global_send_errors", "counter", [("", {}, errors.get("hits", 0))])
-    _family(lines, "gubernator_broadcast_duration", "summary",
-            sync.get("broadcast", _EMPTY).summary({}))  # fmt: skip
-    _family(lines, "gubernator_broadcast_errors", "counter",
-            [("", {}, errors.get("broadcast", 0))])  # fmt: skip
+    _family(
+        lines, "gubernator_broadcast_duration", "summary", sync.get("broadcast", _EMPTY).summary({})
+    )
+    _family(lines, "gubernator_broadcast_errors", "counter", [("", {}, errors.get("broadcast", 0))])
     _family(lines, "gubernator_cache_size", "gauge", [("", {}, float(cache_size))])
-    received = sum(s.value for m in metrics.peer_globals.collect() for s in m.samples
-                   if s.name.endswith("_total"))  # fmt: skip
+    received = sum(
+        s.value
+        for m in metrics.peer_globals.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
     _family(lines, "gubernator_updatepeerglobals_counter", "counter", [("", {}, received)])
-    _family(lines, "gubernator_over_limit_counter", "counter",
-            [("", {}, stats.get("over_limit", 0))])  # fmt: skip
-    errors = {"Invalid request": float(stats.get("invalid", 0)), "Request too large": 0.0,
-              "Invalid algorithm": 0.0}  # fmt: skip
+    _family(
+        lines, "gubernator_over_limit_counter", "counter", [("", {}, stats.get("over_limit", 0))]
+    )
+    errors = {
+        "Invalid request": float(stats.get("invalid", 0)),
+        "Request too large": 0.0,
+        "Invalid algorithm": 0.0,
+    }
     for label, value in _values(metrics.check_errors, "error").items():
         errors[label] = errors.get(label, 0.0) + value
-    _family(lines, "gubernator_check_error_counter", "counter",
-            [("", {"error": label}, value) for label, value in sorted(errors.items())])  # fmt: skip
-    _family(lines, "gubernator_cache_access_count", "counter", [
-        ("", {"type": "hit"}, stats.get("hit", 0)), ("", {"type": "miss"}, stats.get("miss", 0)),
-    ])  # fmt: skip
-    _family(lines, "gubernator_unexpired_evictions_count", "counter",
-            [("", {}, stats.get("unexpired_evictions", 0))])  # fmt: skip
+    _family(
+        lines,
+        "gubernator_check_error_counter",
+        "counter",
+        [("", {"error": label}, value) for label, value in sorted(errors.items())],
+    )
+    _family(
+        lines,
+        "gubernator_cache_access_count",
+        "counter",
+        [
+            ("", {"type": "hit"}, stats.get("hit", 0)),
+            ("", {"type": "miss"}, stats.get("miss", 0)),
+        ],
+    )
+    _family(
+        lines,
+        "gubernator_unexpired_evictions_count",
+        "counter",
+        [("", {}, stats.get("unexpired_evictions", 0))],
+    )
     funcs: Samples = []
     for kind, name in _FUNCS.items():
         funcs += requests.get(kind, _EMPTY).summary({"name": name}, (0.5, 0.99, 1.0))
     _family(lines, "gubernator_func_duration", "summary", funcs)
-    _family(lines, "gubernator_concurrent_checks_counter", "gauge",
-            [("", {}, float(metrics.in_flight))])  # fmt: skip
-    _family(lines, "gubernator_global_send_queue_length", "gauge",
-            [("", {}, float(global_queues[0]))])  # fmt: skip
+    _family(
+        lines, "gubernator_concurrent_checks_counter", "gauge", [("", {}, float(metrics.in_flight))]
+    )
+    _family(
+        lines, "gubernator_global_send_queue_length", "gauge", [("", {}, float(global_queues[0]))]
+    )
     _family(lines, "gubernator_global_queue_length", "gauge", [("", {}, float(global_queues[1]))])
     batches = sorted((batch_queues or {}).items())
-    _family(lines, "gubernator_batch_queue_length", "gauge",
-            [("", {"peerAddr": peer}, float(n)) for peer, n in batches])  # fmt: skip
+    _family(
+        lines,
+        "gubernator_batch_queue_length",
+        "gauge",
+        [("", {"peerAddr": peer}, float(n)) for peer, n in batches],
+    )
     return "".join(lines).encode()
 
 
@@ -270,8 +309,9 @@ def _family(lines: list[str], name: str, kind: str, samples: Samples) -> None:
     for suffix, labels, value in samples:
         text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         number = _number(value)
-        lines.append(f"{name}{suffix}{{{text}}} {number}\n" if text else
-                     f"{name}{suffix} {number}\n")  # fmt: skip
+        lines.append(
+            f"{name}{suffix}{{{text}}} {number}\n" if text else f"{name}{suffix} {number}\n"
+        )
 
 
 def _number(value: float) -> str:
@@ -284,8 +324,12 @@ def _number(value: float) -> str:
 
 def _values(collector: Counter, label: str) -> dict[str, float]:
     """A labelled counter's totals by ``label``."""
-    return {s.labels[label]: s.value for m in collector.collect() for s in m.samples
-            if s.name.endswith("_total")}  # fmt: skip
+    return {
+        s.labels[label]: s.value
+        for m in collector.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
 
 
 class _Histogram:
@@ -314,8 +358,9 @@ class _Histogram:
     def summary(
         self, labels: dict[str, str], quantiles: tuple[float, ...] = (0.5, 0.99)
     ) -> Samples:
-        out: Samples = [("", {**labels, "quantile": _number(q)}, self.quantile(q))
-                        for q in quantiles]  # fmt: skip
+        out: Samples = [
+            ("", {**labels, "quantile": _number(q)}, self.quantile(q)) for q in quantiles
+        ]
         return [*out, ("_sum", labels, self.sum), ("_count", labels, self.count)]
 
 

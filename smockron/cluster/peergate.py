@@ -163,8 +163,11 @@ class MemberGate:
 
     def deny(self, method: str, peer: str) -> None:
         self._refused.labels(method.rpartition("/")[2]).inc()
-        self._log.warning("PeersV1 %s from %s refused: not a member of the peer list",
-                          method.rpartition("/")[2], escaped(peer))  # fmt: skip
+        self._log.warning(
+            "PeersV1 %s from %s refused: not a member of the peer list",
+            method.rpartition("/")[2],
+            escaped(peer),
+        )
 
 
 def _resolve(host: str) -> list[str]:

@@ -82,8 +82,10 @@ def mismatch(wanted: str, dns_names: Sequence[str], ip_names: Sequence[str]) -> 
         if address in ips:
             return None
         if not ips:
-            return (f"x509: cannot validate certificate for {candidate} "
-                    "because it doesn't contain any IP SANs")  # fmt: skip
+            return (
+                f"x509: cannot validate certificate for {candidate} "
+                "because it doesn't contain any IP SANs"
+            )
         return f"x509: certificate is valid for {', '.join(map(str, ips))}, not {candidate}"
     name = _lower(wanted)
     valid_name = _valid_hostname(name, pattern=False)

@@ -139,13 +139,18 @@ class ClusterServer:
         if self.tls is not None:
             log.info("gRPC and HTTP on TLS (client auth: %s)", self.tls.client_auth or "none")
         if self._client_san is not None:
-            log.info("gRPC clients' certificates must be valid for %s (GRPC_CLIENT_TLS_SAN)",
-                     self._client_san.wanted)  # fmt: skip
+            log.info(
+                "gRPC clients' certificates must be valid for %s (GRPC_CLIENT_TLS_SAN)",
+                self._client_san.wanted,
+            )
         log.info("GRPC Listening on %s ...", self.config.grpc_address)
         if shared:
-            log.warning("PeersV1 is served on the gRPC port (peers_on_grpc_port): any client "
-                        "that reaches %s can set GLOBAL state, unless TLS client "
-                        "certificates keep it out", self.config.grpc_address)  # fmt: skip
+            log.warning(
+                "PeersV1 is served on the gRPC port (peers_on_grpc_port): any client "
+                "that reaches %s can set GLOBAL state, unless TLS client "
+                "certificates keep it out",
+                self.config.grpc_address,
+            )
         else:
             await self._listen_peers()
         if self.config.http_address:
@@ -223,10 +228,13 @@ class ClusterServer:
             server.use_tls(self.tls)
             return server.add_insecure_port(address)
         if self.tls.client_auth in ("request-cert", "verify-cert"):
-            log.warning("GUBER_TLS_CLIENT_AUTH=%s: the %s gRPC server cannot ask for a client "
-                        "certificate without requiring one, so it asks for none (the native "
-                        "server and the HTTP gateway do ask)",
-                        self.tls.client_auth, self.config.grpc_server)  # fmt: skip
+            log.warning(
+                "GUBER_TLS_CLIENT_AUTH=%s: the %s gRPC server cannot ask for a client "
+                "certificate without requiring one, so it asks for none (the native "
+                "server and the HTTP gateway do ask)",
+                self.tls.client_auth,
+                self.config.grpc_server,
+            )
         assert isinstance(server, grpc.aio.Server | ThreadedServer)
         certificates = tls.ServerCertificates(self.tls)
         self._certificates.append(certificates)
@@ -238,13 +246,17 @@ class ClusterServer:
         if self.tls is None or not self.config.tls_cert:
             log.info("no TLS certificate files to reload")
             return False
-        log.info("Caught SIGHUP, reloading TLS certificate and key from %r and %r",
-                 self.config.tls_cert, self.config.tls_key)  # fmt: skip
+        log.info(
+            "Caught SIGHUP, reloading TLS certificate and key from %r and %r",
+            self.config.tls_cert,
+            self.config.tls_key,
+        )
         try:
             material = tls.load(self.config)
         except ConfigError as exc:
-            log.error("Keeping old TLS certificate because the new one could not be loaded: %s",
-                      exc)  # fmt: skip
+            log.error(
+                "Keeping old TLS certificate because the new one could not be loaded: %s", exc
+            )
             return False
         assert material is not None
         self.tls = material

@@ -278,8 +278,9 @@ def _refusing_handler(node: Node) -> grpc.GenericRpcHandler[Any, Any]:
             node.metrics.peer_calls_refused.labels(method).inc()
             _refused_log.warning(
                 "PeersV1 %s from %s refused: PeersV1 is served on the peer listener only",
-                method, context.peer(),
-            )  # fmt: skip
+                method,
+                context.peer(),
+            )
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 "PeersV1 is not served on this port (node-to-node calls go to the peer listener)",

@@ -409,8 +409,9 @@ class _AioSanInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return None if handler is None else self._check.guard(handler, aio=True)
 
 
-def peer_names_check(config: ClusterConfig, material: TLSMaterial | None, refused: Counter
-                     ) -> ClientSanCheck | None:  # fmt: skip
+def peer_names_check(
+    config: ClusterConfig, material: TLSMaterial | None, refused: Counter
+) -> ClientSanCheck | None:
     """The peer listener's ``peer_tls_names`` check, or None: a peer's client certificate
     must carry one of the names. Only certificates the handshake required and verified
     can be checked; with another GUBER_TLS_CLIENT_AUTH mode the names are refused at
@@ -426,16 +427,20 @@ def peer_names_check(config: ClusterConfig, material: TLSMaterial | None, refuse
     return ClientSanCheck(names, refused, required=True)
 
 
-def client_san_check(config: ClusterConfig, material: TLSMaterial | None, refused: Counter
-                     ) -> ClientSanCheck | None:  # fmt: skip
+def client_san_check(
+    config: ClusterConfig, material: TLSMaterial | None, refused: Counter
+) -> ClientSanCheck | None:
     """The gRPC port's GRPC_CLIENT_TLS_SAN check, or None. As upstream, the name is
     looked for only in certificates the handshake verified: with another
     GUBER_TLS_CLIENT_AUTH mode it has nothing to check, and says so."""
     if not config.tls_client_san or material is None:
         return None
     if material.client_auth not in VERIFY_MODES:
-        log.warning("GRPC_CLIENT_TLS_SAN=%s is not checked: client certificates are not "
-                    "verified (GUBER_TLS_CLIENT_AUTH=%s)", config.tls_client_san,
-                    material.client_auth or "none")  # fmt: skip
+        log.warning(
+            "GRPC_CLIENT_TLS_SAN=%s is not checked: client certificates are not "
+            "verified (GUBER_TLS_CLIENT_AUTH=%s)",
+            config.tls_client_san,
+            material.client_auth or "none",
+        )
         return None
     return ClientSanCheck(config.tls_client_san, refused, material.client_auth in REQUIRE_MODES)

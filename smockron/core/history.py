@@ -111,5 +111,8 @@ def verdicts_after(
     """:func:`verdict_of` for one rule over many identifiers, in one comprehension:
     those whose verdict is after ``now``, as ``(identifier, until ms)``."""
     ceil, verdict = math.ceil, rule_verdict
-    return [(ident, ceil(until)) for ident, state in pairs
-            if (until := verdict(rule, state, gcra)) is not None and until > now]  # fmt: skip
+    return [
+        (ident, ceil(until))
+        for ident, state in pairs
+        if (until := verdict(rule, state, gcra)) is not None and until > now
+    ]

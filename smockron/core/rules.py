@@ -20,12 +20,26 @@ from smockron.core.vocabulary import ALGORITHMS as ALGORITHMS  # the names: voca
 from smockron.errors import RuleError
 
 _UNIT_SECONDS: dict[str, float] = {
-    "ms": 0.001, "msec": 0.001,
-    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
-}  # fmt: skip
+    "ms": 0.001,
+    "msec": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
+}
 
 # ASCII digits only: int() and float() would also take "1_0" or Arabic-Indic digits.
 _RATE_RE = re.compile(
@@ -81,12 +95,25 @@ def parse_rate(text: str) -> float:
 # The original master's parseInterval and parseRate, as written (case-sensitive units,
 # whole numbers; a bare number is milliseconds, and so is an empty unit).
 _ORIGINAL_MS: dict[str, int] = {
-    "": 1, "ms": 1, "msec": 1,
-    "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000,
-    "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000,
-    "h": 3_600_000, "hr": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
-}  # fmt: skip
+    "": 1,
+    "ms": 1,
+    "msec": 1,
+    "s": 1000,
+    "sec": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hr": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+}
 _ORIGINAL_INTERVAL_RE = re.compile(r"\s*(\d+)?\s*(" + "|".join(_ORIGINAL_MS) + r")\s*", re.ASCII)
 _ORIGINAL_RATE_RE = re.compile(r"\s*(\d+)\s*(?:per|/)\s*(.*)", re.ASCII)
 

@@ -232,9 +232,12 @@ class AsyncGatekeeper(_GatekeeperBase):
                     if error is not None and not isinstance(error, zmq.ZMQError):
                         log.warning("gatekeeper task %s failed: %r", task.get_name(), error)
                 if pending:
-                    log.warning("%d gatekeeper task(s) did not stop within %.0f s of "
-                                "aclose(): closing their sockets", len(pending),
-                                CLOSE_WAIT_S)  # fmt: skip
+                    log.warning(
+                        "%d gatekeeper task(s) did not stop within %.0f s of "
+                        "aclose(): closing their sockets",
+                        len(pending),
+                        CLOSE_WAIT_S,
+                    )
         finally:
             self._close_sockets()
 

@@ -122,11 +122,18 @@ class _GatekeeperBase(_Link):
         wait (REJECTED): account it."""
         decision = waiting.decision
         if waiting.rejected:
-            self._send(waiting.domain, REJECTED, waiting.identifier, decision.received_ms,
-                       None, loginfo)  # fmt: skip
+            self._send(
+                waiting.domain, REJECTED, waiting.identifier, decision.received_ms, None, loginfo
+            )
         else:
-            self._send(waiting.domain, DELAYED, waiting.identifier, decision.received_ms,
-                       waiting.went_at, loginfo)  # fmt: skip
+            self._send(
+                waiting.domain,
+                DELAYED,
+                waiting.identifier,
+                decision.received_ms,
+                waiting.went_at,
+                loginfo,
+            )
 
     def decide(
         self,

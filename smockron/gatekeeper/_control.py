@@ -126,8 +126,7 @@ class _ControlMessages:
         control = self._decoded(decode_control, frames, "control message")
         ours = control is not None and (self.domains is None or control.domain in self.domains)
         if ours and control is not None and control.command == DELAY_UNTIL:
-            self._apply_delays([(control.domain, control.identifier, control.until_ms)], now,
-                               link)  # fmt: skip
+            self._apply_delays([(control.domain, control.identifier, control.until_ms)], now, link)
             return
         self.counters.control_received += 1
         if control is None:
@@ -169,13 +168,17 @@ class _ControlMessages:
             )
             self._malformed_log.warning(
                 "refusing DELAY_UNTIL %d for %r/%r: more than %d ms ahead",
-                until_ms, domain[:64], identifier[:64], table.max_ahead_ms,
-            )  # fmt: skip
+                until_ms,
+                domain[:64],
+                identifier[:64],
+                table.max_ahead_ms,
+            )
         elif table.evicted != evicted:
             self._malformed_log.warning(
                 "delay table full (%d entries): evicted the %d expiring soonest",
-                table.max_entries, table.evicted - evicted,
-            )  # fmt: skip
+                table.max_entries,
+                table.evicted - evicted,
+            )
 
     def _resync_mark(self, domain: bytes, command: bytes, link: int, private: bool) -> None:
         """A master answers a RESYNC: it started (stop asking it), or it is done. A
@@ -215,9 +218,12 @@ class _ControlMessages:
             self.counters.control_lost += lost
             self._malformed_log.warning(
                 "lost %d DELAY_UNTIL(s) for %r (published %d, received %d since the last "
-                "heartbeat): asking the master to resync", lost, domain[:64],
-                published - last[0], received - last[1],
-            )  # fmt: skip
+                "heartbeat): asking the master to resync",
+                lost,
+                domain[:64],
+                published - last[0],
+                received - last[1],
+            )
             self._want_resync((domain,), link)
 
     def _want_resync(self, domains: Iterable[bytes], link: int) -> None:
@@ -241,9 +247,11 @@ class _ControlMessages:
                 continue
             if attempts >= RESYNC_ATTEMPTS:
                 del self._resync[link, domain]
-                self._malformed_log.warning("no answer to RESYNC for %r from %s: the master "
-                                            "may not support it", domain[:64],
-                                            self.masters[link][1])  # fmt: skip
+                self._malformed_log.warning(
+                    "no answer to RESYNC for %r from %s: the master may not support it",
+                    domain[:64],
+                    self.masters[link][1],
+                )
                 continue
             retry = RESYNC_FIRST_RETRY_S if attempts == 0 else RESYNC_RETRY_S
             self._resync[link, domain] = (attempts + 1, now + retry)
@@ -279,16 +287,23 @@ class _ControlMessages:
         if not self.master_rules or (self.domains is not None and offer.domain not in self.domains):
             return
         if offer.domain not in self.decider.lines and len(self.decider.lines) >= MAX_LINES:
-            self._malformed_log.warning("ignoring rules offer for %r: %d domains have rules "
-                                        "already", offer.domain[:64], MAX_LINES)  # fmt: skip
+            self._malformed_log.warning(
+                "ignoring rules offer for %r: %d domains have rules already",
+                offer.domain[:64],
+                MAX_LINES,
+            )
             return
         if offer.algorithm not in ALGORITHMS:
-            self._malformed_log.warning("ignoring rules offer with unknown algorithm %r for %r",
-                                        offer.algorithm, offer.domain)  # fmt: skip
+            self._malformed_log.warning(
+                "ignoring rules offer with unknown algorithm %r for %r",
+                offer.algorithm,
+                offer.domain,
+            )
             return
         self._set_line(offer.domain, Line.of(offer.algorithm, offer.rules))
 
     def _set_line(self, domain: bytes, line: Line | None) -> None:
         if self.decider.set_line(domain, line):
-            log.info("first line for %r: %s", domain.decode("utf-8", "replace"),
-                     describe_line(line))  # fmt: skip
+            log.info(
+                "first line for %r: %s", domain.decode("utf-8", "replace"), describe_line(line)
+            )

@@ -101,5 +101,7 @@ def first_lines(rules: RuleConfig) -> dict[bytes, Line | None]:
 def describe_line(line: Line | None) -> str:
     if line is None:
         return "none"
-    return ", ".join(f"{1000.0 / i:g}/s, {t / i:g} ahead" for i, t in
-                     zip(line.intervals, line.tolerances, strict=True))  # fmt: skip
+    return ", ".join(
+        f"{1000.0 / i:g}/s, {t / i:g} ahead"
+        for i, t in zip(line.intervals, line.tolerances, strict=True)
+    )

@@ -341,8 +341,9 @@ class ClientConnection(asyncio.Protocol):
             return
         req.extra = extra
         proxy = self.proxy
-        req.head = request_head(req, proxy.prefix, proxy.host_header, self.peer_bytes,
-                                proxy.local_host)  # fmt: skip
+        req.head = request_head(
+            req, proxy.prefix, proxy.host_header, self.peer_bytes, proxy.local_host
+        )
         idle = self.pool.idle  # a kept-alive connection (no method call: once a request)
         while idle:
             up = idle.pop()
@@ -392,8 +393,9 @@ class ClientConnection(asyncio.Protocol):
         if not self.feeding:
             up.flush()
 
-    def respond(self, req: Request, status_line: bytes, headers: bytes, body: bytes,
-                extra: bytes = b"") -> None:  # fmt: skip
+    def respond(
+        self, req: Request, status_line: bytes, headers: bytes, body: bytes, extra: bytes = b""
+    ) -> None:
         """A response of our own (rejection, 502): ``headers`` are ``Name: value\\r\\n``
         lines, without Content-Length."""
         if self.closed or req.responded:
@@ -408,8 +410,13 @@ class ClientConnection(asyncio.Protocol):
             self.flush()
             self.close()
             return
-        self.respond(req, b"502 Bad Gateway", b"Content-Type: text/plain; charset=utf-8\r\n",
-                     b"502 Bad Gateway: upstream unavailable\n", req.extra)  # fmt: skip
+        self.respond(
+            req,
+            b"502 Bad Gateway",
+            b"Content-Type: text/plain; charset=utf-8\r\n",
+            b"502 Bad Gateway: upstream unavailable\n",
+            req.extra,
+        )
 
     def finished(self, req: Request) -> None:
         """``req``'s response is out (its upstream's last bytes are in ``out``)."""

@@ -263,17 +263,24 @@ def response_head(
     return b"".join(parts)
 
 
-def own_response(req: Request, status: bytes, headers: bytes, body: bytes,
-                 closing: bool) -> bytes:  # fmt: skip
+def own_response(req: Request, status: bytes, headers: bytes, body: bytes, closing: bool) -> bytes:
     """A response of the proxy's own (rejection, 502): ``headers`` are ``Name: value\\r\\n``
     lines, without Content-Length."""
     if not req.complete or not req.keep_alive or closing:
         req.close_after = True
-    conn = b"Connection: close\r\n" if req.close_after else (
-        b"" if req.http11 else b"Connection: keep-alive\r\n")  # fmt: skip
+    conn = (
+        b"Connection: close\r\n"
+        if req.close_after
+        else (b"" if req.http11 else b"Connection: keep-alive\r\n")
+    )
     req.responded = True
     return b"HTTP/1.1 %s\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
-        status, headers, conn, len(body), b"" if req.verb == b"HEAD" else body)  # fmt: skip
+        status,
+        headers,
+        conn,
+        len(body),
+        b"" if req.verb == b"HEAD" else body,
+    )
 
 
 def status_line(status: int) -> bytes:

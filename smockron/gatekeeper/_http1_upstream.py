@@ -276,8 +276,13 @@ class Pool:
         for up in stale:
             self.idle.remove(up)
             up.close()
-        late = [u for u in self.conns if u.client is not None and now - u.since >
-                self.read_timeout_s and not u.client.write_paused]  # fmt: skip
+        late = [
+            u
+            for u in self.conns
+            if u.client is not None
+            and now - u.since > self.read_timeout_s
+            and not u.client.write_paused
+        ]
         for up in late:
             up.keep = False
             self.proxy.upstream_failed(

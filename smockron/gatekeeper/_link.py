@@ -172,32 +172,46 @@ class _Link(_ControlMessages):
             if up or now - when > AUTH_STALE_S:
                 continue
             acc, ctl = self.masters[link]
-            return (f"cannot authenticate to the master at {ctl if control else acc}: "
-                    f"{self._auth_reason(event, value)}")  # fmt: skip
+            return (
+                f"cannot authenticate to the master at {ctl if control else acc}: "
+                f"{self._auth_reason(event, value)}"
+            )
         return None
 
     def _auth_reason(self, event: int, value: int) -> str:
         """What a failed handshake's monitor event tells of its cause."""
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            return (f"the master refused this gatekeeper's key (ZAP status {value}): add "
-                    "its public key to the master's --curve-clients directory and send the "
-                    "master SIGHUP")  # fmt: skip
+            return (
+                f"the master refused this gatekeeper's key (ZAP status {value}): add "
+                "its public key to the master's --curve-clients directory and send the "
+                "master SIGHUP"
+            )
         if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
             if self.curve is None:
-                return ("the master requires CURVE and this gatekeeper has no keys: give it "
-                        "--curve-secret and --curve-server")  # fmt: skip
-            return ("this gatekeeper uses CURVE and the master does not: give the master "
-                    "--curve-secret and --curve-clients, or this gatekeeper no keys")  # fmt: skip
+                return (
+                    "the master requires CURVE and this gatekeeper has no keys: give it "
+                    "--curve-secret and --curve-server"
+                )
+            return (
+                "this gatekeeper uses CURVE and the master does not: give the master "
+                "--curve-secret and --curve-clients, or this gatekeeper no keys"
+            )
         if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-            return (f"ZeroMQ protocol error {value:#x} in the handshake: is a smockron "
-                    "master listening there?")  # fmt: skip
+            return (
+                f"ZeroMQ protocol error {value:#x} in the handshake: is a smockron "
+                "master listening there?"
+            )
         if self.curve is not None:
-            return ("the master closed the connection during the CURVE handshake: the key "
-                    "pinned with --curve-server is not the key of the master at that "
-                    "address (or that is not a CURVE master)")  # fmt: skip
-        return ("the master closed the connection during the handshake: it likely requires "
-                "CURVE and this gatekeeper has no keys (give it --curve-secret and "
-                "--curve-server), or that is no ZeroMQ master")  # fmt: skip
+            return (
+                "the master closed the connection during the CURVE handshake: the key "
+                "pinned with --curve-server is not the key of the master at that "
+                "address (or that is not a CURVE master)"
+            )
+        return (
+            "the master closed the connection during the handshake: it likely requires "
+            "CURVE and this gatekeeper has no keys (give it --curve-secret and "
+            "--curve-server), or that is no ZeroMQ master"
+        )
 
     def _watch_master(self, now: int) -> None:
         """One loud line when the master stays silent (then again at most every minute);
@@ -299,8 +313,7 @@ class _Link(_ControlMessages):
         self._peers = max(0, self._peers - 1)
         acc = self.masters[link][0]
         if self._peers:
-            log.warning("accounting disconnected from %s: the other masters hold its "
-                        "share", acc)  # fmt: skip
+            log.warning("accounting disconnected from %s: the other masters hold its share", acc)
         else:
             log.warning("accounting disconnected from %s: failing open", acc)
 
@@ -316,8 +329,10 @@ class _Link(_ControlMessages):
         elif event == zmq.EVENT_DISCONNECTED:
             control.up = max(0, control.up - 1)
             self._control_peers = max(0, self._control_peers - 1)
-            log.warning("control disconnected from %s: no verdicts from that master until "
-                        "it is back", control.address)  # fmt: skip
+            log.warning(
+                "control disconnected from %s: no verdicts from that master until it is back",
+                control.address,
+            )
 
     def _accounting_index(self, endpoint: object) -> int:
         """Which master an accounting socket event is about (by its endpoint)."""
@@ -333,9 +348,12 @@ class _Link(_ControlMessages):
         self.handshakes_failed += 1
         self._auth[control, link] = (event, value, time.monotonic())
         acc, ctl = self.masters[link]
-        self._handshake_log.warning("cannot authenticate to the master at %s: %s; failing "
-                                    "open meanwhile", ctl if control else acc,
-                                    self._auth_reason(event, value), key=f"auth{link}")  # fmt: skip
+        self._handshake_log.warning(
+            "cannot authenticate to the master at %s: %s; failing open meanwhile",
+            ctl if control else acc,
+            self._auth_reason(event, value),
+            key=f"auth{link}",
+        )
         self._redial.setdefault((control, link), time.monotonic() + REDIAL_S)
 
     def _control_socket(self, link: int = 0) -> zmq.Socket[Any] | None:
@@ -379,8 +397,11 @@ class _Link(_ControlMessages):
         if self.domains is None:
             return [b""]
         # the rules topic also carries the master's publish counters (loss detection)
-        return [*(topic(d) for d in sorted(self.domains)), RULES_TOPIC,
-                *self._controls[link].replies]  # fmt: skip
+        return [
+            *(topic(d) for d in sorted(self.domains)),
+            RULES_TOPIC,
+            *self._controls[link].replies,
+        ]
 
     def _setup_pub(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes] | None:
         if not self.accounting:

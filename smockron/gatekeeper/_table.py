@@ -26,10 +26,18 @@ Hold: TypeAlias = "tuple[float, dict[bytes, float], int] | None"
 added to a DELAY_UNTIL, the identifiers' arrival times and how many it may hold; None
 for several rules (the caller holds those)."""
 UpdateRun: TypeAlias = Callable[
-    [dict[Key, int], list[DelayUntil], int, int, int, int,
-     "Mapping[bytes, Hold] | None", "dict[bytes, int] | None"],
+    [
+        dict[Key, int],
+        list[DelayUntil],
+        int,
+        int,
+        int,
+        int,
+        "Mapping[bytes, Hold] | None",
+        "dict[bytes, int] | None",
+    ],
     tuple[int, int, int, list[DelayUntil]],
-]  # fmt: skip
+]
 Passed: TypeAlias = Callable[[Mapping[Any, Any], int], list[Any]]
 _K = TypeVar("_K")
 
@@ -204,9 +212,16 @@ class DelayTable:
         moved, unheld = 0, []
         start, end = 0, len(records)
         while True:
-            start, refused, n, back = update_run(self._entries, records, start, now_ms,
-                                                 self.max_ahead_ms, self._sweep_at, holds,
-                                                 counts)  # fmt: skip
+            start, refused, n, back = update_run(
+                self._entries,
+                records,
+                start,
+                now_ms,
+                self.max_ahead_ms,
+                self._sweep_at,
+                holds,
+                counts,
+            )
             self.refused += refused
             moved += n
             unheld += back

@@ -213,9 +213,15 @@ def proxy(
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    server = GatekeeperProxy(upstream, gate, gatekeeper, decision_header=decision_header,
-                             metrics=metrics, header_timeout_s=header_timeout,
-                             max_connections=max_connections)  # fmt: skip
+    server = GatekeeperProxy(
+        upstream,
+        gate,
+        gatekeeper,
+        decision_header=decision_header,
+        metrics=metrics,
+        header_timeout_s=header_timeout,
+        max_connections=max_connections,
+    )
     running = {k: v for k, v in locals().items() if k in _PARAMS}
     runtime.run(
         lambda stop: serve(server, host, port, stats_interval, stop),
@@ -227,11 +233,27 @@ def proxy(
 _RELOADABLE = ("max_delay", "max_delayed", "reject_sample", "max_ahead", "rules", "algorithms")
 """What SIGHUP changes in a running proxy; the rest (addresses, identification, keys)
 needs a restart."""
-_PARAMS = (*_RELOADABLE, "listen", "upstream", "domain", "accounting", "control", "masters",
-           "identify",
-           "trusted_proxy", "reject_status", "loginfo", "decision_header", "master_rules",
-           "stats_interval", "curve_secret", "curve_server", "metrics", "header_timeout",
-           "max_connections")  # fmt: skip
+_PARAMS = (
+    *_RELOADABLE,
+    "listen",
+    "upstream",
+    "domain",
+    "accounting",
+    "control",
+    "masters",
+    "identify",
+    "trusted_proxy",
+    "reject_status",
+    "loginfo",
+    "decision_header",
+    "master_rules",
+    "stats_interval",
+    "curve_secret",
+    "curve_server",
+    "metrics",
+    "header_timeout",
+    "max_connections",
+)
 
 
 def _reloader(
@@ -279,10 +301,14 @@ async def serve(
     except ConfigError as exc:  # the --metrics listener
         await server.close()
         raise click.ClickException(str(exc)) from None
-    runtime.startup_line("proxy", listen=f"{host}:{port}", upstream=server.upstream,
-                         accounting=server.gatekeeper.accounting or "none",
-                         masters=len(server.gatekeeper.masters),
-                         curve="on" if server.gatekeeper.curve is not None else "off")  # fmt: skip
+    runtime.startup_line(
+        "proxy",
+        listen=f"{host}:{port}",
+        upstream=server.upstream,
+        accounting=server.gatekeeper.accounting or "none",
+        masters=len(server.gatekeeper.masters),
+        curve="on" if server.gatekeeper.curve is not None else "off",
+    )
     try:
         while True:
             try:

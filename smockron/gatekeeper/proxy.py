@@ -67,9 +67,12 @@ class GatekeeperProxy:
         self._bad_log = RateLimitedLog(log)
         self.metrics = metrics
         self.listener: ObserveServer | None = None
-        self.guard = ConnectionGuard(log, header_timeout_s=header_timeout_s,
-                                     max_connections=max_connections,
-                                     fds_per_connection=2)  # fmt: skip
+        self.guard = ConnectionGuard(
+            log,
+            header_timeout_s=header_timeout_s,
+            max_connections=max_connections,
+            fds_per_connection=2,
+        )
 
     def stats(self) -> dict[str, int]:
         """The gatekeeper's counters plus requests let through on errors."""
@@ -83,14 +86,24 @@ class GatekeeperProxy:
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port``; the gatekeeper and upstream pool start here too."""
         self.gatekeeper.start()
-        http = Http1Proxy(self.upstream, self._on_request, self.guard, log,
-                          upstream_timeout_s=self.upstream_timeout_s,
-                          bad_request=self._bad_request)  # fmt: skip
+        http = Http1Proxy(
+            self.upstream,
+            self._on_request,
+            self.guard,
+            log,
+            upstream_timeout_s=self.upstream_timeout_s,
+            bad_request=self._bad_request,
+        )
         await http.start(host, port)
         self._http = http
-        log.info("gatekeeper proxy on %s:%d -> %s (at most %d connections, headers within "
-                 "%g s)", host, port, self.upstream, self.guard.max_connections,
-                 self.guard.header_timeout_s)  # fmt: skip
+        log.info(
+            "gatekeeper proxy on %s:%d -> %s (at most %d connections, headers within %g s)",
+            host,
+            port,
+            self.upstream,
+            self.guard.max_connections,
+            self.guard.header_timeout_s,
+        )
         if self.metrics:
             self.listener = self.observe(self.metrics)
 
@@ -172,5 +185,10 @@ class GatekeeperProxy:
             for name, value in rejection.headers
             if name != "content-length"
         )
-        conn.respond(req, rejection.status_line.encode(), headers, rejection.body,
-                     self._extra[Verdict.REJECT])  # fmt: skip
+        conn.respond(
+            req,
+            rejection.status_line.encode(),
+            headers,
+            rejection.body,
+            self._extra[Verdict.REJECT],
+        )

@@ -53,8 +53,14 @@ POLL_S = 0.02
 class Answers:
     """The master's answers; ``offers`` is read at each resync (reloads replace it)."""
 
-    def __init__(self, engine: Engine, store: Store, out: ControlOut, stats: Stats,
-                 offers: dict[str, list[bytes]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        out: ControlOut,
+        stats: Stats,
+        offers: dict[str, list[bytes]],
+    ) -> None:
         self.engine, self.store, self.out, self.stats = engine, store, out, stats
         self.offers = offers
         self.warming: Callable[[], bool] = lambda: False
@@ -73,8 +79,9 @@ class Answers:
             for name, reply in self._due(wanted, time.monotonic()):
                 await self.resync(name, reply)
 
-    def _due(self, wanted: dict[tuple[str, bytes | None], None],
-             now: float) -> list[tuple[str, bytes | None]]:  # fmt: skip
+    def _due(
+        self, wanted: dict[tuple[str, bytes | None], None], now: float
+    ) -> list[tuple[str, bytes | None]]:
         """The requests to answer now (taken out of ``wanted``)."""
         by_domain: dict[str, list[bytes | None]] = {}
         for name, reply in wanted:
@@ -135,11 +142,15 @@ class Answers:
             finally:
                 out.end()
         self.resyncs += 1
-        log.info("resync of %s%s: %d DELAY_UNTIL(s) from %d state(s) in %.3f s%s", name,
-                 " (private)" if reply else "", sent, sum(map(len, states)),
-                 time.monotonic() - start,
-                 f" ({out.stalled}: the rest went without waiting)" if out.stalled
-                 else "")  # fmt: skip
+        log.info(
+            "resync of %s%s: %d DELAY_UNTIL(s) from %d state(s) in %.3f s%s",
+            name,
+            " (private)" if reply else "",
+            sent,
+            sum(map(len, states)),
+            time.monotonic() - start,
+            f" ({out.stalled}: the rest went without waiting)" if out.stalled else "",
+        )
         return sent
 
     async def answer_syncs(self) -> None:
@@ -164,16 +175,21 @@ class Answers:
                 for scope in engine.every_scope():
                     pairs = states_of(await self.store.live(scope, RESYNC_MAX), shards)
                     messages = list(encode_states(reply, scope.key_prefix, pairs))
-                    await out.paced(functools.partial(_messages_from, out.pub, messages),
-                                    len(messages))  # fmt: skip
+                    await out.paced(
+                        functools.partial(_messages_from, out.pub, messages), len(messages)
+                    )
                     count += len(pairs)
                 out.send([[reply, SYNCDONE, b"%d" % count]])
                 await out.drain()
             finally:
                 out.end()
         self.syncs += 1
-        log.info("sync for a peer: %d state(s) of %d shard(s) in %.3f s", count, len(shards),
-                 time.monotonic() - start)  # fmt: skip
+        log.info(
+            "sync for a peer: %d state(s) of %d shard(s) in %.3f s",
+            count,
+            len(shards),
+            time.monotonic() - start,
+        )
         return count
 
     def merge(self, scope_prefix: bytes, pairs: list[tuple[bytes, State]]) -> int:
@@ -184,8 +200,9 @@ class Answers:
         return 0
 
 
-def _controls_from(pub: zmq.Socket[bytes], frame: bytes, verdicts: list[tuple[bytes, int]],
-                   rest: int) -> int:  # fmt: skip
+def _controls_from(
+    pub: zmq.Socket[bytes], frame: bytes, verdicts: list[tuple[bytes, int]], rest: int
+) -> int:
     """A resync's slice from its ``rest``-th DELAY_UNTIL on, until one is refused."""
     return send_controls(pub, frame, verdicts[rest:], True)
 

@@ -187,11 +187,14 @@ def master(
 
     settings = load()
     print_settings_if_asked(
-        {**{name: getattr(settings, name) for name in settings.__dataclass_fields__},
-         "config": str(config) if config else None}
-    )  # fmt: skip
-    _refuse_open_binds((settings.accounting, settings.control), settings.curve_clients,
-                       settings.insecure_bind)  # fmt: skip
+        {
+            **{name: getattr(settings, name) for name in settings.__dataclass_fields__},
+            "config": str(config) if config else None,
+        }
+    )
+    _refuse_open_binds(
+        (settings.accounting, settings.control), settings.curve_clients, settings.insecure_bind
+    )
     try:
         server = Master(settings, reload=load if config is not None else None)
     except ConfigError:
@@ -200,9 +203,13 @@ def master(
         raise click.ClickException(str(exc)) from None
 
     async def main(stop: asyncio.Event) -> None:
-        runtime.startup_line("master", store=settings.store, domains=len(settings.domains),
-                             config=str(config) if config else "none",
-                             curve="on" if settings.curve_secret else "off")  # fmt: skip
+        runtime.startup_line(
+            "master",
+            store=settings.store,
+            domains=len(settings.domains),
+            config=str(config) if config else "none",
+            curve="on" if settings.curve_secret else "off",
+        )
         await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
 
     runtime.run(main, name="master", reload=server.reload)
@@ -273,11 +280,19 @@ def router(
     from smockron.master.router import MasterAddress, Router
 
     print_settings_if_asked(
-        {"accounting": accounting, "control": control, "masters": masters,
-         "shard_by": shard_by, "hwm": hwm,
-         "curve_secret": curve_secret, "curve_clients": curve_clients,
-         "curve_server": curve_server, "insecure_bind": insecure_bind, "metrics": metrics}
-    )  # fmt: skip
+        {
+            "accounting": accounting,
+            "control": control,
+            "masters": masters,
+            "shard_by": shard_by,
+            "hwm": hwm,
+            "curve_secret": curve_secret,
+            "curve_clients": curve_clients,
+            "curve_server": curve_server,
+            "insecure_bind": insecure_bind,
+            "metrics": metrics,
+        }
+    )
     if curve_secret is not None and curve_clients is None and curve_server is None:
         raise ConfigError("--curve-secret needs --curve-clients, --curve-server or both")
     try:
@@ -304,9 +319,14 @@ def router(
         raise click.ClickException(str(exc)) from None
 
     async def main(stop: asyncio.Event) -> None:
-        runtime.startup_line("router", accounting=accounting, control=control,
-                             masters=len(targets), shard_by=shard_by,
-                             curve="on" if curve_secret else "off")  # fmt: skip
+        runtime.startup_line(
+            "router",
+            accounting=accounting,
+            control=control,
+            masters=len(targets),
+            shard_by=shard_by,
+            curve="on" if curve_secret else "off",
+        )
         await _until_stopped(lambda: server.run(handle_signals=False), server.stop, stop)
 
     runtime.run(main, name="router", reload=server.reload)

@@ -88,8 +88,15 @@ class MasterSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(self.peers))
-        for name in ("hwm", "queue", "batch", "max_domain", "max_identifier", "max_loginfo",
-                     "replicas"):  # fmt: skip
+        for name in (
+            "hwm",
+            "queue",
+            "batch",
+            "max_domain",
+            "max_identifier",
+            "max_loginfo",
+            "replicas",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -135,8 +142,9 @@ def check_fleet(settings: MasterSettings) -> None:
         fleet_name(settings.advertise)
     # the fleet's full list may name this master too (one list for every master of a
     # StatefulSet): it is not its own peer
-    object.__setattr__(settings, "peers", tuple(p for p in settings.peers
-                                                if fleet_name(p) != settings.name))  # fmt: skip
+    object.__setattr__(
+        settings, "peers", tuple(p for p in settings.peers if fleet_name(p) != settings.name)
+    )
 
 
 def check_advertised(settings: MasterSettings) -> None:

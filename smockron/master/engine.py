@@ -233,8 +233,13 @@ class Engine:
             return
         reply = frames[2] if len(frames) == 3 else None
         if reply is not None and not valid_reply(reply):
-            self._malformed(ProtocolError("bad_reply", "a RESYNC's reply topic must start "
-                                          "with \\0smockron-resync\\0"), frames, dom)  # fmt: skip
+            self._malformed(
+                ProtocolError(
+                    "bad_reply", "a RESYNC's reply topic must start with \\0smockron-resync\\0"
+                ),
+                frames,
+                dom,
+            )
             return
         self.resync_requests += 1
         if len(self.resync_wanted) < MAX_PENDING:

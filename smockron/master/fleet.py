@@ -101,14 +101,19 @@ class Fleet:
         fleet's own messages."""
         if self.alone:
             return [b""]
-        return [*(topic(d) for d in sorted(domains)), *map(shard_prefix, sorted(self.shards)),
-                FLEET_PREFIX]  # fmt: skip
+        return [
+            *(topic(d) for d in sorted(domains)),
+            *map(shard_prefix, sorted(self.shards)),
+            FLEET_PREFIX,
+        ]
 
     def describe(self) -> str:
         if self.alone:
             return "alone"
-        return (f"{self.name} with {len(self.peers)} peer(s), holding {len(self.shards)} of "
-                f"{SHARDS} shards")  # fmt: skip
+        return (
+            f"{self.name} with {len(self.peers)} peer(s), holding {len(self.shards)} of "
+            f"{SHARDS} shards"
+        )
 
 
 def merge_state(old: State | None, new: State, scope: Scope) -> State:
@@ -171,18 +176,26 @@ class WarmStart:
 
     async def run(self) -> None:
         start = time.monotonic()
-        results = await asyncio.gather(*(self._from(peer) for peer in self.fleet.peers),
-                                       return_exceptions=True)  # fmt: skip
+        results = await asyncio.gather(
+            *(self._from(peer) for peer in self.fleet.peers), return_exceptions=True
+        )
         for peer, result in zip(self.fleet.peers, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("warm start from %s failed: %s", peer.accounting, result)
         self.problem = None
         if self.answered == 0:
-            log.warning("warm start: no peer answered within %g s; starting from this "
-                        "master's own state", START_TIMEOUT_S)  # fmt: skip
+            log.warning(
+                "warm start: no peer answered within %g s; starting from this master's own state",
+                START_TIMEOUT_S,
+            )
         else:
-            log.info("warm start: %d state(s) from %d of %d peer(s) in %.3f s", self.states,
-                     self.answered, len(self.fleet.peers), time.monotonic() - start)  # fmt: skip
+            log.info(
+                "warm start: %d state(s) from %d of %d peer(s) in %.3f s",
+                self.states,
+                self.answered,
+                len(self.fleet.peers),
+                time.monotonic() - start,
+            )
 
     async def catch_up(self, peer: Peer) -> None:
         """Take ``peer``'s states of this master's shards again (it was cut off)."""
@@ -208,8 +221,9 @@ class WarmStart:
             sub.subscribe(reply)
             sub.connect(peer.control)
             pub.connect(peer.accounting)
-            await self._exchange(pub, sub, encode_sync(token, encode_shards(self.fleet.shards)),
-                                 peer)  # fmt: skip
+            await self._exchange(
+                pub, sub, encode_sync(token, encode_shards(self.fleet.shards)), peer
+            )
         finally:
             pub.close(0)
             sub.close(0)
@@ -239,15 +253,17 @@ class WarmStart:
                     return
                 deadline = time.monotonic() + QUIET_TIMEOUT_S if started else deadline
         if started:
-            log.warning("warm start from %s: no SYNCDONE (quiet for %g s); keeping what came",
-                        peer.accounting, QUIET_TIMEOUT_S)  # fmt: skip
+            log.warning(
+                "warm start from %s: no SYNCDONE (quiet for %g s); keeping what came",
+                peer.accounting,
+                QUIET_TIMEOUT_S,
+            )
 
     def _take(self, frames: list[bytes], peer: Peer) -> None:
         try:
             scope, pairs = decode_states(frames)
         except ProtocolError as exc:
-            log.warning("warm start from %s: malformed STATES message: %s", peer.accounting,
-                        exc)  # fmt: skip
+            log.warning("warm start from %s: malformed STATES message: %s", peer.accounting, exc)
             return
         self.states += self.merge(scope, pairs)
 
@@ -289,8 +305,11 @@ class PeerWatch:
                     if not drain(sub, 1024):
                         continue
                     if now - heard[i] >= GONE_S:
-                        log.warning("peer %s heard again after %.1f s: taking its state",
-                                    peer.accounting, now - heard[i])  # fmt: skip
+                        log.warning(
+                            "peer %s heard again after %.1f s: taking its state",
+                            peer.accounting,
+                            now - heard[i],
+                        )
                         self.on_return(peer)
                     heard[i] = now
         finally:

@@ -68,18 +68,21 @@ def _warn_unread(data: dict[Any, Any], server: dict[Any, Any], file: str) -> Non
     if "stats" in data:
         log.warning(
             "%s: 'stats' (the original master's statsd) is not read: smockron logs its "
-            "statistics (--stats-interval) and serves Prometheus metrics (--metrics)", file
-        )  # fmt: skip
+            "statistics (--stats-interval) and serves Prometheus metrics (--metrics)",
+            file,
+        )
     if "datastore" not in data and os.environ.get("REDIS_URL"):
         log.warning(
             "%s: REDIS_URL is not read: the file's datastore or --store names the store "
-            "(without either, the master keeps its state in memory)", file
-        )  # fmt: skip
+            "(without either, the master keeps its state in memory)",
+            file,
+        )
     unread = sorted(str(k) for k in data if k not in ("server", "datastore", "domains", "stats"))
     unread += sorted(f"server.{k}" for k in server if k != "listen")
     if unread:
-        log.warning("%s: not read by the original master nor by smockron: %s",
-                    file, ", ".join(unread))  # fmt: skip
+        log.warning(
+            "%s: not read by the original master nor by smockron: %s", file, ", ".join(unread)
+        )
 
 
 # The original's Server._parseConnectionString, as written.
@@ -170,9 +173,12 @@ def _original_datastore(store: Mapping[str, Any], where: str) -> str:
         return "redis://127.0.0.1:6379/0"  # what the original connects to
     if isinstance(host, dict):  # then-redis options: {host, port, database, password}
         return _redis_uri(
-            str(host.get("host") or "127.0.0.1"), host.get("port"), host.get("database"),
-            host.get("password"), where,
-        )  # fmt: skip
+            str(host.get("host") or "127.0.0.1"),
+            host.get("port"),
+            host.get("database"),
+            host.get("password"),
+            where,
+        )
     if not isinstance(host, str):
         raise ConfigError(f"{where}: host must be text such as tcp://HOST:PORT")
     if "://" not in host:
@@ -277,8 +283,14 @@ def _rule_from_ms(interval: float, tolerance: float, burst: Any, where: str) -> 
             log.warning(
                 "%s: burst %r is %g ms, %.3f intervals of %g ms; smockron's burst counts "
                 "whole requests, so %d is used (%g ms)",
-                where, burst, tolerance, count, interval, whole, whole * interval,
-            )  # fmt: skip
+                where,
+                burst,
+                tolerance,
+                count,
+                interval,
+                whole,
+                whole * interval,
+            )
     if whole < 1:
         raise ConfigError(
             f"{where}: burst {burst!r} is {tolerance:g} ms, less than one interval of "

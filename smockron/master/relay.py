@@ -84,8 +84,9 @@ class Counters:
         got = self.received[master].get(domain_topic, 0)
         last = seen.get(domain_topic)
         if last is None:
-            if len(seen) >= MAX_DOMAINS or (domain_topic not in self.heard
-                                            and len(self.heard) >= MAX_DOMAINS):  # fmt: skip
+            if len(seen) >= MAX_DOMAINS or (
+                domain_topic not in self.heard and len(self.heard) >= MAX_DOMAINS
+            ):
                 return 0
             seen[domain_topic] = _Seen(published, got)
             self.heard[domain_topic] = now

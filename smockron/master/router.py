@@ -243,9 +243,13 @@ class Router(_ControlRelay):
                     if up.sock is sock:
                         self.counters.reconnected(up.index)
                 continue
-            self.handshake_log.warning("handshake with master %s failed: does it hold "
-                                       "--curve-server's key, and allow this router's "
-                                       "key?", address, key=address)  # fmt: skip
+            self.handshake_log.warning(
+                "handshake with master %s failed: does it hold "
+                "--curve-server's key, and allow this router's "
+                "key?",
+                address,
+                key=address,
+            )
             self._redial_due.setdefault((i, address), time.monotonic() + REDIAL_S)
 
     def reload(self) -> None:
@@ -254,8 +258,10 @@ class Router(_ControlRelay):
         if self.auth is None:
             log.info("router: SIGHUP: no --curve-clients to reread (restart to apply changes)")
             return
-        log.info("control plane: CURVE, %d allowed gatekeeper key(s)",
-                 self.auth.reload(self.frontend, self.control_out))  # fmt: skip
+        log.info(
+            "control plane: CURVE, %d allowed gatekeeper key(s)",
+            self.auth.reload(self.frontend, self.control_out),
+        )
 
     def stats(self) -> dict[str, int]:
         denied = self.auth.denied if self.auth is not None else 0
@@ -315,8 +321,11 @@ class Router(_ControlRelay):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self.stop)
         accounting = self._by_identifier() if self.to_fleet is not None else self._by_domain()
-        tasks = [asyncio.create_task(accounting), asyncio.create_task(self._publish_counts()),
-                 *(asyncio.create_task(self._control(up)) for up in self.upstreams)]  # fmt: skip
+        tasks = [
+            asyncio.create_task(accounting),
+            asyncio.create_task(self._publish_counts()),
+            *(asyncio.create_task(self._control(up)) for up in self.upstreams),
+        ]
         tasks.append(asyncio.create_task(self._redial()))
         try:
             await self._stopping.wait()
@@ -373,8 +382,9 @@ class Router(_ControlRelay):
                 continue
             by_owner: dict[zmq.Socket[bytes], list[list[bytes]]] = {}
             for frames in batch:
-                if (not frames[0] or frames[0][0] == 0
-                        or type(frames) is not list) and self._unusable(frames):  # fmt: skip
+                if (
+                    not frames[0] or frames[0][0] == 0 or type(frames) is not list
+                ) and self._unusable(frames):
                     self._discard(frames)
                     continue
                 sock = self.owner(frames[0])

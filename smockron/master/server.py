@@ -89,8 +89,9 @@ class Master:
         self.reload_settings = reload
         self.stats = Stats()
         self.malformed_log = RateLimitedLog(log, burst=10)
-        self.store = open_store(settings.store, snapshot=settings.snapshot,
-                                snapshot_interval=settings.snapshot_interval)  # fmt: skip
+        self.store = open_store(
+            settings.store, snapshot=settings.snapshot, snapshot_interval=settings.snapshot_interval
+        )
         self.fleet = Fleet(settings)
         self.engine = Engine(
             settings.domains,
@@ -147,9 +148,14 @@ class Master:
     def observe(self, address: str) -> ObserveServer:
         from smockron.master.metrics import serve_metrics
 
-        return serve_metrics(address, self.stats, lambda: self.pending_count,
-                             readiness=self.readiness(), throttled=self.throttled,
-                             store=self.store)  # fmt: skip
+        return serve_metrics(
+            address,
+            self.stats,
+            lambda: self.pending_count,
+            readiness=self.readiness(),
+            throttled=self.throttled,
+            store=self.store,
+        )
 
     async def _watch_store(self) -> None:
         """Ping the store on the loop; record the outcome for /readyz, and warn (once a
@@ -166,8 +172,9 @@ class Master:
                 self.store_problem = f"store {self.settings.store} unreachable: {reason}"
                 if time.monotonic() - warned >= STORE_REWARN_S:
                     warned = time.monotonic()
-                    log.warning("%s (not ready until it answers; deciding from memory)",
-                                self.store_problem)  # fmt: skip
+                    log.warning(
+                        "%s (not ready until it answers; deciding from memory)", self.store_problem
+                    )
             else:
                 if down:
                     log.info("store %s answers again", self.settings.store)
@@ -241,8 +248,10 @@ class Master:
         """SIGHUP: read the allowed keys again, and install the config file's rules; on
         error keep the old ones."""
         if self.auth is not None:
-            log.info("control plane: CURVE, %d allowed gatekeeper key(s)",
-                     self.auth.reload(self.sub, self.pub))  # fmt: skip
+            log.info(
+                "control plane: CURVE, %d allowed gatekeeper key(s)",
+                self.auth.reload(self.sub, self.pub),
+            )
         if self.reload_settings is None:
             if self.auth is None:
                 log.warning("SIGHUP ignored: no --config file to reload")
@@ -432,8 +441,10 @@ class Master:
     def offer_rules(self) -> None:
         """Publish every domain's rules once, for the gatekeepers' first line, and each
         domain's count of DELAY_UNTILs published (the gatekeepers' loss detection)."""
-        counts = [encode_published(name, self.stats.domain(name).published)
-                  for name in sorted(self.engine.domains)]  # fmt: skip
+        counts = [
+            encode_published(name, self.stats.domain(name).published)
+            for name in sorted(self.engine.domains)
+        ]
         with contextlib.suppress(zmq.ZMQError):
             self.out.send([*self._offers.values(), *counts])
 
@@ -462,8 +473,9 @@ class Master:
         """The rules offers of the rules in force (encoded once per configuration)."""
         domains = sorted(self.engine.domains.items())
         self._offers.clear()  # in place: the answers read the same dict
-        self._offers.update({name: encode_rules(name, p.algorithm, p.rules)
-                             for name, p in domains if p.rules})  # fmt: skip
+        self._offers.update(
+            {name: encode_rules(name, p.algorithm, p.rules) for name, p in domains if p.rules}
+        )
 
     async def _offer_rules(self) -> None:
         while True:

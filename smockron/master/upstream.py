@@ -132,25 +132,33 @@ class _ControlRelay:
 
     def _oversized(self, up: _Upstream, frames: Sequence[bytes]) -> None:
         self.control_discarded += 1
-        self.control_log.warning("master %s sent a control message of %d frames: not "
-                                 "relayed", up.address, frame_count(frames),
-                                 key="frames")  # fmt: skip
+        self.control_log.warning(
+            "master %s sent a control message of %d frames: not relayed",
+            up.address,
+            frame_count(frames),
+            key="frames",
+        )
 
     def _heartbeat(self, up: _Upstream, frames: Sequence[bytes], now: float) -> None:
         try:
             domain, published = decode_published(frames)
         except ProtocolError as exc:
             self.control_discarded += 1
-            self.control_log.warning("master %s sent a malformed publish counter: %s",
-                                     up.address, exc, key="counter")  # fmt: skip
+            self.control_log.warning(
+                "master %s sent a malformed publish counter: %s", up.address, exc, key="counter"
+            )
             return
         lost = self.counters.heartbeat(up.index, domain + b"\0", published, now)
         if lost:
             self.control_log.warning(
                 "lost %d DELAY_UNTIL(s) for %r from master %s (its queue towards the "
                 "router was full): the router's counter shows them to the gatekeepers, "
-                "which ask for a resync", lost, domain[:64], up.address, key="lost",
-            )  # fmt: skip
+                "which ask for a resync",
+                lost,
+                domain[:64],
+                up.address,
+                key="lost",
+            )
 
     async def _publish_counts(self) -> None:
         """The router's publish counter of each domain, once a period; between two,
@@ -160,9 +168,12 @@ class _ControlRelay:
                 await asyncio.sleep(POKE_S)
                 self._poke()
             if self.offers.disagree:
-                self.control_log.warning("the masters offer different rules for a domain "
-                                         "(%d times): run them with the same rules",
-                                         self.offers.disagree, key="disagree")  # fmt: skip
+                self.control_log.warning(
+                    "the masters offer different rules for a domain "
+                    "(%d times): run them with the same rules",
+                    self.offers.disagree,
+                    key="disagree",
+                )
                 self.offers.disagree = 0
             counts = [encode_published(d, n) for d, n in self.counters.current(time.monotonic())]
             if counts:

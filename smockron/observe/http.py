@@ -124,16 +124,20 @@ class ObserveServer(ThreadingHTTPServer):
             super().__init__((host, port), _Handler)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {address}: {exc.strerror or exc}") from None
-        self._thread = threading.Thread(target=self.serve_forever, name="smockron-observe",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="smockron-observe", daemon=True
+        )
         self._thread.start()
         log.info("metrics, /healthz and /readyz on http://%s:%d/", host, self.port)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.bad_requests += 1
-            _bad_log.warning("more than %d connections to the metrics listener: closing one",
-                             MAX_CLIENTS, key="flood")  # fmt: skip
+            _bad_log.warning(
+                "more than %d connections to the metrics listener: closing one",
+                MAX_CLIENTS,
+                key="flood",
+            )
             self.shutdown_request(request)
             return
         try:

@@ -102,8 +102,9 @@ def render(before: Snapshot | None, after: Snapshot, source: str) -> RenderableT
     per_second = rates(before, after)
     domains = _table("domain", "", *HEADERS)
     for name, counts in sorted(after["domains"].items()):
-        domains.add_row(Text(name), "per s",
-                        *(_number(per_second[name][c], rate=True) for c in COLUMNS))  # fmt: skip
+        domains.add_row(
+            Text(name), "per s", *(_number(per_second[name][c], rate=True) for c in COLUMNS)
+        )
         domains.add_row("", "total", *(_number(int(counts.get(c, 0))) for c in COLUMNS))
     window = after.get("top_window_s", 0)
     heading = Text(f"most throttled: DELAY_UNTILs sent per identifier, current {window:g} s window")

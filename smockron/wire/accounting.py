@@ -94,8 +94,12 @@ def drain_accounting_compiled(
     """The compiled twin of :func:`drain_accounting_python`; only when ``COMPILED``."""
     if drain_accounting_c is None:
         raise RuntimeError("smockron.wire._zmqfast is not loaded")
-    bounds = (limits.max_identifier, limits.max_loginfo, limits.max_timestamp_digits,
-              limits.max_timestamp_ms)  # fmt: skip
+    bounds = (
+        limits.max_identifier,
+        limits.max_loginfo,
+        limits.max_timestamp_digits,
+        limits.max_timestamp_ms,
+    )
     records, raw = drain_accounting_c(sock, limit, topics, _STATUSES, bounds)
     return records, cast(list[Raw], raw)
 

@@ -134,8 +134,13 @@ def _load_compiled() -> _Compiled | None:
     except ImportError:
         compiled.mark_unusable("_zmqfast")
         return None
-    return _Compiled(_zmqfast.drain, _zmqfast.send_all, _zmqfast.drain_accounting,
-                     _zmqfast.drain_control, _zmqfast.send_controls)  # fmt: skip
+    return _Compiled(
+        _zmqfast.drain,
+        _zmqfast.send_all,
+        _zmqfast.drain_accounting,
+        _zmqfast.drain_control,
+        _zmqfast.send_controls,
+    )
 
 
 _compiled = _load_compiled()

@@ -345,8 +345,13 @@ class RulesOffer:
 def encode_rules(domain: bytes | str, algorithm: str, rules: tuple[Rule, ...]) -> list[bytes]:
     """Frames of one RULES offer; a rate is written exactly (``repr`` of its float)."""
     name = domain.encode() if isinstance(domain, str) else domain
-    return [RULES_TOPIC, RULES, name, algorithm.encode(),
-            *(f"{rule.rate!r} {rule.burst}".encode() for rule in rules)]  # fmt: skip
+    return [
+        RULES_TOPIC,
+        RULES,
+        name,
+        algorithm.encode(),
+        *(f"{rule.rate!r} {rule.burst}".encode() for rule in rules),
+    ]
 
 
 def decode_rules(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> RulesOffer:

@@ -79,8 +79,9 @@ def encode_state(state: Sequence[float]) -> bytes:
 
 def decode_state(frame: bytes) -> tuple[float, ...]:
     if not frame or len(frame) % 8 or len(frame) // 8 > MAX_STATE_FLOATS:
-        raise ProtocolError("bad_state", f"a state is 1 to {MAX_STATE_FLOATS} doubles, got "
-                            f"{len(frame)} bytes")  # fmt: skip
+        raise ProtocolError(
+            "bad_state", f"a state is 1 to {MAX_STATE_FLOATS} doubles, got {len(frame)} bytes"
+        )
     return struct.unpack(f"<{len(frame) // 8}d", frame)
 
 
@@ -98,10 +99,10 @@ def encode_states(
 def decode_states(frames: Sequence[bytes]) -> tuple[bytes, list[tuple[bytes, tuple[float, ...]]]]:
     """A ``STATES`` message: its scope and ``(identifier, state)`` pairs."""
     if len(frames) < 3 or frames[1] != STATES or len(frames) % 2 == 0:
-        raise ProtocolError("frame_count", f"a STATES message has a scope and pairs, got "
-                            f"{len(frames)} frames")  # fmt: skip
+        raise ProtocolError(
+            "frame_count", f"a STATES message has a scope and pairs, got {len(frames)} frames"
+        )
     if len(frames) > 3 + 2 * STATES_PER_MESSAGE:
-        raise ProtocolError("frame_count", f"more than {STATES_PER_MESSAGE} states in one "
-                            "message")  # fmt: skip
+        raise ProtocolError("frame_count", f"more than {STATES_PER_MESSAGE} states in one message")
     pairs = [(frames[i], decode_state(frames[i + 1])) for i in range(3, len(frames), 2)]
     return frames[2], pairs

@@ -41,9 +41,11 @@ SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
 async def node(request: pytest.FixtureRequest) -> AsyncIterator[Node]:
     g, h = free_ports(2)
     config = ClusterConfig(  # PeersV1 from this test, not a member (test_peer_gate.py)
-        grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
-        grpc_server=request.param, peer_check_address=False,
-    )  # fmt: skip
+        grpc_address=f"127.0.0.1:{g}",
+        http_address=f"127.0.0.1:{h}",
+        grpc_server=request.param,
+        peer_check_address=False,
+    )
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     channel = grpc.aio.insecure_channel(config.grpc_address)
@@ -350,9 +352,15 @@ async def test_multi_region_is_accepted_without_effect(node: Node) -> None:
             resp = await node.stub.GetRateLimits(pb.GetRateLimitsReq(requests=[req(key, behavior)]))
             r = resp.responses[0]
             seen[key].append((r.status, r.remaining, r.error))
-    assert seen["multi"] == seen["plain"] == [
-        (pb.UNDER_LIMIT, 3, ""), (pb.UNDER_LIMIT, 1, ""), (pb.OVER_LIMIT, 1, ""),
-    ]  # fmt: skip
+    assert (
+        seen["multi"]
+        == seen["plain"]
+        == [
+            (pb.UNDER_LIMIT, 3, ""),
+            (pb.UNDER_LIMIT, 1, ""),
+            (pb.OVER_LIMIT, 1, ""),
+        ]
+    )
     item = {"name": "mr", "uniqueKey": "http", "hits": 1, "limit": 5, "duration": 60_000}
     for named in ("MULTI_REGION", pb.MULTI_REGION | pb.NO_BATCHING):
         status, data = await post(node, json.dumps({"requests": [item | {"behavior": named}]}))

@@ -120,9 +120,11 @@ def test_sync_check_counts_down_then_over_limit(server: tuple[ServerThread, Any]
     with Client(server[0].address) as client:
         got = [client.check("rps", "acct:1", 1, 3, SECOND) for _ in range(4)]
     assert [(r.status, r.remaining) for r in got] == [
-        (Status.UNDER_LIMIT, 2), (Status.UNDER_LIMIT, 1),
-        (Status.UNDER_LIMIT, 0), (Status.OVER_LIMIT, 0),
-    ]  # fmt: skip
+        (Status.UNDER_LIMIT, 2),
+        (Status.UNDER_LIMIT, 1),
+        (Status.UNDER_LIMIT, 0),
+        (Status.OVER_LIMIT, 0),
+    ]
     assert {r.reset_time for r in got} == {NOW + SECOND}
     assert got[0].limit == 3 and not got[0].error
 
@@ -136,9 +138,15 @@ async def test_async_check_and_timedelta_duration(aclient: AsyncClient) -> None:
 
 async def test_leaky_bucket_and_behavior_reach_the_server(aclient: AsyncClient) -> None:
     resp = await aclient.check(
-        "lb", "k", 4, 10, SECOND, algorithm=Algorithm.LEAKY_BUCKET, burst=4,
+        "lb",
+        "k",
+        4,
+        10,
+        SECOND,
+        algorithm=Algorithm.LEAKY_BUCKET,
+        burst=4,
         behavior=Behavior.NO_BATCHING | Behavior.DRAIN_OVER_LIMIT,
-    )  # fmt: skip
+    )
     assert (resp.status, resp.remaining, resp.limit) == (Status.UNDER_LIMIT, 0, 10)
 
 
@@ -313,25 +321,43 @@ async def test_client_speaks_gubernators_wire() -> None:
     try:
         async with AsyncClient(server.address) as client:
             resp = await client.check(
-                "requests_per_sec", "account:42", 2, 100, SECOND,
-                algorithm=Algorithm.LEAKY_BUCKET, behavior=Behavior.GLOBAL, burst=7,
+                "requests_per_sec",
+                "account:42",
+                2,
+                100,
+                SECOND,
+                algorithm=Algorithm.LEAKY_BUCKET,
+                behavior=Behavior.GLOBAL,
+                burst=7,
                 metadata={"region": "eu"},
-            )  # fmt: skip
+            )
             health = await client.health_check()
     finally:
         server.close()
     fields = dict(handler.seen[0][:8])
     assert fields == {
-        1: b"requests_per_sec", 2: b"account:42", 3: 2, 4: 100, 5: 1000, 6: 1, 7: 2, 8: 7,
-    }  # fmt: skip
+        1: b"requests_per_sec",
+        2: b"account:42",
+        3: 2,
+        4: 100,
+        5: 1000,
+        6: 1,
+        7: 2,
+        8: 7,
+    }
     assert handler.seen[0][8] == (9, _ld(1, b"region") + _ld(2, b"eu"))
     assert resp == RateLimitResponse(
-        status=Status.OVER_LIMIT, limit=100, remaining=0, reset_time=NOW,
+        status=Status.OVER_LIMIT,
+        limit=100,
+        remaining=0,
+        reset_time=NOW,
         metadata={"owner": "10.0.0.1:1051"},
-    )  # fmt: skip
+    )
     assert (health.status, health.peer_count, health.advertise_address) == (
-        "healthy", 3, "10.0.0.1:1051",
-    )  # fmt: skip
+        "healthy",
+        3,
+        "10.0.0.1:1051",
+    )
 
 
 def test_exported_names_exist() -> None:

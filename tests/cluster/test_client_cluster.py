@@ -35,8 +35,15 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     procs: list[Proc] = []
     with stopping(procs):
         for i, (g, h) in enumerate(zip(ports[:3], ports[3:], strict=True)):
-            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}",
-                    "--http-address", f"127.0.0.1:{h}", "--peers", ",".join(addresses)]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"127.0.0.1:{g}",
+                "--http-address",
+                f"127.0.0.1:{h}",
+                "--peers",
+                ",".join(addresses),
+            ]
             procs.append(run_smockron(args, tmp / f"node{i}.log"))
         for port in ports:
             wait_port(port, timeout=20)
@@ -68,10 +75,17 @@ async def test_async_client_batches_errors_and_health(nodes: Nodes) -> None:
         await client.live_check()
 
         reqs = [
-            RateLimitRequest("client_batch", f"k{i}", hits=1 + i % 3, limit=10, duration=MINUTE,
-                             algorithm=Algorithm(i % 2), behavior=Behavior(i % 2))
+            RateLimitRequest(
+                "client_batch",
+                f"k{i}",
+                hits=1 + i % 3,
+                limit=10,
+                duration=MINUTE,
+                algorithm=Algorithm(i % 2),
+                behavior=Behavior(i % 2),
+            )
             for i in range(2500)
-        ]  # fmt: skip
+        ]
         got = await client.get_rate_limits(reqs)
         assert [r.remaining for r in got] == [10 - (1 + i % 3) for i in range(2500)]
         assert all(not r.error for r in got)

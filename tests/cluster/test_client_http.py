@@ -58,8 +58,14 @@ class NodeProc:
 def start_node(tmp: Path, ports: list[int], *extra: str) -> NodeProc:
     grpc_port, http_port = ports
     grpc_address = f"127.0.0.1:{grpc_port}"
-    args = ["cluster", "--grpc-address", grpc_address,
-            "--http-address", f"127.0.0.1:{http_port}", *extra]  # fmt: skip
+    args = [
+        "cluster",
+        "--grpc-address",
+        grpc_address,
+        "--http-address",
+        f"127.0.0.1:{http_port}",
+        *extra,
+    ]
     proc = run_smockron(args, tmp / f"node-{grpc_port}.log")
     try:
         wait_port(grpc_port, timeout=20)
@@ -176,10 +182,9 @@ def test_batches_over_http_match_grpc(node: NodeProc, kind: Kind) -> None:
     many = [RateLimitRequest(name, f"k{i}", 1, 10, MINUTE) for i in range(1500)]
     many[3] = RateLimitRequest(name, "bad", 1, -1, MINUTE)
     with (
-        make_client(kind, node.grpc_address, http_address=node.http_address,
-                    transport="http") as h,
+        make_client(kind, node.grpc_address, http_address=node.http_address, transport="http") as h,
         Client(node.grpc_address, transport="grpc") as g,
-    ):  # fmt: skip
+    ):
         first = h.get_rate_limits(many)  # 1,000 + 500, both over HTTP
         second = g.get_rate_limits(many)
         # the async client sends the two parts at once, on two connections
@@ -208,8 +213,9 @@ def test_threads_share_the_client(node: NodeProc) -> None:
         Client(node.grpc_address, http_address=node.http_address) as client,
         ThreadPoolExecutor(16) as pool,
     ):
-        got = list(pool.map(lambda i: client.check("h_thr", "k", 1, 1000, MINUTE).remaining,
-                            range(400)))  # fmt: skip
+        got = list(
+            pool.map(lambda i: client.check("h_thr", "k", 1, 1000, MINUTE).remaining, range(400))
+        )
         assert client.http is not None and client.http.connections <= 16
     assert sorted(got) == list(range(600, 1000))
 
@@ -219,8 +225,9 @@ def test_reconnects_after_the_node_restarts(tmp_path: Path, kind: Kind) -> None:
     ports = free_ports(2)
     running = start_node(tmp_path, ports)
     try:
-        with make_client(kind, running.grpc_address, timeout=2,
-                         http_address=running.http_address) as c:  # fmt: skip
+        with make_client(
+            kind, running.grpc_address, timeout=2, http_address=running.http_address
+        ) as c:
             assert c.check("h_restart", "k", 1, 10, MINUTE).remaining == 9
             running.proc.stop()
             with pytest.raises(ClientUnavailable) as down:
@@ -242,25 +249,40 @@ def test_https_gateway(tmp_path: Path, kind: Kind) -> None:
     cert, key = tlsgen.make_cert(ca, ca_key, ["localhost", "127.0.0.1"])
     for name, data in {"ca.pem": ca, "node.pem": cert, "node.key": key}.items():
         (tmp_path / name).write_bytes(data)
-    flags = ("--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "node.pem"),
-             "--tls-key", str(tmp_path / "node.key"))  # fmt: skip
+    flags = (
+        "--tls-ca",
+        str(tmp_path / "ca.pem"),
+        "--tls-cert",
+        str(tmp_path / "node.pem"),
+        "--tls-key",
+        str(tmp_path / "node.key"),
+    )
     running = start_node(tmp_path, free_ports(2), *flags)
     try:
         creds = grpc.ssl_channel_credentials(root_certificates=ca)
         with pytest.raises(ValueError, match="ssl_context"):
-            make_client(kind, running.grpc_address, credentials=creds,
-                        http_address=running.http_address)  # fmt: skip
+            make_client(
+                kind, running.grpc_address, credentials=creds, http_address=running.http_address
+            )
         context = ssl.create_default_context(cadata=ca.decode())
-        with make_client(kind, running.grpc_address, credentials=creds,
-                         http_address=running.http_address,
-                         ssl_context=context) as client:  # fmt: skip
+        with make_client(
+            kind,
+            running.grpc_address,
+            credentials=creds,
+            http_address=running.http_address,
+            ssl_context=context,
+        ) as client:
             got = [client.check("h_tls", "k", 1, 10, MINUTE).remaining for _ in range(20)]
             assert got == list(range(9, -1, -1)) + [0] * 10
             assert client.http is not None and client.http.connections == 1
         # a certificate the client does not trust: unavailable, as gRPC says it
-        untrusting = make_client(kind, running.grpc_address, credentials=creds,
-                                 http_address=running.http_address,
-                                 ssl_context=ssl.create_default_context())  # fmt: skip
+        untrusting = make_client(
+            kind,
+            running.grpc_address,
+            credentials=creds,
+            http_address=running.http_address,
+            ssl_context=ssl.create_default_context(),
+        )
         with untrusting, pytest.raises(ClientUnavailable, match="TLS"):
             untrusting.check("h_tls", "k", 1, 10, MINUTE)
     finally:
@@ -273,8 +295,9 @@ def test_transport_choice(kind: Kind) -> None:
         assert plain.http is None
     with make_client(kind, "127.0.0.1:1", http_address="127.0.0.1:2") as auto:
         assert auto.http is not None and auto.http.address == "127.0.0.1:2"
-    with make_client(kind, "127.0.0.1:1", http_address="127.0.0.1:2",
-                     transport="grpc") as grpc_only:  # fmt: skip
+    with make_client(
+        kind, "127.0.0.1:1", http_address="127.0.0.1:2", transport="grpc"
+    ) as grpc_only:
         assert grpc_only.http is None
     with pytest.raises(ValueError, match="http_address"):
         make_client(kind, "127.0.0.1:1", transport="http")
@@ -369,28 +392,68 @@ def fake(
 
 def http(status: str, body: bytes, *headers: str) -> bytes:
     head = "".join(f"{h}\r\n" for h in headers)
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{head}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{head}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
-GOOD = json.dumps({"responses": [{"status": "OVER_LIMIT", "limit": "5", "remaining": "0",
-                                  "reset_time": "1700000000000", "error": "",
-                                  "metadata": {"owner": "x"}}]}).encode()  # fmt: skip
+GOOD = json.dumps(
+    {
+        "responses": [
+            {
+                "status": "OVER_LIMIT",
+                "limit": "5",
+                "remaining": "0",
+                "reset_time": "1700000000000",
+                "error": "",
+                "metadata": {"owner": "x"},
+            }
+        ]
+    }
+).encode()
 
 
 @both
 def test_request_is_the_gateway_json(kind: Kind) -> None:
     """What goes on the wire: the JSON the gateway parses, numbers for int64 and enums."""
-    req = RateLimitRequest("n\"", "k", 2, 5, MINUTE, Algorithm.LEAKY_BUCKET,
-                           Behavior.GLOBAL | Behavior.NO_BATCHING, 3, {"a": "b"}, 17)  # fmt: skip
-    assert json.loads(encode_requests([req, req])) == {"requests": [{
-        "name": "n\"", "unique_key": "k", "hits": 2, "limit": 5, "duration": MINUTE,
-        "algorithm": 1, "behavior": 3, "burst": 3, "metadata": {"a": "b"}, "created_at": 17,
-    }] * 2}  # fmt: skip
+    req = RateLimitRequest(
+        'n"',
+        "k",
+        2,
+        5,
+        MINUTE,
+        Algorithm.LEAKY_BUCKET,
+        Behavior.GLOBAL | Behavior.NO_BATCHING,
+        3,
+        {"a": "b"},
+        17,
+    )
+    assert json.loads(encode_requests([req, req])) == {
+        "requests": [
+            {
+                "name": 'n"',
+                "unique_key": "k",
+                "hits": 2,
+                "limit": 5,
+                "duration": MINUTE,
+                "algorithm": 1,
+                "behavior": 3,
+                "burst": 3,
+                "metadata": {"a": "b"},
+                "created_at": 17,
+            }
+        ]
+        * 2
+    }
     with fake(lambda _: http("200 OK", GOOD), kind=kind) as (gateway, client):
         resp = client.check("n", "k", 1, 5, SECOND)
         assert (resp.status, resp.limit, resp.remaining, resp.reset_time) == (
-            Status.OVER_LIMIT, 5, 0, 1_700_000_000_000)  # fmt: skip
+            Status.OVER_LIMIT,
+            5,
+            0,
+            1_700_000_000_000,
+        )
         assert resp.metadata == {"owner": "x"}
         head = gateway.requests[0].split(b"\r\n\r\n")[0]
         assert head.startswith(b"POST /v1/GetRateLimits HTTP/1.1\r\n")
@@ -401,14 +464,23 @@ def test_request_is_the_gateway_json(kind: Kind) -> None:
 def test_chunked_and_sparse_answers(kind: Kind) -> None:
     """Go's net/http chunks a long answer, and grpc-gateway may leave zero fields out."""
     sparse = b'{"responses":[{"limit":5,"remaining":"4"}]}'
-    body = b"".join(b"%x\r\n%s\r\n" % (len(sparse[i : i + 7]), sparse[i : i + 7])
-                    for i in range(0, len(sparse), 7)) + b"0\r\n\r\n"  # fmt: skip
+    body = (
+        b"".join(
+            b"%x\r\n%s\r\n" % (len(sparse[i : i + 7]), sparse[i : i + 7])
+            for i in range(0, len(sparse), 7)
+        )
+        + b"0\r\n\r\n"
+    )
     answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body
     with fake(lambda _: answer, kind=kind) as (gateway, client):
         for _ in range(3):
             resp = client.check("n", "k", 1, 5, SECOND)
             assert (resp.status, resp.limit, resp.remaining, resp.reset_time) == (
-                Status.UNDER_LIMIT, 5, 4, 0)  # fmt: skip
+                Status.UNDER_LIMIT,
+                5,
+                4,
+                0,
+            )
         assert gateway.accepted == 1  # kept alive across chunked answers
 
 
@@ -454,21 +526,33 @@ def test_slow_drip_is_held_to_the_deadline(kind: Kind) -> None:
     ("answer", "error", "code"),
     [
         # grpc-gateway's error body keeps the server's code and message
-        (http("400 Bad Request", b'{"code": 11, "message": "list too large", "details": []}'),
-         ClientError, grpc.StatusCode.OUT_OF_RANGE),
-        (http("500 Internal Server Error", b'{"code": 8, "message": "slow down"}'),
-         ClientError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-        (http("503 Service Unavailable", b'{"code": 14, "message": "draining"}'),
-         ClientUnavailable, grpc.StatusCode.UNAVAILABLE),
-        (http("504 Gateway Timeout", b'{"code": 4, "message": "too slow"}'),
-         ClientTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+        (
+            http("400 Bad Request", b'{"code": 11, "message": "list too large", "details": []}'),
+            ClientError,
+            grpc.StatusCode.OUT_OF_RANGE,
+        ),
+        (
+            http("500 Internal Server Error", b'{"code": 8, "message": "slow down"}'),
+            ClientError,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ),
+        (
+            http("503 Service Unavailable", b'{"code": 14, "message": "draining"}'),
+            ClientUnavailable,
+            grpc.StatusCode.UNAVAILABLE,
+        ),
+        (
+            http("504 Gateway Timeout", b'{"code": 4, "message": "too slow"}'),
+            ClientTimeout,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        ),
         # other bodies: the HTTP status as gRPC maps it
         (http("404 Not Found", b"404: Not Found"), ClientError, grpc.StatusCode.UNIMPLEMENTED),
         (http("502 Bad Gateway", b"<html>"), ClientUnavailable, grpc.StatusCode.UNAVAILABLE),
         (http("418 Teapot", b'{"code": 99, "message": 1}'), ClientError, grpc.StatusCode.UNKNOWN),
     ],
     ids=["out_of_range", "resource_exhausted", "unavailable", "deadline", "404", "502", "odd"],
-)  # fmt: skip
+)
 @both
 def test_gateway_errors_map_to_client_errors(
     answer: bytes, error: type[ClientError], code: grpc.StatusCode, kind: Kind
@@ -533,10 +617,23 @@ HOSTILE = {
 }
 
 
-BODY_ONLY = {"not_json", "not_utf8", "deep_json", "json_list", "no_responses",
-             "two_responses", "response_not_object", "bad_status", "float_limit", "exp_limit",
-             "huge_int", "bool_remaining", "error_not_string", "metadata_not_strings",
-             "metadata_list"}  # fmt: skip
+BODY_ONLY = {
+    "not_json",
+    "not_utf8",
+    "deep_json",
+    "json_list",
+    "no_responses",
+    "two_responses",
+    "response_not_object",
+    "bad_status",
+    "float_limit",
+    "exp_limit",
+    "huge_int",
+    "bool_remaining",
+    "error_not_string",
+    "metadata_not_strings",
+    "metadata_list",
+}
 
 
 @both

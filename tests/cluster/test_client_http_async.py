@@ -61,9 +61,8 @@ def test_answers_and_keep_alive_on_a_running_loop(node: NodeProc, loop: Loop) ->
         async with (
             AsyncClient(node.grpc_address, http_address=node.http_address) as by_http,
             AsyncClient(node.grpc_address, transport="grpc") as by_grpc,
-            AsyncClient(node.grpc_address, http_address=node.http_address,
-                        coalesce=False) as lone,
-        ):  # fmt: skip
+            AsyncClient(node.grpc_address, http_address=node.http_address, coalesce=False) as lone,
+        ):
             for i in range(10):
                 client = by_http if i % 2 else by_grpc
                 assert (await client.check(name, "k", 1, 5, MINUTE)).remaining == max(4 - i, 0)

@@ -58,8 +58,10 @@ def test_sync_answers_and_errors(server: tuple[ServerThread, Any], native: bool)
         assert client.native is native
         got = [client.check("nat_rps", f"s{native}", 1, 2, SECOND) for _ in range(3)]
         assert [(r.status, r.remaining) for r in got] == [
-            (Status.UNDER_LIMIT, 1), (Status.UNDER_LIMIT, 0), (Status.OVER_LIMIT, 0),
-        ]  # fmt: skip
+            (Status.UNDER_LIMIT, 1),
+            (Status.UNDER_LIMIT, 0),
+            (Status.OVER_LIMIT, 0),
+        ]
         assert got[0].reset_time == NOW + SECOND
         # plain ints, as callers without the enums pass them (the signature says the enums)
         plain_ints = client.check(
@@ -90,8 +92,9 @@ def test_sync_answers_and_errors(server: tuple[ServerThread, Any], native: bool)
         assert failed.value.details == "too much, stop"
         assert "GetRateLimits on" in str(failed.value)
         with pytest.raises(ClientError, match="2 responses for 3 requests"):
-            client.get_rate_limits([RateLimitRequest("short", str(i), 1, 1, SECOND)
-                                    for i in range(3)])  # fmt: skip
+            client.get_rate_limits(
+                [RateLimitRequest("short", str(i), 1, 1, SECOND) for i in range(3)]
+            )
         # the client goes on after every error
         assert client.check("nat_rps", f"after{native}", 1, 2, SECOND).remaining == 1
 
@@ -100,8 +103,9 @@ def test_sync_answers_and_errors(server: tuple[ServerThread, Any], native: bool)
 async def test_async_answers_and_errors(server: tuple[ServerThread, Any], native: bool) -> None:
     async with AsyncClient(server[0].address, timeout=1, native=native) as client:
         assert client.native is native
-        got = await asyncio.gather(*(client.check("nat_arps", f"a{native}", 1, 50, SECOND)
-                                     for _ in range(20)))  # fmt: skip
+        got = await asyncio.gather(
+            *(client.check("nat_arps", f"a{native}", 1, 50, SECOND) for _ in range(20))
+        )
         assert sorted(r.remaining for r in got) == list(range(30, 50))
         assert (await client.health_check()).healthy
         await client.live_check()
@@ -159,14 +163,16 @@ def test_threads_share_native_calls(server: tuple[ServerThread, FailingServicer]
     # a failing check fails its whole coalesced call: only checks in calls with no
     # ``fail`` item were counted, each exactly once
     for k in range(4):
-        mine = sorted((r for i, r in enumerate(got) if i % 4 == k and isinstance(r, int)),
-                      reverse=True)  # fmt: skip
+        mine = sorted(
+            (r for i, r in enumerate(got) if i % 4 == k and isinstance(r, int)), reverse=True
+        )
         assert mine == list(range(999, 999 - len(mine), -1))
     failed = [r for r in got if not isinstance(r, int)]
     assert ok and len(ok) + len(failed) == 400
     assert all(isinstance(got[i], ClientError) for i in range(0, 400, 40))
-    assert all(isinstance(r, ClientError) and r.code is grpc.StatusCode.RESOURCE_EXHAUSTED
-               for r in failed)  # fmt: skip
+    assert all(
+        isinstance(r, ClientError) and r.code is grpc.StatusCode.RESOURCE_EXHAUSTED for r in failed
+    )
 
 
 def test_transport_choice() -> None:
@@ -193,9 +199,10 @@ def test_real_node_process(tmp_path: Path, native: bool) -> None:
     several threads and one asyncio client."""
     grpc_port, http_port = free_ports(2)
     address = f"127.0.0.1:{grpc_port}"
-    proc = run_smockron(["cluster", "--grpc-address", address,
-                         "--http-address", f"127.0.0.1:{http_port}"],
-                        tmp_path / "node.log")  # fmt: skip
+    proc = run_smockron(
+        ["cluster", "--grpc-address", address, "--http-address", f"127.0.0.1:{http_port}"],
+        tmp_path / "node.log",
+    )
     try:
         wait_port(grpc_port, timeout=20)
         with Client(address, timeout=5, native=native) as client:
@@ -203,8 +210,9 @@ def test_real_node_process(tmp_path: Path, native: bool) -> None:
 
             def worker(i: int) -> list[int]:
                 barrier.wait(5)
-                return [client.check("nat_real", "acct", 1, 100, MINUTE).remaining
-                        for _ in range(5)]  # fmt: skip
+                return [
+                    client.check("nat_real", "acct", 1, 100, MINUTE).remaining for _ in range(5)
+                ]
 
             with ThreadPoolExecutor(8) as pool:
                 got = [r for rs in pool.map(worker, range(8)) for r in rs]
@@ -213,8 +221,9 @@ def test_real_node_process(tmp_path: Path, native: bool) -> None:
 
         async def use_async() -> list[int]:
             async with AsyncClient(address, timeout=5, native=native) as aclient:
-                resps = await asyncio.gather(*(aclient.check("nat_real", "acct", 1, 100, MINUTE)
-                                               for _ in range(10)))  # fmt: skip
+                resps = await asyncio.gather(
+                    *(aclient.check("nat_real", "acct", 1, 100, MINUTE) for _ in range(10))
+                )
                 return sorted(r.remaining for r in resps)
 
         assert asyncio.run(use_async()) == list(range(50, 60))

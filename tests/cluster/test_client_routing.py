@@ -61,8 +61,15 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     procs: list[Proc] = []
     with stopping(procs):
         for i, address in enumerate(addresses):
-            args = ["cluster", "--grpc-address", address, "--http-address", http[address],
-                    "--peers-file", str(peers)]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                address,
+                "--http-address",
+                http[address],
+                "--peers-file",
+                str(peers),
+            ]
             procs.append(run_smockron(args, tmp_path / f"node{i}.log"))
             found.procs[address] = procs[-1]
         for port in ports:
@@ -254,10 +261,12 @@ def test_owner_ring_refreshes_on_its_timer_and_takes_nodes_back_after_down_for()
 def _answers(parts: list[Part]) -> list[Outcome]:
     """Each part answered by its owner, as a node names itself in ``owner``."""
     return [
-        [RateLimitResponse(remaining=int(r.unique_key[1:]), metadata={"owner": owner or "seed"})
-         for r in reqs]
+        [
+            RateLimitResponse(remaining=int(r.unique_key[1:]), metadata={"owner": owner or "seed"})
+            for r in reqs
+        ]
         for owner, reqs in parts
-    ]  # fmt: skip
+    ]
 
 
 def test_route_splits_by_owner_and_sends_an_unreachable_owners_part_to_the_next() -> None:
@@ -342,8 +351,17 @@ def test_client_learns_the_hash_the_nodes_use(tmp_path: Path) -> None:
     procs: list[Proc] = []
     with stopping(procs):
         for i, address in enumerate(addresses):
-            args = ["cluster", "--grpc-address", address, "--http-address", http[i],
-                    "--peers", ",".join(addresses), "--peer-picker-hash", "fnv1a"]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                address,
+                "--http-address",
+                http[i],
+                "--peers",
+                ",".join(addresses),
+                "--peer-picker-hash",
+                "fnv1a",
+            ]
             procs.append(run_smockron(args, tmp_path / f"node{i}.log"))
         for port in ports:
             wait_port(port, timeout=20)

@@ -21,8 +21,7 @@ def test_every_waiter_of_a_chain_gets_its_own_answer() -> None:
         time.sleep(0.002)  # a round trip: the others queue meanwhile
         if len(calls) % 3 == 0:
             raise RuntimeError(f"call {len(calls)} failed")
-        return [RateLimitResponse(Status.UNDER_LIMIT, r.limit, int(r.unique_key), 0)
-                for r in reqs]  # fmt: skip
+        return [RateLimitResponse(Status.UNDER_LIMIT, r.limit, int(r.unique_key), 0) for r in reqs]
 
     co = Coalescer(call)
     threads, rounds = 60, 20

@@ -39,8 +39,16 @@ def start_cluster(tmp: Path, *extra: str, nodes: int = 3) -> Iterator[Cluster]:
     procs: list[Proc] = []
     with stopping(procs):
         for i, (g, h) in enumerate(zip(grpc_ports, http_ports, strict=True)):
-            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
-                    f"127.0.0.1:{h}", "--peers", peers, *extra]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"127.0.0.1:{g}",
+                "--http-address",
+                f"127.0.0.1:{h}",
+                "--peers",
+                peers,
+                *extra,
+            ]
             procs.append(run_smockron(args, tmp / f"node{i}.log"))
         for port in grpc_ports + http_ports:
             wait_port(port, timeout=20)

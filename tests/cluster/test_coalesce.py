@@ -32,8 +32,9 @@ async def test_async_concurrent_checks_share_calls(
 ) -> None:
     thread, servicer = server
     async with AsyncClient(thread.address, timeout=5) as client:
-        got = await asyncio.gather(*(client.check("rps", "acct", 1, 1000, SECOND)
-                                     for _ in range(100)))  # fmt: skip
+        got = await asyncio.gather(
+            *(client.check("rps", "acct", 1, 1000, SECOND) for _ in range(100))
+        )
         assert client.coalescer is not None and client.coalescer.calls <= 3
     assert sorted(r.remaining for r in got) == list(range(900, 1000))
     assert sum(servicer.call_sizes) == 100 and len(servicer.call_sizes) <= 3
@@ -45,8 +46,9 @@ def test_threads_share_calls_and_each_gets_its_own_answer(
 ) -> None:
     thread, servicer = server
     with Client(thread.address, timeout=5) as client, ThreadPoolExecutor(32) as pool:
-        got = list(pool.map(lambda i: client.check("rps", f"k{i % 8}", 1, 1000, SECOND),
-                            range(320)))  # fmt: skip
+        got = list(
+            pool.map(lambda i: client.check("rps", f"k{i % 8}", 1, 1000, SECOND), range(320))
+        )
         assert client.coalescer is not None
         calls = client.coalescer.calls
     # each key counted down exactly once per check: 40 checks of each of 8 keys
@@ -69,8 +71,9 @@ def test_a_lone_check_goes_at_once_and_a_timeout_goes_alone(
 
 async def test_every_waiter_gets_the_calls_error() -> None:
     async with AsyncClient(f"127.0.0.1:{free_ports(1)[0]}", timeout=0.5) as client:
-        got = await asyncio.gather(*(client.check("n", f"k{i}", 1, 5, SECOND)
-                                     for i in range(10)), return_exceptions=True)  # fmt: skip
+        got = await asyncio.gather(
+            *(client.check("n", f"k{i}", 1, 5, SECOND) for i in range(10)), return_exceptions=True
+        )
     assert all(isinstance(e, ClientUnavailable) for e in got), got
 
 

@@ -234,13 +234,17 @@ def test_guber_tls_variables() -> None:
     config = from_env(env).validate()
     assert config.tls
     assert (config.tls_ca, config.tls_ca_key, config.tls_cert, config.tls_key) == (
-        "/c/ca.pem", "/c/ca.key", "/c/cert.pem", "/c/key.pem",
-    )  # fmt: skip
+        "/c/ca.pem",
+        "/c/ca.key",
+        "/c/cert.pem",
+        "/c/key.pem",
+    )
     assert config.tls_client_auth == "require-and-verify"
     assert config.tls_client_auth_ca_cert == "/c/client-ca.pem"
     assert (config.tls_client_auth_cert, config.tls_client_auth_key) == (
-        "/c/client.pem", "/c/client.key",
-    )  # fmt: skip
+        "/c/client.pem",
+        "/c/client.key",
+    )
     assert config.tls_client_auth_server_name == "gubernator"
     assert config.tls_insecure_skip_verify and not config.tls_auto
     assert not ClusterConfig().tls
@@ -284,13 +288,21 @@ def test_envoy_ratelimit_tls_variables_are_aliases() -> None:
 
 
 def test_tls_flags(tmp_path: Path) -> None:
-    config = build_config({"GUBER_TLS_CERT": "/env.pem"}, {
-        "tls_cert": "/flag.pem", "tls_key": "/flag.key", "tls_auto": None,
-        "tls_client_auth": "verify-cert", "tls_ca": "/ca.pem",
-    })  # fmt: skip
+    config = build_config(
+        {"GUBER_TLS_CERT": "/env.pem"},
+        {
+            "tls_cert": "/flag.pem",
+            "tls_key": "/flag.key",
+            "tls_auto": None,
+            "tls_client_auth": "verify-cert",
+            "tls_ca": "/ca.pem",
+        },
+    )
     assert (config.tls_cert, config.tls_key, config.tls_client_auth) == (
-        "/flag.pem", "/flag.key", "verify-cert",
-    )  # fmt: skip
+        "/flag.pem",
+        "/flag.key",
+        "verify-cert",
+    )
 
 
 def test_unreadable_tls_file_stops_the_command(tmp_path: Path) -> None:

@@ -169,8 +169,11 @@ def test_peers_flag_takes_the_peer_suffix_and_names_a_bad_one() -> None:
 
 
 async def test_cli_advertises_the_peer_listener() -> None:
-    flags = {"grpc_address": "127.0.0.1:1051", "peer_address": "127.0.0.1:7000",
-             "peers": "127.0.0.2:1051/7001"}  # fmt: skip
+    flags = {
+        "grpc_address": "127.0.0.1:1051",
+        "peer_address": "127.0.0.1:7000",
+        "peers": "127.0.0.2:1051/7001",
+    }
     rec = Recorder()
     await build_discovery(build_config({}, flags)).start(rec)
     assert rec.lists[-1] == [

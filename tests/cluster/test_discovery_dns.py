@@ -85,8 +85,12 @@ async def zone() -> AsyncIterator[tuple[Zone, int]]:
 
 
 def discovery(port: int, **kw: object) -> DnsDiscovery:
-    options: dict[str, Any] = {"advertise": "10.1.0.1:1051", "nameservers": f"127.0.0.1:{port}",
-                               "poll_interval": 0.05, "timeout": 0.3}  # fmt: skip
+    options: dict[str, Any] = {
+        "advertise": "10.1.0.1:1051",
+        "nameservers": f"127.0.0.1:{port}",
+        "poll_interval": 0.05,
+        "timeout": 0.3,
+    }
     options.update(kw)
     return DnsDiscovery("guber.test", **options)
 

@@ -82,11 +82,16 @@ def test_value_carries_the_peer_address_where_gubernator_ignores_it() -> None:
 @pytest.mark.parametrize(
     "garbage",
     [
-        b"", b"\xff\xfe", b"[1,2]", b'{"grpc-address": 5}', b"{", b"no-port",
+        b"",
+        b"\xff\xfe",
+        b"[1,2]",
+        b'{"grpc-address": 5}',
+        b"{",
+        b"no-port",
         b'{"grpc-address": "a:1", "peer-address": 7}',
         b'{"grpc-address": "a:1", "peer-address": "no-port"}',
     ],
-)  # fmt: skip
+)
 def test_decode_rejects_garbage(garbage: bytes) -> None:
     with pytest.raises(ValueError):
         decode_peer(garbage)
@@ -247,10 +252,17 @@ async def test_counters_are_per_instance(etcd_server: EtcdServer, raw: aetcd.Cli
     """Two discoveries in one process, each on its own registry, count apart."""
     registries = [CollectorRegistry(), CollectorRegistry()]
     nodes = [
-        EtcdDiscovery(f"127.0.0.{n}:1051", etcd_server.endpoint, key_prefix=f"/c{n}/",
-                      lease_ttl=2, backoff=0.2, timeout=2.0, registry=registries[n - 1])
+        EtcdDiscovery(
+            f"127.0.0.{n}:1051",
+            etcd_server.endpoint,
+            key_prefix=f"/c{n}/",
+            lease_ttl=2,
+            backoff=0.2,
+            timeout=2.0,
+            registry=registries[n - 1],
+        )
         for n in (1, 2)
-    ]  # fmt: skip
+    ]
     for disc in nodes:
         await disc.start(Recorder())
     await raw.put(b"/c1/junk1", b"{")
@@ -274,16 +286,27 @@ async def test_two_nodes_meet_at_the_peer_address_their_records_name(
     base = ClusterConfig(peer_probe_interval_ms=50)
     configs = [
         replace(base, grpc_address=f"127.0.0.1:{g1}", http_address=f"127.0.0.1:{h1}"),
-        replace(base, grpc_address=f"127.0.0.1:{g2}", http_address=f"127.0.0.1:{h2}",
-                peer_address=f"127.0.0.1:{p2}"),
-    ]  # fmt: skip
+        replace(
+            base,
+            grpc_address=f"127.0.0.1:{g2}",
+            http_address=f"127.0.0.1:{h2}",
+            peer_address=f"127.0.0.1:{p2}",
+        ),
+    ]
     servers: list[ClusterServer] = []
     try:
         for config in configs:
             metrics = ClusterMetrics()
             me = PeerInfo(config.advertise, config.http_address, "", config.advertise_peer)
-            disc = EtcdDiscovery(me, etcd_server.endpoint, key_prefix="/pair/", lease_ttl=2,
-                                 backoff=0.2, timeout=2.0, registry=metrics.registry)  # fmt: skip
+            disc = EtcdDiscovery(
+                me,
+                etcd_server.endpoint,
+                key_prefix="/pair/",
+                lease_ttl=2,
+                backoff=0.2,
+                timeout=2.0,
+                registry=metrics.registry,
+            )
             servers.append(ClusterServer(config, disc, metrics=metrics))
             await servers[-1].start()
         a, b = servers
@@ -301,8 +324,12 @@ async def test_two_nodes_meet_at_the_peer_address_their_records_name(
             assert registry.get_sample_value("smockron_cluster_peer_failures_total") == 0
 
         await raw.put(b"/pair/junk", b"\xff")
-        await until(lambda: all(s.node.metrics.registry.get_sample_value(
-            MALFORMED, {"mechanism": "etcd"}) == 1 for s in servers))  # fmt: skip
+        await until(
+            lambda: all(
+                s.node.metrics.registry.get_sample_value(MALFORMED, {"mechanism": "etcd"}) == 1
+                for s in servers
+            )
+        )
         shown = await asyncio.to_thread(scraped, h1)  # the node's /metrics serves them
         assert shown[(MALFORMED, (("mechanism", "etcd"),))] == 1
     finally:
@@ -320,9 +347,18 @@ async def test_two_processes_find_a_peer_listener_away_from_grpc_plus_one(
     procs: list[Proc] = []
     with stopping(procs):
         for grpc, http, extra in ((g1, h1, []), (g2, h2, ["--peer-address", f"127.0.0.1:{p2}"])):
-            args = ["cluster", "--grpc-address", f"127.0.0.1:{grpc}",
-                    "--http-address", f"127.0.0.1:{http}", "--peer-discovery", "etcd",
-                    "--etcd-endpoints", etcd_server.endpoint, *extra]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"127.0.0.1:{grpc}",
+                "--http-address",
+                f"127.0.0.1:{http}",
+                "--peer-discovery",
+                "etcd",
+                "--etcd-endpoints",
+                etcd_server.endpoint,
+                *extra,
+            ]
             procs.append(run_smockron(args, tmp_path / f"{grpc}.log"))
         for port in (h1, h2):
             wait_port(port, 20)

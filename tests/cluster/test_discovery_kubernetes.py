@@ -185,8 +185,12 @@ class Handler(BaseHTTPRequestHandler):
             with state.cond:
                 while not state.closing and time.monotonic() < deadline:
                     if since < state.oldest:
-                        gone = {"kind": "Status", "code": 410, "reason": "Expired",
-                                "message": "too old resource version"}  # fmt: skip
+                        gone = {
+                            "kind": "Status",
+                            "code": 410,
+                            "reason": "Expired",
+                            "message": "too old resource version",
+                        }
                         self._chunk(json.dumps({"type": "ERROR", "object": gone}))
                         break
                     for version, kind, obj in [e for e in state.events if e[0] > since]:
@@ -240,8 +244,10 @@ def test_peers_from_slice_ready_only_self_always() -> None:
         "s", {"10.2.0.1": False, "10.2.0.2": True, "10.2.0.3": None, "10.2.0.4": False}
     )
     assert peers_from_slice(obj, 81, pod_ip="10.2.0.1") == [
-        PeerInfo("10.2.0.1:81"), PeerInfo("10.2.0.2:81"), PeerInfo("10.2.0.3:81")
-    ]  # fmt: skip
+        PeerInfo("10.2.0.1:81"),
+        PeerInfo("10.2.0.2:81"),
+        PeerInfo("10.2.0.3:81"),
+    ]
     obj["addressType"] = "FQDN"
     assert peers_from_slice(obj, 81) == []
     with pytest.raises(MalformedEvent):
@@ -373,8 +379,14 @@ async def test_api_down_at_start_serves_alone() -> None:
 async def test_stop_is_prompt_while_watch_blocks(api: tuple[ApiState, str]) -> None:
     state, host = api
     state.put(endpoint_slice("gub-a", {"10.2.0.2": True}))
-    disc = make_discovery("k8s", namespace=NS, selector=f"kubernetes.io/service-name={SERVICE}",
-                          pod_ip="10.2.0.1", api_host=host, watch_timeout=60)  # fmt: skip
+    disc = make_discovery(
+        "k8s",
+        namespace=NS,
+        selector=f"kubernetes.io/service-name={SERVICE}",
+        pod_ip="10.2.0.1",
+        api_host=host,
+        watch_timeout=60,
+    )
     await disc.start(Recorder())
     started = time.monotonic()
     await disc.stop()
@@ -427,10 +439,21 @@ async def test_two_cluster_nodes_follow_endpoint_slices(
     procs: list[Proc] = []
     with stopping(procs):
         for ip, http in (("127.0.0.1", http_a), ("127.0.0.2", http_b)):
-            args = ["cluster", "--grpc-address", f"{ip}:{grpc_port}",
-                    "--http-address", f"127.0.0.1:{http}", "--peer-discovery", "k8s",
-                    "--k8s-namespace", NS, "--k8s-pod-ip", ip,
-                    "--k8s-selector", f"kubernetes.io/service-name={SERVICE}"]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"{ip}:{grpc_port}",
+                "--http-address",
+                f"127.0.0.1:{http}",
+                "--peer-discovery",
+                "k8s",
+                "--k8s-namespace",
+                NS,
+                "--k8s-pod-ip",
+                ip,
+                "--k8s-selector",
+                f"kubernetes.io/service-name={SERVICE}",
+            ]
             procs.append(run_smockron(args, tmp_path / f"{ip}.log"))
         for http in (http_a, http_b):
             wait_port(http, 20)
@@ -457,13 +480,19 @@ async def test_two_nodes_meet_at_the_named_peers_port(api: tuple[ApiState, str])
     the slice's port named ``peers`` tells each where to call the other."""
     state, host = api
     grpc_port, peer_port = free_ports(2)
-    state.put(endpoint_slice("gub-a", {"127.0.0.1": True, "127.0.0.2": True},
-                             ports={"grpc": grpc_port, "peers": peer_port}))  # fmt: skip
+    state.put(
+        endpoint_slice(
+            "gub-a",
+            {"127.0.0.1": True, "127.0.0.2": True},
+            ports={"grpc": grpc_port, "peers": peer_port},
+        )
+    )
     servers: list[ClusterServer] = []
     try:
         for ip in ("127.0.0.1", "127.0.0.2"):
-            config = ClusterConfig(grpc_address=f"{ip}:{grpc_port}", http_address="",
-                                   peer_address=f"{ip}:{peer_port}")  # fmt: skip
+            config = ClusterConfig(
+                grpc_address=f"{ip}:{grpc_port}", http_address="", peer_address=f"{ip}:{peer_port}"
+            )
             metrics = ClusterMetrics()
             disc = discovery(host, pod_ip=ip, pod_port=grpc_port, registry=metrics.registry)
             servers.append(ClusterServer(config, disc, metrics=metrics))

@@ -45,14 +45,24 @@ def test_ping_bytes() -> None:
     #   SourcePort uint16 `codec:",omitempty"`; SourceNode string `codec:",omitempty"`}
     expected = (
         b"\x00\x85"
-        + s("Node") + s("b")
-        + s("SeqNo") + b"\x01"
-        + s("SourceAddr") + s(LOCALHOST)
-        + s("SourceNode") + s("a")
-        + s("SourcePort") + b"\xcd\x1f\x0a"  # 7946
-    )  # fmt: skip
-    values = {"SeqNo": 1, "Node": "b", "SourceAddr": LOCALHOST, "SourcePort": 7946,
-              "SourceNode": "a"}  # fmt: skip
+        + s("Node")
+        + s("b")
+        + s("SeqNo")
+        + b"\x01"
+        + s("SourceAddr")
+        + s(LOCALHOST)
+        + s("SourceNode")
+        + s("a")
+        + s("SourcePort")
+        + b"\xcd\x1f\x0a"  # 7946
+    )
+    values = {
+        "SeqNo": 1,
+        "Node": "b",
+        "SourceAddr": LOCALHOST,
+        "SourcePort": 7946,
+        "SourceNode": "a",
+    }
     assert wire.encode(wire.PING, "ping", values) == expected
     assert wire.decode("ping", expected[1:]) == values
     # the omitempty fields left out when empty; a SeqNo of 300 as uint16
@@ -61,19 +71,35 @@ def test_ping_bytes() -> None:
 
 
 def test_indirect_ping_ack_nack_and_err_bytes() -> None:
-    ind = {"SeqNo": 70_000, "Target": LOCALHOST, "Port": 7947, "Node": "c", "Nack": True,
-           "SourceAddr": LOCALHOST, "SourcePort": 7946, "SourceNode": "a"}  # fmt: skip
+    ind = {
+        "SeqNo": 70_000,
+        "Target": LOCALHOST,
+        "Port": 7947,
+        "Node": "c",
+        "Nack": True,
+        "SourceAddr": LOCALHOST,
+        "SourcePort": 7946,
+        "SourceNode": "a",
+    }
     expected = (
         b"\x01\x88"
-        + s("Nack") + b"\xc3"
-        + s("Node") + s("c")
-        + s("Port") + b"\xcd\x1f\x0b"
-        + s("SeqNo") + b"\xce\x00\x01\x11\x70"
-        + s("SourceAddr") + s(LOCALHOST)
-        + s("SourceNode") + s("a")
-        + s("SourcePort") + b"\xcd\x1f\x0a"
-        + s("Target") + s(LOCALHOST)
-    )  # fmt: skip
+        + s("Nack")
+        + b"\xc3"
+        + s("Node")
+        + s("c")
+        + s("Port")
+        + b"\xcd\x1f\x0b"
+        + s("SeqNo")
+        + b"\xce\x00\x01\x11\x70"
+        + s("SourceAddr")
+        + s(LOCALHOST)
+        + s("SourceNode")
+        + s("a")
+        + s("SourcePort")
+        + b"\xcd\x1f\x0a"
+        + s("Target")
+        + s(LOCALHOST)
+    )
     assert wire.encode(wire.INDIRECT_PING, "indirect_ping", ind) == expected
     assert wire.decode("indirect_ping", expected[1:]) == ind
     # ackResp{SeqNo uint32; Payload []byte}: memberlist acks with a nil payload
@@ -91,17 +117,31 @@ def test_alive_suspect_dead_bytes() -> None:
     assert meta == (
         b'{"data-center":"","http-address":"10.0.0.1:1050","grpc-address":"10.0.0.1:1051"}'
     )
-    alive = {"Incarnation": 2, "Node": "node-a", "Addr": bytes([10, 0, 0, 1]), "Port": 7946,
-             "Meta": meta, "Vsn": wire.VSN}  # fmt: skip
+    alive = {
+        "Incarnation": 2,
+        "Node": "node-a",
+        "Addr": bytes([10, 0, 0, 1]),
+        "Port": 7946,
+        "Meta": meta,
+        "Vsn": wire.VSN,
+    }
     expected = (
         b"\x04\x86"
-        + s("Addr") + s(bytes([10, 0, 0, 1]))
-        + s("Incarnation") + b"\x02"
-        + s("Meta") + b"\xda\x00" + bytes([len(meta)]) + meta  # 81 bytes: str16
-        + s("Node") + s("node-a")
-        + s("Port") + b"\xcd\x1f\x0a"
-        + s("Vsn") + b"\xa6\x01\x02\x02\x00\x00\x00"
-    )  # fmt: skip
+        + s("Addr")
+        + s(bytes([10, 0, 0, 1]))
+        + s("Incarnation")
+        + b"\x02"
+        + s("Meta")
+        + b"\xda\x00"
+        + bytes([len(meta)])
+        + meta  # 81 bytes: str16
+        + s("Node")
+        + s("node-a")
+        + s("Port")
+        + b"\xcd\x1f\x0a"
+        + s("Vsn")
+        + b"\xa6\x01\x02\x02\x00\x00\x00"
+    )
     assert wire.encode(wire.ALIVE, "alive", alive) == expected
     assert wire.decode("alive", expected[1:]) == alive
     assert wire.decode_meta(meta) == PeerInfo("10.0.0.1:1051", "10.0.0.1:1050")
@@ -115,8 +155,15 @@ def test_alive_suspect_dead_bytes() -> None:
 
 
 def test_push_pull_bytes() -> None:
-    node = {"Name": "a", "Addr": LOCALHOST, "Port": 7946, "Meta": None, "Incarnation": 1,
-            "State": wire.STATE_LEFT, "Vsn": wire.VSN}  # fmt: skip
+    node = {
+        "Name": "a",
+        "Addr": LOCALHOST,
+        "Port": 7946,
+        "Meta": None,
+        "Incarnation": 1,
+        "State": wire.STATE_LEFT,
+        "Vsn": wire.VSN,
+    }
     state = wire.PushPull(join=True, nodes=[node] * 200)
     encoded = wire.encode_push_pull(state)
     # pushPullHeader{Nodes int; UserStateLen int; Join bool}: Nodes=200 is a Go int: int16
@@ -124,14 +171,21 @@ def test_push_pull_bytes() -> None:
     header += s("UserStateLen") + b"\x00"
     one = (
         b"\x87"
-        + s("Addr") + s(LOCALHOST)
-        + s("Incarnation") + b"\x01"
-        + s("Meta") + b"\xc0"
-        + s("Name") + s("a")
-        + s("Port") + b"\xcd\x1f\x0a"
-        + s("State") + b"\x03"
-        + s("Vsn") + s(wire.VSN)
-    )  # fmt: skip
+        + s("Addr")
+        + s(LOCALHOST)
+        + s("Incarnation")
+        + b"\x01"
+        + s("Meta")
+        + b"\xc0"
+        + s("Name")
+        + s("a")
+        + s("Port")
+        + b"\xcd\x1f\x0a"
+        + s("State")
+        + b"\x03"
+        + s("Vsn")
+        + s(wire.VSN)
+    )
     assert encoded == header + one * 200
     kind, decoded = wire.read_stream(encoded)
     assert kind == wire.PUSH_PULL and decoded.join and decoded.nodes == [node] * 200
@@ -217,8 +271,9 @@ def test_lzw_as_go_writes_it() -> None:
     assert wire.lzw_decode(lsb_codes([256, 97, 258, 97, 257])) == b"aaaa"
     rng = random.Random(7)
     for size in (1, 2, 300, 5000, 60_000):  # widths 9 to 12, and the table reset
-        data = bytes(rng.choice(b"abcdefgh") if size < 5000 else rng.randrange(256)
-                     for _ in range(size))  # fmt: skip
+        data = bytes(
+            rng.choice(b"abcdefgh") if size < 5000 else rng.randrange(256) for _ in range(size)
+        )
         assert wire.lzw_decode(go_lzw(data)) == data
     with pytest.raises(wire.Malformed, match="invalid code"):
         wire.lzw_decode(lsb_codes([256, 97, 300, 257]))
@@ -229,8 +284,14 @@ def test_lzw_as_go_writes_it() -> None:
 def test_compressed_messages_are_read() -> None:
     """EnableCompression (on in Gubernator): compress{Algo uint8; Buf []byte} around a
     message, in a packet or a stream."""
-    values = {"Incarnation": 1, "Node": "z", "Addr": LOCALHOST, "Port": 1, "Meta": b"{}",
-              "Vsn": wire.VSN}  # fmt: skip
+    values = {
+        "Incarnation": 1,
+        "Node": "z",
+        "Addr": LOCALHOST,
+        "Port": 1,
+        "Meta": b"{}",
+        "Vsn": wire.VSN,
+    }
     alive = wire.encode(wire.ALIVE, "alive", values)
     packed = wire.encode(wire.COMPRESS, "compress", {"Algo": 0, "Buf": go_lzw(alive)})
     assert packed.startswith(b"\x09\x82" + s("Algo") + b"\x00" + s("Buf"))
@@ -256,8 +317,9 @@ def test_compressed_messages_are_read() -> None:
     ],
 )
 async def test_hostile_packets_are_counted_and_survived(data: bytes) -> None:
-    node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
-                               node_name="me")  # fmt: skip
+    node = MemberListDiscovery(
+        PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}", node_name="me"
+    )
     await node.start(lambda peers: None)
     try:
         node.packet(data, ("127.0.0.1", 9))
@@ -272,13 +334,21 @@ async def test_hostile_packets_are_counted_and_survived(data: bytes) -> None:
 
 def test_options_from_gubernators_variables() -> None:
     me = PeerInfo("10.0.0.1:1051", "10.0.0.1:1050")
-    env = {"GUBER_MEMBERLIST_KNOWN_NODES": "gubernator-0,10.0.0.2:7946",
-           "GUBER_MEMBERLIST_NODE_NAME": "pod-1"}  # fmt: skip
+    env = {
+        "GUBER_MEMBERLIST_KNOWN_NODES": "gubernator-0,10.0.0.2:7946",
+        "GUBER_MEMBERLIST_NODE_NAME": "pod-1",
+    }
     found = options_from_env(env, me)
-    assert found == ("member-list", {
-        "advertise": PeerInfo("10.0.0.1:1051", "10.0.0.1:1050", "", ""), "address":
-        "10.0.0.1:7946", "bind_address": "", "known_nodes": ["gubernator-0", "10.0.0.2:7946"],
-        "node_name": "pod-1"})  # fmt: skip
+    assert found == (
+        "member-list",
+        {
+            "advertise": PeerInfo("10.0.0.1:1051", "10.0.0.1:1050", "", ""),
+            "address": "10.0.0.1:7946",
+            "bind_address": "",
+            "known_nodes": ["gubernator-0", "10.0.0.2:7946"],
+            "node_name": "pod-1",
+        },
+    )
     disc = make_discovery(found[0], **found[1])
     assert isinstance(disc, MemberListDiscovery) and disc.name == "pod-1"
 
@@ -292,10 +362,16 @@ async def test_nodes_join_gossip_leave_and_fail() -> None:
     nodes = []
     for i, port in enumerate(ports):
         node = MemberListDiscovery(
-            PeerInfo(f"127.0.0.1:{2000 + i}"), f"127.0.0.1:{port}", node_name=f"n{i}",
-            known_nodes=[f"127.0.0.1:{ports[0]}"], probe_interval=0.2, probe_timeout=0.05,
-            gossip_interval=0.02, push_pull_interval=5.0, gossip_to_the_dead=1.5,
-        )  # fmt: skip
+            PeerInfo(f"127.0.0.1:{2000 + i}"),
+            f"127.0.0.1:{port}",
+            node_name=f"n{i}",
+            known_nodes=[f"127.0.0.1:{ports[0]}"],
+            probe_interval=0.2,
+            probe_timeout=0.05,
+            gossip_interval=0.02,
+            push_pull_interval=5.0,
+            gossip_to_the_dead=1.5,
+        )
 
         def record(peers: list[PeerInfo], i: int = i) -> None:
             seen[i] = [p.grpc_address for p in peers]
@@ -350,11 +426,12 @@ def test_two_real_nodes_find_each_other_by_gubernators_variables_alone(
     with stopping(procs):
         for g, h, m, other, name in ((g1, h1, m1, m2, "a"), (g2, h2, m2, m1, "b")):
             for var, value in {
-                "GUBER_GRPC_ADDRESS": f"127.0.0.1:{g}", "GUBER_HTTP_ADDRESS": f"127.0.0.1:{h}",
+                "GUBER_GRPC_ADDRESS": f"127.0.0.1:{g}",
+                "GUBER_HTTP_ADDRESS": f"127.0.0.1:{h}",
                 "GUBER_MEMBERLIST_ADDRESS": f"127.0.0.1:{m}",
                 "GUBER_MEMBERLIST_KNOWN_NODES": f"127.0.0.1:{other}",
                 "GUBER_MEMBERLIST_NODE_NAME": f"node-{name}",
-            }.items():  # fmt: skip
+            }.items():
                 monkeypatch.setenv(var, value)
             procs.append(run_smockron(["cluster"], tmp_path / f"{name}.log"))
         for port in (h1, h2):
@@ -377,14 +454,21 @@ async def test_announced_members_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
     from smockron.cluster.discovery import memberlist_members
 
     monkeypatch.setattr(memberlist_members, "MAX_MEMBERS", 3)
-    node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
-                               node_name="me")  # fmt: skip
+    node = MemberListDiscovery(
+        PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}", node_name="me"
+    )
     await node.start(lambda peers: None)
     try:
         for i in range(4):
             meta = wire.encode_meta(PeerInfo(f"127.0.0.2:{1000 + i}"))
-            alive = {"Incarnation": 1, "Node": f"n{i}", "Addr": bytes([127, 0, 0, 2]),
-                     "Port": 9, "Meta": meta, "Vsn": wire.VSN}  # fmt: skip
+            alive = {
+                "Incarnation": 1,
+                "Node": f"n{i}",
+                "Addr": bytes([127, 0, 0, 2]),
+                "Port": 9,
+                "Meta": meta,
+                "Vsn": wire.VSN,
+            }
             node.packet(wire.encode(wire.ALIVE, "alive", alive), ("127.0.0.2", 9))
     finally:
         await node.stop()
@@ -444,10 +528,15 @@ async def test_encrypted_members_meet_and_keep_others_out() -> None:
     nodes = []
     for i, (port, keys) in enumerate(zip(ports, ([key], [key], []), strict=True)):
         node = MemberListDiscovery(
-            PeerInfo(f"127.0.0.1:{3000 + i}"), f"127.0.0.1:{port}", node_name=f"e{i}",
-            known_nodes=[f"127.0.0.1:{ports[0]}"], secret_keys=keys, probe_interval=0.2,
-            probe_timeout=0.05, gossip_interval=0.02,
-        )  # fmt: skip
+            PeerInfo(f"127.0.0.1:{3000 + i}"),
+            f"127.0.0.1:{port}",
+            node_name=f"e{i}",
+            known_nodes=[f"127.0.0.1:{ports[0]}"],
+            secret_keys=keys,
+            probe_interval=0.2,
+            probe_timeout=0.05,
+            gossip_interval=0.02,
+        )
 
         def record(peers: list[PeerInfo], i: int = i) -> None:
             seen[i] = [p.grpc_address for p in peers]
@@ -469,12 +558,19 @@ async def test_encrypted_members_meet_and_keep_others_out() -> None:
 
 
 async def test_a_bad_entry_in_a_push_pull_spoils_only_itself() -> None:
-    node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
-                               node_name="me")  # fmt: skip
+    node = MemberListDiscovery(
+        PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}", node_name="me"
+    )
     await node.start(lambda peers: None)
-    good = {"Name": "ok", "Addr": bytes([127, 0, 0, 3]), "Port": 9, "Incarnation": 1,
-            "Meta": wire.encode_meta(PeerInfo("127.0.0.3:1051")), "State": wire.STATE_ALIVE,
-            "Vsn": wire.VSN}  # fmt: skip
+    good = {
+        "Name": "ok",
+        "Addr": bytes([127, 0, 0, 3]),
+        "Port": 9,
+        "Incarnation": 1,
+        "Meta": wire.encode_meta(PeerInfo("127.0.0.3:1051")),
+        "State": wire.STATE_ALIVE,
+        "Vsn": wire.VSN,
+    }
     bad = {**good, "Name": "bad", "Addr": b"\x01\x02"}  # a 2-byte address
     try:
         node._merge([bad, good])
@@ -486,14 +582,20 @@ async def test_a_bad_entry_in_a_push_pull_spoils_only_itself() -> None:
 async def test_a_second_node_with_a_taken_name_is_ignored_until_the_first_has_left(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    node = MemberListDiscovery(PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}",
-                               node_name="me")  # fmt: skip
+    node = MemberListDiscovery(
+        PeerInfo("127.0.0.1:1051"), f"127.0.0.1:{free_ports(1)[0]}", node_name="me"
+    )
     await node.start(lambda peers: None)
 
     def alive(incarnation: int, last_octet: int) -> dict[str, object]:
-        return {"Incarnation": incarnation, "Node": "twin", "Port": 9, "Vsn": wire.VSN,
-                "Addr": bytes([127, 0, 0, last_octet]),
-                "Meta": wire.encode_meta(PeerInfo(f"127.0.0.{last_octet}:1051"))}  # fmt: skip
+        return {
+            "Incarnation": incarnation,
+            "Node": "twin",
+            "Port": 9,
+            "Vsn": wire.VSN,
+            "Addr": bytes([127, 0, 0, last_octet]),
+            "Meta": wire.encode_meta(PeerInfo(f"127.0.0.{last_octet}:1051")),
+        }
 
     try:
         node.packet(wire.encode(wire.ALIVE, "alive", alive(1, 4)), ("127.0.0.4", 9))

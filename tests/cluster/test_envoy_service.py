@@ -81,8 +81,14 @@ async def serve(
     metrics: ClusterMetrics | None = None,
 ) -> AsyncIterator[Env]:
     server = grpc.aio.server()
-    servicer = add_to_server(server, limiter, config, clock, response_headers=headers,  # type: ignore[arg-type]
-                             metrics=metrics)  # fmt: skip
+    servicer = add_to_server(
+        server,
+        limiter,  # type: ignore[arg-type]
+        config,
+        clock,
+        response_headers=headers,
+        metrics=metrics,
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 async def pair() -> AsyncIterator[tuple[ClusterServer, ClusterServer]]:
     g1, g2 = free_ports(2)
-    base = ClusterConfig(http_address="", grpc_server="native", batch_timeout_ms=5000,
-                         peer_down_after=1000)  # fmt: skip
+    base = ClusterConfig(
+        http_address="", grpc_server="native", batch_timeout_ms=5000, peer_down_after=1000
+    )
     ca = replace(base, grpc_address=f"127.0.0.1:{g1}")
     cb = replace(base, grpc_address=f"127.0.0.1:{g2}")
     a, b = ClusterServer(ca), ClusterServer(cb)
@@ -118,9 +119,12 @@ async def test_a_call_owned_here_costs_one_lookup(
     there = [k for k in (f"k{i}" for i in range(500)) if ring.owner(f"fn_{k}") != a.node.address]
 
     def call(keys: list[str]) -> pb.GetRateLimitsReq:
-        return pb.GetRateLimitsReq(requests=[
-            pb.RateLimitReq(name="fn", unique_key=k, hits=1, limit=5, duration=60_000) for k in keys
-        ])  # fmt: skip
+        return pb.GetRateLimitsReq(
+            requests=[
+                pb.RateLimitReq(name="fn", unique_key=k, hits=1, limit=5, duration=60_000)
+                for k in keys
+            ]
+        )
 
     for keys in (here[:100], there[:1] + here[:99]):
         ring.lookups = 0

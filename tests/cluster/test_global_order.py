@@ -161,9 +161,14 @@ def _run(cluster: Cluster, run: int, created_at: int, seed: int, side: int = -1)
     owner = HashRing(cluster.addresses).owner(f"t_{key}")
     via = [a for a in cluster.addresses if a != owner][run % 2 if side < 0 else side]
     item = pb.RateLimitReq(
-        name="t", unique_key=key, hits=1, limit=LIMIT, duration=180_000,
-        behavior=pb.GLOBAL, created_at=created_at,
-    )  # fmt: skip
+        name="t",
+        unique_key=key,
+        hits=1,
+        limit=LIMIT,
+        duration=180_000,
+        behavior=pb.GLOBAL,
+        created_at=created_at,
+    )
     seen: list[int] = []
     with grpc.insecure_channel(via) as channel:
         stub = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]

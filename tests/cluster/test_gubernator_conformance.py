@@ -205,12 +205,24 @@ def test_TestMultipleAsync(guber: Guber) -> None:
     )
     req = pb.GetRateLimitsReq(
         requests=[
-            pb.RateLimitReq(name=name, unique_key=first, algorithm=pb.TOKEN_BUCKET,
-                            duration=9 * SECOND, limit=2, hits=1),
-            pb.RateLimitReq(name=name, unique_key=second, algorithm=pb.TOKEN_BUCKET,
-                            duration=9 * SECOND, limit=10, hits=5),
+            pb.RateLimitReq(
+                name=name,
+                unique_key=first,
+                algorithm=pb.TOKEN_BUCKET,
+                duration=9 * SECOND,
+                limit=2,
+                hits=1,
+            ),
+            pb.RateLimitReq(
+                name=name,
+                unique_key=second,
+                algorithm=pb.TOKEN_BUCKET,
+                duration=9 * SECOND,
+                limit=10,
+                hits=5,
+            ),
         ]
-    )  # fmt: skip
+    )
     resp = guber.v1(asked).GetRateLimits(req, timeout=10)
     assert [(r.status, r.remaining, r.limit) for r in resp.responses] == [
         (pb.UNDER_LIMIT, 1, 2),
@@ -248,31 +260,67 @@ U, OVER = 0, 1  # Status.UNDER_LIMIT, Status.OVER_LIMIT (the enum values of the 
 
 def test_TestTokenBucket(guber: Guber) -> None:
     steps = [(1, 1, U, 0), (1, 0, U, 100), (1, 1, U, 0)]
-    run_steps(guber, guber.addresses[2], Clock(), steps, name="test_token_bucket",
-              unique_key="account:1234", algorithm=0, duration=5, limit=2)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[2],
+        Clock(),
+        steps,
+        name="test_token_bucket",
+        unique_key="account:1234",
+        algorithm=0,
+        duration=5,
+        limit=2,
+    )
 
 
 def test_TestTokenBucketGregorian(guber: Guber) -> None:
     clock = Clock()
     clock.now = next_minute() + 1  # a minute of our own, just ahead of the nodes' clocks
     steps = [(1, 59, U, 0), (1, 58, U, 0), (58, 0, U, 0), (1, 0, OVER, 61 * SECOND), (0, 60, U, 0)]
-    run_steps(guber, guber.addresses[1], clock, steps, name="test_token_bucket_greg",
-              unique_key="account:12345", behavior=4, algorithm=0,
-              duration=GREGORIAN_MINUTES, limit=60)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[1],
+        clock,
+        steps,
+        name="test_token_bucket_greg",
+        unique_key="account:12345",
+        behavior=4,
+        algorithm=0,
+        duration=GREGORIAN_MINUTES,
+        limit=60,
+    )
 
 
 def test_TestTokenBucketNegativeHits(guber: Guber) -> None:
     steps = [(-1, 3, U, 0), (-1, 4, U, 0), (4, 0, U, 0), (-1, 1, U, 0)]
-    run_steps(guber, guber.addresses[0], Clock(), steps, name="test_token_bucket_negative",
-              unique_key="account:12345", algorithm=0, duration=5, limit=2)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[0],
+        Clock(),
+        steps,
+        name="test_token_bucket_negative",
+        unique_key="account:12345",
+        algorithm=0,
+        duration=5,
+        limit=2,
+    )
 
 
 @pytest.mark.parametrize("algorithm", [0, 1], ids=["TOKEN_BUCKET", "LEAKY_BUCKET"])
 def test_TestDrainOverLimit(guber: Guber, algorithm: int) -> None:
     steps = [(0, 10, U, 0), (1, 9, U, 0), (100, 0, OVER, 0), (0, 0, U, 0)]
-    run_steps(guber, guber.addresses[0], Clock(), steps, name="test_drain_over_limit",
-              unique_key=f"account:1234:{algorithm}", algorithm=algorithm,
-              behavior=32, duration=30 * SECOND, limit=10)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[0],
+        Clock(),
+        steps,
+        name="test_drain_over_limit",
+        unique_key=f"account:1234:{algorithm}",
+        algorithm=algorithm,
+        behavior=32,
+        duration=30 * SECOND,
+        limit=10,
+    )
 
 
 MORE_THAN_AVAILABLE = [
@@ -286,15 +334,31 @@ MORE_THAN_AVAILABLE = [
 
 
 def test_TestTokenBucketRequestMoreThanAvailable(guber: Guber) -> None:
-    run_steps(guber, guber.addresses[1], Clock(), MORE_THAN_AVAILABLE,
-              name="test_token_more_than_available", unique_key="account:123456",
-              algorithm=0, duration=1000, limit=2000)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[1],
+        Clock(),
+        MORE_THAN_AVAILABLE,
+        name="test_token_more_than_available",
+        unique_key="account:123456",
+        algorithm=0,
+        duration=1000,
+        limit=2000,
+    )
 
 
 def test_TestLeakyBucketRequestMoreThanAvailable(guber: Guber) -> None:
-    run_steps(guber, guber.addresses[2], Clock(), MORE_THAN_AVAILABLE,
-              name="test_leaky_more_than_available", unique_key="account:123456",
-              algorithm=1, duration=1000, limit=2000)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[2],
+        Clock(),
+        MORE_THAN_AVAILABLE,
+        name="test_leaky_more_than_available",
+        unique_key="account:123456",
+        algorithm=1,
+        duration=1000,
+        limit=2000,
+    )
 
 
 def leaky_reset(top: int) -> Callable[[Any, Clock], None]:
@@ -326,9 +390,18 @@ def test_TestLeakyBucket(guber: Guber) -> None:
         (9, 0, U, 3 * SECOND),  # use up all hits one second before the duration
         (1, 0, U, SECOND),  # only have 1 hit remaining
     ]
-    run_steps(guber, guber.addresses[0], Clock(), steps, leaky_reset(10),
-              name="test_leaky_bucket", unique_key="account:1234", algorithm=1,
-              duration=30 * SECOND, limit=10)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[0],
+        Clock(),
+        steps,
+        leaky_reset(10),
+        name="test_leaky_bucket",
+        unique_key="account:1234",
+        algorithm=1,
+        duration=30 * SECOND,
+        limit=10,
+    )
 
 
 def test_TestLeakyBucketWithBurst(guber: Guber) -> None:
@@ -343,9 +416,19 @@ def test_TestLeakyBucketWithBurst(guber: Guber) -> None:
         (0, 1, U, 60 * SECOND),
         (0, 20, U, SECOND),
     ]
-    run_steps(guber, guber.addresses[0], Clock(), steps, leaky_reset(20),
-              name="test_leaky_bucket_with_burst", unique_key="account:1234", algorithm=1,
-              duration=30 * SECOND, limit=10, burst=20)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[0],
+        Clock(),
+        steps,
+        leaky_reset(20),
+        name="test_leaky_bucket_with_burst",
+        unique_key="account:1234",
+        algorithm=1,
+        duration=30 * SECOND,
+        limit=10,
+        burst=20,
+    )
 
 
 def test_TestLeakyBucketGregorian(guber: Guber) -> None:
@@ -353,10 +436,19 @@ def test_TestLeakyBucketGregorian(guber: Guber) -> None:
     clock.now = next_minute() + 1
     start = clock.now
     steps = [(1, 59, U, 500), (1, 58, U, 1200), (1, 58, U, 0)]  # the third leaks one hit
-    run_steps(guber, guber.addresses[0], clock, steps,
-              lambda rl, c: _after(rl.reset_time, start),
-              name="TestLeakyBucketGregorian", unique_key=random_key(), behavior=4,
-              algorithm=1, duration=GREGORIAN_MINUTES, limit=60)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[0],
+        clock,
+        steps,
+        lambda rl, c: _after(rl.reset_time, start),
+        name="TestLeakyBucketGregorian",
+        unique_key=random_key(),
+        behavior=4,
+        algorithm=1,
+        duration=GREGORIAN_MINUTES,
+        limit=60,
+    )
 
 
 def _after(reset_time: int, start: int) -> None:
@@ -369,22 +461,51 @@ def test_TestLeakyBucketNegativeHits(guber: Guber) -> None:
     def exact(rl: Any, clock: Clock) -> None:  # whole tokens only: upstream's figure exactly
         assert rl.reset_time == clock.now + (10 - rl.remaining) * 3 * SECOND
 
-    run_steps(guber, guber.addresses[0], Clock(), steps, exact,
-              name="test_leaky_bucket_negative", unique_key="account:12345", algorithm=1,
-              duration=30 * SECOND, limit=10)  # fmt: skip
+    run_steps(
+        guber,
+        guber.addresses[0],
+        Clock(),
+        steps,
+        exact,
+        name="test_leaky_bucket_negative",
+        unique_key="account:12345",
+        algorithm=1,
+        duration=30 * SECOND,
+        limit=10,
+    )
 
 
 def test_TestMissingFields(guber: Guber) -> None:
     cases = [
-        (dict(name="test_missing_fields", unique_key="account:1234", hits=1, limit=10,
-              duration=0), "", U),
-        (dict(name="test_missing_fields", unique_key="account:12345", hits=1,
-              duration=10000, limit=0), "", OVER),
-        (dict(unique_key="account:1234", hits=1, duration=10000, limit=5),
-         "field 'namespace' cannot be empty", U),
-        (dict(name="test_missing_fields", hits=1, duration=10000, limit=5),
-         "field 'unique_key' cannot be empty", U),
-    ]  # fmt: skip
+        (
+            dict(
+                name="test_missing_fields", unique_key="account:1234", hits=1, limit=10, duration=0
+            ),
+            "",
+            U,
+        ),
+        (
+            dict(
+                name="test_missing_fields",
+                unique_key="account:12345",
+                hits=1,
+                duration=10000,
+                limit=0,
+            ),
+            "",
+            OVER,
+        ),
+        (
+            dict(unique_key="account:1234", hits=1, duration=10000, limit=5),
+            "field 'namespace' cannot be empty",
+            U,
+        ),
+        (
+            dict(name="test_missing_fields", hits=1, duration=10000, limit=5),
+            "field 'unique_key' cannot be empty",
+            U,
+        ),
+    ]
     for i, (fields, error, status) in enumerate(cases):
         rl = guber.check(guber.addresses[i % 3], **fields)
         assert (rl.error, rl.status) == (error, status), i
@@ -403,9 +524,16 @@ def test_TestChangeLimit(guber: Guber) -> None:
     ]
     clock = Clock()
     for i, (algorithm, limit, remaining) in enumerate(cases):
-        rl = guber.check(guber.addresses[1], name="test_change_limit", unique_key="account:1234",
-                         algorithm=algorithm, duration=9000, limit=limit, hits=1,
-                         created_at=clock.now)  # fmt: skip
+        rl = guber.check(
+            guber.addresses[1],
+            name="test_change_limit",
+            unique_key="account:1234",
+            algorithm=algorithm,
+            duration=9000,
+            limit=limit,
+            hits=1,
+            created_at=clock.now,
+        )
         assert (rl.status, rl.remaining, rl.limit) == (U, remaining, limit), i
         assert rl.reset_time != 0
 
@@ -413,9 +541,16 @@ def test_TestChangeLimit(guber: Guber) -> None:
 def test_TestResetRemaining(guber: Guber) -> None:
     cases = [(0, 99), (0, 98), (8, 100), (0, 99)]  # (behavior, remaining); 8: RESET_REMAINING
     for i, (behavior, remaining) in enumerate(cases):
-        rl = guber.check(guber.addresses[2], name="test_reset_remaining",
-                         unique_key="account:1234", algorithm=0, duration=9000,
-                         behavior=behavior, limit=100, hits=1)  # fmt: skip
+        rl = guber.check(
+            guber.addresses[2],
+            name="test_reset_remaining",
+            unique_key="account:1234",
+            algorithm=0,
+            duration=9000,
+            behavior=behavior,
+            limit=100,
+            hits=1,
+        )
         assert (rl.status, rl.remaining, rl.limit) == (U, remaining, 100), i
 
 
@@ -429,8 +564,14 @@ def test_TestLeakyBucketDivBug(api: Api, tmp_path: Path) -> None:
         guber = Guber(cluster, api)
         try:
             created_at = time.time_ns() // 1_000_000 - 500
-            fields = dict(name="TestLeakyBucketDivBug", unique_key=random_key(), algorithm=1,
-                          duration=1000, limit=2000, created_at=created_at)  # fmt: skip
+            fields = dict(
+                name="TestLeakyBucketDivBug",
+                unique_key=random_key(),
+                algorithm=1,
+                duration=1000,
+                limit=2000,
+                created_at=created_at,
+            )
             address = random.choice(guber.addresses)
             rl = guber.check(address, hits=1, **fields)
             assert (rl.error, rl.status, rl.remaining, rl.limit) == ("", U, 1999, 2000)
@@ -450,12 +591,19 @@ def test_TestGetPeerRateLimits(guber: Guber) -> None:
     for n in (1, 2, 5, 10, 100, 1000):
         req = api.peers_pb.GetPeerRateLimitsReq(
             requests=[
-                api.pb.RateLimitReq(name="TestGetPeerRateLimits", unique_key=random_key(),
-                                    hits=0, limit=1000 + i, duration=1000, algorithm=0,
-                                    behavior=0, created_at=created_at)
+                api.pb.RateLimitReq(
+                    name="TestGetPeerRateLimits",
+                    unique_key=random_key(),
+                    hits=0,
+                    limit=1000 + i,
+                    duration=1000,
+                    algorithm=0,
+                    behavior=0,
+                    created_at=created_at,
+                )
                 for i in range(n)
             ]
-        )  # fmt: skip
+        )
         resp = stub.GetPeerRateLimits(req, timeout=10)
         assert [r.limit for r in resp.rate_limits] == [1000 + i for i in range(n)]
 
@@ -503,9 +651,19 @@ def test_TestHealthCheck_data_centers(api: Api, tmp_path: Path, etcd_server: Etc
             g, h = free_ports(2)
             address = f"127.0.0.1:{g}"
             etcd = ["--peer-discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint]
-            args = ["env", f"GUBER_DATA_CENTER={center}", sys.executable, "-m", "smockron",
-                    "cluster", "--grpc-address", address, "--http-address", f"127.0.0.1:{h}",
-                    *etcd]  # fmt: skip
+            args = [
+                "env",
+                f"GUBER_DATA_CENTER={center}",
+                sys.executable,
+                "-m",
+                "smockron",
+                "cluster",
+                "--grpc-address",
+                address,
+                "--http-address",
+                f"127.0.0.1:{h}",
+                *etcd,
+            ]
             procs.append(Proc(args, tmp_path / f"{label}.log"))
             wait_port(g, 20)
             centers[address] = center
@@ -544,10 +702,13 @@ def test_TestGRPCGateway(guber: Guber) -> None:
     # the body a Go client's protojson.Marshal sends: camelCase names, int64 as strings
     payload = json_format.MessageToJson(
         api.pb.GetRateLimitsReq(
-            requests=[api.pb.RateLimitReq(name="TestGRPCGateway", unique_key=random_key(),
-                                          duration=1000, hits=1, limit=10)]
+            requests=[
+                api.pb.RateLimitReq(
+                    name="TestGRPCGateway", unique_key=random_key(), duration=1000, hits=1, limit=10
+                )
+            ]
         )
-    )  # fmt: skip
+    )
     post = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/GetRateLimits",
         data=payload.encode(),
@@ -686,9 +847,16 @@ def test_TestGlobalResetRemaining(guber: Guber) -> None:
 
 @pytest.mark.parametrize(
     ("where", "hits"),
-    [("owner", 1), ("owner", 10), ("non-owner", 1), ("non-owner", 10),
-     ("distributed", 2), ("distributed", 10), ("distributed", 100)],
-)  # fmt: skip
+    [
+        ("owner", 1),
+        ("owner", 10),
+        ("non-owner", 1),
+        ("non-owner", 10),
+        ("distributed", 2),
+        ("distributed", 10),
+        ("distributed", 100),
+    ],
+)
 def test_TestGlobalBehavior(guber: Guber, where: str, hits: int) -> None:
     """Hits on the owner, on one non-owner, or spread concurrently over the non-owners
     (upstream: "Distributed hits"); then every node reports the same remaining. The
@@ -696,8 +864,14 @@ def test_TestGlobalBehavior(guber: Guber, where: str, hits: int) -> None:
     ported."""
     name, key = f"TestGlobalBehavior/{where}/{hits}", f"account:{random.getrandbits(32):08x}"
     limit, owner, peers = 1000, guber.owner(name, key), guber.non_owners(name, key)
-    fields = global_fields(name, key, algorithm=0, duration=3 * MINUTE, limit=limit,
-                           created_at=time.time_ns() // 1_000_000)  # fmt: skip
+    fields = global_fields(
+        name,
+        key,
+        algorithm=0,
+        duration=3 * MINUTE,
+        limit=limit,
+        created_at=time.time_ns() // 1_000_000,
+    )
     if where == "distributed":
         with ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda i: guber.check(peers[i % 2], hits=1, **fields), range(hits)))
@@ -812,46 +986,90 @@ def ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: 
 @pytest.mark.parametrize(
     ("test", "now", "unit", "upstream"),
     [
-        ("TestGregorianExpirationMinute", ms(2019, 11, 11), GREGORIAN_MINUTES,
-         ms(2019, 11, 11, 0, 0, 59) + 999),
-        ("TestGregorianExpirationMinute", ms(2019, 11, 11, 0, 0, 30), GREGORIAN_MINUTES,
-         1573430459999),
-        ("TestGregorianExpirationHour", ms(2019, 11, 11), GREGORIAN_HOURS,
-         ms(2019, 11, 11, 0, 59, 59) + 999),
-        ("TestGregorianExpirationHour", ms(2019, 11, 11, 0, 20, 1), GREGORIAN_HOURS,
-         1573433999999),
-        ("TestGregorianExpirationDay", ms(2019, 11, 11), GREGORIAN_DAYS,
-         ms(2019, 11, 11, 23, 59, 59) + 999),
-        ("TestGregorianExpirationDay", ms(2019, 11, 11, 12, 10, 9), GREGORIAN_DAYS,
-         1573516799999),
-        ("TestGregorianExpirationMonth", ms(2019, 11, 1), GREGORIAN_MONTHS,
-         ms(2019, 11, 30, 23, 59, 59) + 999),
-        ("TestGregorianExpirationMonth", ms(2019, 11, 11, 22, 2, 23), GREGORIAN_MONTHS,
-         1575158399999),
-        ("TestGregorianExpirationMonth", ms(2019, 1, 1), GREGORIAN_MONTHS,
-         ms(2019, 1, 31, 23, 59, 59) + 999),
-        ("TestGregorianExpirationYear", ms(2019, 1, 1), GREGORIAN_YEARS,
-         ms(2019, 12, 31, 23, 59, 59) + 999),
-        ("TestGregorianExpirationYear", ms(2019, 3, 1, 20, 50, 31), GREGORIAN_YEARS,
-         1577836799999),
+        (
+            "TestGregorianExpirationMinute",
+            ms(2019, 11, 11),
+            GREGORIAN_MINUTES,
+            ms(2019, 11, 11, 0, 0, 59) + 999,
+        ),
+        (
+            "TestGregorianExpirationMinute",
+            ms(2019, 11, 11, 0, 0, 30),
+            GREGORIAN_MINUTES,
+            1573430459999,
+        ),
+        (
+            "TestGregorianExpirationHour",
+            ms(2019, 11, 11),
+            GREGORIAN_HOURS,
+            ms(2019, 11, 11, 0, 59, 59) + 999,
+        ),
+        ("TestGregorianExpirationHour", ms(2019, 11, 11, 0, 20, 1), GREGORIAN_HOURS, 1573433999999),
+        (
+            "TestGregorianExpirationDay",
+            ms(2019, 11, 11),
+            GREGORIAN_DAYS,
+            ms(2019, 11, 11, 23, 59, 59) + 999,
+        ),
+        ("TestGregorianExpirationDay", ms(2019, 11, 11, 12, 10, 9), GREGORIAN_DAYS, 1573516799999),
+        (
+            "TestGregorianExpirationMonth",
+            ms(2019, 11, 1),
+            GREGORIAN_MONTHS,
+            ms(2019, 11, 30, 23, 59, 59) + 999,
+        ),
+        (
+            "TestGregorianExpirationMonth",
+            ms(2019, 11, 11, 22, 2, 23),
+            GREGORIAN_MONTHS,
+            1575158399999,
+        ),
+        (
+            "TestGregorianExpirationMonth",
+            ms(2019, 1, 1),
+            GREGORIAN_MONTHS,
+            ms(2019, 1, 31, 23, 59, 59) + 999,
+        ),
+        (
+            "TestGregorianExpirationYear",
+            ms(2019, 1, 1),
+            GREGORIAN_YEARS,
+            ms(2019, 12, 31, 23, 59, 59) + 999,
+        ),
+        ("TestGregorianExpirationYear", ms(2019, 3, 1, 20, 50, 31), GREGORIAN_YEARS, 1577836799999),
     ],
-)  # fmt: skip
+)
 def test_TestGregorianExpiration(
     guber: Guber, test: str, now: int, unit: int, upstream: int
 ) -> None:
     """Upstream's GregorianExpiration is the last millisecond of the calendar interval
     (UTC in its tests); smockron's windows are half-open, so its reset_time is the first
     millisecond of the next interval: one more (docs/algorithms.md, difference 5)."""
-    rl = guber.check(random.choice(guber.addresses), name=test, unique_key=random_key(),
-                     hits=1, limit=10, duration=unit, behavior=4, created_at=now)  # fmt: skip
+    rl = guber.check(
+        random.choice(guber.addresses),
+        name=test,
+        unique_key=random_key(),
+        hits=1,
+        limit=10,
+        duration=unit,
+        behavior=4,
+        created_at=now,
+    )
     assert (rl.error, rl.status, rl.remaining) == ("", U, 9)
     assert rl.reset_time == upstream + 1
 
 
 def test_TestGregorianExpirationInvalid(guber: Guber) -> None:
-    rl = guber.check(guber.addresses[0], name="TestGregorianExpirationInvalid",
-                     unique_key=random_key(), hits=1, limit=10, duration=99, behavior=4,
-                     created_at=ms(2019, 1, 1))  # fmt: skip
+    rl = guber.check(
+        guber.addresses[0],
+        name="TestGregorianExpirationInvalid",
+        unique_key=random_key(),
+        hits=1,
+        limit=10,
+        duration=99,
+        behavior=4,
+        created_at=ms(2019, 1, 1),
+    )
     assert rl.error.startswith(
         "behavior DURATION_IS_GREGORIAN is set; but `Duration` is not a valid gregorian interval"
     )

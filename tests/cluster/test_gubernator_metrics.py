@@ -49,8 +49,14 @@ def scrape(http_port: int) -> tuple[dict[str, str], dict[tuple[str, str], float]
 
 
 def check(http_port: int, key: str, behavior: int = 0) -> None:
-    item = {"name": "dash", "unique_key": key, "hits": 1, "limit": 100, "duration": 60_000,
-            "behavior": behavior}  # fmt: skip
+    item = {
+        "name": "dash",
+        "unique_key": key,
+        "hits": 1,
+        "limit": 100,
+        "duration": 60_000,
+        "behavior": behavior,
+    }
     body = json.dumps({"requests": [item]}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/GetRateLimits", body)
     with urllib.request.urlopen(req, timeout=5) as resp:
@@ -63,8 +69,17 @@ def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
     procs: list[Proc] = []
     with stopping(procs):
         for g, h in ((g1, h1), (g2, h2)):
-            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
-                    f"127.0.0.1:{h}", "--peers", peers, "--global-sync-wait", "20ms"]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"127.0.0.1:{g}",
+                "--http-address",
+                f"127.0.0.1:{h}",
+                "--peers",
+                peers,
+                "--global-sync-wait",
+                "20ms",
+            ]
             procs.append(run_smockron(args, tmp_path / f"{g}.log"))
         for port in (h1, h2):
             wait_port(port)
@@ -131,8 +146,14 @@ def post(http_port: int, items: list[dict[str, object]]) -> tuple[int, list[dict
 
 
 def item(key: str, limit: int = 1, **more: object) -> dict[str, object]:
-    return {"name": "dash", "unique_key": key, "hits": 1, "limit": limit, "duration": 60_000,
-            **more}  # fmt: skip
+    return {
+        "name": "dash",
+        "unique_key": key,
+        "hits": 1,
+        "limit": limit,
+        "duration": 60_000,
+        **more,
+    }
 
 
 @pytest.mark.parametrize("path", ["compiled", "python"])
@@ -143,15 +164,26 @@ def test_checks_move_the_limiter_and_error_counters(
     calls, on a real node with room for two keys (the C check and the Python one)."""
     monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1" if path == "python" else "0")
     g, h = free_ports(2)
-    args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address", f"127.0.0.1:{h}",
-            "--peers", f"127.0.0.1:{g}", "--cache-size", "2"]  # fmt: skip
+    args = [
+        "cluster",
+        "--grpc-address",
+        f"127.0.0.1:{g}",
+        "--http-address",
+        f"127.0.0.1:{h}",
+        "--peers",
+        f"127.0.0.1:{g}",
+        "--cache-size",
+        "2",
+    ]
     procs: list[Proc] = []
     with stopping(procs):
         procs.append(run_smockron(args, tmp_path / "node.log"))
         wait_port(h)
         types, before = scrape(h)
-        statuses = [post(h, [item("over")])[1][0].get("status", "UNDER_LIMIT"),
-                    post(h, [item("over")])[1][0].get("status", "UNDER_LIMIT")]  # fmt: skip
+        statuses = [
+            post(h, [item("over")])[1][0].get("status", "UNDER_LIMIT"),
+            post(h, [item("over")])[1][0].get("status", "UNDER_LIMIT"),
+        ]
         for key in ("k1", "k2", "k3"):  # each evicts the least recently used, still live
             post(h, [item(key, limit=5)])
         _, bad = post(h, [item(""), item("algo", algorithm=9), item("k3", limit=5)])
@@ -169,12 +201,14 @@ def test_checks_move_the_limiter_and_error_counters(
     assert too_many == 400
     assert grpc_bad.responses[0].error
     assert refused.value.code() == grpc.StatusCode.OUT_OF_RANGE
-    for name, kind in {"gubernator_over_limit_counter": "counter",
-                       "gubernator_check_error_counter": "counter",
-                       "gubernator_cache_access_count": "counter",
-                       "gubernator_unexpired_evictions_count": "counter",
-                       "gubernator_func_duration": "summary",
-                       "gubernator_concurrent_checks_counter": "gauge"}.items():  # fmt: skip
+    for name, kind in {
+        "gubernator_over_limit_counter": "counter",
+        "gubernator_check_error_counter": "counter",
+        "gubernator_cache_access_count": "counter",
+        "gubernator_unexpired_evictions_count": "counter",
+        "gubernator_func_duration": "summary",
+        "gubernator_concurrent_checks_counter": "gauge",
+    }.items():
         assert types.get(name) == kind, name
 
     def moved(name: str, labels: str = "") -> float:
@@ -203,8 +237,17 @@ def test_queue_lengths_follow_the_global_rounds(tmp_path: Path) -> None:
     procs: list[Proc] = []
     with stopping(procs):
         for g, h in ((g1, h1), (g2, h2)):
-            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
-                    f"127.0.0.1:{h}", "--peers", peers, "--global-sync-wait", "3s"]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"127.0.0.1:{g}",
+                "--http-address",
+                f"127.0.0.1:{h}",
+                "--peers",
+                peers,
+                "--global-sync-wait",
+                "3s",
+            ]
             procs.append(run_smockron(args, tmp_path / f"{g}.log"))
         for port in (h1, h2):
             wait_port(port)
@@ -218,8 +261,11 @@ def test_queue_lengths_follow_the_global_rounds(tmp_path: Path) -> None:
 
         wait_for(drained, timeout=15)
         after = scrape(h1)[1]
-    for name in ("gubernator_global_send_queue_length", "gubernator_global_queue_length",
-                 "gubernator_batch_queue_length"):  # fmt: skip
+    for name in (
+        "gubernator_global_send_queue_length",
+        "gubernator_global_queue_length",
+        "gubernator_batch_queue_length",
+    ):
         assert types.get(name) == "gauge", name
     assert waiting[("gubernator_global_send_queue_length", "")] > 0
     assert after[("gubernator_global_send_queue_length", "")] == 0
@@ -234,8 +280,18 @@ def test_concurrent_checks_counts_calls_in_flight(tmp_path: Path) -> None:
     silent.bind(("127.0.0.1", silent_port))
     silent.listen(16)  # accepts (in the kernel's backlog), never speaks HTTP/2
     peers = f"127.0.0.1:{g},127.0.0.1:{silent_port}"
-    args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address", f"127.0.0.1:{h}",
-            "--peers", peers, "--peers-on-grpc-port", "--batch-timeout", "3s"]  # fmt: skip
+    args = [
+        "cluster",
+        "--grpc-address",
+        f"127.0.0.1:{g}",
+        "--http-address",
+        f"127.0.0.1:{h}",
+        "--peers",
+        peers,
+        "--peers-on-grpc-port",
+        "--batch-timeout",
+        "3s",
+    ]
     procs: list[Proc] = []
     try:
         with stopping(procs):

@@ -31,8 +31,10 @@ def _refusal(tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatc
     g, h = free_ports(2)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
-    proc = run_smockron(["cluster", "--grpc-address", f"127.0.0.1:{g}",
-                         "--http-address", f"127.0.0.1:{h}"], tmp_path / "node.log")  # fmt: skip
+    proc = run_smockron(
+        ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address", f"127.0.0.1:{h}"],
+        tmp_path / "node.log",
+    )
     try:
         code = proc.popen.wait(30)
         log = proc.log()
@@ -95,8 +97,13 @@ def test_a_refused_setting_stops_a_real_node_with_one_line(
 
 
 def test_settings_without_effect_are_named_once_at_start() -> None:
-    env = {"GUBER_WORKER_COUNT": "8", "GUBER_INSTANCE_ID": "a", "GUBER_GRPC_ADRESS": "x",
-           "GUBER_HTTP_RETRY_COUNT": "3", "GUBER_GRPC_ADDRESS": "127.0.0.1:1"}  # fmt: skip
+    env = {
+        "GUBER_WORKER_COUNT": "8",
+        "GUBER_INSTANCE_ID": "a",
+        "GUBER_GRPC_ADRESS": "x",
+        "GUBER_HTTP_RETRY_COUNT": "3",
+        "GUBER_GRPC_ADDRESS": "127.0.0.1:1",
+    }
     lines = warnings(env)
     assert lines == [
         f"GUBER_WORKER_COUNT has no effect: {IGNORED['GUBER_WORKER_COUNT']}",
@@ -110,18 +117,27 @@ def test_settings_without_effect_are_named_once_at_start() -> None:
 
 
 def test_other_gubernator_variables() -> None:
-    config = build_config({"GUBER_GRACEFUL_TERMINATION_DELAY_SEC": "3",
-                           "GUBER_DISABLE_BATCHING": "true", "GUBER_RESOLV_CONF": "/r.conf",
-                           "GUBER_ETCD_DIAL_TIMEOUT": "2s", "GUBER_ETCD_USER": "u",
-                           "GUBER_ETCD_PASSWORD": "p"}, {})  # fmt: skip
+    config = build_config(
+        {
+            "GUBER_GRACEFUL_TERMINATION_DELAY_SEC": "3",
+            "GUBER_DISABLE_BATCHING": "true",
+            "GUBER_RESOLV_CONF": "/r.conf",
+            "GUBER_ETCD_DIAL_TIMEOUT": "2s",
+            "GUBER_ETCD_USER": "u",
+            "GUBER_ETCD_PASSWORD": "p",
+        },
+        {},
+    )
     assert config.graceful_termination_delay_ms == 3000.0
     logs = build_config({"GUBER_LOG_FORMAT": "json", "GUBER_DEBUG": "t"}, {})
     assert (logs.log_format, logs.log_level) == ("json", "DEBUG")
     assert config.batch_wait_ms == 0.0
     assert config.dns.resolv_conf == "/r.conf"
     assert (config.etcd.dial_timeout_ms, config.etcd.username, config.etcd.password) == (
-        2000.0, "u", "p",
-    )  # fmt: skip
+        2000.0,
+        "u",
+        "p",
+    )
     assert "password" not in repr(config.etcd)
 
 
@@ -129,17 +145,27 @@ def test_k8s_service_name_and_selectors() -> None:
     """gubernator-io's names: the Service's EndpointSlices, else a selector; the
     deprecated GUBER_K8S_ENDPOINTS_SELECTOR still works, GUBER_K8S_SELECTOR wins."""
     k8s = {"GUBER_PEER_DISCOVERY_TYPE": "k8s", "GUBER_K8S_POD_IP": "10.4.0.2"}
-    found = options_from_env({**k8s, "GUBER_K8S_SERVICE_NAME": "gubernator",
-                              "GUBER_K8S_SELECTOR": "app=x"}, ME)  # fmt: skip
-    assert found == ("k8s", {"namespace": "default", "service_name": "gubernator",
-                             "pod_ip": "10.4.0.2", "pod_port": 1051})  # fmt: skip
-    found = options_from_env({**k8s, "GUBER_K8S_SELECTOR": "app=new",
-                              "GUBER_K8S_ENDPOINTS_SELECTOR": "app=old"}, ME)  # fmt: skip
+    found = options_from_env(
+        {**k8s, "GUBER_K8S_SERVICE_NAME": "gubernator", "GUBER_K8S_SELECTOR": "app=x"}, ME
+    )
+    assert found == (
+        "k8s",
+        {
+            "namespace": "default",
+            "service_name": "gubernator",
+            "pod_ip": "10.4.0.2",
+            "pod_port": 1051,
+        },
+    )
+    found = options_from_env(
+        {**k8s, "GUBER_K8S_SELECTOR": "app=new", "GUBER_K8S_ENDPOINTS_SELECTOR": "app=old"}, ME
+    )
     assert found is not None and found[1]["selector"] == "app=new"
     found = options_from_env({**k8s, "GUBER_K8S_ENDPOINTS_SELECTOR": "app=old"}, ME)
     assert found is not None and found[1]["selector"] == "app=old"
-    found = options_from_env({**k8s, "GUBER_K8S_SERVICE_NAME": "g",
-                              "GUBER_K8S_WATCH_MECHANISM": "endpoints"}, ME)  # fmt: skip
+    found = options_from_env(
+        {**k8s, "GUBER_K8S_SERVICE_NAME": "g", "GUBER_K8S_WATCH_MECHANISM": "endpoints"}, ME
+    )
     assert found is not None and found[1]["service_name"] == "g"
 
 
@@ -231,22 +257,29 @@ def test_default_listen_address() -> None:
 
 
 def test_k8s_config_service_name() -> None:
-    config = _daemon_config("\nGUBER_K8S_SERVICE_NAME=gubernator\nGUBER_K8S_NAMESPACE=default\n"
-                            "GUBER_K8S_POD_IP=10.0.0.1\nGUBER_K8S_POD_PORT=9051")  # fmt: skip
+    config = _daemon_config(
+        "\nGUBER_K8S_SERVICE_NAME=gubernator\nGUBER_K8S_NAMESPACE=default\n"
+        "GUBER_K8S_POD_IP=10.0.0.1\nGUBER_K8S_POD_PORT=9051"
+    )
     assert (config.k8s.service_name, config.k8s.namespace) == ("gubernator", "default")
 
 
 @pytest.mark.parametrize(
     ("text", "selector"),
     [
-        ("GUBER_K8S_SELECTOR=app=gubernator-new\nGUBER_K8S_ENDPOINTS_SELECTOR=app=gubernator-old",
-         "app=gubernator-new"),
+        (
+            "GUBER_K8S_SELECTOR=app=gubernator-new\nGUBER_K8S_ENDPOINTS_SELECTOR=app=gubernator-old",
+            "app=gubernator-new",
+        ),
         ("GUBER_K8S_ENDPOINTS_SELECTOR=app=gubernator", "app=gubernator"),
         ("GUBER_K8S_SELECTOR=app=gubernator", "app=gubernator"),
     ],
-    ids=["GUBER_K8S_SELECTOR takes precedence", "GUBER_K8S_ENDPOINTS_SELECTOR fallback",
-         "GUBER_K8S_SELECTOR preferred"],
-)  # fmt: skip
+    ids=[
+        "GUBER_K8S_SELECTOR takes precedence",
+        "GUBER_K8S_ENDPOINTS_SELECTOR fallback",
+        "GUBER_K8S_SELECTOR preferred",
+    ],
+)
 def test_k8s_selector_backward_compatibility(text: str, selector: str) -> None:
     assert _daemon_config(text).k8s.selector == selector
     with pytest.raises(ConfigError, match="WATCH_MECHANISM=pods: smockron watches EndpointSlices"):
@@ -256,8 +289,10 @@ def test_k8s_selector_backward_compatibility(text: str, selector: str) -> None:
 def test_k8s_validation_endpoint_slices() -> None:
     with pytest.raises(ConfigError, match="GUBER_K8S_SERVICE_NAME"):  # ServiceName required
         _daemon_config("\nGUBER_K8S_NAMESPACE=default\nGUBER_K8S_POD_IP=10.0.0.1")
-    config = _daemon_config("\nGUBER_K8S_SERVICE_NAME=gubernator\nGUBER_K8S_NAMESPACE=default\n"
-                            "GUBER_K8S_POD_IP=10.0.0.1\nGUBER_K8S_POD_PORT=9051")  # fmt: skip
+    config = _daemon_config(
+        "\nGUBER_K8S_SERVICE_NAME=gubernator\nGUBER_K8S_NAMESPACE=default\n"
+        "GUBER_K8S_POD_IP=10.0.0.1\nGUBER_K8S_POD_PORT=9051"
+    )
     assert (config.k8s.service_name, config.k8s.mechanism) == ("gubernator", "endpointslices")
     with pytest.raises(ConfigError, match="GUBER_K8S_SERVICE_NAME"):  # explicit mechanism
         _daemon_config("\nGUBER_K8S_WATCH_MECHANISM=endpointslices\nGUBER_K8S_NAMESPACE=default")
@@ -265,9 +300,11 @@ def test_k8s_validation_endpoint_slices() -> None:
 
 def test_k8s_validation_pods() -> None:
     """Gubernator: the pods mechanism needs GUBER_K8S_SELECTOR; smockron refuses pods."""
-    for text in ("GUBER_K8S_WATCH_MECHANISM=pods\nGUBER_K8S_NAMESPACE=default",
-                 "GUBER_K8S_WATCH_MECHANISM=pods\nGUBER_K8S_SELECTOR=app=gubernator\n"
-                 "GUBER_K8S_NAMESPACE=default"):  # fmt: skip
+    for text in (
+        "GUBER_K8S_WATCH_MECHANISM=pods\nGUBER_K8S_NAMESPACE=default",
+        "GUBER_K8S_WATCH_MECHANISM=pods\nGUBER_K8S_SELECTOR=app=gubernator\n"
+        "GUBER_K8S_NAMESPACE=default",
+    ):
         with pytest.raises(ConfigError, match="GUBER_K8S_WATCH_MECHANISM=pods"):
             _daemon_config(text)
 

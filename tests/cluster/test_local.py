@@ -123,15 +123,20 @@ def test_created_at_is_the_clock_for_that_item() -> None:
     assert lim.check([req()])[0].reset_time == T0 + 51_000
 
 
-@pytest.mark.parametrize("algorithm", [Algorithm.TOKEN_BUCKET, Algorithm.LEAKY_BUCKET,
-                                       Algorithm.SLIDING_WINDOW])  # fmt: skip
+@pytest.mark.parametrize(
+    "algorithm", [Algorithm.TOKEN_BUCKET, Algorithm.LEAKY_BUCKET, Algorithm.SLIDING_WINDOW]
+)
 def test_calendar_request_beyond_year_9999_is_answered(algorithm: Algorithm) -> None:
     """A created_at far in the future (year 37648 here) with a calendar duration gets an
     answer, and the other items of its batch too (it used to raise out of the batch)."""
     lim = LocalLimiter(clock=FakeClock(T0))
-    far = req(key="far", duration=4, algorithm=algorithm,
-              behavior=Behavior.DURATION_IS_GREGORIAN,
-              created_at=1_125_899_906_842_625)  # fmt: skip
+    far = req(
+        key="far",
+        duration=4,
+        algorithm=algorithm,
+        behavior=Behavior.DURATION_IS_GREGORIAN,
+        created_at=1_125_899_906_842_625,
+    )
     answers = lim.check([far, req()])
     assert answers[0].status is UNDER and answers[0].error == ""
     assert answers[0].reset_time > 1_125_899_906_842_625
@@ -193,16 +198,28 @@ def test_counters_of_hits_misses_over_limit_and_evictions() -> None:
     assert lim.stats() == dict.fromkeys(local.STATS, 0)
     lim.check([req("a", limit=1), req("a", limit=1), req("b"), req("a", limit=1, hits=0)])
     # a: a miss, then a hit over the limit, then a hit (zero hits is never over)
-    assert lim.stats() == {"over_limit": 1, "hit": 2, "miss": 2,
-                           "unexpired_evictions": 0, "invalid": 0}  # fmt: skip
+    assert lim.stats() == {
+        "over_limit": 1,
+        "hit": 2,
+        "miss": 2,
+        "unexpired_evictions": 0,
+        "invalid": 0,
+    }
     lim.check([req("c")])  # a third live key: the least recently used (b) goes, unexpired
     assert lim.stats()["unexpired_evictions"] == 1
     clock.now += 10_000  # a and c expired: b misses, and so does d; they evict a and c,
     lim.check([req("b"), req("d")])  # which are not counted
-    assert lim.stats() == {"over_limit": 1, "hit": 2, "miss": 5,
-                           "unexpired_evictions": 1, "invalid": 0}  # fmt: skip
-    bad = [RateLimitRequest(name="requests", unique_key="", hits=1, limit=1, duration=1000),
-           req(limit=-1)]  # fmt: skip
+    assert lim.stats() == {
+        "over_limit": 1,
+        "hit": 2,
+        "miss": 5,
+        "unexpired_evictions": 1,
+        "invalid": 0,
+    }
+    bad = [
+        RateLimitRequest(name="requests", unique_key="", hits=1, limit=1, duration=1000),
+        req(limit=-1),
+    ]
     assert all(r.error for r in lim.check(bad))
     assert lim.stats()["invalid"] == 2
 

@@ -18,8 +18,17 @@ from tests.support import EtcdServer, Proc, free_ports, run_smockron, stopping, 
 def start_node(tmp: Path, etcd: EtcdServer, name: str) -> tuple[Proc, str]:
     g, h = free_ports(2)
     address = f"127.0.0.1:{g}"
-    args = ["cluster", "--grpc-address", address, "--http-address", f"127.0.0.1:{h}",
-            "--peer-discovery", "etcd", "--etcd-endpoints", etcd.endpoint]  # fmt: skip
+    args = [
+        "cluster",
+        "--grpc-address",
+        address,
+        "--http-address",
+        f"127.0.0.1:{h}",
+        "--peer-discovery",
+        "etcd",
+        "--etcd-endpoints",
+        etcd.endpoint,
+    ]
     proc = run_smockron(args, tmp / f"{name}.log")
     wait_port(g, 20)
     return proc, address

@@ -25,8 +25,9 @@ async def test_two_nodes_count_apart_on_their_own_registries() -> None:
     registry = CollectorRegistry()
     servers = []
     for port, metrics in zip(free_ports(2), (ClusterMetrics(registry), None), strict=True):
-        config = ClusterConfig(grpc_address=f"127.0.0.1:{port}", http_address="",
-                               grpc_server="asyncio")  # fmt: skip
+        config = ClusterConfig(
+            grpc_address=f"127.0.0.1:{port}", http_address="", grpc_server="asyncio"
+        )
         servers.append(ClusterServer(config, StaticDiscovery([config.grpc_address]), (), metrics))
     for server in servers:
         await server.start()
@@ -56,8 +57,9 @@ async def test_two_nodes_count_malformed_http_apart() -> None:
     ports = free_ports(4)
     servers = []
     for g, h in ((ports[0], ports[1]), (ports[2], ports[3])):
-        config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
-                               grpc_server="asyncio")  # fmt: skip
+        config = ClusterConfig(
+            grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}", grpc_server="asyncio"
+        )
         servers.append(ClusterServer(config, StaticDiscovery([config.grpc_address])))
     for server in servers:
         await server.start()
@@ -79,10 +81,12 @@ async def test_two_nodes_count_malformed_http_apart() -> None:
         for server in servers:
             await server.stop()
     counts = [
-        {reason: s.node.metrics.registry.get_sample_value(MALFORMED, {"reason": reason})
-         for reason in ("bad_json", "bad_fields", "bad_http")}
+        {
+            reason: s.node.metrics.registry.get_sample_value(MALFORMED, {"reason": reason})
+            for reason in ("bad_json", "bad_fields", "bad_http")
+        }
         for s in servers
-    ]  # fmt: skip
+    ]
     assert counts == [
         {"bad_json": 2, "bad_fields": 1, "bad_http": 1},
         {"bad_json": None, "bad_fields": None, "bad_http": 2},

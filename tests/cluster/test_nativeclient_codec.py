@@ -27,9 +27,20 @@ text = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
 int64 = st.integers(-(2**63), 2**63 - 1)
 
 
-@given(st.tuples(text, text, int64, int64, int64, st.sampled_from(list(Algorithm)),
-                 st.builds(Behavior, st.integers(0, 2**31 - 1)), int64,
-                 st.dictionaries(text, text, max_size=4), st.none() | int64))  # fmt: skip
+@given(
+    st.tuples(
+        text,
+        text,
+        int64,
+        int64,
+        int64,
+        st.sampled_from(list(Algorithm)),
+        st.builds(Behavior, st.integers(0, 2**31 - 1)),
+        int64,
+        st.dictionaries(text, text, max_size=4),
+        st.none() | int64,
+    )
+)
 def test_request_parses_back_to_the_message_convert_gives(fields: tuple[Any, ...]) -> None:
     wire = _nativeclient.encode_request(*fields[:8], fields[8] or None, fields[9])
     expected = request_to_pb(RateLimitRequest(*fields))
@@ -38,20 +49,36 @@ def test_request_parses_back_to_the_message_convert_gives(fields: tuple[Any, ...
         assert wire == expected.SerializeToString()
 
 
-@given(st.sampled_from([pb.UNDER_LIMIT, pb.OVER_LIMIT]), int64, int64, int64, text,
-       st.dictionaries(text, text, max_size=4))  # fmt: skip
+@given(
+    st.sampled_from([pb.UNDER_LIMIT, pb.OVER_LIMIT]),
+    int64,
+    int64,
+    int64,
+    text,
+    st.dictionaries(text, text, max_size=4),
+)
 def test_response_decodes_to_its_values(
     status: int, limit: int, remaining: int, reset: int, error: str, metadata: dict[str, str]
 ) -> None:
-    msg = pb.RateLimitResp(status=status, limit=limit, remaining=remaining,  # type: ignore[arg-type]
-                           reset_time=reset, error=error, metadata=metadata)  # fmt: skip
+    msg = pb.RateLimitResp(
+        status=status,  # type: ignore[arg-type]
+        limit=limit,
+        remaining=remaining,
+        reset_time=reset,
+        error=error,
+        metadata=metadata,
+    )
     wire = msg.SerializeToString()
     assert _nativeclient.decode_response(wire) == (status, limit, remaining, reset, error, metadata)
     # fields it does not know (a newer server's) are skipped
     unknown = b"\x78\x05" + b"\x82\x01\x03abc" + b"\x8d\x01\x00\x00\x00\x00"
     assert _nativeclient.decode_response(unknown + wire + unknown)[:5] == (
-        status, limit, remaining, reset, error,
-    )  # fmt: skip
+        status,
+        limit,
+        remaining,
+        reset,
+        error,
+    )
 
 
 @pytest.mark.parametrize("wire", [b"\x08", b"\x2a\x05ab", b"\x32\x02\x0a\x05", b"\x0f"])

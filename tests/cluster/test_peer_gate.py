@@ -100,8 +100,11 @@ async def test_members_call_each_other() -> None:
         await server.start()
         server.node.set_peers(peers)
     try:
-        key = next(k for k in (f"k{i}" for i in range(1000))
-                   if b.node.ring.owner(f"n_{k}") == b.node.address)  # fmt: skip
+        key = next(
+            k
+            for k in (f"k{i}" for i in range(1000))
+            if b.node.ring.owner(f"n_{k}") == b.node.address
+        )
         resp = await a.node.get_rate_limits([RateLimitRequest("n", key, 1, 10, 60_000)])
         assert (resp[0].error, resp[0].metadata["owner"]) == ("", b.node.address)
         assert b.node.metrics.registry.get_sample_value(
@@ -114,8 +117,12 @@ async def test_members_call_each_other() -> None:
 
 async def test_peers_on_the_grpc_port_are_gated_too() -> None:
     me, other = free_ports(2)
-    config = ClusterConfig(grpc_address=f"127.0.0.1:{me}", http_address="",
-                           grpc_server="threads", peers_on_grpc_port=True)  # fmt: skip
+    config = ClusterConfig(
+        grpc_address=f"127.0.0.1:{me}",
+        http_address="",
+        grpc_server="threads",
+        peers_on_grpc_port=True,
+    )
     server = ClusterServer(config, StaticDiscovery([config.grpc_address, f"192.0.2.7:{other}"]))
     await server.start()
     try:
@@ -159,11 +166,16 @@ async def test_peer_tls_names_keep_other_certificates_of_the_ca_out(
     pki = write_pki(tmp_path)
     (me,) = free_ports(1)
     config = ClusterConfig(
-        grpc_address=f"127.0.0.1:{me}", http_address="", grpc_server=kind,
-        tls_cert=str(pki["node.pem"]), tls_key=str(pki["node.key"]), tls_ca=str(pki["ca.pem"]),
-        tls_client_auth="require-and-verify", peer_tls_names="node.cluster,other.cluster",
+        grpc_address=f"127.0.0.1:{me}",
+        http_address="",
+        grpc_server=kind,
+        tls_cert=str(pki["node.pem"]),
+        tls_key=str(pki["node.key"]),
+        tls_ca=str(pki["ca.pem"]),
+        tls_client_auth="require-and-verify",
+        peer_tls_names="node.cluster,other.cluster",
         peer_check_address=False,  # the certificate alone decides here
-    )  # fmt: skip
+    )
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     registry = server.node.metrics.registry
@@ -193,10 +205,14 @@ async def test_peer_tls_names_keep_other_certificates_of_the_ca_out(
 def test_peer_tls_names_need_verified_client_certificates(tmp_path: Path) -> None:
     pki = write_pki(tmp_path)
     config = ClusterConfig(
-        grpc_address="127.0.0.1:1", http_address="", tls_cert=str(pki["node.pem"]),
-        tls_key=str(pki["node.key"]), tls_ca=str(pki["ca.pem"]), tls_client_auth="verify-cert",
+        grpc_address="127.0.0.1:1",
+        http_address="",
+        tls_cert=str(pki["node.pem"]),
+        tls_key=str(pki["node.key"]),
+        tls_ca=str(pki["ca.pem"]),
+        tls_client_auth="verify-cert",
         peer_tls_names="node.cluster",
-    )  # fmt: skip
+    )
     with pytest.raises(ConfigError, match="require-and-verify"):
         ClusterServer(config)
     with pytest.raises(ConfigError, match="require-and-verify"):

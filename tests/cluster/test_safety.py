@@ -125,8 +125,7 @@ async def test_peers_v1_refused_on_the_client_port_served_on_the_peer_listener(
 async def test_opt_in_serves_peers_v1_on_the_grpc_port() -> None:
     """Gubernator-mixed clusters: PeersV1 on the gRPC port, no peer listener, and peers
     called at their gRPC address."""
-    (config,) = configs(1, peers_on_grpc_port=True, grpc_server="threads",
-                        peer_check_address=False)  # fmt: skip
+    (config,) = configs(1, peers_on_grpc_port=True, grpc_server="threads", peer_check_address=False)
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     try:
@@ -180,8 +179,11 @@ async def test_forwarding_and_global_across_three_nodes_on_peer_listeners(
         }
     key = owned_by(trio, b, 1, "n")[0]
     for i in range(3):  # forwarded from a and c to b, over b's peer listener
-        resp = (await trio[2 * (i % 2)].node.get_rate_limits(
-            [RateLimitRequest("n", key, 1, 10, 60_000)]))[0]  # fmt: skip
+        resp = (
+            await trio[2 * (i % 2)].node.get_rate_limits(
+                [RateLimitRequest("n", key, 1, 10, 60_000)]
+            )
+        )[0]
         assert (resp.error, resp.metadata["owner"], resp.remaining) == ("", b.node.address, 9 - i)
     assert b.node.metrics.checks.labels("peer")._value.get() >= 3
 
@@ -353,8 +355,12 @@ class Clock:
 def fill(limiter: LocalLimiter, n: int, duration: int = 1000) -> None:
     batch = 1000
     for start in range(0, n, batch):
-        limiter.check([RateLimitRequest("n", f"key{i}", 1, 5, duration)
-                       for i in range(start, min(n, start + batch))])  # fmt: skip
+        limiter.check(
+            [
+                RateLimitRequest("n", f"key{i}", 1, 5, duration)
+                for i in range(start, min(n, start + batch))
+            ]
+        )
 
 
 def test_reclaim_steps_are_bounded_and_skip_live_keys() -> None:
@@ -417,8 +423,9 @@ async def test_a_million_expired_keys_reclaimed_without_traffic() -> None:
 async def http_gateway() -> AsyncIterator[str]:
     """A one-node cluster (threads gRPC server) with its HTTP gateway: its GetRateLimits URL."""
     (g,), (h,) = free_ports(1), free_ports(1)
-    config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}",
-                           grpc_server="threads")  # fmt: skip
+    config = ClusterConfig(
+        grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}", grpc_server="threads"
+    )
     server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
     await server.start()
     try:
@@ -464,8 +471,9 @@ async def test_http_lone_surrogates_are_bad_json_not_a_server_error(
         b'{"requests": [{"name": "\\udc85", "unique_key": "b", "hits": 1, "limit": 5}]}',
         b'{"\\ud800x": {}, "requests": []}',
     ]
-    good = {"requests": [{"name": "a", "unique_key": "b", "hits": 1, "limit": 5,
-                          "duration": 60_000}]}  # fmt: skip
+    good = {
+        "requests": [{"name": "a", "unique_key": "b", "hits": 1, "limit": 5, "duration": 60_000}]
+    }
     async with http_gateway() as url, aiohttp.ClientSession() as session:
         for i, body in enumerate(bodies):
             async with session.post(url, data=body) as resp:
@@ -493,8 +501,15 @@ def test_cluster_process_peer_port_and_peers_file_reloaded_on_sighup(tmp_path: P
     procs: list[Proc] = []
     with stopping(procs):
         for i, (g, h) in enumerate(((g1, h1), (g2, h2))):
-            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
-                    f"127.0.0.1:{h}", "--peers-file", str(path)]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"127.0.0.1:{g}",
+                "--http-address",
+                f"127.0.0.1:{h}",
+                "--peers-file",
+                str(path),
+            ]
             procs.append(run_smockron(args, tmp_path / f"node{i}.log"))
         for port in (g1, g1 + 1, g2, g2 + 1):
             wait_port(port, timeout=20)
@@ -506,8 +521,9 @@ def test_cluster_process_peer_port_and_peers_file_reloaded_on_sighup(tmp_path: P
 
         assert health(addresses[0]).peer_count == 3
         ring = HashRing([*addresses, f"127.0.0.1:{ghost}"])
-        key = next(k for k in (f"k{i}" for i in range(10_000))
-                   if ring.owner(f"n_{k}") == addresses[1])  # fmt: skip
+        key = next(
+            k for k in (f"k{i}" for i in range(10_000)) if ring.owner(f"n_{k}") == addresses[1]
+        )
         with grpc.insecure_channel(addresses[0]) as channel:
             stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
             check = pb.RateLimitReq(name="n", unique_key=key, hits=1, limit=5, duration=60_000)

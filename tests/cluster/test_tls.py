@@ -83,8 +83,16 @@ def start_nodes(tmp: Path, *extra: str, nodes: int = 1) -> Iterator[list[Node]]:
     procs: list[Proc] = []
     with stopping(procs):
         for i, (g, h) in enumerate(zip(grpc_ports, http_ports, strict=True)):
-            args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
-                    f"127.0.0.1:{h}", "--peers", peers, *extra]  # fmt: skip
+            args = [
+                "cluster",
+                "--grpc-address",
+                f"127.0.0.1:{g}",
+                "--http-address",
+                f"127.0.0.1:{h}",
+                "--peers",
+                peers,
+                *extra,
+            ]
             procs.append(run_smockron(args, tmp / f"node{i}-{g}.log"))
         for port in grpc_ports + http_ports:
             wait_port(port, timeout=20)
@@ -138,8 +146,14 @@ async def make_request(
 
 
 def server_flags(certs: Certs, cert: str = "gubernator") -> tuple[str, ...]:
-    return ("--tls-ca", certs.ca_cert, "--tls-cert", f"{certs.dir}/{cert}.pem",
-            "--tls-key", f"{certs.dir}/{cert}.key")  # fmt: skip
+    return (
+        "--tls-ca",
+        certs.ca_cert,
+        "--tls-cert",
+        f"{certs.dir}/{cert}.pem",
+        "--tls-key",
+        f"{certs.dir}/{cert}.key",
+    )
 
 
 SETUP_CASES: dict[str, tuple[tuple[str, ...], str, str, list[tuple[str, Any]]]] = {
@@ -185,8 +199,17 @@ def unverified_context(cert: Certs | None = None, name: str = "") -> ssl.SSLCont
 
 
 async def https_rate_limit(port: int, context: ssl.SSLContext) -> dict[str, Any]:
-    body = {"requests": [{"name": "test_tls", "unique_key": "account:995", "hits": 1,
-                          "limit": 100, "duration": 30_000}]}  # fmt: skip
+    body = {
+        "requests": [
+            {
+                "name": "test_tls",
+                "unique_key": "account:995",
+                "hits": 1,
+                "limit": 100,
+                "duration": 30_000,
+            }
+        ]
+    }
     async with (
         aiohttp.ClientSession() as session,
         session.post(f"https://127.0.0.1:{port}/v1/GetRateLimits", json=body, ssl=context) as resp,
@@ -220,8 +243,13 @@ async def test_TestSetupTLSSkipVerify(tmp_path: Path, certs: Certs) -> None:
 
 @pytest.mark.parametrize("server", SERVERS)
 async def test_TestSetupTLSClientAuth(tmp_path: Path, certs: Certs, server: str) -> None:
-    flags = (*server_flags(certs), "--tls-client-auth", "require-and-verify",
-             "--tls-client-auth-ca-cert", f"{certs.dir}/client-auth-ca.pem")  # fmt: skip
+    flags = (
+        *server_flags(certs),
+        "--tls-client-auth",
+        "require-and-verify",
+        "--tls-client-auth-ca-cert",
+        f"{certs.dir}/client-auth-ca.pem",
+    )
     with start_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
         address = nodes[0].grpc_address
         # a certificate signed by another CA than the client-auth one is refused
@@ -263,8 +291,13 @@ def owned_by(nodes: list[Node], owner: int, prefix: str) -> str:
 async def test_TestTLSClusterWithClientAuthentication(tmp_path: Path, certs: Certs) -> None:
     """Two nodes requiring verified client certificates forward to each other and sync
     GLOBAL limits over TLS, showing their server certificate as the client one."""
-    flags = (*server_flags(certs), "--tls-client-auth", "require-and-verify",
-             "--global-sync-wait", "20ms")  # fmt: skip
+    flags = (
+        *server_flags(certs),
+        "--tls-client-auth",
+        "require-and-verify",
+        "--global-sync-wait",
+        "20ms",
+    )
     with start_nodes(tmp_path, *flags, nodes=2) as nodes:
         creds = credentials(certs, "gubernator")
         key = owned_by(nodes, 1, "fwd")
@@ -301,8 +334,13 @@ async def test_TestTLSClusterWithClientAuthentication(tmp_path: Path, certs: Cer
 async def test_TestHTTPSClientAuth(tmp_path: Path, certs: Certs) -> None:
     """Client certificates required on the HTTPS gateway, not on the status listener."""
     (status_port,) = free_ports(1)
-    flags = (*server_flags(certs), "--tls-client-auth", "require-and-verify",
-             "--status-http-address", f"127.0.0.1:{status_port}")  # fmt: skip
+    flags = (
+        *server_flags(certs),
+        "--tls-client-auth",
+        "require-and-verify",
+        "--status-http-address",
+        f"127.0.0.1:{status_port}",
+    )
     with start_nodes(tmp_path, *flags) as nodes:
         wait_port(status_port)
         url = f"https://127.0.0.1:{nodes[0].http_port}/v1/HealthCheck"
@@ -321,8 +359,9 @@ async def test_TestHTTPSClientAuth(tmp_path: Path, certs: Certs) -> None:
             async with session.get(url, ssl=with_cert) as resp:
                 assert resp.status == 200
                 healths.append(await resp.json())
-            async with session.get(status_url.replace("HealthCheck", "LiveCheck"),
-                                   ssl=without_cert) as resp:  # fmt: skip
+            async with session.get(
+                status_url.replace("HealthCheck", "LiveCheck"), ssl=without_cert
+            ) as resp:
                 assert resp.status == 404  # the status listener serves HealthCheck only
         for health in healths:
             assert health["status"] == "healthy"
@@ -498,8 +537,16 @@ async def test_reload_renews_peer_channels(tmp_path: Path, certs: Certs) -> None
     cert, key = tmp_path / "node.pem", tmp_path / "node.key"
     cert.write_bytes(certs.read("gubernator.pem"))
     key.write_bytes(certs.read("gubernator.key"))
-    flags = ("--tls-ca", certs.ca_cert, "--tls-cert", str(cert), "--tls-key", str(key),
-             "--tls-client-auth", "require-and-verify")  # fmt: skip
+    flags = (
+        "--tls-ca",
+        certs.ca_cert,
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+        "--tls-client-auth",
+        "require-and-verify",
+    )
     creds = credentials(certs, "gubernator")
     with start_nodes(tmp_path, *flags, nodes=2) as nodes:
         key_name = owned_by(nodes, 1, "reload")
@@ -513,8 +560,10 @@ async def test_reload_renews_peer_channels(tmp_path: Path, certs: Certs) -> None
         for remaining in (98, 97):
             r = await make_request(nodes[0].grpc_address, creds, key=key_name)
             assert (r.error, r.remaining, r.metadata["owner"]) == (
-                "", remaining, nodes[1].grpc_address,
-            )  # fmt: skip
+                "",
+                remaining,
+                nodes[1].grpc_address,
+            )
         assert f"peer {nodes[1].grpc_address}:" not in nodes[0].proc.log()
 
 
@@ -536,10 +585,19 @@ def test_bad_tls_settings_stop_the_command(tmp_path: Path) -> None:
     """One line naming the problem, no traceback, exit status 1."""
     (port,) = free_ports(1)
     proc = run_smockron(
-        ["cluster", "--grpc-address", f"127.0.0.1:{port}", "--http-address", "",
-         "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "k")],
+        [
+            "cluster",
+            "--grpc-address",
+            f"127.0.0.1:{port}",
+            "--http-address",
+            "",
+            "--tls-cert",
+            str(tmp_path / "missing.pem"),
+            "--tls-key",
+            str(tmp_path / "k"),
+        ],
         tmp_path / "node.log",
-    )  # fmt: skip
+    )
     try:
         assert proc.popen.wait(timeout=30) == 1
     finally:
@@ -556,8 +614,9 @@ def test_a_missing_key_file_is_called_missing(tmp_path: Path, certs: Certs) -> N
     from smockron.errors import ConfigError
 
     missing = tmp_path / "missing-key.pem"
-    config = ClusterConfig(grpc_address="127.0.0.1:1", tls_cert=f"{certs.dir}/gubernator.pem",
-                           tls_key=str(missing))  # fmt: skip
+    config = ClusterConfig(
+        grpc_address="127.0.0.1:1", tls_cert=f"{certs.dir}/gubernator.pem", tls_key=str(missing)
+    )
     with pytest.raises(ConfigError, match=f"GUBER_TLS_KEY '{missing}': No such file"):
         tls.load(config.validate())
 
@@ -583,8 +642,10 @@ async def test_client_san_with_verify_cert_on_the_native_server(
     monkeypatch.setenv("GUBER_TLS_CLIENT_AUTH", "verify-cert")
     with start_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
         address = nodes[0].grpc_address
-        codes = [await should_rate_limit(address, credentials(certs, name))
-                 for name in ("client-auth", "", "client-auth-localhost")]  # fmt: skip
+        codes = [
+            await should_rate_limit(address, credentials(certs, name))
+            for name in ("client-auth", "", "client-auth-localhost")
+        ]
     assert codes == ["UNAVAILABLE", "OK", "OVER_LIMIT"]
 
 
@@ -598,9 +659,11 @@ def test_client_san_setting(certs: Certs, caplog: pytest.LogCaptureFixture) -> N
     from smockron.cluster.guber_env import from_env
     from smockron.errors import ConfigError
 
-    env = {"GRPC_SERVER_TLS_CERT": f"{certs.dir}/gubernator.pem",
-           "GRPC_SERVER_TLS_KEY": f"{certs.dir}/gubernator.key",
-           "GRPC_CLIENT_TLS_SAN": "localhost"}  # fmt: skip
+    env = {
+        "GRPC_SERVER_TLS_CERT": f"{certs.dir}/gubernator.pem",
+        "GRPC_SERVER_TLS_KEY": f"{certs.dir}/gubernator.key",
+        "GRPC_CLIENT_TLS_SAN": "localhost",
+    }
     assert from_env(env).tls_client_san == ""  # GRPC_SERVER_USE_TLS is off
     config = from_env({**env, "GRPC_SERVER_USE_TLS": "true"})
     assert config.tls_client_san == "localhost"

@@ -38,12 +38,20 @@ def test_parse_rule_spec() -> None:
 @pytest.mark.parametrize(
     "spec",
     [
-        "api:10/s", "api:10/s:0", "api:10/s:x", ":10/s:2", "api:zz:3",
+        "api:10/s",
+        "api:10/s:0",
+        "api:10/s:x",
+        ":10/s:2",
+        "api:zz:3",
         # only ASCII decimal: int() alone would read these as 10, 5, 5 and 10/s
-        "api:10/s:1_0", "api:10/s:+5", "api:10/s:\u0665", "api:\u0661\u0660/s:5",
-        "api:10/s:2.5", "api:10/s:-3",
+        "api:10/s:1_0",
+        "api:10/s:+5",
+        "api:10/s:\u0665",
+        "api:\u0661\u0660/s:5",
+        "api:10/s:2.5",
+        "api:10/s:-3",
     ],
-)  # fmt: skip
+)
 def test_parse_rule_spec_rejects(spec: str) -> None:
     with pytest.raises(RuleError):
         parse_rule_spec(spec)

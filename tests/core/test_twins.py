@@ -96,9 +96,11 @@ def test_engine_applies_core_history(
             next_allowed(state, at, rule) for rule, state in zip(domain_rules, new, strict=True)
         ]
         until = max((u for u in untils if u is not None), default=None)
-        expected = [] if until is None or until <= now else [
-            control_frames(topic("api"), ident, math.ceil(until))
-        ]  # fmt: skip
+        expected = (
+            []
+            if until is None or until <= now
+            else [control_frames(topic("api"), ident, math.ceil(until))]
+        )
         assert engine.process([frames], now) == expected
 
 

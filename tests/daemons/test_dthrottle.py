@@ -169,9 +169,12 @@ def test_tags_are_opaque_bytes() -> None:
 
 @pytest.mark.parametrize(
     "rule",
-    [lambda: PrefixRule(b"x", 0, 1.0), lambda: PrefixRule(b"x", 1, 0.0),
-     lambda: PrefixRule(b"x", 1, -1.0)],
-)  # fmt: skip
+    [
+        lambda: PrefixRule(b"x", 0, 1.0),
+        lambda: PrefixRule(b"x", 1, 0.0),
+        lambda: PrefixRule(b"x", 1, -1.0),
+    ],
+)
 def test_bad_rules_are_refused(rule: object) -> None:
     with pytest.raises(ConfigError, match="prefix b'x'"):
         rule()  # type: ignore[operator]

@@ -33,12 +33,26 @@ def ask(port: int, tags: list[bytes]) -> bytes:
 
 def daemon_args(tcp: int, udp: int, peer_udp: int, clock: Path) -> list[str]:
     return [
-        "--log-level", "DEBUG", "dthrottle",
-        "--listen", f"tcp:127.0.0.1:{tcp}",
-        "--burst", "10", "--rate", "1.0", "--report-interval", "5",
-        "--peer", f"127.0.0.1:{peer_udp}", "--peer-bind", f"127.0.0.1:{udp}",
-        "--test-clock-file", str(clock), "--stats-interval", "0",
-    ]  # fmt: skip
+        "--log-level",
+        "DEBUG",
+        "dthrottle",
+        "--listen",
+        f"tcp:127.0.0.1:{tcp}",
+        "--burst",
+        "10",
+        "--rate",
+        "1.0",
+        "--report-interval",
+        "5",
+        "--peer",
+        f"127.0.0.1:{peer_udp}",
+        "--peer-bind",
+        f"127.0.0.1:{udp}",
+        "--test-clock-file",
+        str(clock),
+        "--stats-interval",
+        "0",
+    ]
 
 
 def test_seed_example_with_two_real_daemons(tmp_path: Path) -> None:
@@ -112,8 +126,12 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "smockron", "dthrottle", *args],
-            capture_output=True, text=True, env=smockron_env(), timeout=60, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=smockron_env(),
+            timeout=60,
+            check=False,
+        )
 
     out = run("--report-interval", "0")
     assert out.returncode == 2 and "report interval must be 1..3600 s, got 0" in out.stderr
@@ -142,10 +160,22 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
 
     def args(tcp: int, udp: int, peer: int) -> list[str]:
         return [
-            "--log-level", "DEBUG", "dthrottle", "--listen", f"tcp:127.0.0.1:{tcp}",
-            "--burst", "5", "--rate", "1/h", "--report-interval", "3600",
-            "--peer", f"127.0.0.1:{peer}", "--peer-bind", f"127.0.0.1:{udp}",
-        ]  # fmt: skip
+            "--log-level",
+            "DEBUG",
+            "dthrottle",
+            "--listen",
+            f"tcp:127.0.0.1:{tcp}",
+            "--burst",
+            "5",
+            "--rate",
+            "1/h",
+            "--report-interval",
+            "3600",
+            "--peer",
+            f"127.0.0.1:{peer}",
+            "--peer-bind",
+            f"127.0.0.1:{udp}",
+        ]
 
     with (
         smockron_proc(args(tcp_a, udp_a, udp_b), tmp_path / "a.log") as a,
@@ -163,10 +193,15 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("value", "why"),
-    [("-1", "cannot parse duration"), ("nan", "cannot parse duration"),
-     ("1e9", "cannot parse duration"), ("0.001", "must be 0 (off) or 0.01..86400"),
-     ("1ms", "must be 0 (off) or 0.01..86400"), ("2d", "must be 0 (off) or 0.01..86400")],
-)  # fmt: skip
+    [
+        ("-1", "cannot parse duration"),
+        ("nan", "cannot parse duration"),
+        ("1e9", "cannot parse duration"),
+        ("0.001", "must be 0 (off) or 0.01..86400"),
+        ("1ms", "must be 0 (off) or 0.01..86400"),
+        ("2d", "must be 0 (off) or 0.01..86400"),
+    ],
+)
 def test_a_stats_interval_that_would_flood_the_log_is_refused(value: str, why: str) -> None:
     from click.testing import CliRunner
 
@@ -203,14 +238,40 @@ def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> Non
     tcp, group_port = free_ports(2)
     unix = tmp_path / "d.sock"
     args = [
-        "--log-level", "DEBUG", "dthrottle", "--listen", f"tcp:127.0.0.1:{tcp}",
-        "--listen", f"unix:{unix}",
-        "--burst", "1", "--rate", "1/h", "--stats-interval", "0",
-        "--rule", "api:", "3", "1/h", "--rule", "api:vip:", "5", "1/h",
-        "--whitelist", "ops:", "--whitelist", "10.", "--max-tag-length", "8",
-        "--multicast", f"239.255.69.71:{group_port}", "--multicast-interface", "127.0.0.1",
-        "--max-datagram", "600",
-    ]  # fmt: skip
+        "--log-level",
+        "DEBUG",
+        "dthrottle",
+        "--listen",
+        f"tcp:127.0.0.1:{tcp}",
+        "--listen",
+        f"unix:{unix}",
+        "--burst",
+        "1",
+        "--rate",
+        "1/h",
+        "--stats-interval",
+        "0",
+        "--rule",
+        "api:",
+        "3",
+        "1/h",
+        "--rule",
+        "api:vip:",
+        "5",
+        "1/h",
+        "--whitelist",
+        "ops:",
+        "--whitelist",
+        "10.",
+        "--max-tag-length",
+        "8",
+        "--multicast",
+        f"239.255.69.71:{group_port}",
+        "--multicast-interface",
+        "127.0.0.1",
+        "--max-datagram",
+        "600",
+    ]
     with smockron_proc(args, tmp_path / "d.log") as d:
         wait_port(tcp)
         assert ask(tcp, [b"api:a"] * 4) == b"OK\n" * 3 + b"NO\n"
@@ -238,12 +299,14 @@ def test_rules_whitelist_tag_limit_and_multicast_as_flags(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--rule", "api:", "many", "1"], "rule burst must be an integer"),
-     (["--rule", "api:", "3", "0"], "rate must be > 0"),
-     (["--whitelist", "a", "--rule", "a", "1", "1"], "configured twice"),
-     (["--max-tag-length", "0"], "max_tag_length must be in 1..65535, got 0"),
-     (["--multicast", "239.1.1.1"], "multicast must be HOST:PORT")],
-)  # fmt: skip
+    [
+        (["--rule", "api:", "many", "1"], "rule burst must be an integer"),
+        (["--rule", "api:", "3", "0"], "rate must be > 0"),
+        (["--whitelist", "a", "--rule", "a", "1", "1"], "configured twice"),
+        (["--max-tag-length", "0"], "max_tag_length must be in 1..65535, got 0"),
+        (["--multicast", "239.1.1.1"], "multicast must be HOST:PORT"),
+    ],
+)
 def test_bad_flags_are_refused_before_listening(args: list[str], message: str) -> None:
     from click.testing import CliRunner
 

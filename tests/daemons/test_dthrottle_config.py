@@ -64,7 +64,7 @@ def test_file_then_flags(tmp_path: Path) -> None:
         ({"listen": []}, "nothing to listen on"),
         ({"colour": "red"}, "unknown DThrottle setting\\(s\\): colour"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_are_named(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         DThrottleConfig.from_mapping(raw)

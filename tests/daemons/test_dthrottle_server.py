@@ -202,12 +202,14 @@ async def pair(**kw: Any) -> tuple[DThrottleDaemon, DThrottleDaemon, ManualClock
     pa, pb = free_port(), free_port()
     a = DThrottleDaemon(
         config(peer_bind=("127.0.0.1", pa), peers=(("127.0.0.1", pb),), **kw),
-        clock=clock, stats_every=None,
-    )  # fmt: skip
+        clock=clock,
+        stats_every=None,
+    )
     b = DThrottleDaemon(
         config(peer_bind=("127.0.0.1", pb), peers=(("127.0.0.1", pa),), **kw),
-        clock=clock, stats_every=None,
-    )  # fmt: skip
+        clock=clock,
+        stats_every=None,
+    )
     await a.start()
     await b.start()
     return a, b, clock
@@ -348,8 +350,9 @@ async def test_a_peer_that_is_down_costs_nothing_but_its_reports() -> None:
     dead = free_port()  # nobody listens there: the sends bounce (ICMP port unreachable)
     d = DThrottleDaemon(
         config(burst=2, peer_bind=("127.0.0.1", free_port()), peers=(("127.0.0.1", dead),)),
-        clock=ManualClock(), stats_every=None,
-    )  # fmt: skip
+        clock=ManualClock(),
+        stats_every=None,
+    )
     await d.start()
     try:
         for i in range(5):
@@ -470,8 +473,9 @@ async def test_new_tags_with_a_slow_refill_stay_within_max_entries(
     one client sending new tags grew it without end (8.1 million buckets, 1.64 GB in a
     minute). At ``max_entries`` the fullest of the oldest go, counted and logged."""
     clock = ManualClock()
-    d = DThrottleDaemon(config(burst=3, rate=0.001, max_entries=1024), clock=clock,
-                        stats_every=None)  # fmt: skip
+    d = DThrottleDaemon(
+        config(burst=3, rate=0.001, max_entries=1024), clock=clock, stats_every=None
+    )
     await d.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", d.tcp_port())

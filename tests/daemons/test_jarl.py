@@ -62,9 +62,15 @@ def test_the_seed_example_social_media_200_per_minute() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "wire"),
-    [(0.0, b"0.000"), (0.0004, b"0.000"), (0.0005, b"0.001"), (1.23456, b"1.235"),
-     (60.3, b"60.300"), (12345.6789, b"12345.679")],
-)  # fmt: skip
+    [
+        (0.0, b"0.000"),
+        (0.0004, b"0.000"),
+        (0.0005, b"0.001"),
+        (1.23456, b"1.235"),
+        (60.3, b"60.300"),
+        (12345.6789, b"12345.679"),
+    ],
+)
 def test_answer_has_exactly_three_decimals_and_no_newline(seconds: float, wire: bytes) -> None:
     assert format_delay(seconds) == wire
 

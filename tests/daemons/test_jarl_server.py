@@ -47,8 +47,19 @@ def read_all(port: int) -> bytes:
 
 def test_seed_client_against_a_real_jarl_process(tmp_path: Path) -> None:
     port = free_port()
-    args = ["jarl", "--service", "SocialMedia", "--period", "60", "--requests", "3",
-            "--ip", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    args = [
+        "jarl",
+        "--service",
+        "SocialMedia",
+        "--period",
+        "60",
+        "--requests",
+        "3",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with smockron_proc(args, tmp_path / "jarl.log") as proc:
         wait_port(port)  # this probe is a connection too: it takes the first slot
         assert [get_delay(port) for _ in range(2)] == [0.0, 0.0]
@@ -67,8 +78,19 @@ def test_seed_client_against_a_real_jarl_process(tmp_path: Path) -> None:
 
 def test_sigint_exits_cleanly(tmp_path: Path) -> None:
     port = free_port()
-    args = ["jarl", "--service", "s", "--period", "1", "--requests", "1",
-            "--ip", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    args = [
+        "jarl",
+        "--service",
+        "s",
+        "--period",
+        "1",
+        "--requests",
+        "1",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with smockron_proc(args, tmp_path / "jarl.log") as proc:
         wait_port(port)
         assert proc.stop(signal.SIGINT) == 130  # Ctrl-C: graceful, then exit 130
@@ -77,19 +99,39 @@ def test_sigint_exits_cleanly(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("requests", "period", "message"),
-    [("0", "1", "--requests must be at least 1, got 0"),
-     ("1", "0", "--period must be at least 1, got 0"),
-     ("1", "-3", "--period must be at least 1, got -3"),
-     ("1", "1.5", "'1.5' is not a valid integer")],
-)  # fmt: skip
+    [
+        ("0", "1", "--requests must be at least 1, got 0"),
+        ("1", "0", "--period must be at least 1, got 0"),
+        ("1", "-3", "--period must be at least 1, got -3"),
+        ("1", "1.5", "'1.5' is not a valid integer"),
+    ],
+)
 def test_cli_refuses_zero_or_fractional_limits_with_a_clear_message(
     requests: str, period: str, message: str
 ) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "smockron", "jarl", "--service", "s", "--period", period,
-         "--requests", requests, "--ip", "127.0.0.1", "--port", "1"],
-        capture_output=True, text=True, env=smockron_env(), timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "smockron",
+            "jarl",
+            "--service",
+            "s",
+            "--period",
+            period,
+            "--requests",
+            requests,
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=smockron_env(),
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 2
     assert message in out.stderr
 
@@ -131,10 +173,28 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "smockron", "jarl", "--service", "s", "--period", "1",
-             "--requests", "1", "--ip", "127.0.0.1", "--port", str(port)],
-            capture_output=True, text=True, env=smockron_env(), timeout=60, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "smockron",
+                "jarl",
+                "--service",
+                "s",
+                "--period",
+                "1",
+                "--requests",
+                "1",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            env=smockron_env(),
+            timeout=60,
+            check=False,
+        )
     assert out.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
@@ -232,8 +292,17 @@ def test_sighup_reads_the_limit_again(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "jarl.toml"
     config.write_text("requests = 1\nperiod = 60\n")
-    args = ["jarl", "--config", str(config), "--service", "s", "--ip", "127.0.0.1",
-            "--port", str(port)]  # fmt: skip
+    args = [
+        "jarl",
+        "--config",
+        str(config),
+        "--service",
+        "s",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     procs: list[Proc] = []
     with stopping(procs):
         procs.append(run_smockron(args, tmp_path / "jarl.log"))

@@ -75,10 +75,12 @@ def test_empty_report_sends_nothing() -> None:
         (b"DT\x01\x00" + bytes(12) + b"\x00\x00\x00\x01" + b"\x01C\x80", "truncated"),
         (b"DT\x01\x00" + bytes(12) + b"\x00\x00\x00\x01" + b"\x01C\x00", "bad_count"),
         (b"DT\x01\x00" + bytes(12) + b"\x00\x00\x00\x01" + b"\xff" * 11, "bad_varint"),
-        (b"DT\x01\x00" + bytes(12) + b"\x00\x00\x00\x01" + b"\x80\x08" + b"x" * 1024 + b"\x01",
-         "tag_too_long"),
+        (
+            b"DT\x01\x00" + bytes(12) + b"\x00\x00\x00\x01" + b"\x80\x08" + b"x" * 1024 + b"\x01",
+            "tag_too_long",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_datagrams_are_rejected_with_a_reason(data: bytes, reason: str) -> None:
     with pytest.raises(ProtocolError) as info:
         decode_report(data, max_tag_length=256)

@@ -18,9 +18,22 @@ RULE = f"api:{int(RATE)}/s:{BURST}"
 
 
 def _master(me: tuple[str, str], peer: tuple[str, str], log: Path) -> Proc:
-    return run_smockron(["master", "--accounting", me[0], "--control", me[1],
-                         "--peer", ",".join(peer), "--rule", RULE,
-                         "--stats-interval", "0"], log)  # fmt: skip
+    return run_smockron(
+        [
+            "master",
+            "--accounting",
+            me[0],
+            "--control",
+            me[1],
+            "--peer",
+            ",".join(peer),
+            "--rule",
+            RULE,
+            "--stats-interval",
+            "0",
+        ],
+        log,
+    )
 
 
 def _ready(gk: Gatekeeper) -> bool:
@@ -34,8 +47,7 @@ def test_each_master_killed_in_turn_holds_the_abuser_to_its_rule(tmp_path: Path)
     b = (f"tcp://127.0.0.1:{ports[2]}", f"tcp://127.0.0.1:{ports[3]}")
     with stopping([]) as procs:
         procs += [_master(a, b, tmp_path / "a1.log"), _master(b, a, tmp_path / "b1.log")]
-        gks = [Gatekeeper(None, None, ["api"], masters=[a, b], max_delay_ms=0)
-               for _ in range(2)]  # fmt: skip
+        gks = [Gatekeeper(None, None, ["api"], masters=[a, b], max_delay_ms=0) for _ in range(2)]
         try:
             wait_for(lambda: all(map(_ready, gks)), 15)
             admitted = polite_slowed = 0

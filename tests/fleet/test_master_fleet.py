@@ -39,8 +39,10 @@ T0 = 1_700_000_000_000.0
 
 def peered(a: MasterSettings, b: MasterSettings) -> tuple[MasterSettings, MasterSettings]:
     """Two masters' settings, each naming the other as its peer."""
-    return (dataclasses.replace(a, peers=(f"{b.accounting},{b.control}",)),
-            dataclasses.replace(b, peers=(f"{a.accounting},{a.control}",)))  # fmt: skip
+    return (
+        dataclasses.replace(a, peers=(f"{b.accounting},{b.control}",)),
+        dataclasses.replace(b, peers=(f"{a.accounting},{a.control}",)),
+    )
 
 
 @contextmanager
@@ -153,8 +155,7 @@ def test_both_masters_hold_every_identifier_and_a_restarted_one_takes_the_state(
             assert mb2.warm is not None and mb2.warm.states >= 1 and mb2.warm.answered == 1
             assert ma.answers.syncs >= 1
             with gatekeeper_sockets(b) as (pub, sub):  # b alone
-                pub.send_multipart([msg[0], msg[1], abuser, b"%d" % int(time.time() * 1000),
-                                    b""])  # fmt: skip
+                pub.send_multipart([msg[0], msg[1], abuser, b"%d" % int(time.time() * 1000), b""])
                 got = controls(sub, 1.0)
                 assert [decode_control(c).identifier for c in got] == [abuser]
 
@@ -324,14 +325,28 @@ def test_a_master_takes_what_it_missed_from_a_peer_heard_again() -> None:
         with running_master(b) as mb2:
             with gatekeeper_sockets(b) as (pub, sub):  # b alone sees these
                 for _ in range(5):
-                    pub.send_multipart([shard_topic(shard_of(abuser), b"api\0"), b"ACCEPTED",
-                                        abuser, b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+                    pub.send_multipart(
+                        [
+                            shard_topic(shard_of(abuser), b"api\0"),
+                            b"ACCEPTED",
+                            abuser,
+                            b"%d" % int(time.time() * 1000),
+                            b"",
+                        ]
+                    )
                 assert [decode_control(c).identifier for c in controls(sub, 1.0)] == [abuser]
             wait_for(lambda: ma.stats.peer_returns == 1, 10)
             assert ma.warm is not None
             wait_for(lambda: ma.warm is not None and ma.warm.states >= 1, 10)
             assert mb2.stats.peer_returns == 0  # b heard a from its start: nothing missed
         with gatekeeper_sockets(a) as (pub, sub):  # a now knows the abuser is over
-            pub.send_multipart([shard_topic(shard_of(abuser), b"api\0"), b"ACCEPTED", abuser,
-                                b"%d" % int(time.time() * 1000), b""])  # fmt: skip
+            pub.send_multipart(
+                [
+                    shard_topic(shard_of(abuser), b"api\0"),
+                    b"ACCEPTED",
+                    abuser,
+                    b"%d" % int(time.time() * 1000),
+                    b"",
+                ]
+            )
             assert [decode_control(c).identifier for c in controls(sub, 1.0)] == [abuser]

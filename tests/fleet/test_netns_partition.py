@@ -40,8 +40,9 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def _in(ns: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True,
-                          check=check, timeout=10)  # fmt: skip
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, check=check, timeout=10
+    )
 
 
 def _why_not() -> str | None:
@@ -97,8 +98,21 @@ def _faults(names: dict[str, str]) -> str:
     no netem, 1% loss in the bridge with nftables (no delay); where neither, none."""
     done = []
     for role in HOSTS:
-        made = _in(names[role], "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay",
-                   "20ms", "loss", "1%", check=False)  # fmt: skip
+        made = _in(
+            names[role],
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "eth0",
+            "root",
+            "netem",
+            "delay",
+            "20ms",
+            "loss",
+            "1%",
+            check=False,
+        )
         if made.returncode != 0:
             break
         done.append(role)
@@ -115,9 +129,15 @@ def _faults(names: dict[str, str]) -> str:
                 numgen random mod 100 < 1 counter drop
             }
         }
-        """)  # fmt: skip
-    subprocess.run(["ip", "netns", "exec", names["sw"], "nft", "-f", "-"], input=rules,
-                   text=True, check=True, capture_output=True, timeout=10)  # fmt: skip
+        """)
+    subprocess.run(
+        ["ip", "netns", "exec", names["sw"], "nft", "-f", "-"],
+        input=rules,
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )
     return "1% loss in the bridge (nftables); no delay: this kernel has no netem"
 
 
@@ -128,9 +148,28 @@ def _addr(role: str) -> tuple[str, str]:
 
 def _master(names: dict[str, str], role: str, log: Path) -> Proc:
     me, peer = _addr(role), _addr("m2" if role == "m1" else "m1")
-    return Proc(["ip", "netns", "exec", names[role], sys.executable, "-m", "smockron",
-                 "master", "--accounting", me[0], "--control", me[1], "--peer", ",".join(peer),
-                 "--rule", RULE, "--insecure-bind"], log)  # fmt: skip
+    return Proc(
+        [
+            "ip",
+            "netns",
+            "exec",
+            names[role],
+            sys.executable,
+            "-m",
+            "smockron",
+            "master",
+            "--accounting",
+            me[0],
+            "--control",
+            me[1],
+            "--peer",
+            ",".join(peer),
+            "--rule",
+            RULE,
+            "--insecure-bind",
+        ],
+        log,
+    )
 
 
 GATEKEEPER = """
@@ -175,8 +214,9 @@ def _stopped_line(log: str) -> dict[str, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("partition_s", [pytest.param(0.0, id="loss-only"),
-                                         pytest.param(PARTITION_FOR, id="partition")])  # fmt: skip
+@pytest.mark.parametrize(
+    "partition_s", [pytest.param(0.0, id="loss-only"), pytest.param(PARTITION_FOR, id="partition")]
+)
 def test_a_partitioned_master_is_no_worse_than_a_killed_one(
     network: dict[str, str], tmp_path: Path, partition_s: float
 ) -> None:
@@ -187,15 +227,29 @@ def test_a_partitioned_master_is_no_worse_than_a_killed_one(
     names = network
     print(f"faults: {names['faults']}")
     with stopping([]) as procs:
-        procs += [_master(names, "m1", tmp_path / "m1.log"),
-                  _master(names, "m2", tmp_path / "m2.log")]  # fmt: skip
+        procs += [
+            _master(names, "m1", tmp_path / "m1.log"),
+            _master(names, "m2", tmp_path / "m2.log"),
+        ]
         gk_log = open(tmp_path / "gk.log", "wb")  # noqa: SIM115 - closed below
         gk = subprocess.Popen(
-            ["ip", "netns", "exec", names["gk"], sys.executable, "-c", GATEKEEPER,
-             json.dumps([_addr("m1"), _addr("m2")]), str(SECONDS)],
-            stdout=subprocess.PIPE, stderr=gk_log, text=True, env=smockron_env(),
+            [
+                "ip",
+                "netns",
+                "exec",
+                names["gk"],
+                sys.executable,
+                "-c",
+                GATEKEEPER,
+                json.dumps([_addr("m1"), _addr("m2")]),
+                str(SECONDS),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=gk_log,
+            text=True,
+            env=smockron_env(),
             cwd=REPO_ROOT,
-        )  # fmt: skip
+        )
         try:
             assert gk.stdout is not None
             assert gk.stdout.readline().strip() == "started", (tmp_path / "gk.log").read_text()
@@ -226,7 +280,9 @@ def test_a_partitioned_master_is_no_worse_than_a_killed_one(
     allowed = BURST + RATE * result["window"]
     assert result["failed"] == 0
     assert result["slowed"] == 0
-    print(f"admitted {result['admitted']} of {allowed:.0f} allowed "
-          f"({result['admitted'] / allowed:.3f})")  # fmt: skip
+    print(
+        f"admitted {result['admitted']} of {allowed:.0f} allowed "
+        f"({result['admitted'] / allowed:.3f})"
+    )
     assert result["admitted"] <= 1.05 * allowed, (result, allowed)
     assert result["admitted"] >= 0.8 * allowed, (result, allowed)  # held, not shut out

@@ -53,9 +53,19 @@ def _settled(port: int, expected: float) -> dict[str, float]:
 def master(tmp_path: Path) -> Iterator[tuple[tuple[str, str], int]]:
     acc, ctl, met = free_ports(3)
     zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
-    args = ["master", "--accounting", zmq[0], "--control", zmq[1],
-            "--rule", "api:1000000/s:1000000", "--metrics", f"127.0.0.1:{met}",
-            "--stats-interval", "0"]  # fmt: skip
+    args = [
+        "master",
+        "--accounting",
+        zmq[0],
+        "--control",
+        zmq[1],
+        "--rule",
+        "api:1000000/s:1000000",
+        "--metrics",
+        f"127.0.0.1:{met}",
+        "--stats-interval",
+        "0",
+    ]
     proc = run_smockron(args, tmp_path / "master.log")
     with stopping([proc]):
         wait_port(met)

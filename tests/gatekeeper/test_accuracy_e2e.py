@@ -29,12 +29,16 @@ RATE, BURST = 10.0, 10
 def master_args(acc: int, ctl: int, *extra: str) -> list[str]:
     return [
         "master",
-        "--accounting", f"tcp://127.0.0.1:{acc}",
-        "--control", f"tcp://127.0.0.1:{ctl}",
-        "--rule", RULE,
-        "--stats-interval", "0.5",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--rule",
+        RULE,
+        "--stats-interval",
+        "0.5",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def heard_rules(proc: Proc) -> bool:
@@ -53,8 +57,9 @@ def system(
                 procs.append(run_smockron(master_args(acc, ctl), tmp_path / "master.log"))
             zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
             for p in ports:
-                args = proxy_args(p, up, *zmq, "--decision-header", *proxy_extra, domain="api",
-                                  max_delay="5s")  # fmt: skip
+                args = proxy_args(
+                    p, up, *zmq, "--decision-header", *proxy_extra, domain="api", max_delay="5s"
+                )
                 procs.append(run_smockron(args, tmp_path / f"proxy-{p}.log"))
             for p in ports:
                 wait_port(p)

@@ -75,8 +75,14 @@ master.close()
 
 def _run(script: str) -> str:
     try:
-        done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=smockron_env(),
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=REPO_ROOT,
+            env=smockron_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"hung: {exc.stderr!r}") from None
     assert done.returncode == 0, done.stderr

@@ -351,8 +351,9 @@ def test_a_far_future_delay_until_is_refused_and_logged(
 ) -> None:
     """Whatever holds the control port cannot block a client until the year 9999: the
     real master could never lift it (the table only moves forward)."""
-    with Gatekeeper(master.accounting_addr, master.control_addr, ["api"],
-                    max_ahead_ms=3_600_000) as gk:  # fmt: skip
+    with Gatekeeper(
+        master.accounting_addr, master.control_addr, ["api"], max_ahead_ms=3_600_000
+    ) as gk:
         _connected(gk, master)
         master.publish("api", b"victim", 253_402_300_799_000)
         wait_for(lambda: gk.stats()["control_refused"] == 1, 5)

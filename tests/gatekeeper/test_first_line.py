@@ -60,8 +60,12 @@ def test_a_delay_until_means_the_allowance_is_used_up() -> None:
     d = decider()
     assert d.control(D, b"x", T0 + 1000, T0)
     got = burst(d, 4, T0 + 10)
-    assert got == [("delay", T0 + 1000), ("delay", T0 + 1100), ("delay", T0 + 1200),
-                   ("delay", T0 + 1300)]  # fmt: skip
+    assert got == [
+        ("delay", T0 + 1000),
+        ("delay", T0 + 1100),
+        ("delay", T0 + 1200),
+        ("delay", T0 + 1300),
+    ]
     # and once that time has passed, the client is still held to the interval
     d2 = decider()
     d2.control(D, b"y", T0 + 1000, T0)

@@ -187,8 +187,11 @@ async def test_asgi_non_http_scopes_pass_through() -> None:
     inner = Starlette(routes=[Route("/", starlette_app()), WebSocketRoute("/ws", echo)])
     app = SmockronMiddleware(inner, domain="api")  # no master at all
     base: dict[str, object] = {
-        "path": "/", "query_string": b"", "headers": [], "client": ("192.0.2.9", 4000)
-    }  # fmt: skip
+        "path": "/",
+        "query_string": b"",
+        "headers": [],
+        "client": ("192.0.2.9", 4000),
+    }
 
     async def call(scope: dict[str, object], inbound: list[dict[str, object]]) -> list[Any]:
         sent: list[Any] = []

@@ -27,8 +27,10 @@ def test_http_identification_keeps_long_identifiers_whole() -> None:
     kilobyte are two clients."""
     gate = HttpGate("api", identify=header("authorization"))
     one, two = TOKEN, TOKEN[:-1] + b"u"
-    seen = [gate.resolve(RequestInfo("10.0.0.1", "GET", "/", {"authorization": t.decode()}.get))
-            for t in (one, two)]  # fmt: skip
+    seen = [
+        gate.resolve(RequestInfo("10.0.0.1", "GET", "/", {"authorization": t.decode()}.get))
+        for t in (one, two)
+    ]
     assert [target[1] if target else None for target in seen] == [one, two]
 
 
@@ -38,8 +40,12 @@ def test_a_long_identifier_is_held_to_its_rule_across_two_gatekeepers() -> None:
     2,000-byte identifier as oversized and the client got the burst once per gatekeeper."""
     config = settings(api="1/h:3")
     with running_master(config) as master:
-        gks = [Gatekeeper(config.accounting, config.control, ["api"], rules=["api:1/h:3"],
-                          max_delay_ms=100) for _ in range(2)]  # fmt: skip
+        gks = [
+            Gatekeeper(
+                config.accounting, config.control, ["api"], rules=["api:1/h:3"], max_delay_ms=100
+            )
+            for _ in range(2)
+        ]
         try:
             for i, gk in enumerate(gks):  # both ways up, the master's subscription too
                 wait_for(functools.partial(_heard, gk, b"probe-%d" % i), 10, 0.05)

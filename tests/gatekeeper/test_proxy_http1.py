@@ -69,15 +69,19 @@ class RawBackend:
                     await asyncio.sleep(30)
                     break
                 if path == "/hops":  # hop-by-hop headers, some named by Connection
-                    writer.write(b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nConnection: "
-                                 b"keep-alive, X-Hop\r\nX-Hop: secret\r\nX-End:kept\r\n"
-                                 b"Transfer-Encoding: chunked\r\nUpgrade: h2c\r\nX-Te: 1\r\n"
-                                 b"\r\n5\r\nhello\r\n0\r\n\r\n")  # fmt: skip
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nConnection: "
+                        b"keep-alive, X-Hop\r\nX-Hop: secret\r\nX-End:kept\r\n"
+                        b"Transfer-Encoding: chunked\r\nUpgrade: h2c\r\nX-Te: 1\r\n"
+                        b"\r\n5\r\nhello\r\n0\r\n\r\n"
+                    )
                     await writer.drain()
                     continue
                 if path == "/interim":  # 103 Early Hints before the response
-                    writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
-                                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")  # fmt: skip
+                    writer.write(
+                        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    )
                     await writer.drain()
                     continue
                 if path == "/garbage":
@@ -85,8 +89,10 @@ class RawBackend:
                     await writer.drain()
                     break
                 payload = b"%s %s %d" % (lines[0].split(" ")[0].encode(), path.encode(), len(body))
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d"
-                             b"\r\n\r\n" % len(payload))  # fmt: skip
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d"
+                    b"\r\n\r\n" % len(payload)
+                )
                 if not lines[0].startswith("HEAD"):
                     writer.write(payload)
                 await writer.drain()
@@ -112,8 +118,12 @@ async def proxy(raw_backend: RawBackend) -> AsyncIterator[tuple[GatekeeperProxy,
     """An in-process proxy; its gatekeeper has no master, so every request is accepted."""
     port, acc, ctl = free_ports(3)
     gk = AsyncGatekeeper(f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}", ["api"])
-    p = GatekeeperProxy(f"http://127.0.0.1:{raw_backend.port}", HttpGate("api", header("X-Client")),
-                        gk, decision_header=True)  # fmt: skip
+    p = GatekeeperProxy(
+        f"http://127.0.0.1:{raw_backend.port}",
+        HttpGate("api", header("X-Client")),
+        gk,
+        decision_header=True,
+    )
     await p.start("127.0.0.1", port)
     try:
         yield p, port
@@ -300,8 +310,9 @@ async def test_hostile_bytes_are_refused_counted_and_kept_from_the_upstream(
 async def test_slowloris_head_is_cut_at_the_header_timeout(raw_backend: RawBackend) -> None:
     port, acc, ctl = free_ports(3)
     gk = AsyncGatekeeper(f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}", ["api"])
-    p = GatekeeperProxy(f"http://127.0.0.1:{raw_backend.port}", HttpGate("api"), gk,
-                        header_timeout_s=0.5)  # fmt: skip
+    p = GatekeeperProxy(
+        f"http://127.0.0.1:{raw_backend.port}", HttpGate("api"), gk, header_timeout_s=0.5
+    )
     await p.start("127.0.0.1", port)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -346,8 +357,9 @@ async def test_stop_lets_requests_in_progress_finish(
 async def test_silent_upstream_is_502_after_the_upstream_timeout(raw_backend: RawBackend) -> None:
     port, acc, ctl = free_ports(3)
     gk = AsyncGatekeeper(f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}", ["api"])
-    p = GatekeeperProxy(f"http://127.0.0.1:{raw_backend.port}", HttpGate("api"), gk,
-                        upstream_timeout_s=0.5)  # fmt: skip
+    p = GatekeeperProxy(
+        f"http://127.0.0.1:{raw_backend.port}", HttpGate("api"), gk, upstream_timeout_s=0.5
+    )
     await p.start("127.0.0.1", port)
     try:
         out = await exchange(port, b"GET /silent HTTP/1.1\r\nConnection: close\r\n\r\n")

@@ -25,11 +25,25 @@ def test_sighup_applies_the_new_rules_and_reports_what_needs_a_restart(tmp_path:
     config.write_text('rule = ["api:1/m:1"]\nmax_delay = "0s"\n')
     procs: list[Proc] = []
     with backend() as (up, _seen), stopping(procs):
-        args = ["proxy", "--config", str(config), "--listen", f"127.0.0.1:{listen}",
-                "--upstream", f"http://127.0.0.1:{up}", "--domain", "api",
-                "--accounting", f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
-                "--identify", "header:X-Client", "--decision-header",
-                "--no-master-rules"]  # fmt: skip
+        args = [
+            "proxy",
+            "--config",
+            str(config),
+            "--listen",
+            f"127.0.0.1:{listen}",
+            "--upstream",
+            f"http://127.0.0.1:{up}",
+            "--domain",
+            "api",
+            "--accounting",
+            f"tcp://127.0.0.1:{acc}",
+            "--control",
+            f"tcp://127.0.0.1:{ctl}",
+            "--identify",
+            "header:X-Client",
+            "--decision-header",
+            "--no-master-rules",
+        ]
         procs.append(run_smockron(args, tmp_path / "proxy.log"))
         proc = procs[0]
         wait_port(listen)

@@ -181,8 +181,17 @@ async def test_a_large_table_is_restored_whole_and_in_time(tmp_path: Path, threa
     ``LARGE_BOUND_S``."""
     acc, ctl = free_ports(2)
     accounting, control = f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}"
-    args = ["master", "--accounting", accounting, "--control", control, "--rule",
-            "api:1/h:1", "--stats-interval", "0"]  # fmt: skip
+    args = [
+        "master",
+        "--accounting",
+        accounting,
+        "--control",
+        control,
+        "--rule",
+        "api:1/h:1",
+        "--stats-interval",
+        "0",
+    ]
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     feeder = ctx.socket(zmq.PUB)
     feeder.setsockopt(zmq.SNDHWM, 0)
@@ -200,8 +209,10 @@ async def test_a_large_table_is_restored_whole_and_in_time(tmp_path: Path, threa
                 feeder.send_multipart(encode_accounting("api", ACCEPTED, b"probe", now_ms()))
             time.sleep(BACKLOG_MS / 1000)  # past the backlog rule: nothing counts as late
             now = now_ms()
-            send_all(feeder, [encode_accounting("api", ACCEPTED, b"id-%d" % i, now)
-                              for i in range(LARGE)])  # fmt: skip
+            send_all(
+                feeder,
+                [encode_accounting("api", ACCEPTED, b"id-%d" % i, now) for i in range(LARGE)],
+            )
             while (published := _published(counter, 0.3)) < probes + LARGE:
                 assert time.monotonic() < deadline + 5, f"only {published} published"
             began = time.monotonic()

@@ -35,16 +35,24 @@ records = st.lists(
     st.tuples(st.sampled_from(DOMAINS), st.sampled_from(IDENTIFIERS), st.integers(0, 3_000)),
     max_size=40,
 )
-tables = st.dictionaries(st.tuples(st.sampled_from(DOMAINS), st.sampled_from([b"x", b"y"])),
-                         st.integers(0, 3_000), max_size=6)  # fmt: skip
-locals_ = st.dictionaries(st.sampled_from([b"x", b"y", b"z"]),
-                          st.floats(0, 5_000, allow_nan=False), max_size=3)  # fmt: skip
+tables = st.dictionaries(
+    st.tuples(st.sampled_from(DOMAINS), st.sampled_from([b"x", b"y"])),
+    st.integers(0, 3_000),
+    max_size=6,
+)
+locals_ = st.dictionaries(
+    st.sampled_from([b"x", b"y", b"z"]), st.floats(0, 5_000, allow_nan=False), max_size=3
+)
 
 
 def run_all(
-    update: UpdateRun, entries: dict[Key, int], recs: list[DelayUntil], room: int,
-    holds: dict[bytes, Hold] | None, start: int,
-) -> tuple[object, ...]:  # fmt: skip
+    update: UpdateRun,
+    entries: dict[Key, int],
+    recs: list[DelayUntil],
+    room: int,
+    holds: dict[bytes, Hold] | None,
+    start: int,
+) -> tuple[object, ...]:
     counts: dict[bytes, int] = {}
     out = update(entries, recs, start, NOW, 1_500, room, holds, counts)
     return out, entries, holds, counts
@@ -52,12 +60,24 @@ def run_all(
 
 @pytest.mark.skipif(update_run_compiled is None, reason="_tablefast not built")
 @settings(max_examples=400, deadline=None)
-@given(recs=records, entries=tables, local=locals_, room=st.integers(0, 8),
-       cap=st.integers(0, 4), start=st.integers(0, 5), with_holds=st.booleans())  # fmt: skip
+@given(
+    recs=records,
+    entries=tables,
+    local=locals_,
+    room=st.integers(0, 8),
+    cap=st.integers(0, 4),
+    start=st.integers(0, 5),
+    with_holds=st.booleans(),
+)
 def test_compiled_and_python_agree(
-    recs: list[DelayUntil], entries: dict[Key, int], local: dict[bytes, float], room: int,
-    cap: int, start: int, with_holds: bool,
-) -> None:  # fmt: skip
+    recs: list[DelayUntil],
+    entries: dict[Key, int],
+    local: dict[bytes, float],
+    room: int,
+    cap: int,
+    start: int,
+    with_holds: bool,
+) -> None:
     holds: dict[bytes, Hold] | None = None
     if with_holds:
         holds = {b"a": (250.5, local, cap), b"b": None}
@@ -71,8 +91,13 @@ def test_compiled_and_python_agree(
 @pytest.mark.parametrize("update", TWINS)
 def test_a_run_stops_where_the_table_needs_room(update: UpdateRun) -> None:
     entries: dict[Key, int] = {(b"a", b"x"): 2_000}
-    recs: list[DelayUntil] = [(b"a", b"x", 2_500), (b"a", b"x", 2_100), (b"a", b"n", 900),
-                          (b"a", b"y", 3_000), (b"a", b"z", 9_000)]  # fmt: skip
+    recs: list[DelayUntil] = [
+        (b"a", b"x", 2_500),
+        (b"a", b"x", 2_100),
+        (b"a", b"n", 900),
+        (b"a", b"y", 3_000),
+        (b"a", b"z", 9_000),
+    ]
     counts: dict[bytes, int] = {}
     stop, refused, moved, unheld = update(entries, recs, 0, NOW, 5_000, 1, None, counts)
     assert (stop, refused, moved, unheld) == (3, 0, 1, [recs[0]])  # y needs a new entry
@@ -86,9 +111,17 @@ def test_a_run_stops_where_the_table_needs_room(update: UpdateRun) -> None:
 def test_holds_keep_a_first_line_behind_the_master(update: UpdateRun) -> None:
     local = {b"x": 10_000.0, b"y": 1_500.0}
     holds: dict[bytes, Hold] = {b"a": (100.0, local, 3), b"b": None}
-    recs: list[DelayUntil] = [(d, i, 2_000) for d, i in
-                          ((b"a", b"x"), (b"a", b"y"), (b"a", b"z"), (b"a", b"w"), (b"b", b"x"),
-                           (b"c", b"x"))]  # fmt: skip
+    recs: list[DelayUntil] = [
+        (d, i, 2_000)
+        for d, i in (
+            (b"a", b"x"),
+            (b"a", b"y"),
+            (b"a", b"z"),
+            (b"a", b"w"),
+            (b"b", b"x"),
+            (b"c", b"x"),
+        )
+    ]
     entries: dict[Key, int] = {}
     stop, refused, moved, unheld = update(entries, recs, 0, NOW, 5_000, 100, holds, None)
     assert (stop, refused, moved) == (6, 0, 6)
@@ -139,8 +172,10 @@ times = st.one_of(  # a time, or a first line's times under several rules (its l
 
 @pytest.mark.skipif(passed_compiled is None, reason="_tablefast not built")
 @settings(max_examples=500, deadline=None)
-@given(table=st.dictionaries(st.binary(max_size=3), times, max_size=12),
-       now=st.one_of(st.integers(-(2**62), 2**62), st.integers(0, 3_000)))  # fmt: skip
+@given(
+    table=st.dictionaries(st.binary(max_size=3), times, max_size=12),
+    now=st.one_of(st.integers(-(2**62), 2**62), st.integers(0, 3_000)),
+)
 def test_compiled_and_python_sweeps_agree(table: dict[bytes, Any], now: int) -> None:
     """What a sweep forgets, compiled and in Python: the same keys in the same order,
     for int and float times, huge ones, NaN and infinities included, and for tuples of

@@ -28,10 +28,17 @@ def settings(store: str = "memory://", *, hwm: int = 100_000, **rules: str) -> M
         rate, _, burst = text.partition(":")
         count, _, per = rate.partition("/")
         seconds = {"s": 1.0, "60s": 60.0, "m": 60.0, "h": 3600.0}[per]
-        domains[name] = DomainPolicy((Rule(float(count) / seconds, int(burst)),),
-                                     algorithm or "history")  # fmt: skip
-    return MasterSettings(accounting=f"tcp://127.0.0.1:{acc}", control=f"tcp://127.0.0.1:{ctl}",
-                          store=store, hwm=hwm, stats_interval=0, domains=domains)  # fmt: skip
+        domains[name] = DomainPolicy(
+            (Rule(float(count) / seconds, int(burst)),), algorithm or "history"
+        )
+    return MasterSettings(
+        accounting=f"tcp://127.0.0.1:{acc}",
+        control=f"tcp://127.0.0.1:{ctl}",
+        store=store,
+        hwm=hwm,
+        stats_interval=0,
+        domains=domains,
+    )
 
 
 @contextmanager

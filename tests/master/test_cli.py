@@ -35,9 +35,15 @@ def test_master_cannot_bind_twice(tmp_path: Path) -> None:
     try:
         result = CliRunner().invoke(
             master,
-            ["--accounting", f"tcp://127.0.0.1:{port}", "--control", f"tcp://127.0.0.1:{free_port()}",
-             "--stats-interval", "0"],
-        )  # fmt: skip
+            [
+                "--accounting",
+                f"tcp://127.0.0.1:{port}",
+                "--control",
+                f"tcp://127.0.0.1:{free_port()}",
+                "--stats-interval",
+                "0",
+            ],
+        )
         assert result.exit_code == 1
         assert "cannot bind" in result.output
     finally:

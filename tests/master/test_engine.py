@@ -16,8 +16,9 @@ from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, decode_control, enc
 T0 = 1_700_000_000_000  # a realistic "now" in ms
 
 
-def acc(ident: bytes, ts: int, status: bytes = ACCEPTED, domain: str = "api",
-        delayed: int | None = None) -> list[bytes]:  # fmt: skip
+def acc(
+    ident: bytes, ts: int, status: bytes = ACCEPTED, domain: str = "api", delayed: int | None = None
+) -> list[bytes]:
     return encode_accounting(domain, status, ident, ts, delayed)
 
 
@@ -144,8 +145,11 @@ def test_far_future_delayed_timestamp_is_clamped() -> None:
 def test_a_late_master_does_not_lengthen_the_delay() -> None:
     """1/s burst 1, a request at T0: an instant master says T0+1000. A master 500 ms
     behind must not say T0+1500, and one 1200 ms behind has nothing left to say."""
-    for lag, expected in ((0, [(b"api", b"a", T0 + 1000)]), (500, [(b"api", b"a", T0 + 1000)]),
-                          (1200, [])):  # fmt: skip
+    for lag, expected in (
+        (0, [(b"api", b"a", T0 + 1000)]),
+        (500, [(b"api", b"a", T0 + 1000)]),
+        (1200, []),
+    ):
         eng = engine(api=DomainPolicy((Rule(1.0, 1),)))
         assert untils(eng.process([acc(b"a", T0)], T0 + lag)) == expected
 
@@ -200,11 +204,20 @@ def test_garbage_between_valid_messages() -> None:
         acc(b"c", T0),
     ]
     out = eng.process(batch, T0)
-    assert untils(out) == [(b"api", b"a", T0 + 1000), (b"api", b"b", T0 + 1000),
-                           (b"api", b"c", T0 + 1000)]  # fmt: skip
+    assert untils(out) == [
+        (b"api", b"a", T0 + 1000),
+        (b"api", b"b", T0 + 1000),
+        (b"api", b"c", T0 + 1000),
+    ]
     assert sum(eng.stats.malformed.values()) == 9 == len(seen)
-    assert set(seen) == {"frame_count", "bad_timestamp", "domain_nul", "bad_status",
-                         "delayed_ts", "oversized"}  # fmt: skip
+    assert set(seen) == {
+        "frame_count",
+        "bad_timestamp",
+        "domain_nul",
+        "bad_status",
+        "delayed_ts",
+        "oversized",
+    }
     assert eng.stats.domains["api"].malformed == 6
 
 

@@ -45,8 +45,9 @@ def test_engine_applies_core_gcra(
     """Same DELAY_UNTILs and stored values as core GCRA, on time or late (a message
     older than ``ON_TIME_MS`` is applied at its own time)."""
     store = MemoryStore()
-    engine = Engine({"api": DomainPolicy(tuple(domain_rules), "gcra")}, store,
-                    skew_tolerance_ms=TOLERANCE)  # fmt: skip
+    engine = Engine(
+        {"api": DomainPolicy(tuple(domain_rules), "gcra")}, store, skew_tolerance_ms=TOLERANCE
+    )
     values: dict[bytes, list[float | None]] = {}
     received = T0
     for gap, lag, ident in messages:

@@ -59,10 +59,26 @@ def test_master_binds_and_a_gatekeeper_connects_over_ipv6() -> None:
 
 def test_router_between_over_ipv6(tmp_path: Path) -> None:
     acc, ctl, racc, rctl = free_ports(4)
-    master = ["master", "--accounting", v6(acc), "--control", v6(ctl), "--rule", "api:1/m:1",
-              "--stats-interval", "0"]  # fmt: skip
-    router = ["router", "--accounting", v6(racc), "--control", v6(rctl),
-              "--master", f"{v6(acc)},{v6(ctl)}"]  # fmt: skip
+    master = [
+        "master",
+        "--accounting",
+        v6(acc),
+        "--control",
+        v6(ctl),
+        "--rule",
+        "api:1/m:1",
+        "--stats-interval",
+        "0",
+    ]
+    router = [
+        "router",
+        "--accounting",
+        v6(racc),
+        "--control",
+        v6(rctl),
+        "--master",
+        f"{v6(acc)},{v6(ctl)}",
+    ]
     with (
         smockron_proc(master, tmp_path / "master.log") as mproc,
         smockron_proc(router, tmp_path / "router.log") as rproc,

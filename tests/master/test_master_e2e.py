@@ -16,11 +16,14 @@ from tests.support import RedisServer, free_ports, smockron_proc, wait_for, wait
 def master_args(acc: int, ctl: int, *extra: str) -> list[str]:
     return [
         "master",
-        "--accounting", f"tcp://127.0.0.1:{acc}",
-        "--control", f"tcp://127.0.0.1:{ctl}",
-        "--stats-interval", "0.3",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--stats-interval",
+        "0.3",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -41,8 +44,9 @@ def test_throttles_logs_garbage_and_serves_metrics(
     if loop == "python":
         monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1")
     acc, ctl, met = free_ports(3)
-    args = master_args(acc, ctl, "--rule", "api:1/s:3", "--rule", "probe:1/s:1",
-                       "--metrics", f"127.0.0.1:{met}")  # fmt: skip
+    args = master_args(
+        acc, ctl, "--rule", "api:1/s:3", "--rule", "probe:1/s:1", "--metrics", f"127.0.0.1:{met}"
+    )
     with smockron_proc(args, tmp_path / "master.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         t = now_ms() + 1500  # ahead of the master's clock (within tolerance): exact results
@@ -100,9 +104,20 @@ def test_decoder_limits_from_flags(
     if loop == "python":
         monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1")
     acc, ctl, met = free_ports(3)
-    args = master_args(acc, ctl, "--rule", "api:1/s:1", "--rule", "probe:1/s:1",
-                       "--max-identifier", "12", "--max-loginfo", "4",
-                       "--metrics", f"127.0.0.1:{met}")  # fmt: skip
+    args = master_args(
+        acc,
+        ctl,
+        "--rule",
+        "api:1/s:1",
+        "--rule",
+        "probe:1/s:1",
+        "--max-identifier",
+        "12",
+        "--max-loginfo",
+        "4",
+        "--metrics",
+        f"127.0.0.1:{met}",
+    )
     with smockron_proc(args, tmp_path / "master.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         t = now_ms() + 1500
@@ -165,8 +180,9 @@ def test_redis_master_killed_and_replaced_keeps_enforcing(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     acc, ctl = free_ports(2)
-    args = master_args(acc, ctl, "--rule", "api:1/s:5", "--rule", "probe:1/s:1",
-                       "--store", redis_server.url)  # fmt: skip
+    args = master_args(
+        acc, ctl, "--rule", "api:1/s:5", "--rule", "probe:1/s:1", "--store", redis_server.url
+    )
     with smockron_proc(args, tmp_path / "m1.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         t = now_ms()
@@ -197,8 +213,9 @@ def _redis_keys(server: RedisServer) -> str:
 
 def test_state_is_in_redis_after_a_clean_exit(tmp_path: Path, redis_server: RedisServer) -> None:
     acc, ctl = free_ports(2)
-    args = master_args(acc, ctl, "--rule", "api:1/m:5", "--rule", "probe:1/s:1",
-                       "--store", redis_server.url)  # fmt: skip
+    args = master_args(
+        acc, ctl, "--rule", "api:1/m:5", "--rule", "probe:1/s:1", "--store", redis_server.url
+    )
     with smockron_proc(args, tmp_path / "m.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         gk.accepted("api", b"last-words")

@@ -98,8 +98,9 @@ def test_common_states_never_reach_the_side_table() -> None:
     store = MemoryStore()
     eng = Engine({"api": DomainPolicy((Rule(10.0, 5),))}, store)
     for t in range(0, 5_000, 100):
-        eng.process([encode_accounting("api", ACCEPTED, b"u%d" % i, T0 + t) for i in range(20)],
-                    T0 + t)  # fmt: skip
+        eng.process(
+            [encode_accounting("api", ACCEPTED, b"u%d" % i, T0 + t) for i in range(20)], T0 + t
+        )
     (table,) = store.tables.values()
     assert not table.lasting and not table.due
 

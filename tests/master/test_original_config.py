@@ -201,8 +201,10 @@ def test_settings_not_read_are_named(tmp_path: Path, caplog: pytest.LogCaptureFi
         settings = load_yaml(tmp_path, text)
     assert settings.accounting == "tcp://0.0.0.0:10004"
     assert "'stats' (the original master's statsd) is not read" in caplog.text
-    assert "not read by the original master nor by smockron: server_name, statsd, server.backlog" \
-        in caplog.text  # fmt: skip
+    assert (
+        "not read by the original master nor by smockron: server_name, statsd, server.backlog"
+        in caplog.text
+    )
     caplog.clear()
     plain = "server:\n  listen: '*'\ndomains:\n  a: {rate: 1/sec, burst: 2}\n"
     with caplog.at_level(logging.WARNING, "smockron.master.config"):
@@ -236,8 +238,9 @@ def test_algorithm_and_smockron_rules_still_accepted(tmp_path: Path) -> None:
     assert s.domains["web"].algorithm == "gcra"  # a domain of this file runs GCRA
 
 
-def _original_update(prev: float | None, ts: float, now: float, interval: float,
-                     burst: float) -> float:  # fmt: skip
+def _original_update(
+    prev: float | None, ts: float, now: float, interval: float, burst: float
+) -> float:
     """The original datastore.js Lua script's new value (Math.max(ts, now) as its now)."""
     t = max(ts, now)
     if prev is not None and prev >= t - burst:
@@ -247,9 +250,15 @@ def _original_update(prev: float | None, ts: float, now: float, interval: float,
 
 @pytest.mark.parametrize(
     ("rate", "burst", "interval_ms", "burst_ms"),
-    [("3/sec", 5, 333, 1665), ("1/2s", 3, 2000, 6000), ("7/minutes", 2, 8571, 17142),
-     ("100 per minute", 10, 600, 6000), ("2/3", 4, 2, 8), ("1/sec", 1, 1000, 1000)],
-)  # fmt: skip
+    [
+        ("3/sec", 5, 333, 1665),
+        ("1/2s", 3, 2000, 6000),
+        ("7/minutes", 2, 8571, 17142),
+        ("100 per minute", 10, 600, 6000),
+        ("2/3", 4, 2, 8),
+        ("1/sec", 1, 1000, 1000),
+    ],
+)
 def test_same_delays_as_the_original(
     tmp_path: Path, rate: str, burst: int, interval_ms: int, burst_ms: int
 ) -> None:
@@ -289,21 +298,29 @@ def test_same_delays_as_the_original(
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("domains:\n  api:\n    rate: '3/fortnight'\n    burst: 5\n",
-         ["'api'", "'3/fortnight'", "fortnight"]),
+        (
+            "domains:\n  api:\n    rate: '3/fortnight'\n    burst: 5\n",
+            ["'api'", "'3/fortnight'", "fortnight"],
+        ),
         ("domains:\n  api:\n    rate: 5\n    burst: 5\n", ["'api'", "rate 5", "'3/sec'"]),
         ("domains:\n  api:\n    rate: '3/sec'\n", ["'api'", "needs a burst"]),
         ("domains:\n  api:\n    burst: 5\n", ["'api'", "needs a rate"]),
         ("domains:\n  api:\n    rate: '3/sec'\n    burst: '2x'\n", ["'api'", "burst '2x'"]),
         ("domains:\n  api:\n    rate: '3/sec'\n    burst: true\n", ["'api'", "burst True"]),
         ("domains:\n  api:\n    rate: '0/sec'\n    burst: 1\n", ["'api'", "'0/sec'"]),
-        ("domains:\n  api:\n    rate: '3000/sec'\n    burst: 1\n",
-         ["'api'", "'3000/sec'", "every 0 ms", "limits nothing"]),
-        ("domains:\n  api:\n    rate: '3/sec'\n    burst: '100ms'\n",
-         ["'api'", "'100ms'", "less than one interval of 333 ms"]),
+        (
+            "domains:\n  api:\n    rate: '3000/sec'\n    burst: 1\n",
+            ["'api'", "'3000/sec'", "every 0 ms", "limits nothing"],
+        ),
+        (
+            "domains:\n  api:\n    rate: '3/sec'\n    burst: '100ms'\n",
+            ["'api'", "'100ms'", "less than one interval of 333 ms"],
+        ),
         ("domains:\n  api:\n    interval: '5 weeks'\n    burst: 1\n", ["'api'", "'5 weeks'"]),
-        ("domains:\n  api:\n    rate: 1/s\n    burst: 1\n    algorithm: leaky\n",
-         ["'api'", "unknown algorithm 'leaky'"]),
+        (
+            "domains:\n  api:\n    rate: 1/s\n    burst: 1\n    algorithm: leaky\n",
+            ["'api'", "unknown algorithm 'leaky'"],
+        ),
         ("domains:\n  api:\n    rules: ['1/x:1']\n", ["'api'", "unknown time unit 'x'"]),
         ("server:\n  listen: ':10004'\n", ["server.listen ':10004'", "names no host"]),
         ("server:\n  listen: 'h:65535'\n", ["server.listen 'h:65535'", "out of range"]),
@@ -312,14 +329,19 @@ def test_same_delays_as_the_original(
         ("datastore:\n  host: 'tcp://redis1:x'\n", ["'tcp://redis1:x'", "not a number"]),
         ("datastore:\n  host: 'tcp://redis1'\n  port: 6380\n", ["'tcp://redis1'", "port"]),
         ("datastore: 'tcp://redis1:6380'\n", ["'tcp://redis1:6380'", "datastore.host"]),
-        ("datastore: 'redis://tcp://redis1:6380/0'\n",
-         ["'redis://tcp://redis1:6380/0'", "URI inside a URI"]),
+        (
+            "datastore: 'redis://tcp://redis1:6380/0'\n",
+            ["'redis://tcp://redis1:6380/0'", "URI inside a URI"],
+        ),
         ("datastore: 'redis://redis1/0?layout=old'\n", ["'redis://redis1/0?layout=old'", "'old'"]),
-        ("datastore: 'redis://r/0?layout=original'\ndomains:\n  api:\n    rate: 1/s\n"
-         "    burst: 1\n    algorithm: history\n", ["'api'", "'history'", "original"]),
+        (
+            "datastore: 'redis://r/0?layout=original'\ndomains:\n  api:\n    rate: 1/s\n"
+            "    burst: 1\n    algorithm: history\n",
+            ["'api'", "'history'", "original"],
+        ),
         ("socket:\n  listen: '0.0.0.0'\n", ["socket", "server.listen"]),
     ],
-)  # fmt: skip
+)
 def test_errors_name_file_domain_and_value(tmp_path: Path, text: str, words: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
         load_yaml(tmp_path, text, "prod.yaml")
@@ -359,8 +381,12 @@ def test_math_round() -> None:
     from smockron.core.rules import js_round, original_interval_ms, original_rate_interval_ms
 
     assert [js_round(x) for x in (2.5, 3.5, -2.5, 0.49999999999999994, 8571.428)] == [
-        3.0, 4.0, -2.0, 0.0, 8571.0,
-    ]  # fmt: skip
+        3.0,
+        4.0,
+        -2.0,
+        0.0,
+        8571.0,
+    ]
     assert original_rate_interval_ms("1/3s") == 3000.0
     assert original_rate_interval_ms("2 per 3") == 2.0  # 1.5 ms rounds up
     assert original_rate_interval_ms("3/Sec") is None  # its units are lower case

@@ -92,8 +92,16 @@ def test_accounting_queued_during_an_outage_is_not_charged(tmp_path: Path, algor
     accounting while the master is down: after the restart the backlog arrives at once,
     and it must not throttle the client (the master counts it as late)."""
     acc, ctl = free_ports(2)
-    args = master_args(acc, ctl, "--rule", "api:10/s:10", "--algorithm", f"api={algorithm}",
-                       "--rule", "probe:1/s:1")  # fmt: skip
+    args = master_args(
+        acc,
+        ctl,
+        "--rule",
+        "api:10/s:10",
+        "--algorithm",
+        f"api={algorithm}",
+        "--rule",
+        "probe:1/s:1",
+    )
     gk = OriginalGatekeeper(acc, ctl)
     try:
         with smockron_proc(args, tmp_path / "m1.log") as first:

@@ -30,7 +30,11 @@ POLICIES = {"api": DomainPolicy((Rule(1.0, 3),))}
 def test_parse_sentinel_and_cluster() -> None:
     s = parse_store_uri("redis+sentinel://:pw@h1:26379,h2/mymaster/2")
     assert (s.hosts, s.service, s.db, s.password) == (
-        (("h1", 26379), ("h2", 26379)), "mymaster", 2, "pw")  # fmt: skip
+        (("h1", 26379), ("h2", 26379)),
+        "mymaster",
+        2,
+        "pw",
+    )
     c = parse_store_uri("redis+cluster://n1:7000,n2:7001")
     assert c.scheme == "redis+cluster" and c.hosts == (("n1", 7000), ("n2", 7001))
     for bad in (
@@ -82,8 +86,11 @@ def sentinel(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
         f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
         f"sentinel monitor mymaster 127.0.0.1 {redis_server.port} 1\n"
     )
-    proc = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        ["redis-server", str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(port)
         yield f"redis+sentinel://127.0.0.1:{port}/mymaster/0"
@@ -102,18 +109,48 @@ def cluster(tmp_path: Path) -> Iterator[list[int]]:
             port = _port_pair()
             workdir = tmp_path / str(port)
             workdir.mkdir()
-            procs.append(subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
-                 "yes", "--cluster-config-file", "nodes.conf", "--dir", str(workdir), "--save",
-                 "", "--appendonly", "no", "--protected-mode", "no"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "redis-server",
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--dir",
+                        str(workdir),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--protected-mode",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             ports.append(port)
         for port in ports:
             wait_port(port)
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=30)  # fmt: skip
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
         def ok() -> bool:
             for port in ports:

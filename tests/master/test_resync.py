@@ -91,8 +91,10 @@ async def _stores_live(url: str, algorithm: str) -> None:
     first = open_store(url)
     eng = Engine({"api": DomainPolicy((rule,), algorithm)}, first)
     first.tick(now)
-    eng.apply(eng.decode([encode_accounting("api", ACCEPTED, b"id%d" % i, int(now))
-                          for i in range(50)]), now)  # fmt: skip
+    eng.apply(
+        eng.decode([encode_accounting("api", ACCEPTED, b"id%d" % i, int(now)) for i in range(50)]),
+        now,
+    )
     await first.flush(wait=True)
     assert len(await first.live(scope, 1000)) == 50  # memory
     await first.close()

@@ -43,14 +43,28 @@ def test_router_shards_by_domain_and_relays_control(tmp_path: Path) -> None:
         rules += ["--rule", f"{d}:1/s:1"]
 
     def master(acc: int, ctl: int, met: int) -> list[str]:
-        return ["master", "--accounting", f"tcp://127.0.0.1:{acc}",
-                "--control", f"tcp://127.0.0.1:{ctl}", "--metrics", f"127.0.0.1:{met}",
-                *rules]  # fmt: skip
+        return [
+            "master",
+            "--accounting",
+            f"tcp://127.0.0.1:{acc}",
+            "--control",
+            f"tcp://127.0.0.1:{ctl}",
+            "--metrics",
+            f"127.0.0.1:{met}",
+            *rules,
+        ]
 
-    router = ["router", "--accounting", f"tcp://127.0.0.1:{racc}",
-              "--control", f"tcp://127.0.0.1:{rctl}",
-              "--master", f"{m1},tcp://127.0.0.1:{ctl1}",
-              "--master", f"{m2},tcp://127.0.0.1:{ctl2}"]  # fmt: skip
+    router = [
+        "router",
+        "--accounting",
+        f"tcp://127.0.0.1:{racc}",
+        "--control",
+        f"tcp://127.0.0.1:{rctl}",
+        "--master",
+        f"{m1},tcp://127.0.0.1:{ctl1}",
+        "--master",
+        f"{m2},tcp://127.0.0.1:{ctl2}",
+    ]
     with (
         smockron_proc(master(acc1, ctl1, met1), tmp_path / "m1.log"),
         smockron_proc(master(acc2, ctl2, met2), tmp_path / "m2.log"),
@@ -98,12 +112,28 @@ def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
     traffic of another gatekeeper on the same router; the rest of its garbage reaches the
     domain's master, which counts it as malformed."""
     acc, ctl, met, racc, rctl = free_ports(5)
-    master = ["master", "--accounting", f"tcp://127.0.0.1:{acc}",
-              "--control", f"tcp://127.0.0.1:{ctl}", "--metrics", f"127.0.0.1:{met}",
-              "--rule", "api:1/s:3", "--rule", "probe:1/s:1"]  # fmt: skip
-    router = ["router", "--accounting", f"tcp://127.0.0.1:{racc}",
-              "--control", f"tcp://127.0.0.1:{rctl}",
-              "--master", f"tcp://127.0.0.1:{acc},tcp://127.0.0.1:{ctl}"]  # fmt: skip
+    master = [
+        "master",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--metrics",
+        f"127.0.0.1:{met}",
+        "--rule",
+        "api:1/s:3",
+        "--rule",
+        "probe:1/s:1",
+    ]
+    router = [
+        "router",
+        "--accounting",
+        f"tcp://127.0.0.1:{racc}",
+        "--control",
+        f"tcp://127.0.0.1:{rctl}",
+        "--master",
+        f"tcp://127.0.0.1:{acc},tcp://127.0.0.1:{ctl}",
+    ]
     with (
         smockron_proc(master, tmp_path / "master.log"),
         smockron_proc(router, tmp_path / "router.log") as rproc,
@@ -132,8 +162,14 @@ def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
         assert sorted(c.identifier for c in hostile.expect_control(20)) == sorted(
             c.identifier for c in got
         )
-        wait_for(lambda: metric_sum(met, "smockron_master_malformed_total").get(
-            'smockron_master_malformed_total{reason="domain_nul"}') == 10)  # fmt: skip
+        wait_for(
+            lambda: (
+                metric_sum(met, "smockron_master_malformed_total").get(
+                    'smockron_master_malformed_total{reason="domain_nul"}'
+                )
+                == 10
+            )
+        )
         m = metric_sum(met, "smockron_master_")
         assert m['smockron_master_messages_total{domain="api",status="accepted"}'] == 60
         assert sum(v for k, v in m.items() if k.startswith("smockron_master_malformed_total")) == 10

@@ -45,8 +45,15 @@ class Setup:
         self.router: Proc | None = None
 
     def master_args(self, i: int) -> list[str]:
-        args = ["master", "--accounting", addr(self.acc[i]), "--control", addr(self.ctl[i]),
-                "--metrics", f"127.0.0.1:{self.met[i]}"]  # fmt: skip
+        args = [
+            "master",
+            "--accounting",
+            addr(self.acc[i]),
+            "--control",
+            addr(self.ctl[i]),
+            "--metrics",
+            f"127.0.0.1:{self.met[i]}",
+        ]
         for rule in self.rules:
             args += ["--rule", rule]
         if self.shard_by == "identifier":  # a fleet: each holds its half of the shards
@@ -58,11 +65,22 @@ class Setup:
     def running(self) -> Iterator[Setup]:
         with ExitStack() as stack:
             for i in range(2):
-                self.masters.append(stack.enter_context(
-                    smockron_proc(self.master_args(i), self.tmp_path / f"m{i}.log")))  # fmt: skip
-            router = ["router", "--accounting", addr(self.racc), "--control",
-                      addr(self.rctl), "--metrics", f"127.0.0.1:{self.rmet}",
-                      "--shard-by", self.shard_by]  # fmt: skip
+                self.masters.append(
+                    stack.enter_context(
+                        smockron_proc(self.master_args(i), self.tmp_path / f"m{i}.log")
+                    )
+                )
+            router = [
+                "router",
+                "--accounting",
+                addr(self.racc),
+                "--control",
+                addr(self.rctl),
+                "--metrics",
+                f"127.0.0.1:{self.rmet}",
+                "--shard-by",
+                self.shard_by,
+            ]
             for i in range(2):
                 router += ["--master", f"{addr(self.acc[i])},{addr(self.ctl[i])}"]
             self.router = stack.enter_context(smockron_proc(router, self.tmp_path / "r.log"))
@@ -115,9 +133,14 @@ def test_no_loss_seen_and_one_resync_per_start(tmp_path: Path, shard_by: str) ->
             time.sleep(1.0)  # the last verdicts arrive
             # a counter after the last verdict: it counts every one of them
             link = gk._controls[0]
-            wait_for(lambda: all(link.heartbeat[n][1] == link.received.get(n, 0)
-                                 and link.heartbeat[n][0] > start[n][0] for n in names),
-                     10)  # fmt: skip
+            wait_for(
+                lambda: all(
+                    link.heartbeat[n][1] == link.received.get(n, 0)
+                    and link.heartbeat[n][0] > start[n][0]
+                    for n in names
+                ),
+                10,
+            )
             assert delayed > 0
             assert gk.counters.control_lost == 0
             for n in names:
@@ -131,8 +154,9 @@ def test_no_loss_seen_and_one_resync_per_start(tmp_path: Path, shard_by: str) ->
                 assert sum(counts) >= 1, "the gatekeeper's start asked for no resync"
             if shard_by == "identifier":  # one domain's traffic on both masters
                 key = 'smockron_master_messages_total{domain="api",status="accepted"}'
-                per_master = [metric_sum(m, "smockron_master_messages_total").get(key, 0)
-                              for m in setup.met]  # fmt: skip
+                per_master = [
+                    metric_sum(m, "smockron_master_messages_total").get(key, 0) for m in setup.met
+                ]
                 assert all(v > 0 for v in per_master), per_master
             router_lost = metric_sum(setup.rmet, "smockron_router_control_lost_total")
             assert router_lost == {"smockron_router_control_lost_total": 0.0}
@@ -190,8 +214,9 @@ def test_master_restart_keeps_the_counter_growing(tmp_path: Path) -> None:
             for i in range(20):
                 gk.accepted(dom, b"v%d" % (i % 4), now_ms() + 1500)
             after = len(gk.expect_control(16))
-            wait_for(lambda: any(d == dom.encode() and n >= before + after
-                                 for d, n in gk.published), 5)  # fmt: skip
+            wait_for(
+                lambda: any(d == dom.encode() and n >= before + after for d, n in gk.published), 5
+            )
             counts = [n for d, n in gk.published if d == dom.encode()]
         assert counts == sorted(counts) and counts[0] >= before, counts
         assert setup.router is not None
@@ -214,8 +239,9 @@ def test_frame_counts_agree_with_the_docs(tmp_path: Path) -> None:
         router = setup.router
         assert router is not None
         wait_for(lambda: "discarded accounting message" in router.log())
-        assert (f"discarded accounting message over {MAX_FRAMES} frames ({MAX_FRAMES + 1} "
-                "frames)") in router.log()  # fmt: skip
+        assert (
+            f"discarded accounting message over {MAX_FRAMES} frames ({MAX_FRAMES + 1} frames)"
+        ) in router.log()
         discarded = metric_sum(setup.rmet, "smockron_router_discarded_total")
         assert discarded == {"smockron_router_discarded_total": 1.0}
     guide = " ".join((REPO / "docs" / "master.md").read_text().split())

@@ -41,9 +41,15 @@ async def test_every_store_serves_the_one_loop(uri: str, redis_server: RedisServ
     finally:
         await store.close()
     reference = Engine(POLICY, open_store("memory://"))
-    expected = [[decode_control(c).until_ms for c in reference.process(
-        [encode_accounting("api", ACCEPTED, b"a", t0 + i * 100)], t0 + i * 100)]
-        for i in range(4)]  # fmt: skip
+    expected = [
+        [
+            decode_control(c).until_ms
+            for c in reference.process(
+                [encode_accounting("api", ACCEPTED, b"a", t0 + i * 100)], t0 + i * 100
+            )
+        ]
+        for i in range(4)
+    ]
     assert got == expected
     assert got[-1], "the example must throttle"
     successor = open_store(url)

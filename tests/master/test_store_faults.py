@@ -25,9 +25,18 @@ ABUSER = b"abuser"
 
 
 def master_args(acc: int, ctl: int, rule: str, *extra: str) -> list[str]:
-    return ["master", "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
-            f"tcp://127.0.0.1:{ctl}", "--rule", rule, "--stats-interval", "0",
-            *extra]  # fmt: skip
+    return [
+        "master",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--rule",
+        rule,
+        "--stats-interval",
+        "0",
+        *extra,
+    ]
 
 
 Socket = zmq.Socket[bytes]
@@ -68,9 +77,12 @@ def test_a_stopped_redis_under_load_does_not_stop_enforcement(
     and after SIGCONT what changed meanwhile is in Redis."""
     acc, ctl, metrics = free_ports(3)
     assert redis_server.proc is not None
-    master = run_smockron(master_args(acc, ctl, "api:10/s:5", "--store", redis_server.url,
-                                      "--metrics", f"127.0.0.1:{metrics}"),
-                          tmp_path / "master.log")  # fmt: skip
+    master = run_smockron(
+        master_args(
+            acc, ctl, "api:10/s:5", "--store", redis_server.url, "--metrics", f"127.0.0.1:{metrics}"
+        ),
+        tmp_path / "master.log",
+    )
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pub, sub = sockets(ctx, acc, ctl)
     with stopping([master]):
@@ -136,9 +148,11 @@ def test_master_killed_and_restarted_behind_a_proxy(
     back (no fresh burst). ``nothing`` (the memory store alone) is the control: there the
     new master forgives, so the check can tell the difference."""
     acc, ctl, port = free_ports(3)
-    store = {"snapshot": ["--snapshot", str(tmp_path / "states.snap"),
-                          "--snapshot-interval", "200ms"],
-             "redis": ["--store", redis_server.url], "nothing": []}[keep]  # fmt: skip
+    store = {
+        "snapshot": ["--snapshot", str(tmp_path / "states.snap"), "--snapshot-interval", "200ms"],
+        "redis": ["--store", redis_server.url],
+        "nothing": [],
+    }[keep]
     args = master_args(acc, ctl, "e2e:6/m:4", *store)  # the debt outlasts the restart
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     _pub, sub = sockets(ctx, acc, ctl)

@@ -32,18 +32,37 @@ from tests.support import (
 def lost_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, int]]:
     """A proxy whose master address is wrong, started early: its grace runs meanwhile."""
     listen, met, nobody_acc, nobody_ctl = free_ports(4)
-    args = ["proxy", "--listen", f"127.0.0.1:{listen}", "--upstream", "http://127.0.0.1:1",
-            "--domain", "api", "--accounting", f"tcp://127.0.0.1:{nobody_acc}",
-            "--control", f"tcp://127.0.0.1:{nobody_ctl}",
-            "--metrics", f"127.0.0.1:{met}"]  # fmt: skip
+    args = [
+        "proxy",
+        "--listen",
+        f"127.0.0.1:{listen}",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--domain",
+        "api",
+        "--accounting",
+        f"tcp://127.0.0.1:{nobody_acc}",
+        "--control",
+        f"tcp://127.0.0.1:{nobody_ctl}",
+        "--metrics",
+        f"127.0.0.1:{met}",
+    ]
     proc = run_smockron(args, tmp_path_factory.mktemp("lost") / "proxy.log")
     with stopping([proc]):
         yield proc, met
 
 
 def master_args(acc: int, ctl: int, met: int, *extra: str) -> list[str]:
-    return ["master", "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
-            f"tcp://127.0.0.1:{ctl}", "--metrics", f"127.0.0.1:{met}", *extra]  # fmt: skip
+    return [
+        "master",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--metrics",
+        f"127.0.0.1:{met}",
+        *extra,
+    ]
 
 
 def test_master(tmp_path: Path) -> None:
@@ -55,8 +74,15 @@ def test_master(tmp_path: Path) -> None:
         assert_probes(met)
         for _ in range(5):
             gk.accepted("api", b"alice")
-        wait_for(lambda: (sample(met, "smockron_master_messages_total", domain="api",
-                                 status="accepted") or 0) >= 5)  # fmt: skip
+        wait_for(
+            lambda: (
+                (
+                    sample(met, "smockron_master_messages_total", domain="api", status="accepted")
+                    or 0
+                )
+                >= 5
+            )
+        )
         assert (sample(met, "smockron_master_delay_until_published_total", domain="api") or 0) > 0
         status, body = get(met, "/stats")
         stats = json.loads(body)
@@ -85,9 +111,17 @@ def test_master_with_unreachable_redis_is_not_ready_and_warns(tmp_path: Path) ->
 
 def test_router(tmp_path: Path) -> None:
     acc, ctl, met, m_acc, m_ctl = free_ports(5)
-    args = ["router", "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
-            f"tcp://127.0.0.1:{ctl}", "--master", f"tcp://127.0.0.1:{m_acc},tcp://127.0.0.1:{m_ctl}",
-            "--metrics", f"127.0.0.1:{met}"]  # fmt: skip
+    args = [
+        "router",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--master",
+        f"tcp://127.0.0.1:{m_acc},tcp://127.0.0.1:{m_ctl}",
+        "--metrics",
+        f"127.0.0.1:{met}",
+    ]
     with smockron_proc(args, tmp_path / "router.log"), FakeGatekeeper(acc, ctl) as gk:
         wait_port(met)
         assert_probes(met)
@@ -107,14 +141,33 @@ def test_proxy_with_its_master(tmp_path: Path) -> None:
     acc, ctl, m_met, listen, met = free_ports(5)
     procs: list[Proc] = []
     with backend() as (upstream, _seen), stopping(procs):
-        procs.append(run_smockron(master_args(acc, ctl, m_met, "--rule", "api:1/s:3"),
-                                  tmp_path / "master.log"))  # fmt: skip
-        procs.append(run_smockron(
-            ["proxy", "--listen", f"127.0.0.1:{listen}", "--upstream",
-             f"http://127.0.0.1:{upstream}", "--domain", "api", "--accounting",
-             f"tcp://127.0.0.1:{acc}", "--control", f"tcp://127.0.0.1:{ctl}",
-             "--metrics", f"127.0.0.1:{met}", "--max-delay", "0s"],
-            tmp_path / "proxy.log"))  # fmt: skip
+        procs.append(
+            run_smockron(
+                master_args(acc, ctl, m_met, "--rule", "api:1/s:3"), tmp_path / "master.log"
+            )
+        )
+        procs.append(
+            run_smockron(
+                [
+                    "proxy",
+                    "--listen",
+                    f"127.0.0.1:{listen}",
+                    "--upstream",
+                    f"http://127.0.0.1:{upstream}",
+                    "--domain",
+                    "api",
+                    "--accounting",
+                    f"tcp://127.0.0.1:{acc}",
+                    "--control",
+                    f"tcp://127.0.0.1:{ctl}",
+                    "--metrics",
+                    f"127.0.0.1:{met}",
+                    "--max-delay",
+                    "0s",
+                ],
+                tmp_path / "proxy.log",
+            )
+        )
         wait_port(listen)
         wait_ready(met)  # the control connection is up
         assert_probes(met)
@@ -122,8 +175,9 @@ def test_proxy_with_its_master(tmp_path: Path) -> None:
             get(listen, "/x")
         accepted = sample(met, "smockron_gatekeeper_decisions_total", verdict="accepted")
         assert accepted is not None and accepted >= 3
-        total = accepted + (sample(met, "smockron_gatekeeper_decisions_total",
-                                   verdict="rejected") or 0)  # fmt: skip
+        total = accepted + (
+            sample(met, "smockron_gatekeeper_decisions_total", verdict="rejected") or 0
+        )
         assert total == 6
         assert sample(met, "smockron_gatekeeper_control_connected") == 1
         assert sample(met, "smockron_gatekeeper_bad_requests_total") == 0
@@ -135,8 +189,21 @@ def test_proxy_with_its_master(tmp_path: Path) -> None:
 
 def test_jarl(tmp_path: Path) -> None:
     port, met = free_ports(2)
-    args = ["jarl", "--service", "s", "--requests", "2", "--period", "60",
-            "--ip", "127.0.0.1", "--port", str(port), "--metrics", f"127.0.0.1:{met}"]  # fmt: skip
+    args = [
+        "jarl",
+        "--service",
+        "s",
+        "--requests",
+        "2",
+        "--period",
+        "60",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics",
+        f"127.0.0.1:{met}",
+    ]
     with smockron_proc(args, tmp_path / "jarl.log"):
         wait_port(met)
         assert_probes(met)
@@ -151,8 +218,17 @@ def test_jarl(tmp_path: Path) -> None:
 
 def test_dthrottle(tmp_path: Path) -> None:
     port, met = free_ports(2)
-    args = ["dthrottle", "--listen", f"tcp:127.0.0.1:{port}", "--burst", "2",
-            "--rate", "0.01", "--metrics", f"127.0.0.1:{met}"]  # fmt: skip
+    args = [
+        "dthrottle",
+        "--listen",
+        f"tcp:127.0.0.1:{port}",
+        "--burst",
+        "2",
+        "--rate",
+        "0.01",
+        "--metrics",
+        f"127.0.0.1:{met}",
+    ]
     with smockron_proc(args, tmp_path / "dthrottle.log"):
         wait_port(met)
         assert_probes(met)
@@ -175,8 +251,9 @@ def test_dthrottle(tmp_path: Path) -> None:
 
 
 def _post(port: int, body: Mapping[str, object]) -> dict[str, object]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/GetRateLimits",
-                                 data=json.dumps(body).encode(), method="POST")  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/GetRateLimits", data=json.dumps(body).encode(), method="POST"
+    )
     with urllib.request.urlopen(req, timeout=5) as resp:
         answer: dict[str, object] = json.loads(resp.read())
     return answer
@@ -184,20 +261,30 @@ def _post(port: int, body: Mapping[str, object]) -> dict[str, object]:
 
 def test_cluster(tmp_path: Path) -> None:
     g, h, m = free_ports(3)
-    args = ["cluster", "--grpc-address", f"127.0.0.1:{g}", "--http-address",
-            f"127.0.0.1:{h}", "--peers", f"127.0.0.1:{g}",
-            "--metrics", f"127.0.0.1:{m}"]  # fmt: skip
+    args = [
+        "cluster",
+        "--grpc-address",
+        f"127.0.0.1:{g}",
+        "--http-address",
+        f"127.0.0.1:{h}",
+        "--peers",
+        f"127.0.0.1:{g}",
+        "--metrics",
+        f"127.0.0.1:{m}",
+    ]
     with smockron_proc(args, tmp_path / "node.log"):
         for port in (h, m):
             wait_port(port, 20)
         for port in (h, m):  # the gateway and the --metrics listener agree
             assert_probes(port)
-        req = {"requests": [{"name": "n", "unique_key": "k", "hits": 1, "limit": 5,
-                             "duration": 60000}]}  # fmt: skip
+        req = {
+            "requests": [{"name": "n", "unique_key": "k", "hits": 1, "limit": 5, "duration": 60000}]
+        }
         for _ in range(3):
             _post(h, req)
-        checks = sum(v for (name, _), v in samples(m).items()
-                     if name == "smockron_cluster_checks_total")  # fmt: skip
+        checks = sum(
+            v for (name, _), v in samples(m).items() if name == "smockron_cluster_checks_total"
+        )
         assert checks >= 3
 
 

@@ -56,8 +56,9 @@ async def test_asgi_middleware_metrics_in_the_given_registry() -> None:
 
 def test_wsgi_middleware_metrics_in_the_given_registry() -> None:
     registry = CollectorRegistry()
-    app = SmockronWSGIMiddleware(_wsgi_ok, domain="api", rules={"api": ["1/s:2"]},
-                                 max_delay_ms=0, registry=registry)  # fmt: skip
+    app = SmockronWSGIMiddleware(
+        _wsgi_ok, domain="api", rules={"api": ["1/s:2"]}, max_delay_ms=0, registry=registry
+    )
     try:
         with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://t") as client:
             statuses = [client.get("/").status_code for _ in range(5)]

@@ -82,8 +82,11 @@ def test_readiness_reports_failing_checks_and_exceptions() -> None:
 
 
 def test_layout_groups_counters_and_gauges() -> None:
-    layout = Layout("smockron_x", gauges=frozenset({"open"}),
-                    groups={"decisions": ("verdict", ("accepted", "rejected"))})  # fmt: skip
+    layout = Layout(
+        "smockron_x",
+        gauges=frozenset({"open"}),
+        groups={"decisions": ("verdict", ("accepted", "rejected"))},
+    )
     registry = CollectorRegistry()
     values = {"accepted": 3, "rejected": 1, "open": 2, "errors": 5}
     registry.register(CountersCollector(layout, lambda: values))
@@ -111,8 +114,9 @@ def test_listener_routes_and_404() -> None:
     state = {"ok": False}
     ready = Readiness({"store": lambda: None if state["ok"] else "store unreachable"})
     registry = CollectorRegistry()
-    server = ObserveServer("127.0.0.1:0", readiness=ready, registry=registry,
-                           stats=lambda: {"k": "v\n"})  # fmt: skip
+    server = ObserveServer(
+        "127.0.0.1:0", readiness=ready, registry=registry, stats=lambda: {"k": "v\n"}
+    )
     try:
         assert _get(server.port, "/healthz") == (200, b"ok\n")  # no loop to watch
         status, body = _get(server.port, "/readyz")
@@ -172,9 +176,18 @@ def test_monitoring_guide_names_every_metric() -> None:
     from smockron.observe.layouts import DTHROTTLE, GATEKEEPER, JARL, ROUTER
 
     guide = (Path(__file__).parents[2] / "docs" / "monitoring.md").read_text()
-    gatekeeper_keys = set(Counters().as_dict()) | {"waiting", "delay_entries", "first_lines",
-        "master_connected", "control_connected", "delay_table_evicted", "control_refused",
-        "fail_open_errors", "bad_requests", "abandoned"}  # fmt: skip
+    gatekeeper_keys = set(Counters().as_dict()) | {
+        "waiting",
+        "delay_entries",
+        "first_lines",
+        "master_connected",
+        "control_connected",
+        "delay_table_evicted",
+        "control_refused",
+        "fail_open_errors",
+        "bad_requests",
+        "abandoned",
+    }
     expected = [
         (GATEKEEPER, gatekeeper_keys),
         (ROUTER, {"forwarded", "relayed", "discarded"}),

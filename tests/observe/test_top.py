@@ -27,9 +27,21 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 def busy_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, FakeGatekeeper]]:
     """A master with two domains; bob is throttled, carol (with a hostile name) too."""
     acc, ctl, met = free_ports(3)
-    args = ["master", "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
-            f"tcp://127.0.0.1:{ctl}", "--metrics", f"127.0.0.1:{met}",
-            "--rule", "api:1/s:2", "--rule", "login:1/s:1", "--rule", "probe:1/s:1"]  # fmt: skip
+    args = [
+        "master",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--metrics",
+        f"127.0.0.1:{met}",
+        "--rule",
+        "api:1/s:2",
+        "--rule",
+        "login:1/s:1",
+        "--rule",
+        "probe:1/s:1",
+    ]
     log = tmp_path_factory.mktemp("top") / "master.log"
     with smockron_proc(args, log), FakeGatekeeper(acc, ctl) as gk:
         wait_port(met)
@@ -38,18 +50,37 @@ def busy_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int,
             gk.accepted("api", b"bob")
         for _ in range(3):
             gk.accepted("login", b"carol\x1b[2J[bold]")
-        wait_for(lambda: (sample(met, "smockron_master_messages_total", domain="login",
-                                 status="accepted") or 0) >= 3)  # fmt: skip
+        wait_for(
+            lambda: (
+                (
+                    sample(met, "smockron_master_messages_total", domain="login", status="accepted")
+                    or 0
+                )
+                >= 3
+            )
+        )
         yield met, gk
 
 
 def top_once(met: int, interval: float = 0.2) -> subprocess.Popen[str]:
     env = {**smockron_env(), "COLUMNS": "160", "TERM": "dumb"}
     return subprocess.Popen(
-        [sys.executable, "-m", "smockron", "top", f"127.0.0.1:{met}", "--once",
-         "--interval", str(interval)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "smockron",
+            "top",
+            f"127.0.0.1:{met}",
+            "--once",
+            "--interval",
+            str(interval),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+    )
 
 
 def test_once_renders_domains_rates_counts_and_top_identifiers(
@@ -73,8 +104,12 @@ def test_once_renders_domains_rates_counts_and_top_identifiers(
     names = [name for name, kind, *_ in rows if kind == "per s"]
     assert names == ["api", "login", "probe"] and len(totals) == 3, out
     by_name = dict(zip(names, totals, strict=True))
-    wait_for(lambda: (sample(met, "smockron_master_messages_total", domain="api",
-                             status="accepted") or 0) > before)  # fmt: skip
+    wait_for(
+        lambda: (
+            (sample(met, "smockron_master_messages_total", domain="api", status="accepted") or 0)
+            > before
+        )
+    )
     after = sample(met, "smockron_master_messages_total", domain="api", status="accepted") or 0
     assert before < by_name["api"][0] <= after, out
     assert rates["api"][0] > 0, out  # accepted per second: ~20 sent per second
@@ -88,9 +123,15 @@ def test_once_renders_domains_rates_counts_and_top_identifiers(
 def test_a_frame_fits_80_columns_at_any_figures() -> None:
     """Long domain names and identifiers are cut, counts past 7 digits get a unit: every
     row of a frame stays on one line of an 80-column terminal."""
-    domains = {f"checkout-api-{i}-with-a-long-name": {"accepted": 123_456_789 * i,
-               "delayed": 98_765_432, "rejected": 7, "published": 99_999_999}
-               for i in range(1, 4)}  # fmt: skip
+    domains = {
+        f"checkout-api-{i}-with-a-long-name": {
+            "accepted": 123_456_789 * i,
+            "delayed": 98_765_432,
+            "rejected": 7,
+            "published": 99_999_999,
+        }
+        for i in range(1, 4)
+    }
     before = {"time": 0.0, "domains": {}}
     after = {
         "time": 0.5,
@@ -120,11 +161,22 @@ def test_live_view_in_a_pty(busy_master: tuple[int, FakeGatekeeper], tmp_path: P
     leader, follower = os.openpty()
     env = {**smockron_env(), "COLUMNS": "150", "LINES": "40", "TERM": "xterm-256color"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "smockron", "top", f"127.0.0.1:{busy_master[0]}",
-         "--interval", "0.3"],
-        stdin=follower, stdout=follower, stderr=follower, env=env, cwd=REPO_ROOT,
+        [
+            sys.executable,
+            "-m",
+            "smockron",
+            "top",
+            f"127.0.0.1:{busy_master[0]}",
+            "--interval",
+            "0.3",
+        ],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+        cwd=REPO_ROOT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     os.close(follower)
     seen = b""
     try:

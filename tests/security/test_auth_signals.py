@@ -27,8 +27,11 @@ WATCH_S = 3.0
 
 
 def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "smockron.gatekeeper" and text in r.getMessage()]  # fmt: skip
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "smockron.gatekeeper" and text in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize(
@@ -47,8 +50,9 @@ def test_a_gatekeeper_that_cannot_authenticate_says_why_and_is_not_ready(
         "wrong-server": keys.client("gk", master="rogue-master"),
         "rogue": keys.client("rogue"),
     }[who]
-    config = dataclasses.replace(settings(), curve_secret=str(keys.secret("master")),
-                                 curve_clients=str(keys.clients))  # fmt: skip
+    config = dataclasses.replace(
+        settings(), curve_secret=str(keys.secret("master")), curve_clients=str(keys.clients)
+    )
     with running_master(config), caplog.at_level(logging.DEBUG, "smockron.gatekeeper"):
         gk = Gatekeeper(config.accounting, config.control, ["api"], curve=curve)
         try:
@@ -64,8 +68,11 @@ def test_a_gatekeeper_that_cannot_authenticate_says_why_and_is_not_ready(
             assert reason in (gk.master_problem() or "")
         finally:
             gk.close()
-    warnings = [r for r in caplog.records
-                if r.name == "smockron.gatekeeper" and r.levelno >= logging.WARNING]  # fmt: skip
+    warnings = [
+        r
+        for r in caplog.records
+        if r.name == "smockron.gatekeeper" and r.levelno >= logging.WARNING
+    ]
     assert [r.getMessage() for r in warnings if "cannot authenticate" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # one line, naming the cause
     assert reason in warnings[0].getMessage()
@@ -75,8 +82,9 @@ def test_a_gatekeeper_that_cannot_authenticate_says_why_and_is_not_ready(
 def test_a_gatekeeper_with_the_right_keys_is_ready_and_logs_its_connections(
     keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = dataclasses.replace(settings(), curve_secret=str(keys.secret("master")),
-                                 curve_clients=str(keys.clients))  # fmt: skip
+    config = dataclasses.replace(
+        settings(), curve_secret=str(keys.secret("master")), curve_clients=str(keys.clients)
+    )
     with running_master(config), caplog.at_level(logging.INFO, "smockron.gatekeeper"):
         gk = Gatekeeper(config.accounting, config.control, ["api"], curve=keys.client("gk"))
         try:
@@ -109,8 +117,9 @@ def test_a_master_with_an_empty_allow_list_warns_at_start_and_refuses_every_key(
     keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
     (keys.clients / "gk.key").unlink()
-    config = dataclasses.replace(settings(), curve_secret=str(keys.secret("master")),
-                                 curve_clients=str(keys.clients))  # fmt: skip
+    config = dataclasses.replace(
+        settings(), curve_secret=str(keys.secret("master")), curve_clients=str(keys.clients)
+    )
     with caplog.at_level(logging.WARNING), running_master(config):
         assert "holds no public key (*.key): every gatekeeper will be refused" in caplog.text
         gk = Gatekeeper(config.accounting, config.control, ["api"], curve=keys.client("gk"))
@@ -142,10 +151,23 @@ def test_a_proxy_without_keys_against_a_master_with_keys_is_not_ready(
 ) -> None:
     acc, ctl, p_met, p_proxy, p_pmet = free_ports(5)
     zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
-    master_args = ["master", "--accounting", zmq[0], "--control", zmq[1], "--rule", "api:5/s:5",
-                   "--metrics", f"127.0.0.1:{p_met}", "--stats-interval", "0",
-                   "--curve-secret", str(keys.secret("master")),
-                   "--curve-clients", str(keys.clients)]  # fmt: skip
+    master_args = [
+        "master",
+        "--accounting",
+        zmq[0],
+        "--control",
+        zmq[1],
+        "--rule",
+        "api:5/s:5",
+        "--metrics",
+        f"127.0.0.1:{p_met}",
+        "--stats-interval",
+        "0",
+        "--curve-secret",
+        str(keys.secret("master")),
+        "--curve-clients",
+        str(keys.clients),
+    ]
     with backend() as (up, _seen):
         master = run_smockron(master_args, tmp_path / "master.log")
         with stopping([master]) as procs:

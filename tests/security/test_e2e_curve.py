@@ -61,17 +61,42 @@ def test_master_and_proxies_with_keys(tmp_path: Path) -> None:
     shutil.copy(keys / "good.key", clients)
     acc, ctl, met, p_good, p_late = free_ports(5)
     zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
-    master_args = ["master", "--accounting", zmq[0], "--control", zmq[1], "--rule", "e2e:5/s:5",
-                   "--metrics", f"127.0.0.1:{met}", "--stats-interval", "0",
-                   "--curve-secret", str(keys / "master.key_secret"),
-                   "--curve-clients", str(clients)]  # fmt: skip
+    master_args = [
+        "master",
+        "--accounting",
+        zmq[0],
+        "--control",
+        zmq[1],
+        "--rule",
+        "e2e:5/s:5",
+        "--metrics",
+        f"127.0.0.1:{met}",
+        "--stats-interval",
+        "0",
+        "--curve-secret",
+        str(keys / "master.key_secret"),
+        "--curve-clients",
+        str(clients),
+    ]
     with backend() as (up, _seen):
         procs: list[Proc] = [run_smockron(master_args, tmp_path / "master.log")]
         for port, name in ((p_good, "good"), (p_late, "late")):
-            curve = ["--curve-secret", str(keys / f"{name}.key_secret"),
-                     "--curve-server", str(keys / "master.key")]  # fmt: skip
-            args = proxy_args(port, up, *zmq, "--decision-header", "--no-master-rules", *curve,
-                              domain="e2e", max_delay="200ms")  # fmt: skip
+            curve = [
+                "--curve-secret",
+                str(keys / f"{name}.key_secret"),
+                "--curve-server",
+                str(keys / "master.key"),
+            ]
+            args = proxy_args(
+                port,
+                up,
+                *zmq,
+                "--decision-header",
+                "--no-master-rules",
+                *curve,
+                domain="e2e",
+                max_delay="200ms",
+            )
             procs.append(run_smockron(args, tmp_path / f"{name}.log"))
         master, _good_proxy, late_proxy = procs
         with (

@@ -70,11 +70,11 @@ def test_the_middlewares_pass_the_keys_to_their_gatekeeper(keys: Keys) -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         return None
 
-    asgi = SmockronMiddleware(app, domain="api", accounting=acc, control=ctl,
-                              curve=curve)  # fmt: skip
+    asgi = SmockronMiddleware(app, domain="api", accounting=acc, control=ctl, curve=curve)
     assert asgi.gatekeeper.curve is curve
-    wsgi = SmockronWSGIMiddleware(lambda *a: [], domain="api", accounting=acc, control=ctl,
-                                  curve=curve)  # fmt: skip
+    wsgi = SmockronWSGIMiddleware(
+        lambda *a: [], domain="api", accounting=acc, control=ctl, curve=curve
+    )
     try:
         assert wsgi.gatekeeper.curve is curve
         sub = wsgi.gatekeeper._control_socket()

@@ -31,9 +31,12 @@ def test_forged_accounting_without_an_allowed_key_reaches_no_engine(
 ) -> None:
     acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
     settings = MasterSettings(
-        accounting=acc, control=ctl, curve_secret=str(keys.secret("master")),
-        curve_clients=str(keys.clients), domains={"api": DomainPolicy((Rule(1000.0, 5),))},
-    )  # fmt: skip
+        accounting=acc,
+        control=ctl,
+        curve_secret=str(keys.secret("master")),
+        curve_clients=str(keys.clients),
+        domains={"api": DomainPolicy((Rule(1000.0, 5),))},
+    )
     with running_master(settings) as master:
         allowed = Peer(acc, ctl, keys.client("gk"))
         rogue = Peer(acc, ctl, keys.client("rogue"))  # the right master, an unknown key

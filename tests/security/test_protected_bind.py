@@ -45,7 +45,9 @@ def test_bind_mode_says_which_mode_in_one_line() -> None:
     loop = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
     wild = ("tcp://*:1", "tcp://127.0.0.1:2")
     assert bind_mode(loop, None, False) == (
-        logging.INFO, "control plane: no authentication, loopback only")  # fmt: skip
+        logging.INFO,
+        "control plane: no authentication, loopback only",
+    )
     with pytest.raises(InsecureBindError, match=r"refusing to bind tcp://\*:1 without"):
         bind_mode(wild, None, False)
     warning = "control plane: NO AUTHENTICATION on tcp://*:1 (--insecure-bind)"
@@ -65,9 +67,14 @@ def _refused(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = smockron_env()
     env.pop("SMOCKRON_MASTER_INSECURE_BIND", None)
     return subprocess.run(
-        [sys.executable, "-m", "smockron", *args], capture_output=True, text=True,
-        env=env, cwd=REPO_ROOT, timeout=30, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "smockron", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=30,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("command", ["master", "router"])
@@ -91,8 +98,15 @@ def test_insecure_bind_is_the_operators_explicit_choice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     acc, ctl = free_ports(2)
-    args = ["master", "--accounting", f"tcp://0.0.0.0:{acc}", "--control",
-            f"tcp://127.0.0.1:{ctl}", "--rule", "probe:1/s:1"]  # fmt: skip
+    args = [
+        "master",
+        "--accounting",
+        f"tcp://0.0.0.0:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--rule",
+        "probe:1/s:1",
+    ]
     monkeypatch.setenv("SMOCKRON_MASTER_INSECURE_BIND", "1")  # said by the environment
     master = run_smockron(args, tmp_path / "master.log")
     with stopping([master]):
@@ -106,8 +120,15 @@ def test_insecure_bind_is_the_operators_explicit_choice(
 def test_loopback_default_serves_an_original_protocol_gatekeeper(tmp_path: Path) -> None:
     """No keys, loopback: the wire is the original one (NULL mechanism, no CURVE)."""
     acc, ctl = free_ports(2)
-    args = ["master", "--accounting", f"tcp://127.0.0.1:{acc}", "--control",
-            f"tcp://127.0.0.1:{ctl}", "--rule", "probe:1/s:1"]  # fmt: skip
+    args = [
+        "master",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        "--rule",
+        "probe:1/s:1",
+    ]
     with (
         stopping([run_smockron(args, tmp_path / "master.log")]) as (master,),
         FakeGatekeeper(acc, ctl) as gk,

@@ -40,9 +40,12 @@ def test_a_revoked_key_is_cut_at_the_reload(keys: Keys, caplog: pytest.LogCaptur
     (keys.clients / "rogue.key").write_bytes(keys.public("rogue").read_bytes())
     acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
     settings = MasterSettings(
-        accounting=acc, control=ctl, curve_secret=str(keys.secret("master")),
-        curve_clients=str(keys.clients), domains={"api": DomainPolicy((Rule(1000.0, 5),))},
-    )  # fmt: skip
+        accounting=acc,
+        control=ctl,
+        curve_secret=str(keys.secret("master")),
+        curve_clients=str(keys.clients),
+        domains={"api": DomainPolicy((Rule(1000.0, 5),))},
+    )
     with running_master(settings) as master:
         good = Peer(acc, ctl, keys.client("gk"))
         rogue = Peer(acc, ctl, keys.client("rogue"))
@@ -75,9 +78,12 @@ def test_adding_a_key_cuts_nobody(keys: Keys) -> None:
     """Only a removal cuts connections: a new key is let in at its handshake."""
     acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
     settings = MasterSettings(
-        accounting=acc, control=ctl, curve_secret=str(keys.secret("master")),
-        curve_clients=str(keys.clients), domains={"api": DomainPolicy((Rule(1000.0, 5),))},
-    )  # fmt: skip
+        accounting=acc,
+        control=ctl,
+        curve_secret=str(keys.secret("master")),
+        curve_clients=str(keys.clients),
+        domains={"api": DomainPolicy((Rule(1000.0, 5),))},
+    )
     with running_master(settings) as master:
         good = Peer(acc, ctl, keys.client("gk"))
         try:

@@ -27,13 +27,34 @@ def test_router_with_keys_on_both_sides(keys: Keys, tmp_path: Path) -> None:
     master_clients = tmp_path / "master-clients"
     master_clients.mkdir()  # the router's key is not allowed yet
     acc, ctl, racc, rctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
-    master_args = ["master", "--accounting", acc, "--control", ctl, "--rule", "probe:1/s:1",
-                   "--curve-secret", str(keys.secret("master")),
-                   "--curve-clients", str(master_clients)]  # fmt: skip
-    router_args = ["router", "--accounting", racc, "--control", rctl, "--master", f"{acc},{ctl}",
-                   "--curve-secret", str(keys.secret("router")),
-                   "--curve-clients", str(keys.clients),
-                   "--curve-server", str(keys.public("master"))]  # fmt: skip
+    master_args = [
+        "master",
+        "--accounting",
+        acc,
+        "--control",
+        ctl,
+        "--rule",
+        "probe:1/s:1",
+        "--curve-secret",
+        str(keys.secret("master")),
+        "--curve-clients",
+        str(master_clients),
+    ]
+    router_args = [
+        "router",
+        "--accounting",
+        racc,
+        "--control",
+        rctl,
+        "--master",
+        f"{acc},{ctl}",
+        "--curve-secret",
+        str(keys.secret("router")),
+        "--curve-clients",
+        str(keys.clients),
+        "--curve-server",
+        str(keys.public("master")),
+    ]
     master = run_smockron(master_args, tmp_path / "master.log")
     router = run_smockron(router_args, tmp_path / "router.log")
     with stopping([master, router]):
@@ -59,13 +80,34 @@ def test_router_rereads_its_allowed_keys_on_sighup(keys: Keys, tmp_path: Path) -
     router_clients = tmp_path / "router-clients"
     router_clients.mkdir()
     acc, ctl, racc, rctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
-    master_args = ["master", "--accounting", acc, "--control", ctl, "--rule", "probe:1/s:1",
-                   "--curve-secret", str(keys.secret("master")),
-                   "--curve-clients", str(master_clients)]  # fmt: skip
-    router_args = ["router", "--accounting", racc, "--control", rctl, "--master", f"{acc},{ctl}",
-                   "--curve-secret", str(keys.secret("router")),
-                   "--curve-clients", str(router_clients),
-                   "--curve-server", str(keys.public("master"))]  # fmt: skip
+    master_args = [
+        "master",
+        "--accounting",
+        acc,
+        "--control",
+        ctl,
+        "--rule",
+        "probe:1/s:1",
+        "--curve-secret",
+        str(keys.secret("master")),
+        "--curve-clients",
+        str(master_clients),
+    ]
+    router_args = [
+        "router",
+        "--accounting",
+        racc,
+        "--control",
+        rctl,
+        "--master",
+        f"{acc},{ctl}",
+        "--curve-secret",
+        str(keys.secret("router")),
+        "--curve-clients",
+        str(router_clients),
+        "--curve-server",
+        str(keys.public("master")),
+    ]
     master = run_smockron(master_args, tmp_path / "master.log")
     router = run_smockron(router_args, tmp_path / "router.log")
     with stopping([master, router]):

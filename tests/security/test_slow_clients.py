@@ -76,8 +76,16 @@ def metric(port: int, name: str) -> float:
 def test_proxy_serves_well_behaved_clients_past_slow_ones(tmp_path: Path) -> None:
     port, met, acc, ctl = free_ports(4)
     with backend() as (up, _seen):
-        args = proxy_args(port, up, f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}",
-                          "--header-timeout", "2s", "--metrics", f"127.0.0.1:{met}")  # fmt: skip
+        args = proxy_args(
+            port,
+            up,
+            f"tcp://127.0.0.1:{acc}",
+            f"tcp://127.0.0.1:{ctl}",
+            "--header-timeout",
+            "2s",
+            "--metrics",
+            f"127.0.0.1:{met}",
+        )
         proc = limited(args, tmp_path / "proxy.log")
         try:
             wait_port(port)
@@ -117,8 +125,13 @@ def _open(sock: socket.socket) -> bool:
 @pytest.mark.slow
 def test_cluster_gateway_serves_well_behaved_clients_past_slow_ones(tmp_path: Path) -> None:
     grpc_port, http_port = free_ports(2)
-    args = ["cluster", "--grpc-address", f"127.0.0.1:{grpc_port}",
-            "--http-address", f"127.0.0.1:{http_port}"]  # fmt: skip
+    args = [
+        "cluster",
+        "--grpc-address",
+        f"127.0.0.1:{grpc_port}",
+        "--http-address",
+        f"127.0.0.1:{http_port}",
+    ]
     proc = limited(args, tmp_path / "cluster.log")
     try:
         wait_port(http_port, 30)

@@ -40,8 +40,9 @@ def test_admitted_within_allowance_plus_one_reaction(
     arrivals: list[tuple[int, int]],
 ) -> None:
     n = len(latencies)
-    net = Network((rule,), gatekeepers=n, algorithm=algorithm, latency_ms=latencies,
-                  first_line=first_line)  # fmt: skip
+    net = Network(
+        (rule,), gatekeepers=n, algorithm=algorithm, latency_ms=latencies, first_line=first_line
+    )
     for at, gk in arrivals:
         net.request(T0 + at, gk % n, b"x")
     horizon = 3000
@@ -96,8 +97,9 @@ def test_without_the_debt_rule_uninformed_bursts_are_forgiven() -> None:
     rule = Rule(10.0, 20)
 
     def run(algorithm: str) -> int:
-        net = Network((rule,), gatekeepers=2, algorithm=algorithm, latency_ms=(30,),
-                      first_line=False)  # fmt: skip
+        net = Network(
+            (rule,), gatekeepers=2, algorithm=algorithm, latency_ms=(30,), first_line=False
+        )
         for b in range(32):
             for i in range(20):
                 net.request(T0 + b * 250, i % 2, b"x")

@@ -187,8 +187,10 @@ def test_rules_offer_round_trip_and_shape() -> None:
     assert frames[0] == RULES_TOPIC and frames[2] == b"api"
     offer = decode_rules(frames)
     assert (offer.domain, offer.algorithm, offer.rules) == (b"api", "gcra", rules)
-    for bad in ([RULES_TOPIC, b"RULES", b"api", b"history"],  # no rule
-                [RULES_TOPIC, b"RULES", b"a\0b", b"history", b"1.0 1"],  # NUL in the domain
-                [RULES_TOPIC, b"RULES", b"api", b"history", *[b"1.0 1"] * 65]):  # fmt: skip
+    for bad in (
+        [RULES_TOPIC, b"RULES", b"api", b"history"],  # no rule
+        [RULES_TOPIC, b"RULES", b"a\0b", b"history", b"1.0 1"],  # NUL in the domain
+        [RULES_TOPIC, b"RULES", b"api", b"history", *[b"1.0 1"] * 65],
+    ):
         with pytest.raises(ProtocolError):
             decode_rules(bad)

@@ -73,8 +73,11 @@ def test_both_twins_split_in_order_as_the_contract_says(
 
     wait_for(received_all)
     records = [g for g in got if type(g) is tuple]
-    assert records == [(b"api", b"a", 1_700_000_000_000), (b"web", b"\0\xff", 1),
-                       (b"api", b"b", 1_700_000_000_000)]  # fmt: skip
+    assert records == [
+        (b"api", b"a", 1_700_000_000_000),
+        (b"web", b"\0\xff", 1),
+        (b"api", b"b", 1_700_000_000_000),
+    ]
     expected = split_control(MESSAGES, TOPICS, DEFAULT_LIMITS)
     assert [type(g) is tuple for g in got] == [type(e) is tuple for e in expected]
     assert [g if type(g) is tuple else list(g) for g in got] == [

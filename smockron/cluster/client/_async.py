@@ -237,14 +237,23 @@ class AsyncClient(BaseClient[AsyncHttpTransport]):
             return single_of(batch, got, self.address)
         r = request
         item = nativeclient.encode_request(
-            r.name, r.unique_key, r.hits, r.limit, r.duration, r.algorithm, r.behavior,
-            r.burst, r.metadata or None, r.created_at,
-        )  # fmt: skip
+            r.name,
+            r.unique_key,
+            r.hits,
+            r.limit,
+            r.duration,
+            r.algorithm,
+            r.behavior,
+            r.burst,
+            r.metadata or None,
+            r.created_at,
+        )
         raw = await self._raw("GetRateLimits", as_field1(item), timeout)
         answer = only_field1(raw)
         if answer is None:  # not one answer in the plain form: the generated classes judge
-            return single_of(encode_batches((request,))[0], pb.GetRateLimitsResp.FromString(raw),
-                             self.address)  # fmt: skip
+            return single_of(
+                encode_batches((request,))[0], pb.GetRateLimitsResp.FromString(raw), self.address
+            )
         return native_response(nativeclient.decode_response(answer))
 
     async def _one_http(
@@ -294,8 +303,9 @@ class AsyncClient(BaseClient[AsyncHttpTransport]):
         finally:
             self._waiting.discard(future)
         if raw is None:
-            raise status_error(CODES.get(code, grpc.StatusCode.UNKNOWN), details,
-                               self.address, method)  # fmt: skip
+            raise status_error(
+                CODES.get(code, grpc.StatusCode.UNKNOWN), details, self.address, method
+            )
         return bytes(raw)
 
     def _watch(self) -> asyncio.AbstractEventLoop:

@@ -71,8 +71,13 @@ class BaseClient(Generic[_Http]):
         if self.native:
             self._native = nativeclient.Channel(self.address, self._options)
         self._start(coalesce)
-        node_args = {"timeout": timeout, "credentials": credentials, "options": options,
-                     "coalesce": coalesce, "native": native}  # fmt: skip
+        node_args = {
+            "timeout": timeout,
+            "credentials": credentials,
+            "options": options,
+            "coalesce": coalesce,
+            "native": native,
+        }
         self._routing(route, (ring_refresh, ring_hash, ring_replicas), node_args)
 
     def _start(self, coalesce: bool) -> None:

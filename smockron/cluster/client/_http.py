@@ -152,9 +152,12 @@ class _Gateway(Generic[_C]):
         head = self._heads.get(path)
         if head is None:
             head = self._heads[path] = (
-                b"POST " + path.encode("ascii") + b" HTTP/1.1\r\nHost: " + self._host_header
+                b"POST "
+                + path.encode("ascii")
+                + b" HTTP/1.1\r\nHost: "
+                + self._host_header
                 + b"\r\nContent-Type: application/json\r\nContent-Length: "
-            )  # fmt: skip
+            )
         return b"%s%d\r\n\r\n%s" % (head, len(body), body)
 
     def _answer(self, status: int, answer: bytes) -> bytes:
@@ -382,8 +385,9 @@ def _failure(exc: BaseException, address: str) -> BaseException:
         return exc
     # a kernel timeout (SO_RCVTIMEO, SO_SNDTIMEO) is EAGAIN: BlockingIOError, or on TLS
     # SSLWantReadError/SSLWantWriteError; socket.timeout (connect) is TimeoutError
-    if isinstance(exc, TimeoutError | BlockingIOError | ssl.SSLWantReadError
-                  | ssl.SSLWantWriteError):  # fmt: skip
+    if isinstance(
+        exc, TimeoutError | BlockingIOError | ssl.SSLWantReadError | ssl.SSLWantWriteError
+    ):
         return CallError(DEADLINE_EXCEEDED, "Deadline Exceeded")
     if isinstance(exc, ssl.SSLError | ssl.CertificateError):
         return CallError(UNAVAILABLE, f"TLS with {address} failed: {exc}")

@@ -29,8 +29,16 @@ MAX_RESPONSE_BODY = 32 * 1024 * 1024
 # gRPC status codes (grpc.StatusCode values), as numbers so the codecs import no grpc
 UNKNOWN, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = 2, 4, 13, 14
 # HTTP statuses without a gateway error body, as gRPC's "HTTP to gRPC status" table
-_HTTP_CODES = {400: INTERNAL, 401: 16, 403: 7, 404: 12, 429: UNAVAILABLE, 502: UNAVAILABLE,
-               503: UNAVAILABLE, 504: UNAVAILABLE}  # fmt: skip
+_HTTP_CODES = {
+    400: INTERNAL,
+    401: 16,
+    403: 7,
+    404: 12,
+    429: UNAVAILABLE,
+    502: UNAVAILABLE,
+    503: UNAVAILABLE,
+    504: UNAVAILABLE,
+}
 
 _dumps_str: Any = encode_basestring_ascii
 _UNDER, _OVER = Status.UNDER_LIMIT, Status.OVER_LIMIT

@@ -162,8 +162,9 @@ class Client(BaseClient[HttpTransport]):
             else:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(8, thread_name_prefix="smockron-client")
-                pending = [self._pool.submit(self._outcome, send, o, p, timeout)
-                           for o, p in parts[1:]]  # fmt: skip
+                pending = [
+                    self._pool.submit(self._outcome, send, o, p, timeout) for o, p in parts[1:]
+                ]
                 outcomes = [self._outcome(send, *parts[0], timeout)]
                 outcomes.extend(f.result() for f in pending)
             if route.take(outcomes):
@@ -240,9 +241,19 @@ class Client(BaseClient[HttpTransport]):
         fields and decodes the answer's (no protobuf objects in Python)."""
         try:
             fields = self._native.check(
-                GET_RATE_LIMITS, self.timeout, r.name, r.unique_key, r.hits, r.limit,
-                r.duration, r.algorithm, r.behavior, r.burst, r.metadata or None, r.created_at,
-            )  # fmt: skip
+                GET_RATE_LIMITS,
+                self.timeout,
+                r.name,
+                r.unique_key,
+                r.hits,
+                r.limit,
+                r.duration,
+                r.algorithm,
+                r.behavior,
+                r.burst,
+                r.metadata or None,
+                r.created_at,
+            )
         except NativeCallError as exc:
             raise coded_error(exc, self.address, "GetRateLimits") from exc
         return native_response(fields)

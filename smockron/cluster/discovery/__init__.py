@@ -66,8 +66,11 @@ def options(
     if kind == "dns":
         if not config.dns.fqdn:
             raise errors.ConfigError("GUBER_DNS_FQDN must be set for dns peer discovery")
-        return "dns", {"fqdn": config.dns.fqdn, "advertise": advertise,
-                       "resolv_conf": config.dns.resolv_conf}  # fmt: skip
+        return "dns", {
+            "fqdn": config.dns.fqdn,
+            "advertise": advertise,
+            "resolv_conf": config.dns.resolv_conf,
+        }
     if kind == "k8s":
         return "k8s", _k8s(config.k8s)
     return "member-list", _member_list(config.member_list, advertise)
@@ -111,16 +114,22 @@ def _k8s(pool: _config.K8sPoolConfig) -> dict[str, Any]:
     elif pool.selector:
         options["selector"] = pool.selector
     else:
-        raise errors.ConfigError("k8s peer discovery needs GUBER_K8S_SERVICE_NAME (the "
-                                 "Service whose EndpointSlices list the nodes) or "
-                                 "GUBER_K8S_SELECTOR")  # fmt: skip
+        raise errors.ConfigError(
+            "k8s peer discovery needs GUBER_K8S_SERVICE_NAME (the "
+            "Service whose EndpointSlices list the nodes) or "
+            "GUBER_K8S_SELECTOR"
+        )
     return {**options, "pod_ip": pool.pod_ip, "pod_port": int(port)}
 
 
 def _member_list(pool: _config.MemberListPoolConfig, advertise: PeerInfo) -> dict[str, Any]:
     grpc_address = pool.advertise_address or advertise.grpc_address
-    me = PeerInfo(grpc_address, advertise.http_address, advertise.data_center,
-                  _moved_peer_address(advertise, grpc_address))  # fmt: skip
+    me = PeerInfo(
+        grpc_address,
+        advertise.http_address,
+        advertise.data_center,
+        _moved_peer_address(advertise, grpc_address),
+    )
     host = grpc_address.rpartition(":")[0].strip("[]")
     return {
         "advertise": me,
@@ -128,7 +137,13 @@ def _member_list(pool: _config.MemberListPoolConfig, advertise: PeerInfo) -> dic
         "bind_address": pool.bind_address,
         "known_nodes": list(pool.known_nodes),
         "node_name": pool.node_name,
-        **({"secret_keys": list(pool.secret_keys),
-            "gossip_verify_incoming": pool.gossip_verify_incoming,
-            "gossip_verify_outgoing": pool.gossip_verify_outgoing} if pool.secret_keys else {}),
-    }  # fmt: skip
+        **(
+            {
+                "secret_keys": list(pool.secret_keys),
+                "gossip_verify_incoming": pool.gossip_verify_incoming,
+                "gossip_verify_outgoing": pool.gossip_verify_outgoing,
+            }
+            if pool.secret_keys
+            else {}
+        ),
+    }

@@ -169,9 +169,12 @@ class EtcdDiscovery:
         host, port = self._endpoints[attempt % len(self._endpoints)]
         username, password = self._auth
         return aetcd.Client(
-            host=host, port=port, username=username, password=password,
+            host=host,
+            port=port,
+            username=username,
+            password=password,
             timeout=self._timeout,
-        )  # fmt: skip
+        )
 
     async def _run(self) -> None:
         attempt = 0

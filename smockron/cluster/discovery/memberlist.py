@@ -144,14 +144,25 @@ class MemberListDiscovery(Probing):
         )
         self._tcp = await asyncio.start_server(self._serve_stream, host or "0.0.0.0", port)
         self._incarnation = 1
-        self._alive({"Incarnation": 1, "Node": self.name, "Addr": self.addr, "Port": self.port,
-                     "Meta": self.meta, "Vsn": wire.VSN}, bootstrap=True)  # fmt: skip
+        self._alive(
+            {
+                "Incarnation": 1,
+                "Node": self.name,
+                "Addr": self.addr,
+                "Port": self.port,
+                "Meta": self.meta,
+                "Vsn": wire.VSN,
+            },
+            bootstrap=True,
+        )
         self._publish()
         if not await self._join():
             self._tasks.append(loop.create_task(self._join_loop()))
-        for every, step in ((self.probe_interval, self._probe_next),
-                            (self.gossip_interval, self._gossip),
-                            (self.push_pull_interval, self._push_pull_random)):  # fmt: skip
+        for every, step in (
+            (self.probe_interval, self._probe_next),
+            (self.gossip_interval, self._gossip),
+            (self.push_pull_interval, self._push_pull_random),
+        ):
             self._tasks.append(loop.create_task(self._every(every, step)))
 
     async def stop(self) -> None:
@@ -187,8 +198,9 @@ class MemberListDiscovery(Probing):
                     await result
             except Exception as exc:  # a round fails; the next one runs
                 self.metrics.errors.inc()
-                self._rlog.warning("member-list: %s failed: %s", step.__name__, exc,
-                                   key=step.__name__)  # fmt: skip
+                self._rlog.warning(
+                    "member-list: %s failed: %s", step.__name__, exc, key=step.__name__
+                )
 
     # -- joining and push/pull ------------------------------------------------------------
     async def _join(self) -> bool:
@@ -199,8 +211,9 @@ class MemberListDiscovery(Probing):
             try:
                 targets = await _resolve_all(node, self.port)
             except (OSError, ValueError) as exc:
-                self._rlog.warning("member-list: cannot resolve %s: %s", node, exc,
-                                   key=f"resolve {node}")  # fmt: skip
+                self._rlog.warning(
+                    "member-list: cannot resolve %s: %s", node, exc, key=f"resolve {node}"
+                )
                 continue
             for target in targets:
                 try:
@@ -215,8 +228,11 @@ class MemberListDiscovery(Probing):
     async def _join_loop(self) -> None:
         while not await self._join():
             self.metrics.errors.inc()
-            self._rlog.warning("member-list: no known node answered (%s); retrying",
-                               ", ".join(self.known_nodes), key="join")  # fmt: skip
+            self._rlog.warning(
+                "member-list: no known node answered (%s); retrying",
+                ", ".join(self.known_nodes),
+                key="join",
+            )
             await asyncio.sleep(JOIN_RETRY)
         log.info("member-list: joined through %s", ", ".join(self.known_nodes))
 
@@ -225,8 +241,9 @@ class MemberListDiscovery(Probing):
         if others:
             await self._push_pull(random.choice(others).target, join=False)
 
-    async def _push_pull(self, target: tuple[str, int], join: bool,
-                         timeout: float | None = None) -> None:  # fmt: skip
+    async def _push_pull(
+        self, target: tuple[str, int], join: bool, timeout: float | None = None
+    ) -> None:
         timeout = self.tcp_timeout if timeout is None else timeout
         reader, writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout)
         try:
@@ -245,8 +262,9 @@ class MemberListDiscovery(Probing):
         nodes = [m.pushed() for m in self.members.values()]
         return wire.encode_push_pull(wire.PushPull(join, nodes))
 
-    async def _serve_stream(self, reader: asyncio.StreamReader,
-                            writer: asyncio.StreamWriter) -> None:  # fmt: skip
+    async def _serve_stream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         peer = writer.get_extra_info("peername")
         try:
             kind, message = await asyncio.wait_for(self._read_stream(reader), self.tcp_timeout)
@@ -275,9 +293,16 @@ class MemberListDiscovery(Probing):
             node["Port"] = node["Port"] or self.port
             if node["State"] == wire.STATE_ALIVE:
                 try:
-                    self._alive({"Incarnation": node["Incarnation"], "Node": node["Name"],
-                                 "Addr": node["Addr"], "Port": node["Port"],
-                                 "Meta": node["Meta"], "Vsn": node["Vsn"]})  # fmt: skip
+                    self._alive(
+                        {
+                            "Incarnation": node["Incarnation"],
+                            "Node": node["Name"],
+                            "Addr": node["Addr"],
+                            "Port": node["Port"],
+                            "Meta": node["Meta"],
+                            "Vsn": node["Vsn"],
+                        }
+                    )
                 except wire.Malformed as exc:
                     self._malformed(exc, "a push/pull")
             elif node["State"] == wire.STATE_LEFT:
@@ -321,9 +346,15 @@ class MemberListDiscovery(Probing):
     # -- gossip ---------------------------------------------------------------------------
     def _gossip(self) -> None:
         now = self._now()
-        targets = [m for m in self.members.values() if m.name != self.name and (
-            m.state in (wire.STATE_ALIVE, wire.STATE_SUSPECT)
-            or (m.state == wire.STATE_DEAD and now - m.changed <= self._to_the_dead))]  # fmt: skip
+        targets = [
+            m
+            for m in self.members.values()
+            if m.name != self.name
+            and (
+                m.state in (wire.STATE_ALIVE, wire.STATE_SUSPECT)
+                or (m.state == wire.STATE_DEAD and now - m.changed <= self._to_the_dead)
+            )
+        ]
         for member in random.sample(targets, min(self.gossip_nodes, len(targets))):
             news = self._take_broadcasts(UDP_BUFFER - 2 - self._overhead)
             if not news:

@@ -45,8 +45,15 @@ class Member:
         return ip_text(self.addr), self.port
 
     def pushed(self) -> dict[str, Any]:
-        return {"Name": self.name, "Addr": self.addr, "Port": self.port, "Meta": self.meta,
-                "Incarnation": self.incarnation, "State": self.state, "Vsn": self.vsn}  # fmt: skip
+        return {
+            "Name": self.name,
+            "Addr": self.addr,
+            "Port": self.port,
+            "Meta": self.meta,
+            "Incarnation": self.incarnation,
+            "State": self.state,
+            "Vsn": self.vsn,
+        }
 
 
 def ip_text(addr: bytes) -> str:
@@ -66,8 +73,9 @@ class Suspicion:
     """memberlist's suspicion.go: the timeout shrinks from ``high`` towards ``low`` as
     other members confirm (``k`` confirmations expected)."""
 
-    def __init__(self, origin: str, k: int, low: float, high: float,
-                 fire: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self, origin: str, k: int, low: float, high: float, fire: Callable[[], None]
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._start = self._loop.time()
         self._seen = {origin}
@@ -149,8 +157,9 @@ class MemberStates:
         if member is None:
             if len(self.members) >= MAX_MEMBERS:
                 raise wire.Malformed(f"alive for {name}: already {MAX_MEMBERS} members")
-            member = Member(name, a["Addr"], a["Port"], a["Meta"], 0, wire.STATE_DEAD, vsn,
-                            self._now())  # fmt: skip
+            member = Member(
+                name, a["Addr"], a["Port"], a["Meta"], 0, wire.STATE_DEAD, vsn, self._now()
+            )
             self.members[name] = member
             return member, False
         if (member.addr, member.port) == (a["Addr"], a["Port"]):
@@ -159,8 +168,13 @@ class MemberStates:
             self._rlog.warning(
                 "member-list: two nodes are named %s: %s:%d and %s:%d; set "
                 "GUBER_MEMBERLIST_NODE_NAME (the host name by default) to tell them apart",
-                name, ip_text(member.addr), member.port, ip_text(a["Addr"]), a["Port"],
-                key=f"conflict {name}")  # fmt: skip
+                name,
+                ip_text(member.addr),
+                member.port,
+                ip_text(a["Addr"]),
+                a["Port"],
+                key=f"conflict {name}",
+            )
             return None
         return member, True
 
@@ -200,8 +214,9 @@ class MemberStates:
         self._suspicions[name] = Suspicion(origin, k, low, high, timeout)
 
     def _suspect_message(self, incarnation: int, name: str, origin: str) -> bytes:
-        return wire.encode(wire.SUSPECT, "suspect",
-                           {"Incarnation": incarnation, "Node": name, "From": origin})  # fmt: skip
+        return wire.encode(
+            wire.SUSPECT, "suspect", {"Incarnation": incarnation, "Node": name, "From": origin}
+        )
 
     def _dead(self, incarnation: int, name: str, origin: str) -> None:
         member = self.members.get(name)
@@ -213,8 +228,12 @@ class MemberStates:
         if name == self.name and not self._leaving:
             self._refute(member, incarnation)
             return
-        self._broadcast(name, wire.encode(wire.DEAD, "dead", {
-            "Incarnation": incarnation, "Node": name, "From": origin}))  # fmt: skip
+        self._broadcast(
+            name,
+            wire.encode(
+                wire.DEAD, "dead", {"Incarnation": incarnation, "Node": name, "From": origin}
+            ),
+        )
         member.incarnation = incarnation
         member.state = wire.STATE_LEFT if name == origin else wire.STATE_DEAD
         member.changed = self._now()
@@ -224,9 +243,21 @@ class MemberStates:
         """memberlist's refute: an incarnation above the accusation, and the news."""
         self._incarnation = max(self._incarnation + 1, accused + 1)
         me.incarnation = self._incarnation
-        self._broadcast(me.name, wire.encode(wire.ALIVE, "alive", {
-            "Incarnation": me.incarnation, "Node": me.name, "Addr": me.addr, "Port": me.port,
-            "Meta": me.meta, "Vsn": me.vsn}))  # fmt: skip
+        self._broadcast(
+            me.name,
+            wire.encode(
+                wire.ALIVE,
+                "alive",
+                {
+                    "Incarnation": me.incarnation,
+                    "Node": me.name,
+                    "Addr": me.addr,
+                    "Port": me.port,
+                    "Meta": me.meta,
+                    "Vsn": me.vsn,
+                },
+            ),
+        )
 
     def _reap(self) -> None:
         """Forget members dead or gone for longer than news of them is gossiped
@@ -275,13 +306,17 @@ class MemberStates:
 
     def _live(self, exclude_self: bool = False, alive_only: bool = False) -> list[Member]:
         states = (wire.STATE_ALIVE,) if alive_only else (wire.STATE_ALIVE, wire.STATE_SUSPECT)
-        return [m for m in self.members.values()
-                if m.state in states and not (exclude_self and m.name == self.name)]  # fmt: skip
+        return [
+            m
+            for m in self.members.values()
+            if m.state in states and not (exclude_self and m.name == self.name)
+        ]
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
     def _malformed(self, exc: Exception, source: object) -> None:
         self.metrics.malformed.inc()
-        self._rlog.warning("member-list: malformed message from %s: %s", source, exc,
-                           key="malformed")  # fmt: skip
+        self._rlog.warning(
+            "member-list: malformed message from %s: %s", source, exc, key="malformed"
+        )

@@ -78,8 +78,9 @@ class Probing(MemberStates):
                     "SourceNode": self.name,
                 },
             )
-            helpers = [m for m in self._live(exclude_self=True, alive_only=True)
-                       if m.name != member.name]  # fmt: skip
+            helpers = [
+                m for m in self._live(exclude_self=True, alive_only=True) if m.name != member.name
+            ]
             for helper in random.sample(helpers, min(3, len(helpers))):
                 self._send(helper.target, ind)
             rest = max(self.probe_interval - self.probe_timeout, 0.1)
@@ -108,8 +109,13 @@ class Probing(MemberStates):
     # -- answering others' probes -----------------------------------------------------------
     def _ping(self, ping: dict[str, Any], source: tuple[str, int]) -> None:
         if ping["Node"] not in ("", self.name):
-            self._rlog.warning("member-list: ping for node %s, not this one (%s) from %s",
-                               ping["Node"], self.name, source, key="ping-name")  # fmt: skip
+            self._rlog.warning(
+                "member-list: ping for node %s, not this one (%s) from %s",
+                ping["Node"],
+                self.name,
+                source,
+                key="ping-name",
+            )
             return
         reply_to = source
         if ping["SourceAddr"] and ping["SourcePort"]:

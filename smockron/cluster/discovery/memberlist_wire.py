@@ -61,22 +61,35 @@ class Truncated(Malformed):
 # Go struct fields: name -> kind. u: unsigned, i: signed int, s: string, b: []byte,
 # ?: bool. A trailing "~" marks ``codec:",omitempty"``.
 STRUCTS: dict[str, dict[str, str]] = {
-    "ping": {"SeqNo": "u", "Node": "s", "SourceAddr": "b~", "SourcePort": "u~",
-             "SourceNode": "s~"},
-    "indirect_ping": {"SeqNo": "u", "Target": "b", "Port": "u", "Node": "s", "Nack": "?",
-                      "SourceAddr": "b~", "SourcePort": "u~", "SourceNode": "s~"},
+    "ping": {"SeqNo": "u", "Node": "s", "SourceAddr": "b~", "SourcePort": "u~", "SourceNode": "s~"},
+    "indirect_ping": {
+        "SeqNo": "u",
+        "Target": "b",
+        "Port": "u",
+        "Node": "s",
+        "Nack": "?",
+        "SourceAddr": "b~",
+        "SourcePort": "u~",
+        "SourceNode": "s~",
+    },
     "ack": {"SeqNo": "u", "Payload": "b"},
     "nack": {"SeqNo": "u"},
     "err": {"Error": "s"},
     "suspect": {"Incarnation": "u", "Node": "s", "From": "s"},
-    "alive": {"Incarnation": "u", "Node": "s", "Addr": "b", "Port": "u", "Meta": "b",
-              "Vsn": "b"},
+    "alive": {"Incarnation": "u", "Node": "s", "Addr": "b", "Port": "u", "Meta": "b", "Vsn": "b"},
     "dead": {"Incarnation": "u", "Node": "s", "From": "s"},
     "push_pull_header": {"Nodes": "i", "UserStateLen": "i", "Join": "?"},
-    "push_node_state": {"Name": "s", "Addr": "b", "Port": "u", "Meta": "b",
-                        "Incarnation": "u", "State": "i", "Vsn": "b"},
+    "push_node_state": {
+        "Name": "s",
+        "Addr": "b",
+        "Port": "u",
+        "Meta": "b",
+        "Incarnation": "u",
+        "State": "i",
+        "Vsn": "b",
+    },
     "compress": {"Algo": "u", "Buf": "b"},
-}  # fmt: skip
+}
 
 _PACKER = msgpack.Packer(use_bin_type=False)
 
@@ -273,8 +286,10 @@ def secret_keys(texts: Sequence[str]) -> list[bytes]:
                 f"unable to base64 decode memberlist encryption key at index {i}"
             ) from None
         if len(key) not in (16, 24, 32):
-            raise ValueError(f"unable to add secret key at index {i} to memberlist: key size "
-                             "must be 16, 24 or 32 bytes")  # fmt: skip
+            raise ValueError(
+                f"unable to add secret key at index {i} to memberlist: key size "
+                "must be 16, 24 or 32 bytes"
+            )
         keys.append(key)
     return keys
 
@@ -389,8 +404,11 @@ def _lzw_entry(
 def encode_meta(peer: PeerInfo) -> bytes:
     """``json.Marshal(&PeerInfo)``: Gubernator's field order and names, compact; smockron
     adds where it serves PeersV1 (Gubernator ignores the key)."""
-    record = {"data-center": peer.data_center, "http-address": peer.http_address,
-              "grpc-address": peer.grpc_address}  # fmt: skip
+    record = {
+        "data-center": peer.data_center,
+        "http-address": peer.http_address,
+        "grpc-address": peer.grpc_address,
+    }
     if peer.peer_address:
         record["peer-address"] = peer.peer_address
     meta = json.dumps(record, separators=(",", ":")).encode()
@@ -407,8 +425,9 @@ def decode_meta(meta: bytes | None) -> PeerInfo:
         raise Malformed("metadata is not Gubernator's JSON PeerInfo") from None
     if not isinstance(record, dict):
         raise Malformed("metadata is not a JSON object")
-    values = [record.get(k, "") for k in ("grpc-address", "http-address", "data-center",
-                                          "peer-address")]  # fmt: skip
+    values = [
+        record.get(k, "") for k in ("grpc-address", "http-address", "data-center", "peer-address")
+    ]
     if not all(isinstance(v, str) for v in values) or not values[0]:
         raise Malformed("metadata has no grpc-address")
     return PeerInfo(*values)
@@ -425,8 +444,7 @@ class PushPull:
 
 def encode_push_pull(state: PushPull) -> bytes:
     """net.go ``sendLocalState``: type, header, each node state, the user state."""
-    header = {"Nodes": len(state.nodes), "UserStateLen": len(state.user_state),
-              "Join": state.join}  # fmt: skip
+    header = {"Nodes": len(state.nodes), "UserStateLen": len(state.user_state), "Join": state.join}
     parts = [bytes([PUSH_PULL]), encode_struct("push_pull_header", header)]
     parts += [encode_struct("push_node_state", node) for node in state.nodes]
     return b"".join(parts) + state.user_state

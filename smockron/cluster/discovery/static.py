@@ -106,8 +106,12 @@ class FileDiscovery:
             return False
         self.peers = peers
         changed = self._publisher is not None and self._publisher.publish(peers)
-        log.info("peers file %s read: %d peers%s", self.path, len(peers),
-                 "" if changed else " (unchanged)")  # fmt: skip
+        log.info(
+            "peers file %s read: %d peers%s",
+            self.path,
+            len(peers),
+            "" if changed else " (unchanged)",
+        )
         return changed
 
     def _file_stamp(self) -> tuple[int, int, int] | None:

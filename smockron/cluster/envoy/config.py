@@ -61,16 +61,37 @@ windows as upstream's (a week starts on Thursday 00:00 UTC, as 1970-01-01 did); 
 years are calendar months and years (upstream: 30 and 365 days from 1970, see docs)."""
 
 UNIT_NUMBER: dict[str, int] = {
-    "second": 1, "minute": 2, "hour": 3, "day": 4, "month": 5, "year": 6, "week": 7,
-}  # fmt: skip
+    "second": 1,
+    "minute": 2,
+    "hour": 3,
+    "day": 4,
+    "month": 5,
+    "year": 6,
+    "week": 7,
+}
 """``RateLimitResponse.RateLimit.Unit`` numbers (and ``envoy.type.v3.RateLimitUnit``'s)."""
 UNIT_NAME: dict[int, str] = {number: name for name, number in UNIT_NUMBER.items()}
 
 VALID_KEYS = frozenset(
-    {"domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
-     "unlimited", "shadow_mode", "quota_mode", "name", "replaces", "detailed_metric",
-     "value_to_metric", "share_threshold", "metadata"}
-)  # fmt: skip
+    {
+        "domain",
+        "key",
+        "value",
+        "descriptors",
+        "rate_limit",
+        "unit",
+        "requests_per_unit",
+        "unlimited",
+        "shadow_mode",
+        "quota_mode",
+        "name",
+        "replaces",
+        "detailed_metric",
+        "value_to_metric",
+        "share_threshold",
+        "metadata",
+    }
+)
 """Every key upstream accepts, at any level (``validKeys`` in config_impl.go)."""
 
 MAX_UINT32 = 2**32 - 1

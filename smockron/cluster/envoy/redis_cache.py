@@ -45,9 +45,14 @@ from smockron.errors import ConfigError
 log = logging.getLogger("smockron.cluster.envoy")
 
 UNIT_DIVIDER: dict[str, int] = {
-    "second": 1, "minute": 60, "hour": 3600, "day": 86_400, "week": 604_800,
-    "month": 2_592_000, "year": 31_536_000,
-}  # fmt: skip
+    "second": 1,
+    "minute": 60,
+    "hour": 3600,
+    "day": 86_400,
+    "week": 604_800,
+    "month": 2_592_000,
+    "year": 31_536_000,
+}
 """Upstream's ``UnitToDivider``, in seconds."""
 
 

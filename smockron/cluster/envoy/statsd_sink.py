@@ -132,8 +132,9 @@ class StatsdSink:
             self.client.close()
             if server is not None:
                 server.put_back(times)
-            self._log.warning("envoy: statsd %s:%s: %s", self.client._host, self.client._port,
-                              exc, key="statsd")  # fmt: skip
+            self._log.warning(
+                "envoy: statsd %s:%s: %s", self.client._host, self.client._port, exc, key="statsd"
+            )
             return 0
         self._sent.update(now)
         return lines

@@ -58,9 +58,15 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVICE_NAME = "ratelimit"
 
 _LOG_LEVELS = {
-    "trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
-    "warning": "WARNING", "error": "ERROR", "fatal": "CRITICAL", "panic": "CRITICAL",
-}  # fmt: skip
+    "trace": "DEBUG",
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warn": "WARNING",
+    "warning": "WARNING",
+    "error": "ERROR",
+    "fatal": "CRITICAL",
+    "panic": "CRITICAL",
+}
 
 
 def apply_logging(settings: UpstreamSettings, env: Mapping[str, str]) -> None:
@@ -153,8 +159,9 @@ class UpstreamFront:
         as the command line resolved it."""
         refused = refusals(env)
         if refused:
-            raise ConfigError("envoyproxy/ratelimit settings smockron does not support: "
-                              + "; ".join(refused))  # fmt: skip
+            raise ConfigError(
+                "envoyproxy/ratelimit settings smockron does not support: " + "; ".join(refused)
+            )
         for line in warnings(env):
             log.warning("envoy: %s", line)
         self.settings = settings
@@ -171,8 +178,11 @@ class UpstreamFront:
         self.config: EnvoyConfig | None = None
         self._load_error = ""
         files = runtime_files(settings)
-        log.debug("envoy: runtime directory %s: %s", settings.config_dir,
-                  ", ".join(str(f) for f in files) or "no file")  # fmt: skip
+        log.debug(
+            "envoy: runtime directory %s: %s",
+            settings.config_dir,
+            ", ".join(str(f) for f in files) or "no file",
+        )
         try:
             self.config = load_config(files)
         except ConfigError as exc:
@@ -274,8 +284,12 @@ class UpstreamFront:
                 local_cache=self.local_cache,
             )
             self._tasks.append(loop.create_task(sink.run()))
-            log.info("envoy: statsd counters to %s:%d every %gs", s.statsd_host, s.statsd_port,
-                     s.stats_flush_interval_s)  # fmt: skip
+            log.info(
+                "envoy: statsd counters to %s:%d every %gs",
+                s.statsd_host,
+                s.statsd_port,
+                s.stats_flush_interval_s,
+            )
         if s.use_prometheus and self._node is not None:
             from smockron.cluster.transports.http import observe
 
@@ -426,9 +440,11 @@ def _dump(config: EnvoyConfig) -> Iterator[str]:
             if limit.unlimited:
                 yield f"{prefix}: unlimited\n"
             else:
-                yield (f"{prefix}: unit={limit.unit.upper()} "
-                       f"requests_per_unit={limit.requests_per_unit}"
-                       f"{', shadow_mode: true' if limit.shadow_mode else ''}\n")  # fmt: skip
+                yield (
+                    f"{prefix}: unit={limit.unit.upper()} "
+                    f"requests_per_unit={limit.requests_per_unit}"
+                    f"{', shadow_mode: true' if limit.shadow_mode else ''}\n"
+                )
         for name, child in node.children.items():
             yield from walk(f"{prefix}.{name}", child)
 

@@ -35,9 +35,11 @@ def upstream_mode(env: Mapping[str, str], envoy_config: str) -> bool:
     """Whether the node runs as envoyproxy/ratelimit (see the module's docstring)."""
     wanted = any(env.get(name) for name in MODE_VARIABLES)
     if wanted and envoy_config:
-        log.warning("--envoy-config %s names the descriptor files: RUNTIME_ROOT, "
-                    "RUNTIME_SUBDIRECTORY and envoyproxy/ratelimit's ports are ignored",
-                    envoy_config)  # fmt: skip
+        log.warning(
+            "--envoy-config %s names the descriptor files: RUNTIME_ROOT, "
+            "RUNTIME_SUBDIRECTORY and envoyproxy/ratelimit's ports are ignored",
+            envoy_config,
+        )
     return wanted and not envoy_config
 
 
@@ -214,8 +216,10 @@ def refusals(env: Mapping[str, str]) -> list[str]:
             out.append(f"{name}={env[name]}: {why}")
     stop = env.get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "")
     if env.get("BACKEND_TYPE", "").lower() == "cluster" and stop in _TRUE:
-        out.append(f"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT={stop}: needs BACKEND_TYPE=redis "
-                   "(the cluster's counters do not count refused hits twice)")  # fmt: skip
+        out.append(
+            f"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT={stop}: needs BACKEND_TYPE=redis "
+            "(the cluster's counters do not count refused hits twice)"
+        )
     return out
 
 
@@ -223,8 +227,10 @@ def warnings(env: Mapping[str, str]) -> list[str]:
     """Settings that are read but change nothing here, one line each."""
     out = []
     if env.get("BACKEND_TYPE", "").lower() == "cluster" and env.get("LOCAL_CACHE_SIZE_IN_BYTES"):
-        out.append("LOCAL_CACHE_SIZE_IN_BYTES has no effect with BACKEND_TYPE=cluster "
-                   "(it caches Redis answers)")  # fmt: skip
+        out.append(
+            "LOCAL_CACHE_SIZE_IN_BYTES has no effect with BACKEND_TYPE=cluster "
+            "(it caches Redis answers)"
+        )
     for name, why in _IGNORED.items():
         if env.get(name):
             out.append(f"{name} has no effect: {why}")

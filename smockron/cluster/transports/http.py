@@ -174,10 +174,12 @@ async def metrics(request: web.Request) -> web.Response:
     node = request.app[_NODE]
     body = generate_latest() + generate_latest(node.metrics.registry)
     body += gubernator_exposition(
-        node.metrics, len(node.limiter), node.limiter.stats(),
+        node.metrics,
+        len(node.limiter),
+        node.limiter.stats(),
         global_queues=node.global_sync.queued(),
         batch_queues={addr: client.queued for addr, client in node.clients.items()},
-    )  # fmt: skip
+    )
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -186,19 +186,37 @@ class DThrottleDaemon:
     def reconfigure(self, config: DThrottleConfig) -> None:
         """SIGHUP: new rules, rate, burst and whitelist at once; listeners and peers need
         a restart."""
-        fixed = ("listen", "peers", "peer_bind", "multicast", "multicast_interface",
-                 "multicast_ttl", "max_datagram", "max_tag_length")  # fmt: skip
+        fixed = (
+            "listen",
+            "peers",
+            "peer_bind",
+            "multicast",
+            "multicast_interface",
+            "multicast_ttl",
+            "max_datagram",
+            "max_tag_length",
+        )
         changed = [name for name in fixed if getattr(config, name) != getattr(self.config, name)]
         if changed:
             log.warning("reload: %s changed; they need a restart, ignored", ", ".join(changed))
         self.throttle.reconfigure(config.rule_table())
         self.throttle.max_entries = config.max_entries
-        self.config = replace(self.config, burst=config.burst, rate=config.rate,
-                              rules=config.rules, whitelist=config.whitelist,
-                              report_interval=config.report_interval,
-                              max_entries=config.max_entries)  # fmt: skip
-        log.info("reloaded: burst %d, rate %g/s, %d rules, %d whitelisted",
-                 config.burst, config.rate, len(config.rules), len(config.whitelist))  # fmt: skip
+        self.config = replace(
+            self.config,
+            burst=config.burst,
+            rate=config.rate,
+            rules=config.rules,
+            whitelist=config.whitelist,
+            report_interval=config.report_interval,
+            max_entries=config.max_entries,
+        )
+        log.info(
+            "reloaded: burst %d, rate %g/s, %d rules, %d whitelisted",
+            config.burst,
+            config.rate,
+            len(config.rules),
+            len(config.whitelist),
+        )
 
     # -- reports ---------------------------------------------------------------------
     def report_now(self) -> int:
@@ -227,8 +245,10 @@ class DThrottleDaemon:
             _ratelog.warning(
                 "bucket table full (max_entries %d): evicted %d of the fullest old buckets "
                 "(their tags start afresh); many new tags, or raise --max-entries",
-                self.throttle.max_entries, evicted, key="evicted",
-            )  # fmt: skip
+                self.throttle.max_entries,
+                evicted,
+                key="evicted",
+            )
             self.reclaimer.note(evicted, len(self.throttle.buckets))
 
     def _reclaim(self, forgotten: int) -> None:
@@ -262,8 +282,13 @@ class DThrottleDaemon:
         stats.parts_applied += 1
         log.debug(
             "applied report %d part %d/%d from %016x (%s): %d tags charged",
-            part.seq, part.part + 1, part.parts, part.sender, addr, charged,
-        )  # fmt: skip
+            part.seq,
+            part.part + 1,
+            part.parts,
+            part.sender,
+            addr,
+            charged,
+        )
 
     async def _report_loop(self) -> None:
         interval = self.config.report_interval
@@ -281,14 +306,23 @@ class DThrottleDaemon:
             await asyncio.sleep(every)
             s = self.stats
             garbage = {f"garbage_{reason}": n for reason, n in sorted(s.garbage.items())}
-            log_stats(log, {
-                "queries": s.queries, "refused": s.refused, "connections": s.open_connections,
-                "overlong": s.overlong, "buckets": len(self.throttle.buckets),
-                "evicted": self.throttle.evicted,
-                "reports_sent": s.reports_sent, "parts_applied": s.parts_applied,
-                "peers": self.ledger.peers, "missed": self.ledger.missed_reports, **garbage,
-                "strangers": sum(getattr(t, "strangers", 0) for t in self.transports),
-            })  # fmt: skip
+            log_stats(
+                log,
+                {
+                    "queries": s.queries,
+                    "refused": s.refused,
+                    "connections": s.open_connections,
+                    "overlong": s.overlong,
+                    "buckets": len(self.throttle.buckets),
+                    "evicted": self.throttle.evicted,
+                    "reports_sent": s.reports_sent,
+                    "parts_applied": s.parts_applied,
+                    "peers": self.ledger.peers,
+                    "missed": self.ledger.missed_reports,
+                    **garbage,
+                    "strangers": sum(getattr(t, "strangers", 0) for t in self.transports),
+                },
+            )
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -308,9 +342,13 @@ class DThrottleDaemon:
         log.info(
             "dthrottle serving on %s: burst %d, rate %g/s, %d rules, %d whitelisted, "
             "reports every %gs",
-            ", ".join(self.addresses), self.config.burst, self.config.rate,
-            len(self.config.rules), len(self.config.whitelist), self.config.report_interval,
-        )  # fmt: skip
+            ", ".join(self.addresses),
+            self.config.burst,
+            self.config.rate,
+            len(self.config.rules),
+            len(self.config.whitelist),
+            self.config.report_interval,
+        )
 
     async def _listen(self, listen: Listen) -> None:
         loop = asyncio.get_running_loop()
@@ -329,9 +367,12 @@ class DThrottleDaemon:
             self.addresses.append(str(listen))
         else:
             server = await loop.create_server(
-                lambda: LineProtocol(self), listen.host, listen.port,
-                backlog=4096, reuse_address=True,
-            )  # fmt: skip
+                lambda: LineProtocol(self),
+                listen.host,
+                listen.port,
+                backlog=4096,
+                reuse_address=True,
+            )
             host, port = server.sockets[0].getsockname()[:2]
             for sock in server.sockets:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -83,13 +83,24 @@ def jarl(
         --ip 0.0.0.0 --port 1234
     """
     print_settings_if_asked(
-        {"service": service, "requests": requests_, "period": period, "ip": ip, "port": port,
-         "log_counts": log_counts, "metrics": metrics}
-    )  # fmt: skip
+        {
+            "service": service,
+            "requests": requests_,
+            "period": period,
+            "ip": ip,
+            "port": port,
+            "log_counts": log_counts,
+            "metrics": metrics,
+        }
+    )
     server = JarlServer(
-        Jarl(requests_, period), ip, port, service=service,
-        log_every=60.0 if log_counts else None, metrics=metrics,
-    )  # fmt: skip
+        Jarl(requests_, period),
+        ip,
+        port,
+        service=service,
+        log_every=60.0 if log_counts else None,
+        metrics=metrics,
+    )
 
     async def main(stop: asyncio.Event) -> None:
         try:
@@ -115,7 +126,8 @@ def jarl(
         fixed = [k for k, v in running.items() if new[k] != v]
         if fixed:
             log.warning("reload: %s changed but need a restart; kept", ", ".join(fixed))
-        runtime.log_stats(log, {"requests": new["requests_"], "period": new["period"]},
-                          event="reloaded")  # fmt: skip
+        runtime.log_stats(
+            log, {"requests": new["requests_"], "period": new["period"]}, event="reloaded"
+        )
 
     runtime.run(main, name="jarl", reload=reload)

@@ -100,8 +100,12 @@ class JarlServer:
         self._loop.add_reader(sock.fileno(), self._accept_ready)
         log.info(
             "jarl serving %r on %s:%d: %d requests per %d s",
-            self.service, self.host, self.port, self.jarl.requests, self.jarl.period,
-        )  # fmt: skip
+            self.service,
+            self.host,
+            self.port,
+            self.jarl.requests,
+            self.jarl.period,
+        )
         if self._log_every:
             self._log_task = asyncio.create_task(self._log_counts(self._log_every))
         if self.metrics:
@@ -148,8 +152,15 @@ class JarlServer:
         while True:
             await asyncio.sleep(every)
             now_answered, now_delayed = self.stats.answered, self.stats.delayed
-            log_stats(log, {"interval_s": every, "answered": now_answered - answered,
-                            "delayed": now_delayed - delayed, "total": now_answered})  # fmt: skip
+            log_stats(
+                log,
+                {
+                    "interval_s": every,
+                    "answered": now_answered - answered,
+                    "delayed": now_delayed - delayed,
+                    "total": now_answered,
+                },
+            )
             answered, delayed = now_answered, now_delayed
 
     async def stop(self) -> None:

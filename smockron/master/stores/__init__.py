@@ -9,8 +9,16 @@ from smockron.master.stores.memory import MemoryStore
 from smockron.master.stores.uri import STORES as _STORES
 from smockron.master.stores.uri import StoreURI, parse_store_uri
 
-__all__ = ["MemoryStore", "Scope", "State", "Store", "StoreURI", "Table", "open_store",
-           "parse_store_uri"]  # fmt: skip
+__all__ = [
+    "MemoryStore",
+    "Scope",
+    "State",
+    "Store",
+    "StoreURI",
+    "Table",
+    "open_store",
+    "parse_store_uri",
+]
 
 
 def open_store(uri: str, *, snapshot: str | None = None, snapshot_interval: float = 30.0) -> Store:

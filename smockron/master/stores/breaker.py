@@ -71,11 +71,19 @@ class Breaker:
             self.down_since = now
             self._log.warning(
                 "store %s breaker open (%s failed: %s): going on from memory, probing every %g s",
-                self.name, what, reason, self.retry_s,
-            )  # fmt: skip
+                self.name,
+                what,
+                reason,
+                self.retry_s,
+            )
         else:
-            self._repeat.warning("store %s breaker open again: probe failed (%s: %s)",
-                                 self.name, what, reason, key="reopen")  # fmt: skip
+            self._repeat.warning(
+                "store %s breaker open again: probe failed (%s: %s)",
+                self.name,
+                what,
+                reason,
+                key="reopen",
+            )
         self._enter(BreakerState.OPEN)
 
     def success(self, now: float) -> float | None:

@@ -285,16 +285,16 @@ class MemoryStore(TableSet[MemoryTable]):
         try:
             tables = snapshot_file.read(path)
         except (OSError, snapshot_file.SnapshotError) as exc:
-            _log.warning("snapshot %s refused (%s): starting with no state",
-                         path, escaped(exc))  # fmt: skip
+            _log.warning("snapshot %s refused (%s): starting with no state", path, escaped(exc))
             return
         if tables is None:
             _log.info("snapshot %s does not exist yet: starting with no state", path)
             return
         self._pending = tables
         self.snapshot_states = sum(map(len, tables.values()))
-        _log.info("snapshot %s: %d state(s) of %d rule(s) read", path,
-                  self.snapshot_states, len(tables))  # fmt: skip
+        _log.info(
+            "snapshot %s: %d state(s) of %d rule(s) read", path, self.snapshot_states, len(tables)
+        )
 
     def _new_table(self, scope: Scope) -> MemoryTable:
         table = MemoryTable(scope.rule.window_ms, scope_expiry(scope), self.reclaimer)

@@ -179,8 +179,13 @@ class RedisStore(TableSet[RedisTable]):
         down = self.breaker.success(time.monotonic())
         if down is not None:
             dirty = sum(len(table.dirty) for table in self.tables.values())
-            _log.warning("store %s reconnected after %.1f s (breaker closed): writing the %d "
-                         "state(s) changed meanwhile", self.breaker.name, down, dirty)  # fmt: skip
+            _log.warning(
+                "store %s reconnected after %.1f s (breaker closed): writing the %d "
+                "state(s) changed meanwhile",
+                self.breaker.name,
+                down,
+                dirty,
+            )
 
     def _down(self, exc: BaseException, what: str) -> None:
         self.breaker.failure(time.monotonic(), what, exc)

@@ -139,8 +139,9 @@ def _parse_multi_host(uri: str, scheme: str) -> StoreURI:
         raise ConfigError(f"store {uri!r}: a Redis Cluster has no database or service path")
     if not (db.isdigit() and db.isascii()):
         raise ConfigError(f"store {uri!r}: database {db!r} is not a number")
-    return StoreURI(scheme, uri, "smockron", tuple(hosts), service, int(db),
-                    username or None, password or None)  # fmt: skip
+    return StoreURI(
+        scheme, uri, "smockron", tuple(hosts), service, int(db), username or None, password or None
+    )
 
 
 def redacted(uri: str) -> str:

@@ -135,8 +135,16 @@ def local_cache_stats(cache: Cache) -> tuple[int, int, int, int, int]:
     local = cache.servicer.local_cache
     assert local is not None
     g = local.gauges()
-    assert set(g) == {"averageAccessTime", "hitCount", "missCount", "lookupCount",
-                      "overwriteCount", "evacuateCount", "expiredCount", "entryCount"}  # fmt: skip
+    assert set(g) == {
+        "averageAccessTime",
+        "hitCount",
+        "missCount",
+        "lookupCount",
+        "overwriteCount",
+        "evacuateCount",
+        "expiredCount",
+        "entryCount",
+    }
     return g["hitCount"], g["missCount"], g["lookupCount"], g["expiredCount"], g["entryCount"]
 
 
@@ -145,8 +153,9 @@ def preset(client: redis.Redis, key: str, count: int) -> None:
     client.set(key, count, keepttl=True)
 
 
-@pytest.mark.parametrize("per_second", [False, True], ids=["WithoutPerSecondRedis",
-                                                           "WithPerSecondRedis"])  # fmt: skip
+@pytest.mark.parametrize(
+    "per_second", [False, True], ids=["WithoutPerSecondRedis", "WithPerSecondRedis"]
+)
 async def test_redis(
     per_second: bool, tmp_path: Any, redis_server: RedisServer, per_second_redis: RedisServer
 ) -> None:

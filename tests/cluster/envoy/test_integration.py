@@ -85,8 +85,9 @@ async def basic_base_config(node: UpstreamNode, stop_increment: bool = False) ->
             request("foo", [[(cache_key("hello", local), "world")]]), timeout=5
         )
         assert resp.overall_code == OK
-        assert [(s.code, s.HasField("current_limit"), s.limit_remaining) for s in resp.statuses] \
-            == [(OK, False, 0)]  # fmt: skip
+        assert [
+            (s.code, s.HasField("current_limit"), s.limit_remaining) for s in resp.statuses
+        ] == [(OK, False, 0)]
 
         resp = await stub.ShouldRateLimit(
             request("basic", [[(cache_key("key1", local), "foo")]]), timeout=5
@@ -275,8 +276,10 @@ async def test_statsd_response_time(
     assert all(t == int(t) and 0 <= t < 5000 for t in times), times
     assert statsd_listener.get(f"{should}.total_requests.__a=b") == 3
     assert statsd_listener.get(f"{check}.total_requests.__a=b") == 1
-    timer_line = re.compile(r"ratelimit_server\.(ShouldRateLimit|Check)\.response_time\.__a=b:"
-                            r"\d+(\.0+)?\|ms")  # fmt: skip
+    timer_line = re.compile(
+        r"ratelimit_server\.(ShouldRateLimit|Check)\.response_time\.__a=b:"
+        r"\d+(\.0+)?\|ms"
+    )
     timer_lines = [line for line in statsd_listener.lines if "|ms" in line]
     assert len(timer_lines) == 4 and all(timer_line.fullmatch(t) for t in timer_lines)
 
@@ -345,10 +348,25 @@ def start_redis_with(workdir: Path, *args: str) -> tuple[int, subprocess.Popen[b
     """A redis-server with extra arguments (password, TLS, a Unix socket)."""
     port = free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir), "--protected-mode", "no", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--protected-mode",
+            "no",
+            "--port",
+            str(port),
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return port, proc
 
 
@@ -410,11 +428,20 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         (tmp_path / name).write_bytes(data)
     tls_port = free_port()
     _, proc = start_redis_with(
-        tmp_path, "--port", "0", "--tls-port", str(tls_port),
-        "--tls-cert-file", str(tmp_path / "redis.pem"),
-        "--tls-key-file", str(tmp_path / "redis.key"),
-        "--tls-ca-cert-file", str(tmp_path / "ca.pem"), "--tls-auth-clients", "no",
-    )  # fmt: skip
+        tmp_path,
+        "--port",
+        "0",
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        str(tmp_path / "redis.pem"),
+        "--tls-key-file",
+        str(tmp_path / "redis.key"),
+        "--tls-ca-cert-file",
+        str(tmp_path / "ca.pem"),
+        "--tls-auth-clients",
+        "no",
+    )
     try:
         wait_port(tls_port)
         yield tls_port, tmp_path / "ca.pem"
@@ -475,8 +502,11 @@ def sentinel_with_auth(tmp_path: Path) -> Iterator[tuple[int, int]]:
         f"sentinel monitor mymaster 127.0.0.1 {master} 1\n"
         "sentinel auth-pass mymaster password123\n"
     )
-    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    sentinel = subprocess.Popen(
+        ["redis-server", str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(master)
         wait_port(port)
@@ -494,12 +524,20 @@ async def test_redis_sentinel_with_auth_and_per_second(
     REDIS_SENTINEL_AUTH and their REDIS_PERSECOND_ twins, REDIS_PERSECOND_TYPE."""
     master, sentinel_port = sentinel_with_auth
     url = f"mymaster,127.0.0.1:{sentinel_port}"
-    env = {"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel",
-           "REDIS_URL": url, "REDIS_AUTH": "password123", "REDIS_SENTINEL_AUTH": "sentinel123",
-           "REDIS_PERSECOND": "true", "REDIS_PERSECOND_SOCKET_TYPE": "tcp",
-           "REDIS_PERSECOND_TYPE": "sentinel", "REDIS_PERSECOND_URL": url,
-           "REDIS_PERSECOND_AUTH": "password123",
-           "REDIS_PERSECOND_SENTINEL_AUTH": "sentinel123"}  # fmt: skip
+    env = {
+        "BACKEND_TYPE": "redis",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_TYPE": "sentinel",
+        "REDIS_URL": url,
+        "REDIS_AUTH": "password123",
+        "REDIS_SENTINEL_AUTH": "sentinel123",
+        "REDIS_PERSECOND": "true",
+        "REDIS_PERSECOND_SOCKET_TYPE": "tcp",
+        "REDIS_PERSECOND_TYPE": "sentinel",
+        "REDIS_PERSECOND_URL": url,
+        "REDIS_PERSECOND_AUTH": "password123",
+        "REDIS_PERSECOND_SENTINEL_AUTH": "sentinel123",
+    }
     node = upstream_node(env)
     await basic_base_config(node)
     client = redis.Redis(port=master, password="password123")
@@ -529,9 +567,11 @@ async def test_redis_pool_size(upstream_node: StartNode, redis_server: RedisServ
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
         stub = node.stub(channel)
         answers = await asyncio.gather(
-            *(stub.ShouldRateLimit(request("basic", [[("key1", str(i))]]), timeout=10)
-              for i in range(40))
-        )  # fmt: skip
+            *(
+                stub.ShouldRateLimit(request("basic", [[("key1", str(i))]]), timeout=10)
+                for i in range(40)
+            )
+        )
     assert all(a.overall_code == OK for a in answers)
     clients = redis.Redis(port=redis_server.port).client_list()
     assert 1 <= len(clients) - 1 <= 2, clients  # minus this one
@@ -619,8 +659,10 @@ async def test_over_limit_survives_a_restart(
     value = str(random.getrandbits(62))
     req = request("another", [[("key3", value)]])
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
-        codes = [(await node.stub(channel).ShouldRateLimit(req, timeout=10)).overall_code
-                 for _ in range(11)]  # fmt: skip
+        codes = [
+            (await node.stub(channel).ShouldRateLimit(req, timeout=10)).overall_code
+            for _ in range(11)
+        ]
     assert codes == [OK] * 10 + [OVER]
     assert node.proc.stop() == 0
     again = upstream_node(env, name="restarted")

@@ -44,8 +44,12 @@ def grpc_health(node: UpstreamNode, service: str = "ratelimit") -> int:
 
 
 def redis_env(port: int, **more: str) -> dict[str, str]:
-    return {"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp",
-            "REDIS_URL": f"127.0.0.1:{port}", **more}  # fmt: skip
+    return {
+        "BACKEND_TYPE": "redis",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": f"127.0.0.1:{port}",
+        **more,
+    }
 
 
 def test_health_check(upstream_node: StartNode, tmp_path: Path) -> None:
@@ -140,8 +144,11 @@ def test_json_handler(upstream_node: StartNode, redis_server: RedisServer) -> No
     status, kind, text = http(node, "/json", body)
     assert (status, kind) == (429, "application/json; charset=utf-8")
     assert json.loads(text)["overallCode"] == "OVER_LIMIT"
-    status, _, text = http(node, "/json", b'{"domain": "foo", "descriptors": [{"entries": '
-                                         b'[{"key": "k", "value": "v"}]}]}')  # fmt: skip
+    status, _, text = http(
+        node,
+        "/json",
+        b'{"domain": "foo", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}',
+    )
     assert status == 200
     assert json.loads(text) == {"overallCode": "OK", "statuses": [{"code": "OK"}]}
     url = f"http://127.0.0.1:{node.gateway_port}/metrics"

@@ -32,9 +32,10 @@ def test_times_are_whole_milliseconds_in_seconds_buckets() -> None:
         stats.record("ShouldRateLimit", seconds)
     stats.record("Check", 0.001)
     assert stats.total_requests == {"ShouldRateLimit": 6, "Check": 1}
-    assert stats.take_times() == {"ShouldRateLimit": Counter({0: 1, 4: 1, 12: 2, 250: 1,
-                                                             11000: 1}),
-                                  "Check": Counter({1: 1})}  # fmt: skip
+    assert stats.take_times() == {
+        "ShouldRateLimit": Counter({0: 1, 4: 1, 12: 2, 250: 1, 11000: 1}),
+        "Check": Counter({1: 1}),
+    }
     assert stats.take_times() == {}  # taken once
     counts, total = stats.histograms["ShouldRateLimit"]
     assert len(counts) == len(RESPONSE_BUCKETS) + 1

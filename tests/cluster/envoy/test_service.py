@@ -30,8 +30,11 @@ async def test_initial_load_error(
     runtime = tmp_path / "rt" / "ratelimit"
     (runtime / "config").mkdir(parents=True)
     (runtime / "config" / "bad.yaml").write_text("domain: [")
-    env = {"BACKEND_TYPE": backend, "REDIS_SOCKET_TYPE": "tcp",
-           "REDIS_URL": f"127.0.0.1:{redis_server.port}"}  # fmt: skip
+    env = {
+        "BACKEND_TYPE": backend,
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": f"127.0.0.1:{redis_server.port}",
+    }
     node = upstream_node(env, runtime=runtime)
     req = request("test-domain", [[("hello", "world")]])
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:

@@ -169,8 +169,12 @@ def test_refused_settings_stop_the_start(
 
 async def test_near_limit_ratio(upstream_node: StartNode, redis_server: RedisServer) -> None:
     """NEAR_LIMIT_RATIO: hits past that share of the limit count as near_limit."""
-    env = {"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp",
-           "REDIS_URL": f"127.0.0.1:{redis_server.port}", "NEAR_LIMIT_RATIO": "0.5"}  # fmt: skip
+    env = {
+        "BACKEND_TYPE": "redis",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": f"127.0.0.1:{redis_server.port}",
+        "NEAR_LIMIT_RATIO": "0.5",
+    }
     node = upstream_node(env)
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
         for _ in range(7):  # key3: 10 an hour, near from the 6th hit
@@ -184,8 +188,11 @@ async def test_backend_cluster_keeps_redis_untouched(
     upstream_node: StartNode, redis_server: RedisServer
 ) -> None:
     """BACKEND_TYPE=cluster: smockron's own counts (REDIS_URL is not used)."""
-    env = {"BACKEND_TYPE": "cluster", "REDIS_SOCKET_TYPE": "tcp",
-           "REDIS_URL": f"127.0.0.1:{redis_server.port}"}  # fmt: skip
+    env = {
+        "BACKEND_TYPE": "cluster",
+        "REDIS_SOCKET_TYPE": "tcp",
+        "REDIS_URL": f"127.0.0.1:{redis_server.port}",
+    }
     node = upstream_node(env)
     codes = []
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
@@ -258,8 +265,11 @@ async def test_response_headers(upstream_node: StartNode, tmp_path: Path) -> Non
     runtime = tmp_path / "rt" / "ratelimit"
     (runtime / "config").mkdir(parents=True)
     (runtime / "config" / "d.yaml").write_text(LIMIT)
-    env = {"BACKEND_TYPE": "cluster", "LIMIT_RESPONSE_HEADERS_ENABLED": "true",
-           "LIMIT_REMAINING_HEADER": "X-Left"}  # fmt: skip
+    env = {
+        "BACKEND_TYPE": "cluster",
+        "LIMIT_RESPONSE_HEADERS_ENABLED": "true",
+        "LIMIT_REMAINING_HEADER": "X-Left",
+    }
     node = upstream_node(env, runtime)
     async with grpc.aio.insecure_channel(node.grpc_address) as channel:
         resp = await node.stub(channel).ShouldRateLimit(request("d", [[("k", "x")]]), timeout=10)

@@ -36,10 +36,14 @@ def go_member(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "golang-github-hashicorp-memberlist-dev; scripts/test installs them)"
         )
     out = tmp_path_factory.mktemp("go") / "memberlist_node"
-    env = {**os.environ, "GO111MODULE": "off", "GOPATH": str(GOPATH),
-           "GOCACHE": str(out.parent / "cache"), "GOFLAGS": ""}  # fmt: skip
-    subprocess.run(["go", "build", "-o", str(out), str(SOURCE)], env=env, check=True,
-                   timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "GO111MODULE": "off",
+        "GOPATH": str(GOPATH),
+        "GOCACHE": str(out.parent / "cache"),
+        "GOFLAGS": "",
+    }
+    subprocess.run(["go", "build", "-o", str(out), str(SOURCE)], env=env, check=True, timeout=300)
     return out
 
 
@@ -60,8 +64,11 @@ class GoMember:
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
             [str(binary), "go-member", str(port), grpc, "60", known],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
         self.members: list[dict[str, Any]] = []
 
     def poll(self) -> list[dict[str, Any]]:
@@ -85,8 +92,9 @@ class GoMember:
 
 
 @pytest.fixture
-def cluster(go_member: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-            ) -> Iterator[tuple[GoMember, list[Proc], list[int], list[str]]]:  # fmt: skip
+def cluster(
+    go_member: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[GoMember, list[Proc], list[int], list[str]]]:
     """smockron a, the Go member (joining a) and smockron b (knowing only the Go member)."""
     ga, ha, ma, gb, hb, mb, go_port = free_ports(7)
     procs: list[Proc] = []
@@ -95,17 +103,19 @@ def cluster(go_member: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         try:
             for name, g, h, m, known in (("a", ga, ha, ma, go_port), ("b", gb, hb, mb, go_port)):
                 for var, value in {
-                    "GUBER_GRPC_ADDRESS": f"127.0.0.1:{g}", "GUBER_HTTP_ADDRESS": f"127.0.0.1:{h}",
+                    "GUBER_GRPC_ADDRESS": f"127.0.0.1:{g}",
+                    "GUBER_HTTP_ADDRESS": f"127.0.0.1:{h}",
                     "GUBER_MEMBERLIST_ADDRESS": f"127.0.0.1:{m}",
                     "GUBER_MEMBERLIST_KNOWN_NODES": f"127.0.0.1:{known}",
                     "GUBER_MEMBERLIST_NODE_NAME": f"smockron-{name}",
-                }.items():  # fmt: skip
+                }.items():
                     monkeypatch.setenv(var, value)
                 procs.append(run_smockron(["cluster"], tmp_path / f"{name}.log"))
                 if name == "a":
                     wait_port(ha)
-                    member = GoMember(go_member, go_port, "127.0.0.1:1", f"127.0.0.1:{ma}",
-                                      tmp_path / "go.log")  # fmt: skip
+                    member = GoMember(
+                        go_member, go_port, "127.0.0.1:1", f"127.0.0.1:{ma}", tmp_path / "go.log"
+                    )
             wait_port(hb)
             assert member is not None
             yield member, procs, [ha, hb], [f"127.0.0.1:{ga}", f"127.0.0.1:{gb}"]
@@ -125,8 +135,11 @@ def test_smockron_nodes_and_a_hashicorp_memberlist_member_form_one_cluster(
     wait_for(lambda: len(member.poll()) == 3, 20)
     metas = {m["name"]: json.loads(m["meta"]) for m in member.members}
     assert {metas["smockron-a"]["grpc-address"], metas["smockron-b"]["grpc-address"]} == set(grpcs)
-    assert metas["go-member"] == {"data-center": "", "http-address": "",
-                                  "grpc-address": "127.0.0.1:1"}  # fmt: skip
+    assert metas["go-member"] == {
+        "data-center": "",
+        "http-address": "",
+        "grpc-address": "127.0.0.1:1",
+    }
     member.leave()  # a graceful leave, as a Gubernator pod's shutdown: dropped at once
     wait_for(lambda: all(_grpc_peers(h) == set(grpcs) for h in https), 10)
     go_log = member.log_path.read_text(errors="replace")
