@@ -37,6 +37,7 @@ from typing import Any
 from smockron.cluster.envoy.config import Match
 from smockron.cluster.envoy.pb import ratelimit_pb2, rls_pb2
 from smockron.cluster.envoy.plan import Check, Plan
+from smockron.cluster.envoy.redis_pool import PoolStats, count_connections
 from smockron.cluster.envoy.service import RateLimitServicer
 from smockron.cluster.envoy.upstream_env import RedisSettings, UpstreamSettings
 from smockron.cluster.model import RateLimitResponse, Status
@@ -282,6 +283,12 @@ class RedisRateLimitServicer(RateLimitServicer):
         self.upstream = upstream
         self.client = client
         self.per_second_client = per_second_client
+        # upstream's ratelimit.redis_pool.* (and redis_per_second_pool.*) statsd stats
+        self.pool_stats = {"redis_pool": PoolStats()}
+        count_connections(client, self.pool_stats["redis_pool"])
+        if per_second_client is not None and per_second_client is not client:
+            self.pool_stats["redis_per_second_pool"] = PoolStats()
+            count_connections(per_second_client, self.pool_stats["redis_per_second_pool"])
         self.local_cache = (
             OverLimitCache(upstream.local_cache_size_in_bytes)
             if upstream.local_cache_size_in_bytes

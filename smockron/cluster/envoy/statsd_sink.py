@@ -20,6 +20,11 @@ timers (milliseconds, truncated; written ``3.000000|ms`` by the client)::
 
     ratelimit_server.<method>.response_time
 
+with ``BACKEND_TYPE=redis``, the pools' counters and gauge (:mod:`.redis_pool`)::
+
+    ratelimit.redis_pool.cx_total     (cx_local_close; gauge cx_active)
+    ratelimit.redis_per_second_pool.cx_total    (the same, with REDIS_PERSECOND)
+
 and, with ``LOCAL_CACHE_SIZE_IN_BYTES`` (the Redis backend's local cache), gauges::
 
     ratelimit.localcache.evacuateCount   (expiredCount, entryCount, averageAccessTime,
@@ -41,6 +46,7 @@ from typing import Any, Protocol
 
 import statsd  # type: ignore[import-untyped]
 
+from smockron.cluster.envoy.redis_pool import PoolStats, pool_counters, pool_gauges
 from smockron.cluster.envoy.stats import StatsSource, grpc_calls, sanitize_stat_name
 from smockron.ratelog import RateLimitedLog
 
@@ -100,9 +106,11 @@ class StatsdSink:
         tags: Mapping[str, str] | None = None,
         interval: float = 10.0,
         local_cache: CacheGauges | None = None,
+        pools: dict[str, PoolStats] | None = None,
     ) -> None:
         self.source = source
         self.local_cache = local_cache
+        self.pools = pools or {}
         self.tags = dict(tags or {})
         self.interval = interval
         self.client = statsd.TCPStatsClient(host, port, timeout=5.0)
@@ -113,6 +121,7 @@ class StatsdSink:
         """Send the counters that changed since the last flush that got through, the
         gauges and the times recorded since; the lines sent."""
         now = counters(self.source, self.tags)
+        now.update(pool_counters(self.pools, tag_suffix(self.tags)))
         deltas = {n: v - self._sent.get(n, 0) for n, v in now.items()}
         deltas = {n: d for n, d in deltas.items() if d}
         server = self.source.server_stats
@@ -121,6 +130,7 @@ class StatsdSink:
         for name, delta in deltas.items():
             pipe.incr(name, delta)
         levels = gauges(self.local_cache, self.tags)
+        levels.update(pool_gauges(self.pools, tag_suffix(self.tags)))
         for name, value in levels.items():
             pipe.gauge(name, value)
         lines = len(deltas) + len(levels) + self._add_times(pipe, times)

@@ -41,11 +41,18 @@ from grpc_health.v1 import health_pb2
 from smockron import runtime
 from smockron.cluster.envoy.config import DescriptorNode, EnvoyConfig, load_config
 from smockron.cluster.envoy.pb import rls_pb2
+from smockron.cluster.envoy.redis_pool import pool_counters, pool_gauges
 from smockron.cluster.envoy.reload import ConfigReloader
 from smockron.cluster.envoy.service import RateLimitServicer, ServiceError, add_to_server
 from smockron.cluster.envoy.settings import EnvoySettings
 from smockron.cluster.envoy.stats import EnvoyStatsCollector, ServerStats
-from smockron.cluster.envoy.statsd_sink import CacheGauges, StatsdSink, counters, gauges
+from smockron.cluster.envoy.statsd_sink import (
+    CacheGauges,
+    StatsdSink,
+    counters,
+    gauges,
+    tag_suffix,
+)
 from smockron.cluster.envoy.upstream_env import UpstreamSettings, refusals, warnings
 from smockron.cluster.node import Node
 from smockron.cluster.transports import GrpcServer
@@ -282,6 +289,7 @@ class UpstreamFront:
                 s.extra_tags,
                 s.stats_flush_interval_s,
                 local_cache=self.local_cache,
+                pools=getattr(self.servicer, "pool_stats", None),
             )
             self._tasks.append(loop.create_task(sink.run()))
             log.info(
@@ -409,6 +417,9 @@ class UpstreamFront:
                 return web.Response(text="")
             values = counters(self.servicer, self.settings.extra_tags)
             values.update(gauges(self.local_cache, self.settings.extra_tags))
+            pools = getattr(self.servicer, "pool_stats", {})
+            suffix = tag_suffix(self.settings.extra_tags)
+            values.update(pool_counters(pools, suffix) | pool_gauges(pools, suffix))
             return web.Response(text="".join(f"{k}: {v}\n" for k, v in sorted(values.items())))
 
         app = web.Application()

@@ -8,6 +8,7 @@ Cluster). Test names are upstream's; counters are read from the debug port's ``/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -318,6 +319,38 @@ async def test_statsd_local_cache_gauges(
     sent = statsd_listener.count("ratelimit.localcache.hitCount:")
     wait_for(lambda: statsd_listener.count("ratelimit.localcache.hitCount:") >= sent + 2)
     assert stats(node)["ratelimit.localcache.hitCount"] == 1  # the debug port shows them too
+
+
+async def test_statsd_redis_pool_stats(
+    upstream_node: StartNode, redis_server: RedisServer, statsd_listener: StatsdListener
+) -> None:
+    """BACKEND_TYPE=redis: upstream's radix pool trace as ``ratelimit.redis_pool.*``:
+    connections made (``cx_total``), closed (``cx_local_close``), open (``cx_active``);
+    a Redis restart breaks the open ones, which are closed and made again."""
+    node = upstream_node(statsd_env(redis_server.port, statsd_listener.port))
+    prefix = "ratelimit.redis_pool."
+
+    async def calls(n: int) -> None:
+        async with grpc.aio.insecure_channel(node.grpc_address) as channel:
+            for _ in range(n):
+                with contextlib.suppress(grpc.aio.AioRpcError):  # a broken connection
+                    await node.stub(channel).ShouldRateLimit(
+                        request("basic", [[("key1", "foo")]]), timeout=10
+                    )
+
+    await calls(5)
+    assert stats(node)["ratelimit.service.rate_limit.basic.key1.total_hits"] == 5  # Redis
+    wait_for(lambda: statsd_listener.gauges_under(prefix).get("cx_active", 0) >= 1)
+    made = statsd_listener.get(prefix + "cx_total")
+    assert made >= 1 and statsd_listener.get(prefix + "cx_local_close") == 0
+    redis_server.restart()
+    await calls(10)
+    wait_for(lambda: statsd_listener.get(prefix + "cx_local_close") >= 1)
+    wait_for(lambda: statsd_listener.get(prefix + "cx_total") > made)
+    debug = stats(node)
+    assert debug[prefix + "cx_active"] == (
+        debug[prefix + "cx_total"] - debug[prefix + "cx_local_close"]
+    )
 
 
 @pytest.mark.parametrize(
