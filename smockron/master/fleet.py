@@ -150,6 +150,17 @@ def states_of(
     return [(ident, state) for ident, state in pairs if shard_of(ident) in shards]
 
 
+def peer_socket(
+    context: zmq.Context[Any], kind: int, curve: CurveClient | None
+) -> zmq.Socket[bytes]:
+    """A socket to a peer master: no linger, CURVE as a client holding the fleet's key."""
+    sock: zmq.Socket[bytes] = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        curve.secure(sock)
+    return sock
+
+
 Merge = Callable[[bytes, list[tuple[bytes, State]]], int]
 """Merge ``(scope prefix, pairs)``; how many were kept (unknown scopes: none)."""
 
@@ -172,7 +183,6 @@ class WarmStart:
         self.problem: str | None = "taking the fleet's state from its peers"
         self.states = 0
         self.answered = 0
-        self.catch_ups = 0
 
     async def run(self) -> None:
         start = time.monotonic()
@@ -182,6 +192,8 @@ class WarmStart:
         for peer, result in zip(self.fleet.peers, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("warm start from %s failed: %s", peer.accounting, result)
+            elif result:
+                self.answered += 1
         self.problem = None
         if self.answered == 0:
             log.warning(
@@ -200,28 +212,28 @@ class WarmStart:
     async def catch_up(self, peer: Peer) -> None:
         """Take ``peer``'s states of this master's shards again (it was cut off)."""
         before = self.states
-        self.catch_ups += 1
         try:
-            await self._from(peer)
+            answered = await self._from(peer)
         except (zmq.ZMQError, OSError) as exc:
             log.warning("catching up with %s failed: %s", peer.accounting, exc)
             return
-        log.info("caught up with %s: %d state(s)", peer.accounting, self.states - before)
+        if answered:
+            log.info("caught up with %s: %d state(s)", peer.accounting, self.states - before)
+        else:
+            log.warning("catching up with %s: no answer", peer.accounting)
 
-    async def _from(self, peer: Peer) -> None:
+    async def _from(self, peer: Peer) -> bool:
+        """One SYNC exchange with ``peer``; whether it answered."""
         token = os.urandom(8).hex().encode()
         reply = sync_topic(token)
-        pub, sub = self.ctx.socket(zmq.PUB), self.ctx.socket(zmq.SUB)
+        pub = peer_socket(self.ctx, zmq.PUB, self.curve)
+        sub = peer_socket(self.ctx, zmq.SUB, self.curve)
         try:
-            for sock in (pub, sub):
-                sock.setsockopt(zmq.LINGER, 0)
-                if self.curve is not None:
-                    self.curve.secure(sock)
             sub.setsockopt(zmq.RCVHWM, 0)  # a sync is paced by us: nothing dropped
             sub.subscribe(reply)
             sub.connect(peer.control)
             pub.connect(peer.accounting)
-            await self._exchange(
+            return await self._exchange(
                 pub, sub, encode_sync(token, encode_shards(self.fleet.shards)), peer
             )
         finally:
@@ -230,7 +242,7 @@ class WarmStart:
 
     async def _exchange(
         self, pub: zmq.Socket[bytes], sub: zmq.Socket[bytes], request: list[bytes], peer: Peer
-    ) -> None:
+    ) -> bool:
         started = False
         deadline = time.monotonic() + START_TIMEOUT_S
         asked = 0.0
@@ -246,11 +258,10 @@ class WarmStart:
                 kind = frames[1]
                 if kind == SYNCSTART and not started:
                     started = True
-                    self.answered += 1
                 elif kind == STATES and started:
                     self._take(frames, peer)
                 elif kind == SYNCDONE and started:
-                    return
+                    return True
                 deadline = time.monotonic() + QUIET_TIMEOUT_S if started else deadline
         if started:
             log.warning(
@@ -258,6 +269,7 @@ class WarmStart:
                 peer.accounting,
                 QUIET_TIMEOUT_S,
             )
+        return started
 
     def _take(self, frames: list[bytes], peer: Peer) -> None:
         try:
@@ -289,11 +301,8 @@ class PeerWatch:
         subs: list[zmq.Socket[bytes]] = []
         try:
             for peer in self.fleet.peers:
-                sub = self.ctx.socket(zmq.SUB)
+                sub = peer_socket(self.ctx, zmq.SUB, self.curve)
                 subs.append(sub)
-                sub.setsockopt(zmq.LINGER, 0)
-                if self.curve is not None:
-                    self.curve.secure(sub)
                 keep_alive(sub)  # a partitioned connection is dropped and dialled again
                 sub.subscribe(RULES_TOPIC)
                 sub.connect(peer.control)
