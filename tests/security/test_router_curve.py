@@ -13,7 +13,7 @@ from smockron.curve import keygen
 from smockron.wire.codec import ACCEPTED, encode_accounting
 from tests.security.conftest import Keys
 from tests.security.peers import Peer
-from tests.support import free_ports, run_smockron, stopping, wait_for
+from tests.support import Proc, free_ports, run_smockron, stopping, wait_for
 
 
 def probe(peer: Peer) -> bool:
@@ -22,41 +22,59 @@ def probe(peer: Peer) -> bool:
     return any(c.identifier == b"p" for c in peer.controls(0.1))
 
 
+def start(
+    keys: Keys,
+    tmp_path: Path,
+    master_clients: Path,
+    router_clients: Path,
+    addresses: tuple[str, str, str, str],
+) -> tuple[Proc, Proc]:
+    """A master allowing ``master_clients`` and a router in front of it, CURVE on both
+    sides: the router allowing ``router_clients`` and pinning the master's key."""
+    acc, ctl, racc, rctl = addresses
+    master = run_smockron(
+        [
+            "master",
+            "--accounting",
+            acc,
+            "--control",
+            ctl,
+            "--rule",
+            "probe:1/s:1",
+            "--curve-secret",
+            str(keys.secret("master")),
+            "--curve-clients",
+            str(master_clients),
+        ],
+        tmp_path / "master.log",
+    )
+    router = run_smockron(
+        [
+            "router",
+            "--accounting",
+            racc,
+            "--control",
+            rctl,
+            "--master",
+            f"{acc},{ctl}",
+            "--curve-secret",
+            str(keys.secret("router")),
+            "--curve-clients",
+            str(router_clients),
+            "--curve-server",
+            str(keys.public("master")),
+        ],
+        tmp_path / "router.log",
+    )
+    return master, router
+
+
 def test_router_with_keys_on_both_sides(keys: Keys, tmp_path: Path) -> None:
     keygen(keys.dir, "router")
     master_clients = tmp_path / "master-clients"
     master_clients.mkdir()  # the router's key is not allowed yet
     acc, ctl, racc, rctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
-    master_args = [
-        "master",
-        "--accounting",
-        acc,
-        "--control",
-        ctl,
-        "--rule",
-        "probe:1/s:1",
-        "--curve-secret",
-        str(keys.secret("master")),
-        "--curve-clients",
-        str(master_clients),
-    ]
-    router_args = [
-        "router",
-        "--accounting",
-        racc,
-        "--control",
-        rctl,
-        "--master",
-        f"{acc},{ctl}",
-        "--curve-secret",
-        str(keys.secret("router")),
-        "--curve-clients",
-        str(keys.clients),
-        "--curve-server",
-        str(keys.public("master")),
-    ]
-    master = run_smockron(master_args, tmp_path / "master.log")
-    router = run_smockron(router_args, tmp_path / "router.log")
+    master, router = start(keys, tmp_path, master_clients, keys.clients, (acc, ctl, racc, rctl))
     with stopping([master, router]):
         wait_for(lambda: "router: accounting" in router.log(), 15)
         assert "control plane: CURVE, 1 allowed gatekeeper" in router.log()
@@ -80,36 +98,7 @@ def test_router_rereads_its_allowed_keys_on_sighup(keys: Keys, tmp_path: Path) -
     router_clients = tmp_path / "router-clients"
     router_clients.mkdir()
     acc, ctl, racc, rctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(4))
-    master_args = [
-        "master",
-        "--accounting",
-        acc,
-        "--control",
-        ctl,
-        "--rule",
-        "probe:1/s:1",
-        "--curve-secret",
-        str(keys.secret("master")),
-        "--curve-clients",
-        str(master_clients),
-    ]
-    router_args = [
-        "router",
-        "--accounting",
-        racc,
-        "--control",
-        rctl,
-        "--master",
-        f"{acc},{ctl}",
-        "--curve-secret",
-        str(keys.secret("router")),
-        "--curve-clients",
-        str(router_clients),
-        "--curve-server",
-        str(keys.public("master")),
-    ]
-    master = run_smockron(master_args, tmp_path / "master.log")
-    router = run_smockron(router_args, tmp_path / "router.log")
+    master, router = start(keys, tmp_path, master_clients, router_clients, (acc, ctl, racc, rctl))
     with stopping([master, router]):
         wait_for(lambda: "control plane: CURVE, 0 allowed gatekeeper" in router.log(), 15)
         refused = Peer(racc, rctl, keys.client("late", master="router"))
