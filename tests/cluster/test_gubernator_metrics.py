@@ -3,6 +3,7 @@ keeps its series (names, types and labels as gubernator's Go source declares the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -10,6 +11,7 @@ import socket
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -63,7 +65,10 @@ def check(http_port: int, key: str, behavior: int = 0) -> None:
         assert json.loads(resp.read())["responses"][0].get("error", "") == ""
 
 
-def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def two_nodes(tmp_path: Path, sync_wait: str) -> Iterator[tuple[int, int, int, int]]:
+    """Two ``smockron cluster`` processes peered by ``--peers``, serving HTTP, with
+    ``--global-sync-wait``: their gRPC and HTTP ports (g1, h1, g2, h2)."""
     g1, h1, g2, h2 = free_ports(4)
     peers = f"127.0.0.1:{g1},127.0.0.1:{g2}"
     procs: list[Proc] = []
@@ -78,11 +83,16 @@ def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
                 "--peers",
                 peers,
                 "--global-sync-wait",
-                "20ms",
+                sync_wait,
             ]
             procs.append(run_smockron(args, tmp_path / f"{g}.log"))
         for port in (h1, h2):
             wait_port(port)
+        yield g1, h1, g2, h2
+
+
+def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
+    with two_nodes(tmp_path, "20ms") as (_g1, h1, _g2, h2):
         for i in range(3):  # plain checks, each decided at its key's owner
             check(h1, f"local-{i}")
         for i in range(20):  # GLOBAL keys, some owned by each node: the second check at
@@ -232,25 +242,7 @@ def test_checks_move_the_limiter_and_error_counters(
 def test_queue_lengths_follow_the_global_rounds(tmp_path: Path) -> None:
     """GLOBAL hits wait at a non-owner for the next round (here 3 s): the send queue
     holds their keys until then, and every peer has its batch queue series."""
-    g1, h1, g2, h2 = free_ports(4)
-    peers = f"127.0.0.1:{g1},127.0.0.1:{g2}"
-    procs: list[Proc] = []
-    with stopping(procs):
-        for g, h in ((g1, h1), (g2, h2)):
-            args = [
-                "cluster",
-                "--grpc-address",
-                f"127.0.0.1:{g}",
-                "--http-address",
-                f"127.0.0.1:{h}",
-                "--peers",
-                peers,
-                "--global-sync-wait",
-                "3s",
-            ]
-            procs.append(run_smockron(args, tmp_path / f"{g}.log"))
-        for port in (h1, h2):
-            wait_port(port)
+    with two_nodes(tmp_path, "3s") as (_g1, h1, g2, _h2):
         for i in range(20):
             check(h1, f"global-{i % 10}", behavior=2)
         types, waiting = scrape(h1)
