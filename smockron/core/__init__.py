@@ -6,7 +6,7 @@ so each algorithm is tested exactly and shared by every front end.
 
 from __future__ import annotations
 
-from smockron.core.bucket import TokenBucket
+from smockron.core.bucket import RefillBucket
 from smockron.core.gcra import gcra_update
 from smockron.core.history import History, next_allowed, record
 from smockron.core.rules import Rule, parse_rate, parse_rule_spec
@@ -16,8 +16,8 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "History",
+    "RefillBucket",
     "Rule",
-    "TokenBucket",
     "gcra_update",
     "next_allowed",
     "parse_rate",

@@ -1,7 +1,8 @@
 """The textbook token bucket: a capacity (``burst``), a continuous refill ``rate``, and
 requests that take tokens. DThrottle calls it a "leaky bucket"; it runs the DThrottle
-front. It is not the cluster's TOKEN_BUCKET (Gubernator's, a fixed window) nor its
-LEAKY_BUCKET (kept in exact integer units): those are in core/algorithms.py.
+front. Named for its refill so as not to read as the cluster's TOKEN_BUCKET
+(Gubernator's, a fixed window) nor its LEAKY_BUCKET (kept in exact integer units):
+those are in core/algorithms.py.
 
 The balance may go below zero when hits reported by peers are subtracted (DThrottle),
 which then delays refill. Times are in seconds or milliseconds as long as ``rate`` uses
@@ -18,7 +19,7 @@ EPSILON: Final = 1e-9
 
 
 @dataclass(slots=True)
-class TokenBucket:
+class RefillBucket:
     """``tokens`` as of ``updated``; refill at ``rate`` per time unit up to ``burst``."""
 
     burst: float
@@ -27,7 +28,7 @@ class TokenBucket:
     updated: float
 
     @classmethod
-    def full(cls, burst: float, rate: float, now: float) -> TokenBucket:
+    def full(cls, burst: float, rate: float, now: float) -> RefillBucket:
         return cls(burst, rate, float(burst), now)
 
     def refill(self, now: float) -> float:
@@ -60,7 +61,3 @@ class TokenBucket:
         """How long until ``n`` tokens are available (0 when they are now)."""
         missing = n - self.refill(now)
         return missing / self.rate if missing > 0 else 0.0
-
-
-Bucket = TokenBucket
-"""The former name, for the DThrottle front's import until it moves to ``TokenBucket``."""

@@ -58,11 +58,11 @@ __all__ = [
     "RULES_TOPIC",
     "STATUSES",
     "Accounting",
+    "AccountingStatus",
     "Control",
     "Limits",
     "Oversized",
     "RulesOffer",
-    "Status",
     "accounting_frames",
     "control_frames",
     "decode_accounting",
@@ -105,7 +105,9 @@ MIN_OFFERED_RATE: Final = 1e-9
 MAX_OFFERED_RATE: Final = 1e9
 
 
-class Status(Enum):
+class AccountingStatus(Enum):
+    """The status field of an accounting message (what the gatekeeper did)."""
+
     ACCEPTED = ACCEPTED
     DELAYED = DELAYED
     REJECTED = REJECTED

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Final
 
-from smockron.core.bucket import Bucket
+from smockron.core.bucket import RefillBucket
 from smockron.errors import ConfigError
 
 OK = b"OK\n"
@@ -110,21 +110,21 @@ class Throttle:
         self.max_entries = max_entries
         self.evicted = 0
         """Buckets evicted at the limit since start (the daemon counts and logs them)."""
-        self.buckets: dict[bytes, Bucket] = {}
+        self.buckets: dict[bytes, RefillBucket] = {}
         self.hits: dict[bytes, int] = {}
         # whitelisted tags seen since the last report: skips the prefix scan on repeats
         self._free: set[bytes] = set()
         self._sweep_from = 0  # where in the table the next report looks for full buckets
         self._made = 0  # buckets made since the last report
 
-    def _new_bucket(self, tag: bytes, now: float) -> Bucket | None:
+    def _new_bucket(self, tag: bytes, now: float) -> RefillBucket | None:
         rule = self.rules.rule_for(tag)
         if rule.whitelisted:
             self._free.add(tag)
             return None
         if len(self.buckets) >= self.max_entries:
             self._evict(now)
-        bucket = self.buckets[tag] = Bucket.full(rule.burst, rule.rate, now)
+        bucket = self.buckets[tag] = RefillBucket.full(rule.burst, rule.rate, now)
         self._made += 1
         return bucket
 
