@@ -26,6 +26,7 @@ from smockron.cluster.discovery import make_discovery, options_from_env
 from smockron.cluster.discovery import memberlist_wire as wire
 from smockron.cluster.discovery.base import PeerInfo
 from smockron.cluster.discovery.memberlist import MemberListDiscovery
+from smockron.cluster.discovery.memberlist_lzw import LzwError, lzw_decode
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 
@@ -262,23 +263,32 @@ def go_lzw(data: bytes) -> bytes:
     return bytes(out)
 
 
+LIMIT = 1 << 20
+
+
 def test_lzw_as_go_writes_it() -> None:
     # "a": clear, 'a', eof, nine bits each; "aaaa": clear, 'a', 258 ("aa", the code
     # being defined), 'a', eof
     assert lsb_codes([256, 97, 257]) == b"\x00\xc3\x04\x04"
-    assert wire.lzw_decode(b"\x00\xc3\x04\x04") == b"a"
+    assert lzw_decode(b"\x00\xc3\x04\x04", LIMIT) == b"a"
     assert go_lzw(b"aaaa") == lsb_codes([256, 97, 258, 97, 257])
-    assert wire.lzw_decode(lsb_codes([256, 97, 258, 97, 257])) == b"aaaa"
+    assert lzw_decode(lsb_codes([256, 97, 258, 97, 257]), LIMIT) == b"aaaa"
     rng = random.Random(7)
     for size in (1, 2, 300, 5000, 60_000):  # widths 9 to 12, and the table reset
         data = bytes(
             rng.choice(b"abcdefgh") if size < 5000 else rng.randrange(256) for _ in range(size)
         )
-        assert wire.lzw_decode(go_lzw(data)) == data
-    with pytest.raises(wire.Malformed, match="invalid code"):
-        wire.lzw_decode(lsb_codes([256, 97, 300, 257]))
-    with pytest.raises(wire.Malformed, match="end of data"):
-        wire.lzw_decode(b"\x00")
+        assert lzw_decode(go_lzw(data), LIMIT) == data
+    with pytest.raises(LzwError, match="invalid code"):
+        lzw_decode(lsb_codes([256, 97, 300, 257]), LIMIT)
+    with pytest.raises(LzwError, match="end of data"):
+        lzw_decode(b"\x00", LIMIT)
+    bomb = go_lzw(b"a" * 5000)
+    with pytest.raises(LzwError, match="larger than limit"):
+        lzw_decode(bomb, 4999)
+    assert len(lzw_decode(bomb, 5000)) == 5000
+    with pytest.raises(wire.Malformed, match="unknown algorithm"):
+        wire.decompress({"Algo": 1, "Buf": bomb})
 
 
 def test_compressed_messages_are_read() -> None:

@@ -32,6 +32,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from smockron.cluster.discovery.base import PeerInfo
+from smockron.cluster.discovery.memberlist_lzw import LzwError, lzw_decode
 
 # message types (net.go: "ONLY APPEND TO THIS LIST")
 PING, INDIRECT_PING, ACK, SUSPECT, ALIVE, DEAD, PUSH_PULL, COMPOUND = range(8)
@@ -264,7 +265,10 @@ def messages(message: bytes, depth: int = 0) -> Iterator[tuple[int, bytes]]:
 def decompress(compressed: Mapping[str, Any]) -> bytes:
     if compressed["Algo"] != 0:
         raise Malformed(f"cannot decompress unknown algorithm {compressed['Algo']}")
-    return lzw_decode(compressed["Buf"] or b"")
+    try:
+        return lzw_decode(compressed["Buf"] or b"", limit=2 * MAX_STATE_BYTES)
+    except LzwError as exc:
+        raise Malformed(str(exc)) from None
 
 
 # -- encryption: security.go ------------------------------------------------------------
@@ -330,72 +334,6 @@ def encrypt_stream(key: bytes, message: bytes) -> bytes:
     uint32), the payload, which authenticates those five bytes (and the empty label)."""
     header = bytes([ENCRYPT]) + struct.pack(">I", ENCRYPT_OVERHEAD + len(message))
     return header + encrypt(key, message, header)
-
-
-# -- LZW: Go's compress/lzw reader, LSB order, 8-bit literals ------------------------------
-
-_CLEAR, _EOF, _MAX_WIDTH = 256, 257, 12
-_INVALID = 0xFFFF
-
-
-def lzw_decode(data: bytes, limit: int = 2 * MAX_STATE_BYTES) -> bytes:
-    """compress/lzw ``NewReader(r, LSB, 8)`` as memberlist's ``decompressBuffer`` uses it."""
-    suffix = bytearray(1 << _MAX_WIDTH)
-    prefix = [0] * (1 << _MAX_WIDTH)
-    out = bytearray()
-    width, hi, overflow, last = 9, _EOF, 1 << 9, _INVALID
-    bits = nbits = pos = 0
-    while True:
-        while nbits < width:
-            if pos >= len(data):
-                raise Malformed("lzw: unexpected end of data")
-            bits |= data[pos] << nbits
-            pos += 1
-            nbits += 8
-        code = bits & ((1 << width) - 1)
-        bits >>= width
-        nbits -= width
-        if code == _CLEAR:
-            width, hi, overflow, last = 9, _EOF, 1 << 9, _INVALID
-            continue
-        if code == _EOF:
-            return bytes(out)
-        head, entry = _lzw_entry(code, hi, last, prefix, suffix)
-        out += entry
-        if len(out) > limit:
-            raise Malformed("decompressed message is larger than limit")
-        if last != _INVALID:
-            suffix[hi], prefix[hi] = head, last
-        last, hi = code, hi + 1
-        if hi >= overflow:
-            if width == _MAX_WIDTH:
-                last, hi = _INVALID, hi - 1
-            else:
-                width, overflow = width + 1, 1 << (width + 1)
-
-
-def _lzw_entry(
-    code: int, hi: int, last: int, prefix: list[int], suffix: bytearray
-) -> tuple[int, bytes]:
-    """The bytes ``code`` stands for and their first byte. ``code == hi`` is the code
-    being defined by this very step: the last string plus that string's first byte."""
-    if code < _CLEAR:
-        return code, bytes([code])
-    if code > hi:
-        raise Malformed("lzw: invalid code")
-    c, tail = code, b""
-    if code == hi and last != _INVALID:
-        c = last
-        while c >= _CLEAR:
-            c = prefix[c]
-        tail, c = bytes([c]), last
-    chain = bytearray()
-    while c >= _CLEAR:
-        chain.append(suffix[c])
-        c = prefix[c]
-    chain.append(c)
-    chain.reverse()
-    return c, bytes(chain) + tail
 
 
 # -- node metadata: Gubernator's PeerInfo as JSON (memberlist.go) ---------------------------
