@@ -307,7 +307,8 @@ static void                *smk_zctx;
 static void                *smk_acc;        /* XPUB towards the master */
 static void                *smk_sub;        /* worker 0: control */
 static void                *smk_mon;        /* worker 0: the control socket's monitor */
-static ngx_connection_t    *smk_acc_conn, *smk_sub_conn, *smk_mon_conn;
+static void                *smk_acc_mon;    /* the accounting socket's */
+static ngx_connection_t    *smk_acc_conn, *smk_sub_conn, *smk_mon_conn, *smk_acc_mon_conn;
 static ngx_event_t          smk_tick;
 static ngx_connection_t     smk_tick_conn;  /* what nginx's timer log lines read */
 static ngx_uint_t           smk_subscribed; /* the master's subscription is here */
@@ -1940,29 +1941,48 @@ smk_drain_subscriptions(void)
 }
 
 
+/* The next event of a monitor socket, 0 for none. */
+static uint16_t
+smk_monitor_event(void *mon)
+{
+    zmq_msg_t  f;
+    uint16_t   event = 0;
+
+    zmq_msg_init(&f);
+    if (mon == NULL || zmq_msg_recv(&f, mon, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&f);
+        return 0;
+    }
+    if (zmq_msg_size(&f) >= 2) {
+        ngx_memcpy(&event, zmq_msg_data(&f), 2);
+    }
+    while (zmq_msg_more(&f)) {  /* the address frame */
+        zmq_msg_close(&f);
+        zmq_msg_init(&f);
+        zmq_msg_recv(&f, mon, 0);
+    }
+    zmq_msg_close(&f);
+    return event ? event : (uint16_t) -1;
+}
+
+
 static void
 smk_drain_monitor(void)
 {
-    zmq_msg_t  f;
     uint16_t   event;
     ngx_uint_t d;
 
-    while (smk_mon != NULL) {
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, smk_mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            return;
+    /* the master gone: what we would send now is lost (its subscription comes back
+     * with it), so it is counted as dropped instead of sent */
+    while ((event = smk_monitor_event(smk_acc_mon)) != 0) {
+        if (event == ZMQ_EVENT_DISCONNECTED) {
+            smk_subscribed = 0;
+            if (ngx_worker == 0) {
+                smk_sh->master_connected = 0;
+            }
         }
-        event = 0;
-        if (zmq_msg_size(&f) >= 2) {
-            ngx_memcpy(&event, zmq_msg_data(&f), 2);
-        }
-        while (zmq_msg_more(&f)) {  /* the address frame */
-            zmq_msg_close(&f);
-            zmq_msg_init(&f);
-            zmq_msg_recv(&f, smk_mon, 0);
-        }
-        zmq_msg_close(&f);
+    }
+    while ((event = smk_monitor_event(smk_mon)) != 0) {
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             /* (re)connected: ask for the verdicts in force */
             smk_sh->control_connected = 1;
@@ -2105,6 +2125,11 @@ smk_init_process(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
     smk_acc_conn = smk_watch(cycle, smk_acc);
+    zmq_socket_monitor(smk_acc, "inproc://smockron-accounting-monitor",
+                       ZMQ_EVENT_DISCONNECTED);
+    smk_acc_mon = zmq_socket(smk_zctx, ZMQ_PAIR);
+    zmq_connect(smk_acc_mon, "inproc://smockron-accounting-monitor");
+    smk_acc_mon_conn = smk_watch(cycle, smk_acc_mon);
 
     if (ngx_worker == 0) {  /* one reader of control for the whole zone */
         smk_sub = zmq_socket(smk_zctx, ZMQ_SUB);
@@ -2168,9 +2193,12 @@ smk_exit_process(ngx_cycle_t *cycle)
     smk_unwatch(smk_acc_conn);
     smk_unwatch(smk_sub_conn);
     smk_unwatch(smk_mon_conn);
+    smk_unwatch(smk_acc_mon_conn);
     if (smk_mon != NULL) {
         zmq_close(smk_mon);
     }
+    zmq_close(smk_acc_mon);
+    zmq_socket_monitor(smk_acc, NULL, 0);
     if (smk_sub != NULL) {
         zmq_socket_monitor(smk_sub, NULL, 0);
         zmq_close(smk_sub);

@@ -110,3 +110,58 @@ def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None
             assert counters["rules_received_total"] >= 1
             assert counters["accounting_sent_total"] >= 5 + burst["delay"] + 10
             assert gate.alive()
+
+
+def test_master_gone_fails_open(tmp_path: Path) -> None:
+    acc, ctl, port = free_ports(3)
+    with backend() as (up, seen):
+        master = run_smockron(master_args(acc, ctl, "api:5/s:5"), tmp_path / "master.log")
+        with (
+            stopping([master]),
+            nginx(
+                tmp_path / "nginx",
+                port=port,
+                upstream=up,
+                acc=acc,
+                ctl=ctl,
+                location="smockron_max_delay 500ms;",
+            ),
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
+        ):
+            wait_for(lambda: stats(client)["control_connected"] == 1)
+            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
+            master.kill()
+            wait_for(lambda: stats(client)["master_connected"] == 0)
+            wait_for(lambda: stats(client)["control_connected"] == 0)
+            # polite clients notice nothing; an abuser is held by the first line alone
+            for i in range(5):
+                assert decide(client, f"polite{i}") == "accept"
+            started = time.monotonic()
+            abuser = decisions(client, "abuser", 15)
+            elapsed = time.monotonic() - started
+            assert abuser["accept"] == 5 and abuser["delay"] == 10, abuser
+            assert elapsed >= 1.5, elapsed
+            assert stats(client)["accounting_dropped_total"] >= 20
+            before = len(seen.arrivals)
+            assert decide(client, "polite0") == "accept"
+            assert len(seen.arrivals) == before + 1
+
+
+@pytest.mark.parametrize(
+    ("directive", "error"),
+    [
+        ("smockron_rule api:10/x:5;", "unknown time unit"),
+        ("smockron_rule api:10/s;", "expects DOMAIN:RATE/UNIT:BURST"),
+        ("smockron_rule api:10/s:0;", "bad burst"),
+        ("smockron_algorithm api=fifo;", "unknown"),
+        ("smockron_reject_sample 2;", "from 0 to 1"),
+        ("smockron_master tcp://127.0.0.1:1;", "second master"),
+        ("smockron_curve_secret /nonexistent.key_secret;", "nonexistent"),
+    ],
+)
+def test_bad_directives_fail_the_config_test(tmp_path: Path, directive: str, error: str) -> None:
+    with (
+        pytest.raises(AssertionError, match=error),
+        nginx(tmp_path, port=1, upstream=1, acc=2, ctl=3, http=directive),
+    ):
+        pass
