@@ -9,6 +9,8 @@
 //   call.peer                         -> the client's address, as grpc.ServicerContext.peer()
 //   server.shutdown(grace_seconds)    stop taking calls; cancel those still running after
 //                                     grace; returns when every call is done
+//   _finish_relayed                   capsule: int(PyObject* call, const char*, size_t),
+//                                     answers a call without the GIL (_nativeclient's relay)
 //   server.stats() -> dict            calls / no_request / dispatch_errors / finished_late
 //   tls = (key path, cert path, client CA path | None, request type, refresh seconds[,
 //          san_check])              san_check(dns_names, ip_names) -> None | error text,
@@ -136,8 +138,9 @@ struct CallObject {
   PyObject* peer;
 };
 
+// ``gil``: the caller holds it (released while gRPC sends); else it is not taken at all.
 bool finish_call(CallObject* self, grpc::StatusCode code, const char* data, Py_ssize_t size,
-                 const std::string& details) {
+                 const std::string& details, bool gil = true) {
   Slot& slot = **self->slot;
   {
     std::lock_guard<std::mutex> lock(slot.mu);
@@ -156,9 +159,9 @@ bool finish_call(CallObject* self, grpc::StatusCode code, const char* data, Py_s
   if (r == nullptr) return false;
   std::string payload;
   if (data != nullptr) payload.assign(data, static_cast<size_t>(size));
-  Py_BEGIN_ALLOW_THREADS
+  PyThreadState* state = gil ? PyEval_SaveThread() : nullptr;
   r->Send(code, data != nullptr ? &payload : nullptr, details);
-  Py_END_ALLOW_THREADS
+  if (state != nullptr) PyEval_RestoreThread(state);
   return true;
 }
 
@@ -221,6 +224,15 @@ PyGetSetDef Call_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyTypeObject CallType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// _nativeclient's relay (the capsule ``_finish_relayed``): answers ``op`` with ``data``
+// from a thread that holds no GIL, the caller keeping ``op`` alive. 1: answered, 0:
+// finished already (cancelled), -1: not a Call.
+int finish_relayed(PyObject* op, const char* data, size_t size) {
+  if (Py_TYPE(op) != &CallType) return -1;
+  auto* self = reinterpret_cast<CallObject*>(op);
+  return finish_call(self, grpc::StatusCode::OK, data, static_cast<Py_ssize_t>(size), "", false);
+}
 
 void Reactor::OnReadDone(bool ok) {
   if (!ok) {  // the client half-closed without a message
@@ -584,6 +596,13 @@ PyMODINIT_FUNC PyInit__native(void) {
     return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
+  PyObject* relay = PyCapsule_New(reinterpret_cast<void*>(&finish_relayed),
+                                  "smockron.cluster._native._finish_relayed", nullptr);
+  if (relay == nullptr || PyModule_AddObject(m, "_finish_relayed", relay) < 0) {
+    Py_XDECREF(relay);
+    Py_DECREF(m);
+    return nullptr;
+  }
   if (!add_type(m, "Call", CallType) || !add_type(m, "Server", ServerType)) {
     Py_DECREF(m);
     return nullptr;

@@ -9,6 +9,11 @@
 //   ch.start(method, request, timeout, token) -> None
 //         starts a call and returns at once; its outcome is queued and ch.fileno()
 //         (an eventfd) becomes readable; no GIL is taken on gRPC's threads
+//   ch.relay(method, request, timeout, limit, items, call, token) -> bool
+//         start()'s call for a smockron.cluster._native Call: an answer of ``items``
+//         items finishes ``call`` on gRPC's thread (no GIL, no Python, no event loop);
+//         any other outcome is queued with ``token`` as start()'s are. False, and
+//         nothing started, while ``limit`` relays are in flight (ch.relays)
 //   ch.completions() -> list[(token, code, payload_or_None, details)]
 //         drains the queue (and the eventfd); code 0 is OK
 //   ch.check(method, timeout, name, key, hits, limit, duration, algorithm, behavior,
@@ -95,7 +100,12 @@ struct Pending {
   grpc::ByteBuffer request, response;
   grpc::Status status;
   PyObject* token = nullptr;  // strong ref, released under the GIL by completions()
+  PyObject* call = nullptr;   // relay()'s server call (strong ref), else nullptr
+  size_t items = 0;           // relay(): the answer's item count expected
 };
+
+// smockron.cluster._native's answer for a relayed call, taken from its capsule.
+int (*finish_relayed)(PyObject* call, const char* data, size_t size) = nullptr;
 
 // A thread in check(): parked on ``state`` (a futex word) until answered or made the
 // sender. Lives on that thread's stack; nobody touches it after setting its state.
@@ -120,6 +130,8 @@ struct Core {
   int event_fd = -1;
   std::mutex mu;
   std::deque<Pending*> done;        // under mu
+  std::vector<Pending*> spent;      // under mu: relays answered, freed under the GIL
+  std::atomic<int> relays{0};
   std::vector<Pending*> in_flight;  // under mu: cancelled by close()
   bool closed = false;              // under mu
   std::mutex co_mu;                 // check()'s queue
@@ -571,7 +583,8 @@ PyObject* Channel_coalesced_calls(PyObject* op, void*) {
   return PyLong_FromLongLong(core == nullptr ? 0 : core->co_calls.load());
 }
 
-void completed(Core* core, Pending* pending) {
+// A call's end: queued for completions() (``queue``) or, a relay answered, put aside.
+void completed(Core* core, Pending* pending, bool queue = true) {
   {
     std::lock_guard<std::mutex> lock(core->mu);
     for (auto it = core->in_flight.begin(); it != core->in_flight.end(); ++it) {
@@ -580,6 +593,10 @@ void completed(Core* core, Pending* pending) {
         core->in_flight.pop_back();
         break;
       }
+    }
+    if (!queue) {
+      core->spent.push_back(pending);
+      return;
     }
     core->done.push_back(pending);
   }
@@ -621,6 +638,94 @@ PyObject* Channel_start(PyObject* op, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// Frees a call's Python references and itself (with the GIL).
+void release(Pending* pending) {
+  Py_XDECREF(pending->call);
+  Py_DECREF(pending->token);
+  delete pending;
+}
+
+void free_spent(Core* core) {
+  std::vector<Pending*> spent;
+  {
+    std::lock_guard<std::mutex> lock(core->mu);
+    spent.swap(core->spent);
+  }
+  for (Pending* pending : spent) release(pending);
+}
+
+// A relay's end on gRPC's thread: an answer with the items expected goes to the server
+// call at once; anything else to completions().
+void relayed(Core* core, Pending* pending) {
+  core->relays.fetch_sub(1);
+  std::string body;
+  std::vector<grpc::Slice> slices;
+  std::vector<std::string> answers;
+  if (pending->status.ok() && pending->response.Dump(&slices).ok()) {
+    for (const auto& s : slices) body.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    bool whole = split_responses(body, answers) && answers.size() == pending->items;
+    if (whole && finish_relayed(pending->call, body.data(), body.size()) >= 0) {
+      completed(core, pending, false);
+      return;
+    }
+  }
+  completed(core, pending);
+}
+
+PyObject* Channel_relay(PyObject* op, PyObject* args) {
+  auto* self = reinterpret_cast<ChannelObject*>(op);
+  const char* name;
+  Py_buffer data{};
+  double timeout;
+  int limit;
+  Py_ssize_t items;
+  PyObject *call, *token;
+  if (!PyArg_ParseTuple(args, "sy*dinOO", &name, &data, &timeout, &limit, &items, &call, &token))
+    return nullptr;
+  Core* core = open_core(self);
+  if (core != nullptr && finish_relayed == nullptr) {
+    finish_relayed = reinterpret_cast<int (*)(PyObject*, const char*, size_t)>(
+        PyCapsule_Import("smockron.cluster._native._finish_relayed", 0));
+  }
+  if (core == nullptr || finish_relayed == nullptr) {
+    PyBuffer_Release(&data);
+    return nullptr;
+  }
+  free_spent(core);
+  if (core->relays.fetch_add(1) >= limit) {
+    core->relays.fetch_sub(1);
+    PyBuffer_Release(&data);
+    Py_RETURN_FALSE;
+  }
+  auto* pending = new Pending();
+  pending->request = to_buffer(static_cast<const char*>(data.buf), data.len);
+  PyBuffer_Release(&data);
+  Py_INCREF(token);
+  pending->token = token;
+  Py_INCREF(call);
+  pending->call = call;
+  pending->items = static_cast<size_t>(items);
+  set_deadline(pending->ctx, timeout);
+  {
+    std::lock_guard<std::mutex> lock(core->mu);
+    core->in_flight.push_back(pending);
+  }
+  std::string method(name);
+  Py_BEGIN_ALLOW_THREADS
+  core->stub->UnaryCall(&pending->ctx, method, grpc::StubOptions(), &pending->request,
+                        &pending->response, [core, pending](grpc::Status status) {
+                          pending->status = std::move(status);
+                          relayed(core, pending);
+                        });
+  Py_END_ALLOW_THREADS
+  Py_RETURN_TRUE;
+}
+
+PyObject* Channel_relays(PyObject* op, void*) {
+  Core* core = reinterpret_cast<ChannelObject*>(op)->core;
+  return PyLong_FromLong(core == nullptr ? 0 : core->relays.load());
+}
+
 PyObject* completion(Pending* pending) {
   PyObject* payload;
   if (pending->status.ok()) {
@@ -656,8 +761,7 @@ PyObject* Channel_completions(PyObject* op, PyObject*) {
     PyObject* item = out != nullptr ? completion(pending) : nullptr;
     if (item == nullptr || PyList_Append(out, item) < 0) Py_CLEAR(out);
     Py_XDECREF(item);
-    Py_DECREF(pending->token);
-    delete pending;
+    release(pending);
   }
   return out;
 }
@@ -738,10 +842,8 @@ void Channel_dealloc(PyObject* op) {
       idle = core->in_flight.empty();
       done.swap(core->done);
     }
-    for (Pending* pending : done) {
-      Py_DECREF(pending->token);
-      delete pending;
-    }
+    for (Pending* pending : done) release(pending);
+    free_spent(core);
     if (idle) {
       for (auto& cq : core->queues) drain(*cq);
       close(core->event_fd);
@@ -761,6 +863,9 @@ PyMethodDef Channel_methods[] = {
      "call(method, request, timeout) -> bytes: one blocking unary call, GIL released."},
     {"start", Channel_start, METH_VARARGS,
      "start(method, request, timeout, token): begin a call; see completions()."},
+    {"relay", Channel_relay, METH_VARARGS,
+     "relay(method, request, timeout, limit, items, call, token) -> bool: answer a server "
+     "call with the peer's answer, in C++; see completions() for failures."},
     {"completions", Channel_completions, METH_NOARGS,
      "completions() -> [(token, code, payload or None, details)]: calls finished since."},
     {"fileno", Channel_fileno, METH_NOARGS, "the eventfd readable while completions wait"},
@@ -770,6 +875,7 @@ PyMethodDef Channel_methods[] = {
 PyGetSetDef Channel_getset[] = {
     {"coalesced_calls", Channel_coalesced_calls, nullptr, "GetRateLimits calls check() made",
      nullptr},
+    {"relays", Channel_relays, nullptr, "relay() calls in flight", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};

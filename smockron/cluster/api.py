@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from functools import partial
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -83,17 +84,21 @@ def answer_here(
     return _encode(node, results, peer, start)
 
 
-def forward_now(node: Node, request: pb.GetRateLimitsReq) -> Future[pb.GetRateLimitsResp] | None:
-    """A client call whose items another node owns, all of them, none GLOBAL, forwarded
-    as it came from the calling thread (a gRPC thread of the native server); its answer
-    comes in the returned future. None when the call does not qualify or the peer is
-    busy with such calls: the event loop's path then forwards it, batched with others.
+def forward_now(
+    node: Node, request: pb.GetRateLimitsReq, call: Any
+) -> Future[pb.GetRateLimitsResp] | None:
+    """A client call whose items another node owns, all of them, none GLOBAL, relayed as
+    it came from the calling thread (a gRPC thread of the native server, whose ``call``
+    it is): the owner's answer finishes ``call`` in the extensions (``PeerClient.relay``).
+    The returned future gets an answer only if that call fails; None when the call does
+    not qualify or the peer is busy with such calls: the event loop's path then forwards
+    it, batched with others.
 
     The message goes unchanged: GetPeerRateLimitsReq and GetRateLimitsReq, and their
     answers, have the same wire form (one repeated field 1 of the same type), so nothing
     is decoded into smockron's types or re-encoded, and no batching timer or task waits.
-    If the call fails, the event loop's path decides the items (and counts the failure,
-    routes around the peer, answers locally)."""
+    The items count as forwarded when the call starts. If it fails, the event loop's path
+    decides them (and counts the failure, routes around the peer, answers locally)."""
     msgs = request.requests
     if not msgs or len(msgs) > MAX_BATCH:
         return None
@@ -112,17 +117,17 @@ def forward_now(node: Node, request: pb.GetRateLimitsReq) -> Future[pb.GetRateLi
     future: Future[pb.GetRateLimitsResp] = Future()
     n = len(msgs)
 
-    def done(raw: bytes | None) -> None:  # on the event loop
+    def done(raw: bytes | None) -> None:  # on the event loop, when the relay failed
         resp = _decoded(raw, n)
         if resp is not None:
-            node.metrics.checks.labels("forwarded").inc(n)
             future.set_result(resp)
             return
         task = asyncio.get_running_loop().create_task(answer(node, msgs))
         task.add_done_callback(partial(_settle, future))
 
-    if not client.start_now(request.SerializeToString(), done):
+    if not client.relay(request.SerializeToString(), n, call, done):
         return None
+    node.metrics.checks.labels("forwarded").inc(n)
     return future
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -52,8 +51,8 @@ _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 _PEERS = "/pb.gubernator.PeersV1/"
 _LIVE_CHECK = "/pb.gubernator.V1/LiveCheck"
 _GET_PEER = _PEERS + "GetPeerRateLimits"
-NOW_CALLS = 2
-"""Calls started by ``start_now`` in flight to one peer at most; more go batched."""
+RELAYS = 2
+"""Calls started by ``relay`` in flight to one peer at most; more go batched."""
 
 
 class PeerCallError(Exception):
@@ -65,21 +64,19 @@ class PeerCallError(Exception):
         self.details = details
 
 
-class _Now:
-    """The token of a ``start_now`` call: the channel's completion, delivered on the
-    loop, goes to the caller's ``done``."""
+class _Relayed:
+    """The token of a ``relay`` call: a completion the extension did not relay itself (a
+    failure), delivered on the loop, goes to the caller's ``done``."""
 
-    __slots__ = ("_client", "_done")
+    __slots__ = ("_done",)
 
-    def __init__(self, client: PeerClient, done: Callable[[bytes | None], None]) -> None:
-        self._client = client
+    def __init__(self, done: Callable[[bytes | None], None]) -> None:
         self._done = done
 
     def done(self) -> bool:
         return False
 
     def set_result(self, outcome: tuple[int, bytes | None, str]) -> None:
-        self._client._now_finished()
         self._done(outcome[1])
 
 
@@ -121,14 +118,15 @@ class _NativeUnary:
             if not future.done():
                 future.set_result((code, raw, details))
 
-    async def close(self, started: Callable[[], int]) -> None:
-        """Close the channel once the calls ``start_now`` began (``started()`` of them
-        left) have ended, a second at most; the rest are cancelled and their completions
-        still delivered, so that their callers answer (from the batched path) instead of
-        waiting for their deadline."""
+    async def close(self) -> None:
+        """Close the channel once the calls ``relay`` began have ended, a second at
+        most; the rest are cancelled and their completions still delivered, so that
+        their callers answer (from the batched path) instead of waiting for their
+        deadline."""
         loop = self._loop
+        channel = self.channel
         for _ in range(100 if loop is not None else 0):
-            if not started():
+            if not channel.relays:
                 break
             await asyncio.sleep(0.01)
         self.channel.close()
@@ -137,7 +135,7 @@ class _NativeUnary:
         if loop is None:
             return
         for _ in range(10):
-            if not started():
+            if not channel.relays:
                 break
             await asyncio.sleep(0.01)
         loop.remove_reader(self.channel.fileno())
@@ -176,8 +174,6 @@ class PeerClient:
         self._batcher: Batcher[RateLimitRequest, RateLimitResponse] = Batcher(
             self.get_peer_rate_limits, wait=batch_wait_ms / 1000.0, limit=batch_limit
         )
-        self._now_lock = threading.Lock()
-        self._now_calls = 0
         self.consecutive_failures = 0
         self._errors: deque[tuple[float, str]] = deque(maxlen=20)
         self._log = RateLimitedLog(log, interval=1.0)
@@ -208,29 +204,24 @@ class PeerClient:
         self._succeeded()
         return got
 
-    def start_now(self, request: bytes, done: Callable[[bytes | None], None]) -> bool:
-        """Start one GetPeerRateLimits call on raw bytes from any thread; ``done`` gets
-        the answer's bytes, or None if the call failed, on the event loop. False (and
-        nothing started) without the native channel, before the loop watches it, or
-        while ``NOW_CALLS`` such calls are in flight to this peer: the caller then takes
-        the batched path, which also counts failures."""
+    def relay(
+        self, request: bytes, items: int, call: Any, done: Callable[[bytes | None], None]
+    ) -> bool:
+        """Forward one GetPeerRateLimits call on raw bytes, from any thread, for the native
+        server's ``call``: the peer's answer (``items`` of them) finishes ``call`` in the
+        extensions, on gRPC's thread, with no Python and no event-loop wake-up in between;
+        any other outcome (a failure) goes to ``done`` on the event loop (None, or the
+        answer's bytes). False, and nothing started, without the native channel, before
+        the loop watches it, or while ``RELAYS`` such calls are in flight to this peer:
+        the caller then takes the batched path, which also counts failures."""
         native = self._native
         if native is None or native.watching is None:
             return False
-        with self._now_lock:
-            if self._now_calls >= NOW_CALLS:
-                return False
-            self._now_calls += 1
+        args = (_GET_PEER, request, self._timeout, RELAYS, items, call, _Relayed(done))
         try:
-            native.channel.start(_GET_PEER, request, self._timeout, _Now(self, done))
+            return bool(native.channel.relay(*args))
         except _nativeclient.CallError:
-            self._now_finished()
             return False
-        return True
-
-    def _now_finished(self) -> None:
-        with self._now_lock:
-            self._now_calls -= 1
 
     @property
     def queued(self) -> int:
@@ -283,6 +274,6 @@ class PeerClient:
     async def close(self) -> None:
         await self._batcher.close()
         if self._native is not None:
-            await self._native.close(lambda: self._now_calls)
+            await self._native.close()
         if self._channel is not None:
             await self._channel.close(None)

@@ -191,14 +191,16 @@ def add_threaded_fast_paths(
 
 def _client_fast_path(
     node: Node, defers: bool
-) -> Callable[[pb.GetRateLimitsReq], pb.GetRateLimitsResp | Deferred | None]:
+) -> Callable[[pb.GetRateLimitsReq, Any], pb.GetRateLimitsResp | Deferred | None]:
     """GetRateLimits on the gRPC thread: forwarded at once (``defers``: the server
     finishes the call later) or answered here; None: the event loop's servicer answers."""
 
-    def client_checks(request: pb.GetRateLimitsReq) -> pb.GetRateLimitsResp | Deferred | None:
+    def client_checks(
+        request: pb.GetRateLimitsReq, context: Any
+    ) -> pb.GetRateLimitsResp | Deferred | None:
         if len(request.requests) <= MAX_BATCH:
             # a call for another node is recognised before anything is decoded
-            forwarded = forward_now(node, request) if defers else None
+            forwarded = forward_now(node, request, context.call) if defers else None
             if forwarded is not None:
                 return Deferred(forwarded)
             out = answer_here(node, request.requests)
@@ -211,11 +213,11 @@ def _client_fast_path(
 
 def _peer_fast_path(
     node: Node,
-) -> Callable[[peers_pb2.GetPeerRateLimitsReq], peers_pb2.GetPeerRateLimitsResp | None]:
+) -> Callable[[peers_pb2.GetPeerRateLimitsReq, Any], peers_pb2.GetPeerRateLimitsResp | None]:
     """GetPeerRateLimits answered on the gRPC thread, or None (the event loop's)."""
 
     def peer_checks(
-        request: peers_pb2.GetPeerRateLimitsReq,
+        request: peers_pb2.GetPeerRateLimitsReq, context: Any
     ) -> peers_pb2.GetPeerRateLimitsResp | None:
         if len(request.requests) <= MAX_BATCH:
             out = answer_here(node, request.requests, peer=True)

@@ -1,11 +1,14 @@
 """A lone check for another node, through the native gRPC server, is forwarded from the
-gRPC thread as it came (api.forward_now) rather than through the event loop's batcher;
-if that call fails the batched path decides it. Two real nodes in this process, real
+gRPC thread as it came (api.forward_now) rather than through the event loop's batcher,
+and the owner's answer relayed to the caller by the extensions; if that call fails the
+batched path decides it. Two real nodes in this process, real
 gRPC between them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -128,8 +131,37 @@ async def test_a_call_owned_here_costs_one_lookup(
 
     for keys in (here[:100], there[:1] + here[:99]):
         ring.lookups = 0
-        assert api.forward_now(a.node, call(keys)) is None
+        assert api.forward_now(a.node, call(keys), None) is None
         assert ring.lookups == (1 if keys[0] in here else 2)
     ring.lookups = 0
-    api.forward_now(a.node, call(there[:50]))  # all b's: every item is looked up
+    api.forward_now(a.node, call(there[:50]), None)  # all b's: every item is looked up
     assert ring.lookups == 50
+
+
+def _blocking_check(address: str, key: str) -> Any:
+    with grpc.insecure_channel(address) as channel:
+        stub: Any = gubernator_pb2_grpc.V1Stub(channel)  # type: ignore[no-untyped-call]
+        req = pb.RateLimitReq(name="fn", unique_key=key, hits=1, limit=5, duration=60_000)
+        return stub.GetRateLimits(pb.GetRateLimitsReq(requests=[req]), timeout=10).responses[0]
+
+
+async def test_the_owners_answer_is_relayed_without_the_event_loop(
+    pair: tuple[ClusterServer, ClusterServer],
+) -> None:
+    """Both nodes share this process's event loop; it is kept busy while a forwarded
+    check is made, and the answer still arrives: the forwarding node's gRPC thread sent
+    it, the owner's gRPC thread decided it, and the extensions relayed it."""
+    a, b = pair
+    theirs = [f"k{i}" for i in range(1000) if a.node.ring.owner(f"fn_k{i}") == b.node.address]
+    await _checks(a.node.address, theirs[:1])  # the channel is watched: relays on
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(_blocking_check, a.node.address, theirs[1])
+        started = time.monotonic()
+        while not answer.done() and time.monotonic() - started < 5:
+            time.sleep(0.01)  # the loop stays blocked meanwhile
+        assert answer.done(), "the forwarded check waited for the event loop"
+        got = answer.result()
+    assert (got.error, got.remaining, got.metadata["owner"]) == ("", 4, b.node.address)
+    assert _count(a, "forwarded") == 2
+    native = a.node.clients[b.node.address]._native
+    assert native is not None and native.channel.relays == 0

@@ -389,7 +389,7 @@ def add_to_server(
         # checks the node decides alone are answered on the gRPC thread (see threaded.py)
         threaded = grpc.unary_unary_rpc_method_handler(
             fast_or_bridged(
-                lambda request: servicer.answer_here(request, decide),
+                lambda request, context: servicer.answer_here(request, decide),
                 servicer.ShouldRateLimit,
                 server.loop,
             ),

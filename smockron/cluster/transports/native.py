@@ -75,6 +75,11 @@ class NativeContext:
     def is_active(self) -> bool:
         return not self._call.done
 
+    @property
+    def call(self) -> Any:
+        """The extension's call object (``PeerClient.relay`` answers it)."""
+        return self._call
+
 
 # (deserializer, handler, serializer); an asyncio handler comes wrapped by ``bridge``
 _Parse = Callable[[bytes], Any] | None

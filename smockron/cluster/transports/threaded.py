@@ -97,18 +97,18 @@ def bridge(
 
 
 def fast_or_bridged(
-    fast: Callable[[Req], Resp | None],
+    fast: Callable[[Req, Any], Resp | None],
     handler: Callable[[Req, Any], Any],
     loop: asyncio.AbstractEventLoop,
 ) -> Callable[[Req, grpc.ServicerContext], Any]:
-    """A threaded unary handler answering with ``fast(request)`` on the gRPC thread, or,
-    when that returns None (or the request did not decode), with the asyncio
-    ``handler`` on ``loop``."""
+    """A threaded unary handler answering with ``fast(request, context)`` on the gRPC
+    thread, or, when that returns None (or the request did not decode), with the
+    asyncio ``handler`` on ``loop``."""
     slow = bridge(handler, loop)
 
     def call(request: Req, context: grpc.ServicerContext) -> Any:
         if request is not UNDECODED:
-            response = fast(request)
+            response = fast(request, context)
             if response is not None:
                 return response
         return slow(request, context)
