@@ -85,6 +85,8 @@ class _NativeUnary:
 
     def __init__(self, target: str, options: list[tuple[str, Any]]) -> None:
         self.channel = _nativeclient.Channel(target, options)
+        self.can_relay = hasattr(self.channel, "relay")
+        """False with an extension built before ``relay`` existed: forwards go batched."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: set[asyncio.Future[tuple[int, bytes | None, str]]] = set()
 
@@ -124,9 +126,9 @@ class _NativeUnary:
         their callers answer (from the batched path) instead of waiting for their
         deadline."""
         loop = self._loop
-        channel = self.channel
+        relays = (lambda: self.channel.relays) if self.can_relay else (lambda: 0)
         for _ in range(100 if loop is not None else 0):
-            if not channel.relays:
+            if not relays():
                 break
             await asyncio.sleep(0.01)
         self.channel.close()
@@ -135,7 +137,7 @@ class _NativeUnary:
         if loop is None:
             return
         for _ in range(10):
-            if not channel.relays:
+            if not relays():
                 break
             await asyncio.sleep(0.01)
         loop.remove_reader(self.channel.fileno())
@@ -215,7 +217,7 @@ class PeerClient:
         the loop watches it, or while ``RELAYS`` such calls are in flight to this peer:
         the caller then takes the batched path, which also counts failures."""
         native = self._native
-        if native is None or native.watching is None:
+        if native is None or native.watching is None or not native.can_relay:
             return False
         args = (_GET_PEER, request, self._timeout, RELAYS, items, call, _Relayed(done))
         try:
