@@ -30,7 +30,7 @@ http {{
     smockron_control tcp://127.0.0.1:{ctl};
 {http}
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{reuseport};
         location = /smockron {{ smockron_stats; }}
         location / {{
             smockron on;
@@ -38,6 +38,7 @@ http {{
             smockron_identifier $http_x_client;
 {location}
             add_header X-Smockron-Decision $smockron_decision always;
+            add_header X-Worker $pid always;
             proxy_pass http://127.0.0.1:{upstream};
         }}
     }}
@@ -114,6 +115,8 @@ def nginx(
             domain=domain,
             location=location,
             upstream=upstream,
+            # several workers: new connections spread over them by their ports
+            reuseport=" reuseport" if workers > 1 else "",
         )
     )
     check = subprocess.run(

@@ -165,3 +165,31 @@ def test_bad_directives_fail_the_config_test(tmp_path: Path, directive: str, err
         nginx(tmp_path, port=1, upstream=1, acc=2, ctl=3, http=directive),
     ):
         pass
+
+
+def test_workers_share_the_zone(tmp_path: Path) -> None:
+    """Verdicts and first-line times are the zone's: a client whose connections land on
+    different workers is held as one, and worker 0's control reaches them all."""
+    acc, ctl, port = free_ports(3)
+    with backend() as (up, _seen):
+        master = run_smockron(master_args(acc, ctl, "api:5/s:5"), tmp_path / "master.log")
+        with (
+            stopping([master]),
+            nginx(tmp_path / "nginx", port=port, upstream=up, acc=acc, ctl=ctl, workers=2),
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
+        ):
+            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
+            workers: set[str] = set()
+            got = []
+            started = time.monotonic()
+            for _ in range(12):  # a new connection each: either worker
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as one:
+                    r = one.get("/", headers={"x-client": "shared"})
+                    workers.add(r.headers["x-worker"])
+                    got.append(r.headers["x-smockron-decision"])
+            elapsed = time.monotonic() - started
+            assert len(workers) == 2, workers
+            # held as one client: the burst, then one each 200 ms (a client slower than
+            # that between two requests is accepted, on a busy machine)
+            assert got[:5] == ["accept"] * 5 and "delay" in got, got
+            assert got.count("accept") <= 5 + 5 * elapsed - got.count("delay") + 1, got
