@@ -10,7 +10,10 @@ of it, on the proxy core, either an nginx (one worker, ``limit_req`` on the clie
 address at a rate no request reaches, kept-alive upstream connections) or
 ``smockron proxy`` (identified by address, with a running ``smockron master`` and a
 rule no request reaches, so both admit every request after asking their limiter).
-``wrk`` (one thread), the backend and the master share the other core.
+``wrk`` (one thread), the backend and the master share the other core. A third front,
+``nginx+smockron``, is nginx with smockron's own module (``nginx/``, built by
+``scripts/build-nginx-module``) in place of ``limit_req``, following the same master
+(``--no-module``: not measured).
 
 Each round runs wrk against the backend directly, through nginx and through smockron,
 interleaved (``--also`` adds the proxy of another checkout, e.g. an older commit
@@ -40,6 +43,7 @@ from pathlib import Path
 from _common import ROOT, cpu_seconds, free_ports, median, smockron_env, wait_port
 
 NGINX_CONF = """
+{main}
 worker_processes 1;
 daemon off;
 master_process on;
@@ -55,7 +59,8 @@ http {{
 {http}
 }}
 """
-"""One nginx, one worker: ``http`` is what its ``http`` block holds besides the common."""
+"""One nginx, one worker: ``http`` is what its ``http`` block holds besides the common,
+``main`` what goes before (``load_module``)."""
 
 BACKEND = """
     server {{
@@ -78,6 +83,25 @@ FRONT = """
         }}
     }}
 """
+
+MODULE_FRONT = """
+    smockron_master tcp://127.0.0.1:{acc};
+    smockron_control tcp://127.0.0.1:{ctl};
+    upstream backend {{ server 127.0.0.1:{backend}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            smockron on;
+            smockron_domain api;
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        }}
+    }}
+"""
+"""nginx with smockron's module (nginx/) in place of limit_req: each request looked up
+in the shared zone (the master's rules offer gives it a first line) and accounted."""
 
 RULE = "api:1000000/s:1000000"
 NICE: list[str] = []
@@ -176,8 +200,19 @@ def process(
             proc.wait()
 
 
-def nginx_conf(tmp: str, name: str, http: str) -> str:
-    return NGINX_CONF.format(dir=tmp, name=name, http=http.strip("\n"))
+def nginx_conf(tmp: str, name: str, http: str, main: str = "") -> str:
+    return NGINX_CONF.format(dir=tmp, name=name, http=http.strip("\n"), main=main)
+
+
+def build_module() -> Path | None:
+    """smockron's nginx module, built against this nginx (None: it cannot be built)."""
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "build-nginx-module")], capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        print(f"not measuring nginx+smockron: the module did not build\n{out.stderr}")
+        return None
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def nginx(
@@ -206,13 +241,17 @@ def main() -> None:
         help="also measure the smockron proxy of this source tree",
     )
     ap.add_argument("--nice", type=int, default=0, help="niceness of everything measured")
+    ap.add_argument(
+        "--no-module", action="store_true", help="do not measure nginx with smockron's module"
+    )
     args = ap.parse_args()
     global NICE
     NICE = ["nice", "-n", str(args.nice)] if args.nice else []
     for tool in ("nginx", "wrk", "taskset"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed (apt-get install nginx wrk util-linux)")
-    back, front, proxy, acc, ctl, *others = free_ports(5 + len(args.also))
+    back, front, proxy, acc, ctl, moduled, *others = free_ports(6 + len(args.also))
+    module = None if args.no_module else build_module()
     env = dict(smockron_env(), SMOCKRON_LOG_LEVEL="WARNING")
     pin_load = [*NICE, "taskset", "-c", str(args.load_core)]
     pin_proxy = [*NICE, "taskset", "-c", str(args.proxy_core)]
@@ -220,6 +259,15 @@ def main() -> None:
         backend_conf, front_conf = Path(tmp, "backend.conf"), Path(tmp, "front.conf")
         backend_conf.write_text(nginx_conf(tmp, "backend", BACKEND.format(port=back)))
         front_conf.write_text(nginx_conf(tmp, "front", FRONT.format(port=front, backend=back)))
+        module_conf = Path(tmp, "module.conf")
+        module_conf.write_text(
+            nginx_conf(
+                tmp,
+                "module",
+                MODULE_FRONT.format(port=moduled, backend=back, acc=acc, ctl=ctl),
+                main=f"load_module {module};",
+            )
+        )
         master = [
             *pin_load,
             sys.executable,
@@ -267,6 +315,13 @@ def main() -> None:
                 stack.enter_context(nginx(str(front_conf), args.proxy_core, front, session=True)),
             )
             stack.enter_context(process(master, ctl, env))
+            if module is not None:
+                targets["nginx+smockron"] = (
+                    moduled,
+                    stack.enter_context(
+                        nginx(str(module_conf), args.proxy_core, moduled, session=True)
+                    ),
+                )
             also = (spec.partition("=") for spec in args.also)
             trees = [("smockron", ROOT), *((name, Path(tree).resolve()) for name, _, tree in also)]
             for (label, root), port in zip(trees, [proxy, *others], strict=True):
@@ -309,14 +364,14 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
         f"({os.cpu_count()} cores)"
     )
     print(
-        f"{'':10} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'added p50':>10} "
+        f"{'':15} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'added p50':>10} "
         f"{'CPU us/req':>10} {'errors':>7}"
     )
     for name, r in med.items():
         added = f"{r.p50_us - direct.p50_us:+.0f} us" if name != "direct" else ""
         cpu = f"{r.cpu_us:.1f}" if name != "direct" else ""
         print(
-            f"{name:10} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
+            f"{name:15} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
             f"{cpu:>10} {r.errors:7.0f}"
         )
     n = med["nginx"]
@@ -324,8 +379,9 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
     for name, r in med.items():
         if name not in ("direct", "nginx"):
             print(
-                f"{name} / nginx: {r.rps / n.rps:.2f}x requests/s, {r.cpu_us / n.cpu_us:.1f}x "
-                f"CPU per request; on a core of its own: {1e6 / r.cpu_us:,.0f} requests/s "
+                f"{name} / nginx (limit_req): {r.rps / n.rps:.2f}x requests/s, "
+                f"{r.cpu_us / n.cpu_us:.1f}x CPU per request; on a core of its own: "
+                f"{1e6 / r.cpu_us:,.0f} requests/s "
                 f"at most, nginx {1e6 / n.cpu_us:,.0f}"
             )
 

@@ -1231,15 +1231,82 @@ smk_send(const void *data, size_t len, int more)
 }
 
 
-/* One accounting message; never blocks. While the master's subscription is not here, a
- * message would be dropped unseen by the socket: it is counted as dropped instead. */
+/* Accounting waits here up to 2 ms (or 256 messages) and goes in one burst: waking
+ * ZeroMQ's I/O thread for each message costs more CPU than deciding the request (the
+ * asyncio gatekeeper's flush_delay, for the same reason). */
+#define SMK_BATCH        256
+#define SMK_ARENA        (SMK_BATCH * 1024)
+#define SMK_FLUSH_MS     2
+
+typedef struct {
+    u_char                     *frame[6];
+    size_t                      len[6];
+    ngx_uint_t                  n;
+} smk_msg_t;
+
+static smk_msg_t    smk_queue[SMK_BATCH];
+static ngx_uint_t   smk_queued;
+static u_char      *smk_arena;
+static size_t       smk_arena_used;
+static ngx_event_t  smk_flush_ev;
+
+
+static void
+smk_flush(void)
+{
+    ngx_uint_t   i, j, sent = 0, dropped = 0;
+    smk_msg_t   *m;
+
+    for (i = 0; i < smk_queued; i++) {
+        m = &smk_queue[i];
+        /* the first frame at the high-water mark fails (XPUB_NODROP): counted; once
+         * it went, the message goes whole */
+        if (smk_send(m->frame[0], m->len[0], 1) != NGX_OK) {
+            dropped++;
+            continue;
+        }
+        for (j = 1; j < m->n; j++) {
+            smk_send(m->frame[j], m->len[j], j + 1 < m->n);
+        }
+        sent++;
+    }
+    smk_queued = 0;
+    smk_arena_used = 0;
+    if (smk_flush_ev.timer_set) {
+        ngx_del_timer(&smk_flush_ev);
+    }
+    ngx_atomic_fetch_add(&smk_sh->counters[SMK_ACCOUNTING_SENT], sent);
+    ngx_atomic_fetch_add(&smk_sh->counters[SMK_ACCOUNTING_DROPPED], dropped);
+}
+
+
+static void
+smk_on_flush(ngx_event_t *ev)
+{
+    smk_flush();
+}
+
+
+static u_char *
+smk_keep(const void *data, size_t len)
+{
+    u_char  *p = smk_arena + smk_arena_used;
+
+    ngx_memcpy(p, data, len);
+    smk_arena_used += len;
+    return p;
+}
+
+
+/* One accounting message, queued; never blocks. While the master's subscription is not
+ * here, a message would be dropped unseen by the socket: it is counted as dropped. */
 static void
 smk_account(smk_loc_conf_t *lcf, const char *status, ngx_str_t *ident, int64_t received,
     int64_t delayed, ngx_str_t *loginfo)
 {
-    u_char  rbuf[NGX_INT64_LEN], dbuf[NGX_INT64_LEN];
-    size_t  rlen, dlen = 0;
-    int     more = loginfo != NULL;
+    u_char      rbuf[NGX_INT64_LEN], dbuf[NGX_INT64_LEN];
+    size_t      rlen, dlen = 0, slen = ngx_strlen(status), size;
+    smk_msg_t  *m;
 
     if (smk_acc == NULL || !smk_subscribed) {
         smk_count(SMK_ACCOUNTING_DROPPED);
@@ -1249,20 +1316,30 @@ smk_account(smk_loc_conf_t *lcf, const char *status, ngx_str_t *ident, int64_t r
     if (delayed) {
         dlen = ngx_sprintf(dbuf, "%L", delayed) - dbuf;
     }
-    /* the first frame at the high-water mark fails (XPUB_NODROP); once it went, the
-     * message goes whole */
-    if (smk_send(lcf->domain.data, lcf->domain.len + 1, 1) != NGX_OK) {
-        smk_count(SMK_ACCOUNTING_DROPPED);
-        return;
+    size = lcf->domain.len + 1 + slen + ident->len + rlen + dlen
+           + (loginfo ? loginfo->len : 0);
+    if (smk_queued == SMK_BATCH || smk_arena_used + size > SMK_ARENA) {
+        smk_flush();
     }
-    smk_send(status, ngx_strlen(status), 1);
-    smk_send(ident->data, ident->len, 1);
-    smk_send(rbuf, rlen, 1);
-    smk_send(dbuf, dlen, more);
-    if (more) {
-        smk_send(loginfo->data, loginfo->len, 0);
+    m = &smk_queue[smk_queued++];
+    m->n = 0;
+    m->len[m->n] = lcf->domain.len + 1;
+    m->frame[m->n++] = smk_keep(lcf->domain.data, lcf->domain.len + 1);
+    m->len[m->n] = slen;
+    m->frame[m->n++] = smk_keep(status, slen);
+    m->len[m->n] = ident->len;
+    m->frame[m->n++] = smk_keep(ident->data, ident->len);
+    m->len[m->n] = rlen;
+    m->frame[m->n++] = smk_keep(rbuf, rlen);
+    m->len[m->n] = dlen;
+    m->frame[m->n++] = smk_keep(dbuf, dlen);
+    if (loginfo != NULL) {
+        m->len[m->n] = loginfo->len;
+        m->frame[m->n++] = smk_keep(loginfo->data, loginfo->len);
     }
-    smk_count(SMK_ACCOUNTING_SENT);
+    if (!smk_flush_ev.timer_set) {
+        ngx_add_timer(&smk_flush_ev, SMK_FLUSH_MS);
+    }
 }
 
 
@@ -2041,7 +2118,9 @@ smk_on_tick(ngx_event_t *ev)
     if (smk_sub != NULL) {
         smk_resync_due();
     }
-    ngx_add_timer(&smk_tick, SMK_TICK_MS);
+    if (!ngx_exiting) {     /* a graceful exit runs cancelable timers once, now */
+        ngx_add_timer(&smk_tick, SMK_TICK_MS);
+    }
 }
 
 
@@ -2160,6 +2239,14 @@ smk_init_process(ngx_cycle_t *cycle)
         smk_sub_conn = smk_watch(cycle, smk_sub);
         smk_mon_conn = smk_watch(cycle, smk_mon);
     }
+    smk_arena = ngx_alloc(SMK_ARENA, cycle->log);
+    if (smk_arena == NULL) {
+        return NGX_ERROR;
+    }
+    smk_flush_ev.handler = smk_on_flush;
+    smk_flush_ev.log = cycle->log;
+    smk_flush_ev.data = &smk_tick_conn;
+    smk_flush_ev.cancelable = 1;
     smk_tick.handler = smk_on_tick;
     smk_tick.log = cycle->log;
     smk_tick_conn.fd = (ngx_socket_t) -1;
@@ -2190,6 +2277,7 @@ smk_exit_process(ngx_cycle_t *cycle)
     if (smk_zctx == NULL) {
         return;
     }
+    smk_flush();
     smk_unwatch(smk_acc_conn);
     smk_unwatch(smk_sub_conn);
     smk_unwatch(smk_mon_conn);

@@ -139,8 +139,10 @@ def test_master_gone_fails_open(tmp_path: Path) -> None:
             started = time.monotonic()
             abuser = decisions(client, "abuser", 15)
             elapsed = time.monotonic() - started
-            assert abuser["accept"] == 5 and abuser["delay"] == 10, abuser
-            assert elapsed >= 1.5, elapsed
+            # the burst, then one each 200 ms (a client slower than that between two
+            # requests is accepted, on a busy machine): 15 take at least 10 intervals
+            assert abuser["accept"] + abuser["delay"] == 15 and abuser["delay"] >= 1, abuser
+            assert elapsed >= (15 - 5) / 5 - 0.05, elapsed
             assert stats(client)["accounting_dropped_total"] >= 20
             before = len(seen.arrivals)
             assert decide(client, "polite0") == "accept"
