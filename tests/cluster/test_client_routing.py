@@ -258,6 +258,30 @@ def test_owner_ring_refreshes_on_its_timer_and_takes_nodes_back_after_down_for()
     assert ring.owner(key) in ("n1", "n3")
 
 
+def test_owner_ring_is_alone_when_only_the_clients_own_node_is_in_it() -> None:
+    """Then a check skips the routing (it would go to the client's address anyway)."""
+    clock = _Clock()
+    ring = OwnerRing(refresh=5.0, down_for=1.0, clock=clock)
+    assert ring.alone  # nothing learned: checks go to the client's address
+    for nodes, seed, alone in [
+        ([], "n1", True),
+        (["n1"], "n1", True),
+        (["n1"], "x:81", False),  # the one node is not the one the client was given
+        (["n1", "n2"], "n1", False),
+    ]:
+        clock.now += 5.0  # the next refresh is due
+        assert ring.claim()
+        ring.learn(nodes, seed=seed)
+        assert ring.alone is alone, (nodes, seed)
+    ring.mark_down("n2")  # n1 is left, the client's own
+    assert ring.alone
+    clock.now += 1.0
+    assert ring.due() and not ring.claim()  # n2 back in the ring
+    assert not ring.alone
+    ring.mark_down("n1")
+    assert not ring.alone  # n2 only, not the client's own node
+
+
 def _answers(parts: list[Part]) -> list[Outcome]:
     """Each part answered by its owner, as a node names itself in ``owner``."""
     return [

@@ -102,9 +102,10 @@ class AsyncClient(BaseClient[AsyncHttpTransport]):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = make_request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
-        if self.ring is None:
+        ring = self.ring
+        if ring is None or (ring.alone and not ring.due()):  # one node: no owner to pick
             return checked(await self._via(timeout)(req), name, key)
-        route = Route(self.ring, (req,), fallback=True)
+        route = Route(ring, (req,), fallback=True)
         return checked((await self._drive(route, AsyncClient._send_one, timeout))[0], name, key)
 
     async def health_check(self, *, timeout: float | None = None) -> HealthCheck:

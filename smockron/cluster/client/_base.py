@@ -177,7 +177,7 @@ class BaseClient(Generic[_Http]):
         if via is self and "," not in self.address and health.advertise_address:
             self._seed_name = health.advertise_address
         names = [p.grpc_address for p in (*health.local_peers, *health.region_peers)]
-        ring.learn(names)
+        ring.learn(names, seed=self._seed_name or self.address)
         with self._nodes_lock:
             gone = [n for n in self._nodes if n not in ring.nodes]
             removed = [self._nodes.pop(n) for n in gone]

@@ -89,6 +89,11 @@ class OwnerRing:
         self._last_mismatch_refresh = -MISMATCH_REFRESH
         self._samples: dict[str, str] = {}
         """Keys answered by another node than the one picked -> that node."""
+        self.seed = ""
+        """The ring's name for the node at the client's own address, when known."""
+        self.alone = True
+        """No node in the ring but the one at the client's own address (or none): every
+        check goes to that address, where ``Route`` would send it, for less."""
         self._lock = threading.Lock()
         self.refreshes = 0
         """HealthCheck answers taken in (for tests and benchmarks)."""
@@ -121,8 +126,10 @@ class OwnerRing:
         self._next = now + self._refresh  # other threads: not due while this one asks
         return True
 
-    def learn(self, nodes: Iterable[str]) -> None:
-        """A node's answer: the full node list (empty: route nothing)."""
+    def learn(self, nodes: Iterable[str], seed: str = "") -> None:
+        """A node's answer: the full node list (empty: route nothing); ``seed``: the
+        name of the node at the client's own address."""
+        self.seed = seed
         self.nodes = tuple(sorted(set(nodes)))
         self.down = {n: until for n, until in self.down.items() if n in self.nodes}
         self._rebuild()
@@ -160,7 +167,9 @@ class OwnerRing:
             self._next = now
 
     def _rebuild(self) -> None:
-        self._ring.set_nodes(n for n in self.nodes if n not in self.down)
+        live = [n for n in self.nodes if n not in self.down]
+        self._ring.set_nodes(live)
+        self.alone = not live or live == [self.seed]
 
     def _match_samples(self) -> None:
         """Switch to the hash that places the keys answered elsewhere where they were

@@ -109,9 +109,10 @@ class Client(BaseClient[HttpTransport]):
         """Count ``hits`` (0 = just look) against ``limit`` per ``duration`` (ms or
         timedelta); raises ItemError if the server rejects the item."""
         req = make_request(name, key, hits, limit, duration, algorithm, behavior, burst, metadata)
-        if self.ring is None:
+        ring = self.ring
+        if ring is None or (ring.alone and not ring.due()):  # one node: no owner to pick
             return checked(self._via(timeout)(req), name, key)
-        route = Route(self.ring, (req,), fallback=True)
+        route = Route(ring, (req,), fallback=True)
         return checked(self._drive(route, Client._send_one, timeout)[0], name, key)
 
     def health_check(self, *, timeout: float | None = None) -> HealthCheck:
