@@ -29,8 +29,11 @@ once <= 1.05x burst (through N gatekeepers each may admit its burst before it he
 master, and the master charges the excess as debt: only the admitted goal applies);
 polite slowed == 0. A row is MET when all of its goals are.
 
+``--front nginx`` puts nginx with smockron's module (``nginx/``, built by
+``scripts/build-nginx-module``; one worker, identified by X-Client) in place of each proxy.
+
 Run: python bench/accuracy.py [--duration 8] [--rounds 3] [--patterns steady,bursts,...]
-     [--gatekeepers 1,2,4] [--algorithms history,gcra] [--json FILE]
+     [--gatekeepers 1,2,4] [--algorithms history,gcra] [--front proxy|nginx] [--json FILE]
 The default matrix (4 patterns x 3 gatekeeper counts x 2 algorithms x 3 rounds) takes
 about 13 minutes. Traffic goes to 127.0.0.1 only; every process is stopped at the end of
 its cell, on an error and on Ctrl-C.
@@ -95,6 +98,8 @@ class Config:
     pool_cap: int
     masters: int = 1
     """A fleet of this many peered masters; proxies follow all of them (--master)."""
+    front: str = "proxy"
+    """The gatekeepers: ``smockron proxy``, or nginx with smockron's module."""
 
     @property
     def ideal(self) -> float:
@@ -338,6 +343,66 @@ def proxy_args(cfg: Config, port: int, backend: int, fleet: list[tuple[str, str]
     ]
 
 
+NGINX_CONF: Final = """
+load_module {module};
+worker_processes 1;
+daemon off;
+master_process on;
+pid {dir}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fcgi; uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+    smockron_master {acc};
+    smockron_control {ctl};
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            smockron on;
+            smockron_domain {domain};
+            smockron_identifier $http_x_client;
+            add_header {header} $smockron_decision always;
+            proxy_pass http://127.0.0.1:{backend};
+        }}
+    }}
+}}
+"""
+
+
+def nginx_module() -> str:
+    out = subprocess.run(
+        [str(Path(__file__).resolve().parent.parent / "scripts" / "build-nginx-module")],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"--front nginx: the module did not build\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def nginx_gatekeeper(
+    cfg: Config, port: int, backend: int, fleet: list[tuple[str, str]], workdir: Path
+) -> Proc:
+    """nginx with the module, following the one master (the module follows one)."""
+    workdir.mkdir()
+    conf = workdir / "nginx.conf"
+    ((acc, ctl),) = fleet
+    conf.write_text(
+        NGINX_CONF.format(
+            module=nginx_module(),
+            dir=workdir,
+            acc=acc,
+            ctl=ctl,
+            port=port,
+            domain=cfg.domain,
+            header=DECISION_HEADER,
+            backend=backend,
+        )
+    )
+    return Proc(["nginx", "-c", str(conf), "-e", str(workdir / "error.log")], workdir / "log")
+
+
 def check_alive(procs: list[Proc]) -> None:
     for proc in procs:
         if not proc.alive():
@@ -350,7 +415,10 @@ async def ready(procs: list[Proc], ports: list[int]) -> None:
     await asyncio.gather(*(asyncio.to_thread(wait_port, p, READY_TIMEOUT_S) for p in ports))
     deadline = time.monotonic() + READY_TIMEOUT_S
     proxies = [p for p in procs if "proxy" in p.log_path.name]
-    while not all("accounting connected" in p.log() for p in proxies):
+    nginxes = [p.log_path.parent / "error.log" for p in procs if p.log_path.name == "log"]
+    while not all("accounting connected" in p.log() for p in proxies) or not all(
+        log.exists() and "control connected" in log.read_text() for log in nginxes
+    ):
         check_alive(procs)
         if time.monotonic() > deadline:
             break  # the log line may have changed; the settle time below still applies
@@ -402,6 +470,9 @@ async def system(
                 )
             )
         for i, port in enumerate(ports):
+            if cfg.front == "nginx":
+                procs.append(nginx_gatekeeper(cfg, port, back, fleet, workdir / f"nginx-{i + 1}"))
+                continue
             args = proxy_args(cfg, port, back, fleet)
             procs.append(run_smockron(args, workdir / f"proxy-{i + 1}.log"))
         await ready(procs, ports)
@@ -517,6 +588,7 @@ def parse_args() -> argparse.Namespace:
     add("--rule", default="acc:10/s:20", help="DOMAIN:RATE/UNIT:BURST [acc:10/s:20]")
     add("--pool-cap", type=int, default=50_000, help="most requests of the pool pattern")
     add("--masters", type=int, default=1, help="a fleet of this many masters [1]")
+    add("--front", choices=("proxy", "nginx"), default="proxy", help="the gatekeepers [proxy]")
     add("--json", type=Path, help="also write the rows here")
     return parser.parse_args()
 
@@ -527,7 +599,9 @@ def build(args: argparse.Namespace) -> tuple[Config, list[Row]]:
     domain, rule = parse_rule_spec(args.rule)
     if not 1 <= args.masters <= 8:
         raise SystemExit("--masters: between 1 and 8")
-    cfg = Config(args.rule, domain, rule, args.duration, args.pool_cap, args.masters)
+    if args.front == "nginx" and args.masters != 1:
+        raise SystemExit("--front nginx follows one master: --masters 1")
+    cfg = Config(args.rule, domain, rule, args.duration, args.pool_cap, args.masters, args.front)
     try:
         counts = [int(n) for n in args.gatekeepers.split(",")]
     except ValueError:
@@ -549,7 +623,7 @@ def main() -> None:
     print(
         f"accuracy, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{os.cpu_count()} CPUs (shared), load {os.getloadavg()[0]:.2f}; "
-        f"{cfg.masters} master(s); "
+        f"{cfg.masters} master(s); gatekeepers: {cfg.front}; "
         f"{len(rows)} cells x {args.rounds} round(s)",
         flush=True,
     )
