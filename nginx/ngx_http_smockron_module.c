@@ -193,6 +193,12 @@ static ngx_command_t smk_commands[] = {
       smk_set_master, NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(smk_main_conf_t, accounting), NULL },
 
+    /* the name of smockron_master in the original's first versions */
+    { ngx_string("smockron_server"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      smk_set_master, NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(smk_main_conf_t, accounting), NULL },
+
     { ngx_string("smockron_domain"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_str_slot, NGX_HTTP_LOC_CONF_OFFSET,

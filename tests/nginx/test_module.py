@@ -158,6 +158,7 @@ def test_master_gone_fails_open(tmp_path: Path) -> None:
         ("smockron_algorithm api=fifo;", "unknown"),
         ("smockron_reject_sample 2;", "from 0 to 1"),
         ("smockron_master tcp://127.0.0.1:1;", "second master"),
+        ("smockron_server tcp://127.0.0.1:1;", "second master"),
         ("smockron_curve_secret /nonexistent.key_secret;", "nonexistent"),
     ],
 )
