@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import DecodeError
 
 from smockron.cluster import convert
@@ -68,20 +69,29 @@ async def answer(
 
 
 def answer_here(
-    node: Node, msgs: Sequence[pb.RateLimitReq], *, peer: bool = False
-) -> list[pb.RateLimitResp] | None:
-    """``answer`` without the event loop, or None when an item needs it (see
-    ``Node.answer_here``); for the threaded servers' gRPC threads."""
+    node: Node,
+    msgs: Sequence[pb.RateLimitReq],
+    out: RepeatedCompositeFieldContainer[pb.RateLimitResp],
+    *,
+    peer: bool = False,
+) -> bool:
+    """``answer`` without the event loop, made in ``out`` (the response's repeated
+    field); False, ``out`` untouched, when an item needs the loop (see
+    ``Node.answer_here``). For the threaded servers' gRPC threads."""
     start = time.perf_counter()
     valid, indexes, results = decode(msgs)
     if valid:
         resps = node.answer_here(valid, peer=peer)
         if resps is None:
-            return None  # answer() decodes them again, and counts their errors
+            return False  # answer() decodes them again, and counts their errors
         _place(results, indexes, resps)
     if len(valid) < len(msgs):
         node.metrics.check_errors.labels("Invalid algorithm").inc(len(msgs) - len(valid))
-    return _encode(node, results, peer, start)
+    for result in results:
+        if result is not None:
+            convert.add_response(out, result)
+    _observe(node, peer, start)
+    return True
 
 
 def forward_now(
@@ -127,7 +137,7 @@ def forward_now(
 
     if not client.relay(request.SerializeToString(), n, call, done):
         return None
-    node.metrics.checks.labels("forwarded").inc(n)
+    node.count("forwarded", n)
     return future
 
 
@@ -166,11 +176,15 @@ def _encode(
     node: Node, results: list[RateLimitResponse | None], peer: bool, start: float
 ) -> list[pb.RateLimitResp]:
     out = [convert.response_to_pb(r) for r in results if r is not None]
+    _observe(node, peer, start)
+    return out
+
+
+def _observe(node: Node, peer: bool, start: float) -> None:
     metrics = node.metrics
     (metrics.peer_duration if peer else metrics.client_duration).observe(
         time.perf_counter() - start
     )
-    return out
 
 
 def health_pb(node: Node) -> pb.HealthCheckResp:

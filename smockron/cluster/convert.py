@@ -8,6 +8,10 @@ flags, so unknown bits are kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 from smockron.cluster.model import (
     Algorithm,
     Behavior,
@@ -89,11 +93,23 @@ def _int64(value: int) -> int:
 
 
 def response_to_pb(resp: RateLimitResponse) -> pb.RateLimitResp:
+    return _built(pb.RateLimitResp, resp)
+
+
+def add_response(
+    out: RepeatedCompositeFieldContainer[pb.RateLimitResp], resp: RateLimitResponse
+) -> None:
+    """``response_to_pb`` made in place in ``out`` (a response's repeated field): a
+    message made apart and put in the field would be copied there."""
+    _built(out.add, resp)
+
+
+def _built(make: Callable[..., pb.RateLimitResp], resp: RateLimitResponse) -> pb.RateLimitResp:
     # Map and string fields are set after construction: passing ``metadata=`` to the
     # constructor costs more than the rest of the conversion together.
     try:
-        msg = pb.RateLimitResp(
-            status=resp.status.value,  # type: ignore[arg-type]
+        msg = make(
+            status=resp.status.value,
             limit=resp.limit,
             remaining=resp.remaining,
             reset_time=resp.reset_time,
@@ -102,8 +118,8 @@ def response_to_pb(resp: RateLimitResponse) -> pb.RateLimitResp:
         # Extreme but valid int64 inputs (duration or created_at near the int64 bounds,
         # hits of -2**63 given back) can leave int64 in Python's arithmetic: saturate, so
         # the item is answered and the rest of the call is not lost to one item.
-        msg = pb.RateLimitResp(
-            status=resp.status.value,  # type: ignore[arg-type]
+        msg = make(
+            status=resp.status.value,
             limit=_int64(resp.limit),
             remaining=_int64(resp.remaining),
             reset_time=_int64(resp.reset_time),

@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from smockron.cluster import lending
 from smockron.cluster.config import ClusterConfig
@@ -65,6 +66,7 @@ class Node(Membership, GlobalKeys):
     ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else ClusterMetrics()
+        self._counted: dict[str, Any] = {}
         self.tls = tls
         """Peer calls go over TLS with these certificates when set."""
         self.address = config.advertise
@@ -208,8 +210,16 @@ class Node(Membership, GlobalKeys):
         for resp in resps:
             if not resp.error:
                 resp.metadata["owner"] = address
-        self.metrics.checks.labels("peer" if peer else _LOCAL).inc(len(resps))
+        self.count("peer" if peer else _LOCAL, len(resps))
         return resps
+
+    def count(self, route: str, checks: int) -> None:
+        """``metrics.checks`` by ``route``, its labelled children kept: ``labels`` takes a
+        lock and checks its arguments on every call."""
+        child = self._counted.get(route)
+        if child is None:
+            child = self._counted[route] = self.metrics.checks.labels(route)
+        child.inc(checks)
 
     async def peer_rate_limits(
         self, requests: Sequence[RateLimitRequest]
@@ -255,7 +265,7 @@ class Node(Membership, GlobalKeys):
             results[i] = resp
         for i in lent:
             results[i] = self._within_loans(requests[i], route, now)
-        self.metrics.checks.labels(route).inc(len(idx) + len(lent))
+        self.count(route, len(idx) + len(lent))
 
     async def _collect(
         self,
@@ -293,7 +303,7 @@ class Node(Membership, GlobalKeys):
             for i in idx:
                 self._after_forward(requests[i], results[i], sent_at)
         forwarded = len(waits) + sum(map(len, unbatched.values())) - len(failed)
-        self.metrics.checks.labels("forwarded").inc(forwarded)
+        self.count("forwarded", forwarded)
         if failed:
             failed.sort()
             self._answer_locally(requests, failed, results, route="owner_failed")

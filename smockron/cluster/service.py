@@ -203,9 +203,9 @@ def _client_fast_path(
             forwarded = forward_now(node, request, context.call) if defers else None
             if forwarded is not None:
                 return Deferred(forwarded)
-            out = answer_here(node, request.requests)
-            if out is not None:
-                return pb.GetRateLimitsResp(responses=out)
+            resp = pb.GetRateLimitsResp()
+            if answer_here(node, request.requests, resp.responses):
+                return resp
         return None
 
     return client_checks
@@ -220,9 +220,9 @@ def _peer_fast_path(
         request: peers_pb2.GetPeerRateLimitsReq, context: Any
     ) -> peers_pb2.GetPeerRateLimitsResp | None:
         if len(request.requests) <= MAX_BATCH:
-            out = answer_here(node, request.requests, peer=True)
-            if out is not None:
-                return peers_pb2.GetPeerRateLimitsResp(rate_limits=out)
+            resp = peers_pb2.GetPeerRateLimitsResp()
+            if answer_here(node, request.requests, resp.rate_limits, peer=True):
+                return resp
         return None
 
     return peer_checks
