@@ -173,3 +173,56 @@ async def test_the_owners_answer_is_relayed_without_the_event_loop(
     assert _count(a, "forwarded") == 2
     native = a.node.clients[b.node.address]._native
     assert native is not None and native.channel.relays == 0
+
+
+@relays
+async def test_an_answer_with_the_wrong_item_count_is_not_relayed() -> None:
+    """An owner whose answer does not hold one item per request (here: none) is not
+    relayed to the client: the batched path decides the check, as for a failed call."""
+    g1, g2 = free_ports(2)
+    owner = grpc.aio.server()
+    answered: list[bytes] = []
+
+    async def empty(request: bytes, context: Any) -> bytes:
+        answered.append(request)
+        return b""  # a GetPeerRateLimitsResp without items
+
+    async def live(request: bytes, context: Any) -> bytes:
+        return b""
+
+    methods = {
+        "GetPeerRateLimits": grpc.unary_unary_rpc_method_handler(empty),
+        "LiveCheck": grpc.unary_unary_rpc_method_handler(live),
+    }
+    owner.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler("pb.gubernator.PeersV1", methods),
+            grpc.method_handlers_generic_handler("pb.gubernator.V1", methods),
+        )
+    )
+    owner.add_insecure_port(f"127.0.0.1:{g2}")
+    await owner.start()
+    config = ClusterConfig(
+        http_address="",
+        grpc_server="native",
+        grpc_address=f"127.0.0.1:{g1}",
+        peers_on_grpc_port=True,
+        batch_timeout_ms=5000,
+        peer_down_after=1000,
+        peer_check_address=False,
+    )
+    a = ClusterServer(config)
+    await a.start()
+    a.node.set_peers([PeerInfo(config.grpc_address), PeerInfo(f"127.0.0.1:{g2}")])
+    try:
+        theirs = [f"k{i}" for i in range(1000) if a.node.ring.owner(f"fn_k{i}") != a.node.address]
+        answers = await _checks(a.node.address, theirs[:3])
+        assert [(r.error, r.remaining) for r in answers] == [("", 4)] * 3
+        assert {r.metadata["owner"] for r in answers} == {a.node.address}  # answered here
+        # the first went batched (the channel is watched from then on); each of the
+        # others was relayed, refused, then sent batched: two calls to the owner
+        assert len(answered) == 5
+        assert _count(a, "owner_failed") == 3
+    finally:
+        await a.stop()
+        await owner.stop(None)
