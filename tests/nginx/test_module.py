@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -196,3 +197,30 @@ def test_workers_share_the_zone(tmp_path: Path) -> None:
             # that between two requests is accepted, on a busy machine)
             assert got[:5] == ["accept"] * 5 and "delay" in got, got
             assert got.count("accept") <= 5 + 5 * elapsed - got.count("delay") + 1, got
+
+
+def test_reload_keeps_the_verdicts_and_reconnects(tmp_path: Path) -> None:
+    """SIGHUP: new workers on the same zone; the new worker 0 follows control again."""
+    acc, ctl, port = free_ports(3)
+    with backend() as (up, _seen):
+        master = run_smockron(master_args(acc, ctl, "api:5/s:5"), tmp_path / "master.log")
+        with (
+            stopping([master]),
+            nginx(tmp_path / "nginx", port=port, upstream=up, acc=acc, ctl=ctl) as gate,
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
+        ):
+            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
+            assert decisions(client, "abuser", 6)["delay"] >= 1
+            received = stats(client)["control_received_total"]
+            assert received >= 1
+            gate.popen.send_signal(signal.SIGHUP)
+            wait_for(lambda: "reconfiguring" in (tmp_path / "nginx" / "error.log").read_text())
+            wait_for(
+                lambda: (
+                    (tmp_path / "nginx" / "error.log").read_text().count("control connected") >= 2
+                )
+            )
+            # the zone lived on: the abuser's entry is still there
+            assert stats(client)["delay_entries"] >= 1
+            assert decide(client, "polite") == "accept"
+            assert stats(client)["control_received_total"] >= received
