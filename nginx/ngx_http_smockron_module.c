@@ -1368,6 +1368,64 @@ smk_account_rejected(smk_loc_conf_t *lcf, ngx_str_t *ident, int64_t received,
 
 /* ---- requests ------------------------------------------------------------------------- */
 
+/* Whether Accept names JSON problem details (RFC 9457) with q > 0, as httpgate's
+ * wants_problem_json: an unparsable q counts as 0 (the header is the client's). */
+static ngx_uint_t
+smk_wants_json(ngx_http_request_t *r)
+{
+    ngx_list_part_t  *part = &r->headers_in.headers.part;
+    ngx_table_elt_t  *h = part->elts;
+    ngx_uint_t        i;
+    u_char           *p, *end, *item, *semi, *q;
+    size_t            len;
+    double            quality;
+
+    for (i = 0; /* void */; i++) {
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return 0;
+            }
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+        if (h[i].key.len != 6 || ngx_strncasecmp(h[i].key.data, (u_char *) "accept", 6)) {
+            continue;
+        }
+        p = h[i].value.data;
+        end = p + h[i].value.len;
+        while (p < end) {
+            item = p;
+            while (p < end && *p != ',') {
+                p++;
+            }
+            semi = ngx_strlchr(item, p, ';');
+            while (item < p && *item == ' ') {
+                item++;
+            }
+            len = (semi ? semi : p) - item;
+            while (len > 0 && item[len - 1] == ' ') {
+                len--;
+            }
+            if ((len == 24 && ngx_strncasecmp(item, (u_char *) "application/problem+json", 24)
+                 == 0)
+                || (len == 16 && ngx_strncasecmp(item, (u_char *) "application/json", 16) == 0))
+            {
+                quality = 1.0;
+                q = semi ? ngx_strlcasestrn(semi, p, (u_char *) "q=", 1) : NULL;
+                if (q != NULL) {
+                    quality = ngx_atofp(q + 2, p - q - 2, 3);   /* NGX_ERROR: 0 */
+                }
+                if (quality > 0) {
+                    return 1;
+                }
+            }
+            p++;
+        }
+    }
+}
+
+
 static ngx_int_t
 smk_respond(ngx_http_request_t *r, smk_loc_conf_t *lcf, int64_t wait_ms)
 {
@@ -1379,7 +1437,7 @@ smk_respond(ngx_http_request_t *r, smk_loc_conf_t *lcf, int64_t wait_ms)
 
     retry = wait_ms <= 1000 ? 1 : (wait_ms + 999) / 1000;   /* never 0: no retry storm */
     title = lcf->status_code == 429 ? "Too Many Requests" : "Service Unavailable";
-    b = ngx_create_temp_buf(r->pool, 96);
+    b = ngx_create_temp_buf(r->pool, 160);
     h = ngx_list_push(&r->headers_out.headers);
     if (b == NULL || h == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -1399,8 +1457,17 @@ smk_respond(ngx_http_request_t *r, smk_loc_conf_t *lcf, int64_t wait_ms)
     ngx_str_set(&h->key, "Cache-Control");
     ngx_str_set(&h->value, "no-store");
 
-    b->last = ngx_sprintf(b->last, "%ui %s: rate limited: retry after %i s\n",
-                          lcf->status_code, title, retry);
+    if (smk_wants_json(r)) {
+        b->last = ngx_sprintf(b->last, "{\"type\": \"about:blank\", \"title\": \"%s\", "
+                              "\"status\": %ui, \"detail\": \"rate limited: retry after "
+                              "%i s\"}", title, lcf->status_code, retry);
+        ngx_str_set(&r->headers_out.content_type, "application/problem+json");
+    } else {
+        b->last = ngx_sprintf(b->last, "%ui %s: rate limited: retry after %i s\n",
+                              lcf->status_code, title, retry);
+        ngx_str_set(&r->headers_out.content_type, "text/plain; charset=utf-8");
+        r->headers_out.content_type_len = sizeof("text/plain") - 1;
+    }
     b->last_buf = (r == r->main);
     b->last_in_chain = 1;
 
@@ -1409,8 +1476,6 @@ smk_respond(ngx_http_request_t *r, smk_loc_conf_t *lcf, int64_t wait_ms)
     }
     r->headers_out.status = lcf->status_code;
     r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "text/plain; charset=utf-8");
-    r->headers_out.content_type_len = sizeof("text/plain") - 1;
 
     rc = ngx_http_send_header(r);
     if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
@@ -1737,6 +1802,27 @@ smk_timestamp(u_char *p, size_t len)
 }
 
 
+/* A publish counter: ASCII decimal, at most 20 digits (codec.py's MAX_COUNT_DIGITS);
+ * one past what this side counts in (2^63) is refused too. */
+static int64_t
+smk_counter(u_char *p, size_t len)
+{
+    uint64_t  v = 0;
+    size_t    i;
+
+    if (len == 0 || len > 20) {
+        return -1;
+    }
+    for (i = 0; i < len; i++) {
+        if (p[i] < '0' || p[i] > '9' || v > (UINT64_MAX - 9) / 10) {
+            return -1;
+        }
+        v = v * 10 + (p[i] - '0');
+    }
+    return v > (uint64_t) INT64_MAX ? -1 : (int64_t) v;
+}
+
+
 static ngx_int_t
 smk_domain_of(u_char *name, size_t len)
 {
@@ -1864,7 +1950,7 @@ smk_published(zmq_msg_t *f, size_t n)
     uint64_t       lost;
     smk_stream_t  *s;
 
-    count = n == 4 ? smk_timestamp(zmq_msg_data(&f[3]), zmq_msg_size(&f[3])) : -1;
+    count = n == 4 ? smk_counter(zmq_msg_data(&f[3]), zmq_msg_size(&f[3])) : -1;
     if (n != 4 || count < 0) {
         smk_malformed("bad PUBLISHED", &f[n > 3 ? 3 : 0], n);
         return;

@@ -84,9 +84,20 @@ def test_delays_rejects_and_accounts(
     assert delayed.status == DELAYED and delayed.identifier == b"bob"
     master.publish("api", b"eve", wall_ms() + 1800)
     time.sleep(0.1)
-    r = client.get("/", headers={"x-client": "eve"})
+    r = client.get("/", headers={"x-client": "eve", "accept": "application/problem+json"})
     assert r.status_code == 429 and r.headers["retry-after"] == "2"
     assert r.headers["x-smockron-decision"] == "reject"
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json() == {
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": "rate limited: retry after 2 s",
+    }
+    for accept, json in [("application/json;q=0", False), ("text/html, application/json", True)]:
+        r = client.get("/", headers={"x-client": "eve", "accept": accept})
+        assert r.status_code == 429
+        assert r.headers["content-type"].startswith("application/problem+json") == json
     assert REJECTED in [m.status for m in master.drain(0.2)]
     # a DELAY_UNTIL for another domain is not ours
     master.publish("other", b"alice", wall_ms() + 1800)
@@ -113,6 +124,7 @@ GARBAGE: list[list[bytes]] = [
     [b"\0smockron\0", b"RULES", b"api", b"history", b"1e12 20"],
     [b"\0smockron\0", b"RULES", b"api", b"history", b"nan 20"],
     [b"\0smockron\0", b"PUBLISHED", b"api", b"-1"],
+    [b"\0smockron\0", b"PUBLISHED", b"api", b"1" * 21],
     [b"\0smockron\0", b"WHAT"],
 ]
 
