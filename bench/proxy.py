@@ -18,7 +18,8 @@ rule no request reaches, so both admit every request after asking their limiter)
 Each round runs wrk against the backend directly, through nginx and through smockron,
 interleaved (``--also`` adds the proxy of another checkout, e.g. an older commit
 unpacked with ``git archive``, under LABEL); the figures are the medians of the rounds:
-requests/s, p50 and p99 latency, added p50 (through a proxy minus direct), and the
+requests/s, p50 and p99 latency, added p50 (through a proxy minus direct), the master's
+CPU time per request (on the load core: the accounting a smockron front sends), and the
 proxy's CPU time per request (user + system, from /proc, which is robust on a shared
 machine; on a busy one, requests/s say more about the neighbours than the proxy, and
 ``--nice`` (negative: root only) runs everything measured ahead of them).
@@ -114,6 +115,7 @@ class Run:
     p99_us: float
     errors: float
     cpu_us: float  # the proxy's CPU time per request (0 for the direct run)
+    master_us: float = 0.0  # the master's, on the load core: what accounting costs there
 
 
 def _us(text: str) -> float:
@@ -159,12 +161,14 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def measure(port: int, pid: int | None, args: argparse.Namespace) -> Run:
-    before = tree_cpu(pid) if pid else 0.0
+def measure(port: int, pid: int | None, master: int, args: argparse.Namespace) -> Run:
+    before, master_before = (tree_cpu(pid) if pid else 0.0), cpu_seconds(master)
     rps, p50, p99, errors = wrk(port, args.load_core, args.connections, args.duration)
     cpu = (tree_cpu(pid) - before) if pid else 0.0
+    master_cpu = cpu_seconds(master) - master_before
     requests = rps * args.duration
-    return Run(rps, p50, p99, errors, cpu / requests * 1e6 if pid and requests else 0.0)
+    per = 1e6 / requests if requests else 0.0
+    return Run(rps, p50, p99, errors, cpu * per if pid else 0.0, master_cpu * per)
 
 
 @contextlib.contextmanager
@@ -314,7 +318,7 @@ def main() -> None:
                 front,
                 stack.enter_context(nginx(str(front_conf), args.proxy_core, front, session=True)),
             )
-            stack.enter_context(process(master, ctl, env))
+            master_pid = stack.enter_context(process(master, ctl, env))
             if module is not None:
                 targets["nginx+smockron"] = (
                     moduled,
@@ -338,7 +342,7 @@ def main() -> None:
             runs: dict[str, list[Run]] = {name: [] for name in targets}
             for i in range(args.rounds):
                 for name, (port, pid) in targets.items():
-                    runs[name].append(measure(port, pid, args))
+                    runs[name].append(measure(port, pid, master_pid, args))
                 print(
                     f"round {i + 1}: "
                     + "; ".join(
@@ -365,14 +369,14 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
     )
     print(
         f"{'':15} {'req/s':>9} {'p50 us':>8} {'p99 us':>8} {'added p50':>10} "
-        f"{'CPU us/req':>10} {'errors':>7}"
+        f"{'CPU us/req':>10} {'master us':>9} {'errors':>7}"
     )
     for name, r in med.items():
         added = f"{r.p50_us - direct.p50_us:+.0f} us" if name != "direct" else ""
         cpu = f"{r.cpu_us:.1f}" if name != "direct" else ""
         print(
             f"{name:15} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
-            f"{cpu:>10} {r.errors:7.0f}"
+            f"{cpu:>10} {r.master_us:9.1f} {r.errors:7.0f}"
         )
     n = med["nginx"]
     print()

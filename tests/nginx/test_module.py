@@ -65,6 +65,7 @@ def concurrent(port: int, who: str, n: int) -> Counter[str]:
         return Counter(pool.map(one, range(n)))
 
 
+@pytest.mark.slow  # asserts elapsed wall-clock time
 def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None:
     acc, ctl, port = free_ports(3)
     with backend() as (up, seen):
@@ -113,6 +114,7 @@ def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None
             assert gate.alive()
 
 
+@pytest.mark.slow  # asserts elapsed wall-clock time
 def test_master_gone_fails_open(tmp_path: Path) -> None:
     acc, ctl, port = free_ports(3)
     with backend() as (up, seen):
@@ -171,6 +173,7 @@ def test_bad_directives_fail_the_config_test(tmp_path: Path, directive: str, err
         pass
 
 
+@pytest.mark.slow  # asserts elapsed wall-clock time
 def test_workers_share_the_zone(tmp_path: Path) -> None:
     """Verdicts and first-line times are the zone's: a client whose connections land on
     different workers is held as one, and worker 0's control reaches them all."""
