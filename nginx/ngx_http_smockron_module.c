@@ -33,6 +33,9 @@
 #define SMK_RULES_TOPIC_LEN 10
 #define SMK_TICK_MS         50
 #define SMK_RESYNC_TRIES    8
+#define SMK_PRIVATE_TRIES   4       /* unanswered private RESYNCs before bare ones */
+#define SMK_REPLY_PREFIX    "\0smockron-resync\0"
+#define SMK_REPLY_PREFIX_LEN 17
 #define SMK_MAX_RECHECKS    100
 #define SMK_LOG_EVERY_MS    10000
 
@@ -158,6 +161,8 @@ typedef struct {
 /* What worker 0 knows of each domain's control stream. */
 typedef struct {
     ngx_uint_t                  resync_left;    /* RESYNCs still to send */
+    u_char                      reply[40];      /* our private answers' topic */
+    size_t                      reply_len;
     ngx_msec_t                  resync_at;
     ngx_uint_t                  heard;          /* a PUBLISHED counter seen */
     uint64_t                    published;
@@ -1851,7 +1856,7 @@ smk_resync_soon(ngx_uint_t d)
 static void
 smk_resync_due(void)
 {
-    ngx_uint_t      d;
+    ngx_uint_t      d, private;
     smk_stream_t   *s;
     u_char         *name;
 
@@ -1864,9 +1869,19 @@ smk_resync_due(void)
             continue;   /* it would be dropped unseen: try when the master is here */
         }
         name = smk_sh->names[d];
+        /* a private answer first (only we receive it), then, for a master that never
+         * answers those (an original one), the bare RESYNC every gatekeeper gets */
+        private = SMK_RESYNC_TRIES - s->resync_left < SMK_PRIVATE_TRIES;
         if (smk_send(name, ngx_strlen(name) + 1, 1) == NGX_OK) {
-            smk_send("RESYNC", 6, 0);
+            smk_send("RESYNC", 6, private);
+            if (private) {
+                smk_send(s->reply, s->reply_len, 0);
+            }
             smk_count(SMK_RESYNCS_SENT);
+        }
+        if (s->resync_left == 1) {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0, "smockron: no answer to RESYNC "
+                          "for \"%s\" yet: the master may not support it", name);
         }
         s->resync_at = ngx_current_msec
                        + (s->resync_left == SMK_RESYNC_TRIES ? 50 : 250);
@@ -1978,12 +1993,34 @@ smk_published(zmq_msg_t *f, size_t n)
 }
 
 
+/* The domain whose private RESYNC answers come on this topic, or -1. */
+static ngx_int_t
+smk_reply_of(u_char *topic, size_t len)
+{
+    ngx_uint_t  d;
+
+    if (len <= SMK_REPLY_PREFIX_LEN
+        || ngx_memcmp(topic, SMK_REPLY_PREFIX, SMK_REPLY_PREFIX_LEN) != 0)
+    {
+        return -1;
+    }
+    for (d = 0; d < smk_sh->ndomains; d++) {
+        if (smk_streams[d].reply_len == len
+            && ngx_memcmp(smk_streams[d].reply, topic, len) == 0)
+        {
+            return d;
+        }
+    }
+    return -1;
+}
+
+
 static void
 smk_control_message(zmq_msg_t *f, size_t n)
 {
     u_char    *topic = zmq_msg_data(&f[0]), *cmd;
     size_t     tlen = zmq_msg_size(&f[0]), clen;
-    ngx_int_t  d;
+    ngx_int_t  d, private;
     int64_t    until, now;
 
     if (n > SMK_MAX_FRAMES) {
@@ -2006,13 +2043,17 @@ smk_control_message(zmq_msg_t *f, size_t n)
         }
         return;
     }
-    if (tlen < 2 || tlen > SMK_MAX_DOMAIN + 1 || topic[tlen - 1] != '\0'
-        || ngx_strlchr(topic, topic + tlen - 1, '\0'))
-    {
-        smk_malformed("bad domain frame", &f[0], n);
-        return;
+    d = smk_reply_of(topic, tlen);  /* our private RESYNC's answer: as on its domain */
+    private = d >= 0;
+    if (!private) {
+        if (tlen < 2 || tlen > SMK_MAX_DOMAIN + 1 || topic[tlen - 1] != '\0'
+            || ngx_strlchr(topic, topic + tlen - 1, '\0'))
+        {
+            smk_malformed("bad domain frame", &f[0], n);
+            return;
+        }
+        d = smk_domain_of(topic, tlen - 1);
     }
-    d = smk_domain_of(topic, tlen - 1);
     if ((clen == 11 && ngx_memcmp(cmd, "RESYNCSTART", 11) == 0)
         || (clen == 10 && ngx_memcmp(cmd, "RESYNCDONE", 10) == 0))
     {
@@ -2020,6 +2061,10 @@ smk_control_message(zmq_msg_t *f, size_t n)
             smk_malformed("resync mark with extra frames", &f[1], n);
         } else if (d >= 0 && clen == 11) {
             smk_streams[d].resync_left = 0;     /* answered: stop asking */
+            if (private) {
+                /* not in the master's publish count: the next counter is a baseline */
+                smk_streams[d].heard = 0;
+            }
         }
         return;
     }
@@ -2320,6 +2365,15 @@ smk_init_process(ngx_cycle_t *cycle)
             /* domain + NUL: "api" does not also receive "apiary" */
             ngx_memcpy(topic, smk_sh->names[d], ngx_strlen(smk_sh->names[d]) + 1);
             zmq_setsockopt(smk_sub, ZMQ_SUBSCRIBE, topic, ngx_strlen(topic) + 1);
+            /* a token of our own per domain: the master answers us alone there */
+            ngx_memcpy(smk_streams[d].reply, SMK_REPLY_PREFIX, SMK_REPLY_PREFIX_LEN);
+            smk_streams[d].reply_len = ngx_sprintf(smk_streams[d].reply
+                                                   + SMK_REPLY_PREFIX_LEN, "%08xD%08xD-%ui",
+                                                   (uint32_t) ngx_random(),
+                                                   (uint32_t) ngx_pid, d)
+                                       - smk_streams[d].reply;
+            zmq_setsockopt(smk_sub, ZMQ_SUBSCRIBE, smk_streams[d].reply,
+                           smk_streams[d].reply_len);
         }
         zmq_socket_monitor(smk_sub, "inproc://smockron-control-monitor",
                            ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED

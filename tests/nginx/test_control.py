@@ -227,3 +227,34 @@ def test_rules_offer_sets_the_first_line(
     # with a first line, DELAYED is sent when the request goes, with the time it went
     assert statuses == [{"accept": ACCEPTED, "delay": DELAYED}[x] for x in seen], statuses
     assert RESYNC not in statuses
+
+
+def test_private_resync_answer(
+    gate: tuple[httpx.Client, Proc, Path], master: MasterSockets
+) -> None:
+    """The first RESYNCs carry a reply topic of the module's own; the master's answer
+    there (only this gatekeeper receives it) is applied as on the domain's topic."""
+    client, _proc, _log = gate
+    reply = None
+    deadline = time.monotonic() + 5
+    while reply is None and time.monotonic() < deadline:
+        if master.sub.poll(100):
+            frames = master.sub.recv_multipart()
+            if frames[1:2] == [RESYNC] and len(frames) == 3:
+                reply = frames[2]
+    assert reply is not None and reply.startswith(b"\0smockron-resync\0"), reply
+    master.publish_raw([reply, b"RESYNCSTART"])
+    master.publish_raw([reply, b"DELAY_UNTIL", b"frank", b"%d" % (wall_ms() + 800)])
+    master.publish_raw([reply, b"RESYNCDONE"])
+    wait_for(lambda: stats(client)["control_received_total"] == 1)
+    r = client.get("/", headers={"x-client": "frank"})
+    assert r.headers["x-smockron-decision"] == "delay"
+    # answered: no more RESYNCs
+    master.drain(0.6)
+    master.resyncs.clear()
+    master.drain(0.6)
+    assert master.resyncs == []
+    # someone else's reply topic is not ours: not even received (not subscribed)
+    master.publish_raw([b"\0smockron-resync\0other", b"DELAY_UNTIL", b"x", b"1"])
+    time.sleep(0.2)
+    assert stats(client)["control_malformed_total"] == 0
