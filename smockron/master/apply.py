@@ -1,6 +1,14 @@
 """One accounting message applied to its domain's rules: the history rule (with debt) and
 GCRA, inlined for the master's hot path (each the named twin of its ``smockron.core``
-function, compared in tests). Each returns the DELAY_UNTIL to publish, or None."""
+function, compared in tests). Each returns the DELAY_UNTIL to publish, or None.
+
+Tables of the memory store (``Domain.plain``) are read and written here without a
+method call: a state is looked up in the table's ``current`` generation first (every
+memory table's ``get`` starts there), and written there and, if the table holds one
+for the identifier, over its lasting state, as ``put`` does. Twin of
+``MemoryTable.get`` and ``MemoryTable.put`` (two Python calls fewer per rule and
+message). Other tables (Redis, the original layout) note each ``put`` and are always
+called."""
 
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ def apply_history(
     # full (``burst`` of them within a window of a time) exactly when its oldest one is
     # within that window: ``min`` in C instead of a count in Python.
     table, window, interval, burst = one
-    old = table.get(ident) or ()
+    old = table.current.get(ident) or table.get(ident) or ()
     n = len(old)
     if dom.debt and n >= burst:
         last = old[-1]
@@ -35,7 +43,13 @@ def apply_history(
         if nxt > ts and old[0] > horizon and min(old) > horizon:
             ts = nxt if nxt - ts <= ahead else ts + ahead
     state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)
-    table.put(ident, state)
+    if dom.plain:  # MemoryTable.put, inlined
+        table.current[ident] = state
+        lasting = table.lasting
+        if lasting and ident in lasting:
+            lasting[ident] = state
+    else:
+        table.put(ident, state)
     if ts > table.keep_after_ms:
         table.keep(ident, state, ts + window)
     if n + 1 >= burst:
@@ -70,7 +84,8 @@ def _apply_histories(
     the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
     with plain locals, no function call but the table's."""
     hot = dom.hot
-    olds = [table.get(ident) or () for table, _w, _i, _b, _t in hot]
+    plain = dom.plain
+    olds = [t.current.get(ident) or t.get(ident) or () for t, _w, _i, _b, _t in hot]
     if dom.debt:  # served_at
         due = ts
         for (_table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
@@ -86,7 +101,13 @@ def _apply_histories(
     for (table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
         n = len(old)
         state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)  # recorded
-        table.put(ident, state)
+        if plain:  # MemoryTable.put, inlined
+            table.current[ident] = state
+            lasting = table.lasting
+            if lasting and ident in lasting:
+                lasting[ident] = state
+        else:
+            table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
         # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
@@ -113,12 +134,19 @@ def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | N
     at = ts if now_ms - ts > ON_TIME_MS else now_ms
     t = ts if ts > at else at
     until = now_ms
+    plain = dom.plain
     for table, window, interval, _burst, tolerance in dom.hot:
-        state = table.get(ident)
+        state = table.current.get(ident) or table.get(ident)
         floor = t - tolerance
         value = (floor if not state or state[0] < floor else state[0]) + interval
         state = (value,)
-        table.put(ident, state, t)  # ``t``: the original layout replays the step in Redis
+        if plain:  # MemoryTable.put, inlined
+            table.current[ident] = state
+            lasting = table.lasting
+            if lasting and ident in lasting:
+                lasting[ident] = state
+        else:
+            table.put(ident, state, t)  # ``t``: the original layout replays the step
         if value > table.keep_after_ms:  # far ahead: keep the state longer
             table.keep(ident, state, value + window)
         if value > until:

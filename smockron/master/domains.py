@@ -10,6 +10,7 @@ from smockron.core.vocabulary import ALGORITHMS, stored_as
 from smockron.errors import ConfigError
 from smockron.master.stats import DomainStats
 from smockron.master.stores.base import Scope, Store, Table
+from smockron.master.stores.memory import MemoryTable
 from smockron.wire.codec import topic
 
 
@@ -35,7 +36,18 @@ class DomainPolicy:
 class Domain:
     """A configured domain as the hot path wants it: topic, tables, counters."""
 
-    __slots__ = ("debt", "gcra", "hot", "name", "one", "rules", "scopes", "stats", "topic")
+    __slots__ = (
+        "debt",
+        "gcra",
+        "hot",
+        "name",
+        "one",
+        "plain",
+        "rules",
+        "scopes",
+        "stats",
+        "topic",
+    )
 
     def __init__(self, name: str, policy: DomainPolicy, store: Store, stats: DomainStats) -> None:
         self.name = name
@@ -57,6 +69,9 @@ class Domain:
         """Per rule, what the hot path reads: table, window, interval, burst and GCRA's
         tolerance (``burst * interval``, as core.gcra computes it): plain locals in one
         loop instead of a Rule's properties and a core function per rule."""
+        self.plain = all(type(table) is MemoryTable for _rule, table, _window in self.scopes)
+        """Whether every table is the memory store's own (no subclass noting writes): the
+        hot path then reads and writes its ``current`` generation without a call."""
         self.one: tuple[Table, float, float, int] | None = None
         """A one-rule domain's table, window, interval and burst, for the hot path."""
         if len(self.scopes) == 1:

@@ -1,6 +1,7 @@
 """The engine's inlined GCRA against :func:`smockron.core.gcra.gcra_update`, and its
 stored states against core's, for any messages (the history rule's DELAY_UNTILs are
-compared in tests/core/test_twins.py)."""
+compared in tests/core/test_twins.py); and its inlined memory-table reads and writes
+against ``MemoryTable.get`` and ``put``."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from smockron.master.apply import ON_TIME_MS
 from smockron.master.domains import DomainPolicy
 from smockron.master.engine import Engine
 from smockron.master.stores.base import Scope
-from smockron.master.stores.memory import MemoryStore
-from smockron.wire.codec import ACCEPTED, control_frames, encode_accounting, topic
+from smockron.master.stores.memory import MemoryStore, MemoryTable, scope_expiry
+from smockron.wire.codec import ACCEPTED, DELAYED, control_frames, encode_accounting, topic
 
 T0 = 1_700_000_000_000
 TOLERANCE = 2000
@@ -117,3 +118,54 @@ def test_one_timestamp_object_per_millisecond() -> None:
     assert firsts == [float(T0)] * 3
     assert firsts[0] is firsts[1] is firsts[2]
     assert type(firsts[0]) is float  # not the int ``now`` given to process
+
+
+class CalledTable(MemoryTable):
+    """A memory table the engine does not count as ``plain`` (a subclass, as the Redis
+    tables are): it calls ``get`` and ``put`` instead of their inlined twins."""
+
+    __slots__ = ()
+
+
+class CalledStore(MemoryStore):
+    """A memory store of :class:`CalledTable`."""
+
+    def _new_table(self, scope: Scope) -> MemoryTable:
+        return CalledTable(scope.rule.window_ms, scope_expiry(scope), self.reclaimer)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    algorithm=st.sampled_from(["history", "history-literal", "gcra"]),
+    domain_rules=st.lists(rules, min_size=1, max_size=3, unique=True),
+    messages=st.lists(
+        st.tuples(
+            st.sampled_from([0, 1, 10, 90, 400, 3000]),  # gaps that rotate generations
+            st.none() | st.sampled_from([100, 5000, 40_000]),  # DELAYED: lasting states
+            st.sampled_from([b"a", b"b", b"c"]),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+)
+def test_inlined_memory_table_is_get_and_put(
+    algorithm: str, domain_rules: list[Rule], messages: list[tuple[int, int | None, bytes]]
+) -> None:
+    """The hot path's inlined ``MemoryTable.get`` and ``put`` (plain memory tables) leave
+    every generation and lasting state as the methods do, and publish the same."""
+    policy = {"api": DomainPolicy(tuple(domain_rules), algorithm)}
+    inlined, called = MemoryStore(now_ms=T0), CalledStore(now_ms=T0)
+    engines = [Engine(policy, store, skew_tolerance_ms=TOLERANCE) for store in (inlined, called)]
+    assert [e.topics[topic("api")].plain for e in engines] == [True, False]
+    received = T0
+    for gap, delay, ident in messages:
+        received += gap
+        frames = (
+            encode_accounting("api", ACCEPTED, ident, received)
+            if delay is None
+            else encode_accounting("api", DELAYED, ident, received, received + delay)
+        )
+        assert engines[0].process([frames], received) == engines[1].process([frames], received)
+        for scope in engines[0].scopes("api"):
+            a, b = inlined.table(scope), called.table(scope)
+            assert (a.current, a.previous, a.lasting) == (b.current, b.previous, b.lasting)

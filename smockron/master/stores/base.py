@@ -42,6 +42,11 @@ def expires_at(state: State, scope: Scope) -> float:
 
 
 class Table(Protocol):
+    current: dict[bytes, State]
+    """The states written since the last rotation: ``get`` looks here first, and so may
+    a caller (the engine's hot path) before calling it."""
+    lasting: dict[bytes, State]
+    """The states kept beyond the generations (see ``keep``)."""
     keep_after_ms: float
     """A state written now is kept without ``keep`` until at least this plus its window;
     a write whose newest timestamp (history) or value (GCRA) lies beyond it must call
