@@ -84,17 +84,19 @@ def _apply_histories(
     the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
     with plain locals, no function call but the table's."""
     hot = dom.hot
-    plain = dom.plain
-    olds = [t.current.get(ident) or t.get(ident) or () for t, _w, _i, _b, _t in hot]
-    if dom.debt:  # served_at
-        due = ts
-        for (_table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
-            if len(old) >= burst:
-                last = old[-1]
-                nxt = last + interval
-                horizon = last - window
-                if nxt > due and old[0] > horizon and min(old) > horizon:
-                    due = nxt
+    plain, debt = dom.plain, dom.debt
+    olds: list[tuple[float, ...]] = []
+    due = ts
+    for table, window, interval, burst, _tol in hot:  # the states, and served_at
+        old = table.current.get(ident) or table.get(ident) or ()
+        olds.append(old)
+        if debt and len(old) >= burst:
+            last = old[-1]
+            nxt = last + interval
+            horizon = last - window
+            if nxt > due and old[0] > horizon and min(old) > horizon:
+                due = nxt
+    if debt:
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
     until = now_ms
