@@ -166,6 +166,22 @@ class RollingKills:
                 self.procs[which] = self.restart(which)
 
 
+def master_args(acc: int, ctl: int, *extra: str, rules: Sequence[str] = ()) -> list[str]:
+    """``smockron master`` on loopback: its accounting and control ports, ``--rule`` for
+    each of ``rules``, no stats lines unless ``extra`` asks (a later flag wins)."""
+    return [
+        "master",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        *(arg for rule in rules for arg in ("--rule", rule)),
+        "--stats-interval",
+        "0",
+        *extra,
+    ]
+
+
 def run_smockron(args: Sequence[str], log_path: Path) -> Proc:
     """Start ``python -m smockron ARGS`` as a subprocess."""
     return Proc([sys.executable, "-m", "smockron", *args], log_path)

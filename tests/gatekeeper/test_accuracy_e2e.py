@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests import support
 from tests.gatekeeper.backend import Seen, backend
 from tests.gatekeeper.commands import proxy_args
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
@@ -27,18 +28,7 @@ RATE, BURST = 10.0, 10
 
 
 def master_args(acc: int, ctl: int, *extra: str) -> list[str]:
-    return [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--rule",
-        RULE,
-        "--stats-interval",
-        "0.5",
-        *extra,
-    ]
+    return support.master_args(acc, ctl, "--stats-interval", "0.5", *extra, rules=[RULE])
 
 
 def heard_rules(proc: Proc) -> bool:

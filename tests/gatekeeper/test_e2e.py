@@ -10,21 +10,9 @@ import httpx
 
 from tests.gatekeeper.backend import backend
 from tests.gatekeeper.commands import proxy_args
-from tests.support import free_ports, run_smockron, stopping, wait_port
+from tests.support import free_ports, master_args, run_smockron, stopping, wait_port
 
-
-def master_args(acc: int, ctl: int) -> list[str]:
-    return [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--rule",
-        "e2e:5/s:5",
-        "--stats-interval",
-        "0",
-    ]
+RULE = "e2e:5/s:5"
 
 
 def burst(clients: list[httpx.Client], who: str, n: int) -> Counter[str]:
@@ -50,7 +38,7 @@ def until_enforced(clients: list[httpx.Client], who: str, timeout: float = 20) -
 def test_master_dies_and_returns(tmp_path: Path) -> None:
     acc, ctl, p1, p2 = free_ports(4)
     with backend() as (up, seen_by_backend):
-        master = run_smockron(master_args(acc, ctl), tmp_path / "master.log")
+        master = run_smockron(master_args(acc, ctl, rules=[RULE]), tmp_path / "master.log")
         zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
         proxies = [
             run_smockron(
@@ -88,7 +76,7 @@ def test_master_dies_and_returns(tmp_path: Path) -> None:
             assert burst(clients, "newcomer", 4) == Counter({"accept": 4})
             assert all(p.alive() for p in proxies)
 
-            master = run_smockron(master_args(acc, ctl), tmp_path / "master2.log")
+            master = run_smockron(master_args(acc, ctl, rules=[RULE]), tmp_path / "master2.log")
             procs.append(master)
             wait_port(acc)
             again = until_enforced(clients, "abuser")

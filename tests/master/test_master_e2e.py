@@ -9,21 +9,13 @@ from pathlib import Path
 import pytest
 
 from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, encode_accounting
+from tests import support
 from tests.master.client import FakeGatekeeper, now_ms
 from tests.support import RedisServer, free_ports, smockron_proc, wait_for, wait_port
 
 
 def master_args(acc: int, ctl: int, *extra: str) -> list[str]:
-    return [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--stats-interval",
-        "0.3",
-        *extra,
-    ]
+    return support.master_args(acc, ctl, "--stats-interval", "0.3", *extra)
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -12,7 +12,7 @@ import zmq
 from smockron.curve import keygen
 from tests.gatekeeper.backend import backend
 from tests.nginx.servers import nginx, require_module, stats_of
-from tests.support import free_ports, run_smockron, stopping, wait_for
+from tests.support import free_ports, master_args, run_smockron, stopping, wait_for
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
 
@@ -32,21 +32,15 @@ def test_curve_master(tmp_path: Path, pinned: str) -> None:
     keygen(keys, "nginx")
     (clients / "nginx.key").write_bytes((keys / "nginx.key").read_bytes())
     acc, ctl, port = free_ports(3)
-    master_cmd = [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--rule",
-        "api:5/s:5",
+    master_cmd = master_args(
+        acc,
+        ctl,
         "--curve-secret",
         str(keys / "master.key_secret"),
         "--curve-clients",
         str(clients),
-        "--stats-interval",
-        "0",
-    ]
+        rules=["api:5/s:5"],
+    )
     curve = (
         f"smockron_curve_secret {keys / 'nginx.key_secret'};\n"
         f"    smockron_curve_server {keys / f'{pinned}.key'};"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.gatekeeper.backend import backend
 from tests.nginx.servers import nginx, require_module, stats_of
-from tests.support import free_ports, run_smockron, stopping, wait_for
+from tests.support import free_ports, master_args, run_smockron, stopping, wait_for
 
 pytestmark = pytest.mark.usefixtures("built")
 
@@ -21,19 +21,6 @@ pytestmark = pytest.mark.usefixtures("built")
 @pytest.fixture(scope="module")
 def built() -> None:
     require_module()
-
-
-def master_args(acc: int, ctl: int, *rules: str) -> list[str]:
-    return [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        *(x for rule in rules for x in ("--rule", rule)),
-        "--stats-interval",
-        "0",
-    ]
 
 
 def stats(client: httpx.Client) -> dict[str, int]:
@@ -69,7 +56,7 @@ def concurrent(port: int, who: str, n: int) -> Counter[str]:
 def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None:
     acc, ctl, port = free_ports(3)
     with backend() as (up, seen):
-        master = run_smockron(master_args(acc, ctl, "api:5/s:5"), tmp_path / "master.log")
+        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
         with (
             stopping([master]),
             nginx(
@@ -118,7 +105,7 @@ def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None
 def test_master_gone_fails_open(tmp_path: Path) -> None:
     acc, ctl, port = free_ports(3)
     with backend() as (up, seen):
-        master = run_smockron(master_args(acc, ctl, "api:5/s:5"), tmp_path / "master.log")
+        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
         with (
             stopping([master]),
             nginx(
@@ -179,7 +166,7 @@ def test_workers_share_the_zone(tmp_path: Path) -> None:
     different workers is held as one, and worker 0's control reaches them all."""
     acc, ctl, port = free_ports(3)
     with backend() as (up, _seen):
-        master = run_smockron(master_args(acc, ctl, "api:5/s:5"), tmp_path / "master.log")
+        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
         with (
             stopping([master]),
             nginx(tmp_path / "nginx", port=port, upstream=up, acc=acc, ctl=ctl, workers=2),
@@ -206,7 +193,7 @@ def test_reload_keeps_the_verdicts_and_reconnects(tmp_path: Path) -> None:
     """SIGHUP: new workers on the same zone; the new worker 0 follows control again."""
     acc, ctl, port = free_ports(3)
     with backend() as (up, _seen):
-        master = run_smockron(master_args(acc, ctl, "api:5/s:5"), tmp_path / "master.log")
+        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
         with (
             stopping([master]),
             nginx(tmp_path / "nginx", port=port, upstream=up, acc=acc, ctl=ctl) as gate,
@@ -234,7 +221,7 @@ def test_restarted_nginx_gets_the_verdicts_back(tmp_path: Path) -> None:
     before the client's next request: the abuser is still held, not given a new burst."""
     acc, ctl, port = free_ports(3)
     with backend() as (up, _seen):
-        master = run_smockron(master_args(acc, ctl, "api:1/m:2"), tmp_path / "master.log")
+        master = run_smockron(master_args(acc, ctl, rules=["api:1/m:2"]), tmp_path / "master.log")
         with stopping([master]):
             for run in ("first", "second"):
                 with (
