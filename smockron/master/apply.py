@@ -13,6 +13,7 @@ called."""
 from __future__ import annotations
 
 from smockron.master.domains import Domain
+from smockron.master.stores.base import Table
 
 ON_TIME_MS = 500.0
 """GCRA applies a message at the master's ``now`` when it is at most this old (the
@@ -86,16 +87,7 @@ def _apply_histories(
     hot = dom.hot
     plain, debt = dom.plain, dom.debt
     olds: list[tuple[float, ...]] = []
-    due = ts
-    for table, window, interval, burst, _tol in hot:  # the states, and served_at
-        old = table.current.get(ident) or table.get(ident) or ()
-        olds.append(old)
-        if debt and len(old) >= burst:
-            last = old[-1]
-            nxt = last + interval
-            horizon = last - window
-            if nxt > due and old[0] > horizon and min(old) > horizon:
-                due = nxt
+    due = _read_histories(hot, ident, ts, debt, olds)
     if debt:
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
@@ -120,6 +112,29 @@ def _apply_histories(
             if state[0] > horizon and min(state) > horizon:
                 until = ts + interval
     return until if until > now_ms else None  # else allowed now
+
+
+def _read_histories(
+    hot: tuple[tuple[Table, float, float, int, float], ...],
+    ident: bytes,
+    ts: float,
+    debt: bool,
+    olds: list[tuple[float, ...]],
+) -> float:
+    """Every rule's history of ``ident`` into ``olds``, and (with ``debt``) the time the
+    request should have been served by all of them: served_at over the rules, one call
+    a message."""
+    due = ts
+    for table, window, interval, burst, _tol in hot:
+        old = table.current.get(ident) or table.get(ident) or ()
+        olds.append(old)
+        if debt and len(old) >= burst:
+            last = old[-1]
+            nxt = last + interval
+            horizon = last - window
+            if nxt > due and old[0] > horizon and min(old) > horizon:
+                due = nxt
+    return due
 
 
 def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | None:
