@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
+import socket
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +54,29 @@ def concurrent(port: int, who: str, n: int) -> Counter[str]:
         return Counter(pool.map(one, range(n)))
 
 
+def all_at_once(port: int, who: str, n: int) -> Counter[str]:
+    """``n`` requests sent together: every connection opened first, then every request
+    written in one loop (threads starting one by one spread a burst over a second)."""
+    request = f"GET / HTTP/1.1\r\nHost: x\r\nX-Client: {who}\r\nConnection: close\r\n\r\n"
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+
+    def answer(sock: socket.socket) -> str:
+        with sock:
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        for line in data.decode("latin-1").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.lower() == "x-smockron-decision":
+                return value.strip()
+        return "none"
+
+    for sock in socks:
+        sock.sendall(request.encode())
+    with ThreadPoolExecutor(n) as pool:
+        return Counter(pool.map(answer, socks))
+
+
 @pytest.mark.slow  # asserts elapsed wall-clock time
 def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None:
     acc, ctl, port = free_ports(3)
@@ -99,6 +124,40 @@ def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None
             assert counters["rules_received_total"] >= 1
             assert counters["accounting_sent_total"] >= 5 + burst["delay"] + 10
             assert gate.alive()
+
+
+@pytest.mark.slow  # asserts wall-clock windows
+def test_a_big_burst_reaches_the_backend_as_the_rule_allows(tmp_path: Path) -> None:
+    """A burst far beyond the rule's: the backend sees the burst, then one request an
+    interval; no half interval ever holds more than the burst (bench/accuracy.py's
+    burst500, small)."""
+    acc, ctl, port = free_ports(3)
+    with backend() as (up, seen):
+        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
+        with (
+            stopping([master]),
+            nginx(
+                tmp_path / "nginx",
+                port=port,
+                upstream=up,
+                acc=acc,
+                ctl=ctl,
+                location="smockron_max_delay 1s;",
+            ),
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
+        ):
+            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
+            burst = all_at_once(port, "burst", 60)
+            with seen.lock:
+                times = sorted(t for t, who in seen.arrivals if who == "burst")
+            assert burst["accept"] == 5 and 1 <= burst["delay"] <= 5, burst
+            assert len(times) == burst["accept"] + burst["delay"]
+            # the most arrivals in any 100 ms (half the rule's interval)
+            most = max(sum(1 for u in times if t <= u <= t + 0.1) for t in times)
+            assert most <= 5, [round(t - times[0], 3) for t in times]
+            # the delayed ones an interval apart (a busy machine may make it a little less)
+            gaps = [b - a for a, b in itertools.pairwise(times[4:])]
+            assert all(gap >= 0.15 for gap in gaps), gaps
 
 
 @pytest.mark.slow  # asserts elapsed wall-clock time
