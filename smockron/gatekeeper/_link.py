@@ -35,6 +35,9 @@ CONTROL_SLICE: Final = 256
 """...and applied between two turns of the loop (or lock hand-overs)."""
 CONTROL_HWM: Final = 100_000
 """Control messages queued for the gatekeeper before ZeroMQ drops (the master's HWM too)."""
+CONTROL_RCVBUF: Final = -1
+"""The control connection's kernel receive buffer in bytes; -1: the system's (autotuned).
+Tests set it small so that what a stalled gatekeeper cannot hold is dropped for sure."""
 CONTROL_BATCHES: Final = 64
 """Batches the threaded reader drains before it sweeps and checks for stop."""
 _MONITOR_EVENTS: Final = (
@@ -448,6 +451,7 @@ class _Link(_ControlMessages):
         keep_alive(sub)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
+        sub.setsockopt(zmq.RCVBUF, CONTROL_RCVBUF)
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         for t in self._topics(link):

@@ -94,11 +94,16 @@ async def test_restarted_gatekeeper_gets_the_delay_back_within_1s(threaded: bool
 async def test_lost_delay_untils_are_counted_and_resynced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The gatekeeper stops reading (its loop blocked) while the master publishes 3,000
-    large DELAY_UNTILs (60 for each of 50 identifiers) through small queues: ZeroMQ
-    drops most. The next heartbeat shows the loss (``control_lost``), the gatekeeper
-    asks for a RESYNC, and its table ends with the master's latest verdict for each."""
+    """The gatekeeper stops reading (its loop blocked) while the master publishes 7,500
+    large DELAY_UNTILs (150 for each of 50 identifiers, 7.9 MB) through small queues:
+    more than the master's send buffer (4 MB at most here) and the gatekeeper's
+    (64 KB, fixed) hold, so ZeroMQ drops some. The next heartbeat shows the loss
+    (``control_lost``), the gatekeeper asks for a RESYNC, and its table ends with the
+    master's latest verdict for each. (The loop is blocked for less than the ZMTP
+    heartbeat's timeout: a connection dropped while its queue is full meets libzmq
+    issue 3937, an assertion in the reconnect.)"""
     monkeypatch.setattr(_link, "CONTROL_HWM", 10)
+    monkeypatch.setattr(_link, "CONTROL_RCVBUF", 64 * 1024)
     config = settings(api="1/60s:1", hwm=50)
     idents = [b"%d-" % i + b"x" * 1000 for i in range(50)]  # large: kernel buffers hold fewer
     with running_master(config) as master:
@@ -114,10 +119,10 @@ async def test_lost_delay_untils_are_counted_and_resynced(
             await asyncio.sleep(0.3)  # the feeder's connection settles
             assert gk.counters.control_lost == 0
             now = int(time.time() * 1000)
-            for _ in range(60):
+            for _ in range(150):
                 for ident in idents:
                     feeder.send_multipart(encode_accounting("api", ACCEPTED, ident, now))
-            time.sleep(1.5)  # blocks the loop: nothing is read meanwhile
+            time.sleep(1.0)  # blocks the loop: nothing is read meanwhile
             await _wait(lambda: gk.counters.control_lost > 0, 5)
             assert gk.resyncs_requested >= 1
             await _wait(lambda: gk.resyncs_done >= 1, 5)
