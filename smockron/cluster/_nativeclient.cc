@@ -605,6 +605,35 @@ void completed(Core* core, Pending* pending, bool queue = true) {
   (void)written;  // a full counter still reads as readable
 }
 
+// A call's state for its request bytes (``data`` released) and Python ``token`` (held).
+Pending* new_pending(Py_buffer& data, PyObject* token) {
+  auto* pending = new Pending();
+  pending->request = to_buffer(static_cast<const char*>(data.buf), data.len);
+  PyBuffer_Release(&data);
+  Py_INCREF(token);
+  pending->token = token;
+  return pending;
+}
+
+// Starts ``pending``'s unary call (in flight until it ends); ``done`` runs on gRPC's
+// thread when it has, the status in ``pending``.
+void call_unary(Core* core, const char* name, Pending* pending, double timeout,
+                void (*done)(Core*, Pending*)) {
+  set_deadline(pending->ctx, timeout);
+  {
+    std::lock_guard<std::mutex> lock(core->mu);
+    core->in_flight.push_back(pending);
+  }
+  std::string method(name);
+  Py_BEGIN_ALLOW_THREADS
+  core->stub->UnaryCall(&pending->ctx, method, grpc::StubOptions(), &pending->request,
+                        &pending->response, [core, pending, done](grpc::Status status) {
+                          pending->status = std::move(status);
+                          done(core, pending);
+                        });
+  Py_END_ALLOW_THREADS
+}
+
 PyObject* Channel_start(PyObject* op, PyObject* args) {
   auto* self = reinterpret_cast<ChannelObject*>(op);
   const char* name;
@@ -617,24 +646,8 @@ PyObject* Channel_start(PyObject* op, PyObject* args) {
     PyBuffer_Release(&data);
     return nullptr;
   }
-  auto* pending = new Pending();
-  pending->request = to_buffer(static_cast<const char*>(data.buf), data.len);
-  PyBuffer_Release(&data);
-  Py_INCREF(token);
-  pending->token = token;
-  set_deadline(pending->ctx, timeout);
-  {
-    std::lock_guard<std::mutex> lock(core->mu);
-    core->in_flight.push_back(pending);
-  }
-  std::string method(name);
-  Py_BEGIN_ALLOW_THREADS
-  core->stub->UnaryCall(&pending->ctx, method, grpc::StubOptions(), &pending->request,
-                        &pending->response, [core, pending](grpc::Status status) {
-                          pending->status = std::move(status);
-                          completed(core, pending);
-                        });
-  Py_END_ALLOW_THREADS
+  Pending* pending = new_pending(data, token);
+  call_unary(core, name, pending, timeout, [](Core* c, Pending* p) { completed(c, p); });
   Py_RETURN_NONE;
 }
 
@@ -697,27 +710,11 @@ PyObject* Channel_relay(PyObject* op, PyObject* args) {
     PyBuffer_Release(&data);
     Py_RETURN_FALSE;
   }
-  auto* pending = new Pending();
-  pending->request = to_buffer(static_cast<const char*>(data.buf), data.len);
-  PyBuffer_Release(&data);
-  Py_INCREF(token);
-  pending->token = token;
+  Pending* pending = new_pending(data, token);
   Py_INCREF(call);
   pending->call = call;
   pending->items = static_cast<size_t>(items);
-  set_deadline(pending->ctx, timeout);
-  {
-    std::lock_guard<std::mutex> lock(core->mu);
-    core->in_flight.push_back(pending);
-  }
-  std::string method(name);
-  Py_BEGIN_ALLOW_THREADS
-  core->stub->UnaryCall(&pending->ctx, method, grpc::StubOptions(), &pending->request,
-                        &pending->response, [core, pending](grpc::Status status) {
-                          pending->status = std::move(status);
-                          relayed(core, pending);
-                        });
-  Py_END_ALLOW_THREADS
+  call_unary(core, name, pending, timeout, relayed);
   Py_RETURN_TRUE;
 }
 
