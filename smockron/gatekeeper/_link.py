@@ -19,7 +19,14 @@ from typing import Any, Final
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from smockron.curve import HANDSHAKE_FAILED, REDIAL_S, CurveClient, allow_ipv6, keep_alive
+from smockron.curve import (
+    HANDSHAKE_FAILED,
+    REDIAL_S,
+    CurveClient,
+    allow_ipv6,
+    keep_alive,
+    keep_alive_receiving,
+)
 from smockron.errors import ConfigError
 from smockron.gatekeeper._control import _ControlMessages
 from smockron.observe.heard import MasterWatch
@@ -414,7 +421,7 @@ class _Link(_ControlMessages):
         pub = self._secure(ctx.socket(zmq.XPUB))
         pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every master's subscription, not the first
         allow_ipv6(pub, *(acc for acc, _ctl in self.masters if acc))
-        keep_alive(pub)
+        keep_alive(pub, ttl=False)  # a master that is behind is not timed out by us
         if self.sharded:  # nothing queued for a master that is down: the others take it
             pub.setsockopt(zmq.IMMEDIATE, 1)
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
@@ -448,7 +455,7 @@ class _Link(_ControlMessages):
         address = self.masters[link][1] or ""
         self._secure(sub)
         allow_ipv6(sub, address)
-        keep_alive(sub)
+        keep_alive_receiving(sub)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
         sub.setsockopt(zmq.RCVBUF, CONTROL_RCVBUF)

@@ -28,6 +28,7 @@ from smockron.curve import (
     bind_mode,
     curve_server,
     keep_alive,
+    keep_alive_receiving,
 )
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.answers import Answers
@@ -209,7 +210,7 @@ class Master:
         self._subscribe()
         allow_ipv6(self.sub, self.settings.accounting)
         allow_ipv6(self.pub, self.settings.control)
-        keep_alive(self.sub, ttl=False)  # a partitioned gatekeeper's connection is dropped
+        keep_alive_receiving(self.sub)  # a partitioned gatekeeper's connection is dropped
         keep_alive(self.pub, ttl=False)
         self.sub.bind(self.settings.accounting)
         # Connections accepted: what a gatekeeper queued meanwhile comes right after
