@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,30 +27,51 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+PORTS_FROM = 10_000
+"""Test ports come from below Linux's ephemeral range (32768-60999 by default), so no
+outgoing connection's local port takes one between its probe and its use."""
+PORTS_PER_WORKER = 4_000
+_next_port: list[int] = []
+
+
+def _worker_block() -> int:
+    """This pytest-xdist worker's block of ports (``gw2`` -> 2; 0 without xdist), so
+    workers running at once never probe the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
+def _candidate() -> int:
+    """The next port of this worker's block to probe (from a random start, wrapping)."""
+    first = PORTS_FROM + (_worker_block() % 4) * PORTS_PER_WORKER
+    if not _next_port:
+        _next_port.append(random.randrange(PORTS_PER_WORKER))
+    offset = _next_port[0]
+    _next_port[0] = (offset + 2) % (PORTS_PER_WORKER - 1)
+    return first + offset
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free TCP ports on 127.0.0.1, each with port + 1 free too, none
     overlapping: a cluster node given one as its gRPC port listens for its peers on the
-    next (and Linux hands connect() the even ports next to bind()'s odd ones)."""
-    socks = []
+    next."""
     ports: list[int] = []
-    try:
-        while len(ports) < n:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            port = int(s.getsockname()[1])
-            nxt = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                nxt.bind(("127.0.0.1", port + 1))
-            except OSError:
-                nxt.close()
-                continue
-            socks.append(nxt)
+    for _ in range(PORTS_PER_WORKER):
+        if len(ports) == n:
+            return ports
+        port = _candidate()
+        if _bindable(port) and _bindable(port + 1):
             ports.append(port)
-        return ports
-    finally:
-        for s in socks:
-            s.close()
+    raise RuntimeError(f"no {n} free port pairs in this worker's block")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> None:

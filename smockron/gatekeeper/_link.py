@@ -64,8 +64,8 @@ CLOSE_LINGER_MS: Final = 1000
 """At close, the accounting still queued gets this long to reach a connected master
 (with none connected it is dropped at once, as it would be counted had it been sent)."""
 EARLY_SUBSCRIPTION_S: Final = 1.0
-"""A master's subscription read before its connection's handshake event counts for a
-handshake that follows within this long."""
+"""A master's subscription read before its connection's handshake event counts for the
+handshakes that follow within this long."""
 _SUBSCRIPTIONS_READ: Final = 1024
 """Subscription messages read from the accounting socket in one call."""
 _ENDPOINT: Final = re.compile(r"^(tcp|ipc|inproc|pgm|epgm|ws|wss|vmci)://\S+$")
@@ -277,8 +277,10 @@ class _Link(_ControlMessages):
             self._control_event(zmq.EVENT_CONNECTED, link)
             return
         self._acc_up[link] += 1
+        # not used up by the first connection: two masters' subscriptions may arrive
+        # together, before either handshake event (then the second master was never
+        # counted, and its peer's death read as the last master's)
         if time.monotonic() - self._subscribed_early <= EARLY_SUBSCRIPTION_S:
-            self._subscribed_early = 0.0
             self._accounting_ready(link)
         else:  # sent to once its master's subscription arrived (_apply_subscriptions)
             self._awaiting.add(link)

@@ -37,7 +37,15 @@ def _master(me: tuple[str, str], peer: tuple[str, str], log: Path) -> Proc:
 
 
 def _ready(gk: Gatekeeper) -> bool:
-    return all(c.up > 0 for c in gk._controls) and gk.master_connected and bool(gk.decider.lines)
+    """Both masters' control and accounting connections count, and the rules came."""
+    counted = gk._peers == len(gk.masters)
+    return all(c.up > 0 for c in gk._controls) and counted and bool(gk.decider.lines)
+
+
+def _links(gk: Gatekeeper) -> str:
+    """A gatekeeper's view of its masters, for a failure's message."""
+    controls = [c.up for c in gk._controls]
+    return f"accounting counted {gk._peers} up {gk._acc_up}, control up {controls}"
 
 
 @pytest.mark.slow
@@ -49,7 +57,10 @@ def test_each_master_killed_in_turn_holds_the_abuser_to_its_rule(tmp_path: Path)
         procs += [_master(a, b, tmp_path / "a1.log"), _master(b, a, tmp_path / "b1.log")]
         gks = [Gatekeeper(None, None, ["api"], masters=[a, b], max_delay_ms=0) for _ in range(2)]
         try:
-            wait_for(lambda: all(map(_ready, gks)), 15)
+            try:
+                wait_for(lambda: all(map(_ready, gks)), 15)
+            except AssertionError as exc:
+                raise AssertionError(f"not ready: {[_links(g) for g in gks]}") from exc
             admitted = polite_slowed = 0
 
             def restart(which: int) -> Proc:

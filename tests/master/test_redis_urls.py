@@ -64,9 +64,10 @@ async def drive(store: RedisStore | MemoryStore, idents: list[bytes], now: int) 
 
 
 def _port_pair() -> int:
-    """A port P free along with P + 10000 (a cluster node's bus port)."""
+    """A port P free along with P + 10000 (a cluster node's bus port), above the
+    blocks of ``tests.support.free_ports``."""
     for _ in range(200):
-        port = random.randrange(20000, 30000)
+        port = random.randrange(26000, 32000)
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", port))
