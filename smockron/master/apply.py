@@ -35,7 +35,7 @@ def apply_history(
     # full (``burst`` of them within a window of a time) exactly when its oldest one is
     # within that window: ``min`` in C instead of a count in Python.
     table, window, interval, burst = one
-    old = table.current.get(ident) or table.get(ident) or ()
+    old = table.current.get(ident) or table.recall(ident) or ()
     n = len(old)
     if dom.debt and n >= burst:
         last = old[-1]
@@ -126,7 +126,7 @@ def _read_histories(
     a message."""
     due = ts
     for table, window, interval, burst, _tol in hot:
-        old = table.current.get(ident) or table.get(ident) or ()
+        old = table.current.get(ident) or table.recall(ident) or ()
         olds.append(old)
         if debt and len(old) >= burst:
             last = old[-1]
@@ -153,7 +153,7 @@ def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | N
     until = now_ms
     plain = dom.plain
     for table, window, interval, _burst, tolerance in dom.hot:
-        state = table.current.get(ident) or table.get(ident)
+        state = table.current.get(ident) or table.recall(ident)
         floor = t - tolerance
         value = (floor if not state or state[0] < floor else state[0]) + interval
         state = (value,)

@@ -44,7 +44,7 @@ def expires_at(state: State, scope: Scope) -> float:
 class Table(Protocol):
     current: dict[bytes, State]
     """The states written since the last rotation: ``get`` looks here first, and so may
-    a caller (the engine's hot path) before calling it."""
+    a caller (the engine's hot path) before calling ``recall``."""
     lasting: dict[bytes, State]
     """The states kept beyond the generations (see ``keep``)."""
     keep_after_ms: float
@@ -53,6 +53,10 @@ class Table(Protocol):
     ``keep`` with the state's expiry."""
 
     def get(self, key: bytes) -> State | None: ...
+
+    def recall(self, key: bytes) -> State | None:
+        """``get`` for a key not in ``current`` (a caller that looked there first)."""
+        ...
 
     def put(self, key: bytes, state: State, at: float | None = None) -> None:
         """Store ``state``; ``at``: the time a GCRA update was applied at (the engine's

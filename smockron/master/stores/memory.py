@@ -98,17 +98,23 @@ class MemoryTable:
 
     def get(self, key: bytes) -> State | None:
         state = self.current.get(key)
-        if state is None:
-            if self.previous:
-                state = self.previous.pop(key, None)
-                if state is not None:
-                    self.current[key] = state
-                    return state
-            if self.lasting:
-                state = self.lasting.get(key)
-                if state is not None:
-                    self.current[key] = state
-        return state
+        return self.recall(key) if state is None else state
+
+    def recall(self, key: bytes) -> State | None:
+        """A state not in the current generation: from the previous one or the lasting
+        side table, moved into the current one. The engine's hot paths read
+        ``current`` themselves and call this on a miss only."""
+        if self.previous:
+            state = self.previous.pop(key, None)
+            if state is not None:
+                self.current[key] = state
+                return state
+        if self.lasting:
+            state = self.lasting.get(key)
+            if state is not None:
+                self.current[key] = state
+                return state
+        return None
 
     def put(self, key: bytes, state: State, at: float | None = None) -> None:
         self.current[key] = state
