@@ -2,6 +2,7 @@
 
     python bench/fleet.py [--part drain,verdict,kill,model] [--rounds 3]
         [--messages 200000] [--rates 1000,10000,30000] [--seconds 4] [--capacity-only]
+        [--pin]
 
 Every process runs on 127.0.0.1 and stops by itself; every load loop is bounded in
 messages and in time. Ratios are against a baseline measured in the same run; figures
@@ -20,7 +21,10 @@ drain
     ``--replicas 2``. CPU per message is the masters' CPU time (utime + stime, all
     threads) during the drain over the requests drained. One master also drains a
     polite load (every identifier within its burst, no verdict published): the
-    difference gives the CPU of one DELAY_UNTIL.
+    difference gives the CPU of one DELAY_UNTIL. With ``--pin`` every master (all its
+    threads) is started under ``taskset`` on a core of its own (master i on core i mod
+    the CPU count), the baseline master too: each master has one core, as masters on
+    machines of their own would; the senders and this process are not pinned.
 
 verdict
     An offered load (a load generator process, shard topics, every request within its
@@ -140,10 +144,25 @@ class MasterProc:
         self.log.close()
 
 
+def pinned(pid: int) -> set[int]:
+    """The cores any thread of ``pid`` may run on: what ``--pin`` promised, checked."""
+    cores: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        cores |= os.sched_getaffinity(int(task.name))
+    return cores
+
+
 def start_fleet(
-    n: int, replicas: int, rules: Sequence[str], logdir: Path, extra: Sequence[str] = ()
+    n: int,
+    replicas: int,
+    rules: Sequence[str],
+    logdir: Path,
+    extra: Sequence[str] = (),
+    pin: bool = False,
 ) -> list[MasterProc]:
-    """``n`` master processes naming each other (``n == 1``: one master alone)."""
+    """``n`` master processes naming each other (``n == 1``: one master alone); with
+    ``pin`` master k and every thread it starts bound to core k mod the CPU count."""
+    cpus = os.cpu_count() or 1
     ports = free_ports(3 * n)
     addrs = [
         (f"tcp://127.0.0.1:{ports[3 * k]}", f"tcp://127.0.0.1:{ports[3 * k + 1]}") for k in range(n)
@@ -153,6 +172,7 @@ def start_fleet(
     try:
         for k, (acc, ctl) in enumerate(addrs):
             args = [
+                *(["taskset", "-c", str(k % cpus)] if pin else []),
                 sys.executable,
                 "-m",
                 "smockron",
@@ -187,6 +207,9 @@ def start_fleet(
             if time.monotonic() > deadline:
                 raise RuntimeError("masters not ready within 20 s")
             time.sleep(0.05)
+        for k, m in enumerate(masters):
+            if pin and pinned(m.popen.pid) != {k % cpus}:
+                raise RuntimeError(f"master {k} not pinned: {pinned(m.popen.pid)}")
     except BaseException:
         for m in masters:
             m.stop()
@@ -196,9 +219,14 @@ def start_fleet(
 
 @contextlib.contextmanager
 def fleet(
-    n: int, replicas: int, rules: Sequence[str], logdir: Path, extra: Sequence[str] = ()
+    n: int,
+    replicas: int,
+    rules: Sequence[str],
+    logdir: Path,
+    extra: Sequence[str] = (),
+    pin: bool = False,
 ) -> Iterator[list[MasterProc]]:
-    masters = start_fleet(n, replicas, rules, logdir, extra)
+    masters = start_fleet(n, replicas, rules, logdir, extra, pin)
     try:
         yield masters
     finally:
@@ -384,6 +412,7 @@ def drain_once(
     polite: bool = False,
     senders: int = 2,
     subscribers: int = 0,
+    pin: bool = False,
 ) -> Drain:
     load = workload(messages, polite)
     total = sum(c for _, c in load)
@@ -395,7 +424,7 @@ def drain_once(
         "--hwm",
         "10000000",
     ]
-    with fleet(n, replicas, [DRAIN_RULE, "probe:1/s:1"], logdir, extra) as masters:
+    with fleet(n, replicas, [DRAIN_RULE, "probe:1/s:1"], logdir, extra, pin) as masters:
         expected = [sum(c for ident, c in load if shard_of(ident) in m.shards) for m in masters]
         accs = ",".join(m.acc for m in masters)
         ctls = ",".join(m.ctl for m in masters)
@@ -493,17 +522,22 @@ DRAIN_CONFIGS = [
 
 
 def bench_drain(
-    rounds: int, messages: int, logdir: Path, capacity_only: bool = False
+    rounds: int, messages: int, logdir: Path, capacity_only: bool = False, pin: bool = False
 ) -> dict[str, float]:
+    where = (
+        "each master pinned to a core of its own (i mod CPUs), senders unpinned"
+        if pin
+        else "nothing pinned"
+    )
     print(
         f"drain: {sum(c for _, c in workload(messages)):,} requests (10,000 identifiers, "
-        f"20% over {DRAIN_RULE!r}), 2 sender processes, {rounds} round(s)",
+        f"20% over {DRAIN_RULE!r}), 2 sender processes, {rounds} round(s); {where}",
         flush=True,
     )
     results: dict[str, list[Drain]] = {}
     for r in range(rounds):
         for label, n, replicas in DRAIN_CONFIGS[:2] if capacity_only else DRAIN_CONFIGS:
-            d = retried(lambda: drain_once(n, replicas, messages, logdir))  # noqa: B023
+            d = retried(lambda: drain_once(n, replicas, messages, logdir, pin=pin))  # noqa: B023
             results.setdefault(label, []).append(d)
             print(
                 f"  round {r + 1}, {label}: {d.rate:,.0f} req/s, {d.cpu_per_request_us:.2f} "
@@ -514,14 +548,14 @@ def bench_drain(
             )
         if capacity_only:
             continue
-        d = retried(lambda: drain_once(1, 1, messages, logdir, polite=True))
+        d = retried(lambda: drain_once(1, 1, messages, logdir, polite=True, pin=pin))
         results.setdefault("one master, polite", []).append(d)
         print(
             f"  round {r + 1}, one master, polite load: {d.rate:,.0f} req/s, "
             f"{d.cpu_per_request_us:.2f} us CPU/request, {d.published:,} published",
             flush=True,
         )
-        d = retried(lambda: drain_once(1, 1, messages, logdir, subscribers=FANOUT))
+        d = retried(lambda: drain_once(1, 1, messages, logdir, subscribers=FANOUT, pin=pin))
         results.setdefault(f"one master, {FANOUT} subscribers", []).append(d)
         print(
             f"  round {r + 1}, one master with {FANOUT} control subscribers: {d.rate:,.0f} "
@@ -989,6 +1023,11 @@ def main() -> None:
         action="store_true",
         help="drain: one master and two at replicas 1 only (no cost runs)",
     )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="drain: each master on a core of its own (master i on core i mod CPUs)",
+    )
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument(
         "--per-message-us",
@@ -1033,7 +1072,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         logdir = Path(tmp)
         if "drain" in parts:
-            costs = bench_drain(args.rounds, args.messages, logdir, args.capacity_only)
+            costs = bench_drain(args.rounds, args.messages, logdir, args.capacity_only, args.pin)
         if "verdict" in parts:
             bench_verdict(
                 args.rounds, [int(r) for r in args.rates.split(",")], args.seconds, logdir
