@@ -327,6 +327,7 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
     try:
         senders = start_senders(acc, ctl, n_senders, messages)
         total = send_all(master, senders)
+        sched0 = _schedstat(master.pid)
         t0 = time.time()
         master.send_signal(signal.SIGCONT)
         deadline = t0 + 300
@@ -337,6 +338,7 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
                 break
             time.sleep(0.01)
         t1 = time.time()
+        threads = _sched_delta(sched0, _schedstat(master.pid))
         finish(senders)
         assert done >= total, f"master handled {done} of {total}"
         with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics", timeout=5) as resp:
@@ -353,7 +355,10 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
         master.terminate()
         master.wait(30)
         log.close()
-    return rate, f"published {info}, mean batch {mean_batch(log_path, total)}"
+    return rate, (
+        f"published {info}, mean batch {mean_batch(log_path, total)}, "
+        f"drain {t1 - t0:.2f}s: {threads}"
+    )
 
 
 def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
