@@ -185,101 +185,48 @@ static void smk_exit_process(ngx_cycle_t *cycle);
 static ngx_int_t smk_handler(ngx_http_request_t *r);
 
 
+/* a directive of any block, set in the location's conf; or of http{} (or any block,
+ * `where`), set in the main conf */
+#define SMK_ANY_BLOCK  (NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF)
+#define SMK_LOC(name, args, set, field)                                             \
+    { ngx_string(name), SMK_ANY_BLOCK|args, set, NGX_HTTP_LOC_CONF_OFFSET,          \
+      offsetof(smk_loc_conf_t, field), NULL }
+#define SMK_MAIN(name, where, set, offset)                                          \
+    { ngx_string(name), where, set, NGX_HTTP_MAIN_CONF_OFFSET, offset, NULL }
+#define SMK_MAIN_FIELD(name, where, set, field)                                     \
+    SMK_MAIN(name, where, set, offsetof(smk_main_conf_t, field))
+#define SMK_HTTP1      (NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1)
+
 static ngx_command_t smk_commands[] = {
+    /* the original module's directives, same names and meaning (smockron_server: the
+     * name of smockron_master in its first versions) */
+    SMK_LOC("smockron", NGX_CONF_FLAG, ngx_conf_set_flag_slot, enabled),
+    SMK_MAIN_FIELD("smockron_master", SMK_ANY_BLOCK|NGX_CONF_TAKE1, smk_set_master,
+                   accounting),
+    SMK_MAIN_FIELD("smockron_server", SMK_ANY_BLOCK|NGX_CONF_TAKE1, smk_set_master,
+                   accounting),
+    SMK_LOC("smockron_domain", NGX_CONF_TAKE1, ngx_conf_set_str_slot, domain),
+    SMK_LOC("smockron_identifier", NGX_CONF_TAKE1, ngx_http_set_complex_value_slot,
+            identifier),
+    SMK_LOC("smockron_log_info", NGX_CONF_TAKE1, ngx_http_set_complex_value_slot, log_info),
+    SMK_LOC("smockron_max_delay", NGX_CONF_TAKE1, ngx_conf_set_msec_slot, max_delay),
+    SMK_LOC("smockron_status_code", NGX_CONF_TAKE1, ngx_conf_set_num_slot, status_code),
+    SMK_MAIN_FIELD("smockron_shm_size", SMK_HTTP1, ngx_conf_set_size_slot, shm_size),
 
-    /* the original module's directives, same names and meaning */
-    { ngx_string("smockron"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
-      ngx_conf_set_flag_slot, NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(smk_loc_conf_t, enabled), NULL },
-
-    { ngx_string("smockron_master"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      smk_set_master, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, accounting), NULL },
-
-    /* the name of smockron_master in the original's first versions */
-    { ngx_string("smockron_server"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      smk_set_master, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, accounting), NULL },
-
-    { ngx_string("smockron_domain"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_str_slot, NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(smk_loc_conf_t, domain), NULL },
-
-    { ngx_string("smockron_identifier"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_set_complex_value_slot, NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(smk_loc_conf_t, identifier), NULL },
-
-    { ngx_string("smockron_log_info"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_set_complex_value_slot, NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(smk_loc_conf_t, log_info), NULL },
-
-    { ngx_string("smockron_max_delay"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_msec_slot, NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(smk_loc_conf_t, max_delay), NULL },
-
-    { ngx_string("smockron_status_code"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(smk_loc_conf_t, status_code), NULL },
-
-    { ngx_string("smockron_shm_size"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_size_slot, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, shm_size), NULL },
-
-    /* smockron's own */
-    { ngx_string("smockron_control"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      smk_set_master, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, control), NULL },
-
-    { ngx_string("smockron_rule"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      smk_set_rule, NGX_HTTP_MAIN_CONF_OFFSET, 0, NULL },
-
-    { ngx_string("smockron_algorithm"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_str_array_slot, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, algorithms), NULL },
-
-    { ngx_string("smockron_master_rules"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_FLAG,
-      ngx_conf_set_flag_slot, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, master_rules), NULL },
-
-    { ngx_string("smockron_max_delayed"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_num_slot, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, max_delayed), NULL },
-
-    { ngx_string("smockron_max_ahead"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_msec_slot, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, max_ahead), NULL },
-
-    { ngx_string("smockron_reject_sample"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_str_slot, NGX_HTTP_MAIN_CONF_OFFSET,
-      offsetof(smk_main_conf_t, reject_sample_text), NULL },
-
-    { ngx_string("smockron_curve_secret"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      smk_set_curve_key, NGX_HTTP_MAIN_CONF_OFFSET, 1, NULL },
-
-    { ngx_string("smockron_curve_server"),
-      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      smk_set_curve_key, NGX_HTTP_MAIN_CONF_OFFSET, 0, NULL },
-
-    { ngx_string("smockron_stats"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
-      smk_set_stats, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL },
+    /* smockron's own (smockron_curve_*: 1 for this gatekeeper's keys, 0 the master's) */
+    SMK_MAIN_FIELD("smockron_control", SMK_HTTP1, smk_set_master, control),
+    SMK_MAIN("smockron_rule", SMK_HTTP1, smk_set_rule, 0),
+    SMK_MAIN_FIELD("smockron_algorithm", SMK_HTTP1, ngx_conf_set_str_array_slot, algorithms),
+    SMK_MAIN_FIELD("smockron_master_rules", NGX_HTTP_MAIN_CONF|NGX_CONF_FLAG,
+                   ngx_conf_set_flag_slot, master_rules),
+    SMK_MAIN_FIELD("smockron_max_delayed", SMK_HTTP1, ngx_conf_set_num_slot, max_delayed),
+    SMK_MAIN_FIELD("smockron_max_ahead", SMK_HTTP1, ngx_conf_set_msec_slot, max_ahead),
+    SMK_MAIN_FIELD("smockron_reject_sample", SMK_HTTP1, ngx_conf_set_str_slot,
+                   reject_sample_text),
+    SMK_MAIN("smockron_curve_secret", SMK_HTTP1, smk_set_curve_key, 1),
+    SMK_MAIN("smockron_curve_server", SMK_HTTP1, smk_set_curve_key, 0),
+    { ngx_string("smockron_stats"), NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS, smk_set_stats,
+      NGX_HTTP_LOC_CONF_OFFSET, 0, NULL },
 
     ngx_null_command
 };
@@ -330,6 +277,16 @@ static ngx_uint_t           smk_malformed_quiet;
 
 
 #define smk_count(i)  ngx_atomic_fetch_add(&smk_sh->counters[i], 1)
+#define smk_warn(fmt, ...)                                                          \
+    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0, "smockron: " fmt, __VA_ARGS__)
+
+/* byte strings alike, exactly or ignoring case; and a byte string equal to a literal */
+#define smk_eq(a, alen, b, blen)  ((alen) == (blen) && ngx_memcmp(a, b, blen) == 0)
+#define smk_caseeq(a, alen, b, blen)                                                \
+    ((alen) == (blen) && ngx_strncasecmp((u_char *) (a), (u_char *) (b), blen) == 0)
+#define smk_str_eq(a, b)          smk_eq((a)->data, (a)->len, (b)->data, (b)->len)
+#define smk_is(p, len, lit)       smk_eq(p, len, lit, sizeof(lit) - 1)
+#define smk_caseis(p, len, lit)   smk_caseeq(p, len, lit, sizeof(lit) - 1)
 
 
 static int64_t
@@ -444,9 +401,7 @@ smk_set_master(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_str_t  *value = cf->args->elts;
 
     if (field->data != NULL) {
-        if (field->len == value[1].len
-            && ngx_strncmp(field->data, value[1].data, field->len) == 0)
-        {
+        if (smk_str_eq(field, &value[1])) {
             return NGX_CONF_OK;
         }
         return "names a second master: one nginx follows one master";
@@ -469,9 +424,7 @@ smk_unit_seconds(u_char *p, size_t len, double *seconds)
     ngx_uint_t  i;
 
     for (i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (ngx_strlen(units[i].name) == len
-            && ngx_strncasecmp(p, (u_char *) units[i].name, len) == 0)
-        {
+        if (smk_caseeq(p, len, units[i].name, ngx_strlen(units[i].name))) {
             *seconds = units[i].s;
             return NGX_OK;
         }
@@ -606,18 +559,28 @@ smk_create_loc_conf(ngx_conf_t *cf)
 
 
 static ngx_int_t
-smk_domain_index(ngx_conf_t *cf, smk_main_conf_t *mcf, ngx_str_t *name)
+smk_domain_find(smk_main_conf_t *mcf, ngx_str_t *name)
 {
     ngx_str_t   *d = mcf->domains.elts;
     ngx_uint_t   i;
 
     for (i = 0; i < mcf->domains.nelts; i++) {
-        if (d[i].len == name->len && ngx_strncmp(d[i].data, name->data, name->len) == 0) {
+        if (smk_str_eq(&d[i], name)) {
             return i;
         }
     }
-    if (mcf->domains.nelts == SMK_MAX_DOMAINS) {
-        return NGX_ERROR;
+    return NGX_ERROR;
+}
+
+
+static ngx_int_t
+smk_domain_index(smk_main_conf_t *mcf, ngx_str_t *name)
+{
+    ngx_int_t   i = smk_domain_find(mcf, name);
+    ngx_str_t  *d;
+
+    if (i != NGX_ERROR || mcf->domains.nelts == SMK_MAX_DOMAINS) {
+        return i;
     }
     d = ngx_array_push(&mcf->domains);
     *d = *name;     /* configuration strings end with a NUL: the topic is len + 1 */
@@ -666,7 +629,7 @@ smk_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         }
     }
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_smockron_module);
-    idx = smk_domain_index(cf, mcf, &conf->domain);
+    idx = smk_domain_index(mcf, &conf->domain);
     if (idx == NGX_ERROR) {
         return "names more than 64 domains";
     }
@@ -682,11 +645,10 @@ smk_make_line(smk_line_t *line, ngx_str_t *algorithm, double *rates, ngx_uint_t 
 {
     ngx_uint_t  i, j, k, slack;
 
-    if (algorithm->len == 4 && ngx_strncmp(algorithm->data, "gcra", 4) == 0) {
+    if (smk_is(algorithm->data, algorithm->len, "gcra")) {
         slack = 0;
-    } else if ((algorithm->len == 7 && ngx_strncmp(algorithm->data, "history", 7) == 0)
-               || (algorithm->len == 15
-                   && ngx_strncmp(algorithm->data, "history-literal", 15) == 0))
+    } else if (smk_is(algorithm->data, algorithm->len, "history")
+               || smk_is(algorithm->data, algorithm->len, "history-literal"))
     {
         slack = 1;  /* a cold identifier gets exactly burst at once */
     } else {
@@ -745,14 +707,7 @@ smk_configured_lines(ngx_conf_t *cf, smk_main_conf_t *mcf)
         return NGX_ERROR;
     }
     for (i = 0; i < mcf->rules.nelts; i++) {
-        for (d = 0; d < mcf->domains.nelts; d++) {
-            if (domains[d].len == rules[i].domain.len
-                && ngx_strncmp(domains[d].data, rules[i].domain.data, domains[d].len) == 0)
-            {
-                break;
-            }
-        }
-        if (d == mcf->domains.nelts) {
+        if (smk_domain_find(mcf, &rules[i].domain) == NGX_ERROR) {
             ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
                                "smockron_rule for \"%V\", which no location serves",
                                &rules[i].domain);
@@ -761,9 +716,7 @@ smk_configured_lines(ngx_conf_t *cf, smk_main_conf_t *mcf)
     for (d = 0; d < mcf->domains.nelts; d++) {
         n = 0;
         for (i = 0; i < mcf->rules.nelts && n < SMK_MAX_RULES; i++) {
-            if (domains[d].len == rules[i].domain.len
-                && ngx_strncmp(domains[d].data, rules[i].domain.data, domains[d].len) == 0)
-            {
+            if (smk_str_eq(&domains[d], &rules[i].domain)) {
                 rates[n] = rules[i].rate;
                 bursts[n++] = rules[i].burst;
             }
@@ -780,9 +733,7 @@ smk_configured_lines(ngx_conf_t *cf, smk_main_conf_t *mcf)
                 }
                 name.data = algs[i].data;
                 name.len = eq - algs[i].data;
-                if (name.len == domains[d].len
-                    && ngx_strncmp(name.data, domains[d].data, name.len) == 0)
-                {
+                if (smk_str_eq(&name, &domains[d])) {
                     alg.data = eq + 1;
                     alg.len = algs[i].data + algs[i].len - eq - 1;
                 }
@@ -801,17 +752,24 @@ smk_configured_lines(ngx_conf_t *cf, smk_main_conf_t *mcf)
 /* ---- the shared zone ---------------------------------------------------------------- */
 
 static void
+smk_free_node(smk_node_t *n)
+{
+    ngx_queue_remove(&n->queue);
+    ngx_rbtree_delete(&smk_sh->rbtree, &n->rb);
+    ngx_slab_free_locked(smk_shpool, n);
+    smk_sh->entries--;
+}
+
+
+/* The least recently used entry (the queue is not empty). */
+#define smk_oldest()  ngx_queue_data(ngx_queue_last(&smk_sh->queue), smk_node_t, queue)
+
+
+static void
 smk_wipe(void)
 {
-    ngx_queue_t  *q;
-    smk_node_t   *node;
-
     while (!ngx_queue_empty(&smk_sh->queue)) {
-        q = ngx_queue_last(&smk_sh->queue);
-        node = ngx_queue_data(q, smk_node_t, queue);
-        ngx_queue_remove(q);
-        ngx_rbtree_delete(&smk_sh->rbtree, &node->rb);
-        ngx_slab_free_locked(smk_shpool, node);
+        smk_free_node(smk_oldest());
     }
     smk_sh->entries = 0;
 }
@@ -877,8 +835,8 @@ smk_shm_init(ngx_shm_zone_t *zone, void *data)
     /* a reload may have renumbered the domains: then the old entries mean nothing */
     same = smk_sh->ndomains == mcf->domains.nelts;
     for (d = 0; same && d < mcf->domains.nelts; d++) {
-        same = ngx_strlen(smk_sh->names[d]) == domains[d].len
-               && ngx_strncmp(smk_sh->names[d], domains[d].data, domains[d].len) == 0;
+        same = smk_eq(smk_sh->names[d], ngx_strlen(smk_sh->names[d]), domains[d].data,
+                      domains[d].len);
     }
     ngx_shmtx_lock(&smk_shpool->mutex);
     if (!same) {
@@ -982,28 +940,16 @@ smk_passed(smk_node_t *n, int64_t now)
 }
 
 
-static void
-smk_free_node(smk_node_t *n)
-{
-    ngx_queue_remove(&n->queue);
-    ngx_rbtree_delete(&smk_sh->rbtree, &n->rb);
-    ngx_slab_free_locked(smk_shpool, n);
-    smk_sh->entries--;
-}
-
-
 /* Forget up to two least recently used entries that have passed (as limit_req):
  * each request pays for the sweep a little at a time. Lock held. */
 static void
 smk_expire(int64_t now)
 {
     ngx_uint_t   i;
-    ngx_queue_t *q;
     smk_node_t  *n;
 
     for (i = 0; i < 2 && !ngx_queue_empty(&smk_sh->queue); i++) {
-        q = ngx_queue_last(&smk_sh->queue);
-        n = ngx_queue_data(q, smk_node_t, queue);
+        n = smk_oldest();
         if (!smk_passed(n, now)) {
             return;
         }
@@ -1024,7 +970,7 @@ smk_alloc(ngx_uint_t d, u_char *ident, size_t len, uint32_t hash, ngx_uint_t cap
     /* full: the least recently used make room, passed or not (counted), a few at a
      * time, so a flood of made-up identifiers cannot keep real verdicts out */
     for (i = 0; n == NULL && i < 64 && !ngx_queue_empty(&smk_sh->queue); i++) {
-        smk_free_node(ngx_queue_data(ngx_queue_last(&smk_sh->queue), smk_node_t, queue));
+        smk_free_node(smk_oldest());
         smk_count(SMK_DELAY_TABLE_EVICTED);
         n = ngx_slab_alloc_locked(smk_shpool, size);
     }
@@ -1173,15 +1119,28 @@ smk_decide(ngx_uint_t d, ngx_str_t *ident, int64_t now, ngx_msec_t max_delay,
 }
 
 
+/* The first line used up until `t`: no burst on top of a master's DELAY_UNTIL, nor
+ * for a client whose requests wait their turn. */
+static ngx_inline void
+smk_hold(smk_line_t *line, smk_node_t *n, double t)
+{
+    ngx_uint_t  k = line->fastest;
+    double      floor = t + line->tolerance[k];
+
+    if (line->nrules && k < n->cap && n->tat[k] < floor) {
+        n->tat[k] = floor;
+    }
+}
+
+
 /* A paced request woke (Decider.recheck): 0 go, -1 reject, else sleep until then. */
 static int64_t
 smk_recheck(ngx_uint_t d, smk_ctx_t *ctx, int64_t now)
 {
     smk_line_t  *line = &smk_sh->lines[d];
     smk_node_t  *n;
-    double       slot, floor;
+    double       slot;
     int64_t      wait;
-    ngx_uint_t   k = line->fastest;
 
     n = smk_entry(d, ctx->ident.data, ctx->ident.len, 0);
     if (n == NULL) {
@@ -1197,11 +1156,8 @@ smk_recheck(ngx_uint_t d, smk_ctx_t *ctx, int64_t now)
         return -1;
     }
     if (line->nrules) {     /* the requests waiting here go one at a time */
-        n->next_free = slot + line->interval[k];
-        floor = slot + line->interval[k] + line->tolerance[k];
-        if (k < n->cap && n->tat[k] < floor) {
-            n->tat[k] = floor;
-        }
+        n->next_free = slot + line->interval[line->fastest];
+        smk_hold(line, n, n->next_free);
     }
     smk_count(SMK_DELAYED_AGAIN);
     return wait;
@@ -1212,21 +1168,13 @@ smk_recheck(ngx_uint_t d, smk_ctx_t *ctx, int64_t now)
 static void
 smk_apply(ngx_uint_t d, u_char *ident, size_t len, int64_t until, int64_t now)
 {
-    smk_line_t  *line;
     smk_node_t  *n;
-    double       floor;
-    ngx_uint_t   k;
 
     ngx_shmtx_lock(&smk_shpool->mutex);
     n = smk_entry(d, ident, len, until > now);
     if (n != NULL && until > n->until) {
         n->until = until;
-        line = &smk_sh->lines[d];
-        k = line->fastest;
-        floor = (double) until + line->tolerance[k];
-        if (line->nrules && k < n->cap && n->tat[k] < floor) {
-            n->tat[k] = floor;
-        }
+        smk_hold(&smk_sh->lines[d], n, (double) until);
     }
     ngx_shmtx_unlock(&smk_shpool->mutex);
 }
@@ -1300,14 +1248,16 @@ smk_on_flush(ngx_event_t *ev)
 }
 
 
-static u_char *
-smk_keep(const void *data, size_t len)
+/* The message's next frame, a copy in the arena. */
+static void
+smk_keep(smk_msg_t *m, const void *data, size_t len)
 {
     u_char  *p = smk_arena + smk_arena_used;
 
     ngx_memcpy(p, data, len);
     smk_arena_used += len;
-    return p;
+    m->frame[m->n] = p;
+    m->len[m->n++] = len;
 }
 
 
@@ -1336,19 +1286,13 @@ smk_account(smk_loc_conf_t *lcf, const char *status, ngx_str_t *ident, int64_t r
     }
     m = &smk_queue[smk_queued++];
     m->n = 0;
-    m->len[m->n] = lcf->domain.len + 1;
-    m->frame[m->n++] = smk_keep(lcf->domain.data, lcf->domain.len + 1);
-    m->len[m->n] = slen;
-    m->frame[m->n++] = smk_keep(status, slen);
-    m->len[m->n] = ident->len;
-    m->frame[m->n++] = smk_keep(ident->data, ident->len);
-    m->len[m->n] = rlen;
-    m->frame[m->n++] = smk_keep(rbuf, rlen);
-    m->len[m->n] = dlen;
-    m->frame[m->n++] = smk_keep(dbuf, dlen);
+    smk_keep(m, lcf->domain.data, lcf->domain.len + 1);
+    smk_keep(m, status, slen);
+    smk_keep(m, ident->data, ident->len);
+    smk_keep(m, rbuf, rlen);
+    smk_keep(m, dbuf, dlen);
     if (loginfo != NULL) {
-        m->len[m->n] = loginfo->len;
-        m->frame[m->n++] = smk_keep(loginfo->data, loginfo->len);
+        smk_keep(m, loginfo->data, loginfo->len);
     }
     if (!smk_flush_ev.timer_set) {
         ngx_add_timer(&smk_flush_ev, SMK_FLUSH_MS);
@@ -1394,7 +1338,7 @@ smk_wants_json(ngx_http_request_t *r)
             h = part->elts;
             i = 0;
         }
-        if (h[i].key.len != 6 || ngx_strncasecmp(h[i].key.data, (u_char *) "accept", 6)) {
+        if (!smk_caseis(h[i].key.data, h[i].key.len, "accept")) {
             continue;
         }
         p = h[i].value.data;
@@ -1412,9 +1356,8 @@ smk_wants_json(ngx_http_request_t *r)
             while (len > 0 && item[len - 1] == ' ') {
                 len--;
             }
-            if ((len == 24 && ngx_strncasecmp(item, (u_char *) "application/problem+json", 24)
-                 == 0)
-                || (len == 16 && ngx_strncasecmp(item, (u_char *) "application/json", 16) == 0))
+            if (smk_caseis(item, len, "application/problem+json")
+                || smk_caseis(item, len, "application/json"))
             {
                 quality = 1.0;
                 q = semi ? ngx_strlcasestrn(semi, p, (u_char *) "q=", 1) : NULL;
@@ -1431,12 +1374,30 @@ smk_wants_json(ngx_http_request_t *r)
 }
 
 
+/* Send `b` as the whole body, after the headers. */
+static ngx_inline ngx_int_t
+smk_send_body(ngx_http_request_t *r, ngx_buf_t *b)
+{
+    ngx_int_t    rc;
+    ngx_chain_t  out;
+
+    b->last_in_chain = 1;
+    r->headers_out.content_length_n = b->last - b->pos;
+    rc = ngx_http_send_header(r);
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+    out.buf = b;
+    out.next = NULL;
+    return ngx_http_output_filter(r, &out);
+}
+
+
 static ngx_int_t
 smk_respond(ngx_http_request_t *r, smk_loc_conf_t *lcf, int64_t wait_ms)
 {
-    ngx_int_t         rc, retry;
+    ngx_int_t         retry;
     ngx_buf_t        *b;
-    ngx_chain_t       out;
     ngx_table_elt_t  *h;
     const char       *title;
 
@@ -1474,21 +1435,11 @@ smk_respond(ngx_http_request_t *r, smk_loc_conf_t *lcf, int64_t wait_ms)
         r->headers_out.content_type_len = sizeof("text/plain") - 1;
     }
     b->last_buf = (r == r->main);
-    b->last_in_chain = 1;
-
     if (ngx_http_discard_request_body(r) != NGX_OK) {
         r->keepalive = 0;
     }
     r->headers_out.status = lcf->status_code;
-    r->headers_out.content_length_n = b->last - b->pos;
-
-    rc = ngx_http_send_header(r);
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-    out.buf = b;
-    out.next = NULL;
-    return ngx_http_output_filter(r, &out);
+    return smk_send_body(r, b);
 }
 
 
@@ -1593,16 +1544,12 @@ smk_woke(ngx_http_request_t *r, smk_ctx_t *ctx)
     int64_t          now = smk_now_ms(), went = ctx->until, next;
     ngx_str_t       *loginfo = lcf->log_info ? &ctx->loginfo : NULL;
 
+    next = 0;
     if (now - ctx->received > (int64_t) lcf->max_delay) {
         /* the worker was busy past the longest delay: a promise to the client */
-        ctx->done = 1;
-        ctx->verdict = SMK_REJECT;
-        smk_release(ctx);
         smk_count(SMK_REJECTED_AFTER_DELAY);
-        return smk_reject(r, lcf, ctx->until - ctx->received);
-    }
-    next = 0;
-    if (ctx->tries > 0) {
+        next = -1;
+    } else if (ctx->tries > 0) {
         ctx->tries--;
         ngx_shmtx_lock(&smk_shpool->mutex);
         next = smk_recheck(lcf->domain_idx, ctx, now);
@@ -1778,44 +1725,24 @@ smk_malformed(const char *why, zmq_msg_t *frame, size_t nframes)
         return;
     }
     end = smk_escape(text, zmq_msg_data(frame), zmq_msg_size(frame));
-    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                  "smockron: malformed control message ignored (%s), %uz frames, "
-                  "first \"%*s\"; %ui more since the last such line", why, nframes,
-                  (size_t) (end - text), text, smk_malformed_quiet);
+    smk_warn("malformed control message ignored (%s), %uz frames, first \"%*s\"; %ui "
+             "more since the last such line", why, nframes, (size_t) (end - text), text,
+             smk_malformed_quiet);
     smk_malformed_logged = now ? now : 1;
     smk_malformed_quiet = 0;
 }
 
 
-/* ASCII decimal milliseconds, nothing else (codec.py's decode_timestamp). */
+/* ASCII decimal, nothing else, of 1 to `digits` digits and at most `max`; else -1.
+ * A timestamp: codec.py's decode_timestamp; a publish counter: up to 20 digits
+ * (codec.py's MAX_COUNT_DIGITS), one past what this side counts in (2^63) refused. */
 static int64_t
-smk_timestamp(u_char *p, size_t len)
-{
-    int64_t  v = 0;
-    size_t   i;
-
-    if (len == 0 || len > 16) {
-        return -1;
-    }
-    for (i = 0; i < len; i++) {
-        if (p[i] < '0' || p[i] > '9') {
-            return -1;
-        }
-        v = v * 10 + (p[i] - '0');
-    }
-    return v > SMK_MAX_TS ? -1 : v;
-}
-
-
-/* A publish counter: ASCII decimal, at most 20 digits (codec.py's MAX_COUNT_DIGITS);
- * one past what this side counts in (2^63) is refused too. */
-static int64_t
-smk_counter(u_char *p, size_t len)
+smk_decimal(u_char *p, size_t len, size_t digits, int64_t max)
 {
     uint64_t  v = 0;
     size_t    i;
 
-    if (len == 0 || len > 20) {
+    if (len == 0 || len > digits) {
         return -1;
     }
     for (i = 0; i < len; i++) {
@@ -1824,8 +1751,11 @@ smk_counter(u_char *p, size_t len)
         }
         v = v * 10 + (p[i] - '0');
     }
-    return v > (uint64_t) INT64_MAX ? -1 : (int64_t) v;
+    return v > (uint64_t) max ? -1 : (int64_t) v;
 }
+
+#define smk_timestamp(f)  smk_decimal(zmq_msg_data(f), zmq_msg_size(f), 16, SMK_MAX_TS)
+#define smk_counter(f)    smk_decimal(zmq_msg_data(f), zmq_msg_size(f), 20, INT64_MAX)
 
 
 static ngx_int_t
@@ -1834,8 +1764,7 @@ smk_domain_of(u_char *name, size_t len)
     ngx_uint_t  d;
 
     for (d = 0; d < smk_sh->ndomains; d++) {
-        if (ngx_strlen(smk_sh->names[d]) == len && ngx_strncmp(smk_sh->names[d], name, len) == 0)
-        {
+        if (smk_eq(smk_sh->names[d], ngx_strlen(smk_sh->names[d]), name, len)) {
             return d;
         }
     }
@@ -1880,8 +1809,8 @@ smk_resync_due(void)
             smk_count(SMK_RESYNCS_SENT);
         }
         if (s->resync_left == 1) {
-            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0, "smockron: no answer to RESYNC "
-                          "for \"%s\" yet: the master may not support it", name);
+            smk_warn("no answer to RESYNC for \"%s\" yet: the master may not support it",
+                     name);
         }
         s->resync_at = ngx_current_msec
                        + (s->resync_left == SMK_RESYNC_TRIES ? 50 : 250);
@@ -1965,7 +1894,7 @@ smk_published(zmq_msg_t *f, size_t n)
     uint64_t       lost;
     smk_stream_t  *s;
 
-    count = n == 4 ? smk_counter(zmq_msg_data(&f[3]), zmq_msg_size(&f[3])) : -1;
+    count = n == 4 ? smk_counter(&f[3]) : -1;
     if (n != 4 || count < 0) {
         smk_malformed("bad PUBLISHED", &f[n > 3 ? 3 : 0], n);
         return;
@@ -1980,9 +1909,8 @@ smk_published(zmq_msg_t *f, size_t n)
         lost = lost > s->received ? lost - s->received : 0;
         if (lost > 0) {
             ngx_atomic_fetch_add(&smk_sh->counters[SMK_CONTROL_LOST], lost);
-            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                          "smockron: %uL DELAY_UNTILs for \"%s\" lost on the way; "
-                          "asking for a RESYNC", lost, smk_sh->names[d]);
+            smk_warn("%uL DELAY_UNTILs for \"%s\" lost on the way; asking for a RESYNC",
+                     lost, smk_sh->names[d]);
             smk_resync_soon(d);
         }
     }
@@ -2005,9 +1933,7 @@ smk_reply_of(u_char *topic, size_t len)
         return -1;
     }
     for (d = 0; d < smk_sh->ndomains; d++) {
-        if (smk_streams[d].reply_len == len
-            && ngx_memcmp(smk_streams[d].reply, topic, len) == 0)
-        {
+        if (smk_eq(smk_streams[d].reply, smk_streams[d].reply_len, topic, len)) {
             return d;
         }
     }
@@ -2033,10 +1959,10 @@ smk_control_message(zmq_msg_t *f, size_t n)
     }
     cmd = zmq_msg_data(&f[1]);
     clen = zmq_msg_size(&f[1]);
-    if (tlen == SMK_RULES_TOPIC_LEN && ngx_memcmp(topic, SMK_RULES_TOPIC, tlen) == 0) {
-        if (clen == 5 && ngx_memcmp(cmd, "RULES", 5) == 0) {
+    if (smk_is(topic, tlen, SMK_RULES_TOPIC)) {
+        if (smk_is(cmd, clen, "RULES")) {
             smk_rules_offer(f, n);
-        } else if (clen == 9 && ngx_memcmp(cmd, "PUBLISHED", 9) == 0) {
+        } else if (smk_is(cmd, clen, "PUBLISHED")) {
             smk_published(f, n);
         } else {
             smk_malformed("unknown command", &f[1], n);
@@ -2054,9 +1980,7 @@ smk_control_message(zmq_msg_t *f, size_t n)
         }
         d = smk_domain_of(topic, tlen - 1);
     }
-    if ((clen == 11 && ngx_memcmp(cmd, "RESYNCSTART", 11) == 0)
-        || (clen == 10 && ngx_memcmp(cmd, "RESYNCDONE", 10) == 0))
-    {
+    if (smk_is(cmd, clen, "RESYNCSTART") || smk_is(cmd, clen, "RESYNCDONE")) {
         if (n != 2) {
             smk_malformed("resync mark with extra frames", &f[1], n);
         } else if (d >= 0 && clen == 11) {
@@ -2068,7 +1992,7 @@ smk_control_message(zmq_msg_t *f, size_t n)
         }
         return;
     }
-    if (clen != 11 || ngx_memcmp(cmd, "DELAY_UNTIL", 11) != 0) {
+    if (!smk_is(cmd, clen, "DELAY_UNTIL")) {
         smk_malformed("unknown command", &f[1], n);
         return;
     }
@@ -2080,7 +2004,7 @@ smk_control_message(zmq_msg_t *f, size_t n)
         smk_malformed("oversized identifier", &f[2], n);
         return;
     }
-    until = smk_timestamp(zmq_msg_data(&f[3]), zmq_msg_size(&f[3]));
+    until = smk_timestamp(&f[3]);
     if (until < 0) {
         smk_malformed("bad timestamp", &f[3], n);
         return;
@@ -2095,9 +2019,8 @@ smk_control_message(zmq_msg_t *f, size_t n)
     if (until - now > (int64_t) smk_mcf->max_ahead) {
         /* whoever took the control port cannot block a client for ever */
         smk_count(SMK_CONTROL_REFUSED);
-        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                      "smockron: DELAY_UNTIL %L ms ahead refused (max %M ms)",
-                      until - now, smk_mcf->max_ahead);
+        smk_warn("DELAY_UNTIL %L ms ahead refused (max %M ms)", until - now,
+                 smk_mcf->max_ahead);
         return;
     }
     smk_apply(d, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), until, now);
@@ -2140,6 +2063,17 @@ smk_drain_control(void)
 }
 
 
+/* Whether the master's subscription is here (worker 0 shows it on smockron_stats). */
+static void
+smk_set_subscribed(ngx_uint_t subscribed)
+{
+    smk_subscribed = subscribed;
+    if (ngx_worker == 0) {
+        smk_sh->master_connected = subscribed;
+    }
+}
+
+
 static void
 smk_drain_subscriptions(void)
 {
@@ -2148,10 +2082,7 @@ smk_drain_subscriptions(void)
 
     while (smk_acc != NULL && (len = zmq_recv(smk_acc, buf, sizeof(buf), ZMQ_DONTWAIT)) >= 0) {
         if (len > 0) {  /* 1: the master subscribed; 0: it left */
-            smk_subscribed = buf[0] == 1;
-            if (ngx_worker == 0) {
-                smk_sh->master_connected = smk_subscribed;
-            }
+            smk_set_subscribed(buf[0] == 1);
         }
     }
 }
@@ -2192,10 +2123,7 @@ smk_drain_monitor(void)
      * with it), so it is counted as dropped instead of sent */
     while ((event = smk_monitor_event(smk_acc_mon)) != 0) {
         if (event == ZMQ_EVENT_DISCONNECTED) {
-            smk_subscribed = 0;
-            if (ngx_worker == 0) {
-                smk_sh->master_connected = 0;
-            }
+            smk_set_subscribed(0);
         }
     }
     while ((event = smk_monitor_event(smk_mon)) != 0) {
@@ -2211,9 +2139,8 @@ smk_drain_monitor(void)
                           "smockron: control connected to %V", &smk_mcf->control);
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             if (smk_sh->control_connected) {
-                ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0, "smockron: control "
-                              "connection to %V lost: no verdicts until it is back",
-                              &smk_mcf->control);
+                smk_warn("control connection to %V lost: no verdicts until it is back",
+                         &smk_mcf->control);
             }
             smk_sh->control_connected = 0;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -2222,9 +2149,8 @@ smk_drain_monitor(void)
         {
             smk_count(SMK_HANDSHAKES_FAILED);
             if (!smk_sh->auth_problem) {
-                ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0, "smockron: handshake with "
-                              "%V failed: check the CURVE keys on both sides",
-                              &smk_mcf->control);
+                smk_warn("handshake with %V failed: check the CURVE keys on both sides",
+                         &smk_mcf->control);
             }
             smk_sh->auth_problem = 1;
         }
@@ -2289,19 +2215,57 @@ smk_watch(ngx_cycle_t *cycle, void *socket)
 }
 
 
+/* Connect a socket to the master, with CURVE when configured. */
 static ngx_int_t
-smk_curve(void *socket)
+smk_connect(ngx_cycle_t *cycle, void *socket, ngx_str_t *address)
 {
-    if (smk_mcf->curve_secret[0] == '\0') {
-        return NGX_OK;
-    }
-    if (zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, smk_mcf->curve_server, 41) != 0
-        || zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, smk_mcf->curve_public, 41) != 0
-        || zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, smk_mcf->curve_secret, 41) != 0)
+    char  addr[1024];
+
+    ngx_cpystrn((u_char *) addr, address->data, ngx_min(sizeof(addr), address->len + 1));
+    if ((smk_mcf->curve_secret[0] != '\0'
+         && (zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, smk_mcf->curve_server, 41) != 0
+             || zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, smk_mcf->curve_public, 41) != 0
+             || zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, smk_mcf->curve_secret, 41)
+                != 0))
+        || zmq_connect(socket, addr) != 0)
     {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0, "smockron: cannot connect to \"%s\": "
+                      "%s", addr, zmq_strerror(zmq_errno()));
         return NGX_ERROR;
     }
     return NGX_OK;
+}
+
+
+/* A PAIR socket that reads the `events` of `socket`. */
+static void *
+smk_monitor(void *socket, const char *endpoint, int events)
+{
+    void  *pair;
+
+    zmq_socket_monitor(socket, endpoint, events);
+    pair = zmq_socket(smk_zctx, ZMQ_PAIR);
+    zmq_connect(pair, endpoint);
+    return pair;
+}
+
+
+static void
+smk_setint(void *socket, int option, int value)
+{
+    zmq_setsockopt(socket, option, &value, sizeof(value));
+}
+
+
+/* Both timers run without a client: nginx's timer log lines read smk_tick_conn, and
+ * neither holds up a graceful exit. */
+static void
+smk_timer(ngx_event_t *ev, ngx_event_handler_pt handler, ngx_log_t *log)
+{
+    ev->handler = handler;
+    ev->log = log;
+    ev->data = &smk_tick_conn;
+    ev->cancelable = 1;
 }
 
 
@@ -2309,10 +2273,8 @@ static ngx_int_t
 smk_init_process(ngx_cycle_t *cycle)
 {
     ngx_http_conf_ctx_t  *hctx;
-    int                   hwm = 10000, one = 1, zero = 0, rcvhwm = 100000;
     ngx_uint_t            d;
     u_char                topic[SMK_MAX_DOMAIN + 1];
-    char                  addr[1024];
 
     if (ngx_process != NGX_PROCESS_WORKER && ngx_process != NGX_PROCESS_SINGLE) {
         return NGX_OK;  /* cache manager and loader: no requests here */
@@ -2339,27 +2301,21 @@ smk_init_process(ngx_cycle_t *cycle)
     }
     /* XPUB: the master's subscription arrives, so we know when it is there; NODROP:
      * at the high-water mark a send is refused (and counted), not dropped unseen */
-    zmq_setsockopt(smk_acc, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-    zmq_setsockopt(smk_acc, ZMQ_XPUB_NODROP, &one, sizeof(one));
-    zmq_setsockopt(smk_acc, ZMQ_LINGER, &zero, sizeof(zero));
-    ngx_cpystrn((u_char *) addr, smk_mcf->accounting.data,
-                ngx_min(sizeof(addr), smk_mcf->accounting.len + 1));
-    if (smk_curve(smk_acc) != NGX_OK || zmq_connect(smk_acc, addr) != 0) {
-        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0, "smockron: cannot connect to \"%s\": "
-                      "%s", addr, zmq_strerror(zmq_errno()));
+    smk_setint(smk_acc, ZMQ_SNDHWM, 10000);
+    smk_setint(smk_acc, ZMQ_XPUB_NODROP, 1);
+    smk_setint(smk_acc, ZMQ_LINGER, 0);
+    if (smk_connect(cycle, smk_acc, &smk_mcf->accounting) != NGX_OK) {
         return NGX_ERROR;
     }
     smk_acc_conn = smk_watch(cycle, smk_acc);
-    zmq_socket_monitor(smk_acc, "inproc://smockron-accounting-monitor",
-                       ZMQ_EVENT_DISCONNECTED);
-    smk_acc_mon = zmq_socket(smk_zctx, ZMQ_PAIR);
-    zmq_connect(smk_acc_mon, "inproc://smockron-accounting-monitor");
+    smk_acc_mon = smk_monitor(smk_acc, "inproc://smockron-accounting-monitor",
+                              ZMQ_EVENT_DISCONNECTED);
     smk_acc_mon_conn = smk_watch(cycle, smk_acc_mon);
 
     if (ngx_worker == 0) {  /* one reader of control for the whole zone */
         smk_sub = zmq_socket(smk_zctx, ZMQ_SUB);
-        zmq_setsockopt(smk_sub, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm));
-        zmq_setsockopt(smk_sub, ZMQ_LINGER, &zero, sizeof(zero));
+        smk_setint(smk_sub, ZMQ_RCVHWM, 100000);
+        smk_setint(smk_sub, ZMQ_LINGER, 0);
         zmq_setsockopt(smk_sub, ZMQ_SUBSCRIBE, SMK_RULES_TOPIC, SMK_RULES_TOPIC_LEN);
         for (d = 0; d < smk_sh->ndomains; d++) {
             /* domain + NUL: "api" does not also receive "apiary" */
@@ -2375,18 +2331,12 @@ smk_init_process(ngx_cycle_t *cycle)
             zmq_setsockopt(smk_sub, ZMQ_SUBSCRIBE, smk_streams[d].reply,
                            smk_streams[d].reply_len);
         }
-        zmq_socket_monitor(smk_sub, "inproc://smockron-control-monitor",
-                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED
-                           | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                           | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
-                           | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
-        smk_mon = zmq_socket(smk_zctx, ZMQ_PAIR);
-        zmq_connect(smk_mon, "inproc://smockron-control-monitor");
-        ngx_cpystrn((u_char *) addr, smk_mcf->control.data,
-                    ngx_min(sizeof(addr), smk_mcf->control.len + 1));
-        if (smk_curve(smk_sub) != NGX_OK || zmq_connect(smk_sub, addr) != 0) {
-            ngx_log_error(NGX_LOG_EMERG, cycle->log, 0, "smockron: cannot connect to "
-                          "\"%s\": %s", addr, zmq_strerror(zmq_errno()));
+        smk_mon = smk_monitor(smk_sub, "inproc://smockron-control-monitor",
+                              ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED
+                              | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                              | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                              | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+        if (smk_connect(cycle, smk_sub, &smk_mcf->control) != NGX_OK) {
             return NGX_ERROR;
         }
         smk_sh->control_connected = 0;
@@ -2398,15 +2348,9 @@ smk_init_process(ngx_cycle_t *cycle)
     if (smk_arena == NULL) {
         return NGX_ERROR;
     }
-    smk_flush_ev.handler = smk_on_flush;
-    smk_flush_ev.log = cycle->log;
-    smk_flush_ev.data = &smk_tick_conn;
-    smk_flush_ev.cancelable = 1;
-    smk_tick.handler = smk_on_tick;
-    smk_tick.log = cycle->log;
     smk_tick_conn.fd = (ngx_socket_t) -1;
-    smk_tick.data = &smk_tick_conn;
-    smk_tick.cancelable = 1;    /* does not hold up a graceful exit */
+    smk_timer(&smk_flush_ev, smk_on_flush, cycle->log);
+    smk_timer(&smk_tick, smk_on_tick, cycle->log);
     ngx_add_timer(&smk_tick, SMK_TICK_MS);
     return NGX_OK;
 }
@@ -2427,8 +2371,6 @@ smk_unwatch(ngx_connection_t *c)
 static void
 smk_exit_process(ngx_cycle_t *cycle)
 {
-    int  linger = 1000;
-
     if (smk_zctx == NULL) {
         return;
     }
@@ -2447,7 +2389,7 @@ smk_exit_process(ngx_cycle_t *cycle)
         zmq_close(smk_sub);
     }
     /* what is queued gets a second to reach the master */
-    zmq_setsockopt(smk_acc, ZMQ_LINGER, &linger, sizeof(linger));
+    smk_setint(smk_acc, ZMQ_LINGER, 1000);
     zmq_close(smk_acc);
     zmq_ctx_term(smk_zctx);
     smk_zctx = NULL;
@@ -2460,9 +2402,7 @@ static ngx_int_t
 smk_stats_handler(ngx_http_request_t *r)
 {
     ngx_buf_t    *b;
-    ngx_chain_t   out;
     ngx_uint_t    i;
-    ngx_int_t     rc;
 
     if (smk_sh == NULL) {
         return NGX_HTTP_NOT_FOUND;
@@ -2484,17 +2424,9 @@ smk_stats_handler(ngx_http_request_t *r)
                           smk_sh->waiting, smk_sh->entries, smk_sh->master_connected,
                           smk_sh->control_connected, smk_sh->auth_problem);
     b->last_buf = 1;
-    b->last_in_chain = 1;
     r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
     ngx_str_set(&r->headers_out.content_type, "text/plain; version=0.0.4");
-    rc = ngx_http_send_header(r);
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-    out.buf = b;
-    out.next = NULL;
-    return ngx_http_output_filter(r, &out);
+    return smk_send_body(r, b);
 }
 
 
