@@ -7,12 +7,23 @@ import contextlib
 import functools
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.support import REPO_ROOT, Proc, wait_port
+from tests.gatekeeper.backend import Seen, backend
+from tests.support import (
+    REPO_ROOT,
+    Proc,
+    free_ports,
+    master_args,
+    run_smockron,
+    stopping,
+    wait_port,
+)
 
 CONF = """
 load_module {module};
@@ -134,3 +145,54 @@ def nginx(
         yield proc
     finally:
         proc.stop()
+
+
+@dataclass
+class Gate:
+    """nginx with the module in front of a backend, following a real ``smockron master``,
+    and a client of that nginx."""
+
+    client: httpx.Client
+    nginx: Proc
+    master: Proc
+    seen: Seen
+    port: int
+    upstream: int
+    acc: int
+    ctl: int
+
+    def stats(self) -> dict[str, int]:
+        return stats_of(self.client.get("/smockron").text)
+
+
+@contextlib.contextmanager
+def gate(
+    tmp_path: Path,
+    *master_extra: str,
+    rules: Sequence[str] = ("api:5/s:5",),
+    http: str = "",
+    location: str = "",
+    workers: int = 1,
+) -> Iterator[Gate]:
+    """A backend, a master with ``rules`` (and ``master_extra`` flags; its log
+    master.log) and nginx in front (its files under nginx/), all stopped at the end."""
+    acc, ctl, port = free_ports(3)
+    with backend() as (up, seen):
+        master = run_smockron(
+            master_args(acc, ctl, *master_extra, rules=rules), tmp_path / "master.log"
+        )
+        with (
+            stopping([master]),
+            nginx(
+                tmp_path / "nginx",
+                port=port,
+                upstream=up,
+                acc=acc,
+                ctl=ctl,
+                http=http,
+                location=location,
+                workers=workers,
+            ) as proc,
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
+        ):
+            yield Gate(client, proc, master, seen, port, up, acc, ctl)

@@ -13,9 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gatekeeper.backend import backend
-from tests.nginx.servers import nginx, require_module, stats_of
-from tests.support import free_ports, master_args, run_smockron, stopping, wait_for
+from tests.nginx.servers import gate, nginx, require_module, stats_of
+from tests.support import wait_for
 
 pytestmark = pytest.mark.usefixtures("built")
 
@@ -79,51 +78,32 @@ def all_at_once(port: int, who: str, n: int) -> Counter[str]:
 
 @pytest.mark.slow  # asserts elapsed wall-clock time
 def test_abuser_held_to_the_rule_polite_client_untouched(tmp_path: Path) -> None:
-    acc, ctl, port = free_ports(3)
-    with backend() as (up, seen):
-        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
-        with (
-            stopping([master]),
-            nginx(
-                tmp_path / "nginx",
-                port=port,
-                upstream=up,
-                acc=acc,
-                ctl=ctl,
-                location="smockron_max_delay 500ms;",
-            ) as gate,
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-        ):
-            wait_for(
-                lambda: (
-                    stats(client)["master_connected"] == 1
-                    and stats(client)["control_connected"] == 1
-                )
-            )
-            # a burst at once: the rule's burst goes, what fits in 500 ms waits, the
-            # rest is rejected; the first line (the master's rules offer) holds it
-            # from the first request
-            started = time.monotonic()
-            burst = concurrent(port, "abuser", 30)
-            # (the threads start over some time: each 200 ms of it lets one more go)
-            assert burst["accept"] >= 5 and burst["delay"] >= 1, burst
-            assert burst["reject"] >= 10, burst
-            # then one after the other: each waits its turn
-            paced = decisions(client, "abuser", 10)
-            elapsed = time.monotonic() - started
-            assert paced["delay"] >= 9, paced
-            passed = sum(1 for _t, who in seen.arrivals if who == "abuser")
-            assert passed == burst["accept"] + burst["delay"] + 10
-            assert passed <= 5 + 5 * elapsed + 1, (passed, elapsed)
-            polite: Counter[str] = Counter()
-            for _ in range(6):
-                polite += decisions(client, "polite", 1)
-                time.sleep(0.3)
-            assert polite == {"accept": 6}, polite
-            counters = stats(client)
-            assert counters["rules_received_total"] >= 1
-            assert counters["accounting_sent_total"] >= 5 + burst["delay"] + 10
-            assert gate.alive()
+    with gate(tmp_path, location="smockron_max_delay 500ms;") as g:
+        wait_for(lambda: g.stats()["master_connected"] == 1 and g.stats()["control_connected"] == 1)
+        # a burst at once: the rule's burst goes, what fits in 500 ms waits, the rest is
+        # rejected; the first line (the master's rules offer) holds it from the first
+        # request
+        started = time.monotonic()
+        burst = concurrent(g.port, "abuser", 30)
+        # (the threads start over some time: each 200 ms of it lets one more go)
+        assert burst["accept"] >= 5 and burst["delay"] >= 1, burst
+        assert burst["reject"] >= 10, burst
+        # then one after the other: each waits its turn
+        paced = decisions(g.client, "abuser", 10)
+        elapsed = time.monotonic() - started
+        assert paced["delay"] >= 9, paced
+        passed = sum(1 for _t, who in g.seen.arrivals if who == "abuser")
+        assert passed == burst["accept"] + burst["delay"] + 10
+        assert passed <= 5 + 5 * elapsed + 1, (passed, elapsed)
+        polite: Counter[str] = Counter()
+        for _ in range(6):
+            polite += decisions(g.client, "polite", 1)
+            time.sleep(0.3)
+        assert polite == {"accept": 6}, polite
+        counters = g.stats()
+        assert counters["rules_received_total"] >= 1
+        assert counters["accounting_sent_total"] >= 5 + burst["delay"] + 10
+        assert g.nginx.alive()
 
 
 @pytest.mark.slow  # asserts wall-clock windows
@@ -131,71 +111,44 @@ def test_a_big_burst_reaches_the_backend_as_the_rule_allows(tmp_path: Path) -> N
     """A burst far beyond the rule's: the backend sees the burst, then one request an
     interval; no half interval ever holds more than the burst (bench/accuracy.py's
     burst500, small)."""
-    acc, ctl, port = free_ports(3)
-    with backend() as (up, seen):
-        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
-        with (
-            stopping([master]),
-            nginx(
-                tmp_path / "nginx",
-                port=port,
-                upstream=up,
-                acc=acc,
-                ctl=ctl,
-                location="smockron_max_delay 1s;",
-            ),
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-        ):
-            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
-            burst = all_at_once(port, "burst", 60)
-            with seen.lock:
-                times = sorted(t for t, who in seen.arrivals if who == "burst")
-            assert burst["accept"] == 5 and 1 <= burst["delay"] <= 5, burst
-            assert len(times) == burst["accept"] + burst["delay"]
-            # the most arrivals in any 100 ms (half the rule's interval)
-            most = max(sum(1 for u in times if t <= u <= t + 0.1) for t in times)
-            assert most <= 5, [round(t - times[0], 3) for t in times]
-            # the delayed ones an interval apart (a busy machine may make it a little less)
-            gaps = [b - a for a, b in itertools.pairwise(times[4:])]
-            assert all(gap >= 0.15 for gap in gaps), gaps
+    with gate(tmp_path, location="smockron_max_delay 1s;") as g:
+        wait_for(lambda: g.stats()["rules_received_total"] >= 1)
+        burst = all_at_once(g.port, "burst", 60)
+        with g.seen.lock:
+            times = sorted(t for t, who in g.seen.arrivals if who == "burst")
+        assert burst["accept"] == 5 and 1 <= burst["delay"] <= 5, burst
+        assert len(times) == burst["accept"] + burst["delay"]
+        # the most arrivals in any 100 ms (half the rule's interval)
+        most = max(sum(1 for u in times if t <= u <= t + 0.1) for t in times)
+        assert most <= 5, [round(t - times[0], 3) for t in times]
+        # the delayed ones an interval apart (a busy machine may make it a little less)
+        gaps = [b - a for a, b in itertools.pairwise(times[4:])]
+        assert all(gap >= 0.15 for gap in gaps), gaps
 
 
 @pytest.mark.slow  # asserts elapsed wall-clock time
 def test_master_gone_fails_open(tmp_path: Path) -> None:
-    acc, ctl, port = free_ports(3)
-    with backend() as (up, seen):
-        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
-        with (
-            stopping([master]),
-            nginx(
-                tmp_path / "nginx",
-                port=port,
-                upstream=up,
-                acc=acc,
-                ctl=ctl,
-                location="smockron_max_delay 500ms;",
-            ),
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-        ):
-            wait_for(lambda: stats(client)["control_connected"] == 1)
-            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
-            master.kill()
-            wait_for(lambda: stats(client)["master_connected"] == 0)
-            wait_for(lambda: stats(client)["control_connected"] == 0)
-            # polite clients notice nothing; an abuser is held by the first line alone
-            for i in range(5):
-                assert decide(client, f"polite{i}") == "accept"
-            started = time.monotonic()
-            abuser = decisions(client, "abuser", 15)
-            elapsed = time.monotonic() - started
-            # the burst, then one each 200 ms (a client slower than that between two
-            # requests is accepted, on a busy machine): 15 take at least 10 intervals
-            assert abuser["accept"] + abuser["delay"] == 15 and abuser["delay"] >= 1, abuser
-            assert elapsed >= (15 - 5) / 5 - 0.05, elapsed
-            assert stats(client)["accounting_dropped_total"] >= 20
-            before = len(seen.arrivals)
-            assert decide(client, "polite0") == "accept"
-            assert len(seen.arrivals) == before + 1
+    with gate(tmp_path, location="smockron_max_delay 500ms;") as g:
+        client = g.client
+        wait_for(lambda: g.stats()["control_connected"] == 1)
+        wait_for(lambda: g.stats()["rules_received_total"] >= 1)
+        g.master.kill()
+        wait_for(lambda: g.stats()["master_connected"] == 0)
+        wait_for(lambda: g.stats()["control_connected"] == 0)
+        # polite clients notice nothing; an abuser is held by the first line alone
+        for i in range(5):
+            assert decide(client, f"polite{i}") == "accept"
+        started = time.monotonic()
+        abuser = decisions(client, "abuser", 15)
+        elapsed = time.monotonic() - started
+        # the burst, then one each 200 ms (a client slower than that between two
+        # requests is accepted, on a busy machine): 15 take at least 10 intervals
+        assert abuser["accept"] + abuser["delay"] == 15 and abuser["delay"] >= 1, abuser
+        assert elapsed >= (15 - 5) / 5 - 0.05, elapsed
+        assert g.stats()["accounting_dropped_total"] >= 20
+        before = len(g.seen.arrivals)
+        assert decide(client, "polite0") == "accept"
+        assert len(g.seen.arrivals) == before + 1
 
 
 @pytest.mark.parametrize(
@@ -223,77 +176,62 @@ def test_bad_directives_fail_the_config_test(tmp_path: Path, directive: str, err
 def test_workers_share_the_zone(tmp_path: Path) -> None:
     """Verdicts and first-line times are the zone's: a client whose connections land on
     different workers is held as one, and worker 0's control reaches them all."""
-    acc, ctl, port = free_ports(3)
-    with backend() as (up, _seen):
-        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
-        with (
-            stopping([master]),
-            nginx(tmp_path / "nginx", port=port, upstream=up, acc=acc, ctl=ctl, workers=2),
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-        ):
-            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
-            workers: set[str] = set()
-            got = []
-            started = time.monotonic()
-            for _ in range(12):  # a new connection each: either worker
-                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as one:
-                    r = one.get("/", headers={"x-client": "shared"})
-                    workers.add(r.headers["x-worker"])
-                    got.append(r.headers["x-smockron-decision"])
-            elapsed = time.monotonic() - started
-            assert len(workers) == 2, workers
-            # held as one client: the burst, then one each 200 ms (a client slower than
-            # that between two requests is accepted, on a busy machine)
-            assert got[:5] == ["accept"] * 5 and "delay" in got, got
-            assert got.count("accept") <= 5 + 5 * elapsed - got.count("delay") + 1, got
+    with gate(tmp_path, workers=2) as g:
+        wait_for(lambda: g.stats()["rules_received_total"] >= 1)
+        workers: set[str] = set()
+        got = []
+        started = time.monotonic()
+        for _ in range(12):  # a new connection each: either worker
+            with httpx.Client(base_url=f"http://127.0.0.1:{g.port}", timeout=10) as one:
+                r = one.get("/", headers={"x-client": "shared"})
+                workers.add(r.headers["x-worker"])
+                got.append(r.headers["x-smockron-decision"])
+        elapsed = time.monotonic() - started
+        assert len(workers) == 2, workers
+        # held as one client: the burst, then one each 200 ms (a client slower than that
+        # between two requests is accepted, on a busy machine)
+        assert got[:5] == ["accept"] * 5 and "delay" in got, got
+        assert got.count("accept") <= 5 + 5 * elapsed - got.count("delay") + 1, got
 
 
 def test_reload_keeps_the_verdicts_and_reconnects(tmp_path: Path) -> None:
     """SIGHUP: new workers on the same zone; the new worker 0 follows control again."""
-    acc, ctl, port = free_ports(3)
-    with backend() as (up, _seen):
-        master = run_smockron(master_args(acc, ctl, rules=["api:5/s:5"]), tmp_path / "master.log")
-        with (
-            stopping([master]),
-            nginx(tmp_path / "nginx", port=port, upstream=up, acc=acc, ctl=ctl) as gate,
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-        ):
-            wait_for(lambda: stats(client)["rules_received_total"] >= 1)
-            assert decisions(client, "abuser", 6)["delay"] >= 1
-            received = stats(client)["control_received_total"]
-            assert received >= 1
-            gate.popen.send_signal(signal.SIGHUP)
-            wait_for(lambda: "reconfiguring" in (tmp_path / "nginx" / "error.log").read_text())
-            wait_for(
-                lambda: (
-                    (tmp_path / "nginx" / "error.log").read_text().count("control connected") >= 2
-                )
-            )
-            # the zone lived on: the abuser's entry is still there
-            assert stats(client)["delay_entries"] >= 1
-            assert decide(client, "polite") == "accept"
-            assert stats(client)["control_received_total"] >= received
+    error_log = tmp_path / "nginx" / "error.log"
+    with gate(tmp_path) as g:
+        wait_for(lambda: g.stats()["rules_received_total"] >= 1)
+        assert decisions(g.client, "abuser", 6)["delay"] >= 1
+        received = g.stats()["control_received_total"]
+        assert received >= 1
+        g.nginx.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reconfiguring" in error_log.read_text())
+        wait_for(lambda: error_log.read_text().count("control connected") >= 2)
+        # the zone lived on: the abuser's entry is still there
+        assert g.stats()["delay_entries"] >= 1
+        assert decide(g.client, "polite") == "accept"
+        assert g.stats()["control_received_total"] >= received
 
 
 def test_restarted_nginx_gets_the_verdicts_back(tmp_path: Path) -> None:
     """A new nginx asks the real master for the live verdicts (RESYNC, privately answered)
     before the client's next request: the abuser is still held, not given a new burst."""
-    acc, ctl, port = free_ports(3)
-    with backend() as (up, _seen):
-        master = run_smockron(master_args(acc, ctl, rules=["api:1/m:2"]), tmp_path / "master.log")
-        with stopping([master]):
-            for run in ("first", "second"):
-                with (
-                    nginx(tmp_path / run, port=port, upstream=up, acc=acc, ctl=ctl),
-                    httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-                ):
-                    wait_for(lambda: stats(client)["master_connected"] == 1)
-                    if run == "first":
-                        wait_for(lambda: stats(client)["rules_received_total"] >= 1)
-                        assert decisions(client, "abuser", 3) == {"accept": 2, "reject": 1}
-                        wait_for(lambda: stats(client)["control_received_total"] >= 1)
-                    else:
-                        wait_for(lambda: stats(client)["control_received_total"] >= 1)
-                        assert decide(client, "abuser") == "reject"
-                        assert decide(client, "polite") == "accept"
-            assert "resync of api" in master.log()
+    with gate(tmp_path, rules=["api:1/m:2"]) as first:
+        wait_for(lambda: first.stats()["master_connected"] == 1)
+        wait_for(lambda: first.stats()["rules_received_total"] >= 1)
+        assert decisions(first.client, "abuser", 3) == {"accept": 2, "reject": 1}
+        wait_for(lambda: first.stats()["control_received_total"] >= 1)
+        first.nginx.stop()
+        with (
+            nginx(
+                tmp_path / "second",
+                port=first.port,
+                upstream=first.upstream,
+                acc=first.acc,
+                ctl=first.ctl,
+            ),
+            httpx.Client(base_url=f"http://127.0.0.1:{first.port}", timeout=10) as client,
+        ):
+            wait_for(lambda: stats(client)["master_connected"] == 1)
+            wait_for(lambda: stats(client)["control_received_total"] >= 1)
+            assert decide(client, "abuser") == "reject"
+            assert decide(client, "polite") == "accept"
+        assert "resync of api" in first.master.log()
