@@ -148,21 +148,56 @@ def nginx(
 
 
 @dataclass
-class Gate:
-    """nginx with the module in front of a backend, following a real ``smockron master``,
-    and a client of that nginx."""
+class Front:
+    """nginx with the module in front of a backend, and a client of that nginx."""
 
     client: httpx.Client
     nginx: Proc
-    master: Proc
     seen: Seen
     port: int
     upstream: int
-    acc: int
-    ctl: int
 
     def stats(self) -> dict[str, int]:
         return stats_of(self.client.get("/smockron").text)
+
+
+@dataclass
+class Gate(Front):
+    """A Front that follows a real ``smockron master``."""
+
+    master: Proc
+    acc: int
+    ctl: int
+
+
+@contextlib.contextmanager
+def front(
+    workdir: Path,
+    *,
+    acc: int,
+    ctl: int,
+    http: str = "",
+    location: str = "",
+    workers: int = 1,
+) -> Iterator[Front]:
+    """A backend and nginx in front of it (its files under ``workdir``), following the
+    master at ``acc``/``ctl``; all stopped at the end."""
+    (port,) = free_ports(1)
+    with (
+        backend() as (up, seen),
+        nginx(
+            workdir,
+            port=port,
+            upstream=up,
+            acc=acc,
+            ctl=ctl,
+            http=http,
+            location=location,
+            workers=workers,
+        ) as proc,
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
+    ):
+        yield Front(client, proc, seen, port, up)
 
 
 @contextlib.contextmanager
@@ -174,25 +209,16 @@ def gate(
     location: str = "",
     workers: int = 1,
 ) -> Iterator[Gate]:
-    """A backend, a master with ``rules`` (and ``master_extra`` flags; its log
-    master.log) and nginx in front (its files under nginx/), all stopped at the end."""
-    acc, ctl, port = free_ports(3)
-    with backend() as (up, seen):
-        master = run_smockron(
-            master_args(acc, ctl, *master_extra, rules=rules), tmp_path / "master.log"
-        )
-        with (
-            stopping([master]),
-            nginx(
-                tmp_path / "nginx",
-                port=port,
-                upstream=up,
-                acc=acc,
-                ctl=ctl,
-                http=http,
-                location=location,
-                workers=workers,
-            ) as proc,
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-        ):
-            yield Gate(client, proc, master, seen, port, up, acc, ctl)
+    """A master with ``rules`` (and ``master_extra`` flags; its log master.log) and a
+    front() following it (nginx's files under nginx/), all stopped at the end."""
+    acc, ctl = free_ports(2)
+    master = run_smockron(
+        master_args(acc, ctl, *master_extra, rules=rules), tmp_path / "master.log"
+    )
+    with (
+        stopping([master]),
+        front(
+            tmp_path / "nginx", acc=acc, ctl=ctl, http=http, location=location, workers=workers
+        ) as f,
+    ):
+        yield Gate(f.client, f.nginx, f.seen, f.port, f.upstream, master, acc, ctl)

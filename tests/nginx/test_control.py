@@ -12,9 +12,8 @@ import pytest
 import zmq
 
 from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, RESYNC
-from tests.gatekeeper.backend import backend
 from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
-from tests.nginx.servers import nginx, require_module, stats_of
+from tests.nginx.servers import front, require_module, stats_of
 from tests.support import Proc, free_ports, wait_for
 
 
@@ -45,22 +44,15 @@ def connected(client: httpx.Client, master: MasterSockets) -> None:
 @pytest.fixture
 def gate(master: MasterSockets, tmp_path: Path) -> Iterator[tuple[httpx.Client, Proc, Path]]:
     acc, ctl = ports(master)
-    (port,) = free_ports(1)
-    with (
-        backend() as (up, _seen),
-        nginx(
-            tmp_path / "nginx",
-            port=port,
-            upstream=up,
-            acc=acc,
-            ctl=ctl,
-            location="smockron_max_delay 1s; smockron_status_code 429;\n"
-            'smockron_log_info "ua=$http_user_agent";',
-        ) as proc,
-        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-    ):
-        connected(client, master)
-        yield client, proc, tmp_path / "nginx" / "error.log"
+    with front(
+        tmp_path / "nginx",
+        acc=acc,
+        ctl=ctl,
+        location="smockron_max_delay 1s; smockron_status_code 429;\n"
+        'smockron_log_info "ua=$http_user_agent";',
+    ) as f:
+        connected(f.client, master)
+        yield f.client, f.nginx, tmp_path / "nginx" / "error.log"
 
 
 def test_delays_rejects_and_accounts(
@@ -152,12 +144,8 @@ def test_garbage_on_the_control_socket_is_counted_logged_once_and_survived(
 
 def test_escapes_hostile_bytes_in_its_log(master: MasterSockets, tmp_path: Path) -> None:
     acc, ctl = ports(master)
-    (port,) = free_ports(1)
-    with (
-        backend() as (up, _seen),
-        nginx(tmp_path / "n", port=port, upstream=up, acc=acc, ctl=ctl),
-        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client,
-    ):
+    with front(tmp_path / "n", acc=acc, ctl=ctl) as f:
+        client = f.client
         connected(client, master)
         master.publish_raw([b"api\0", b"\x1b[31mEVIL\n\x00\xff", b"x", b"1"])
         wait_for(lambda: stats(client)["control_malformed_total"] == 1)

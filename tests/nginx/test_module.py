@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.nginx.servers import gate, nginx, require_module, stats_of
+from tests.nginx.servers import front, gate, nginx, require_module
 from tests.support import wait_for
 
 pytestmark = pytest.mark.usefixtures("built")
@@ -22,10 +22,6 @@ pytestmark = pytest.mark.usefixtures("built")
 @pytest.fixture(scope="module")
 def built() -> None:
     require_module()
-
-
-def stats(client: httpx.Client) -> dict[str, int]:
-    return stats_of(client.get("/smockron").text)
 
 
 def decide(client: httpx.Client, who: str) -> str:
@@ -220,18 +216,9 @@ def test_restarted_nginx_gets_the_verdicts_back(tmp_path: Path) -> None:
         assert decisions(first.client, "abuser", 3) == {"accept": 2, "reject": 1}
         wait_for(lambda: first.stats()["control_received_total"] >= 1)
         first.nginx.stop()
-        with (
-            nginx(
-                tmp_path / "second",
-                port=first.port,
-                upstream=first.upstream,
-                acc=first.acc,
-                ctl=first.ctl,
-            ),
-            httpx.Client(base_url=f"http://127.0.0.1:{first.port}", timeout=10) as client,
-        ):
-            wait_for(lambda: stats(client)["master_connected"] == 1)
-            wait_for(lambda: stats(client)["control_received_total"] >= 1)
-            assert decide(client, "abuser") == "reject"
-            assert decide(client, "polite") == "accept"
+        with front(tmp_path / "second", acc=first.acc, ctl=first.ctl) as second:
+            wait_for(lambda: second.stats()["master_connected"] == 1)
+            wait_for(lambda: second.stats()["control_received_total"] >= 1)
+            assert decide(second.client, "abuser") == "reject"
+            assert decide(second.client, "polite") == "accept"
         assert "resync of api" in first.master.log()
