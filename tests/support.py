@@ -209,6 +209,78 @@ def run_smockron(args: Sequence[str], log_path: Path) -> Proc:
     return Proc([sys.executable, "-m", "smockron", *args], log_path)
 
 
+def smockron_run(args: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m smockron ARGS`` to its end, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "smockron", *args],
+        capture_output=True,
+        text=True,
+        env=smockron_env(),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def daemon_args(command: str) -> list[str]:
+    """A command line that starts the daemon ``command`` on free loopback ports."""
+    a, b, c, d = free_ports(4)
+    return {
+        "master": [
+            "master",
+            "--accounting",
+            f"tcp://127.0.0.1:{a}",
+            "--control",
+            f"tcp://127.0.0.1:{b}",
+            "--rule",
+            "api:1/s:1",
+        ],
+        "router": [
+            "router",
+            "--accounting",
+            f"tcp://127.0.0.1:{a}",
+            "--control",
+            f"tcp://127.0.0.1:{b}",
+            "--master",
+            f"tcp://127.0.0.1:{c},tcp://127.0.0.1:{d}",
+        ],
+        "proxy": [
+            "proxy",
+            "--listen",
+            f"127.0.0.1:{a}",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--domain",
+            "api",
+            "--accounting",
+            f"tcp://127.0.0.1:{b}",
+            "--control",
+            f"tcp://127.0.0.1:{c}",
+        ],
+        "cluster": [
+            "cluster",
+            "--grpc-address",
+            f"127.0.0.1:{a}",
+            "--http-address",
+            f"127.0.0.1:{b}",
+        ],
+        "jarl": [
+            "jarl",
+            "--service",
+            "s",
+            "--requests",
+            "1",
+            "--period",
+            "1",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(a),
+        ],
+        "dthrottle": ["dthrottle", "--listen", f"tcp:127.0.0.1:{a}"],
+    }[command]
+
+
 @contextlib.contextmanager
 def smockron_proc(args: Sequence[str], log_path: Path) -> Iterator[Proc]:
     proc = run_smockron(args, log_path)

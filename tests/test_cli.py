@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
 
 from smockron.cli import COMMANDS, main
-from tests.support import smockron_env
+from tests.support import smockron_run
 
 
 def test_help_lists_every_subcommand() -> None:
@@ -28,25 +27,13 @@ def test_unknown_subcommand_fails_cleanly() -> None:
 
 
 def test_python_dash_m_entry_point() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "smockron", "--version"],
-        capture_output=True,
-        text=True,
-        env=smockron_env(),
-        timeout=60,
-        check=True,
-    )
+    out = smockron_run(["--version"])
+    assert out.returncode == 0, out.stderr
     assert "smockron" in out.stdout and "0.1.0" in out.stdout
 
 
 def _smockron(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "smockron", *args],
-        capture_output=True,
-        text=True,
-        env=smockron_env(),
-        timeout=30,
-    )
+    return smockron_run(args, 30)
 
 
 @pytest.fixture

@@ -19,74 +19,16 @@ from smockron.runtime import logfmt
 from tests.support import (
     REPO_ROOT,
     Proc,
+    daemon_args,
     free_port,
     free_ports,
     run_smockron,
     smockron_env,
+    smockron_run,
     twins,
     wait_for,
     wait_port,
 )
-
-
-def _daemon_args(command: str) -> list[str]:
-    """A command line that starts ``command`` on free loopback ports."""
-    a, b = free_ports(2)
-    return {
-        "master": [
-            "master",
-            "--accounting",
-            f"tcp://127.0.0.1:{a}",
-            "--control",
-            f"tcp://127.0.0.1:{b}",
-            "--rule",
-            "api:1/s:1",
-        ],
-        "router": [
-            "router",
-            "--accounting",
-            f"tcp://127.0.0.1:{a}",
-            "--control",
-            f"tcp://127.0.0.1:{b}",
-            "--master",
-            f"tcp://127.0.0.1:{free_port()},tcp://127.0.0.1:{free_port()}",
-        ],
-        "proxy": [
-            "proxy",
-            "--listen",
-            f"127.0.0.1:{a}",
-            "--upstream",
-            "http://127.0.0.1:9",
-            "--domain",
-            "api",
-            "--accounting",
-            f"tcp://127.0.0.1:{b}",
-            "--control",
-            f"tcp://127.0.0.1:{free_port()}",
-        ],
-        "cluster": [
-            "cluster",
-            "--grpc-address",
-            f"127.0.0.1:{a}",
-            "--http-address",
-            f"127.0.0.1:{b}",
-        ],
-        "jarl": [
-            "jarl",
-            "--service",
-            "s",
-            "--requests",
-            "1",
-            "--period",
-            "1",
-            "--ip",
-            "127.0.0.1",
-            "--port",
-            str(a),
-        ],
-        "dthrottle": ["dthrottle", "--listen", f"tcp:127.0.0.1:{a}"],
-    }[command]
-
 
 COMMANDS = ["master", "router", "proxy", "cluster", "jarl", "dthrottle"]
 
@@ -99,7 +41,7 @@ def _started(proc: Proc, command: str) -> Callable[[], bool]:
 def test_sigterm_stops_gracefully_and_json_logs_parse(command: str, tmp_path: Path) -> None:
     """Each daemon: the startup line names what is active, SIGTERM exits 0, and with
     ``--log-format json`` (after the subcommand) every line of stderr is one JSON object."""
-    proc = run_smockron([*_daemon_args(command), "--log-format", "json"], tmp_path / "d.log")
+    proc = run_smockron([*daemon_args(command), "--log-format", "json"], tmp_path / "d.log")
     try:
         wait_for(_started(proc, command), timeout=20)
         assert proc.alive(), proc.log()
@@ -116,7 +58,7 @@ def test_sigterm_stops_gracefully_and_json_logs_parse(command: str, tmp_path: Pa
 
 @pytest.mark.parametrize("command", ["master", "jarl"])
 def test_sigint_is_one_line_and_exit_130(command: str, tmp_path: Path) -> None:
-    proc = run_smockron(_daemon_args(command), tmp_path / "d.log")
+    proc = run_smockron(daemon_args(command), tmp_path / "d.log")
     try:
         wait_for(_started(proc, command), timeout=20)
     finally:
@@ -126,6 +68,21 @@ def test_sigint_is_one_line_and_exit_130(command: str, tmp_path: Path) -> None:
     assert log.count("interrupted") == 1 and "Traceback" not in log, log
 
 
+def _sighup(args: list[str], log: Path, ready: str, edit: Callable[[], object], said: str) -> str:
+    """Start ``args``; once ``ready`` is in its log, ``edit`` its files and send SIGHUP:
+    ``said`` appears in the log, it keeps running, and SIGTERM then exits 0. Its log."""
+    proc = run_smockron(args, log)
+    try:
+        wait_for(lambda: ready in proc.log() or not proc.alive(), timeout=20)
+        edit()
+        proc.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: said in proc.log())
+        assert proc.alive()
+    finally:
+        assert proc.stop() == 0
+    return proc.log()
+
+
 def test_sighup_reloads_the_master_config_file(tmp_path: Path) -> None:
     config = tmp_path / "master.toml"
     a, b = free_ports(2)
@@ -133,31 +90,27 @@ def test_sighup_reloads_the_master_config_file(tmp_path: Path) -> None:
         f'accounting = "tcp://127.0.0.1:{a}"\ncontrol = "tcp://127.0.0.1:{b}"\n'
         'rules = ["api:1/s:1"]\n'
     )
-    proc = run_smockron(["master", "--config", str(config)], tmp_path / "m.log")
-    try:
-        wait_for(lambda: "control PUB on" in proc.log())
-        config.write_text(config.read_text().replace("api:1/s:1", "api:7/s:3"))
-        proc.popen.send_signal(signal.SIGHUP)
-        wait_for(lambda: "reloaded" in proc.log())
-        assert "api [history: 7/s:3]" in proc.log()
-        assert proc.alive()
-    finally:
-        assert proc.stop() == 0
+    log = _sighup(
+        ["master", "--config", str(config)],
+        tmp_path / "m.log",
+        "control PUB on",
+        lambda: config.write_text(config.read_text().replace("api:1/s:1", "api:7/s:3")),
+        "reloaded",
+    )
+    assert "api [history: 7/s:3]" in log
 
 
 def test_sighup_reloads_dthrottle_rules(tmp_path: Path) -> None:
     config = tmp_path / "dthrottle.toml"
     port = free_port()
     config.write_text(f'listen = ["tcp:127.0.0.1:{port}"]\nburst = 1\n')
-    proc = run_smockron(["dthrottle", "--config", str(config)], tmp_path / "d.log")
-    try:
-        wait_for(_started(proc, "dthrottle"))
-        config.write_text(f'listen = ["tcp:127.0.0.1:{port}"]\nburst = 5\n')
-        proc.popen.send_signal(signal.SIGHUP)
-        wait_for(lambda: "reloaded: burst 5" in proc.log())
-        assert proc.alive()
-    finally:
-        assert proc.stop() == 0
+    _sighup(
+        ["dthrottle", "--config", str(config)],
+        tmp_path / "d.log",
+        "command=dthrottle",
+        lambda: config.write_text(f'listen = ["tcp:127.0.0.1:{port}"]\nburst = 5\n'),
+        "reloaded: burst 5",
+    )
 
 
 ENVOY = """
@@ -173,30 +126,25 @@ def test_sighup_reloads_the_cluster_envoy_files(tmp_path: Path) -> None:
     """With polling off (interval 0), SIGHUP alone reloads the Envoy descriptor files."""
     conf = tmp_path / "edge.yaml"
     conf.write_text(ENVOY)
-    args = [*_daemon_args("cluster"), "--envoy-config", str(conf), "--envoy-reload-interval", "0"]
-    proc = run_smockron(args, tmp_path / "c.log")
-    try:
-        wait_for(_started(proc, "cluster"), timeout=20)
-        conf.write_text(ENVOY.replace("requests_per_unit: 3", "requests_per_unit: 70"))
-        proc.popen.send_signal(signal.SIGHUP)
-        wait_for(lambda: "envoy: reloaded 1 domain(s)" in proc.log())
-        assert proc.alive()
-    finally:
-        assert proc.stop() == 0
+    _sighup(
+        [*daemon_args("cluster"), "--envoy-config", str(conf), "--envoy-reload-interval", "0"],
+        tmp_path / "c.log",
+        "command=cluster",
+        lambda: conf.write_text(ENVOY.replace("requests_per_unit: 3", "requests_per_unit: 70")),
+        "envoy: reloaded 1 domain(s)",
+    )
 
 
 def test_sighup_without_a_config_file_says_so_and_keeps_serving(tmp_path: Path) -> None:
     """Also: ``--log-format json`` before the subcommand, the level from the environment."""
-    args = ["--log-format", "json", *_daemon_args("dthrottle")]  # no --config given
-    proc = run_smockron(args, tmp_path / "j.log")
-    try:
-        wait_for(_started(proc, "dthrottle"))
-        proc.popen.send_signal(signal.SIGHUP)
-        wait_for(lambda: "no config file to reload" in proc.log())
-        assert proc.alive()
-    finally:
-        assert proc.stop() == 0
-    entries = [json.loads(line) for line in proc.log().splitlines()]
+    log = _sighup(
+        ["--log-format", "json", *daemon_args("dthrottle")],  # no --config given
+        tmp_path / "j.log",
+        "command=dthrottle",
+        lambda: None,
+        "no config file to reload",
+    )
+    entries = [json.loads(line) for line in log.splitlines()]
     assert any("no config file to reload" in e["msg"] for e in entries)
 
 
@@ -205,7 +153,7 @@ def test_log_level_and_format_from_the_environment(
 ) -> None:
     monkeypatch.setenv("SMOCKRON_LOG_FORMAT", "json")
     monkeypatch.setenv("SMOCKRON_LOG_LEVEL", "WARNING")  # hides the INFO startup line
-    args = _daemon_args("jarl")
+    args = daemon_args("jarl")
     proc = run_smockron(args, tmp_path / "j.log")
     try:
         wait_port(int(args[args.index("--port") + 1]), timeout=20)  # serving: signals handled
@@ -264,15 +212,12 @@ def test_demo_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
 
 
 def test_a_startup_failure_in_json_mode_is_one_json_line(tmp_path: Path) -> None:
-    args = _daemon_args("jarl")
+    args = daemon_args("jarl")
     port = int(args[args.index("--port") + 1])
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port))
         taken.listen()
-        command = [sys.executable, "-m", "smockron", "--log-format", "json", *args]
-        out = subprocess.run(
-            command, capture_output=True, text=True, env=smockron_env(), timeout=60, check=False
-        )
+        out = smockron_run(["--log-format", "json", *args])
     entries = [json.loads(line) for line in out.stderr.splitlines()]
     assert out.returncode == 1
     assert entries[-1]["level"] == "ERROR"

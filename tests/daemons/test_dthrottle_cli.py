@@ -10,13 +10,12 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from smockron.daemons.dthrottle.clock import set_file_clock
-from tests.support import free_ports, smockron_env, smockron_proc, wait_for, wait_port
+from tests.support import free_ports, smockron_proc, smockron_run, wait_for, wait_port
 
 
 def ask(port: int, tags: list[bytes]) -> bytes:
@@ -124,14 +123,7 @@ def test_config_file_with_rules_whitelist_and_unix_socket(
 
 def test_bad_settings_fail_with_a_clear_message(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "smockron", "dthrottle", *args],
-            capture_output=True,
-            text=True,
-            env=smockron_env(),
-            timeout=60,
-            check=False,
-        )
+        return smockron_run(["dthrottle", *args])
 
     out = run("--report-interval", "0")
     assert out.returncode == 2 and "report interval must be 1..3600 s, got 0" in out.stderr

@@ -6,8 +6,6 @@ import asyncio
 import logging
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,8 +17,8 @@ from tests.support import (
     Proc,
     free_port,
     run_smockron,
-    smockron_env,
     smockron_proc,
+    smockron_run,
     stopping,
     wait_for,
     wait_port,
@@ -38,6 +36,7 @@ def get_delay(port: int) -> float:
 
 
 def read_all(port: int) -> bytes:
+    """Everything the server sends before it closes the connection."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         chunks = []
         while chunk := s.recv(100):
@@ -45,21 +44,18 @@ def read_all(port: int) -> bytes:
         return b"".join(chunks)
 
 
+def jarl_args(port: int | str, *options: str, service: str = "s") -> list[str]:
+    """``smockron jarl`` for ``service`` on 127.0.0.1:``port``, with ``options``."""
+    return ["jarl", "--service", service, *options, "--ip", "127.0.0.1", "--port", str(port)]
+
+
+def limit(requests: str, period: str) -> tuple[str, ...]:
+    return ("--requests", requests, "--period", period)
+
+
 def test_seed_client_against_a_real_jarl_process(tmp_path: Path) -> None:
     port = free_port()
-    args = [
-        "jarl",
-        "--service",
-        "SocialMedia",
-        "--period",
-        "60",
-        "--requests",
-        "3",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    args = jarl_args(port, *limit("3", "60"), service="SocialMedia")
     with smockron_proc(args, tmp_path / "jarl.log") as proc:
         wait_port(port)  # this probe is a connection too: it takes the first slot
         assert [get_delay(port) for _ in range(2)] == [0.0, 0.0]
@@ -78,20 +74,7 @@ def test_seed_client_against_a_real_jarl_process(tmp_path: Path) -> None:
 
 def test_sigint_exits_cleanly(tmp_path: Path) -> None:
     port = free_port()
-    args = [
-        "jarl",
-        "--service",
-        "s",
-        "--period",
-        "1",
-        "--requests",
-        "1",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with smockron_proc(args, tmp_path / "jarl.log") as proc:
+    with smockron_proc(jarl_args(port, *limit("1", "1")), tmp_path / "jarl.log") as proc:
         wait_port(port)
         assert proc.stop(signal.SIGINT) == 130  # Ctrl-C: graceful, then exit 130
     assert "interrupted" in proc.log() and "Traceback" not in proc.log()
@@ -109,29 +92,7 @@ def test_sigint_exits_cleanly(tmp_path: Path) -> None:
 def test_cli_refuses_zero_or_fractional_limits_with_a_clear_message(
     requests: str, period: str, message: str
 ) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "smockron",
-            "jarl",
-            "--service",
-            "s",
-            "--period",
-            period,
-            "--requests",
-            requests,
-            "--ip",
-            "127.0.0.1",
-            "--port",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        env=smockron_env(),
-        timeout=60,
-        check=False,
-    )
+    out = smockron_run(jarl_args(1, *limit(requests, period)))
     assert out.returncode == 2
     assert message in out.stderr
 
@@ -172,29 +133,7 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "smockron",
-                "jarl",
-                "--service",
-                "s",
-                "--period",
-                "1",
-                "--requests",
-                "1",
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            capture_output=True,
-            text=True,
-            env=smockron_env(),
-            timeout=60,
-            check=False,
-        )
+        out = smockron_run(jarl_args(port, *limit("1", "1")))
     assert out.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
     assert "Traceback" not in out.stderr
@@ -292,36 +231,17 @@ def test_sighup_reads_the_limit_again(tmp_path: Path) -> None:
     port = free_port()
     config = tmp_path / "jarl.toml"
     config.write_text("requests = 1\nperiod = 60\n")
-    args = [
-        "jarl",
-        "--config",
-        str(config),
-        "--service",
-        "s",
-        "--ip",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
     procs: list[Proc] = []
     with stopping(procs):
-        procs.append(run_smockron(args, tmp_path / "jarl.log"))
+        procs.append(run_smockron(jarl_args(port, "--config", str(config)), tmp_path / "jarl.log"))
         proc = procs[0]
         wait_port(port)  # its connection is the one request a minute allows
-        assert float(_ask(port)) > 59
+        assert float(read_all(port)) > 59
         config.write_text("requests = 100\nperiod = 60\n")
         proc.popen.send_signal(signal.SIGHUP)
         wait_for(lambda: "reloaded requests=100 period=60" in proc.log(), 10)
-        assert _ask(port) == b"0.000"
+        assert read_all(port) == b"0.000"
         config.write_text("requests = 0\n")
         proc.popen.send_signal(signal.SIGHUP)
         wait_for(lambda: "reload failed, keeping the running limit" in proc.log(), 10)
-        assert _ask(port) == b"0.000" and proc.alive()
-
-
-def _ask(port: int) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        got = b""
-        while chunk := s.recv(16):
-            got += chunk
-        return got
+        assert read_all(port) == b"0.000" and proc.alive()

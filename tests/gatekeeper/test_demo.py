@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 from smockron.core.rules import Rule
 from smockron.demo import Scenario, Tally, held, table
-from tests.support import REPO_ROOT, smockron_env
+from tests.support import smockron_run
 
 
 def test_demo_short_run() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "smockron", "demo", "--duration", "4"],
-        capture_output=True,
-        text=True,
-        env=smockron_env(),
-        cwd=REPO_ROOT,
-        timeout=60,
-    )
+    out = smockron_run(["demo", "--duration", "4"])
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "accepted" in text and "rejected" in text  # the live table
