@@ -409,10 +409,11 @@ descriptors:
 """
 
 R3 = [("route", "draw"), ("http_method", "GET"), ("subject_id", "123")]
+ROUTE_PLAIN = ROUTE.format(domain="domain", detailed="false")
 VALUE_TO_METRIC = [
     (
         "TestValueToMetric_UsesRuntimeValuesInStats",
-        ROUTE.format(domain="domain", detailed="false"),
+        ROUTE_PLAIN,
         "domain",
         R3,
         "domain.route_draw.http_method_GET.subject_id",
@@ -475,21 +476,21 @@ VALUE_TO_METRIC = [
     ),
     (
         "TestValueToMetric_WithEmptyValue",
-        ROUTE.format(domain="domain", detailed="false"),
+        ROUTE_PLAIN,
         "domain",
         [("route", ""), ("http_method", "GET"), ("subject_id", "123")],
         "domain.route.http_method_GET.subject_id",
     ),
     (
         "TestValueToMetric_WithEmptyValue",
-        ROUTE.format(domain="domain", detailed="false"),
+        ROUTE_PLAIN,
         "domain",
         [("route", "draw"), ("http_method", ""), ("subject_id", "123")],
         "domain.route_draw.http_method.subject_id",
     ),
     (
         "TestValueToMetric_WithEmptyValue",
-        ROUTE.format(domain="domain", detailed="false"),
+        ROUTE_PLAIN,
         "domain",
         [("route", ""), ("http_method", ""), ("subject_id", "123")],
         "domain.route.http_method.subject_id",
@@ -622,47 +623,25 @@ descriptors:
             rate_limit: {requests_per_unit: 20, unit: minute}
 """
 
+
+def wild(value: str, vtm: bool = False, share: bool = False) -> str:
+    """WILD for ``value``, with value_to_metric and share_threshold as given."""
+    return WILD.format(value=value, vtm=str(vtm).lower(), share=str(share).lower())
+
+
 WILD_STATS = [
-    (
-        WILD.format(value="foo*", vtm="false", share="false"),
-        [("wild", "foo1")],
-        "test-domain.wild_foo*",
-    ),
-    (
-        WILD.format(value="foo*", vtm="true", share="false"),
-        [("wild", "foo1")],
-        "test-domain.wild_foo1",
-    ),
-    (
-        WILD.format(value="foo*", vtm="false", share="true"),
-        [("wild", "foo1")],
-        "test-domain.wild_foo*",
-    ),
-    (
-        WILD.format(value="foo*", vtm="true", share="true"),
-        [("wild", "foo1")],
-        "test-domain.wild_foo*",
-    ),
+    (wild("foo*"), [("wild", "foo1")], "test-domain.wild_foo*"),
+    (wild("foo*", vtm=True), [("wild", "foo1")], "test-domain.wild_foo1"),
+    (wild("foo*", share=True), [("wild", "foo1")], "test-domain.wild_foo*"),
+    (wild("foo*", vtm=True, share=True), [("wild", "foo1")], "test-domain.wild_foo*"),
     (
         WILD_OTHER,
         [("wild", "foo1"), ("other", "bar"), ("limit", "X")],
         "test-domain.wild_foo*.other_bar.limit",
     ),
-    (
-        WILD.format(value="foo*bar*", vtm="false", share="false"),
-        [("wild", "foo123bar456")],
-        "test-domain.wild_foo*bar*",
-    ),
-    (
-        WILD.format(value="foo*bar*", vtm="false", share="false"),
-        [("wild", "fooXbarY")],
-        "test-domain.wild_foo*bar*",
-    ),
-    (
-        WILD.format(value="foo*bar*", vtm="true", share="false"),
-        [("wild", "foo123bar456")],
-        "test-domain.wild_foo123bar456",
-    ),
+    (wild("foo*bar*"), [("wild", "foo123bar456")], "test-domain.wild_foo*bar*"),
+    (wild("foo*bar*"), [("wild", "fooXbarY")], "test-domain.wild_foo*bar*"),
+    (wild("foo*bar*", vtm=True), [("wild", "foo123bar456")], "test-domain.wild_foo123bar456"),
 ]
 
 

@@ -223,6 +223,16 @@ def test_gubernator_change_limit_sequence() -> None:
 
 Step = tuple[int, int, bool, int]  # hits, expected remaining, expected over, then sleep ms
 MINUTE_PLUS_100 = ms(2026, 1, 1, 12, 0, 0) + 100
+# the steps both buckets take alike
+DRAINED: list[Step] = [(0, 10, False, 0), (1, 9, False, 0), (100, 0, True, 0), (0, 0, False, 0)]
+MORE_THAN_LEFT: list[Step] = [
+    (1000, 1000, False, 0),
+    (1500, 1000, True, 0),
+    (500, 500, False, 0),
+    (400, 100, False, 0),
+    (100, 0, False, 0),
+    (1, 0, True, 0),
+]
 
 GUBERNATOR_SEQUENCES: dict[str, tuple[LimitParams, int, list[Step]]] = {
     # name: (params with hits ignored, start time, steps), from Gubernator's functional_test.go
@@ -252,39 +262,17 @@ GUBERNATOR_SEQUENCES: dict[str, tuple[LimitParams, int, list[Step]]] = {
         T0,
         [(-1, 3, False, 0), (-1, 4, False, 0), (4, 0, False, 0), (-1, 1, False, 0)],
     ),
-    "TestDrainOverLimit/TOKEN_BUCKET": (
-        LimitParams(0, 10, 30_000, behavior=DRAIN),
-        T0,
-        [(0, 10, False, 0), (1, 9, False, 0), (100, 0, True, 0), (0, 0, False, 0)],
-    ),
+    "TestDrainOverLimit/TOKEN_BUCKET": (LimitParams(0, 10, 30_000, behavior=DRAIN), T0, DRAINED),
     "TestDrainOverLimit/LEAKY_BUCKET": (
         LimitParams(0, 10, 30_000, algorithm=LB, behavior=DRAIN),
         T0,
-        [(0, 10, False, 0), (1, 9, False, 0), (100, 0, True, 0), (0, 0, False, 0)],
+        DRAINED,
     ),
-    "TestTokenBucketRequestMoreThanAvailable": (
-        LimitParams(0, 2000, 1000),
-        T0,
-        [
-            (1000, 1000, False, 0),
-            (1500, 1000, True, 0),
-            (500, 500, False, 0),
-            (400, 100, False, 0),
-            (100, 0, False, 0),
-            (1, 0, True, 0),
-        ],
-    ),
+    "TestTokenBucketRequestMoreThanAvailable": (LimitParams(0, 2000, 1000), T0, MORE_THAN_LEFT),
     "TestLeakyBucketRequestMoreThanAvailable": (
         LimitParams(0, 2000, 1000, algorithm=LB),
         T0,
-        [
-            (1000, 1000, False, 0),
-            (1500, 1000, True, 0),
-            (500, 500, False, 0),
-            (400, 100, False, 0),
-            (100, 0, False, 0),
-            (1, 0, True, 0),
-        ],
+        MORE_THAN_LEFT,
     ),
     "TestLeakyBucket": (
         LimitParams(0, 10, 30_000, algorithm=LB),
@@ -504,18 +492,6 @@ class FixedWindowOracle:
         return Outcome(over, self.limit, self.limit - self.used, self.start + self.duration)
 
 
-@settings(max_examples=150, deadline=None)
-@given(limit=limits, duration=durations, drain=drains, seq=steps)
-def test_token_bucket_oracle(
-    limit: int, duration: int, drain: bool, seq: list[tuple[int, int]]
-) -> None:
-    oracle, k, now = FixedWindowOracle(limit, duration, drain), Key(), T0
-    behavior = DRAIN if drain else Behavior.BATCHING
-    for dt, hits in seq:
-        now += dt
-        assert k.hit(now, hits, limit, duration, TB, behavior) == oracle.hit(now, hits)
-
-
 @dataclass
 class LeakyOracle:
     """A bucket of exact rational tokens, refilled at limit/duration per ms."""
@@ -600,16 +576,25 @@ class SlidingOracle:
         return Outcome(over, self.limit, max(0, floor(self.limit - est)), reset)
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "oracle_of"), [(TB, FixedWindowOracle), (SW, SlidingOracle)], ids=["TB", "SW"]
+)
 @settings(max_examples=150, deadline=None)
 @given(limit=limits, duration=durations, drain=drains, seq=steps)
-def test_sliding_window_oracle(
-    limit: int, duration: int, drain: bool, seq: list[tuple[int, int]]
+def test_window_oracle(
+    algorithm: Algorithm,
+    oracle_of: type[FixedWindowOracle | SlidingOracle],
+    limit: int,
+    duration: int,
+    drain: bool,
+    seq: list[tuple[int, int]],
 ) -> None:
-    oracle, k, now = SlidingOracle(limit, duration, drain), Key(), T0
+    """The token bucket and the sliding window hit for hit as their oracles."""
+    oracle, k, now = oracle_of(limit, duration, drain), Key(), T0
     behavior = DRAIN if drain else Behavior.BATCHING
     for dt, hits in seq:
         now += dt
-        assert k.hit(now, hits, limit, duration, SW, behavior) == oracle.hit(now, hits)
+        assert k.hit(now, hits, limit, duration, algorithm, behavior) == oracle.hit(now, hits)
 
 
 @settings(max_examples=150, deadline=None)
