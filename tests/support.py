@@ -222,6 +222,53 @@ def smockron_run(args: Sequence[str], timeout: float = 60) -> subprocess.Complet
     )
 
 
+def cluster_args(grpc: int, http: int, *extra: str, peers: Sequence[int] = ()) -> list[str]:
+    """``smockron cluster`` on loopback, serving gRPC on ``grpc`` and HTTP on ``http``;
+    ``peers``: the gRPC ports of the whole cluster, itself included (none: no --peers)."""
+    peer_args = ["--peers", ",".join(f"127.0.0.1:{p}" for p in peers)] if peers else []
+    return [
+        "cluster",
+        "--grpc-address",
+        f"127.0.0.1:{grpc}",
+        "--http-address",
+        f"127.0.0.1:{http}",
+        *peer_args,
+        *extra,
+    ]
+
+
+@dataclass
+class Node:
+    """One ``smockron cluster`` process."""
+
+    grpc_address: str
+    http_port: int
+    proc: Proc
+
+    @property
+    def grpc_port(self) -> int:
+        return int(self.grpc_address.rsplit(":", 1)[1])
+
+
+@contextlib.contextmanager
+def cluster_nodes(tmp: Path, *extra: str, nodes: int = 1) -> Iterator[list[Node]]:
+    """``nodes`` ``smockron cluster`` processes peered by --peers, with ``extra`` flags
+    (logs under ``tmp``), once they serve gRPC and HTTP; all stopped at the end."""
+    ports = free_ports(2 * nodes)
+    grpc_ports, http_ports = ports[:nodes], ports[nodes:]
+    procs: list[Proc] = []
+    with stopping(procs):
+        for i, (g, h) in enumerate(zip(grpc_ports, http_ports, strict=True)):
+            args = cluster_args(g, h, *extra, peers=grpc_ports)
+            procs.append(run_smockron(args, tmp / f"node{i}-{g}.log"))
+        for port in ports:
+            wait_port(port, timeout=20)
+        yield [
+            Node(f"127.0.0.1:{g}", h, p)
+            for g, h, p in zip(grpc_ports, http_ports, procs, strict=True)
+        ]
+
+
 def daemon_args(command: str) -> list[str]:
     """A command line that starts the daemon ``command`` on free loopback ports."""
     a, b, c, d = free_ports(4)
@@ -257,13 +304,7 @@ def daemon_args(command: str) -> list[str]:
             "--control",
             f"tcp://127.0.0.1:{c}",
         ],
-        "cluster": [
-            "cluster",
-            "--grpc-address",
-            f"127.0.0.1:{a}",
-            "--http-address",
-            f"127.0.0.1:{b}",
-        ],
+        "cluster": cluster_args(a, b),
         "jarl": [
             "jarl",
             "--service",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,7 @@ from smockron.cluster.client import (
 )
 from smockron.cluster.model import Algorithm, Behavior, RateLimitRequest, Status
 from smockron.core.hashring import HashRing
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
+from tests.support import Proc, cluster_nodes
 
 
 @dataclass
@@ -29,25 +28,8 @@ class Nodes:
 
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
-    tmp: Path = tmp_path_factory.mktemp("client-cluster")
-    ports = free_ports(6)
-    addresses = [f"127.0.0.1:{p}" for p in ports[:3]]
-    procs: list[Proc] = []
-    with stopping(procs):
-        for i, (g, h) in enumerate(zip(ports[:3], ports[3:], strict=True)):
-            args = [
-                "cluster",
-                "--grpc-address",
-                f"127.0.0.1:{g}",
-                "--http-address",
-                f"127.0.0.1:{h}",
-                "--peers",
-                ",".join(addresses),
-            ]
-            procs.append(run_smockron(args, tmp / f"node{i}.log"))
-        for port in ports:
-            wait_port(port, timeout=20)
-        yield Nodes(addresses, procs)
+    with cluster_nodes(tmp_path_factory.mktemp("client-cluster"), nodes=3) as ns:
+        yield Nodes([n.grpc_address for n in ns], [n.proc for n in ns])
 
 
 def test_sync_client_shares_one_limit_across_nodes(nodes: Nodes) -> None:

@@ -17,7 +17,7 @@ import pytest
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.core.hashring import HashRing
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_port
+from tests.support import Proc, cluster_nodes
 
 
 @dataclass
@@ -32,27 +32,8 @@ class Cluster:
 
 @contextlib.contextmanager
 def start_cluster(tmp: Path, *extra: str, nodes: int = 3) -> Iterator[Cluster]:
-    ports = free_ports(2 * nodes)
-    grpc_ports, http_ports = ports[:nodes], ports[nodes:]
-    addresses = [f"127.0.0.1:{p}" for p in grpc_ports]
-    peers = ",".join(addresses)
-    procs: list[Proc] = []
-    with stopping(procs):
-        for i, (g, h) in enumerate(zip(grpc_ports, http_ports, strict=True)):
-            args = [
-                "cluster",
-                "--grpc-address",
-                f"127.0.0.1:{g}",
-                "--http-address",
-                f"127.0.0.1:{h}",
-                "--peers",
-                peers,
-                *extra,
-            ]
-            procs.append(run_smockron(args, tmp / f"node{i}.log"))
-        for port in grpc_ports + http_ports:
-            wait_port(port, timeout=20)
-        yield Cluster(addresses, http_ports, procs)
+    with cluster_nodes(tmp, *extra, nodes=nodes) as ns:
+        yield Cluster([n.grpc_address for n in ns], [n.http_port for n in ns], [n.proc for n in ns])
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,16 @@ import pytest
 from smockron.cluster.metrics import ClusterMetrics, gubernator_exposition
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
+from tests.support import (
+    Proc,
+    cluster_args,
+    cluster_nodes,
+    free_ports,
+    run_smockron,
+    stopping,
+    wait_for,
+    wait_port,
+)
 
 V1 = "/pb.gubernator.V1/GetRateLimits"
 TYPES = {
@@ -69,26 +78,8 @@ def check(http_port: int, key: str, behavior: int = 0) -> None:
 def two_nodes(tmp_path: Path, sync_wait: str) -> Iterator[tuple[int, int, int, int]]:
     """Two ``smockron cluster`` processes peered by ``--peers``, serving HTTP, with
     ``--global-sync-wait``: their gRPC and HTTP ports (g1, h1, g2, h2)."""
-    g1, h1, g2, h2 = free_ports(4)
-    peers = f"127.0.0.1:{g1},127.0.0.1:{g2}"
-    procs: list[Proc] = []
-    with stopping(procs):
-        for g, h in ((g1, h1), (g2, h2)):
-            args = [
-                "cluster",
-                "--grpc-address",
-                f"127.0.0.1:{g}",
-                "--http-address",
-                f"127.0.0.1:{h}",
-                "--peers",
-                peers,
-                "--global-sync-wait",
-                sync_wait,
-            ]
-            procs.append(run_smockron(args, tmp_path / f"{g}.log"))
-        for port in (h1, h2):
-            wait_port(port)
-        yield g1, h1, g2, h2
+    with cluster_nodes(tmp_path, "--global-sync-wait", sync_wait, nodes=2) as (a, b):
+        yield a.grpc_port, a.http_port, b.grpc_port, b.http_port
 
 
 def test_a_real_node_exports_gubernators_names(tmp_path: Path) -> None:
@@ -174,17 +165,7 @@ def test_checks_move_the_limiter_and_error_counters(
     calls, on a real node with room for two keys (the C check and the Python one)."""
     monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1" if path == "python" else "0")
     g, h = free_ports(2)
-    args = [
-        "cluster",
-        "--grpc-address",
-        f"127.0.0.1:{g}",
-        "--http-address",
-        f"127.0.0.1:{h}",
-        "--peers",
-        f"127.0.0.1:{g}",
-        "--cache-size",
-        "2",
-    ]
+    args = cluster_args(g, h, "--cache-size", "2", peers=[g])
     procs: list[Proc] = []
     with stopping(procs):
         procs.append(run_smockron(args, tmp_path / "node.log"))
@@ -271,19 +252,9 @@ def test_concurrent_checks_counts_calls_in_flight(tmp_path: Path) -> None:
     silent = socket.socket()
     silent.bind(("127.0.0.1", silent_port))
     silent.listen(16)  # accepts (in the kernel's backlog), never speaks HTTP/2
-    peers = f"127.0.0.1:{g},127.0.0.1:{silent_port}"
-    args = [
-        "cluster",
-        "--grpc-address",
-        f"127.0.0.1:{g}",
-        "--http-address",
-        f"127.0.0.1:{h}",
-        "--peers",
-        peers,
-        "--peers-on-grpc-port",
-        "--batch-timeout",
-        "3s",
-    ]
+    args = cluster_args(
+        g, h, "--peers-on-grpc-port", "--batch-timeout", "3s", peers=[g, silent_port]
+    )
     procs: list[Proc] = []
     try:
         with stopping(procs):

@@ -8,11 +8,9 @@ and a client certificate from a second, client-auth CA.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import ssl
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,14 @@ from smockron.cluster import tlsgen
 from smockron.cluster.config import peer_address_of
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
+from tests.support import (
+    Node,
+    cluster_nodes,
+    free_ports,
+    run_smockron,
+    wait_for,
+    wait_port,
+)
 
 SERVERS = ["native", "threads", "asyncio"]
 
@@ -66,40 +71,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     for name, data in made.items():
         (d / name).write_bytes(data)
     return Certs(d)
-
-
-@dataclass
-class Node:
-    grpc_address: str
-    http_port: int
-    proc: Proc
-
-
-@contextlib.contextmanager
-def start_nodes(tmp: Path, *extra: str, nodes: int = 1) -> Iterator[list[Node]]:
-    ports = free_ports(2 * nodes)
-    grpc_ports, http_ports = ports[:nodes], ports[nodes:]
-    peers = ",".join(f"127.0.0.1:{p}" for p in grpc_ports)
-    procs: list[Proc] = []
-    with stopping(procs):
-        for i, (g, h) in enumerate(zip(grpc_ports, http_ports, strict=True)):
-            args = [
-                "cluster",
-                "--grpc-address",
-                f"127.0.0.1:{g}",
-                "--http-address",
-                f"127.0.0.1:{h}",
-                "--peers",
-                peers,
-                *extra,
-            ]
-            procs.append(run_smockron(args, tmp / f"node{i}-{g}.log"))
-        for port in grpc_ports + http_ports:
-            wait_port(port, timeout=20)
-        yield [
-            Node(f"127.0.0.1:{g}", h, p)
-            for g, h, p in zip(grpc_ports, http_ports, procs, strict=True)
-        ]
 
 
 def credentials(certs: Certs, cert: str = "", ca: str = "ca.cert") -> grpc.ChannelCredentials:
@@ -183,7 +154,7 @@ async def test_TestSetupTLS(tmp_path: Path, certs: Certs, case: str, server: str
         flags: tuple[str, ...] = ("--tls-ca", certs.ca_cert, "--tls-ca-key", certs.ca_key)
     else:
         flags = server_flags(certs, server_cert or "gubernator")
-    with start_nodes(tmp_path, "--grpc-server", server, *flags, *extra) as nodes:
+    with cluster_nodes(tmp_path, "--grpc-server", server, *flags, *extra) as nodes:
         r = await make_request(nodes[0].grpc_address, credentials(certs, client_cert), options)
         assert (r.error, r.status, r.remaining) == ("", pb.UNDER_LIMIT, 99)
         assert "TLS" in nodes[0].proc.log()
@@ -221,7 +192,7 @@ async def https_rate_limit(port: int, context: ssl.SSLContext) -> dict[str, Any]
 
 async def test_TestSetupTLS_auto_tls(tmp_path: Path) -> None:
     """``auto tls``: a CA and a server certificate made at start, for 127.0.0.1."""
-    with start_nodes(tmp_path, "--tls-auto") as nodes:
+    with cluster_nodes(tmp_path, "--tls-auto") as nodes:
         data = await https_rate_limit(nodes[0].http_port, unverified_context())
         assert int(data["responses"][0]["remaining"]) == 99
         pem = ssl.get_server_certificate(("127.0.0.1", nodes[0].http_port))
@@ -236,7 +207,7 @@ async def test_TestSetupTLS_auto_tls(tmp_path: Path) -> None:
 
 async def test_TestSetupTLSSkipVerify(tmp_path: Path, certs: Certs) -> None:
     """A client that skips verification talks to a node with user-provided certificates."""
-    with start_nodes(tmp_path, *server_flags(certs)) as nodes:
+    with cluster_nodes(tmp_path, *server_flags(certs)) as nodes:
         data = await https_rate_limit(nodes[0].http_port, unverified_context())
         assert int(data["responses"][0]["remaining"]) == 99
 
@@ -250,7 +221,7 @@ async def test_TestSetupTLSClientAuth(tmp_path: Path, certs: Certs, server: str)
         "--tls-client-auth-ca-cert",
         f"{certs.dir}/client-auth-ca.pem",
     )
-    with start_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
+    with cluster_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
         address = nodes[0].grpc_address
         # a certificate signed by another CA than the client-auth one is refused
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -265,7 +236,7 @@ async def test_TestSetupTLSClientAuth(tmp_path: Path, certs: Certs, server: str)
 
 @pytest.mark.parametrize("server", SERVERS)
 async def test_plaintext_client_refused(tmp_path: Path, certs: Certs, server: str) -> None:
-    with start_nodes(tmp_path, "--grpc-server", server, *server_flags(certs)) as nodes:
+    with cluster_nodes(tmp_path, "--grpc-server", server, *server_flags(certs)) as nodes:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await make_request(nodes[0].grpc_address, None)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -298,7 +269,7 @@ async def test_TestTLSClusterWithClientAuthentication(tmp_path: Path, certs: Cer
         "--global-sync-wait",
         "20ms",
     )
-    with start_nodes(tmp_path, *flags, nodes=2) as nodes:
+    with cluster_nodes(tmp_path, *flags, nodes=2) as nodes:
         creds = credentials(certs, "gubernator")
         key = owned_by(nodes, 1, "fwd")
         r = await make_request(nodes[0].grpc_address, creds, key=key)
@@ -341,7 +312,7 @@ async def test_TestHTTPSClientAuth(tmp_path: Path, certs: Certs) -> None:
         "--status-http-address",
         f"127.0.0.1:{status_port}",
     )
-    with start_nodes(tmp_path, *flags) as nodes:
+    with cluster_nodes(tmp_path, *flags) as nodes:
         wait_port(status_port)
         url = f"https://127.0.0.1:{nodes[0].http_port}/v1/HealthCheck"
         status_url = f"https://127.0.0.1:{status_port}/v1/HealthCheck"
@@ -377,7 +348,7 @@ async def test_verify_cert_accepts_no_certificate(
 ) -> None:
     """GUBER_TLS_CLIENT_AUTH=verify-cert: a client without a certificate is served."""
     flags = (*server_flags(certs), "--tls-client-auth", "verify-cert")
-    with start_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
+    with cluster_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
         r = await make_request(nodes[0].grpc_address, credentials(certs))
         assert r.remaining == 99
         data = await https_rate_limit(
@@ -395,7 +366,7 @@ async def test_guber_tls_environment(
     monkeypatch.setenv("GUBER_TLS_CERT", f"{certs.dir}/gubernator.pem")
     monkeypatch.setenv("GUBER_TLS_KEY", f"{certs.dir}/gubernator.key")
     monkeypatch.setenv("GUBER_TLS_CLIENT_AUTH", "require-and-verify")
-    with start_nodes(tmp_path) as nodes:
+    with cluster_nodes(tmp_path) as nodes:
         with pytest.raises(grpc.aio.AioRpcError):
             await make_request(nodes[0].grpc_address, credentials(certs))
         r = await make_request(nodes[0].grpc_address, credentials(certs, "gubernator"))
@@ -436,7 +407,7 @@ async def test_envoy_front_on_tls_from_ratelimit_variables(
     tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     flags = envoy_front(tmp_path, certs, monkeypatch)
-    with start_nodes(tmp_path, *flags) as nodes:
+    with cluster_nodes(tmp_path, *flags) as nodes:
         address = nodes[0].grpc_address
         codes = []
         for creds in (credentials(certs), *[credentials(certs, "client-auth")] * 2):
@@ -455,7 +426,7 @@ async def test_Test_mTLS(
     flags = envoy_front(tmp_path, certs, monkeypatch)
     monkeypatch.setenv("GRPC_CLIENT_TLS_SAN", "localhost")
     good, other = credentials(certs, "client-auth-localhost"), credentials(certs, "client-auth")
-    with start_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
+    with cluster_nodes(tmp_path, "--grpc-server", server, *flags) as nodes:
         address = nodes[0].grpc_address
         codes = [await should_rate_limit(address, c) for c in (good, other, credentials(certs))]
         with pytest.raises(grpc.aio.AioRpcError) as refused:  # every service of the port
@@ -482,7 +453,7 @@ async def test_min_version_on_the_http_gateway(
     """GUBER_TLS_MIN_VERSION (default 1.3, as upstream): a TLS 1.2 client is refused."""
     tls12 = ssl.create_default_context(cafile=certs.ca_cert)
     tls12.maximum_version = ssl.TLSVersion.TLSv1_2
-    with start_nodes(tmp_path, *server_flags(certs), *flags) as nodes:
+    with cluster_nodes(tmp_path, *server_flags(certs), *flags) as nodes:
         if served:
             data = await https_rate_limit(nodes[0].http_port, tls12)
             assert int(data["responses"][0]["remaining"]) == 99
@@ -503,7 +474,7 @@ async def test_TestReloadTLS(tmp_path: Path, certs: Certs, server: str) -> None:
     flags = ("--grpc-server", server, "--tls-cert", str(cert), "--tls-key", str(key))
     old = credentials(certs)
     new = grpc.ssl_channel_credentials(root_certificates=other_ca)
-    with start_nodes(tmp_path, *flags) as nodes:
+    with cluster_nodes(tmp_path, *flags) as nodes:
         node = nodes[0]
         assert (await make_request(node.grpc_address, old)).remaining == 99
         # a broken file: the node keeps its certificate
@@ -548,7 +519,7 @@ async def test_reload_renews_peer_channels(tmp_path: Path, certs: Certs) -> None
         "require-and-verify",
     )
     creds = credentials(certs, "gubernator")
-    with start_nodes(tmp_path, *flags, nodes=2) as nodes:
+    with cluster_nodes(tmp_path, *flags, nodes=2) as nodes:
         key_name = owned_by(nodes, 1, "reload")
         r = await make_request(nodes[0].grpc_address, creds, key=key_name)
         assert (r.error, r.metadata["owner"]) == ("", nodes[1].grpc_address)
@@ -625,7 +596,7 @@ async def test_require_any_cert_on_the_native_server(tmp_path: Path, certs: Cert
     """require-any-cert: some certificate must be shown, from any CA (the native server;
     the HTTP gateway verifies the certificates it is shown)."""
     flags = (*server_flags(certs), "--tls-client-auth", "require-any-cert")
-    with start_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
+    with cluster_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
         with pytest.raises(grpc.aio.AioRpcError):
             await make_request(nodes[0].grpc_address, credentials(certs))
         r = await make_request(nodes[0].grpc_address, credentials(certs, "client-auth"))
@@ -640,7 +611,7 @@ async def test_client_san_with_verify_cert_on_the_native_server(
     flags = envoy_front(tmp_path, certs, monkeypatch)
     monkeypatch.setenv("GRPC_CLIENT_TLS_SAN", "localhost")
     monkeypatch.setenv("GUBER_TLS_CLIENT_AUTH", "verify-cert")
-    with start_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
+    with cluster_nodes(tmp_path, "--grpc-server", "native", *flags) as nodes:
         address = nodes[0].grpc_address
         codes = [
             await should_rate_limit(address, credentials(certs, name))

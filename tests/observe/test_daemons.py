@@ -19,6 +19,7 @@ from tests.observe.endpoints import assert_probes, get, readyz, sample, samples,
 from tests.support import (
     Proc,
     RedisServer,
+    cluster_args,
     free_ports,
     run_smockron,
     smockron_proc,
@@ -261,17 +262,7 @@ def _post(port: int, body: Mapping[str, object]) -> dict[str, object]:
 
 def test_cluster(tmp_path: Path) -> None:
     g, h, m = free_ports(3)
-    args = [
-        "cluster",
-        "--grpc-address",
-        f"127.0.0.1:{g}",
-        "--http-address",
-        f"127.0.0.1:{h}",
-        "--peers",
-        f"127.0.0.1:{g}",
-        "--metrics",
-        f"127.0.0.1:{m}",
-    ]
+    args = cluster_args(g, h, "--metrics", f"127.0.0.1:{m}", peers=[g])
     with smockron_proc(args, tmp_path / "node.log"):
         for port in (h, m):
             wait_port(port, 20)
