@@ -188,9 +188,12 @@ class RollingKills:
                 self.procs[which] = self.restart(which)
 
 
-def master_args(acc: int, ctl: int, *extra: str, rules: Sequence[str] = ()) -> list[str]:
+def master_args(
+    acc: int, ctl: int, *extra: str, rules: Sequence[str] = (), metrics: int = 0
+) -> list[str]:
     """``smockron master`` on loopback: its accounting and control ports, ``--rule`` for
-    each of ``rules``, no stats lines unless ``extra`` asks (a later flag wins)."""
+    each of ``rules``, its metrics port when given, no stats lines unless ``extra`` asks
+    (a later flag wins)."""
     return [
         "master",
         "--accounting",
@@ -198,6 +201,7 @@ def master_args(acc: int, ctl: int, *extra: str, rules: Sequence[str] = ()) -> l
         "--control",
         f"tcp://127.0.0.1:{ctl}",
         *(arg for rule in rules for arg in ("--rule", rule)),
+        *(("--metrics", f"127.0.0.1:{metrics}") if metrics else ()),
         "--stats-interval",
         "0",
         *extra,

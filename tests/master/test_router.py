@@ -12,7 +12,7 @@ from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
 from smockron.master.router import MasterAddress, Router
 from tests.master.client import FakeGatekeeper, now_ms
-from tests.support import free_ports, smockron_proc, wait_for
+from tests.support import free_ports, master_args, smockron_proc, wait_for
 
 
 def metric_sum(port: int, prefix: str) -> dict[str, float]:
@@ -36,23 +36,7 @@ def test_router_shards_by_domain_and_relays_control(tmp_path: Path) -> None:
     ring = HashRing([m1, m2])
     doms1, doms2 = pick(ring, m1, 3, "dom"), pick(ring, m2, 3, "dom")
     probe1, probe2 = pick(ring, m1, 1, "probe")[0], pick(ring, m2, 1, "probe")[0]
-    rules: list[str] = []
-    for d in [*doms1, *doms2]:
-        rules += ["--rule", f"{d}:2/s:3"]
-    for d in (probe1, probe2):
-        rules += ["--rule", f"{d}:1/s:1"]
-
-    def master(acc: int, ctl: int, met: int) -> list[str]:
-        return [
-            "master",
-            "--accounting",
-            f"tcp://127.0.0.1:{acc}",
-            "--control",
-            f"tcp://127.0.0.1:{ctl}",
-            "--metrics",
-            f"127.0.0.1:{met}",
-            *rules,
-        ]
+    rules = [f"{d}:2/s:3" for d in [*doms1, *doms2]] + [f"{d}:1/s:1" for d in (probe1, probe2)]
 
     router = [
         "router",
@@ -66,8 +50,8 @@ def test_router_shards_by_domain_and_relays_control(tmp_path: Path) -> None:
         f"{m2},tcp://127.0.0.1:{ctl2}",
     ]
     with (
-        smockron_proc(master(acc1, ctl1, met1), tmp_path / "m1.log"),
-        smockron_proc(master(acc2, ctl2, met2), tmp_path / "m2.log"),
+        smockron_proc(master_args(acc1, ctl1, rules=rules, metrics=met1), tmp_path / "m1.log"),
+        smockron_proc(master_args(acc2, ctl2, rules=rules, metrics=met2), tmp_path / "m2.log"),
         smockron_proc(router, tmp_path / "router.log") as rproc,
         FakeGatekeeper(racc, rctl) as gk,
     ):
@@ -112,19 +96,7 @@ def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
     traffic of another gatekeeper on the same router; the rest of its garbage reaches the
     domain's master, which counts it as malformed."""
     acc, ctl, met, racc, rctl = free_ports(5)
-    master = [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--metrics",
-        f"127.0.0.1:{met}",
-        "--rule",
-        "api:1/s:3",
-        "--rule",
-        "probe:1/s:1",
-    ]
+    master = master_args(acc, ctl, rules=["api:1/s:3", "probe:1/s:1"], metrics=met)
     router = [
         "router",
         "--accounting",

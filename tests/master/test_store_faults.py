@@ -19,24 +19,17 @@ import zmq
 from smockron.wire.codec import ACCEPTED, DELAY_UNTIL, encode_accounting
 from tests.gatekeeper.backend import backend
 from tests.gatekeeper.commands import proxy_args
-from tests.support import RedisServer, free_ports, run_smockron, stopping, wait_for, wait_port
+from tests.support import (
+    RedisServer,
+    free_ports,
+    master_args,
+    run_smockron,
+    stopping,
+    wait_for,
+    wait_port,
+)
 
 ABUSER = b"abuser"
-
-
-def master_args(acc: int, ctl: int, rule: str, *extra: str) -> list[str]:
-    return [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--rule",
-        rule,
-        "--stats-interval",
-        "0",
-        *extra,
-    ]
 
 
 Socket = zmq.Socket[bytes]
@@ -78,9 +71,7 @@ def test_a_stopped_redis_under_load_does_not_stop_enforcement(
     acc, ctl, metrics = free_ports(3)
     assert redis_server.proc is not None
     master = run_smockron(
-        master_args(
-            acc, ctl, "api:10/s:5", "--store", redis_server.url, "--metrics", f"127.0.0.1:{metrics}"
-        ),
+        master_args(acc, ctl, "--store", redis_server.url, rules=["api:10/s:5"], metrics=metrics),
         tmp_path / "master.log",
     )
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -153,7 +144,7 @@ def test_master_killed_and_restarted_behind_a_proxy(
         "redis": ["--store", redis_server.url],
         "nothing": [],
     }[keep]
-    args = master_args(acc, ctl, "e2e:6/m:4", *store)  # the debt outlasts the restart
+    args = master_args(acc, ctl, *store, rules=["e2e:6/m:4"])  # the debt outlasts the restart
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     _pub, sub = sockets(ctx, acc, ctl)
     with backend() as (up, seen_by_backend):

@@ -21,6 +21,7 @@ from tests.support import (
     RedisServer,
     cluster_args,
     free_ports,
+    master_args,
     run_smockron,
     smockron_proc,
     stopping,
@@ -53,22 +54,9 @@ def lost_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc,
         yield proc, met
 
 
-def master_args(acc: int, ctl: int, met: int, *extra: str) -> list[str]:
-    return [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--metrics",
-        f"127.0.0.1:{met}",
-        *extra,
-    ]
-
-
 def test_master(tmp_path: Path) -> None:
     acc, ctl, met = free_ports(3)
-    args = master_args(acc, ctl, met, "--rule", "api:1/s:2", "--rule", "probe:1/s:1")
+    args = master_args(acc, ctl, rules=["api:1/s:2", "probe:1/s:1"], metrics=met)
     with smockron_proc(args, tmp_path / "master.log"), FakeGatekeeper(acc, ctl) as gk:
         wait_port(met)
         gk.handshake()
@@ -94,7 +82,7 @@ def test_master(tmp_path: Path) -> None:
 def test_master_with_unreachable_redis_is_not_ready_and_warns(tmp_path: Path) -> None:
     acc, ctl, met, redis_port = free_ports(4)
     store = f"redis://127.0.0.1:{redis_port}/0"  # nothing listens there yet
-    args = master_args(acc, ctl, met, "--rule", "api:1/s:2", "--store", store)
+    args = master_args(acc, ctl, "--store", store, rules=["api:1/s:2"], metrics=met)
     with smockron_proc(args, tmp_path / "master.log") as proc:
         wait_port(met)
         assert get(met, "/healthz") == (200, b"ok\n")  # alive, just not ready
@@ -144,7 +132,7 @@ def test_proxy_with_its_master(tmp_path: Path) -> None:
     with backend() as (upstream, _seen), stopping(procs):
         procs.append(
             run_smockron(
-                master_args(acc, ctl, m_met, "--rule", "api:1/s:3"), tmp_path / "master.log"
+                master_args(acc, ctl, rules=["api:1/s:3"], metrics=m_met), tmp_path / "master.log"
             )
         )
         procs.append(

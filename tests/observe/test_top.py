@@ -18,7 +18,15 @@ from rich.console import Console
 from smockron.observe.top import WIDTH, render
 from tests.master.client import FakeGatekeeper
 from tests.observe.endpoints import sample
-from tests.support import REPO_ROOT, free_ports, smockron_env, smockron_proc, wait_for, wait_port
+from tests.support import (
+    REPO_ROOT,
+    free_ports,
+    master_args,
+    smockron_env,
+    smockron_proc,
+    wait_for,
+    wait_port,
+)
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -27,21 +35,7 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 def busy_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, FakeGatekeeper]]:
     """A master with two domains; bob is throttled, carol (with a hostile name) too."""
     acc, ctl, met = free_ports(3)
-    args = [
-        "master",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--metrics",
-        f"127.0.0.1:{met}",
-        "--rule",
-        "api:1/s:2",
-        "--rule",
-        "login:1/s:1",
-        "--rule",
-        "probe:1/s:1",
-    ]
+    args = master_args(acc, ctl, rules=["api:1/s:2", "login:1/s:1", "probe:1/s:1"], metrics=met)
     log = tmp_path_factory.mktemp("top") / "master.log"
     with smockron_proc(args, log), FakeGatekeeper(acc, ctl) as gk:
         wait_port(met)
