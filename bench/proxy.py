@@ -22,7 +22,8 @@ requests/s, p50 and p99 latency, added p50 (through a proxy minus direct), the m
 CPU time per request (on the load core: the accounting a smockron front sends), and the
 proxy's CPU time per request (user + system, from /proc, which is robust on a shared
 machine; on a busy one, requests/s say more about the neighbours than the proxy, and
-``--nice`` (negative: root only) runs everything measured ahead of them).
+``--nice`` (negative: root only) runs everything measured ahead of them; with autogroup,
+the proxies' sessions get it as their group's nice value too).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ in the shared zone (the master's rules offer gives it a first line) and accounte
 
 RULE = "api:1000000/s:1000000"
 NICE: list[str] = []
+AUTOGROUP_NICE = 0
 
 
 @dataclass
@@ -192,6 +194,10 @@ def process(
         stderr=subprocess.DEVNULL,
         start_new_session=session,
     )
+    if session and AUTOGROUP_NICE and Path("/proc/sys/kernel/sched_autogroup_enabled").exists():
+        # a nice value counts only inside its autogroup: the session's own group is
+        # given the same one, or ``--nice`` would not reach past the other sessions
+        Path(f"/proc/{proc.pid}/autogroup").write_text(str(AUTOGROUP_NICE))
     try:
         wait_port(port, timeout=15.0)
         yield proc.pid
@@ -249,8 +255,9 @@ def main() -> None:
         "--no-module", action="store_true", help="do not measure nginx with smockron's module"
     )
     args = ap.parse_args()
-    global NICE
+    global NICE, AUTOGROUP_NICE
     NICE = ["nice", "-n", str(args.nice)] if args.nice else []
+    AUTOGROUP_NICE = args.nice
     for tool in ("nginx", "wrk", "taskset"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not installed (apt-get install nginx wrk util-linux)")
