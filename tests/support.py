@@ -208,6 +208,24 @@ def master_args(
     ]
 
 
+def router_args(acc: int, ctl: int, *masters: tuple[int, int], metrics: int = 0) -> list[str]:
+    """``smockron router`` on loopback: its accounting and control ports, then each
+    master's, and its metrics port when given."""
+    return [
+        "router",
+        "--accounting",
+        f"tcp://127.0.0.1:{acc}",
+        "--control",
+        f"tcp://127.0.0.1:{ctl}",
+        *(
+            arg
+            for m_acc, m_ctl in masters
+            for arg in ("--master", f"tcp://127.0.0.1:{m_acc},tcp://127.0.0.1:{m_ctl}")
+        ),
+        *(("--metrics", f"127.0.0.1:{metrics}") if metrics else ()),
+    ]
+
+
 def run_smockron(args: Sequence[str], log_path: Path) -> Proc:
     """Start ``python -m smockron ARGS`` as a subprocess."""
     return Proc([sys.executable, "-m", "smockron", *args], log_path)
@@ -286,15 +304,7 @@ def daemon_args(command: str) -> list[str]:
             "--rule",
             "api:1/s:1",
         ],
-        "router": [
-            "router",
-            "--accounting",
-            f"tcp://127.0.0.1:{a}",
-            "--control",
-            f"tcp://127.0.0.1:{b}",
-            "--master",
-            f"tcp://127.0.0.1:{c},tcp://127.0.0.1:{d}",
-        ],
+        "router": router_args(a, b, (c, d)),
         "proxy": [
             "proxy",
             "--listen",

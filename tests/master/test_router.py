@@ -12,7 +12,7 @@ from smockron.core.hashring import HashRing
 from smockron.errors import ConfigError
 from smockron.master.router import MasterAddress, Router
 from tests.master.client import FakeGatekeeper, now_ms
-from tests.support import free_ports, master_args, smockron_proc, wait_for
+from tests.support import free_ports, master_args, router_args, smockron_proc, wait_for
 
 
 def metric_sum(port: int, prefix: str) -> dict[str, float]:
@@ -38,17 +38,7 @@ def test_router_shards_by_domain_and_relays_control(tmp_path: Path) -> None:
     probe1, probe2 = pick(ring, m1, 1, "probe")[0], pick(ring, m2, 1, "probe")[0]
     rules = [f"{d}:2/s:3" for d in [*doms1, *doms2]] + [f"{d}:1/s:1" for d in (probe1, probe2)]
 
-    router = [
-        "router",
-        "--accounting",
-        f"tcp://127.0.0.1:{racc}",
-        "--control",
-        f"tcp://127.0.0.1:{rctl}",
-        "--master",
-        f"{m1},tcp://127.0.0.1:{ctl1}",
-        "--master",
-        f"{m2},tcp://127.0.0.1:{ctl2}",
-    ]
+    router = router_args(racc, rctl, (acc1, ctl1), (acc2, ctl2))
     with (
         smockron_proc(master_args(acc1, ctl1, rules=rules, metrics=met1), tmp_path / "m1.log"),
         smockron_proc(master_args(acc2, ctl2, rules=rules, metrics=met2), tmp_path / "m2.log"),
@@ -97,15 +87,7 @@ def test_router_survives_garbage_and_oversized_frames(tmp_path: Path) -> None:
     domain's master, which counts it as malformed."""
     acc, ctl, met, racc, rctl = free_ports(5)
     master = master_args(acc, ctl, rules=["api:1/s:3", "probe:1/s:1"], metrics=met)
-    router = [
-        "router",
-        "--accounting",
-        f"tcp://127.0.0.1:{racc}",
-        "--control",
-        f"tcp://127.0.0.1:{rctl}",
-        "--master",
-        f"tcp://127.0.0.1:{acc},tcp://127.0.0.1:{ctl}",
-    ]
+    router = router_args(racc, rctl, (acc, ctl))
     with (
         smockron_proc(master, tmp_path / "master.log"),
         smockron_proc(router, tmp_path / "router.log") as rproc,

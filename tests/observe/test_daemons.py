@@ -22,6 +22,7 @@ from tests.support import (
     cluster_args,
     free_ports,
     master_args,
+    router_args,
     run_smockron,
     smockron_proc,
     stopping,
@@ -100,17 +101,7 @@ def test_master_with_unreachable_redis_is_not_ready_and_warns(tmp_path: Path) ->
 
 def test_router(tmp_path: Path) -> None:
     acc, ctl, met, m_acc, m_ctl = free_ports(5)
-    args = [
-        "router",
-        "--accounting",
-        f"tcp://127.0.0.1:{acc}",
-        "--control",
-        f"tcp://127.0.0.1:{ctl}",
-        "--master",
-        f"tcp://127.0.0.1:{m_acc},tcp://127.0.0.1:{m_ctl}",
-        "--metrics",
-        f"127.0.0.1:{met}",
-    ]
+    args = router_args(acc, ctl, (m_acc, m_ctl), metrics=met)
     with smockron_proc(args, tmp_path / "router.log"), FakeGatekeeper(acc, ctl) as gk:
         wait_port(met)
         assert_probes(met)

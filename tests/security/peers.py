@@ -12,10 +12,35 @@ from collections.abc import Callable, Iterator
 
 import zmq
 
+from smockron.core.rules import Rule
 from smockron.curve import CurveClient, CurveServer
 from smockron.master.config import MasterSettings
+from smockron.master.domains import DomainPolicy
 from smockron.master.server import Master
-from smockron.wire.codec import RULES_TOPIC, Control, decode_control
+from smockron.wire.codec import DELAYED, RULES_TOPIC, Control, decode_control, encode_accounting
+from tests.master.client import now_ms
+from tests.security.conftest import Keys
+from tests.support import free_ports
+
+
+def curve_settings(keys: Keys) -> MasterSettings:
+    """A CURVE master on free loopback ports, allowing the keys in ``keys.clients``; one
+    rule, for "api"."""
+    acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
+    return MasterSettings(
+        accounting=acc,
+        control=ctl,
+        curve_secret=str(keys.secret("master")),
+        curve_clients=str(keys.clients),
+        domains={"api": DomainPolicy((Rule(1000.0, 5),))},
+    )
+
+
+def forged(ident: bytes, n: int = 20) -> list[list[bytes]]:
+    """``n`` DELAYED messages a minute ahead: charged, they would block ``ident`` ~60 s."""
+    at = now_ms()
+    return [encode_accounting("api", DELAYED, ident, at, at + 60_000) for _ in range(n)]
+
 
 _LOOPS: weakref.WeakKeyDictionary[Master, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
 

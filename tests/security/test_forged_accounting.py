@@ -7,36 +7,18 @@ import time
 
 import pytest
 
-from smockron.core.rules import Rule
-from smockron.master.config import MasterSettings
-from smockron.master.domains import DomainPolicy
-from smockron.wire.codec import ACCEPTED, DELAYED, encode_accounting
+from smockron.wire.codec import ACCEPTED, encode_accounting
+from tests.master.client import now_ms
 from tests.security.conftest import Keys
-from tests.security.peers import Peer, running_master
-from tests.support import free_ports, wait_for
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def forged(ident: bytes) -> list[list[bytes]]:
-    """20 DELAYED messages a minute ahead: charged, they would block ``ident`` ~60 s."""
-    at = now_ms()
-    return [encode_accounting("api", DELAYED, ident, at, at + 60_000) for _ in range(20)]
+from tests.security.peers import Peer, curve_settings, forged, running_master
+from tests.support import wait_for
 
 
 def test_forged_accounting_without_an_allowed_key_reaches_no_engine(
     keys: Keys, caplog: pytest.LogCaptureFixture
 ) -> None:
-    acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
-    settings = MasterSettings(
-        accounting=acc,
-        control=ctl,
-        curve_secret=str(keys.secret("master")),
-        curve_clients=str(keys.clients),
-        domains={"api": DomainPolicy((Rule(1000.0, 5),))},
-    )
+    settings = curve_settings(keys)
+    acc, ctl = settings.accounting, settings.control
     with running_master(settings) as master:
         allowed = Peer(acc, ctl, keys.client("gk"))
         rogue = Peer(acc, ctl, keys.client("rogue"))  # the right master, an unknown key

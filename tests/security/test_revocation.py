@@ -10,23 +10,12 @@ import time
 import pytest
 import zmq
 
-from smockron.core.rules import Rule
 from smockron.curve import AllowList
-from smockron.master.config import MasterSettings
-from smockron.master.domains import DomainPolicy
-from smockron.wire.codec import ACCEPTED, DELAYED, encode_accounting
+from smockron.wire.codec import ACCEPTED, encode_accounting
+from tests.master.client import now_ms
 from tests.security.conftest import Keys
-from tests.security.peers import Peer, on_loop, running_master
-from tests.support import free_ports, wait_for
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def forged(ident: bytes, n: int = 20) -> list[list[bytes]]:
-    at = now_ms()
-    return [encode_accounting("api", DELAYED, ident, at, at + 60_000) for _ in range(n)]
+from tests.security.peers import Peer, curve_settings, forged, on_loop, running_master
+from tests.support import wait_for
 
 
 def heard(peer: Peer, ident: bytes) -> bool:
@@ -38,14 +27,8 @@ def heard(peer: Peer, ident: bytes) -> bool:
 
 def test_a_revoked_key_is_cut_at_the_reload(keys: Keys, caplog: pytest.LogCaptureFixture) -> None:
     (keys.clients / "rogue.key").write_bytes(keys.public("rogue").read_bytes())
-    acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
-    settings = MasterSettings(
-        accounting=acc,
-        control=ctl,
-        curve_secret=str(keys.secret("master")),
-        curve_clients=str(keys.clients),
-        domains={"api": DomainPolicy((Rule(1000.0, 5),))},
-    )
+    settings = curve_settings(keys)
+    acc, ctl = settings.accounting, settings.control
     with running_master(settings) as master:
         good = Peer(acc, ctl, keys.client("gk"))
         rogue = Peer(acc, ctl, keys.client("rogue"))
@@ -76,14 +59,8 @@ def test_a_revoked_key_is_cut_at_the_reload(keys: Keys, caplog: pytest.LogCaptur
 
 def test_adding_a_key_cuts_nobody(keys: Keys) -> None:
     """Only a removal cuts connections: a new key is let in at its handshake."""
-    acc, ctl = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
-    settings = MasterSettings(
-        accounting=acc,
-        control=ctl,
-        curve_secret=str(keys.secret("master")),
-        curve_clients=str(keys.clients),
-        domains={"api": DomainPolicy((Rule(1000.0, 5),))},
-    )
+    settings = curve_settings(keys)
+    acc, ctl = settings.accounting, settings.control
     with running_master(settings) as master:
         good = Peer(acc, ctl, keys.client("gk"))
         try:
