@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,14 +82,20 @@ def make_master(accounting_port: int, control_port: int) -> MasterSockets:
     return MasterSockets(f"tcp://127.0.0.1:{accounting_port}", f"tcp://127.0.0.1:{control_port}")
 
 
-@pytest.fixture
-def master() -> Iterator[MasterSockets]:
-    a, c = free_ports(2)
-    m = make_master(a, c)
+@contextlib.contextmanager
+def master_sockets() -> Iterator[MasterSockets]:
+    """A master's two sockets on free loopback ports, closed at the end."""
+    m = make_master(*free_ports(2))
     try:
         yield m
     finally:
         m.close()
+
+
+@pytest.fixture
+def master() -> Iterator[MasterSockets]:
+    with master_sockets() as m:
+        yield m
 
 
 def wall_ms() -> int:

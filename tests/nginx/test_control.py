@@ -12,20 +12,16 @@ import pytest
 import zmq
 
 from smockron.wire.codec import ACCEPTED, DELAYED, REJECTED, RESYNC
-from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
+from tests.gatekeeper.conftest import MasterSockets, master_sockets, wall_ms
 from tests.nginx.servers import front, require_module, stats_of
-from tests.support import Proc, free_ports, wait_for
+from tests.support import Proc, wait_for
 
 
 @pytest.fixture
 def master() -> Iterator[MasterSockets]:
     require_module()
-    a, c = free_ports(2)
-    m = make_master(a, c)
-    try:
+    with master_sockets() as m:
         yield m
-    finally:
-        m.close()
 
 
 def ports(m: MasterSockets) -> tuple[int, int]:

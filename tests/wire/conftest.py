@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
 import zmq
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+@contextlib.contextmanager
+def push_pull() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
     """(push, pull), connected; the push queues without bound, so a batch is never
     skipped at its high-water mark."""
     ctx = zmq.Context()
@@ -24,3 +25,9 @@ def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
         push.close(0)
         pull.close(0)
         ctx.term()
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    with push_pull() as p:
+        yield p

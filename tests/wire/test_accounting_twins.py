@@ -26,6 +26,7 @@ from smockron.wire.accounting import (
     split_accounting,
 )
 from smockron.wire.codec import ACCEPTED, DELAYED, MAX_FRAMES, REJECTED, Limits, frame_count
+from tests.wire.conftest import push_pull
 
 pytestmark = pytest.mark.skipif(not COMPILED, reason="smockron.wire._zmqfast is not built")
 
@@ -81,18 +82,8 @@ def batches(draw: st.DrawFn) -> tuple[Limits, list[list[bytes]]]:
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
     """One PUSH/PULL pair for every example (a new one each would dominate the run)."""
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 0)
-    push.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        yield push, pull
-    finally:
-        push.close(0)
-        pull.close(0)
-        ctx.term()
+    with push_pull() as p:
+        yield p
 
 
 def _received(

@@ -15,9 +15,9 @@ import zmq
 from smockron.gatekeeper._asyncio import AsyncGatekeeper
 from smockron.gatekeeper._threaded import Gatekeeper
 from smockron.wire.codec import ACCEPTED, DELAY_UNTIL, MAX_FRAMES, encode_accounting
-from tests.gatekeeper.conftest import MasterSockets, make_master, wall_ms
+from tests.gatekeeper.conftest import MasterSockets, master_sockets, wall_ms
 from tests.master.running import running_master, settings
-from tests.support import free_ports, wait_for
+from tests.support import wait_for
 
 LENGTHS = (40, MAX_FRAMES + 132)
 """Within what a reader keeps, and far past it (only counted)."""
@@ -65,11 +65,8 @@ def test_master_logs_the_real_frame_count(caplog: pytest.LogCaptureFixture) -> N
 
 @pytest.fixture
 def master() -> Iterator[MasterSockets]:
-    m = make_master(*free_ports(2))
-    try:
+    with master_sockets() as m:
         yield m
-    finally:
-        m.close()
 
 
 @pytest.mark.parametrize("length", LENGTHS)
