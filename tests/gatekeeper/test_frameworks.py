@@ -18,11 +18,10 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from smockron.gatekeeper.asgi import SmockronMiddleware
-from smockron.gatekeeper.identify import header
 from smockron.gatekeeper.wsgi import SmockronWSGIMiddleware
 from tests.gatekeeper.conftest import MasterSockets
 from tests.gatekeeper.servers import uvicorn_server, waitress_server
-from tests.gatekeeper.test_http_middleware import _exercise
+from tests.gatekeeper.test_http_middleware import _exercise, api_options
 
 
 def _django_hello(request: HttpRequest, path: str) -> HttpResponse:
@@ -58,26 +57,13 @@ def fastapi_app(**smockron: Any) -> FastAPI:
 
 
 def test_fastapi_under_uvicorn(master: MasterSockets) -> None:
-    app = fastapi_app(
-        domain={"/api": "api"},
-        accounting=master.accounting_addr,
-        control=master.control_addr,
-        identify=header("x-client"),
-        max_delay_ms=1000,
-    )
+    app = fastapi_app(**api_options(master))
     with uvicorn_server(app) as port:
         _exercise(master, port)
 
 
 def test_django_under_waitress(master: MasterSockets) -> None:
-    app = SmockronWSGIMiddleware(
-        django_app(),
-        domain={"/api": "api"},
-        accounting=master.accounting_addr,
-        control=master.control_addr,
-        identify=header("x-client"),
-        max_delay_ms=1000,
-    )
+    app = SmockronWSGIMiddleware(django_app(), **api_options(master))
     try:
         with waitress_server(app) as port:
             _exercise(master, port)

@@ -54,6 +54,18 @@ def _subscribed(master: MasterSockets, get: Callable[[str], httpx.Response]) -> 
     master.drain(0.1)
 
 
+def api_options(master: MasterSockets, max_delay_ms: int = 1000) -> dict[str, Any]:
+    """The middlewares' options here: /api is the "api" domain, clients told by
+    X-Client."""
+    return {
+        "domain": {"/api": "api"},
+        "accounting": master.accounting_addr,
+        "control": master.control_addr,
+        "identify": header("x-client"),
+        "max_delay_ms": max_delay_ms,
+    }
+
+
 def _exercise(master: MasterSockets, port: int) -> None:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
 
@@ -91,14 +103,7 @@ def _exercise(master: MasterSockets, port: int) -> None:
 
 
 def test_asgi_under_uvicorn(master: MasterSockets) -> None:
-    app = SmockronMiddleware(
-        starlette_app(),
-        domain={"/api": "api"},
-        accounting=master.accounting_addr,
-        control=master.control_addr,
-        identify=header("x-client"),
-        max_delay_ms=1000,
-    )
+    app = SmockronMiddleware(starlette_app(), **api_options(master))
     with uvicorn_server(app) as port:
         _exercise(master, port)
     assert not app.gatekeeper.started or app.gatekeeper._pub is None  # closed at shutdown
@@ -106,14 +111,7 @@ def test_asgi_under_uvicorn(master: MasterSockets) -> None:
 
 def wsgi_app(master: MasterSockets, max_delay_ms: int) -> SmockronWSGIMiddleware:
     """The Flask app behind the WSGI middleware, clients told by X-Client, on /api."""
-    return SmockronWSGIMiddleware(
-        flask_app(),
-        domain={"/api": "api"},
-        accounting=master.accounting_addr,
-        control=master.control_addr,
-        identify=header("x-client"),
-        max_delay_ms=max_delay_ms,
-    )
+    return SmockronWSGIMiddleware(flask_app(), **api_options(master, max_delay_ms))
 
 
 def test_wsgi_under_waitress(master: MasterSockets) -> None:
