@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from smockron.gatekeeper import AsyncGatekeeper, Gatekeeper
-from tests.support import free_ports, run_smockron, stopping, wait_for, wait_port
+from tests.support import free_ports, master_args, run_smockron, stopping, wait_for, wait_port
 
 N = 60_000
 RUNS = 3
@@ -53,19 +53,7 @@ def _settled(port: int, expected: float) -> dict[str, float]:
 def master(tmp_path: Path) -> Iterator[tuple[tuple[str, str], int]]:
     acc, ctl, met = free_ports(3)
     zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
-    args = [
-        "master",
-        "--accounting",
-        zmq[0],
-        "--control",
-        zmq[1],
-        "--rule",
-        "api:1000000/s:1000000",
-        "--metrics",
-        f"127.0.0.1:{met}",
-        "--stats-interval",
-        "0",
-    ]
+    args = master_args(acc, ctl, rules=["api:1000000/s:1000000"], metrics=met)
     proc = run_smockron(args, tmp_path / "master.log")
     with stopping([proc]):
         wait_port(met)

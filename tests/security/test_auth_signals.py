@@ -20,7 +20,7 @@ from tests.gatekeeper.backend import backend
 from tests.gatekeeper.commands import proxy_args
 from tests.master.running import running_master, settings
 from tests.security.conftest import Keys
-from tests.support import free_ports, run_smockron, stopping, wait_for, wait_port
+from tests.support import free_ports, master_args, run_smockron, stopping, wait_for, wait_port
 
 WATCH_S = 3.0
 """Long enough for libzmq and the gatekeeper to redial several times."""
@@ -151,25 +151,18 @@ def test_a_proxy_without_keys_against_a_master_with_keys_is_not_ready(
 ) -> None:
     acc, ctl, p_met, p_proxy, p_pmet = free_ports(5)
     zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
-    master_args = [
-        "master",
-        "--accounting",
-        zmq[0],
-        "--control",
-        zmq[1],
-        "--rule",
-        "api:5/s:5",
-        "--metrics",
-        f"127.0.0.1:{p_met}",
-        "--stats-interval",
-        "0",
+    args = master_args(
+        acc,
+        ctl,
         "--curve-secret",
         str(keys.secret("master")),
         "--curve-clients",
         str(keys.clients),
-    ]
+        rules=["api:5/s:5"],
+        metrics=p_met,
+    )
     with backend() as (up, _seen):
-        master = run_smockron(master_args, tmp_path / "master.log")
+        master = run_smockron(args, tmp_path / "master.log")
         with stopping([master]) as procs:
             wait_port(p_met)
             args = proxy_args(p_proxy, up, *zmq, "--metrics", f"127.0.0.1:{p_pmet}")

@@ -16,7 +16,15 @@ import httpx
 
 from tests.gatekeeper.backend import backend
 from tests.gatekeeper.commands import proxy_args
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
+from tests.support import (
+    Proc,
+    free_ports,
+    master_args,
+    run_smockron,
+    stopping,
+    wait_for,
+    wait_port,
+)
 
 
 def keygen(folder: Path, name: str, log: Path) -> None:
@@ -61,25 +69,18 @@ def test_master_and_proxies_with_keys(tmp_path: Path) -> None:
     shutil.copy(keys / "good.key", clients)
     acc, ctl, met, p_good, p_late = free_ports(5)
     zmq = (f"tcp://127.0.0.1:{acc}", f"tcp://127.0.0.1:{ctl}")
-    master_args = [
-        "master",
-        "--accounting",
-        zmq[0],
-        "--control",
-        zmq[1],
-        "--rule",
-        "e2e:5/s:5",
-        "--metrics",
-        f"127.0.0.1:{met}",
-        "--stats-interval",
-        "0",
+    args = master_args(
+        acc,
+        ctl,
         "--curve-secret",
         str(keys / "master.key_secret"),
         "--curve-clients",
         str(clients),
-    ]
+        rules=["e2e:5/s:5"],
+        metrics=met,
+    )
     with backend() as (up, _seen):
-        procs: list[Proc] = [run_smockron(master_args, tmp_path / "master.log")]
+        procs: list[Proc] = [run_smockron(args, tmp_path / "master.log")]
         for port, name in ((p_good, "good"), (p_late, "late")):
             curve = [
                 "--curve-secret",
