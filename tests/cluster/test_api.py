@@ -18,11 +18,11 @@ import grpc
 import pytest
 
 from smockron.cluster.config import ClusterConfig
-from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import ClusterServer
 from smockron.cluster.transports import native
+from tests.cluster.servers import serving
 from tests.support import free_ports
 
 
@@ -46,14 +46,12 @@ async def node(request: pytest.FixtureRequest) -> AsyncIterator[Node]:
         grpc_server=request.param,
         peer_check_address=False,
     )
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
-    channel = grpc.aio.insecure_channel(config.grpc_address)
-    try:
-        yield Node(server, channel)
-    finally:
-        await channel.close(None)
-        await server.stop()
+    async with serving(config) as server:
+        channel = grpc.aio.insecure_channel(config.grpc_address)
+        try:
+            yield Node(server, channel)
+        finally:
+            await channel.close(None)
 
 
 async def post(node: Node, body: bytes | str) -> tuple[int, Any]:

@@ -20,12 +20,12 @@ import pytest
 
 from smockron.cluster.config import ClusterConfig
 from smockron.cluster.discovery.base import PeerInfo
-from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.pb import gubernator_pb2 as pb
 from smockron.cluster.pb import gubernator_pb2_grpc
 from smockron.cluster.server import GRPC_OPTIONS, ClusterServer
 from smockron.cluster.transports import native
 from smockron.cluster.transports.native import NativeServer
+from tests.cluster.servers import serving
 from tests.support import free_ports
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="_native extension not built")
@@ -35,12 +35,8 @@ needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="_native extensio
 async def node() -> AsyncIterator[ClusterServer]:
     (g,) = free_ports(1)
     config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address="", grpc_server="native")
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
-    try:
+    async with serving(config) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 def sample(server: ClusterServer, name: str, **labels: str) -> float:

@@ -24,6 +24,7 @@ from smockron.cluster.peergate import peer_ip
 from smockron.cluster.server import ClusterServer
 from smockron.cluster.transports import native
 from smockron.errors import ConfigError
+from tests.cluster.servers import serving
 from tests.support import free_ports
 
 SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
@@ -176,10 +177,8 @@ async def test_peer_tls_names_keep_other_certificates_of_the_ca_out(
         peer_tls_names="node.cluster,other.cluster",
         peer_check_address=False,  # the certificate alone decides here
     )
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
-    registry = server.node.metrics.registry
-    try:
+    async with serving(config) as server:
+        registry = server.node.metrics.registry
         refused = await forge(config.peer_listen_address, credentials(pki, "client"))
         assert refused == grpc.StatusCode.UNAVAILABLE  # as a refused handshake
         assert "api_victim" not in server.node.replicas
@@ -197,8 +196,6 @@ async def test_peer_tls_names_keep_other_certificates_of_the_ca_out(
             await forge(config.peer_listen_address, credentials(pki, "node")) == grpc.StatusCode.OK
         )
         assert "api_victim" in server.node.replicas
-    finally:
-        await server.stop()
     await asyncio.sleep(0)
 
 

@@ -34,6 +34,7 @@ from smockron.cluster.pb import gubernator_pb2_grpc, peers_pb2, peers_pb2_grpc
 from smockron.cluster.server import ClusterServer
 from smockron.cluster.transports import native
 from smockron.core.hashring import HashRing
+from tests.cluster.servers import serving
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 SERVERS = ["threads", "asyncio", *(["native"] if native.AVAILABLE else [])]
@@ -65,12 +66,8 @@ def refused(log: str) -> bool:
 async def one(request: pytest.FixtureRequest) -> AsyncIterator[ClusterServer]:
     # the client is no member (test_peer_gate.py): here the ports, not the peer list
     (config,) = configs(1, grpc_server=request.param, peer_check_address=False)
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
-    try:
+    async with serving(config) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 async def test_peers_v1_refused_on_the_client_port_served_on_the_peer_listener(
@@ -126,9 +123,7 @@ async def test_opt_in_serves_peers_v1_on_the_grpc_port() -> None:
     """Gubernator-mixed clusters: PeersV1 on the gRPC port, no peer listener, and peers
     called at their gRPC address."""
     (config,) = configs(1, peers_on_grpc_port=True, grpc_server="threads", peer_check_address=False)
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
-    try:
+    async with serving(config) as server:
         assert config.peer_listen_address == ""
         check = pb.RateLimitReq(name="a", unique_key="b", hits=1, limit=5, duration=60_000)
         async with grpc.aio.insecure_channel(config.grpc_address) as channel:
@@ -141,8 +136,6 @@ async def test_opt_in_serves_peers_v1_on_the_grpc_port() -> None:
         with socket.socket() as probe:  # nothing listens at port + 1
             probe.settimeout(0.2)
             assert probe.connect_ex(("127.0.0.1", int(config.grpc_address.split(":")[1]) + 1))
-    finally:
-        await server.stop()
 
 
 # -- three nodes through their peer listeners ---------------------------------------------
@@ -426,12 +419,8 @@ async def http_gateway() -> AsyncIterator[str]:
     config = ClusterConfig(
         grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}", grpc_server="threads"
     )
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
-    try:
+    async with serving(config):
         yield f"http://{config.http_address}/v1/GetRateLimits"
-    finally:
-        await server.stop()
 
 
 async def test_http_bad_fields_log_line_is_escaped(

@@ -20,8 +20,8 @@ import pytest
 
 from smockron import httpguard
 from smockron.cluster.config import ClusterConfig
-from smockron.cluster.discovery.static import StaticDiscovery
 from smockron.cluster.server import ClusterServer
+from tests.cluster.servers import serving
 from tests.gatekeeper.backend import backend
 from tests.gatekeeper.commands import proxy_args
 from tests.support import Proc, free_ports, wait_for, wait_port
@@ -153,12 +153,8 @@ async def gateway(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ClusterServe
     monkeypatch.setattr(httpguard, "HEADER_TIMEOUT_S", 0.5)
     g, h = free_ports(2)
     config = ClusterConfig(grpc_address=f"127.0.0.1:{g}", http_address=f"127.0.0.1:{h}")
-    server = ClusterServer(config, StaticDiscovery([config.grpc_address]))
-    await server.start()
-    try:
+    async with serving(config) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 async def test_gateway_cuts_headers_that_never_finish(gateway: ClusterServer) -> None:
