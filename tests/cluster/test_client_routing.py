@@ -24,7 +24,15 @@ from smockron.cluster.client import (
 from smockron.cluster.client._routing import Outcome, OwnerRing, Part, Route
 from smockron.cluster.model import RateLimitRequest
 from smockron.core.hashring import HashRing
-from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
+from tests.support import (
+    Proc,
+    cluster_nodes,
+    free_ports,
+    run_smockron,
+    stopping,
+    wait_for,
+    wait_port,
+)
 
 _CHECKS = re.compile(r'^smockron_cluster_checks_total\{route="(\w+)"\} (\S+)$', re.M)
 
@@ -369,27 +377,10 @@ def test_owner_ring_switches_to_the_hash_the_nodes_use() -> None:
 def test_client_learns_the_hash_the_nodes_use(tmp_path: Path) -> None:
     """Nodes on Gubernator's bare FNV-1a: the client, on fnv1a-mix, sees answers from
     other owners than it picked and switches to the hash that explains them."""
-    ports = free_ports(6)
-    addresses = [f"127.0.0.1:{p}" for p in ports[:3]]
-    http = [f"127.0.0.1:{p}" for p in ports[3:]]
-    procs: list[Proc] = []
-    with stopping(procs):
-        for i, address in enumerate(addresses):
-            args = [
-                "cluster",
-                "--grpc-address",
-                address,
-                "--http-address",
-                http[i],
-                "--peers",
-                ",".join(addresses),
-                "--peer-picker-hash",
-                "fnv1a",
-            ]
-            procs.append(run_smockron(args, tmp_path / f"node{i}.log"))
-        for port in ports:
-            wait_port(port, timeout=20)
-        found = Cluster(addresses, dict(zip(addresses, http, strict=True)), {}, tmp_path / "x")
+    with cluster_nodes(tmp_path, "--peer-picker-hash", "fnv1a", nodes=3) as nodes:
+        addresses = [n.grpc_address for n in nodes]
+        http = {n.grpc_address: f"127.0.0.1:{n.http_port}" for n in nodes}
+        found = Cluster(addresses, http, {}, tmp_path / "x")
         with Client(addresses[0], timeout=5) as client:
             keys = iter(range(100_000))
 

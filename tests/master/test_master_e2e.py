@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,12 @@ from tests.master.client import FakeGatekeeper, now_ms
 from tests.support import RedisServer, free_ports, smockron_proc, wait_for, wait_port
 
 
-def master_args(acc: int, ctl: int, *extra: str) -> list[str]:
-    return support.master_args(acc, ctl, "--stats-interval", "0.3", *extra)
+def master_args(
+    acc: int, ctl: int, *extra: str, rules: Sequence[str] = (), metrics: int = 0
+) -> list[str]:
+    return support.master_args(
+        acc, ctl, "--stats-interval", "0.3", *extra, rules=rules, metrics=metrics
+    )
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -36,9 +41,7 @@ def test_throttles_logs_garbage_and_serves_metrics(
     if loop == "python":
         monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1")
     acc, ctl, met = free_ports(3)
-    args = master_args(
-        acc, ctl, "--rule", "api:1/s:3", "--rule", "probe:1/s:1", "--metrics", f"127.0.0.1:{met}"
-    )
+    args = master_args(acc, ctl, rules=["api:1/s:3", "probe:1/s:1"], metrics=met)
     with smockron_proc(args, tmp_path / "master.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         t = now_ms() + 1500  # ahead of the master's clock (within tolerance): exact results
@@ -96,20 +99,8 @@ def test_decoder_limits_from_flags(
     if loop == "python":
         monkeypatch.setenv("SMOCKRON_PURE_PYTHON", "1")
     acc, ctl, met = free_ports(3)
-    args = master_args(
-        acc,
-        ctl,
-        "--rule",
-        "api:1/s:1",
-        "--rule",
-        "probe:1/s:1",
-        "--max-identifier",
-        "12",
-        "--max-loginfo",
-        "4",
-        "--metrics",
-        f"127.0.0.1:{met}",
-    )
+    limits = ["--max-identifier", "12", "--max-loginfo", "4"]
+    args = master_args(acc, ctl, *limits, rules=["api:1/s:1", "probe:1/s:1"], metrics=met)
     with smockron_proc(args, tmp_path / "master.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         t = now_ms() + 1500
@@ -133,7 +124,7 @@ def test_sighup_reloads_rules_without_losing_messages(tmp_path: Path) -> None:
     acc, ctl, met = free_ports(3)
     config = tmp_path / "smockron.toml"
     config.write_text('rules = ["api:1/s:100", "probe:1/s:1"]\n')
-    args = master_args(acc, ctl, "--config", str(config), "--metrics", f"127.0.0.1:{met}")
+    args = master_args(acc, ctl, "--config", str(config), metrics=met)
     with smockron_proc(args, tmp_path / "master.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         t = now_ms()
@@ -172,9 +163,7 @@ def test_redis_master_killed_and_replaced_keeps_enforcing(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     acc, ctl = free_ports(2)
-    args = master_args(
-        acc, ctl, "--rule", "api:1/s:5", "--rule", "probe:1/s:1", "--store", redis_server.url
-    )
+    args = master_args(acc, ctl, "--store", redis_server.url, rules=["api:1/s:5", "probe:1/s:1"])
     with smockron_proc(args, tmp_path / "m1.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         t = now_ms()
@@ -205,9 +194,7 @@ def _redis_keys(server: RedisServer) -> str:
 
 def test_state_is_in_redis_after_a_clean_exit(tmp_path: Path, redis_server: RedisServer) -> None:
     acc, ctl = free_ports(2)
-    args = master_args(
-        acc, ctl, "--rule", "api:1/m:5", "--rule", "probe:1/s:1", "--store", redis_server.url
-    )
+    args = master_args(acc, ctl, "--store", redis_server.url, rules=["api:1/m:5", "probe:1/s:1"])
     with smockron_proc(args, tmp_path / "m.log") as proc, FakeGatekeeper(acc, ctl) as gk:
         gk.handshake()
         gk.accepted("api", b"last-words")
