@@ -42,6 +42,7 @@ from tests.support import (
     port_open,
     smockron_env,
     smockron_proc,
+    smockron_run,
     wait_for,
     wait_port,
 )
@@ -521,11 +522,8 @@ def test_keys_the_daemons_user_cannot_read_are_one_line_not_a_traceback() -> Non
 def test_the_protected_mode_refusal_is_quoted_as_the_master_prints_it() -> None:
     """One wording across the docs: every line of them quoting the refusal is the line
     the master prints (it refuses before binding anything)."""
-    done = subprocess.run(
+    done = smockron_run(
         [
-            sys.executable,
-            "-m",
-            "smockron",
             "master",
             "--rule",
             "api:1/s:1",
@@ -533,11 +531,7 @@ def test_the_protected_mode_refusal_is_quoted_as_the_master_prints_it() -> None:
             "tcp://0.0.0.0:10004",
             "--control",
             "tcp://127.0.0.1:10005",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=smockron_env(),
+        ]
     )
     assert done.returncode == 2
     printed = done.stderr.strip().splitlines()[-1]

@@ -77,6 +77,13 @@ def controls(sub: zmq.Socket[bytes], seconds: float) -> list[list[bytes]]:
     return out
 
 
+def sharded(ident: bytes, at: int) -> list[bytes]:
+    """An ACCEPTED for ``ident`` at ``at`` on its shard's topic, as a gatekeeper that
+    follows a fleet sends it."""
+    frames = encode_accounting("api", ACCEPTED, ident, at)
+    return [shard_topic(shard_of(ident), b"api\0"), *frames[1:]]
+
+
 def test_shard_topics_decode_to_their_domain() -> None:
     """A fleet master takes its shards' topics as the domain's; a fleet of one takes all."""
     rules = {"api": DomainPolicy((Rule(1.0, 1),))}
@@ -84,11 +91,9 @@ def test_shard_topics_decode_to_their_domain() -> None:
     eng = Engine(rules, MemoryStore(), shards=mine)
     ident = next(b"id-%d" % i for i in range(1000) if shard_of(b"id-%d" % i) in mine)
     other = next(b"id-%d" % i for i in range(1000) if shard_of(b"id-%d" % i) not in mine)
-    frames = encode_accounting("api", ACCEPTED, ident, int(T0))
-    eng.process([[shard_topic(shard_of(ident), b"api\0"), *frames[1:]]] * 2, T0)
+    eng.process([sharded(ident, int(T0))] * 2, T0)
     assert eng.stats.domain("api").accepted == 2
-    frames = encode_accounting("api", ACCEPTED, other, int(T0))
-    eng.process([[shard_topic(shard_of(other), b"api\0"), *frames[1:]]], T0)
+    eng.process([sharded(other, int(T0))], T0)
     # not ours (the SUB never subscribes to it): not taken, counted as malformed
     assert eng.stats.domain("api").accepted == 2 and sum(eng.stats.malformed.values()) == 1
     alone = Engine(rules, MemoryStore())
@@ -138,8 +143,7 @@ def test_both_masters_hold_every_identifier_and_a_restarted_one_takes_the_state(
     a, b = peered(settings(api="1/60s:5"), settings(api="1/60s:5"))
     now = int(time.time() * 1000)
     abuser = b"abuser"
-    frames = encode_accounting("api", ACCEPTED, abuser, now)
-    msg = [shard_topic(shard_of(abuser), b"api\0"), *frames[1:]]
+    msg = sharded(abuser, now)
     with running_master(a) as ma:
         with running_master(b) as mb:
             wait_for(lambda: mb.warm is not None and mb.warm.problem is None, 10)
@@ -325,28 +329,12 @@ def test_a_master_takes_what_it_missed_from_a_peer_heard_again() -> None:
         with running_master(b) as mb2:
             with gatekeeper_sockets(b) as (pub, sub):  # b alone sees these
                 for _ in range(5):
-                    pub.send_multipart(
-                        [
-                            shard_topic(shard_of(abuser), b"api\0"),
-                            b"ACCEPTED",
-                            abuser,
-                            b"%d" % int(time.time() * 1000),
-                            b"",
-                        ]
-                    )
+                    pub.send_multipart(sharded(abuser, int(time.time() * 1000)))
                 assert [decode_control(c).identifier for c in controls(sub, 1.0)] == [abuser]
             wait_for(lambda: ma.stats.peer_returns == 1, 10)
             assert ma.warm is not None
             wait_for(lambda: ma.warm is not None and ma.warm.states >= 1, 10)
             assert mb2.stats.peer_returns == 0  # b heard a from its start: nothing missed
         with gatekeeper_sockets(a) as (pub, sub):  # a now knows the abuser is over
-            pub.send_multipart(
-                [
-                    shard_topic(shard_of(abuser), b"api\0"),
-                    b"ACCEPTED",
-                    abuser,
-                    b"%d" % int(time.time() * 1000),
-                    b"",
-                ]
-            )
+            pub.send_multipart(sharded(abuser, int(time.time() * 1000)))
             assert [decode_control(c).identifier for c in controls(sub, 1.0)] == [abuser]
