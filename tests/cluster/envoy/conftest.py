@@ -28,6 +28,7 @@ from tests.support import (
     free_ports,
     run_smockron,
     start_redis,
+    stopping,
     wait_for,
     wait_port,
 )
@@ -129,15 +130,8 @@ def upstream_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
             monkeypatch.delenv(key, raising=False)
         return node
 
-    try:
+    with stopping(procs):
         yield start
-    except BaseException:
-        for proc in procs:
-            print(f"--- {proc.log_path.name} ---\n{proc.log()}")
-        raise
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 @dataclass
