@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 import zmq
 
@@ -100,3 +101,14 @@ def master() -> Iterator[MasterSockets]:
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def delayed_by_master(client: httpx.Client, master: MasterSockets) -> None:
+    """A DELAY_UNTIL 400 ms ahead for bob: his next request through the gatekeeper
+    (``client``'s) waits, then goes."""
+    master.publish("api", b"bob", wall_ms() + 400)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    r = client.get("/", headers={"x-client": "bob"})
+    assert r.status_code == 200 and r.headers["x-smockron-decision"] == "delay"
+    assert time.monotonic() - t0 >= 0.2
