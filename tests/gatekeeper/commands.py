@@ -10,9 +10,11 @@ def proxy_args(
     control: str,
     *extra: str,
     domain: str = "api",
-    max_delay: str = "1s",
+    max_delay: str | None = "1s",
+    identify: str | None = "header:X-Client",
 ) -> list[str]:
-    """``smockron proxy`` on ``port`` in front of ``upstream``, clients told by X-Client."""
+    """``smockron proxy`` on ``port`` in front of ``upstream``, clients told by X-Client
+    (``identify``); None leaves ``identify`` or ``max_delay`` to the proxy's defaults."""
     return [
         "proxy",
         "--listen",
@@ -25,9 +27,7 @@ def proxy_args(
         accounting,
         "--control",
         control,
-        "--identify",
-        "header:X-Client",
-        "--max-delay",
-        max_delay,
+        *(("--identify", identify) if identify is not None else ()),
+        *(("--max-delay", max_delay) if max_delay is not None else ()),
         *extra,
     ]

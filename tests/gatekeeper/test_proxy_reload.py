@@ -7,6 +7,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.gatekeeper.backend import backend
+from tests.gatekeeper.commands import proxy_args
 from tests.support import Proc, free_ports, run_smockron, stopping, wait_for, wait_port
 
 
@@ -25,25 +26,17 @@ def test_sighup_applies_the_new_rules_and_reports_what_needs_a_restart(tmp_path:
     config.write_text('rule = ["api:1/m:1"]\nmax_delay = "0s"\n')
     procs: list[Proc] = []
     with backend() as (up, _seen), stopping(procs):
-        args = [
-            "proxy",
+        args = proxy_args(
+            listen,
+            up,
+            f"tcp://127.0.0.1:{acc}",
+            f"tcp://127.0.0.1:{ctl}",
             "--config",
             str(config),
-            "--listen",
-            f"127.0.0.1:{listen}",
-            "--upstream",
-            f"http://127.0.0.1:{up}",
-            "--domain",
-            "api",
-            "--accounting",
-            f"tcp://127.0.0.1:{acc}",
-            "--control",
-            f"tcp://127.0.0.1:{ctl}",
-            "--identify",
-            "header:X-Client",
             "--decision-header",
             "--no-master-rules",
-        ]
+            max_delay=None,  # the file's
+        )
         procs.append(run_smockron(args, tmp_path / "proxy.log"))
         proc = procs[0]
         wait_port(listen)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.gatekeeper.backend import backend
+from tests.gatekeeper.commands import proxy_args
 from tests.master.client import FakeGatekeeper
 from tests.observe.endpoints import assert_probes, get, readyz, sample, samples, wait_ready
 from tests.support import (
@@ -128,23 +129,16 @@ def test_proxy_with_its_master(tmp_path: Path) -> None:
         )
         procs.append(
             run_smockron(
-                [
-                    "proxy",
-                    "--listen",
-                    f"127.0.0.1:{listen}",
-                    "--upstream",
-                    f"http://127.0.0.1:{upstream}",
-                    "--domain",
-                    "api",
-                    "--accounting",
+                proxy_args(
+                    listen,
+                    upstream,
                     f"tcp://127.0.0.1:{acc}",
-                    "--control",
                     f"tcp://127.0.0.1:{ctl}",
                     "--metrics",
                     f"127.0.0.1:{met}",
-                    "--max-delay",
-                    "0s",
-                ],
+                    max_delay="0s",
+                    identify=None,
+                ),
                 tmp_path / "proxy.log",
             )
         )
