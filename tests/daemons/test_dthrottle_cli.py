@@ -30,7 +30,10 @@ def ask(port: int, tags: list[bytes]) -> bytes:
         return out
 
 
-def daemon_args(tcp: int, udp: int, peer_udp: int, clock: Path) -> list[str]:
+def daemon_args(
+    tcp: int, udp: int, peer_udp: int, *extra: str, burst: str, rate: str, report: str
+) -> list[str]:
+    """A dthrottle serving on ``tcp``, reporting over UDP from ``udp`` to a peer's."""
     return [
         "--log-level",
         "DEBUG",
@@ -38,19 +41,16 @@ def daemon_args(tcp: int, udp: int, peer_udp: int, clock: Path) -> list[str]:
         "--listen",
         f"tcp:127.0.0.1:{tcp}",
         "--burst",
-        "10",
+        burst,
         "--rate",
-        "1.0",
+        rate,
         "--report-interval",
-        "5",
+        report,
         "--peer",
         f"127.0.0.1:{peer_udp}",
         "--peer-bind",
         f"127.0.0.1:{udp}",
-        "--test-clock-file",
-        str(clock),
-        "--stats-interval",
-        "0",
+        *extra,
     ]
 
 
@@ -58,9 +58,14 @@ def test_seed_example_with_two_real_daemons(tmp_path: Path) -> None:
     clock = tmp_path / "clock"
     set_file_clock(clock, 0.0)
     tcp_a, tcp_b, udp_a, udp_b = free_ports(4)
+
+    def seed(tcp: int, udp: int, peer: int) -> list[str]:
+        clocked = ["--test-clock-file", str(clock), "--stats-interval", "0"]
+        return daemon_args(tcp, udp, peer, *clocked, burst="10", rate="1.0", report="5")
+
     with (
-        smockron_proc(daemon_args(tcp_a, udp_a, udp_b, clock), tmp_path / "a.log") as a,
-        smockron_proc(daemon_args(tcp_b, udp_b, udp_a, clock), tmp_path / "b.log") as b,
+        smockron_proc(seed(tcp_a, udp_a, udp_b), tmp_path / "a.log") as a,
+        smockron_proc(seed(tcp_b, udp_b, udp_a), tmp_path / "b.log") as b,
     ):
         wait_port(tcp_a)
         wait_port(tcp_b)
@@ -151,23 +156,7 @@ def test_sigusr1_sends_a_report_at_once(tmp_path: Path) -> None:
     tcp_a, tcp_b, udp_a, udp_b = free_ports(4)
 
     def args(tcp: int, udp: int, peer: int) -> list[str]:
-        return [
-            "--log-level",
-            "DEBUG",
-            "dthrottle",
-            "--listen",
-            f"tcp:127.0.0.1:{tcp}",
-            "--burst",
-            "5",
-            "--rate",
-            "1/h",
-            "--report-interval",
-            "3600",
-            "--peer",
-            f"127.0.0.1:{peer}",
-            "--peer-bind",
-            f"127.0.0.1:{udp}",
-        ]
+        return daemon_args(tcp, udp, peer, burst="5", rate="1/h", report="3600")
 
     with (
         smockron_proc(args(tcp_a, udp_a, udp_b), tmp_path / "a.log") as a,
