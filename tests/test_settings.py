@@ -272,26 +272,6 @@ BAD = [
 ]
 
 
-def _bad(
-    command: str,
-    base: list[str],
-    flag: list[str],
-    env: tuple[str, str],
-    line: str,
-    where: str,
-    tmp_path: Path,
-) -> tuple[Result, str]:
-    """The command run with one bad value at ``where``; returns the result and the name
-    the error line must carry."""
-    if where == "flag":
-        return _run([command, *base, *flag]), flag[0]
-    if where == "env":
-        return _run([command, *base], dict([env])), env[0]
-    config = tmp_path / "bad.toml"
-    config.write_text(line + "\n")
-    return _run([command, *base, "--config", str(config)]), str(config)
-
-
 @pytest.mark.parametrize("where", ["flag", "env", "file"])
 @pytest.mark.parametrize(("command", "base", "flag", "env", "line"), BAD, ids=[b[0] for b in BAD])
 def test_bad_values_exit_2_with_one_line_naming_them(
@@ -303,7 +283,15 @@ def test_bad_values_exit_2_with_one_line_naming_them(
     where: str,
     tmp_path: Path,
 ) -> None:
-    result, name = _bad(command, base, flag, env, line, where, tmp_path)
+    """The command run with one bad value at ``where``: the error line names it."""
+    if where == "flag":
+        result, name = _run([command, *base, *flag]), flag[0]
+    elif where == "env":
+        result, name = _run([command, *base], dict([env])), env[0]
+    else:
+        config = tmp_path / "bad.toml"
+        config.write_text(line + "\n")
+        result, name = _run([command, *base, "--config", str(config)]), str(config)
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2, result.output
     assert len(lines) == 1, lines
