@@ -356,6 +356,7 @@ def main() -> None:
                         f"{name} {r[-1].rps:,.0f} req/s p50 {r[-1].p50_us:.0f} us p99 "
                         f"{r[-1].p99_us:.0f} us"
                         + (f" {r[-1].cpu_us:.1f} us CPU" if r[-1].cpu_us else "")
+                        + f" (master {r[-1].master_us:.1f} us)"
                         for name, r in runs.items()
                     ),
                     flush=True,
