@@ -342,8 +342,8 @@ def keep_alive(sock: zmq.Socket[Any], *, ttl: bool = True) -> None:
     speak an older ZMTP (the original programs' libzmq) are never sent a PING.
 
     ``ttl``: also tell the peer to drop the connection after that long without hearing
-    from us. Never towards a socket that may stop reading (:func:`keep_alive_receiving`):
-    a master's accounting SUB, a gatekeeper's control SUB. Nor from a master: a peer
+    from us. Never towards a socket that may stop reading (:func:`tcp_keepalive`): a
+    master's accounting SUB, a gatekeeper's control SUB. Nor from a master: a peer
     that configured no heartbeats of its own (a load generator, an original gatekeeper)
     keeps its connection to a master that is stopped for a while (a debugger, SIGSTOP)
     as it always did; smockron gatekeepers time a silent master out themselves."""
@@ -358,18 +358,22 @@ KEEPALIVE_INTVL_S = 1
 KEEPALIVE_CNT = 3
 
 
-def keep_alive_receiving(sock: zmq.Socket[Any]) -> None:
-    """The kernel's TCP keepalive, not ZMTP heartbeats, on a socket that receives and
-    stops reading when its queue is full (a gatekeeper's control SUB, a master's
-    accounting SUB). libzmq 4.3.5 aborts the process (``Assertion failed:
-    _input_stopped``, libzmq issue 3937) when a heartbeat or a peer's heartbeat TTL
-    times out a connection whose input is stopped by a full queue and it reconnects;
-    and a reader that is only behind is not dead. The kernel answers keepalive probes
-    whether the process reads or not, so only a connection that hears nothing at all
-    (a partition, a peer gone without a reset) is dropped, after
-    ``KEEPALIVE_IDLE_S + KEEPALIVE_INTVL_S * KEEPALIVE_CNT`` seconds. The sending side
-    keeps its heartbeats (:func:`keep_alive` without TTL): it drops a partitioned
-    reader in ``HEARTBEAT_TIMEOUT_MS`` and queues nothing for it."""
+def tcp_keepalive(sock: zmq.Socket[Any]) -> None:
+    """The kernel's TCP keepalive, not ZMTP heartbeats, on both ends of the control link
+    (a master's control PUB, a gatekeeper's control SUB) and on a master's accounting
+    SUB: sockets whose reader may be behind, its queue full and its input stopped.
+    libzmq 4.3.5 aborts the process (``Assertion failed: _input_stopped``) when a
+    connecting socket's connection fails while its input is stopped and it reconnects;
+    heartbeats make exactly that happen to a reader that is only behind, as the side
+    that is not read from times it out. The kernel answers keepalive probes whether the
+    process reads or not, so only a connection that hears nothing at all (a partition,
+    a peer gone without a reset) is dropped, after
+    ``KEEPALIVE_IDLE_S + KEEPALIVE_INTVL_S * KEEPALIVE_CNT`` seconds; a slow reader
+    loses what overflows its queues, which the master's published counts show, and the
+    gatekeeper asks for a RESYNC. A gatekeeper's accounting PUB keeps its heartbeats
+    (:func:`keep_alive` without TTL): it must see a partitioned master within
+    ``HEARTBEAT_TIMEOUT_MS`` to send that master's share to the others, and its own
+    input never stops."""
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
     sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTVL_S)

@@ -25,7 +25,7 @@ from smockron.curve import (
     CurveClient,
     allow_ipv6,
     keep_alive,
-    keep_alive_receiving,
+    tcp_keepalive,
 )
 from smockron.errors import ConfigError
 from smockron.gatekeeper._control import _ControlMessages
@@ -423,7 +423,7 @@ class _Link(_ControlMessages):
         pub = self._secure(ctx.socket(zmq.XPUB))
         pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every master's subscription, not the first
         allow_ipv6(pub, *(acc for acc, _ctl in self.masters if acc))
-        keep_alive(pub, ttl=False)  # a master that is behind is not timed out by us
+        keep_alive(pub, ttl=False)  # a partitioned master is seen; no TTL: see tcp_keepalive
         if self.sharded:  # nothing queued for a master that is down: the others take it
             pub.setsockopt(zmq.IMMEDIATE, 1)
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
@@ -457,7 +457,7 @@ class _Link(_ControlMessages):
         address = self.masters[link][1] or ""
         self._secure(sub)
         allow_ipv6(sub, address)
-        keep_alive_receiving(sub)
+        tcp_keepalive(sub)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, CONTROL_HWM)  # a burst of verdicts waits, not dropped
         sub.setsockopt(zmq.RCVBUF, CONTROL_RCVBUF)

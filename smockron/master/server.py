@@ -27,8 +27,7 @@ from smockron.curve import (
     allow_ipv6,
     bind_mode,
     curve_server,
-    keep_alive,
-    keep_alive_receiving,
+    tcp_keepalive,
 )
 from smockron.errors import ProtocolError, SmockronError
 from smockron.master.answers import Answers
@@ -210,8 +209,8 @@ class Master:
         self._subscribe()
         allow_ipv6(self.sub, self.settings.accounting)
         allow_ipv6(self.pub, self.settings.control)
-        keep_alive_receiving(self.sub)  # a partitioned gatekeeper's connection is dropped
-        keep_alive(self.pub, ttl=False)
+        tcp_keepalive(self.sub)  # a partitioned gatekeeper's connection is dropped
+        tcp_keepalive(self.pub)  # ...and a slow one is not
         self.sub.bind(self.settings.accounting)
         # Connections accepted: what a gatekeeper queued meanwhile comes right after
         # (with CURVE, once its key is allowed: a denied peer is no gatekeeper).
