@@ -13,7 +13,6 @@ import pytest
 import zmq
 
 from smockron.core.history import verdict_of
-from smockron.curve import HEARTBEAT_TIMEOUT_MS
 from smockron.gatekeeper import _link
 from smockron.gatekeeper._asyncio import AsyncGatekeeper
 from smockron.gatekeeper._link import now_ms
@@ -99,12 +98,12 @@ async def test_lost_delay_untils_are_counted_and_resynced(
     """The gatekeeper stops reading (its loop blocked) while the master publishes 7,500
     large DELAY_UNTILs (150 for each of 50 identifiers, 7.9 MB) through small queues:
     more than the master's send buffer (4 MB at most here) and the gatekeeper's
-    (64 KB, fixed) hold, so ZeroMQ drops some. The gatekeeper asks for a RESYNC, and
-    its table ends with the master's latest verdict for each. Blocked for 1 s, the
-    next heartbeat shows the loss (``control_lost``); for 3 s, past the master's ZMTP
-    heartbeat timeout, the master drops the connection and the gatekeeper, its queue
-    still full, dials again: with ZMTP heartbeats on its own side, libzmq 4.3.5 aborted
-    the process there (issue 3937, ``Assertion failed: _input_stopped``)."""
+    (64 KB, fixed) hold, so ZeroMQ drops some. The next heartbeat shows the loss
+    (``control_lost``), the gatekeeper asks for a RESYNC, and its table ends with the
+    master's latest verdict for each. Blocked for 3 s too, longer than ZMTP heartbeats
+    allow: the connection is kept (TCP keepalive), where a master that timed the slow
+    gatekeeper out made libzmq 4.3.5 abort the gatekeeper on its reconnect
+    (``Assertion failed: _input_stopped``)."""
     monkeypatch.setattr(_link, "CONTROL_HWM", 10)
     monkeypatch.setattr(_link, "CONTROL_RCVBUF", 64 * 1024)
     config = settings(api="1/60s:1", hwm=50)
@@ -126,8 +125,7 @@ async def test_lost_delay_untils_are_counted_and_resynced(
                 for ident in idents:
                     feeder.send_multipart(encode_accounting("api", ACCEPTED, ident, now))
             time.sleep(stall_s)  # blocks the loop: nothing is read meanwhile
-            if stall_s < HEARTBEAT_TIMEOUT_MS / 1000:
-                await _wait(lambda: gk.counters.control_lost > 0, 5)
+            await _wait(lambda: gk.counters.control_lost > 0, 5)
             assert gk.resyncs_requested >= 1
             await _wait(lambda: gk.resyncs_done >= 1, 5)
             await asyncio.sleep(0.2)
@@ -137,8 +135,7 @@ async def test_lost_delay_untils_are_counted_and_resynced(
             at = now_ms()
             held = {i: gk.decider.table.until(b"api", i, at) for i in idents}
             assert held == {i: math.ceil(expected[i] or 0) for i in idents}
-            if stall_s < HEARTBEAT_TIMEOUT_MS / 1000:
-                assert gk.counters.control_lost >= 1000
+            assert gk.counters.control_lost >= 1000
         finally:
             feeder.close(0)
             ctx.term()
