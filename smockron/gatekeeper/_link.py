@@ -302,11 +302,11 @@ class _Link(_ControlMessages):
             self._apply_subscriptions()
 
     def _apply_subscriptions(self) -> None:
-        """A master subscribed: the connections waiting for it count from now on (which
-        master's it is the socket does not say: each waiting one)."""
-        if not self._awaiting:
-            self._subscribed_early = time.monotonic()
-            return
+        """A master subscribed: the connections waiting for it count from now on, and
+        those whose handshake event comes within ``EARLY_SUBSCRIPTION_S`` (which
+        master's subscription it is the socket does not say: one read may hold those of
+        a connection counted now and of one whose event is still to come)."""
+        self._subscribed_early = time.monotonic()
         for link in sorted(self._awaiting):
             self._accounting_ready(link)
         self._awaiting.clear()

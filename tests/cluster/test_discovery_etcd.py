@@ -363,8 +363,13 @@ async def test_two_processes_find_a_peer_listener_away_from_grpc_plus_one(
         for port in (h1, h2):
             wait_port(port, 20)
         # route=False: every check goes to A, which forwards B's keys (what is tested)
-        async with AsyncClient(f"127.0.0.1:{g1}", timeout=5, route=False) as a:
+        async with (
+            AsyncClient(f"127.0.0.1:{g1}", timeout=5, route=False) as a,
+            AsyncClient(f"127.0.0.1:{g2}", timeout=5, route=False) as b,
+        ):
+            # both: B refuses peer calls from a node it has not yet seen in etcd
             await peer_count_becomes(a, 2)
+            await peer_count_becomes(b, 2)
             for i in range(40):
                 assert (await a.check("n", f"k{i}", 1, 100, MINUTE)).remaining == 99
         checks = "smockron_cluster_checks_total"

@@ -390,17 +390,22 @@ async def test_async_twin_tracks_the_control_connection(master: MasterSockets) -
         assert gk.stats()["control_connected"] == 1
 
 
-def test_two_masters_subscribing_before_their_handshakes_both_count() -> None:
-    """Both masters' subscriptions read in one go, before either connection's handshake
-    event (as a fleet's gatekeeper on a busy machine sees it): both connections count,
-    so the first master's death leaves the second holding the share, not a fail-open.
-    (The first connection used the early subscription up; the second was never counted.)"""
+@pytest.mark.parametrize("first_counted_before", [False, True])
+def test_two_masters_subscriptions_read_at_once_count_both(first_counted_before: bool) -> None:
+    """Both masters' subscriptions read in one go while one or neither connection's
+    handshake event has come (as a fleet's gatekeeper on a busy machine sees them):
+    both connections count, so the first master's death leaves the second holding the
+    share, not a fail-open. (The first connection used the early subscription up, or a
+    read that found one waiting kept none for the next; the second never counted.)"""
     a, b, c, d = free_ports(4)
     first = (f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{b}")
     second = (f"tcp://127.0.0.1:{c}", f"tcp://127.0.0.1:{d}")
     gk = AsyncGatekeeper(None, None, ["api"], masters=[first, second])
+    if first_counted_before:
+        gk._connection_up(False, 0)
     gk._apply_subscriptions()  # the XPUB's messages say no master: two arrived
-    gk._connection_up(False, 0)
+    if not first_counted_before:
+        gk._connection_up(False, 0)
     gk._connection_up(False, 1)
     assert gk._peers == 2
     gk._connection_down(False, 0)
