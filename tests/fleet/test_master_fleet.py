@@ -49,17 +49,30 @@ def peered(a: MasterSettings, b: MasterSettings) -> tuple[MasterSettings, Master
 def gatekeeper_sockets(
     *masters: MasterSettings, topics: tuple[bytes, ...] = (b"api\0",)
 ) -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    """A raw gatekeeper: one PUB connected to every master, one SUB to their controls."""
+    """A raw gatekeeper: one PUB connected to every master, one SUB to their controls;
+    yielded once every master's handshake is done and its subscriptions have come
+    (sent before, accounting would be dropped: a loaded machine takes its time)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    pub, sub = ctx.socket(zmq.XPUB), ctx.socket(zmq.SUB)  # an XPUB sends as a PUB does
+    pub.setsockopt(zmq.XPUB_VERBOSE, 1)
     for sock in (pub, sub):
         sock.setsockopt(zmq.LINGER, 0)
     for t in topics:
         sub.subscribe(t)
+    monitor = pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     for m in masters:
         pub.connect(m.accounting)
         sub.connect(m.control)
-    time.sleep(0.3)  # subscriptions up
+    handshakes = 0
+    deadline = time.monotonic() + 10
+    while handshakes < len(masters) and time.monotonic() < deadline:
+        handshakes += bool(monitor.poll(100)) and bool(monitor.recv_multipart())
+    pub.disable_monitor()
+    monitor.close(0)
+    subscribed = 0
+    while pub.poll(300 if subscribed else 10_000):  # each master's come together
+        subscribed += pub.recv()[:1] == b"\x01"
+    time.sleep(0.3)  # the SUB's own subscriptions, at the masters
     try:
         yield pub, sub
     finally:
