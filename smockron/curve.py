@@ -353,9 +353,9 @@ def keep_alive(sock: zmq.Socket[Any], *, ttl: bool = True) -> None:
         sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
-KEEPALIVE_IDLE_S = 2
+KEEPALIVE_IDLE_S = 1
 KEEPALIVE_INTVL_S = 1
-KEEPALIVE_CNT = 3
+KEEPALIVE_CNT = 2
 
 
 def tcp_keepalive(sock: zmq.Socket[Any]) -> None:
