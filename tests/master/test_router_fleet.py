@@ -107,7 +107,8 @@ def owned_domain(ring: HashRing, owner: str, prefix: str) -> str:
 def test_no_loss_seen_and_one_resync_per_start(tmp_path: Path, shard_by: str) -> None:
     """Traffic at twice the rule through the router, to two masters: the gatekeeper's
     loss count (the router's counter against what it received) stays at zero, exactly,
-    and each master resyncs each domain at most once, for the gatekeeper's start."""
+    and each master resyncs each domain only for the gatekeeper's start (and its one
+    retry if the first answer was missed)."""
     setup = Setup(tmp_path, shard_by, [])
     if shard_by == "domain":  # one domain on each master
         domains = [owned_domain(setup.ring, addr(p), "api") for p in setup.acc]
@@ -154,9 +155,14 @@ def test_no_loss_seen_and_one_resync_per_start(tmp_path: Path, shard_by: str) ->
                 assert got - start[n][1] > 0, "no DELAY_UNTIL reached the gatekeeper"
                 # the router counted exactly what the gatekeeper received
                 assert published - start[n][0] == got - start[n][1]
+            # the start's RESYNC, and at most one retry: a machine under load can take
+            # the first answer to the router before the gatekeeper's subscription to it
+            asked = gk.resyncs_requested
+            assert asked <= 2 * len(domains), asked
             for domain in domains:
                 counts = setup.resyncs(domain)
-                assert all(c <= 1 for c in counts), counts
+                assert all(c <= asked for c in counts), (counts, asked)
+                assert all(c <= 2 for c in counts), counts
                 assert sum(counts) >= 1, "the gatekeeper's start asked for no resync"
             if shard_by == "identifier":  # one domain's traffic on both masters
                 key = 'smockron_master_messages_total{domain="api",status="accepted"}'
