@@ -152,16 +152,18 @@ def pinned(pid: int) -> set[int]:
     return cores
 
 
-def start_fleet(
+@contextlib.contextmanager
+def fleet(
     n: int,
     replicas: int,
     rules: Sequence[str],
     logdir: Path,
     extra: Sequence[str] = (),
     pin: bool = False,
-) -> list[MasterProc]:
-    """``n`` master processes naming each other (``n == 1``: one master alone); with
-    ``pin`` master k and every thread it starts bound to core k mod the CPU count."""
+) -> Iterator[list[MasterProc]]:
+    """``n`` master processes naming each other (``n == 1``: one master alone), stopped
+    at the end; with ``pin`` master k and every thread it starts bound to core k mod the
+    CPU count."""
     cpus = os.cpu_count() or 1
     ports = free_ports(3 * n)
     addrs = [
@@ -210,24 +212,6 @@ def start_fleet(
         for k, m in enumerate(masters):
             if pin and pinned(m.popen.pid) != {k % cpus}:
                 raise RuntimeError(f"master {k} not pinned: {pinned(m.popen.pid)}")
-    except BaseException:
-        for m in masters:
-            m.stop()
-        raise
-    return masters
-
-
-@contextlib.contextmanager
-def fleet(
-    n: int,
-    replicas: int,
-    rules: Sequence[str],
-    logdir: Path,
-    extra: Sequence[str] = (),
-    pin: bool = False,
-) -> Iterator[list[MasterProc]]:
-    masters = start_fleet(n, replicas, rules, logdir, extra, pin)
-    try:
         yield masters
     finally:
         for m in masters:

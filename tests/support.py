@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import shutil
@@ -18,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.gatekeeper.commands import proxy_args
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -31,7 +34,7 @@ PORTS_FROM = 10_000
 """Test ports come from below Linux's ephemeral range (32768-60999 by default), so no
 outgoing connection's local port takes one between its probe and its use."""
 PORTS_PER_WORKER = 4_000
-_next_port: list[int] = []
+_offsets = itertools.count(random.randrange(PORTS_PER_WORKER), 2)
 
 
 def _worker_block() -> int:
@@ -42,13 +45,9 @@ def _worker_block() -> int:
 
 
 def _candidate() -> int:
-    """The next port of this worker's block to probe (from a random start, wrapping)."""
+    """The next port of this worker's block to probe, its port + 1 in the block too."""
     first = PORTS_FROM + (_worker_block() % 4) * PORTS_PER_WORKER
-    if not _next_port:
-        _next_port.append(random.randrange(PORTS_PER_WORKER))
-    offset = _next_port[0]
-    _next_port[0] = (offset + 2) % (PORTS_PER_WORKER - 1)
-    return first + offset
+    return first + next(_offsets) % (PORTS_PER_WORKER - 1)
 
 
 def free_ports(n: int) -> list[int]:
@@ -295,29 +294,11 @@ def daemon_args(command: str) -> list[str]:
     """A command line that starts the daemon ``command`` on free loopback ports."""
     a, b, c, d = free_ports(4)
     return {
-        "master": [
-            "master",
-            "--accounting",
-            f"tcp://127.0.0.1:{a}",
-            "--control",
-            f"tcp://127.0.0.1:{b}",
-            "--rule",
-            "api:1/s:1",
-        ],
+        "master": master_args(a, b, rules=["api:1/s:1"]),
         "router": router_args(a, b, (c, d)),
-        "proxy": [
-            "proxy",
-            "--listen",
-            f"127.0.0.1:{a}",
-            "--upstream",
-            "http://127.0.0.1:9",
-            "--domain",
-            "api",
-            "--accounting",
-            f"tcp://127.0.0.1:{b}",
-            "--control",
-            f"tcp://127.0.0.1:{c}",
-        ],
+        "proxy": proxy_args(
+            a, 9, f"tcp://127.0.0.1:{b}", f"tcp://127.0.0.1:{c}", identify=None, max_delay=None
+        ),
         "cluster": cluster_args(a, b),
         "jarl": [
             "jarl",

@@ -66,7 +66,9 @@ def gatekeeper_sockets(
     handshakes = 0
     deadline = time.monotonic() + 10
     while handshakes < len(masters) and time.monotonic() < deadline:
-        handshakes += bool(monitor.poll(100)) and bool(monitor.recv_multipart())
+        if monitor.poll(100):
+            monitor.recv_multipart()
+            handshakes += 1
     pub.disable_monitor()
     monitor.close(0)
     subscribed = 0

@@ -17,6 +17,11 @@ PATIENT_S = 5.0
 """The store's timeout where the test is about what it writes, not about a slow Redis
 (the default, 0.15 s, is met by a redis-server starved on a loaded machine)."""
 
+
+def patient(server: RedisServer) -> RedisStore:
+    return RedisStore(server.url, timeout_s=PATIENT_S)
+
+
 T0 = 1_700_000_000_000
 
 
@@ -40,7 +45,7 @@ POLICIES = {
 
 
 async def test_same_results_as_memory(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    store = patient(redis_server)
     eng = Engine(POLICIES, store)
     mem = Engine(POLICIES, MemoryStore())
     try:
@@ -55,7 +60,7 @@ async def test_same_results_as_memory(redis_server: RedisServer) -> None:
 
 
 async def test_keys_have_ttl_of_window(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    store = patient(redis_server)
     eng = Engine({"api": DomainPolicy((Rule(1.0, 3),))}, store)  # window 3 s
     try:
         await run(eng, store, [acc(b"a", T0)], T0)
@@ -73,7 +78,7 @@ async def test_delay_far_ahead_survives_in_memory_until_written(
     """A busy master writes every 250 ms; a state with a DELAYED timestamp 30 s ahead,
     in a 200 ms window, must not be forgotten by memory before then (Redis does not have
     it yet), and its key's TTL runs to that timestamp plus the window."""
-    store = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    store = patient(redis_server)
     eng = Engine({"api": DomainPolicy((Rule(10.0, 2),))}, store)  # interval 100, window 200
 
     async def step(batch: list[list[bytes]], now: int) -> list[int]:
@@ -97,7 +102,7 @@ async def test_delay_far_ahead_survives_in_memory_until_written(
 
 
 async def test_one_command_per_batch_each_way(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    store = patient(redis_server)
     eng = Engine({"api": DomainPolicy((Rule(1.0, 3),))}, store)
 
     async def evalsha_calls() -> int:
@@ -114,7 +119,7 @@ async def test_one_command_per_batch_each_way(redis_server: RedisServer) -> None
 
 
 async def test_redis_down_goes_on_from_memory(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    store = patient(redis_server)
     eng = Engine({"api": DomainPolicy((Rule(1.0, 2),))}, store)
     try:
         await run(eng, store, [acc(b"a", T0)], T0)
@@ -131,14 +136,14 @@ async def test_redis_down_goes_on_from_memory(redis_server: RedisServer) -> None
 
 
 async def test_restart_keeps_enforcing(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    store = patient(redis_server)
     eng = Engine({"api": DomainPolicy((Rule(1.0, 3),))}, store)
     try:
         assert await run(eng, store, [acc(b"a", T0), acc(b"a", T0)], T0) == []
     finally:
         await store.close()
     redis_server.restart()  # the server restarts (AOF) and a new master starts
-    store2 = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    store2 = patient(redis_server)
     eng2 = Engine({"api": DomainPolicy((Rule(1.0, 3),))}, store2)
     try:
         assert await run(eng2, store2, [acc(b"a", T0 + 10)], T0 + 10) == [T0 + 1010]
@@ -160,13 +165,13 @@ async def test_debt_survives_a_restart(redis_server: RedisServer, algorithm: str
     master: the debt (the next allowed time 8-9 s ahead) is in Redis, so a master
     started afresh on the same Redis keeps holding the client back."""
     policies = {"api": DomainPolicy((Rule(1.0, 2),), algorithm)}
-    first = RedisStore(redis_server.url, timeout_s=PATIENT_S)
+    first = patient(redis_server)
     try:
         out = await run(Engine(policies, first), first, [acc(b"d", T0)] * 10, T0)
         assert out[-1] >= T0 + 8000
     finally:
         await first.close()
-    second = RedisStore(redis_server.url, timeout_s=PATIENT_S)  # a new master: nothing in memory
+    second = patient(redis_server)  # a new master: nothing in memory
     try:
         again = await run(Engine(policies, second), second, [acc(b"d", T0 + 100)], T0 + 100)
         assert again and again[0] >= T0 + 9000

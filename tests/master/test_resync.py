@@ -4,7 +4,7 @@ live states, and the handshake over real sockets on 127.0.0.1 (memory and Redis)
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
@@ -130,6 +130,11 @@ async def test_memory_store_lists_live_states() -> None:
     assert await store.live(Scope("x", rule, "history"), 10) == []
 
 
+def _came(kind: bytes) -> Callable[[list[list[bytes]]], bool]:
+    """Whether a message of ``kind`` is among those read."""
+    return lambda out: any(f[1:2] == [kind] for f in out)
+
+
 class Peer:
     """An original-style gatekeeper on raw sockets: PUB accounting, SUB ``api\\0``."""
 
@@ -154,11 +159,15 @@ class Peer:
             out.append(self.sub.recv_multipart())
         return out
 
-    def read_until(self, kind: bytes, timeout: float = 10.0) -> list[list[bytes]]:
-        """What arrives until a message of ``kind`` (included), or ``timeout``."""
+    def read_until(
+        self, done: bytes | Callable[[list[list[bytes]]], bool], timeout: float = 10.0
+    ) -> list[list[bytes]]:
+        """What arrives until ``done`` holds of it (a message kind: one of that kind
+        came), or ``timeout``."""
+        until = _came(done) if isinstance(done, bytes) else done
         out: list[list[bytes]] = []
         deadline = time.monotonic() + timeout
-        while not any(f[1:2] == [kind] for f in out) and time.monotonic() < deadline:
+        while not until(out) and time.monotonic() < deadline:
             out.extend(self.read(0.1))
         return out
 
@@ -197,11 +206,11 @@ def test_resync_round_trip(redis_url: str) -> None:
             now = int(time.time() * 1000)
             for i in range(20):
                 peer.send(encode_accounting("api", ACCEPTED, b"abuser%d" % i, now))
-            verdicts: dict[bytes, bytes] = {}
-            deadline = time.monotonic() + 10
-            while len(verdicts) < 20 and time.monotonic() < deadline:
-                got = peer.read(0.1)
-                verdicts |= {f[2]: f[3] for f in got if f[1] == DELAY_UNTIL and f[2] != b"probe"}
+
+            def abusers(got: list[list[bytes]]) -> dict[bytes, bytes]:
+                return {f[2]: f[3] for f in got if f[1] == DELAY_UNTIL and f[2] != b"probe"}
+
+            verdicts = abusers(peer.read_until(lambda got: len(abusers(got)) >= 20))
             assert len(verdicts) == 20
             peer.send(encode_resync("api"))
             answer = peer.read_until(RESYNCDONE)
