@@ -83,13 +83,17 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = _handle
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # a burst of connections is not dropped (the default: 5)
+
+
 @contextlib.contextmanager
 def backend() -> Iterator[tuple[int, Seen]]:
     seen = Seen()
     handler = type("Handler", (_Handler,), {"seen": seen})
     port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", port), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
