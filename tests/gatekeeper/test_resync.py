@@ -124,7 +124,10 @@ async def test_lost_delay_untils_are_counted_and_resynced(
             for _ in range(150):
                 for ident in idents:
                     feeder.send_multipart(encode_accounting("api", ACCEPTED, ident, now))
-            time.sleep(stall_s)  # blocks the loop: nothing is read meanwhile
+            time.sleep(stall_s)  # blocks the loop: nothing is read meanwhile...
+            stats, limit = master.stats.domain("api"), time.monotonic() + 20
+            while stats.published < 150 * 49 and time.monotonic() < limit:
+                time.sleep(0.05)  # ...until the master published them all (a loaded machine)
             await _wait(lambda: gk.counters.control_lost > 0, 5)
             assert gk.resyncs_requested >= 1
             await _wait(lambda: gk.resyncs_done >= 1, 5)

@@ -62,6 +62,7 @@ def delays_for(sub: zmq.Socket[bytes], ident: bytes, wait_ms: int) -> list[float
             seen.append(time.monotonic())
 
 
+@pytest.mark.slow  # timing: no gap over 200 ms, measured by this process's own clock
 def test_a_stopped_redis_under_load_does_not_stop_enforcement(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
