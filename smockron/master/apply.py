@@ -7,13 +7,16 @@ method call: a state is looked up in the table's ``current`` generation first (e
 memory table's ``get`` starts there), and written there and, if the table holds one
 for the identifier, over its lasting state, as ``put`` does. Twin of
 ``MemoryTable.get`` and ``MemoryTable.put`` (two Python calls fewer per rule and
-message). Other tables (Redis, the original layout) note each ``put`` and are always
-called."""
+message). The memory store's history tables hold their states packed (one ``bytes``
+of float64s, see smockron.master.stores.memory): read with ``UNPACK``, written as
+the kept bytes plus the new timestamp's. Other tables (Redis, the original layout)
+hold tuples, note each ``put`` and are always called."""
 
 from __future__ import annotations
 
 from smockron.master.domains import Domain
-from smockron.master.stores.base import Table
+from smockron.master.stores.base import State, Table
+from smockron.master.stores.memory import PACK, PACK_ONE, UNPACK
 
 ON_TIME_MS = 500.0
 """GCRA applies a message at the master's ``now`` when it is at most this old (the
@@ -28,14 +31,16 @@ def apply_history(
     Twin of smockron.core.history.served_at, recorded and next_allowed (compared in
     tests/core/test_twins.py)."""
     one = dom.one
-    if one is None:
+    if one is None or not one[0].packed:  # several rules, or tuples (Redis, original)
         return _apply_histories(dom, ident, ts, now_ms, ahead)
-    # One rule (most domains): _apply_histories inlined, with ``recorded`` and
-    # ``next_allowed`` too. A stored history holds at most ``burst`` timestamps, so it is
-    # full (``burst`` of them within a window of a time) exactly when its oldest one is
-    # within that window: ``min`` in C instead of a count in Python.
+    # One rule of the memory store (most domains): _apply_histories inlined, with
+    # ``recorded`` and ``next_allowed`` too, on a packed state (a plain table). A stored
+    # history holds at most ``burst`` timestamps, so it is full (``burst`` of them within
+    # a window of a time) exactly when its oldest one is within that window: ``min`` in
+    # C instead of a count in Python.
     table, window, interval, burst = one
-    old = table.current.get(ident) or table.recall(ident) or ()
+    raw = table.current.get(ident) or table.recall(ident) or b""
+    old = UNPACK[len(raw)](raw)
     n = len(old)
     if dom.debt and n >= burst:
         last = old[-1]
@@ -43,22 +48,21 @@ def apply_history(
         horizon = last - window  # full: every entry after it (the oldest first: cheap)
         if nxt > ts and old[0] > horizon and min(old) > horizon:
             ts = nxt if nxt - ts <= ahead else ts + ahead
-    state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)
-    if dom.plain:  # MemoryTable.put, inlined
-        table.current[ident] = state
-        lasting = table.lasting
-        if lasting and ident in lasting:
-            lasting[ident] = state
-    else:
-        table.put(ident, state)
+    # recorded: old[start:] and ts (every entry of old when start <= 0)
+    start = n - burst + 1
+    state = (raw[start << 3 :] if start > 0 else raw) + PACK_ONE(ts)
+    table.current[ident] = state  # MemoryTable.put, inlined
+    lasting = table.lasting
+    if lasting and ident in lasting:
+        lasting[ident] = state
     if ts > table.keep_after_ms:
         table.keep(ident, state, ts + window)
-    if n + 1 >= burst:
+    if start >= 0:  # ``burst`` entries: next_allowed, its newest entry ``ts`` not before
+        # ``at`` (so the next request is allowed one interval after ``ts``) and within
+        # the window (which is positive), so the kept entries of old decide
         horizon = (ts if ts < now_ms else now_ms) - window
-        if state[0] > horizon and min(state) > horizon:
-            at = ts if ts < now_ms else now_ms
-            last = state[-1]
-            until = (at if at > last else last) + interval
+        if start == n or (old[start] > horizon and min(old[start:]) > horizon):
+            until = ts + interval
             if until > now_ms:
                 return until
     return None
@@ -96,10 +100,11 @@ def _apply_histories(
         n = len(old)
         state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)  # recorded
         if plain:  # MemoryTable.put, inlined
-            table.current[ident] = state
+            stored = PACK[len(state)](*state) if table.packed else state
+            table.current[ident] = stored
             lasting = table.lasting
             if lasting and ident in lasting:
-                lasting[ident] = state
+                lasting[ident] = stored
         else:
             table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
@@ -126,7 +131,8 @@ def _read_histories(
     a message."""
     due = ts
     for table, window, interval, burst, _tol in hot:
-        old = table.current.get(ident) or table.recall(ident) or ()
+        raw = table.current.get(ident) or table.recall(ident)
+        old: State = () if raw is None else UNPACK[len(raw)](raw) if table.packed else raw
         olds.append(old)
         if debt and len(old) >= burst:
             last = old[-1]

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import gc
+import struct
 
 from smockron.core.rules import Rule
 from smockron.master.domains import DomainPolicy
 from smockron.master.engine import Engine
 from smockron.master.stores.base import Scope
-from smockron.master.stores.memory import RELEASE_PER_TICK, MemoryStore, MemoryTable
+from smockron.master.stores.memory import (
+    RELEASE_PER_TICK,
+    MemoryStore,
+    MemoryTable,
+    packed,
+    unpacked,
+)
 from smockron.wire.codec import ACCEPTED, DELAYED, decode_control, encode_accounting
 
 T0 = 1_700_000_000_000
@@ -216,3 +223,52 @@ def test_stored_states_are_invisible_to_the_garbage_collector() -> None:
     for table in tables:
         assert not any(gc.is_tracked(state) for state in table.current.values())
         assert not gc.is_tracked(table.current)
+
+
+# ---------------------------------------------------------------- packed states
+
+
+def test_packed_table_holds_bytes_and_speaks_tuples() -> None:
+    """A packed table keeps one ``bytes`` per state; get, put, keep, the expiry of its
+    lasting states and ``states`` take and give tuples."""
+    table = MemoryTable(1000.0, packed=True)
+    table.tick(0)
+    table.put(b"a", (1.5, 2.25))
+    assert table.current[b"a"] == packed((1.5, 2.25)) == struct.pack("<2d", 1.5, 2.25)
+    assert table.get(b"a") == (1.5, 2.25)
+    table.put(b"b", (30_000.0,))
+    table.keep(b"b", (30_000.0,), 31_000)  # a tuple kept: stored packed
+    assert table.lasting == {b"b": packed((30_000.0,))}
+    assert dict(table.states(list(table.current.items()))) == {
+        b"a": (1.5, 2.25),
+        b"b": (30_000.0,),
+    }
+    table.put(b"b", (30_000.0, 40_000.0))  # a later write: the side table follows it
+    assert table.lasting[b"b"] == packed((30_000.0, 40_000.0))
+    for t in range(500, 40_500, 500):  # refiled at its expiry (41 s), not dropped at 31 s
+        table.tick(t)
+        assert table.get(b"b") == (30_000.0, 40_000.0), t
+    assert table.get(b"a") is None
+    for t in range(41_000, 44_000, 500):
+        table.tick(t)
+    assert table.get(b"b") is None and len(table) == 0 and not table.lasting
+    assert unpacked(packed(())) == ()
+
+
+def test_history_states_are_never_tracked_by_the_collector() -> None:
+    """The memory store's history tables hold packed states: untracked from the start,
+    so young collections have nothing of theirs to visit; GCRA's hold tuples."""
+    store = MemoryStore()
+    rule = Rule(10.0, 5)
+    eng = Engine({"h": DomainPolicy((rule,)), "g": DomainPolicy((rule,), "gcra")}, store)
+    for t in range(4):
+        eng.process(
+            [encode_accounting(d, ACCEPTED, b"id%d" % i, T0 + t) for d in "hg" for i in range(5)],
+            T0 + t,
+        )
+    history, gcra = store.table(Scope("h", rule, "history")), store.table(Scope("g", rule, "gcra"))
+    assert isinstance(history, MemoryTable) and isinstance(gcra, MemoryTable)
+    assert history.packed and not gcra.packed
+    assert all(type(s) is bytes and not gc.is_tracked(s) for s in history.current.values())
+    assert history.get(b"id0") == (T0, T0 + 1.0, T0 + 2.0, T0 + 3.0)
+    assert all(type(s) is tuple for s in gcra.current.values())

@@ -14,6 +14,8 @@ from smockron.master.answers import RESYNC_EVERY_S
 from smockron.master.domains import DomainPolicy
 from smockron.master.engine import Engine
 from smockron.master.stores import MemoryStore, Scope, open_store
+from smockron.master.stores.base import State
+from smockron.master.stores.memory import MemoryTable, memory_states
 from smockron.wire.codec import (
     ACCEPTED,
     DELAY_UNTIL,
@@ -32,6 +34,13 @@ from tests.master.running import running_master, settings
 from tests.support import RedisServer
 
 T0 = 1_700_000_000_000
+
+
+def _held(eng: Engine, scope: Scope) -> list[tuple[bytes, State]]:
+    """What a memory table holds, as tuples (a history table holds them packed)."""
+    table = eng.store.table(scope)
+    assert isinstance(table, MemoryTable)
+    return memory_states(table, 1000)
 
 
 def _engine(algorithm: str = "history", *rules: Rule) -> Engine:
@@ -63,7 +72,7 @@ def test_live_verdicts_repeat_the_last_verdicts(algorithm: str) -> None:
     _throttle(eng, b"polite", 1, T0)  # under its burst: no verdict
     assert set(published) == {b"a", b"b", b"c"}
     scopes = eng.scopes("api")
-    states = [list(eng.store.table(s).current.items()) for s in scopes]  # type: ignore[attr-defined]
+    states = [_held(eng, s) for s in scopes]
     before = eng.stats.domains["api"].published
     out = {i: u for chunk in eng.live_verdicts("api", states, T0 + 1, 2) for i, u in chunk}
     assert out == published
@@ -78,7 +87,7 @@ def test_live_verdicts_take_the_latest_rule() -> None:
     assert frames
     last = decode_control(frames[-1]).until_ms
     scopes = eng.scopes("api")
-    states = [list(eng.store.table(s).current.items()) for s in scopes]  # type: ignore[attr-defined]
+    states = [_held(eng, s) for s in scopes]
     out = [u for chunk in eng.live_verdicts("api", states, T0) for _i, u in chunk]
     assert out == [last] and last >= T0 + 60_000 - 1
 

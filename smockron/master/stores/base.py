@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from smockron.core import gcra, history
 from smockron.core.rules import Rule
 
 State = tuple[float, ...]
+Stored = Any
+"""A state as a table holds it: a ``State``, or its ``bytes`` in a packed table (see
+``Table.packed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +45,14 @@ def expires_at(state: State, scope: Scope) -> float:
 
 
 class Table(Protocol):
-    current: dict[bytes, State]
+    packed: bool
+    """Whether ``current`` and ``lasting`` hold each state packed, as one ``bytes`` of
+    float64s (the memory store's history tables: smockron.master.stores.memory), not
+    as a tuple; ``get``, ``put`` and ``live`` speak tuples either way."""
+    current: dict[bytes, Stored]
     """The states written since the last rotation: ``get`` looks here first, and so may
     a caller (the engine's hot path) before calling ``recall``."""
-    lasting: dict[bytes, State]
+    lasting: dict[bytes, Stored]
     """The states kept beyond the generations (see ``keep``)."""
     keep_after_ms: float
     """A state written now is kept without ``keep`` until at least this plus its window;
@@ -54,7 +61,7 @@ class Table(Protocol):
 
     def get(self, key: bytes) -> State | None: ...
 
-    def recall(self, key: bytes) -> State | None:
+    def recall(self, key: bytes) -> Stored | None:
         """``get`` for a key not in ``current`` (a caller that looked there first)."""
         ...
 
@@ -64,8 +71,9 @@ class Table(Protocol):
         original layout); None for a state not made by one step here (history, a peer's)."""
         ...
 
-    def keep(self, key: bytes, state: State, until_ms: float) -> None:
-        """Keep the (stored) state at least until ``until_ms``, its expiry."""
+    def keep(self, key: bytes, state: Stored, until_ms: float) -> None:
+        """Keep the (stored) state at least until ``until_ms``, its expiry; a tuple, or
+        in a packed table its bytes."""
         ...
 
 

@@ -23,6 +23,15 @@ rather than all at once: freeing a dict of a million states at once is a pause e
 message queued behind it would wait for (docs/benchmarks.md). What is left of it at the
 next rotation is freed at once, so memory stays bounded by three generations plus ``lasting``.
 
+A history table (``packed``) holds each state as one ``bytes`` of float64 timestamps
+rather than a tuple of float objects: one object, its timestamps inline, that the
+garbage collector never tracks. Every new tuple is tracked until a young collection
+looks at it, and that collection visits each of its floats: with a million
+identifiers those floats lie all over memory, and the young collections and the
+scattered reads took more than half the history rule's cost (docs/benchmarks.md). The
+engine's hot path reads and writes the packed form itself; ``get``, ``put``, ``live``
+and the snapshot speak tuples, as every other table does.
+
 Memory goes back to the system, not only to Python: ``lasting`` is rebuilt when it has
 shed most of its entries (a dict never shrinks), and once enough states have been freed
 the C heap is trimmed (:mod:`smockron.memory`). The master ticks an idle store too, so a
@@ -34,13 +43,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
 from smockron.master.stores import snapshot as snapshot_file
-from smockron.master.stores.base import Scope, State, Table, expires_at
+from smockron.master.stores.base import Scope, State, Stored, Table, expires_at
 from smockron.master.stores.uri import STORES, StoreURI
 from smockron.memory import Reclaimer
 from smockron.ratelog import RateLimitedLog, escaped
@@ -49,6 +59,40 @@ _log = logging.getLogger("smockron.master.store")
 
 RELEASE_PER_TICK = 1_000
 """States of a dropped generation freed per ``tick`` (per batch): a small slice of work."""
+
+
+class _Unpackers(dict[int, Callable[[bytes], State]]):
+    """A packed state's length in bytes -> the ``unpack`` of its float64s, made on first use."""
+
+    def __missing__(self, size: int) -> Callable[[bytes], State]:
+        unpack = self[size] = struct.Struct(f"<{size >> 3}d").unpack
+        return unpack
+
+
+class _Packers(dict[int, Callable[..., bytes]]):
+    """A state's length (timestamps) -> the ``pack`` of that many float64s, made on first use."""
+
+    def __missing__(self, count: int) -> Callable[..., bytes]:
+        pack = self[count] = struct.Struct(f"<{count}d").pack
+        return pack
+
+
+UNPACK: dict[int, Callable[[bytes], State]] = _Unpackers()
+"""``UNPACK[len(raw)](raw)``: a packed state's timestamps, as a tuple."""
+PACK: dict[int, Callable[..., bytes]] = _Packers()
+"""``PACK[len(state)](*state)``: a state packed."""
+PACK_ONE = PACK[1]
+"""One timestamp packed: what the hot path appends to a packed state."""
+
+
+def packed(state: Sequence[float]) -> bytes:
+    """A state as a packed table holds it: its float64s, little-endian, in order."""
+    return PACK[len(state)](*state)
+
+
+def unpacked(raw: bytes) -> State:
+    """The tuple of a packed state."""
+    return UNPACK[len(raw)](raw)
 
 
 class MemoryTable:
@@ -63,6 +107,7 @@ class MemoryTable:
         "expiry",
         "keep_after_ms",
         "lasting",
+        "packed",
         "period_ms",
         "previous",
         "reclaimer",
@@ -74,21 +119,30 @@ class MemoryTable:
         period_ms: float,
         expiry: Callable[[State], float] | None = None,
         reclaimer: Reclaimer | None = None,
+        *,
+        packed: bool = False,
     ) -> None:
         self.period_ms = period_ms
+        self.packed = packed
+        """Whether states are held packed (``bytes``, see the module docstring); the
+        memory store packs its history tables."""
         self.reclaimer = reclaimer or Reclaimer()
         """Told of every state freed; gives the memory back after a wave (shared by the
         tables of one store)."""
-        self.expiry: Callable[[State], float] = expiry or (lambda state: max(state) + period_ms)
-        """When a state can no longer affect a decision (default: the history rule's)."""
-        self.current: dict[bytes, State] = {}
-        self.previous: dict[bytes, State] = {}
-        self.lasting: dict[bytes, State] = {}
+        of_state: Callable[[State], float] = expiry or (lambda state: max(state) + period_ms)
+        self.expiry: Callable[[Stored], float] = (
+            (lambda raw: of_state(unpacked(raw))) if packed else of_state
+        )
+        """When a stored state can no longer affect a decision (default: the history
+        rule's)."""
+        self.current: dict[bytes, Stored] = {}
+        self.previous: dict[bytes, Stored] = {}
+        self.lasting: dict[bytes, Stored] = {}
         self.due: dict[int, set[bytes]] = {}
         """Keys of ``lasting`` by bucket: ``int(expiry // period_ms)``."""
         self.due_order: list[int] = []
         """The buckets of ``due``, a heap."""
-        self.dropped: list[dict[bytes, State]] = []
+        self.dropped: list[dict[bytes, Stored]] = []
         """Dropped generations, being released a little at every tick."""
         self.started_ms: float | None = None
         self.keep_after_ms = float("-inf")
@@ -98,12 +152,15 @@ class MemoryTable:
 
     def get(self, key: bytes) -> State | None:
         state = self.current.get(key)
-        return self.recall(key) if state is None else state
+        if state is None:
+            state = self.recall(key)
+        return unpacked(state) if self.packed and state is not None else state
 
-    def recall(self, key: bytes) -> State | None:
-        """A state not in the current generation: from the previous one or the lasting
-        side table, moved into the current one. The engine's hot paths read
-        ``current`` themselves and call this on a miss only."""
+    def recall(self, key: bytes) -> Stored | None:
+        """A state not in the current generation, as stored (packed in a packed table):
+        from the previous one or the lasting side table, moved into the current one.
+        The engine's hot paths read ``current`` themselves and call this on a miss
+        only."""
         if self.previous:
             state = self.previous.pop(key, None)
             if state is not None:
@@ -117,13 +174,17 @@ class MemoryTable:
         return None
 
     def put(self, key: bytes, state: State, at: float | None = None) -> None:
-        self.current[key] = state
+        stored = packed(state) if self.packed else state
+        self.current[key] = stored
         lasting = self.lasting
         if lasting and key in lasting:  # the side table must not keep the older state
-            lasting[key] = state
+            lasting[key] = stored
 
-    def keep(self, key: bytes, state: State, until_ms: float) -> None:
-        """Keep ``state`` (already stored) until ``until_ms``, its expiry."""
+    def keep(self, key: bytes, state: Stored, until_ms: float) -> None:
+        """Keep ``state`` (already stored; a tuple or, in a packed table, as stored)
+        until ``until_ms``, its expiry."""
+        if self.packed and type(state) is not bytes:
+            state = packed(state)
         self.lasting[key] = state
         bucket = int(until_ms // self.period_ms)
         keys = self.due.get(bucket)
@@ -195,6 +256,14 @@ class MemoryTable:
         if len(lasting) < before:
             self.reclaimer.compact(lasting)
             self.reclaimer.note(before - len(lasting), self._held())
+
+    def states(self, stored: list[tuple[bytes, Stored]]) -> list[tuple[bytes, State]]:
+        """``(identifier, state)`` pairs as stored here, as tuples (``stored`` itself
+        when the table is not packed)."""
+        if not self.packed:
+            return stored
+        unpack = UNPACK
+        return [(key, unpack[len(raw)](raw)) for key, raw in stored]
 
     def _held(self) -> int:
         """States held in the live tables (an upper bound: a state may be in two)."""
@@ -303,7 +372,12 @@ class MemoryStore(TableSet[MemoryTable]):
         )
 
     def _new_table(self, scope: Scope) -> MemoryTable:
-        table = MemoryTable(scope.rule.window_ms, scope_expiry(scope), self.reclaimer)
+        table = MemoryTable(
+            scope.rule.window_ms,
+            scope_expiry(scope),
+            self.reclaimer,
+            packed=scope.algorithm != "gcra",
+        )
         states = self._pending.pop(scope.key_prefix, None)
         if states:
             restore(table, scope, states, self._loaded_ms)
@@ -342,16 +416,19 @@ class MemoryStore(TableSet[MemoryTable]):
         if writing is not None:
             await writing
 
-    def _gather(self) -> dict[bytes, list[tuple[bytes, State]]]:
-        """Every live state by scope prefix (newest wins), copied on the loop thread."""
+    def _gather(self) -> dict[bytes, tuple[MemoryTable, list[tuple[bytes, Stored]]]]:
+        """Every live state by scope prefix (newest wins), as stored, with its table;
+        copied on the loop thread."""
         return {
-            scope.key_prefix: list({**t.lasting, **t.previous, **t.current}.items())
+            scope.key_prefix: (t, list({**t.lasting, **t.previous, **t.current}.items()))
             for scope, t in self.tables.items()
         }
 
-    def _write(self, tables: dict[bytes, list[tuple[bytes, State]]]) -> int:
-        """Encode and atomically write; a failure is counted and logged, never raised."""
+    def _write(self, gathered: dict[bytes, tuple[MemoryTable, list[tuple[bytes, Stored]]]]) -> int:
+        """Unpack, encode and atomically write (off the loop thread when periodic); a
+        failure is counted and logged, never raised."""
         assert self.snapshot is not None
+        tables = {prefix: table.states(pairs) for prefix, (table, pairs) in gathered.items()}
         try:
             snapshot_file.write(self.snapshot, snapshot_file.encode(tables))
         except OSError as exc:
@@ -386,7 +463,7 @@ def restore(table: MemoryTable, scope: Scope, states: dict[bytes, State], now_ms
         until = expires_at(state, scope)
         if until <= now_ms:
             continue
-        table.current[ident] = state
+        table.put(ident, state)
         if max(state) > table.keep_after_ms:
             table.keep(ident, state, until)
         kept += 1
@@ -399,4 +476,4 @@ def memory_states(table: MemoryTable, limit: int) -> list[tuple[bytes, State]]:
     merged = dict(table.lasting)
     merged.update(table.previous)
     merged.update(table.current)
-    return list(merged.items())[:limit]
+    return table.states(list(merged.items())[:limit])
