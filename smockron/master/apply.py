@@ -15,8 +15,8 @@ hold tuples, note each ``put`` and are always called."""
 from __future__ import annotations
 
 from smockron.master.domains import Domain
-from smockron.master.stores.base import State, Table
-from smockron.master.stores.memory import PACK, PACK_ONE, UNPACK
+from smockron.master.stores.base import State, Stored, Table
+from smockron.master.stores.memory import PACK_ONE, UNPACK
 
 ON_TIME_MS = 500.0
 """GCRA applies a message at the master's ``now`` when it is at most this old (the
@@ -90,31 +90,40 @@ def _apply_histories(
     with plain locals, no function call but the table's."""
     hot = dom.hot
     plain, debt = dom.plain, dom.debt
-    olds: list[tuple[float, ...]] = []
-    due = _read_histories(hot, ident, ts, debt, olds)
+    olds: list[State] = []
+    raws: list[Stored] = []
+    due = _read_histories(hot, ident, ts, debt, olds, raws)
     if debt:
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
     until = now_ms
-    for (table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
+    packed_ts = b""  # PACK_ONE(ts), once a packed table needs it
+    for (table, window, interval, burst, _tol), old, raw in zip(hot, olds, raws, strict=True):
         n = len(old)
-        state = (*old[n - burst + 1 :], ts) if n >= burst else (*old, ts)  # recorded
+        start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
         if plain:  # MemoryTable.put, inlined
-            stored = PACK[len(state)](*state) if table.packed else state
-            table.current[ident] = stored
+            if table.packed:
+                packed_ts = packed_ts or PACK_ONE(ts)
+                state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
+            else:
+                state = (*old[start:], ts) if start > 0 else (*old, ts)
+            table.current[ident] = state
             lasting = table.lasting
             if lasting and ident in lasting:
-                lasting[ident] = stored
+                lasting[ident] = state
         else:
+            state = (*old[start:], ts) if start > 0 else (*old, ts)
             table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
         # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
         # when it has ``burst`` of them all within the window; its newest is ``ts``,
-        # not before ``at``, so the next request is allowed one interval after ``ts``.
-        if n + 1 >= burst and ts + interval > until:
-            horizon = at - window  # its oldest entry first: a cheap "not full"
-            if state[0] > horizon and min(state) > horizon:
+        # not before ``at`` (and so within the window, which is positive), so the next
+        # request is allowed one interval after ``ts`` if the kept entries of old are
+        # all within the window too (the oldest first: a cheap "not full").
+        if start >= 0 and ts + interval > until:
+            horizon = at - window
+            if start == n or (old[start] > horizon and min(old[start:]) > horizon):
                 until = ts + interval
     return until if until > now_ms else None  # else allowed now
 
@@ -124,16 +133,22 @@ def _read_histories(
     ident: bytes,
     ts: float,
     debt: bool,
-    olds: list[tuple[float, ...]],
+    olds: list[State],
+    raws: list[Stored],
 ) -> float:
-    """Every rule's history of ``ident`` into ``olds``, and (with ``debt``) the time the
-    request should have been served by all of them: served_at over the rules, one call
-    a message."""
+    """Every rule's history of ``ident`` into ``olds`` (as stored into ``raws``), and
+    (with ``debt``) the time the request should have been served by all of them:
+    served_at over the rules, one call a message."""
     due = ts
     for table, window, interval, burst, _tol in hot:
         raw = table.current.get(ident) or table.recall(ident)
-        old: State = () if raw is None else UNPACK[len(raw)](raw) if table.packed else raw
+        if table.packed:
+            raw = raw or b""
+            old = UNPACK[len(raw)](raw)
+        else:
+            old = raw = raw or ()
         olds.append(old)
+        raws.append(raw)
         if debt and len(old) >= burst:
             last = old[-1]
             nxt = last + interval
