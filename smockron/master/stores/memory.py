@@ -41,11 +41,13 @@ wave of identifiers that stops is released all the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import heapq
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
@@ -83,6 +85,20 @@ PACK: dict[int, Callable[..., bytes]] = _Packers()
 """``PACK[len(state)](*state)``: a state packed."""
 PACK_ONE = PACK[1]
 """One timestamp packed: what the hot path appends to a packed state."""
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No automatic garbage collection meanwhile: a million new tuples (states unpacked
+    for a RESYNC or a snapshot, none of them garbage) would otherwise set off
+    collections that walk them again and again, most of the cost of unpacking them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def packed(state: Sequence[float]) -> bytes:
@@ -263,7 +279,8 @@ class MemoryTable:
         if not self.packed:
             return stored
         unpack = UNPACK
-        return [(key, unpack[len(raw)](raw)) for key, raw in stored]
+        with _collector_paused():
+            return [(key, unpack[len(raw)](raw)) for key, raw in stored]
 
     def _held(self) -> int:
         """States held in the live tables (an upper bound: a state may be in two)."""
