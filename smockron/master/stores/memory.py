@@ -27,8 +27,8 @@ A history table (``packed``) holds each state as one ``bytes`` of float64 timest
 rather than a tuple of float objects: one object, its timestamps inline, that the
 garbage collector never tracks. Every new tuple is tracked until a young collection
 looks at it, and that collection visits each of its floats: with a million
-identifiers those floats lie all over memory, and the young collections and the
-scattered reads took more than half the history rule's cost (docs/benchmarks.md). The
+identifiers those floats lie all over memory, and packing the states took about half
+off the history rule's cost there (docs/benchmarks.md). The
 engine's hot path reads and writes the packed form itself; ``get``, ``put``, ``live``
 and the snapshot speak tuples, as every other table does.
 
