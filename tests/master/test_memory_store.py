@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import struct
+import threading
 
 from smockron.core.rules import Rule
 from smockron.master.domains import DomainPolicy
@@ -13,6 +14,7 @@ from smockron.master.stores.memory import (
     RELEASE_PER_TICK,
     MemoryStore,
     MemoryTable,
+    _collector_paused,
     packed,
     unpacked,
 )
@@ -272,3 +274,32 @@ def test_history_states_are_never_tracked_by_the_collector() -> None:
     assert all(type(s) is bytes and not gc.is_tracked(s) for s in history.current.values())
     assert history.get(b"id0") == (T0, T0 + 1.0, T0 + 2.0, T0 + 3.0)
     assert all(type(s) is tuple for s in gcra.current.values())
+
+
+def _pause_until(entered: threading.Event, leave: threading.Event) -> None:
+    with _collector_paused():
+        entered.set()
+        leave.wait(5)
+
+
+def test_overlapping_collector_pauses_give_it_back_when_the_last_ends() -> None:
+    """A RESYNC's unpacking on the loop and the snapshot thread's overlap, ending in
+    either order: the collector is back on after the last, and stays off meanwhile."""
+    assert gc.isenabled()
+    for first_out in (0, 1):
+        entered = [threading.Event(), threading.Event()]
+        leave = [threading.Event(), threading.Event()]
+        threads = [
+            threading.Thread(target=_pause_until, args=(entered[i], leave[i])) for i in (0, 1)
+        ]
+        threads[0].start()
+        assert entered[0].wait(5)
+        threads[1].start()
+        assert entered[1].wait(5)
+        assert not gc.isenabled()
+        leave[first_out].set()
+        threads[first_out].join(5)
+        assert not gc.isenabled()  # the other still unpacks
+        leave[1 - first_out].set()
+        threads[1 - first_out].join(5)
+        assert gc.isenabled()

@@ -46,6 +46,7 @@ import gc
 import heapq
 import logging
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -87,18 +88,32 @@ PACK_ONE = PACK[1]
 """One timestamp packed: what the hot path appends to a packed state."""
 
 
+_pause_lock = threading.Lock()
+_pauses = 0  # how many _collector_paused blocks are running (the snapshot's thread too)
+_was_enabled = False  # the collector's setting when the first of them began
+
+
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """No automatic garbage collection meanwhile: a million new tuples (states unpacked
     for a RESYNC or a snapshot, none of them garbage) would otherwise set off
-    collections that walk them again and again, most of the cost of unpacking them."""
-    enabled = gc.isenabled()
-    gc.disable()
+    collections that walk them again and again, most of the cost of unpacking them.
+
+    Counted, so that overlapping pauses (a RESYNC on the loop while the snapshot's thread
+    unpacks) give the collector back as it was when the last one ends, never left off."""
+    global _pauses, _was_enabled
+    with _pause_lock:
+        if not _pauses:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _pauses += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _pause_lock:
+            _pauses -= 1
+            if not _pauses and _was_enabled:
+                gc.enable()
 
 
 def packed(state: Sequence[float]) -> bytes:
