@@ -272,7 +272,10 @@ def published(counter: zmq.Socket[bytes], at_least: int, timeout: float) -> int:
 def resync_sizes(log: IO[bytes]) -> list[int]:
     """The DELAY_UNTILs of each resync the master logged."""
     log.seek(0)
-    return [int(m[1]) for m in re.finditer(rb"resync of api: (\d+) DELAY_UNTIL", log.read())]
+    return [
+        int(m[1])
+        for m in re.finditer(rb"resync of api(?: \(private\))?: (\d+) DELAY_UNTIL", log.read())
+    ]
 
 
 def resync_main(sizes: list[int], rounds: int) -> None:
