@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ from tests.support import free_port, free_ports, smockron_env, wait_port  # noqa
 
 __all__ = [
     "ROOT",
+    "callgrind_instructions",
     "cpu_seconds",
     "daemon",
     "free_port",
@@ -59,6 +61,17 @@ def daemon(args: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+
+
+def callgrind_instructions(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Every instruction ``python argv...`` executes, all its threads (callgrind's total:
+    load-independent, for A/B figures on a shared machine). Needs valgrind."""
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
+    done = subprocess.run([*cmd, *argv], env=env, capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no callgrind total in:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
 
 
 def cpu_seconds(pid: int) -> float:

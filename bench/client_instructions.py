@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from _common import ROOT, free_ports, wait_port
+from _common import ROOT, callgrind_instructions, free_ports, wait_port
 
 MODES = ("single", "routed", "batch")
 
@@ -71,22 +69,14 @@ def client(tree: Path, mode: str, checks: int) -> None:
             proc.wait(10)
 
 
-def instructions(tree: Path, mode: str, checks: int, tmp: str) -> int:
-    out = Path(tmp, f"callgrind.{mode}.{checks}.{os.getpid()}")
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
-    cmd += [__file__, "--client", str(tree), mode, str(checks)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    found = re.search(r"^totals: (\d+)", out.read_text(), re.MULTILINE)
-    if found is None:
-        raise RuntimeError(f"no totals in {out}")
-    return int(found.group(1))
+def instructions(tree: Path, mode: str, checks: int) -> int:
+    return callgrind_instructions([__file__, "--client", str(tree), mode, str(checks)])
 
 
 def per_check(tree: Path, mode: str, checks: int) -> float:
     checks *= 10 if mode == "batch" else 1
-    with tempfile.TemporaryDirectory() as tmp:
-        low = instructions(tree, mode, checks, tmp)
-        high = instructions(tree, mode, 3 * checks, tmp)
+    low = instructions(tree, mode, checks)
+    high = instructions(tree, mode, 3 * checks)
     return (high - low) / (2 * checks)
 
 

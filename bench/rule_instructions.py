@@ -25,13 +25,10 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from _common import ROOT
+from _common import ROOT, callgrind_instructions
 
 RULES = 10
 WARM = 12
@@ -60,15 +57,9 @@ def measured(algorithm: str, step: int, which: str, identifiers: int, messages: 
 
 
 def instructions(tree: Path, args: list[str]) -> int:
-    """Every instruction of one measured process (callgrind's total)."""
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
-    cmd += [__file__, "--measure", *args]
+    """Every instruction of one measured process."""
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{ROOT / 'bench'}")
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stderr
-    found = re.search(r"Collected : (\d+)", out)
-    if found is None:
-        raise SystemExit(f"no callgrind total in:\n{out[-2000:]}")
-    return int(found.group(1))
+    return callgrind_instructions([__file__, "--measure", *args], env)
 
 
 def per_message(tree: Path, case: list[str], messages: int) -> float:

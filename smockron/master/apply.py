@@ -101,18 +101,17 @@ def _apply_histories(
     for (table, window, interval, burst, _tol), old, raw in zip(hot, olds, raws, strict=True):
         n = len(old)
         start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
+        if table.packed:  # the memory store's: its bytes, kept plus the new timestamp's
+            packed_ts = packed_ts or PACK_ONE(ts)
+            state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
+        else:
+            state = (*old[start:], ts) if start > 0 else (*old, ts)
         if plain:  # MemoryTable.put, inlined
-            if table.packed:
-                packed_ts = packed_ts or PACK_ONE(ts)
-                state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
-            else:
-                state = (*old[start:], ts) if start > 0 else (*old, ts)
             table.current[ident] = state
             lasting = table.lasting
             if lasting and ident in lasting:
                 lasting[ident] = state
         else:
-            state = (*old[start:], ts) if start > 0 else (*old, ts)
             table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)

@@ -136,7 +136,7 @@ def merge_into(table: Table, scope: Scope, pairs: Sequence[tuple[bytes, State]],
         merged = merge_state(table.get(ident), state, scope)
         table.put(ident, merged)
         if max(merged) > table.keep_after_ms:
-            table.keep(ident, merged, expires_at(merged, scope))
+            table.keep(ident, table.current[ident], expires_at(merged, scope))
         kept += 1
     return kept
 

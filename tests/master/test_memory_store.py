@@ -231,15 +231,15 @@ def test_stored_states_are_invisible_to_the_garbage_collector() -> None:
 
 
 def test_packed_table_holds_bytes_and_speaks_tuples() -> None:
-    """A packed table keeps one ``bytes`` per state; get, put, keep, the expiry of its
-    lasting states and ``states`` take and give tuples."""
+    """A packed table keeps one ``bytes`` per state; get, put, the expiry of its lasting
+    states and ``states`` take and give tuples, ``keep`` the state as stored."""
     table = MemoryTable(1000.0, packed=True)
     table.tick(0)
     table.put(b"a", (1.5, 2.25))
     assert table.current[b"a"] == packed((1.5, 2.25)) == struct.pack("<2d", 1.5, 2.25)
     assert table.get(b"a") == (1.5, 2.25)
     table.put(b"b", (30_000.0,))
-    table.keep(b"b", (30_000.0,), 31_000)  # a tuple kept: stored packed
+    table.keep(b"b", table.current[b"b"], 31_000)  # kept as stored: packed
     assert table.lasting == {b"b": packed((30_000.0,))}
     assert dict(table.states(list(table.current.items()))) == {
         b"a": (1.5, 2.25),

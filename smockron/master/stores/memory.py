@@ -60,29 +60,29 @@ from smockron.ratelog import RateLimitedLog, escaped
 
 _log = logging.getLogger("smockron.master.store")
 
+_T = TypeVar("_T")
+
 RELEASE_PER_TICK = 1_000
 """States of a dropped generation freed per ``tick`` (per batch): a small slice of work."""
 
 
-class _Unpackers(dict[int, Callable[[bytes], State]]):
-    """A packed state's length in bytes -> the ``unpack`` of its float64s, made on first use."""
+class _Made(dict[int, _T]):
+    """A struct's ``pack`` or ``unpack`` by size, made on first use."""
 
-    def __missing__(self, size: int) -> Callable[[bytes], State]:
-        unpack = self[size] = struct.Struct(f"<{size >> 3}d").unpack
-        return unpack
+    def __init__(self, make: Callable[[int], _T]) -> None:
+        super().__init__()
+        self._make = make
 
-
-class _Packers(dict[int, Callable[..., bytes]]):
-    """A state's length (timestamps) -> the ``pack`` of that many float64s, made on first use."""
-
-    def __missing__(self, count: int) -> Callable[..., bytes]:
-        pack = self[count] = struct.Struct(f"<{count}d").pack
-        return pack
+    def __missing__(self, size: int) -> _T:
+        made = self[size] = self._make(size)
+        return made
 
 
-UNPACK: dict[int, Callable[[bytes], State]] = _Unpackers()
+UNPACK: dict[int, Callable[[bytes], State]] = _Made(
+    lambda size: struct.Struct(f"<{size >> 3}d").unpack
+)
 """``UNPACK[len(raw)](raw)``: a packed state's timestamps, as a tuple."""
-PACK: dict[int, Callable[..., bytes]] = _Packers()
+PACK: dict[int, Callable[..., bytes]] = _Made(lambda count: struct.Struct(f"<{count}d").pack)
 """``PACK[len(state)](*state)``: a state packed."""
 PACK_ONE = PACK[1]
 """One timestamp packed: what the hot path appends to a packed state."""
@@ -212,10 +212,8 @@ class MemoryTable:
             lasting[key] = stored
 
     def keep(self, key: bytes, state: Stored, until_ms: float) -> None:
-        """Keep ``state`` (already stored; a tuple or, in a packed table, as stored)
-        until ``until_ms``, its expiry."""
-        if self.packed and type(state) is not bytes:
-            state = packed(state)
+        """Keep ``state`` until ``until_ms``, its expiry: as stored (``current[key]``
+        after a ``put``; in a packed table its bytes)."""
         self.lasting[key] = state
         bucket = int(until_ms // self.period_ms)
         keys = self.due.get(bucket)
@@ -497,7 +495,7 @@ def restore(table: MemoryTable, scope: Scope, states: dict[bytes, State], now_ms
             continue
         table.put(ident, state)
         if max(state) > table.keep_after_ms:
-            table.keep(ident, state, until)
+            table.keep(ident, table.current[ident], until)
         kept += 1
     return kept
 
