@@ -93,21 +93,15 @@ def _apply_histories(
     hot = dom.hot
     debt = dom.debt
     olds: list[State] = []
-    raws: list[Stored] = []
-    due = _read_histories(hot, ident, ts, debt, olds, raws)
+    due = _read_histories(hot, ident, ts, debt, olds)
     if debt:
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
     until = now_ms
-    packed_ts = b""  # PACK_ONE(ts), once a packed table needs it
-    for (table, window, interval, burst, _tol), old, raw in zip(hot, olds, raws, strict=True):
+    for (table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
         n = len(old)
         start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
-        if table.packed:  # the memory store's: its bytes, kept plus the new timestamp's
-            packed_ts = packed_ts or PACK_ONE(ts)
-            state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
-        else:
-            state = (*old[start:], ts) if start > 0 else (*old, ts)
+        state = (*old[start:], ts) if start > 0 else (*old, ts)
         table.put(ident, state)
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
@@ -212,21 +206,14 @@ def _read_histories(
     ts: float,
     debt: bool,
     olds: list[State],
-    raws: list[Stored],
 ) -> float:
-    """Every rule's history of ``ident`` into ``olds`` (as stored into ``raws``), and
-    (with ``debt``) the time the request should have been served by all of them:
-    served_at over the rules, one call a message."""
+    """Every rule's history of ``ident`` into ``olds`` (tables holding tuples: Redis, the
+    original layout), and (with ``debt``) the time the request should have been served
+    by all of them: served_at over the rules, one call a message."""
     due = ts
     for table, window, interval, burst, _tol in hot:
-        raw = table.current.get(ident) or table.recall(ident)
-        if table.packed:
-            raw = raw or b""
-            old = UNPACK[len(raw)](raw)
-        else:
-            old = raw = raw or ()
+        old: State = table.current.get(ident) or table.recall(ident) or ()
         olds.append(old)
-        raws.append(raw)
         if debt and len(old) >= burst:
             last = old[-1]
             nxt = last + interval

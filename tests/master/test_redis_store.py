@@ -41,6 +41,7 @@ async def run(eng: Engine, store: RedisStore, batch: list[list[bytes]], now: int
 POLICIES = {
     "api": DomainPolicy((Rule(1.0, 3),)),
     "g": DomainPolicy((Rule(1.0, 2), Rule(10.0, 1)), "gcra"),
+    "h": DomainPolicy((Rule(2.0, 2), Rule(1.0, 3))),  # several history rules on tuples
 }
 
 
@@ -52,6 +53,7 @@ async def test_same_results_as_memory(redis_server: RedisServer) -> None:
         for step in range(6):
             now = T0 + step * 300
             batch = [acc(b"a", now), acc(b"b", now), acc(b"a", now, "g"), acc(b"a", now)]
+            batch += [acc(b"a", now, "h"), acc(b"a", now + 50, "h")]
             expected = [decode_control(c).until_ms for c in mem.process(batch, now)]
             assert await run(eng, store, batch, now) == expected
         assert expected, "the example must throttle something"
