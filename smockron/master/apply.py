@@ -124,44 +124,45 @@ def _apply_shared_histories(
     what the rules share.
 
     Every rule of a domain records the same timestamp for a message, so each rule's
-    state is the newest ``burst`` of one sequence: with the rules in order of burst,
-    longest first (``Domain.hot``), a rule's stored bytes are normally the end of the
-    previous rule's, and rules of one burst hold the very same ``bytes`` object (this
-    function writes one object to all of them). Such a state is not unpacked again (a
-    slice of the previous rule's timestamps), its minimum not taken again, its new
-    state not built again. A state that is not such an end (a rule added by a reload,
-    one forgotten on its own window's expiry) is read on its own, as before."""
+    state is the newest ``burst`` of one sequence. With the rules in order of burst,
+    then window, longest first (``Domain.hot``), a rule's stored bytes are normally the
+    end of the previous rule's (read as a slice of its timestamps, not unpacked again),
+    and rules of one burst hold the very same ``bytes`` object: this function writes
+    one object to all of them. Such a rule decides nothing the rule before it has not:
+    with the same timestamps and burst, a history is full when its oldest kept entry
+    is within its window, so the longer window is full whenever the shorter one is, and
+    its interval, a window over the same burst, is the longer too. Its state is written
+    and nothing else is done for it. A state that is not such an end (a rule added by a
+    reload, one forgotten on its own window's expiry) is read and judged on its own."""
     hot = dom.hot
     debt = dom.debt
     olds: list[State] = []
     raws: list[Stored] = []
     due = ts
     prev_raw = b""
+    old: State = ()
     prev_old: State = ()
-    low_of: State | None = None  # the state whose minimum is ``low``
-    low = 0.0
+    prev_burst = 0
     for table, window, interval, burst, _tol in hot:
         raw = table.current.get(ident) or table.recall(ident) or b""
-        if raw is prev_raw:
-            old = prev_old
-        elif prev_raw.endswith(raw):  # the end of the previous rule's (or equal to it)
-            old = prev_old[len(prev_old) - (len(raw) >> 3) :]
-            if len(raw) == len(prev_raw):
-                raw = prev_raw  # the same object from now on
-        else:
-            old = UNPACK[len(raw)](raw)
+        if raw is not prev_raw:
+            if prev_raw.endswith(raw):  # the end of the previous rule's (or equal to it)
+                old = prev_old[len(prev_old) - (len(raw) >> 3) :]
+                if len(raw) == len(prev_raw):
+                    raw = prev_raw  # the same object from now on
+            else:
+                old = UNPACK[len(raw)](raw)
         olds.append(old)
         raws.append(raw)
-        prev_raw, prev_old = raw, old
+        if raw is prev_raw and burst == prev_burst:
+            continue  # decided by the rule before it (its window no shorter)
+        prev_raw, prev_old, prev_burst = raw, old, burst
         if debt and len(old) >= burst:
             last = old[-1]
             nxt = last + interval
             horizon = last - window
-            if nxt > due and old[0] > horizon:
-                if old is not low_of:
-                    low_of, low = old, min(old)
-                if low > horizon:
-                    due = nxt
+            if nxt > due and old[0] > horizon and min(old) > horizon:
+                due = nxt
     if debt:
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
@@ -169,34 +170,31 @@ def _apply_shared_histories(
     packed_ts = PACK_ONE(ts)
     prev_raw = b""
     prev_burst = 0
-    prev_state = b""
-    kept: State | None = None  # the kept entries (from ``kept_start``) whose minimum is ``low``
-    kept_start = 0
+    state = b""
     for (table, window, interval, burst, _tol), old, raw in zip(hot, olds, raws, strict=True):
+        if raw is prev_raw and burst == prev_burst:  # the state the rule before built
+            table.current[ident] = state  # MemoryTable.put, inlined
+            lasting = table.lasting
+            if lasting and ident in lasting:
+                lasting[ident] = state
+            if ts > table.keep_after_ms:
+                table.keep(ident, state, ts + window)
+            continue  # decided by the rule before it
         n = len(old)
         start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
-        if raw is prev_raw and burst == prev_burst:
-            state = prev_state
-        else:
-            state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
-            prev_raw, prev_burst, prev_state = raw, burst, state
+        state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
+        prev_raw, prev_burst = raw, burst
         table.current[ident] = state  # MemoryTable.put, inlined
         lasting = table.lasting
         if lasting and ident in lasting:
             lasting[ident] = state
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
-        # next_allowed, as in _apply_histories; the kept entries' minimum is taken once
-        # for rules that keep the same entries
+        # next_allowed, as in _apply_histories
         if start >= 0 and ts + interval > until:
             horizon = at - window
-            if start == n:
+            if start == n or (old[start] > horizon and min(old[start:]) > horizon):
                 until = ts + interval
-            elif old[start] > horizon:
-                if kept is not old or start != kept_start:
-                    kept, kept_start, low = old, start, min(old[start:])
-                if low > horizon:
-                    until = ts + interval
     return until if until > now_ms else None  # else allowed now
 
 

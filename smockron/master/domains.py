@@ -64,13 +64,13 @@ class Domain:
         self.rules = tuple(rule for rule, _table, _window in self.scopes)
         self.hot: tuple[tuple[Table, float, float, int, float], ...] = tuple(
             (table, window, rule.interval_ms, rule.burst, rule.burst * rule.interval_ms)
-            for rule, table, window in sorted(self.scopes, key=lambda s: -s[0].burst)
+            for rule, table, window in sorted(self.scopes, key=lambda s: (-s[0].burst, -s[2]))
         )
         """Per rule, what the hot path reads: table, window, interval, burst and GCRA's
         tolerance (``burst * interval``, as core.gcra computes it): plain locals in one
         loop instead of a Rule's properties and a core function per rule. Longest burst
-        first: each history rule's state is then the end of the one before it (see
-        ``apply._apply_shared_histories``)."""
+        first, then longest window: each history rule's state is then the end of the one
+        before it, and decided by it within one burst (``apply._apply_shared_histories``)."""
         self.plain = all(type(table) is MemoryTable for _rule, table, _window in self.scopes)
         """Whether every table is the memory store's own (no subclass noting writes): the
         hot path then reads and writes its ``current`` generation without a call."""
