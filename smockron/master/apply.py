@@ -14,8 +14,8 @@ hold tuples, note each ``put`` and are always called."""
 
 from __future__ import annotations
 
-from smockron.master.domains import Domain
-from smockron.master.stores.base import State, Stored, Table
+from smockron.master.domains import Domain, Hot
+from smockron.master.stores.base import State, Stored
 from smockron.master.stores.memory import PACK_ONE, UNPACK
 
 ON_TIME_MS = 500.0
@@ -134,16 +134,18 @@ def _apply_shared_histories(
     its interval, a window over the same burst, is the longer too. Its state is written
     and nothing else is done for it. A state that is not such an end (a rule added by a
     reload, one forgotten on its own window's expiry) is read and judged on its own."""
-    hot = dom.hot
     debt = dom.debt
-    olds: list[State] = []
-    raws: list[Stored] = []
+    leads: list[tuple[Hot, State, Stored, list[Hot]]] = []
+    """The rules that decide, each with its state (as read and as stored) and the rules
+    that follow it (its state and burst, their windows no longer)."""
+    follow: list[Hot] = []
     due = ts
     prev_raw = b""
     old: State = ()
     prev_old: State = ()
     prev_burst = 0
-    for table, window, interval, burst, _tol in hot:
+    for rule in dom.hot:
+        table, window, interval, burst, _tol = rule
         raw = table.current.get(ident) or table.recall(ident) or b""
         if raw is not prev_raw:
             if prev_raw.endswith(raw):  # the end of the previous rule's (or equal to it)
@@ -152,10 +154,11 @@ def _apply_shared_histories(
                     raw = prev_raw  # the same object from now on
             else:
                 old = UNPACK[len(raw)](raw)
-        olds.append(old)
-        raws.append(raw)
         if raw is prev_raw and burst == prev_burst:
-            continue  # decided by the rule before it (its window no shorter)
+            follow.append(rule)  # decided by the rule before it
+            continue
+        follow = []
+        leads.append((rule, old, raw, follow))
         prev_raw, prev_old, prev_burst = raw, old, burst
         if debt and len(old) >= burst:
             last = old[-1]
@@ -168,28 +171,24 @@ def _apply_shared_histories(
     at = ts if ts < now_ms else now_ms
     until = now_ms
     packed_ts = PACK_ONE(ts)
-    prev_raw = b""
-    prev_burst = 0
-    state = b""
-    for (table, window, interval, burst, _tol), old, raw in zip(hot, olds, raws, strict=True):
-        if raw is prev_raw and burst == prev_burst:  # the state the rule before built
-            table.current[ident] = state  # MemoryTable.put, inlined
-            lasting = table.lasting
-            if lasting and ident in lasting:
-                lasting[ident] = state
-            if ts > table.keep_after_ms:
-                table.keep(ident, state, ts + window)
-            continue  # decided by the rule before it
+    for (table, window, interval, burst, _tol), old, raw, follow in leads:
         n = len(old)
         start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
         state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
-        prev_raw, prev_burst = raw, burst
         table.current[ident] = state  # MemoryTable.put, inlined
         lasting = table.lasting
         if lasting and ident in lasting:
             lasting[ident] = state
         if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
             table.keep(ident, state, ts + window)
+        for rule in follow:  # the same state, written only
+            other = rule[0]
+            other.current[ident] = state
+            lasting = other.lasting
+            if lasting and ident in lasting:
+                lasting[ident] = state
+            if ts > other.keep_after_ms:
+                other.keep(ident, state, ts + rule[1])
         # next_allowed, as in _apply_histories
         if start >= 0 and ts + interval > until:
             horizon = at - window
@@ -199,7 +198,7 @@ def _apply_shared_histories(
 
 
 def _read_histories(
-    hot: tuple[tuple[Table, float, float, int, float], ...],
+    hot: tuple[Hot, ...],
     ident: bytes,
     ts: float,
     debt: bool,

@@ -13,6 +13,9 @@ from smockron.master.stores.base import Scope, Store, Table
 from smockron.master.stores.memory import MemoryTable
 from smockron.wire.codec import topic
 
+Hot = tuple[Table, float, float, int, float]
+"""A rule as the hot path reads it: table, window, interval, burst and GCRA's tolerance."""
+
 
 @dataclass(frozen=True, slots=True)
 class DomainPolicy:
@@ -62,7 +65,7 @@ class Domain:
             for rule in dict.fromkeys(policy.rules)
         )
         self.rules = tuple(rule for rule, _table, _window in self.scopes)
-        self.hot: tuple[tuple[Table, float, float, int, float], ...] = tuple(
+        self.hot: tuple[Hot, ...] = tuple(
             (table, window, rule.interval_ms, rule.burst, rule.burst * rule.interval_ms)
             for rule, table, window in sorted(self.scopes, key=lambda s: (-s[0].burst, -s[2]))
         )
