@@ -17,7 +17,7 @@ from smockron.master.domains import DomainPolicy
 from smockron.master.engine import Engine
 from smockron.master.stores import open_store
 from smockron.master.stores import snapshot as snapshot_file
-from smockron.master.stores.memory import MemoryStore
+from smockron.master.stores.memory import MemoryStore, packed
 from smockron.wire.codec import ACCEPTED, decode_control, encode_accounting
 
 T0 = 1_700_000_000_000
@@ -184,3 +184,16 @@ async def test_the_snapshot_is_private_whatever_the_umask(tmp_path: Path) -> Non
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert MemoryStore(path, now_ms=T0).snapshot_states == 1  # the write did happen
+
+
+def test_packed_states_are_written_as_the_tuples_they_hold() -> None:
+    """The memory store's history tables hold packed states; the file is the same as
+    for their tuples (the snapshot writes the bytes as they are), and reads back as
+    the tuples, an empty state skipped either way."""
+    states = [(b"a", (1.5, 2.0, 3.25)), (b"b", ()), (b"c", (T0 + 0.5,))]
+    as_tuples = snapshot_file.encode({b"history:api:1:3:": states})
+    as_packed = snapshot_file.encode({b"history:api:1:3:": [(k, packed(s)) for k, s in states]})
+    assert as_packed == as_tuples
+    assert snapshot_file.decode(as_packed) == {
+        b"history:api:1:3:": {b"a": (1.5, 2.0, 3.25), b"c": (T0 + 0.5,)}
+    }

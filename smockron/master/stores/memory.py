@@ -29,8 +29,9 @@ garbage collector never tracks. Every new tuple is tracked until a young collect
 looks at it, and that collection visits each of its floats: with a million
 identifiers those floats lie all over memory, and packing the states took about half
 off the history rule's cost there (docs/benchmarks.md). The
-engine's hot path reads and writes the packed form itself; ``get``, ``put``, ``live``
-and the snapshot speak tuples, as every other table does.
+engine's hot path reads and writes the packed form itself, and the snapshot writes it
+as it is (the file's own float64 form); ``get``, ``put`` and ``live`` speak tuples, as
+every other table does.
 
 Memory goes back to the system, not only to Python: ``lasting`` is rebuilt when it has
 shed most of its entries (a dict never shrinks), and once enough states have been freed
@@ -89,18 +90,18 @@ PACK_ONE = PACK[1]
 
 
 _pause_lock = threading.Lock()
-_pauses = 0  # how many _collector_paused blocks are running (the snapshot's thread too)
+_pauses = 0  # how many _collector_paused blocks are running (in any thread)
 _was_enabled = False  # the collector's setting when the first of them began
 
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """No automatic garbage collection meanwhile: a million new tuples (states unpacked
-    for a RESYNC or a snapshot, none of them garbage) would otherwise set off
-    collections that walk them again and again, most of the cost of unpacking them.
+    for a RESYNC, none of them garbage) would otherwise set off collections that walk
+    them again and again, most of the cost of unpacking them.
 
-    Counted, so that overlapping pauses (a RESYNC on the loop while the snapshot's thread
-    unpacks) give the collector back as it was when the last one ends, never left off."""
+    Counted, so that overlapping pauses (from two threads) give the collector back as
+    it was when the last one ends, never left off."""
     global _pauses, _was_enabled
     with _pause_lock:
         if not _pauses:
@@ -446,19 +447,19 @@ class MemoryStore(TableSet[MemoryTable]):
         if writing is not None:
             await writing
 
-    def _gather(self) -> dict[bytes, tuple[MemoryTable, list[tuple[bytes, Stored]]]]:
-        """Every live state by scope prefix (newest wins), as stored, with its table;
-        copied on the loop thread."""
+    def _gather(self) -> dict[bytes, list[tuple[bytes, Stored]]]:
+        """Every live state by scope prefix (newest wins), as stored; copied on the loop
+        thread."""
         return {
-            scope.key_prefix: (t, list({**t.lasting, **t.previous, **t.current}.items()))
+            scope.key_prefix: list({**t.lasting, **t.previous, **t.current}.items())
             for scope, t in self.tables.items()
         }
 
-    def _write(self, gathered: dict[bytes, tuple[MemoryTable, list[tuple[bytes, Stored]]]]) -> int:
-        """Unpack, encode and atomically write (off the loop thread when periodic); a
-        failure is counted and logged, never raised."""
+    def _write(self, tables: dict[bytes, list[tuple[bytes, Stored]]]) -> int:
+        """Encode and atomically write (off the loop thread when periodic); packed states
+        go into the file as they are held, never unpacked. A failure is counted and
+        logged, never raised."""
         assert self.snapshot is not None
-        tables = {prefix: table.states(pairs) for prefix, (table, pairs) in gathered.items()}
         try:
             snapshot_file.write(self.snapshot, snapshot_file.encode(tables))
         except OSError as exc:

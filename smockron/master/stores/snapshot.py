@@ -38,21 +38,27 @@ class SnapshotError(ValueError):
     """The file is not a snapshot this version can read; the message says why."""
 
 
-Tables = Mapping[bytes, Iterable[tuple[bytes, State]]]
+Tables = Mapping[bytes, Iterable[tuple[bytes, State | bytes]]]
 
 
 def encode(tables: Tables) -> bytes:
-    """The snapshot of ``tables`` (scope prefix -> (identifier, state) pairs)."""
+    """The snapshot of ``tables`` (scope prefix -> (identifier, state) pairs). A state
+    may be given packed, as the memory store's history tables hold it (``bytes`` of
+    little-endian float64s, the file's own form): written as it is, not unpacked."""
     out = [MAGIC, bytes([VERSION])]
     total = 0
     for prefix, states in tables.items():
         body = []
         count = 0
         for key, state in states:
-            if not 0 < len(state) <= MAX_STATE_LEN:
+            if isinstance(state, bytes):
+                n, data = len(state) >> 3, state
+            else:
+                n, data = len(state), b""
+            if not 0 < n <= MAX_STATE_LEN:
                 continue
-            body.append(_U32.pack(len(key)) + key + _U16.pack(len(state)))
-            body.append(struct.pack(f"<{len(state)}d", *state))
+            body.append(_U32.pack(len(key)) + key + _U16.pack(n))
+            body.append(data or struct.pack(f"<{n}d", *state))
             count += 1
         out += [b"T", _U32.pack(len(prefix)), prefix, _U32.pack(count), *body]
         total += count
