@@ -85,70 +85,42 @@ def _apply_histories(
     ``now`` instead, ``start = max(now, last)`` would push DELAY_UNTIL back by the lag
     and throttle requests an instant master allows.
 
+    What the rules share is paid for once. Every rule records the same timestamp, so
+    each rule's state is the newest ``burst`` of one sequence. With the rules in order
+    of burst, then window, longest first (``Domain.hot``), a rule's state is normally
+    the end of the previous rule's (packed: read as a slice of its timestamps, not
+    unpacked again), and rules of one burst hold the very same object: this function
+    writes one object to all of them. Such a rule decides nothing the rule before it has
+    not: with the same timestamps and burst, a history is full when its oldest kept
+    entry is within its window, so the longer window is full whenever the shorter one
+    is, and its interval, a window over the same burst, is the longer too. Its state is
+    written and nothing else is done for it. A state that is not such an end (a rule
+    added by a reload, one forgotten on its own window's expiry, one read from Redis) is
+    read and judged on its own.
+
     Twin of smockron.core.history.served_at, recorded and next_allowed, inlined as in
     the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
     with plain locals, no function call but the table's."""
-    if dom.plain:  # the memory store's own tables: a history's are packed
-        return _apply_shared_histories(dom, ident, ts, now_ms, ahead)
-    hot = dom.hot
-    debt = dom.debt
-    olds: list[State] = []
-    due = _read_histories(hot, ident, ts, debt, olds)
-    if debt:
-        ts = due if due - ts <= ahead else ts + ahead
-    at = ts if ts < now_ms else now_ms
-    until = now_ms
-    for (table, window, interval, burst, _tol), old in zip(hot, olds, strict=True):
-        n = len(old)
-        start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
-        state = (*old[start:], ts) if start > 0 else (*old, ts)
-        table.put(ident, state)
-        if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
-            table.keep(ident, state, ts + window)
-        # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
-        # when it has ``burst`` of them all within the window; its newest is ``ts``,
-        # not before ``at`` (and so within the window, which is positive), so the next
-        # request is allowed one interval after ``ts`` if the kept entries of old are
-        # all within the window too (the oldest first: a cheap "not full").
-        if start >= 0 and ts + interval > until:
-            horizon = at - window
-            if start == n or (old[start] > horizon and min(old[start:]) > horizon):
-                until = ts + interval
-    return until if until > now_ms else None  # else allowed now
-
-
-def _apply_shared_histories(
-    dom: Domain, ident: bytes, ts: float, now_ms: float, ahead: float
-) -> float | None:
-    """:func:`_apply_histories` on the memory store's packed tables, paying once for
-    what the rules share.
-
-    Every rule of a domain records the same timestamp for a message, so each rule's
-    state is the newest ``burst`` of one sequence. With the rules in order of burst,
-    then window, longest first (``Domain.hot``), a rule's stored bytes are normally the
-    end of the previous rule's (read as a slice of its timestamps, not unpacked again),
-    and rules of one burst hold the very same ``bytes`` object: this function writes
-    one object to all of them. Such a rule decides nothing the rule before it has not:
-    with the same timestamps and burst, a history is full when its oldest kept entry
-    is within its window, so the longer window is full whenever the shorter one is, and
-    its interval, a window over the same burst, is the longer too. Its state is written
-    and nothing else is done for it. A state that is not such an end (a rule added by a
-    reload, one forgotten on its own window's expiry) is read and judged on its own."""
-    debt = dom.debt
+    debt, packed, plain = dom.debt, dom.packed, dom.plain
     leads: list[tuple[Hot, State, Stored, list[Hot]]] = []
     """The rules that decide, each with its state (as read and as stored) and the rules
     that follow it (its state and burst, their windows no longer)."""
     follow: list[Hot] = []
     due = ts
-    prev_raw = b""
+    empty: Stored = b"" if packed else ()
+    prev_raw = empty
     old: State = ()
     prev_old: State = ()
     prev_burst = 0
     for rule in dom.hot:
         table, window, interval, burst, _tol = rule
-        raw = table.current.get(ident) or table.recall(ident) or b""
+        raw = table.current.get(ident) or table.recall(ident) or empty
         if raw is not prev_raw:
-            if prev_raw.endswith(raw):  # the end of the previous rule's (or equal to it)
+            if not packed:  # a tuple
+                old = raw
+                if raw == prev_raw:
+                    raw = old = prev_raw  # the same object from now on
+            elif prev_raw.endswith(raw):  # the end of the previous rule's (or equal to it)
                 old = prev_old[len(prev_old) - (len(raw) >> 3) :]
                 if len(raw) == len(prev_raw):
                     raw = prev_raw  # the same object from now on
@@ -160,7 +132,7 @@ def _apply_shared_histories(
         follow = []
         leads.append((rule, old, raw, follow))
         prev_raw, prev_old, prev_burst = raw, old, burst
-        if debt and len(old) >= burst:
+        if debt and len(old) >= burst:  # served_at
             last = old[-1]
             nxt = last + interval
             horizon = last - window
@@ -170,54 +142,36 @@ def _apply_shared_histories(
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
     until = now_ms
-    packed_ts = PACK_ONE(ts)
-    for (table, window, interval, burst, _tol), old, raw, follow in leads:
+    packed_ts = PACK_ONE(ts) if packed else b""
+    for lead, old, raw, follow in leads:
+        _table, lead_window, interval, burst, _tol = lead
         n = len(old)
         start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
-        state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
-        table.current[ident] = state  # MemoryTable.put, inlined
-        lasting = table.lasting
-        if lasting and ident in lasting:
-            lasting[ident] = state
-        if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
-            table.keep(ident, state, ts + window)
-        for rule in follow:  # the same state, written only
-            other = rule[0]
-            other.current[ident] = state
-            lasting = other.lasting
-            if lasting and ident in lasting:
-                lasting[ident] = state
-            if ts > other.keep_after_ms:
-                other.keep(ident, state, ts + rule[1])
-        # next_allowed, as in _apply_histories
+        if packed:  # the kept bytes plus the new timestamp's
+            state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
+        else:
+            state = (*old[start:], ts) if start > 0 else (*old, ts)
+        for rule in (lead, *follow) if follow else (lead,):  # the followers: the same state
+            table = rule[0]
+            if plain:  # MemoryTable.put, inlined
+                table.current[ident] = state
+                lasting = table.lasting
+                if lasting and ident in lasting:
+                    lasting[ident] = state
+            else:
+                table.put(ident, state)
+            if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
+                table.keep(ident, state, ts + rule[1])
+        # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
+        # when it has ``burst`` of them all within the window; its newest is ``ts``,
+        # not before ``at`` (and so within the window, which is positive), so the next
+        # request is allowed one interval after ``ts`` if the kept entries of old are
+        # all within the window too (the oldest first: a cheap "not full").
         if start >= 0 and ts + interval > until:
-            horizon = at - window
+            horizon = at - lead_window
             if start == n or (old[start] > horizon and min(old[start:]) > horizon):
                 until = ts + interval
     return until if until > now_ms else None  # else allowed now
-
-
-def _read_histories(
-    hot: tuple[Hot, ...],
-    ident: bytes,
-    ts: float,
-    debt: bool,
-    olds: list[State],
-) -> float:
-    """Every rule's history of ``ident`` into ``olds`` (tables holding tuples: Redis, the
-    original layout), and (with ``debt``) the time the request should have been served
-    by all of them: served_at over the rules, one call a message."""
-    due = ts
-    for table, window, interval, burst, _tol in hot:
-        old: State = table.current.get(ident) or table.recall(ident) or ()
-        olds.append(old)
-        if debt and len(old) >= burst:
-            last = old[-1]
-            nxt = last + interval
-            horizon = last - window
-            if nxt > due and old[0] > horizon and min(old) > horizon:
-                due = nxt
-    return due
 
 
 def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

@@ -45,6 +45,7 @@ class Domain:
         "hot",
         "name",
         "one",
+        "packed",
         "plain",
         "rules",
         "scopes",
@@ -77,6 +78,9 @@ class Domain:
         self.plain = all(type(table) is MemoryTable for _rule, table, _window in self.scopes)
         """Whether every table is the memory store's own (no subclass noting writes): the
         hot path then reads and writes its ``current`` generation without a call."""
+        self.packed = all(table.packed for _rule, table, _window in self.scopes)
+        """Whether every table holds its states packed (the memory store's history
+        tables), so the hot path reads and writes their bytes."""
         self.one: tuple[Table, float, float, int] | None = None
         """A one-rule domain's table, window, interval and burst, for the hot path."""
         if len(self.scopes) == 1:
