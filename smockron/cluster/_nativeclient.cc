@@ -13,7 +13,8 @@
 //         start()'s call for a smockron.cluster._native Call: an answer of ``items``
 //         items finishes ``call`` on gRPC's thread (no GIL, no Python, no event loop);
 //         any other outcome is queued with ``token`` as start()'s are. False, and
-//         nothing started, while ``limit`` relays are in flight (ch.relays)
+//         nothing started, while ``limit`` relays are in flight (ch.relays);
+//         ch.relayed_items counts the items of those answered
 //   ch.completions() -> list[(token, code, payload_or_None, details)]
 //         drains the queue (and the eventfd); code 0 is OK
 //   ch.check(method, timeout, name, key, hits, limit, duration, algorithm, behavior,
@@ -132,6 +133,7 @@ struct Core {
   std::deque<Pending*> done;        // under mu
   std::vector<Pending*> spent;      // under mu: relays answered, freed under the GIL
   std::atomic<int> relays{0};
+  std::atomic<long long> relayed_items{0};  // items of relays the peer answered in whole
   std::vector<Pending*> in_flight;  // under mu: cancelled by close()
   bool closed = false;              // under mu
   std::mutex co_mu;                 // check()'s queue
@@ -678,6 +680,7 @@ void relayed(Core* core, Pending* pending) {
     for (const auto& s : slices) body.append(reinterpret_cast<const char*>(s.begin()), s.size());
     bool whole = split_responses(body, answers) && answers.size() == pending->items;
     if (whole && finish_relayed(pending->call, body.data(), body.size()) >= 0) {
+      core->relayed_items.fetch_add(static_cast<long long>(pending->items));
       completed(core, pending, false);
       return;
     }
@@ -721,6 +724,11 @@ PyObject* Channel_relay(PyObject* op, PyObject* args) {
 PyObject* Channel_relays(PyObject* op, void*) {
   Core* core = reinterpret_cast<ChannelObject*>(op)->core;
   return PyLong_FromLong(core == nullptr ? 0 : core->relays.load());
+}
+
+PyObject* Channel_relayed_items(PyObject* op, void*) {
+  Core* core = reinterpret_cast<ChannelObject*>(op)->core;
+  return PyLong_FromLongLong(core == nullptr ? 0 : core->relayed_items.load());
 }
 
 PyObject* completion(Pending* pending) {
@@ -873,6 +881,8 @@ PyGetSetDef Channel_getset[] = {
     {"coalesced_calls", Channel_coalesced_calls, nullptr, "GetRateLimits calls check() made",
      nullptr},
     {"relays", Channel_relays, nullptr, "relay() calls in flight", nullptr},
+    {"relayed_items", Channel_relayed_items, nullptr,
+     "items of relay() calls the peer answered (each finished its server call)", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 PyTypeObject ChannelType = {PyVarObject_HEAD_INIT(nullptr, 0)};

@@ -107,8 +107,9 @@ def forward_now(
     The message goes unchanged: GetPeerRateLimitsReq and GetRateLimitsReq, and their
     answers, have the same wire form (one repeated field 1 of the same type), so nothing
     is decoded into smockron's types or re-encoded, and no batching timer or task waits.
-    The items count as forwarded when the call starts. If it fails, the event loop's path
-    decides them (and counts the failure, routes around the peer, answers locally)."""
+    The items count as forwarded once the owner has answered them (``Node.count_relayed``).
+    If the call fails, the event loop's path decides them (and counts the failure, routes
+    around the peer, answers locally): each item is counted once, by the way it went."""
     msgs = request.requests
     if not msgs or len(msgs) > MAX_BATCH:
         return None
@@ -137,8 +138,7 @@ def forward_now(
 
     if not client.relay(request.SerializeToString(), n, call, done):
         return None
-    node.count("forwarded", n)
-    return future
+    return future  # counted as forwarded once answered (Node.count_relayed)
 
 
 def _decoded(raw: bytes | None, n: int) -> pb.GetRateLimitsResp | None:

@@ -102,6 +102,9 @@ class Membership:
             await asyncio.sleep(after)
         closing, self._closing = self._closing, []
         for client in closing:
+            relayed = client.relayed()  # its relays answered and not yet counted
+            if relayed:
+                self.metrics.checks.labels("forwarded").inc(relayed)
             await client.close()
         if not closing:
             return

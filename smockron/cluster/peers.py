@@ -179,6 +179,7 @@ class PeerClient:
         self.consecutive_failures = 0
         self._errors: deque[tuple[float, str]] = deque(maxlen=20)
         self._log = RateLimitedLog(log, interval=1.0)
+        self._relayed_seen = 0
 
     # -- calls ------------------------------------------------------------------------
     async def get_peer_rate_limits(
@@ -224,6 +225,19 @@ class PeerClient:
             return bool(native.channel.relay(*args))
         except _nativeclient.CallError:
             return False
+
+    def relayed(self) -> int:
+        """Items of ``relay`` calls the peer answered since the last call: counted when
+        they succeed (in the extension, which finishes them without Python), so that a
+        relay that fails and is decided again on the event loop counts once, there."""
+        native = self._native
+        if native is None or not native.can_relay:
+            return 0
+        total = int(native.channel.relayed_items)
+        if total <= self._relayed_seen:  # none new (or the channel closed: 0)
+            return 0
+        new, self._relayed_seen = total - self._relayed_seen, total
+        return new
 
     @property
     def queued(self) -> int:

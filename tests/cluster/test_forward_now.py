@@ -58,6 +58,7 @@ async def pair() -> AsyncIterator[tuple[ClusterServer, ClusterServer]]:
 
 
 def _count(server: ClusterServer, route: str) -> float:
+    server.node.count_relayed()  # as /metrics does before it is read
     return float(server.node.metrics.checks.labels(route)._value.get())
 
 
@@ -100,6 +101,9 @@ async def test_a_failed_forward_is_decided_by_the_batched_path(
     assert [(r.error, r.remaining) for r in answers] == [("", 4)] * 3
     assert {r.metadata["owner"] for r in answers} == {a.node.address}  # answered here
     assert _count(a, "owner_failed") == 3
+    # each check counted once: the two the owner answered as forwarded, the three whose
+    # relay failed only as decided here (not also as forwarded when their relay started)
+    assert _count(a, "forwarded") == 2
     assert a.node.clients[b.node.address].consecutive_failures >= 3
 
 

@@ -172,6 +172,7 @@ async def metrics(request: web.Request) -> web.Response:
     """The process's counters, then the node's own (smockron.cluster.metrics), then
     Gubernator's names for them, where Gubernator serves its metrics."""
     node = request.app[_NODE]
+    node.count_relayed()
     body = generate_latest() + generate_latest(node.metrics.registry)
     body += gubernator_exposition(
         node.metrics,
