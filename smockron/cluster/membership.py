@@ -39,6 +39,20 @@ class Membership:
     _tasks: set[asyncio.Task[None]]
     _delayed: set[asyncio.Task[None]]
 
+    def count(self, route: str, checks: int) -> None:
+        """Count ``checks`` decided by ``route`` (``Node.count``)."""
+        raise NotImplementedError
+
+    def count_relayed(self, clients: Iterable[PeerClient] | None = None) -> None:
+        """Count the checks relayed to their owners from gRPC threads (``api.forward_now``)
+        that the owners have answered since the last call, of ``clients`` (default: every
+        peer's): done where the counters are read (``/metrics``) and before a peer's
+        client is closed."""
+        for client in self.clients.values() if clients is None else clients:
+            relayed = client.relayed()
+            if relayed:
+                self.count("forwarded", relayed)
+
     def set_peers(self, peers: Iterable[PeerInfo]) -> None:
         """Discovery's callback: the full list, this node included (added if missing)."""
         infos = {p.grpc_address: p for p in peers}
@@ -101,10 +115,8 @@ class Membership:
         if after:
             await asyncio.sleep(after)
         closing, self._closing = self._closing, []
+        self.count_relayed(closing)  # their relays answered and not yet counted
         for client in closing:
-            relayed = client.relayed()  # its relays answered and not yet counted
-            if relayed:
-                self.metrics.checks.labels("forwarded").inc(relayed)
             await client.close()
         if not closing:
             return

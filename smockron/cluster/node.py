@@ -213,15 +213,6 @@ class Node(Membership, GlobalKeys):
         self.count("peer" if peer else _LOCAL, len(resps))
         return resps
 
-    def count_relayed(self) -> None:
-        """Count the checks relayed to their owners from gRPC threads (``api.forward_now``)
-        that the owners have answered since the last call: done where the counters are
-        read (``/metrics``) and before a peer's client is closed."""
-        for client in self.clients.values():
-            relayed = client.relayed()
-            if relayed:
-                self.count("forwarded", relayed)
-
     def count(self, route: str, checks: int) -> None:
         """``metrics.checks`` by ``route``, its labelled children kept: ``labels`` takes a
         lock and checks its arguments on every call."""

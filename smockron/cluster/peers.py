@@ -233,7 +233,7 @@ class PeerClient:
         native = self._native
         if native is None or not native.can_relay:
             return 0
-        total = int(native.channel.relayed_items)
+        total: int = native.channel.relayed_items
         if total <= self._relayed_seen:  # none new (or the channel closed: 0)
             return 0
         new, self._relayed_seen = total - self._relayed_seen, total

@@ -31,7 +31,7 @@ def apply_history(
     Twin of smockron.core.history.served_at, recorded and next_allowed (compared in
     tests/core/test_twins.py)."""
     one = dom.one
-    if one is None or not one[0].packed:  # several rules, or tuples (Redis, original)
+    if one is None or not dom.packed:  # several rules, or tuples (Redis, original)
         return _apply_histories(dom, ident, ts, now_ms, ahead)
     # One rule of the memory store (most domains): _apply_histories inlined, with
     # ``recorded`` and ``next_allowed`` too, on a packed state (a plain table). A stored

@@ -74,7 +74,7 @@ class Domain:
         tolerance (``burst * interval``, as core.gcra computes it): plain locals in one
         loop instead of a Rule's properties and a core function per rule. Longest burst
         first, then longest window: each history rule's state is then the end of the one
-        before it, and decided by it within one burst (``apply._apply_shared_histories``)."""
+        before it, and decided by it within one burst (``apply._apply_histories``)."""
         self.plain = all(type(table) is MemoryTable for _rule, table, _window in self.scopes)
         """Whether every table is the memory store's own (no subclass noting writes): the
         hot path then reads and writes its ``current`` generation without a call."""

@@ -283,8 +283,8 @@ def _pause_until(entered: threading.Event, leave: threading.Event) -> None:
 
 
 def test_overlapping_collector_pauses_give_it_back_when_the_last_ends() -> None:
-    """A RESYNC's unpacking on the loop and the snapshot thread's overlap, ending in
-    either order: the collector is back on after the last, and stays off meanwhile."""
+    """Two pauses overlap (unpacking for RESYNCs in two threads), ending in either
+    order: the collector is back on after the last, and stays off meanwhile."""
     assert gc.isenabled()
     for first_out in (0, 1):
         entered = [threading.Event(), threading.Event()]
