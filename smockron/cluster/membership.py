@@ -46,8 +46,8 @@ class Membership:
     def count_relayed(self, clients: Iterable[PeerClient] | None = None) -> None:
         """Count the checks relayed to their owners from gRPC threads (``api.forward_now``)
         that the owners have answered since the last call, of ``clients`` (default: every
-        peer's): done where the counters are read (``/metrics``) and before a peer's
-        client is closed."""
+        peer's): done where the counters are read (``/metrics``), and before and after a
+        removed peer's client is closed (its close waits for the relays in flight)."""
         for client in self.clients.values() if clients is None else clients:
             relayed = client.relayed()
             if relayed:
@@ -115,9 +115,10 @@ class Membership:
         if after:
             await asyncio.sleep(after)
         closing, self._closing = self._closing, []
-        self.count_relayed(closing)  # their relays answered and not yet counted
+        self.count_relayed(closing)  # their relays answered so far: seen by /metrics now
         for client in closing:
-            await client.close()
+            await client.close()  # waits for the relays still in flight
+        self.count_relayed(closing)  # and those answered while it waited
         if not closing:
             return
         # A failed call leaves reference cycles (exception, traceback, frames) that hold

@@ -6,6 +6,7 @@ gRPC between them."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -177,6 +178,43 @@ async def test_the_owners_answer_is_relayed_without_the_event_loop(
     assert _count(a, "forwarded") == 2
     native = a.node.clients[b.node.address]._native
     assert native is not None and native.channel.relays == 0
+
+
+@relays
+async def test_a_relay_answered_while_its_peers_client_closes_counts_once(
+    pair: tuple[ClusterServer, ClusterServer],
+) -> None:
+    """The owner leaves the ring while a check relayed to it is in flight: its client's
+    close waits for that relay, the owner's answer reaches the caller, and the check
+    counts as forwarded, once, though the client is gone from the node's peers."""
+    a, b = pair
+    theirs = [f"k{i}" for i in range(1000) if a.node.ring.owner(f"fn_k{i}") == b.node.address]
+    await _checks(a.node.address, theirs[:1])  # batched; the channel is watched: relays on
+    decide = b.node.answer_here
+
+    def slow(*args: Any, **kwargs: Any) -> Any:  # on b's gRPC thread: the owner is slow
+        time.sleep(0.3)
+        return decide(*args, **kwargs)
+
+    b.node.answer_here = slow  # type: ignore[method-assign]
+    native = a.node.clients[b.node.address]._native
+    assert native is not None
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(_blocking_check, a.node.address, theirs[1])
+        deadline = time.monotonic() + 5
+        while native.channel.relays == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert native.channel.relays == 1
+        a.node.set_peers([PeerInfo(a.node.address)])  # b leaves: its client closes
+        assert b.node.address not in a.node.clients
+        while not answer.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        got = answer.result(timeout=0)
+    assert (got.error, got.remaining, got.metadata["owner"]) == ("", 4, b.node.address)
+    while a.node._tasks and time.monotonic() < deadline:  # the close of b's client
+        await asyncio.sleep(0.01)
+    assert not a.node._tasks and native.channel.relays == 0
+    assert _count(a, "forwarded") == 2
 
 
 @relays
