@@ -35,7 +35,9 @@ so client cost is included). Prints medians of ``--runs`` runs:
    check) and 100-check calls (split by owner, sent in parallel); on the 3-node cluster
    with routing off, checks sent to their owner (local) and to a non-owner (forwarded),
    p50 and server CPU; ``AsyncClient.check`` one at a time against the sync client's
-   CPU; and 1 node paced as one node of three is (after each check a pause of twice the
+   CPU; single checks from ``THREADS`` threads sharing one client (a threaded
+   application: the client puts concurrent checks for one node in one call), 1 node
+   against 3; and 1 node paced as one node of three is (after each check a pause of twice the
    round's 1-node p50, while a routing client would call the two other nodes), since a
    node answering after an idle pause spends more CPU per check than one kept busy. Every
    figure a median of ``--runs`` rounds, the rounds interleaved, ratios against the
@@ -55,6 +57,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -76,6 +79,8 @@ from smockron.core.hashring import HashRing
 from tests.support import Proc, free_ports, run_smockron, wait_port
 
 BATCH, IN_FLIGHT = 100, 1
+THREADS = 8
+"""Callers sharing one client in the concurrent case of ``--client``."""
 GRPC_SERVER: list[str] = []
 """Extra ``smockron cluster`` arguments (``--grpc-server X``)."""
 LOADGEN_DIR = Path(__file__).resolve().parent / "loadgen"
@@ -521,6 +526,43 @@ def sequential(
     return Seq(done / wall, lat[done // 2] * 1e6, server / done * 1e6, client / done * 1e6)
 
 
+def concurrent(
+    check: Callable[[str], object],
+    keys: list[str],
+    pids: list[int],
+    seconds: float,
+    threads: int = THREADS,
+) -> Seq:
+    """``threads`` callers sharing one client, each making single checks one after
+    another for ``seconds`` (a threaded application's request workers): checks/s, p50
+    of a check, server CPU and this process's CPU per check."""
+    for key in keys[:200]:
+        check(key)
+    lats: list[list[float]] = [[] for _ in range(threads)]
+    start_at = threading.Barrier(threads + 1)
+
+    def caller(i: int) -> None:
+        lat, n = lats[i], len(keys)
+        start_at.wait()
+        end = time.perf_counter() + seconds
+        while (t := time.perf_counter()) < end:
+            check(keys[(i * 97 + len(lat)) % n])
+            lat.append(time.perf_counter() - t)
+
+    workers = [threading.Thread(target=caller, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    server0, client0, start = _cpu(pids), time.process_time(), time.perf_counter()
+    start_at.wait()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - start
+    server, client = _cpu(pids) - server0, time.process_time() - client0
+    lat = sorted(x for one in lats for x in one)
+    done = len(lat)
+    return Seq(done / wall, lat[done // 2] * 1e6, server / done * 1e6, client / done * 1e6)
+
+
 def batched(client: Any, keys: list[str], pids: list[int], seconds: float) -> Seq:
     """100-check get_rate_limits calls one after another (rate in checks/s)."""
     calls = [
@@ -596,8 +638,12 @@ def client_part(seconds: float, runs: int) -> None:
                 pause = 2 * alone.p50_us / 1e6
                 paced = sequential(partial(_check, c), keys, one_pids, seconds, pause)
                 note("1 node, single, paced as 1 of 3", paced)
+                many = concurrent(partial(_check, c), keys, one_pids, seconds)
+                note(f"1 node, single, {THREADS} threads", many)
             with Client(entry) as c:
                 note("3 nodes, single", sequential(partial(_check, c), keys, pids, seconds))
+                many = concurrent(partial(_check, c), keys, pids, seconds)
+                note(f"3 nodes, single, {THREADS} threads", many)
                 note("3 nodes, 100/call", batched(c, keys, pids, seconds))
             with Client(entry, route=False) as c:
                 check = partial(_check, c)
@@ -622,6 +668,14 @@ def client_part(seconds: float, runs: int) -> None:
     print(
         f"  3 vs 1 node, single checks: rate {three_s.rate / base.rate:.2f}x, server CPU "
         f"{three_s.server_us / base.server_us:.2f}x (goal <= 1.25x)"
+    )
+    base_t, three_t = (
+        med[f"1 node, single, {THREADS} threads"],
+        med[f"3 nodes, single, {THREADS} threads"],
+    )
+    print(
+        f"  3 vs 1 node, single checks from {THREADS} threads: rate "
+        f"{three_t.rate / base_t.rate:.2f}x, server CPU {three_t.server_us / base_t.server_us:.2f}x"
     )
     paced = med["1 node, single, paced as 1 of 3"]
     print(
