@@ -22,7 +22,10 @@ throttled, so the ratio is the rules' own cost), each with a burst of 10. Before
 measured, each case runs ``--warm`` requests per identifier (histories full, the
 generations rotated), then ``--runs`` rounds of ``--messages`` each, continuing the same
 clock; CPU time of this process, medians. Ratios printed: 10 rules against 1 rule,
-1,000,000 identifiers against 10,000.
+1,000,000 identifiers against 10,000. ``--processes N``: each case measured in N fresh processes,
+the cases taken in turn, the median of their medians: on this machine a process's memory
+placement moves a case's cost by up to 1.8x for all its rounds, which the rounds of one
+process do not average out.
 
 ``--mode decode``: ``records`` (``ingest`` + ``apply`` on what the compiled receive loop
 returns) and ``frames`` (``Engine.process``: the pure-Python decode, then ``apply``),
@@ -131,6 +134,19 @@ def cost_case(
     return statistics.median(costs), published / args.messages
 
 
+def cost_process(case: tuple[str, int, int, int], args: argparse.Namespace) -> tuple[float, float]:
+    """``cost_case`` in a fresh interpreter (``--processes``)."""
+    import json
+    import subprocess
+    import sys
+
+    argv = [sys.executable, __file__, "--case", json.dumps(case), "--runs", str(args.runs)]
+    argv += ["--messages", str(args.messages), "--warm", str(args.warm)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    us, throttled = json.loads(out.strip().splitlines()[-1])
+    return float(us), float(throttled)
+
+
 def costs(args: argparse.Namespace) -> None:
     shapes = ((1, -1, 10_000), (10, -1, 10_000), (10, 1, 10_000), (1, -1, 1_000_000))
     cases = [
@@ -143,14 +159,29 @@ def costs(args: argparse.Namespace) -> None:
         f"{args.messages} messages per round, {args.runs} rounds, warm-up "
         f"{args.warm} requests per identifier; CPU us per message (median)"
     )
+    if args.processes > 1:
+        print(
+            f"each case in {args.processes} processes of its own, the cases taken in turn; "
+            "the median of their medians (a process's memory placement moves a case's "
+            "cost by up to 1.8x on this machine, the same for all its rounds)"
+        )
     got: dict[tuple[str, int, int, int], float] = {}
-    for alg, rules, step, n in cases:
-        us, throttled = cost_case(alg, rules, step, n, args)
-        got[alg, rules, step, n] = us
+    by_case: dict[tuple[str, int, int, int], list[tuple[float, float]]] = {c: [] for c in cases}
+    for _ in range(args.processes):
+        for case in cases:
+            by_case[case].append(
+                cost_case(*case, args) if args.processes == 1 else cost_process(case, args)
+            )
+    for case, results in by_case.items():
+        alg, rules, step, n = case
+        us = statistics.median(r[0] for r in results)
+        throttled = statistics.median(r[1] for r in results)
+        got[case] = us
         shape = "" if rules == 1 else " down to 1.1r" if step < 0 else " from 2r up"
+        spread = f" [{', '.join(f'{r[0]:.3f}' for r in results)}]" if args.processes > 1 else ""
         print(
             f"  {alg:8} {rules:2} rule(s){shape:13} {n:>9,} identifiers: {us:6.3f} us "
-            f"({throttled:.0%} answered with a DELAY_UNTIL)",
+            f"({throttled:.0%} answered with a DELAY_UNTIL){spread}",
             flush=True,
         )
     for alg in ("history", "gcra"):
@@ -259,8 +290,18 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=12, help="requests per identifier first")
     ap.add_argument("--only", choices=("history", "gcra"), default=None)
     ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument(
+        "--processes", type=int, default=1, help="costs: each case in N fresh processes"
+    )
+    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # one case, as JSON
     args = ap.parse_args()
-    if args.mode == "costs":
+    if args.case is not None:  # a --processes child: one case, its result as JSON
+        import json
+
+        args.messages = args.messages or 200_000
+        alg, rules, step, n = json.loads(args.case)
+        print(json.dumps(cost_case(alg, rules, step, n, args)))
+    elif args.mode == "costs":
         args.messages = args.messages or 200_000
         costs(args)
     elif args.mode == "decode":
