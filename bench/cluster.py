@@ -500,6 +500,13 @@ def _cpu(pids: list[int]) -> float:
     return sum(cpu_seconds(pid) for pid in pids)
 
 
+def _seq(lat: list[float], wall: float, server: float, client: float, checks: int) -> Seq:
+    """A case's figures: ``checks`` over ``wall`` seconds, the median of ``lat`` (one entry
+    a call), the servers' and this process's CPU seconds per check."""
+    mid = sorted(lat)[len(lat) // 2]
+    return Seq(checks / wall, mid * 1e6, server / checks * 1e6, client / checks * 1e6)
+
+
 def sequential(
     check: Callable[[str], object],
     keys: list[str],
@@ -520,10 +527,7 @@ def sequential(
         if pause:
             time.sleep(pause)
     wall = time.perf_counter() - start
-    server, client = _cpu(pids) - server0, time.process_time() - client0
-    done = len(lat)
-    lat.sort()
-    return Seq(done / wall, lat[done // 2] * 1e6, server / done * 1e6, client / done * 1e6)
+    return _seq(lat, wall, _cpu(pids) - server0, time.process_time() - client0, len(lat))
 
 
 def concurrent(
@@ -557,10 +561,8 @@ def concurrent(
     for w in workers:
         w.join()
     wall = time.perf_counter() - start
-    server, client = _cpu(pids) - server0, time.process_time() - client0
-    lat = sorted(x for one in lats for x in one)
-    done = len(lat)
-    return Seq(done / wall, lat[done // 2] * 1e6, server / done * 1e6, client / done * 1e6)
+    lat = [x for one in lats for x in one]
+    return _seq(lat, wall, _cpu(pids) - server0, time.process_time() - client0, len(lat))
 
 
 def batched(client: Any, keys: list[str], pids: list[int], seconds: float) -> Seq:
@@ -578,10 +580,8 @@ def batched(client: Any, keys: list[str], pids: list[int], seconds: float) -> Se
         assert not got[0].error, got[0].error
         lat.append(time.perf_counter() - t)
     wall = time.perf_counter() - start
-    done = len(lat) * BATCH
-    lat.sort()
-    server, used = _cpu(pids) - server0, time.process_time() - client0
-    return Seq(done / wall, lat[len(lat) // 2] * 1e6, server / done * 1e6, used / done * 1e6)
+    used = time.process_time() - client0
+    return _seq(lat, wall, _cpu(pids) - server0, used, len(lat) * BATCH)
 
 
 def async_sequential(address: str, keys: list[str], pids: list[int], seconds: float) -> Seq:
@@ -599,10 +599,8 @@ def async_sequential(address: str, keys: list[str], pids: list[int], seconds: fl
                 await client.check("cb", keys[len(lat) % n], 1, 10**9, 60_000)
                 lat.append(time.perf_counter() - t)
             wall = time.perf_counter() - start
-            server, used = _cpu(pids) - server0, time.process_time() - client0
-            done = len(lat)
-            lat.sort()
-            return Seq(done / wall, lat[done // 2] * 1e6, server / done * 1e6, used / done * 1e6)
+            used = time.process_time() - client0
+            return _seq(lat, wall, _cpu(pids) - server0, used, len(lat))
 
     return asyncio.run(run())
 

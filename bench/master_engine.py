@@ -41,8 +41,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -136,10 +139,6 @@ def cost_case(
 
 def cost_process(case: tuple[str, int, int, int], args: argparse.Namespace) -> tuple[float, float]:
     """``cost_case`` in a fresh interpreter (``--processes``)."""
-    import json
-    import subprocess
-    import sys
-
     argv = [sys.executable, __file__, "--case", json.dumps(case), "--runs", str(args.runs)]
     argv += ["--messages", str(args.messages), "--warm", str(args.warm)]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
@@ -254,7 +253,6 @@ def decode(args: argparse.Namespace) -> None:
 
 def connections(args: argparse.Namespace) -> None:
     import os
-    import sys
     import tempfile
     from pathlib import Path
 
@@ -296,8 +294,6 @@ def main() -> None:
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # one case, as JSON
     args = ap.parse_args()
     if args.case is not None:  # a --processes child: one case, its result as JSON
-        import json
-
         args.messages = args.messages or 200_000
         alg, rules, step, n = json.loads(args.case)
         print(json.dumps(cost_case(alg, rules, step, n, args)))
