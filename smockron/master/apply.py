@@ -102,10 +102,11 @@ def _apply_histories(
     the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
     with plain locals, no function call but the table's."""
     debt, packed, plain = dom.debt, dom.packed, dom.plain
-    leads: list[tuple[Hot, State, Stored, list[Hot]]] = []
-    """The rules that decide, each with its state (as read and as stored) and the rules
-    that follow it (its state and burst, their windows no longer)."""
-    follow: list[Hot] = []
+    leads: list[tuple[State, Stored, list[Hot]]] = []
+    """The rules that decide, each with its state (as read and as stored) and its group:
+    itself first, then the rules that follow it (its state and burst, their windows no
+    longer)."""
+    group: list[Hot] = []
     due = ts
     empty: Stored = b"" if packed else ()
     prev_raw = empty
@@ -127,10 +128,10 @@ def _apply_histories(
             else:
                 old = UNPACK[len(raw)](raw)
         if raw is prev_raw and burst == prev_burst:
-            follow.append(rule)  # decided by the rule before it
+            group.append(rule)  # decided by the rule before it
             continue
-        follow = []
-        leads.append((rule, old, raw, follow))
+        group = [rule]
+        leads.append((old, raw, group))
         prev_raw, prev_old, prev_burst = raw, old, burst
         if debt and len(old) >= burst:  # served_at
             last = old[-1]
@@ -143,15 +144,15 @@ def _apply_histories(
     at = ts if ts < now_ms else now_ms
     until = now_ms
     packed_ts = PACK_ONE(ts) if packed else b""
-    for lead, old, raw, follow in leads:
-        _table, lead_window, interval, burst, _tol = lead
+    for old, raw, group in leads:
+        _table, lead_window, interval, burst, _tol = group[0]
         n = len(old)
         start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
         if packed:  # the kept bytes plus the new timestamp's
             state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
         else:
             state = (*old[start:], ts) if start > 0 else (*old, ts)
-        for rule in (lead, *follow) if follow else (lead,):  # the followers: the same state
+        for rule in group:  # the lead, then its followers: the same state
             table = rule[0]
             if plain:  # MemoryTable.put, inlined
                 table.current[ident] = state
