@@ -117,9 +117,13 @@ async def test_lost_delay_untils_are_counted_and_resynced(
         feeder.setsockopt(zmq.LINGER, 0)
         feeder.connect(config.accounting)
         try:
-            await _wait(lambda: b"api" in gk._controls[0].heartbeat, 10)  # the heartbeat's baseline
+            # the gatekeeper's own RESYNC on connecting answered (a private answer starts
+            # the heartbeat's baseline again), then the baseline taken after it
+            await _wait(lambda: gk.resyncs_done >= 1, 10)
+            await _wait(lambda: b"api" in gk._controls[0].heartbeat, 10)
             await asyncio.sleep(0.3)  # the feeder's connection settles
             assert gk.counters.control_lost == 0
+            done = gk.resyncs_done
             now = int(time.time() * 1000)
             for _ in range(150):
                 for ident in idents:
@@ -128,9 +132,17 @@ async def test_lost_delay_untils_are_counted_and_resynced(
             stats, limit = master.stats.domain("api"), time.monotonic() + 20
             while stats.published < 150 * 49 and time.monotonic() < limit:
                 time.sleep(0.05)  # ...until the master published them all (a loaded machine)
-            await _wait(lambda: gk.counters.control_lost > 0, 5)
+            try:
+                await _wait(lambda: gk.counters.control_lost > 0, 5)
+            except AssertionError:  # say what the gatekeeper saw
+                control = gk._controls[0]
+                raise AssertionError(
+                    f"no loss seen: heartbeat {control.heartbeat}, received "
+                    f"{control.received}, published {stats.published}, resyncs "
+                    f"{gk.resyncs_requested} asked, {gk.resyncs_done} done"
+                ) from None
             assert gk.resyncs_requested >= 1
-            await _wait(lambda: gk.resyncs_done >= 1, 5)
+            await _wait(lambda: gk.resyncs_done > done, 5)
             await asyncio.sleep(0.2)
             (table,) = master.store.tables.values()  # type: ignore[attr-defined]
             rule = config.domains["api"].rules
