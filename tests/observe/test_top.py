@@ -150,6 +150,20 @@ def test_unreachable_master_is_one_line_exit_1() -> None:
     assert "Traceback" not in err
 
 
+def _drain(leader: int) -> bytes:
+    """What the terminal has to read now (waiting 0.2 s at most for the first of it)."""
+    out = b""
+    while select.select([leader], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child's side closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 def test_live_view_in_a_pty(busy_master: tuple[int, FakeGatekeeper], tmp_path: Path) -> None:
     """The live view as a terminal shows it; Ctrl-C ends it with 130 and no traceback."""
     leader, follower = os.openpty()
@@ -181,12 +195,12 @@ def test_live_view_in_a_pty(busy_master: tuple[int, FakeGatekeeper], tmp_path: P
         text = ANSI.sub(b"", seen).decode(errors="replace")
         assert "api" in text and "login" in text and "bob" in text, text
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(10) == 130
-        while select.select([leader], [], [], 0.2)[0]:
-            try:
-                seen += os.read(leader, 65536)
-            except OSError:
-                break
+        # read on while it ends: a view blocked writing to a full terminal never would
+        deadline = time.monotonic() + 10
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen += _drain(leader)
+        assert proc.wait(1) == 130
+        seen += _drain(leader)
         assert b"Traceback" not in seen
     finally:
         if proc.poll() is None:
