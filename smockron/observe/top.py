@@ -8,9 +8,11 @@ rates; the master also reports its most throttled identifiers of the current win
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.error
 import urllib.request
+from types import FrameType
 from typing import Any
 
 import click
@@ -126,12 +128,33 @@ def _error_frame(exc: Exception, last: RenderableType | None) -> RenderableType:
     return line if last is None else Group(last, line)
 
 
-def run_live(url: str, source: str, interval: float, console: Console) -> None:
+class _Interrupted:
+    """Ctrl-C as a flag the view's loop reads between frames. Raised as
+    KeyboardInterrupt wherever the main thread happens to be, it could land inside rich's
+    locks while the refresh thread holds the other one, and the view then never ended."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; whether Ctrl-C came (it ends the sleep within 0.1 s)."""
+        deadline = time.monotonic() + seconds
+        while not self.seen and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+        return self.seen
+
+
+def run_live(url: str, source: str, interval: float, console: Console, stop: _Interrupted) -> None:
+    """Frames until ``stop`` has seen Ctrl-C; the view is then closed in order."""
     before = fetch(url)
     frame: RenderableType = render(None, before, source)
-    with Live(frame, console=console, refresh_per_second=4) as live:
-        while True:
-            time.sleep(interval)
+    with Live(
+        frame, console=console, refresh_per_second=4, redirect_stdout=False, redirect_stderr=False
+    ) as live:
+        while not stop.sleep(interval):
             try:
                 after = fetch(url)
             except FetchError as exc:
@@ -165,8 +188,15 @@ def top(address: str, interval: float, once: bool) -> None:
             time.sleep(interval)
             console.print(render(before, fetch(url), address))
             return
-        run_live(url, address, interval, console)
+        stop = _Interrupted()
+        previous = signal.signal(signal.SIGINT, stop)
+        try:
+            run_live(url, address, interval, console, stop)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if stop.seen:
+            raise SystemExit(130)
     except SmockronError as exc:
         raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # --once, or Ctrl-C before the view
         raise SystemExit(130) from None
