@@ -679,10 +679,16 @@ void relayed(Core* core, Pending* pending) {
   if (pending->status.ok() && pending->response.Dump(&slices).ok()) {
     for (const auto& s : slices) body.append(reinterpret_cast<const char*>(s.begin()), s.size());
     bool whole = split_responses(body, answers) && answers.size() == pending->items;
-    if (whole && finish_relayed(pending->call, body.data(), body.size()) >= 0) {
-      core->relayed_items.fetch_add(static_cast<long long>(pending->items));
-      completed(core, pending, false);
-      return;
+    if (whole) {
+      // counted before the answer goes: a client that reads the node's /metrics right
+      // after its answer must find it counted
+      const auto items = static_cast<long long>(pending->items);
+      core->relayed_items.fetch_add(items);
+      if (finish_relayed(pending->call, body.data(), body.size()) >= 0) {
+        completed(core, pending, false);
+        return;
+      }
+      core->relayed_items.fetch_sub(items);  // not a call: the event loop's path counts it
     }
   }
   completed(core, pending);
