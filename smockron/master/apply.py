@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from smockron.master.domains import Domain, Hot
 from smockron.master.stores.base import State, Stored
-from smockron.master.stores.memory import PACK_ONE, UNPACK
+from smockron.master.stores.memory import PACK_ONE, UNPACK, UNPACK_FROM
+
+AT = UNPACK_FROM[1]
+"""``AT(raw, i << 3)[0]``: the ``i``-th timestamp of a packed state, nothing else unpacked."""
 
 ON_TIME_MS = 500.0
 """GCRA applies a message at the master's ``now`` when it is at most this old (the
@@ -40,13 +43,15 @@ def apply_history(
     # C instead of a count in Python.
     table, window, interval, burst = one
     raw = table.current.get(ident) or table.recall(ident) or b""
-    old = UNPACK[len(raw)](raw)
-    n = len(old)
+    # The timestamps are read where needed (``AT``), and unpacked together only to
+    # find the oldest of a history that may be full: a client under its rule costs the
+    # same at any burst, not an unpacking of ``burst`` timestamps a message.
+    n = len(raw) >> 3
     if dom.debt and n >= burst:
-        last = old[-1]
+        last = AT(raw, (n - 1) << 3)[0]
         nxt = last + interval
         horizon = last - window  # full: every entry after it (the oldest first: cheap)
-        if nxt > ts and old[0] > horizon and min(old) > horizon:
+        if nxt > ts and AT(raw, 0)[0] > horizon and min(UNPACK[len(raw)](raw)) > horizon:
             ts = nxt if nxt - ts <= ahead else ts + ahead
     # recorded: old[start:] and ts (every entry of old when start <= 0)
     start = n - burst + 1
@@ -61,7 +66,10 @@ def apply_history(
         # ``at`` (so the next request is allowed one interval after ``ts``) and within
         # the window (which is positive), so the kept entries of old decide
         horizon = (ts if ts < now_ms else now_ms) - window
-        if start == n or (old[start] > horizon and min(old[start:]) > horizon):
+        if start == n or (
+            AT(raw, start << 3)[0] > horizon
+            and min(UNPACK_FROM[n - start](raw, start << 3)) > horizon
+        ):
             until = ts + interval
             if until > now_ms:
                 return until

@@ -83,6 +83,11 @@ UNPACK: dict[int, Callable[[bytes], State]] = _Made(
     lambda size: struct.Struct(f"<{size >> 3}d").unpack
 )
 """``UNPACK[len(raw)](raw)``: a packed state's timestamps, as a tuple."""
+UNPACK_FROM: dict[int, Callable[[bytes, int], State]] = _Made(
+    lambda count: struct.Struct(f"<{count}d").unpack_from
+)
+"""``UNPACK_FROM[count](raw, offset)``: ``count`` timestamps of a packed state from
+``offset`` (bytes), as a tuple: ``UNPACK_FROM[1](raw, i << 3)[0]`` is its ``i``-th."""
 PACK: dict[int, Callable[..., bytes]] = _Made(lambda count: struct.Struct(f"<{count}d").pack)
 """``PACK[len(state)](*state)``: a state packed."""
 PACK_ONE = PACK[1]
