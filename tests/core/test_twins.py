@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -103,6 +104,47 @@ def test_engine_applies_core_history(
             else [control_frames(topic("api"), ident, math.ceil(until))]
         )
         assert engine.process([frames], now) == expected
+
+
+@pytest.mark.parametrize("debt", [True, False])
+@pytest.mark.parametrize(
+    ("history", "ts"),
+    [
+        ((10_000, 6_000, 10_500), 10_600),  # an older entry after the first: not full
+        ((10_000, 9_000, 10_500), 10_600),  # all within the window: full
+        ((6_000, 10_000, 10_500), 10_600),  # the first entry outside it: not full
+        ((10_000, 6_000, 10_500), 9_000),  # a message older than the newest entry
+        ((9_000, 10_000, 6_000), 10_600),  # the kept entries: an older one after the first
+    ],
+)
+def test_one_rule_reads_an_out_of_order_history_as_core(
+    history: tuple[int, ...], ts: int, debt: bool
+) -> None:
+    """A history recorded out of order (a DELAYED time, then an earlier one) is full
+    only if every entry is within the window, not only its first: the one-rule path reads
+    single timestamps and unpacks the history whole only to find its oldest."""
+    rule = Rule(1.0, 3)  # window 3 s, interval 1 s
+    store = MemoryStore(now_ms=T0)
+    engine = Engine(
+        {"api": DomainPolicy((rule,), "history" if debt else "history-literal")},
+        store,
+        skew_tolerance_ms=TOLERANCE,
+    )
+    old = tuple(float(T0 + t) for t in history)
+    at = float(T0 + ts)
+    table = store.table(Scope("api", rule, "history"))
+    table.tick(at)  # its generations start now: the state is not rotated out
+    table.put(b"a", old)
+    served = served_at([rule], [old], at, engine.max_delay_ahead_ms) if debt else at
+    until = next_allowed(recorded(old, served, rule), at, rule)
+    expected = (
+        []
+        if until is None or until <= at
+        else [control_frames(topic("api"), b"a", math.ceil(until))]
+    )
+    frames = encode_accounting("api", ACCEPTED, b"a", T0 + ts)
+    assert engine.process([frames], T0 + ts) == expected
+    assert table.get(b"a") == recorded(old, served, rule)  # the time it was served at
 
 
 # fmt: off
