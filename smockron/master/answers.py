@@ -47,7 +47,10 @@ in between."""
 RESYNC_MAX = 1_000_000
 """Live states listed per rule of a domain for one resync, at most."""
 POLL_S = 0.02
-"""How often pending requests are looked at."""
+"""How often pending requests are looked at while some wait for their turn."""
+IDLE_LOOK_S = 1.0
+"""With none pending, the answering loops wait to be told of one (``Answers.asked``),
+and look anyway this often: an idle master does not wake fifty times a second."""
 
 
 class Answers:
@@ -69,11 +72,23 @@ class Answers:
         self._resynced: dict[tuple[str, bytes | None], float] = {}
         self.resyncs = 0
         self.syncs = 0
+        self._resync_asked = asyncio.Event()
+        self._sync_asked = asyncio.Event()
+
+    def asked(self) -> None:
+        """The engine took RESYNC or SYNC requests: the answering loops look now."""
+        if self.engine.resync_wanted:
+            self._resync_asked.set()
+        if self.engine.sync_wanted:
+            self._sync_asked.set()
 
     async def answer_resyncs(self) -> None:
         wanted = self.engine.resync_wanted
         while True:
-            await asyncio.sleep(POLL_S)
+            if wanted:  # waiting for their turn (RESYNC_EVERY_S) or for a warm start
+                await asyncio.sleep(POLL_S)
+            else:
+                await _told(self._resync_asked)
             if self.warming():
                 continue
             for name, reply in self._due(wanted, time.monotonic()):
@@ -156,7 +171,7 @@ class Answers:
     async def answer_syncs(self) -> None:
         wanted = self.engine.sync_wanted
         while True:
-            await asyncio.sleep(POLL_S)
+            await _told(self._sync_asked)
             while wanted:
                 reply = next(iter(wanted))
                 shards = wanted.pop(reply)
@@ -198,6 +213,13 @@ class Answers:
             if scope.key_prefix == scope_prefix:
                 return merge_into(self.store.table(scope), scope, pairs, time.time() * 1000.0)
         return 0
+
+
+async def _told(event: asyncio.Event) -> None:
+    """Until ``event`` is set (then cleared), or ``IDLE_LOOK_S`` at most."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), IDLE_LOOK_S)
+    event.clear()
 
 
 def _controls_from(

@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from smockron.core.rules import Rule
+from smockron.master import answers
 from smockron.master.answers import RESYNC_EVERY_S
 from smockron.master.domains import DomainPolicy
 from smockron.master.engine import Engine
@@ -284,6 +285,28 @@ def test_resync_flood_is_bounded_and_original_subscriber_parses_all() -> None:
     assert counters and all(domain == b"api" for domain, _n in counters)
     assert counters[-1][1] >= 2
     assert RESYNC not in {f[1] for f in got}
+
+
+def test_a_resync_is_answered_at_once_by_an_idle_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle master's answering loops sleep until the engine takes a request (they no
+    longer look fifty times a second): a RESYNC is answered within a fraction of a
+    second, not at their idle look, which is pushed to a minute here."""
+    monkeypatch.setattr(answers, "IDLE_LOOK_S", 60.0)
+    config = settings(api="5/s:5")
+    with running_master(config) as master:
+        peer = Peer(config.accounting, config.control)
+        try:
+            peer.until_answered(b"probe")
+            time.sleep(0.2)  # idle: both loops are waiting to be told
+            asked = time.monotonic()
+            peer.send(encode_resync("api"))
+            got = peer.read_until(RESYNCDONE, 5)
+            took = time.monotonic() - asked
+        finally:
+            peer.close()
+        assert got and got[-1][1] == RESYNCDONE, got
+        assert took < 1.0, took
+        assert master.resyncs == 1
 
 
 def test_resync_starts_with_the_domains_rules_offer() -> None:
