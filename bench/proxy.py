@@ -171,7 +171,7 @@ def tree_cpu(pid: int) -> float:
 def busy_seconds(pid: int) -> float:
     """CPU time of ``pid``'s main thread in ns precision (/proc schedstat): the clock
     ticks of ``cpu_seconds`` charge a whole tick to a process that wakes often and
-    briefly, as an idle master does (about 1.4% of a core, 3% to 6% in ticks)."""
+    briefly, as an idle master does."""
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
