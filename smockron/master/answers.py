@@ -76,7 +76,8 @@ class Answers:
         self._sync_asked = asyncio.Event()
 
     def asked(self) -> None:
-        """The engine took RESYNC or SYNC requests: the answering loops look now."""
+        """After each batch: the answering loops look now if the engine took RESYNC or
+        SYNC requests (the checks are here, once)."""
         if self.engine.resync_wanted:
             self._resync_asked.set()
         if self.engine.sync_wanted:

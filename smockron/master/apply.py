@@ -8,8 +8,9 @@ memory table's ``get`` starts there), and written there and, if the table holds 
 for the identifier, over its lasting state, as ``put`` does. Twin of
 ``MemoryTable.get`` and ``MemoryTable.put`` (two Python calls fewer per rule and
 message). The memory store's history tables hold their states packed (one ``bytes``
-of float64s, see smockron.master.stores.memory): read with ``UNPACK``, written as
-the kept bytes plus the new timestamp's. Other tables (Redis, the original layout)
+of float64s, see smockron.master.stores.memory): read with ``UNPACK`` (a one-rule
+domain reads single timestamps with ``AT`` and unpacks only to find the oldest), written
+as the kept bytes plus the new timestamp's. Other tables (Redis, the original layout)
 hold tuples, note each ``put`` and are always called."""
 
 from __future__ import annotations

@@ -401,8 +401,7 @@ class Master:
                 self.pending_count -= len(fast) + len(raw)
                 self.stats.batches += 1
                 await self._process_batch(self.engine.ingest(fast, raw), arrived)
-                if self.engine.resync_wanted or self.engine.sync_wanted:
-                    self.answers.asked()
+                self.answers.asked()  # RESYNC or SYNC requests in it: answered now
                 del fast, raw  # not kept while idle: they would pin memory (smockron.memory)
                 await asyncio.sleep(0)
             if self._stopping.is_set():
