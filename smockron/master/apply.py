@@ -10,7 +10,8 @@ for the identifier, over its lasting state, as ``put`` does. Twin of
 message). The memory store's history tables hold their states packed (one ``bytes``
 of float64s, see smockron.master.stores.memory): read with ``UNPACK`` (a one-rule
 domain reads single timestamps with ``AT`` and unpacks only to find the oldest), written
-as the kept bytes plus the new timestamp's. Other tables (Redis, the original layout)
+as the kept bytes plus the new timestamp's; its GCRA tables (``scalar``) hold each state
+as its one float. Other tables (Redis, the original layout)
 hold tuples, note each ``put`` and are always called."""
 
 from __future__ import annotations
@@ -198,6 +199,22 @@ def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | N
     at = ts if now_ms - ts > ON_TIME_MS else now_ms
     t = ts if ts > at else at
     until = now_ms
+    if dom.scalar:  # the memory store's tables: each state its one float
+        for table, window, interval, _burst, tolerance in dom.hot:
+            value = table.current.get(ident)
+            if value is None:
+                value = table.recall(ident)
+            floor = t - tolerance
+            value = (floor if value is None or value < floor else value) + interval
+            table.current[ident] = value  # MemoryTable.put, inlined
+            lasting = table.lasting
+            if lasting and ident in lasting:
+                lasting[ident] = value
+            if value > table.keep_after_ms:  # far ahead: keep the state longer
+                table.keep(ident, value, value + window)
+            if value > until:
+                until = value
+        return until if until > now_ms else None
     plain = dom.plain
     for table, window, interval, _burst, tolerance in dom.hot:
         state = table.current.get(ident) or table.recall(ident)

@@ -48,6 +48,7 @@ class Domain:
         "packed",
         "plain",
         "rules",
+        "scalar",
         "scopes",
         "stats",
         "topic",
@@ -81,6 +82,9 @@ class Domain:
         self.packed = all(table.packed for _rule, table, _window in self.scopes)
         """Whether every table holds its states packed (the memory store's history
         tables), so the hot path reads and writes their bytes."""
+        self.scalar = self.plain and all(table.scalar for _rule, table, _window in self.scopes)
+        """Whether every table is the memory store's own holding each state as its one
+        float (its GCRA tables), so the hot path reads and writes floats."""
         self.one: tuple[Table, float, float, int] | None = None
         """A one-rule domain's table, window, interval and burst, for the hot path."""
         if len(self.scopes) == 1:

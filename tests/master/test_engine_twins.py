@@ -177,4 +177,5 @@ def test_inlined_memory_table_is_get_and_put(
         for scope in engines[0].scopes("api"):
             a, b = inlined.table(scope), called.table(scope)
             assert [a.packed, b.packed] == [algorithm != "gcra", False]
+            assert [a.scalar, b.scalar] == [algorithm == "gcra", False]
             assert _tuples(a) == _tuples(b)

@@ -259,7 +259,8 @@ def test_packed_table_holds_bytes_and_speaks_tuples() -> None:
 
 def test_history_states_are_never_tracked_by_the_collector() -> None:
     """The memory store's history tables hold packed states: untracked from the start,
-    so young collections have nothing of theirs to visit; GCRA's hold tuples."""
+    so young collections have nothing of theirs to visit; GCRA's hold each state's one
+    float, no tuple around it."""
     store = MemoryStore()
     rule = Rule(10.0, 5)
     eng = Engine({"h": DomainPolicy((rule,)), "g": DomainPolicy((rule,), "gcra")}, store)
@@ -270,10 +271,11 @@ def test_history_states_are_never_tracked_by_the_collector() -> None:
         )
     history, gcra = store.table(Scope("h", rule, "history")), store.table(Scope("g", rule, "gcra"))
     assert isinstance(history, MemoryTable) and isinstance(gcra, MemoryTable)
-    assert history.packed and not gcra.packed
+    assert history.packed and not gcra.packed and gcra.scalar and not history.scalar
     assert all(type(s) is bytes and not gc.is_tracked(s) for s in history.current.values())
     assert history.get(b"id0") == (T0, T0 + 1.0, T0 + 2.0, T0 + 3.0)
-    assert all(type(s) is tuple for s in gcra.current.values())
+    assert all(type(s) is float for s in gcra.current.values())
+    assert gcra.get(b"id0") == (T0 - rule.burst * rule.interval_ms + 4 * rule.interval_ms,)
 
 
 def _pause_until(entered: threading.Event, leave: threading.Event) -> None:

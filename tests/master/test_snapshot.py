@@ -197,3 +197,13 @@ def test_packed_states_are_written_as_the_tuples_they_hold() -> None:
     assert snapshot_file.decode(as_packed) == {
         b"history:api:1:3:": {b"a": (1.5, 2.0, 3.25), b"c": (T0 + 0.5,)}
     }
+
+
+def test_scalar_states_are_written_as_the_1_tuples_they_stand_for() -> None:
+    """The memory store's GCRA tables hold each state as its one float; the file is the
+    same as for the 1-tuples, and reads back as them."""
+    states = [(b"a", (T0 + 0.5,)), (b"b", (-3.0,))]
+    as_tuples = snapshot_file.encode({b"gcra:g:2:4:": states})
+    as_floats = snapshot_file.encode({b"gcra:g:2:4:": [(k, s[0]) for k, s in states]})
+    assert as_floats == as_tuples
+    assert snapshot_file.decode(as_floats) == {b"gcra:g:2:4:": dict(states)}

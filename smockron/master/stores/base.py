@@ -19,8 +19,8 @@ from smockron.core.rules import Rule
 
 State = tuple[float, ...]
 Stored = Any
-"""A state as a table holds it: a ``State``, or its ``bytes`` in a packed table (see
-``Table.packed``)."""
+"""A state as a table holds it: a ``State``, its ``bytes`` in a packed table (see
+``Table.packed``), or its one float in a scalar one (``Table.scalar``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,9 @@ class Table(Protocol):
     """Whether ``current`` and ``lasting`` hold each state packed, as one ``bytes`` of
     float64s (the memory store's history tables: smockron.master.stores.memory), not
     as a tuple; ``get``, ``put`` and ``live`` speak tuples either way."""
+    scalar: bool
+    """Whether ``current`` and ``lasting`` hold each state as its one float (the memory
+    store's GCRA tables), not as a 1-tuple."""
     current: dict[bytes, Stored]
     """The states written since the last rotation: ``get`` looks here first, and so may
     a caller (the engine's hot path) before calling ``recall``."""
@@ -72,8 +75,8 @@ class Table(Protocol):
         ...
 
     def keep(self, key: bytes, state: Stored, until_ms: float) -> None:
-        """Keep the (stored) state at least until ``until_ms``, its expiry; a tuple, or
-        in a packed table its bytes."""
+        """Keep the (stored) state at least until ``until_ms``, its expiry; a tuple, in a
+        packed table its bytes, in a scalar one its float."""
         ...
 
 

@@ -33,6 +33,11 @@ engine's hot path reads and writes the packed form itself, and the snapshot writ
 as it is (the file's own float64 form); ``get``, ``put`` and ``live`` speak tuples, as
 every other table does.
 
+A GCRA table (``scalar``) holds each state as its one float, not a 1-tuple: a tuple
+is a second object per identifier and rule, and a domain of ten rules reads ten
+tables a message, so what it costs is mostly memory; without the tuples ten rules
+cost about a quarter less (docs/benchmarks.md).
+
 Memory goes back to the system, not only to Python: ``lasting`` is rebuilt when it has
 shed most of its entries (a dict never shrinks), and once enough states have been freed
 the C heap is trimmed (:mod:`smockron.memory`). The master ticks an idle store too, so a
@@ -148,6 +153,7 @@ class MemoryTable:
         "period_ms",
         "previous",
         "reclaimer",
+        "scalar",
         "started_ms",
     )
 
@@ -158,17 +164,25 @@ class MemoryTable:
         reclaimer: Reclaimer | None = None,
         *,
         packed: bool = False,
+        scalar: bool = False,
     ) -> None:
         self.period_ms = period_ms
         self.packed = packed
         """Whether states are held packed (``bytes``, see the module docstring); the
         memory store packs its history tables."""
+        self.scalar = scalar
+        """Whether each state is held as its one float (a GCRA value), not a 1-tuple;
+        the memory store's GCRA tables are."""
         self.reclaimer = reclaimer or Reclaimer()
         """Told of every state freed; gives the memory back after a wave (shared by the
         tables of one store)."""
         of_state: Callable[[State], float] = expiry or (lambda state: max(state) + period_ms)
         self.expiry: Callable[[Stored], float] = (
-            (lambda raw: of_state(unpacked(raw))) if packed else of_state
+            (lambda raw: of_state(unpacked(raw)))
+            if packed
+            else (lambda value: of_state((value,)))
+            if scalar
+            else of_state
         )
         """When a stored state can no longer affect a decision (default: the history
         rule's)."""
@@ -191,7 +205,9 @@ class MemoryTable:
         state = self.current.get(key)
         if state is None:
             state = self.recall(key)
-        return unpacked(state) if self.packed and state is not None else state
+        if state is None or not (self.packed or self.scalar):
+            return state
+        return unpacked(state) if self.packed else (state,)
 
     def recall(self, key: bytes) -> Stored | None:
         """A state not in the current generation, as stored (packed in a packed table):
@@ -211,7 +227,7 @@ class MemoryTable:
         return None
 
     def put(self, key: bytes, state: State, at: float | None = None) -> None:
-        stored = packed(state) if self.packed else state
+        stored = packed(state) if self.packed else state[0] if self.scalar else state
         self.current[key] = stored
         lasting = self.lasting
         if lasting and key in lasting:  # the side table must not keep the older state
@@ -294,7 +310,10 @@ class MemoryTable:
 
     def states(self, stored: list[tuple[bytes, Stored]]) -> list[tuple[bytes, State]]:
         """``(identifier, state)`` pairs as stored here, as tuples (``stored`` itself
-        when the table is not packed)."""
+        when the table holds tuples)."""
+        if self.scalar:
+            with _collector_paused():
+                return [(key, (value,)) for key, value in stored]
         if not self.packed:
             return stored
         unpack = UNPACK
@@ -413,6 +432,7 @@ class MemoryStore(TableSet[MemoryTable]):
             scope_expiry(scope),
             self.reclaimer,
             packed=scope.algorithm != "gcra",
+            scalar=scope.algorithm == "gcra",
         )
         states = self._pending.pop(scope.key_prefix, None)
         if states:

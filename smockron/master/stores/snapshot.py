@@ -31,6 +31,7 @@ MAX_STATE_LEN = 65_535
 
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
+_F64 = struct.Struct("<d").pack
 _END = struct.Struct("<QI")
 
 
@@ -38,13 +39,14 @@ class SnapshotError(ValueError):
     """The file is not a snapshot this version can read; the message says why."""
 
 
-Tables = Mapping[bytes, Iterable[tuple[bytes, State | bytes]]]
+Tables = Mapping[bytes, Iterable[tuple[bytes, State | bytes | float]]]
 
 
 def encode(tables: Tables) -> bytes:
     """The snapshot of ``tables`` (scope prefix -> (identifier, state) pairs). A state
     may be given packed, as the memory store's history tables hold it (``bytes`` of
-    little-endian float64s, the file's own form): written as it is, not unpacked."""
+    little-endian float64s, the file's own form): written as it is, not unpacked; or
+    as one float (a GCRA value)."""
     out = [MAGIC, bytes([VERSION])]
     total = 0
     for prefix, states in tables.items():
@@ -53,12 +55,15 @@ def encode(tables: Tables) -> bytes:
         for key, state in states:
             if isinstance(state, bytes):
                 n, data = len(state) >> 3, state
+            elif isinstance(state, float):  # a GCRA value, as the memory store holds it
+                n, data = 1, _F64(state)
             else:
-                n, data = len(state), b""
+                n = len(state)
+                data = struct.pack(f"<{n}d", *state) if 0 < n <= MAX_STATE_LEN else b""
             if not 0 < n <= MAX_STATE_LEN:
                 continue
             body.append(_U32.pack(len(key)) + key + _U16.pack(n))
-            body.append(data or struct.pack(f"<{n}d", *state))
+            body.append(data)
             count += 1
         out += [b"T", _U32.pack(len(prefix)), prefix, _U32.pack(count), *body]
         total += count
