@@ -8,7 +8,9 @@ One identifier, messages 10 us apart, the engine driven as in bench/master_engin
 (``Engine.apply`` on decoded records, in batches of 256, GCRA taking a batch at one
 instant), a rule of a million a second: with a burst of 256 or more it never throttles
 them, and the history fills to ``burst`` timestamps before the measured messages. CPU
-us a message for ``history`` and ``gcra`` at each burst, and the ratio to the smallest.
+us a message for ``history`` and ``gcra`` at each burst, and the ratio to the smallest;
+and ``history x2``: a domain of two such history rules, of bursts ``burst`` and half of
+it (the several-rule path: two states, each judged).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ T0 = 1_700_000_000_000.0
 BATCH = 256
 
 
-def cost(algorithm: str, burst: int, messages: int) -> float:
+def cost(algorithm: str, burst: int, messages: int, rules: int = 1) -> float:
     store = MemoryStore(now_ms=T0)
     # a rate of 1e6 requests a second: 10 us apart never reach it
-    rule = Rule(1_000_000.0, burst)
-    engine = Engine({"api": DomainPolicy((rule,), algorithm)}, store)
+    domain_rules = tuple(Rule(1_000_000.0, burst >> k) for k in range(rules))
+    engine = Engine({"api": DomainPolicy(domain_rules, algorithm)}, store)
     frames = encode_accounting("api", ACCEPTED, b"client", int(T0))
     (record,) = engine.decode([frames])
     dom, status, ident = record[0], record[1], record[2]
@@ -62,12 +64,16 @@ def main() -> None:
         f"{args.messages:,} messages of one identifier; CPU us a message "
         f"(ratio to burst {bursts[0]})"
     )
-    for algorithm in ("history", "gcra"):
+    for algorithm, rules, label in (
+        ("history", 1, "history"),
+        ("history", 2, "history x2"),
+        ("gcra", 1, "gcra"),
+    ):
         base = 0.0
         for burst in bursts:
-            us = cost(algorithm, burst, args.messages)
+            us = cost(algorithm, burst, args.messages, rules)
             base = base or us
-            print(f"  {algorithm:8} burst {burst:>6,}: {us:8.3f} us  ({us / base:6.1f}x)")
+            print(f"  {label:10} burst {burst:>6,}: {us:8.3f} us  ({us / base:6.1f}x)")
 
 
 if __name__ == "__main__":

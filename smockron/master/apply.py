@@ -8,11 +8,11 @@ memory table's ``get`` starts there), and written there and, if the table holds 
 for the identifier, over its lasting state, as ``put`` does. Twin of
 ``MemoryTable.get`` and ``MemoryTable.put`` (two Python calls fewer per rule and
 message). The memory store's history tables hold their states packed (one ``bytes``
-of float64s, see smockron.master.stores.memory): read with ``UNPACK`` (a one-rule
-domain reads single timestamps with ``AT`` and unpacks only to find the oldest), written
-as the kept bytes plus the new timestamp's; its GCRA tables (``scalar``) hold each state
-as its one float. Other tables (Redis, the original layout)
-hold tuples, note each ``put`` and are always called."""
+of float64s, see smockron.master.stores.memory): single timestamps are read where
+needed (``AT``), a state is unpacked only to find the oldest of a history that may be
+full, and written as the kept bytes plus the new timestamp's; its GCRA tables
+(``scalar``) hold each state as its one float. Other tables (Redis, the original
+layout) hold tuples, note each ``put`` and are always called."""
 
 from __future__ import annotations
 
@@ -97,52 +97,112 @@ def _apply_histories(
 
     What the rules share is paid for once. Every rule records the same timestamp, so
     each rule's state is the newest ``burst`` of one sequence. With the rules in order
-    of burst, then window, longest first (``Domain.hot``), a rule's state is normally
-    the end of the previous rule's (packed: read as a slice of its timestamps, not
-    unpacked again), and rules of one burst hold the very same object: this function
-    writes one object to all of them. Such a rule decides nothing the rule before it has
-    not: with the same timestamps and burst, a history is full when its oldest kept
-    entry is within its window, so the longer window is full whenever the shorter one
-    is, and its interval, a window over the same burst, is the longer too. Its state is
-    written and nothing else is done for it. A state that is not such an end (a rule
-    added by a reload, one forgotten on its own window's expiry, one read from Redis) is
-    read and judged on its own.
+    of burst, then window, longest first (``Domain.hot``), rules of one burst normally
+    hold the very same object: this function writes one object to all of them. Such a
+    rule decides nothing the rule before it has not: with the same timestamps and
+    burst, a history is full when its oldest kept entry is within its window, so the
+    longer window is full whenever the shorter one is, and its interval, a window over
+    the same burst, is the longer too. Its state is written and nothing else is done for
+    it. A state that is not the same (a rule added by a reload, one forgotten on its own
+    window's expiry, one read from Redis) is judged on its own.
+
+    The memory store's packed states are read as the one-rule path reads them: single
+    timestamps where needed (``AT``), unpacked only to find the oldest of a history
+    that may be full. Tuples (Redis, the original layout) go to ``_apply_tuples``.
 
     Twin of smockron.core.history.served_at, recorded and next_allowed, inlined as in
-    the one-rule path (compared in tests/core/test_twins.py): per rule, one loop step
-    with plain locals, no function call but the table's."""
-    debt, packed, plain = dom.debt, dom.packed, dom.plain
-    leads: list[tuple[State, Stored, list[Hot]]] = []
-    """The rules that decide, each with its state (as read and as stored) and its group:
+    the one-rule path (compared in tests/core/test_twins.py and
+    tests/master/test_engine_twins.py)."""
+    if not dom.packed:
+        return _apply_tuples(dom, ident, ts, now_ms, ahead)
+    debt = dom.debt
+    leads: list[tuple[Stored, int, list[Hot]]] = []
+    """The rules that decide, each with its state as stored, its length and its group:
     itself first, then the rules that follow it (its state and burst, their windows no
     longer)."""
     group: list[Hot] = []
     due = ts
-    empty: Stored = b"" if packed else ()
-    prev_raw = empty
-    old: State = ()
-    prev_old: State = ()
+    prev_raw: Stored = b""
     prev_burst = 0
     for rule in dom.hot:
         table, window, interval, burst, _tol = rule
-        raw = table.current.get(ident) or table.recall(ident) or empty
-        if raw is not prev_raw:
-            if not packed:  # a tuple
-                old = raw
-                if raw == prev_raw:
-                    raw = old = prev_raw  # the same object from now on
-            elif prev_raw.endswith(raw):  # the end of the previous rule's (or equal to it)
-                old = prev_old[len(prev_old) - (len(raw) >> 3) :]
-                if len(raw) == len(prev_raw):
-                    raw = prev_raw  # the same object from now on
-            else:
-                old = UNPACK[len(raw)](raw)
+        raw = table.current.get(ident) or table.recall(ident) or b""
         if raw is prev_raw and burst == prev_burst:
             group.append(rule)  # decided by the rule before it
             continue
+        if raw == prev_raw:
+            raw = prev_raw  # the same object from now on
+            if burst == prev_burst:
+                group.append(rule)
+                continue
         group = [rule]
-        leads.append((old, raw, group))
-        prev_raw, prev_old, prev_burst = raw, old, burst
+        n = len(raw) >> 3
+        leads.append((raw, n, group))
+        prev_raw, prev_burst = raw, burst
+        if debt and n >= burst:  # served_at
+            last = AT(raw, (n - 1) << 3)[0]
+            nxt = last + interval
+            horizon = last - window
+            if nxt > due and AT(raw, 0)[0] > horizon and min(UNPACK[len(raw)](raw)) > horizon:
+                due = nxt
+    if debt:
+        ts = due if due - ts <= ahead else ts + ahead
+    at = ts if ts < now_ms else now_ms
+    until = now_ms
+    packed_ts = PACK_ONE(ts)
+    for raw, n, group in leads:
+        _table, lead_window, interval, burst, _tol = group[0]
+        start = n - burst + 1  # recorded: the kept bytes and ts (all of raw when start <= 0)
+        state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
+        for rule in group:  # the lead, then its followers: the same state
+            table = rule[0]
+            table.current[ident] = state  # MemoryTable.put, inlined
+            lasting = table.lasting
+            if lasting and ident in lasting:
+                lasting[ident] = state
+            if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
+                table.keep(ident, state, ts + rule[1])
+        # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
+        # when it has ``burst`` of them all within the window; its newest is ``ts``,
+        # not before ``at`` (and so within the window, which is positive), so the next
+        # request is allowed one interval after ``ts`` if the kept entries are all
+        # within the window too (the oldest first: a cheap "not full").
+        if start >= 0 and ts + interval > until:
+            horizon = at - lead_window
+            if start == n or (
+                AT(raw, start << 3)[0] > horizon
+                and min(UNPACK_FROM[n - start](raw, start << 3)) > horizon
+            ):
+                until = ts + interval
+    return until if until > now_ms else None  # else allowed now
+
+
+def _apply_tuples(
+    dom: Domain, ident: bytes, ts: float, now_ms: float, ahead: float
+) -> float | None:
+    """``_apply_histories`` for tables of tuples (Redis, the original layout, a table
+    that notes each ``put``): a rule's state is normally the end of the previous rule's,
+    and rules of one burst hold the very same tuple."""
+    debt = dom.debt
+    leads: list[tuple[State, list[Hot]]] = []
+    group: list[Hot] = []
+    due = ts
+    prev_old: State = ()
+    old: State = ()
+    prev_burst = 0
+    for rule in dom.hot:
+        table, window, interval, burst, _tol = rule
+        state = table.current.get(ident) or table.recall(ident) or ()
+        if state is not prev_old:
+            old = state
+            if state == prev_old:
+                old = prev_old  # the same object from now on
+        if old is prev_old and burst == prev_burst:
+            group.append(rule)  # decided by the rule before it
+            continue
+        group = [rule]
+        leads.append((old, group))
+        prev_old, prev_burst = old, burst
         if debt and len(old) >= burst:  # served_at
             last = old[-1]
             nxt = last + interval
@@ -153,36 +213,21 @@ def _apply_histories(
         ts = due if due - ts <= ahead else ts + ahead
     at = ts if ts < now_ms else now_ms
     until = now_ms
-    packed_ts = PACK_ONE(ts) if packed else b""
-    for old, raw, group in leads:
+    for old, group in leads:
         _table, lead_window, interval, burst, _tol = group[0]
         n = len(old)
         start = n - burst + 1  # recorded: old[start:] and ts (all of old when start <= 0)
-        if packed:  # the kept bytes plus the new timestamp's
-            state = (raw[start << 3 :] if start > 0 else raw) + packed_ts
-        else:
-            state = (*old[start:], ts) if start > 0 else (*old, ts)
+        new = (*old[start:], ts) if start > 0 else (*old, ts)
         for rule in group:  # the lead, then its followers: the same state
             table = rule[0]
-            if plain:  # MemoryTable.put, inlined
-                table.current[ident] = state
-                lasting = table.lasting
-                if lasting and ident in lasting:
-                    lasting[ident] = state
-            else:
-                table.put(ident, state)
+            table.put(ident, new)
             if ts > table.keep_after_ms:  # a timestamp ahead: keep the state longer
-                table.keep(ident, state, ts + rule[1])
-        # next_allowed: a history holds at most ``burst`` timestamps, so it throttles
-        # when it has ``burst`` of them all within the window; its newest is ``ts``,
-        # not before ``at`` (and so within the window, which is positive), so the next
-        # request is allowed one interval after ``ts`` if the kept entries of old are
-        # all within the window too (the oldest first: a cheap "not full").
-        if start >= 0 and ts + interval > until:
+                table.keep(ident, new, ts + rule[1])
+        if start >= 0 and ts + interval > until:  # next_allowed, as above
             horizon = at - lead_window
             if start == n or (old[start] > horizon and min(old[start:]) > horizon):
                 until = ts + interval
-    return until if until > now_ms else None  # else allowed now
+    return until if until > now_ms else None
 
 
 def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | None:

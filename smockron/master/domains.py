@@ -79,9 +79,9 @@ class Domain:
         self.plain = all(type(table) is MemoryTable for _rule, table, _window in self.scopes)
         """Whether every table is the memory store's own (no subclass noting writes): the
         hot path then reads and writes its ``current`` generation without a call."""
-        self.packed = all(table.packed for _rule, table, _window in self.scopes)
-        """Whether every table holds its states packed (the memory store's history
-        tables), so the hot path reads and writes their bytes."""
+        self.packed = self.plain and all(table.packed for _rule, table, _window in self.scopes)
+        """Whether every table is the memory store's own holding its states packed (its
+        history tables), so the hot path reads and writes their bytes."""
         self.scalar = self.plain and all(table.scalar for _rule, table, _window in self.scopes)
         """Whether every table is the memory store's own holding each state as its one
         float (its GCRA tables), so the hot path reads and writes floats."""
