@@ -36,7 +36,7 @@ every other table does.
 A GCRA table (``scalar``) holds each state as its one float, not a 1-tuple: a tuple
 is a second object per identifier and rule, and a domain of ten rules reads ten
 tables a message, so what it costs is mostly memory; without the tuples ten rules
-cost about a quarter less (docs/benchmarks.md).
+cost about a sixth less (docs/benchmarks.md).
 
 Memory goes back to the system, not only to Python: ``lasting`` is rebuilt when it has
 shed most of its entries (a dict never shrinks), and once enough states have been freed
