@@ -37,6 +37,7 @@ __all__ = [
     "median",
     "percentile",
     "smockron_env",
+    "thread_schedstat",
     "wait_port",
 ]
 
@@ -78,6 +79,24 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (Linux /proc): robust on a shared machine."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_schedstat(pid: int) -> dict[str, tuple[float, float]]:
+    """Per thread of ``pid``: (seconds on CPU, seconds waiting for a CPU), from
+    /proc/PID/task/TID/schedstat (nanoseconds: unlike the clock ticks of
+    :func:`cpu_seconds`, a thread that wakes often and briefly is not charged whole
+    ticks); the second is the CPU contention it suffered."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                run_ns, wait_ns, _ = f.read().split()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        out[f"{name}/{tid}"] = (int(run_ns) / 1e9, int(wait_ns) / 1e9)
+    return out
 
 
 def percentile(samples: list[float], q: float) -> float:

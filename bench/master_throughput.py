@@ -62,7 +62,13 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from _common import ROOT, free_port, full_gc_ms, paced_accounting  # checkout first on sys.path
+from _common import (  # checkout first on sys.path
+    ROOT,
+    free_port,
+    full_gc_ms,
+    paced_accounting,
+    thread_schedstat,
+)
 
 IDENTIFIERS = 10_000
 HEAVY_SHARE = 0.2
@@ -327,7 +333,7 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
     try:
         senders = start_senders(acc, ctl, n_senders, messages)
         total = send_all(master, senders)
-        sched0 = _schedstat(master.pid)
+        sched0 = thread_schedstat(master.pid)
         t0 = time.time()
         master.send_signal(signal.SIGCONT)
         deadline = t0 + 300
@@ -338,7 +344,7 @@ def measure_master(messages: int, n_senders: int, store: str, logdir: Path) -> t
                 break
             time.sleep(0.01)
         t1 = time.time()
-        threads = _sched_delta(sched0, _schedstat(master.pid))
+        threads = _sched_delta(sched0, thread_schedstat(master.pid))
         finish(senders)
         assert done >= total, f"master handled {done} of {total}"
         with urllib.request.urlopen(f"http://127.0.0.1:{met}/metrics", timeout=5) as resp:
@@ -498,22 +504,6 @@ def run_traced_master(argv: list[str], trace_path: str) -> None:
         Path(trace_path).write_text(json.dumps(events))
 
 
-def _schedstat(pid: int) -> dict[str, tuple[float, float]]:
-    """Per thread of ``pid``: (seconds on CPU, seconds waiting for a CPU), from
-    /proc/PID/task/TID/schedstat; the second is the CPU contention it suffered."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                run_ns, wait_ns, _ = f.read().split()
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        out[f"{name}/{tid}"] = (int(run_ns) / 1e9, int(wait_ns) / 1e9)
-    return out
-
-
 def _sched_delta(
     before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
 ) -> str:
@@ -633,7 +623,7 @@ def measure_reaction(
         )
         assert load.stdout is not None and load.stdout.readline().strip() == "ready"
         time.sleep(0.5)  # the load is flowing
-        sched0 = _schedstat(master.pid)
+        sched0 = thread_schedstat(master.pid)
         ours = (os.getpid(), master.pid, load.pid)
         busy0, own0, wall0 = _busy_seconds(), sum(map(_cpu_seconds, ours)), time.perf_counter()
         sent: dict[bytes, float] = {}
@@ -662,7 +652,7 @@ def measure_reaction(
                         receive()
         while sent and sub.poll(1000):
             receive()
-        sched = _sched_delta(sched0, _schedstat(master.pid))
+        sched = _sched_delta(sched0, thread_schedstat(master.pid))
         own = sum(map(_cpu_seconds, ours)) - own0
         foreign = (_busy_seconds() - busy0 - own) / (time.perf_counter() - wall0)
         done = load.stdout.readline().strip()

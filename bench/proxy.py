@@ -42,7 +42,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import ROOT, cpu_seconds, free_ports, median, smockron_env, wait_port
+from _common import (
+    ROOT,
+    cpu_seconds,
+    free_ports,
+    median,
+    smockron_env,
+    thread_schedstat,
+    wait_port,
+)
 
 NGINX_CONF = """
 {main}
@@ -169,10 +177,8 @@ def tree_cpu(pid: int) -> float:
 
 
 def busy_seconds(pid: int) -> float:
-    """CPU time of ``pid``'s main thread in ns precision (/proc schedstat): the clock
-    ticks of ``cpu_seconds`` charge a whole tick to a process that wakes often and
-    briefly, as an idle master does."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    """CPU seconds of all of ``pid``'s threads, to the nanosecond (schedstat)."""
+    return sum(run for run, _wait in thread_schedstat(pid).values())
 
 
 def settle(master: int, limit_s: float = 30.0) -> float:

@@ -2,17 +2,18 @@
 GCRA, inlined for the master's hot path (each the named twin of its ``smockron.core``
 function, compared in tests). Each returns the DELAY_UNTIL to publish, or None.
 
-Tables of the memory store (``Domain.plain``) are read and written here without a
-method call: a state is looked up in the table's ``current`` generation first (every
-memory table's ``get`` starts there), and written there and, if the table holds one
-for the identifier, over its lasting state, as ``put`` does. Twin of
+Tables of the memory store (``Domain.packed``, ``Domain.scalar``) are read and written
+here without a method call: a state is looked up in the table's ``current`` generation
+first (every memory table's ``get`` starts there), and written there and, if the table
+holds one for the identifier, over its lasting state, as ``put`` does. Twin of
 ``MemoryTable.get`` and ``MemoryTable.put`` (two Python calls fewer per rule and
 message). The memory store's history tables hold their states packed (one ``bytes``
 of float64s, see smockron.master.stores.memory): single timestamps are read where
 needed (``AT``), a state is unpacked only to find the oldest of a history that may be
 full, and written as the kept bytes plus the new timestamp's; its GCRA tables
 (``scalar``) hold each state as its one float. Other tables (Redis, the original
-layout) hold tuples, note each ``put`` and are always called."""
+layout) hold tuples, are read from ``current`` first too, and are written with
+``put``, which notes each write."""
 
 from __future__ import annotations
 
@@ -127,14 +128,11 @@ def _apply_histories(
     for rule in dom.hot:
         table, window, interval, burst, _tol = rule
         raw = table.current.get(ident) or table.recall(ident) or b""
+        if raw is not prev_raw and raw == prev_raw:
+            raw = prev_raw  # the same object from now on
         if raw is prev_raw and burst == prev_burst:
             group.append(rule)  # decided by the rule before it
             continue
-        if raw == prev_raw:
-            raw = prev_raw  # the same object from now on
-            if burst == prev_burst:
-                group.append(rule)
-                continue
         group = [rule]
         n = len(raw) >> 3
         leads.append((raw, n, group))
@@ -181,22 +179,19 @@ def _apply_tuples(
     dom: Domain, ident: bytes, ts: float, now_ms: float, ahead: float
 ) -> float | None:
     """``_apply_histories`` for tables of tuples (Redis, the original layout, a table
-    that notes each ``put``): a rule's state is normally the end of the previous rule's,
-    and rules of one burst hold the very same tuple."""
+    that notes each ``put``): the same steps, on tuples, each state written with
+    ``put``; rules of one burst hold the very same tuple."""
     debt = dom.debt
     leads: list[tuple[State, list[Hot]]] = []
     group: list[Hot] = []
     due = ts
     prev_old: State = ()
-    old: State = ()
     prev_burst = 0
     for rule in dom.hot:
         table, window, interval, burst, _tol = rule
-        state = table.current.get(ident) or table.recall(ident) or ()
-        if state is not prev_old:
-            old = state
-            if state == prev_old:
-                old = prev_old  # the same object from now on
+        old: State = table.current.get(ident) or table.recall(ident) or ()
+        if old is not prev_old and old == prev_old:
+            old = prev_old  # the same object from now on
         if old is prev_old and burst == prev_burst:
             group.append(rule)  # decided by the rule before it
             continue
@@ -260,19 +255,12 @@ def apply_gcra(dom: Domain, ident: bytes, ts: float, now_ms: float) -> float | N
             if value > until:
                 until = value
         return until if until > now_ms else None
-    plain = dom.plain
-    for table, window, interval, _burst, tolerance in dom.hot:
+    for table, window, interval, _burst, tolerance in dom.hot:  # tuples (Redis, original)
         state = table.current.get(ident) or table.recall(ident)
         floor = t - tolerance
         value = (floor if not state or state[0] < floor else state[0]) + interval
         state = (value,)
-        if plain:  # MemoryTable.put, inlined
-            table.current[ident] = state
-            lasting = table.lasting
-            if lasting and ident in lasting:
-                lasting[ident] = state
-        else:
-            table.put(ident, state, t)  # ``t``: the original layout replays the step
+        table.put(ident, state, t)  # ``t``: the original layout replays the step
         if value > table.keep_after_ms:  # far ahead: keep the state longer
             table.keep(ident, state, value + window)
         if value > until:

@@ -137,6 +137,11 @@ def unpacked(raw: bytes) -> State:
     return UNPACK[len(raw)](raw)
 
 
+def _one(value: float) -> State:
+    """The tuple of a scalar state (a GCRA value)."""
+    return (value,)
+
+
 class MemoryTable:
     """Identifier -> state, in two generations rotated every ``period_ms``, plus the
     states that must outlive them (see the module docstring)."""
@@ -155,6 +160,7 @@ class MemoryTable:
         "reclaimer",
         "scalar",
         "started_ms",
+        "unstored",
     )
 
     def __init__(
@@ -176,13 +182,14 @@ class MemoryTable:
         self.reclaimer = reclaimer or Reclaimer()
         """Told of every state freed; gives the memory back after a wave (shared by the
         tables of one store)."""
+        self.unstored: Callable[[Stored], State] | None = (
+            unpacked if packed else _one if scalar else None
+        )
+        """A stored state as a tuple (None: stored as one already)."""
         of_state: Callable[[State], float] = expiry or (lambda state: max(state) + period_ms)
+        unstored = self.unstored
         self.expiry: Callable[[Stored], float] = (
-            (lambda raw: of_state(unpacked(raw)))
-            if packed
-            else (lambda value: of_state((value,)))
-            if scalar
-            else of_state
+            of_state if unstored is None else lambda raw: of_state(unstored(raw))
         )
         """When a stored state can no longer affect a decision (default: the history
         rule's)."""
@@ -205,9 +212,8 @@ class MemoryTable:
         state = self.current.get(key)
         if state is None:
             state = self.recall(key)
-        if state is None or not (self.packed or self.scalar):
-            return state
-        return unpacked(state) if self.packed else (state,)
+        unstored = self.unstored
+        return state if state is None or unstored is None else unstored(state)
 
     def recall(self, key: bytes) -> Stored | None:
         """A state not in the current generation, as stored (packed in a packed table):

@@ -31,7 +31,6 @@ MAX_STATE_LEN = 65_535
 
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
-_F64 = struct.Struct("<d").pack
 _END = struct.Struct("<QI")
 
 
@@ -53,17 +52,16 @@ def encode(tables: Tables) -> bytes:
         body = []
         count = 0
         for key, state in states:
+            if isinstance(state, float):  # a GCRA value, as the memory store holds it
+                state = (state,)
             if isinstance(state, bytes):
                 n, data = len(state) >> 3, state
-            elif isinstance(state, float):  # a GCRA value, as the memory store holds it
-                n, data = 1, _F64(state)
             else:
-                n = len(state)
-                data = struct.pack(f"<{n}d", *state) if 0 < n <= MAX_STATE_LEN else b""
+                n, data = len(state), b""
             if not 0 < n <= MAX_STATE_LEN:
                 continue
             body.append(_U32.pack(len(key)) + key + _U16.pack(n))
-            body.append(data)
+            body.append(data or struct.pack(f"<{n}d", *state))
             count += 1
         out += [b"T", _U32.pack(len(prefix)), prefix, _U32.pack(count), *body]
         total += count
