@@ -24,6 +24,14 @@ proxy's CPU time per request (user + system, from /proc, which is robust on a sh
 machine; on a busy one, requests/s say more about the neighbours than the proxy, and
 ``--nice`` (negative: root only) runs everything measured ahead of them; with autogroup,
 the proxies' sessions get it as their group's nice value too).
+
+At 32 connections every front is saturated and its latency is mostly queueing (nginx +
+``limit_req`` adds hundreds of microseconds there too). After each run a second wrk run
+on one connection (``--one-duration`` seconds; one request at a time) measures the
+latency a front adds to a request when nothing waits: its p50 and p99 minus direct's.
+For that run the front is moved onto the load core, with wrk and the backend: across
+two cores each request would also wait for an idle core to wake twice, which on a
+virtual machine costs every front alike (about 150 us p50 on the one measured).
 """
 
 from __future__ import annotations
@@ -131,6 +139,8 @@ class Run:
     errors: float
     cpu_us: float  # the proxy's CPU time per request (0 for the direct run)
     master_us: float = 0.0  # the master's, on the load core: what accounting costs there
+    one_p50_us: float = 0.0  # one connection, one request at a time: no queueing
+    one_p99_us: float = 0.0
 
 
 def _us(text: str) -> float:
@@ -169,16 +179,38 @@ def wrk(port: int, core: int, connections: int, duration: float) -> tuple[float,
 
 def tree_cpu(pid: int) -> float:
     """CPU seconds of ``pid`` and its children (nginx's master and worker)."""
-    total = cpu_seconds(pid)
-    with contextlib.suppress(OSError):
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            total += cpu_seconds(int(child))
-    return total
+    return sum(cpu_seconds(each) for each in _tree(pid))
 
 
 def busy_seconds(pid: int) -> float:
     """CPU seconds of all of ``pid``'s threads, to the nanosecond (schedstat)."""
     return sum(run for run, _wait in thread_schedstat(pid).values())
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its children (nginx's master and workers)."""
+    with contextlib.suppress(OSError):
+        return [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+    return [pid]
+
+
+@contextlib.contextmanager
+def pinned(pid: int | None, core: int, back: int) -> Iterator[None]:
+    """Every thread of ``pid`` and its children on ``core`` for a while, then on ``back``:
+    the one-connection run puts a front on the load core with wrk and the backend, so a
+    request's latency holds no wake-up of an idle core (on a virtual machine tens of
+    microseconds each, two a request, the same for every front)."""
+    if pid is None:
+        yield
+        return
+    tree = _tree(pid)
+    for each in tree:
+        subprocess.run(["taskset", "-a", "-p", "-c", str(core), str(each)], capture_output=True)
+    try:
+        yield
+    finally:
+        for each in tree:
+            subprocess.run(["taskset", "-a", "-p", "-c", str(back), str(each)], capture_output=True)
 
 
 def settle(master: int, limit_s: float = 30.0) -> float:
@@ -204,7 +236,12 @@ def measure(port: int, pid: int | None, master: int, args: argparse.Namespace) -
     master_cpu = cpu_seconds(master) - master_before
     requests = rps * args.duration
     per = 1e6 / requests if requests else 0.0
-    return Run(rps, p50, p99, errors, cpu * per if pid else 0.0, master_cpu * per)
+    one_p50 = one_p99 = 0.0
+    if args.one_duration > 0:
+        with pinned(pid, args.load_core, args.proxy_core):
+            _, one_p50, one_p99, one_errors = wrk(port, args.load_core, 1, args.one_duration)
+        errors += one_errors
+    return Run(rps, p50, p99, errors, cpu * per if pid else 0.0, master_cpu * per, one_p50, one_p99)
 
 
 @contextlib.contextmanager
@@ -275,6 +312,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=float, default=5.0, help="seconds of each wrk run")
     ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument(
+        "--one-duration",
+        type=float,
+        default=3.0,
+        help="seconds of a second wrk run on one connection (latency without queueing; 0: none)",
+    )
     ap.add_argument("--proxy-core", type=int, default=0)
     ap.add_argument("--load-core", type=int, default=1)
     ap.add_argument(
@@ -391,6 +434,7 @@ def main() -> None:
                         f"{r[-1].p99_us:.0f} us"
                         + (f" {r[-1].cpu_us:.1f} us CPU" if r[-1].cpu_us else "")
                         + f" (master {r[-1].master_us:.1f} us)"
+                        + (f"; 1 conn p50 {r[-1].one_p50_us:.0f} us" if r[-1].one_p50_us else "")
                         for name, r in runs.items()
                     ),
                     flush=True,
@@ -420,6 +464,18 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
             f"{name:15} {r.rps:9,.0f} {r.p50_us:8.0f} {r.p99_us:8.0f} {added:>10} "
             f"{cpu:>10} {r.master_us:9.1f} {r.errors:7.0f}"
         )
+    if args.one_duration > 0:
+        print(
+            f"\none connection, one request at a time (wrk -t1 -c1 -d{args.one_duration:g}s): "
+            "the latency a front adds without queueing"
+        )
+        print(f"{'':15} {'p50 us':>8} {'p99 us':>8} {'added p50':>10} {'added p99':>10}")
+        for name, r in med.items():
+            gap50 = gap99 = ""
+            if name != "direct":
+                gap50 = f"{r.one_p50_us - direct.one_p50_us:+.0f} us"
+                gap99 = f"{r.one_p99_us - direct.one_p99_us:+.0f} us"
+            print(f"{name:15} {r.one_p50_us:8.0f} {r.one_p99_us:8.0f} {gap50:>10} {gap99:>10}")
     n = med["nginx"]
     print()
     for name, r in med.items():
