@@ -75,9 +75,15 @@ def callgrind_instructions(argv: list[str], env: dict[str, str] | None = None) -
     return int(found.group(1))
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc): robust on a shared machine."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, gone: float | None = None) -> float:
+    """User + system CPU time of a process (Linux /proc): robust on a shared machine.
+    ``gone``: what a process that has exited counts (None: an error)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        if gone is None:
+            raise
+        return gone
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -64,6 +64,7 @@ from typing import Any
 import zmq
 from _common import (  # checkout first on sys.path
     ROOT,
+    cpu_seconds,
     free_port,
     full_gc_ms,
     paced_accounting,
@@ -523,16 +524,6 @@ def _busy_seconds() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (all its threads)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 PIN_MASTER = {1}
 PIN_OTHERS = {0}
 """``--pin``: the master (all its threads) on CPU 1, load generator and probe on CPU 0."""
@@ -625,7 +616,11 @@ def measure_reaction(
         time.sleep(0.5)  # the load is flowing
         sched0 = thread_schedstat(master.pid)
         ours = (os.getpid(), master.pid, load.pid)
-        busy0, own0, wall0 = _busy_seconds(), sum(map(_cpu_seconds, ours)), time.perf_counter()
+        busy0, own0, wall0 = (
+            _busy_seconds(),
+            sum(cpu_seconds(pid, gone=0.0) for pid in ours),
+            time.perf_counter(),
+        )
         sent: dict[bytes, float] = {}
         samples: list[tuple[float, float]] = []  # (sent at, latency ms)
         interval = 1 / probe_rate
@@ -653,7 +648,7 @@ def measure_reaction(
         while sent and sub.poll(1000):
             receive()
         sched = _sched_delta(sched0, thread_schedstat(master.pid))
-        own = sum(map(_cpu_seconds, ours)) - own0
+        own = sum(cpu_seconds(pid, gone=0.0) for pid in ours) - own0
         foreign = (_busy_seconds() - busy0 - own) / (time.perf_counter() - wall0)
         done = load.stdout.readline().strip()
         latencies = sorted(lat for _, lat in samples)
