@@ -2158,11 +2158,14 @@ smk_drain_monitor(void)
 }
 
 
+/* The monitors first: a master's restart queues the old connection's DISCONNECTED
+ * before the new master's subscription, but on another socket; read after it, the
+ * DISCONNECTED would mark the new master gone until its next subscription. */
 static void
 smk_drain_all(void)
 {
-    smk_drain_subscriptions();
     smk_drain_monitor();
+    smk_drain_subscriptions();
     smk_drain_control();
 }
 
@@ -2303,6 +2306,11 @@ smk_init_process(ngx_cycle_t *cycle)
      * at the high-water mark a send is refused (and counted), not dropped unseen */
     smk_setint(smk_acc, ZMQ_SNDHWM, 10000);
     smk_setint(smk_acc, ZMQ_XPUB_NODROP, 1);
+    /* every subscription, also one the socket already holds: a restarted master's
+     * may arrive before the socket has dropped the old connection's, and filtered
+     * as a duplicate it never reached us: the new master counted as gone, its
+     * accounting dropped for good */
+    smk_setint(smk_acc, ZMQ_XPUB_VERBOSE, 1);
     smk_setint(smk_acc, ZMQ_LINGER, 0);
     if (smk_connect(cycle, smk_acc, &smk_mcf->accounting) != NGX_OK) {
         return NGX_ERROR;

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import signal
 import socket
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.nginx.servers import front, gate, nginx, require_module
-from tests.support import wait_for
+from tests.nginx.servers import Gate, front, gate, nginx, require_module
+from tests.support import master_args, run_smockron, wait_for
 
 pytestmark = pytest.mark.usefixtures("built")
 
@@ -222,3 +224,41 @@ def test_restarted_nginx_gets_the_verdicts_back(tmp_path: Path) -> None:
             assert decide(second.client, "abuser") == "reject"
             assert decide(second.client, "polite") == "accept"
         assert "resync of api" in first.master.log()
+
+
+def sent_at_least(g: Gate, n: int) -> bool:
+    return g.stats()["accounting_sent_total"] >= n
+
+
+def test_restarted_master_hears_the_accounting_again(tmp_path: Path) -> None:
+    """The master restarted while requests flow: the module's accounting reaches the new
+    one. (Its subscription could come before the socket had dropped the old master's,
+    and was filtered as a duplicate: the new master was counted as gone and every
+    accounting message dropped.)"""
+    with gate(tmp_path) as g:
+        wait_for(lambda: g.stats()["master_connected"] == 1)
+        for round_ in range(3):
+            stop = threading.Event()
+
+            def load(stop: threading.Event = stop) -> None:
+                with httpx.Client(base_url=f"http://127.0.0.1:{g.port}", timeout=10) as c:
+                    while not stop.is_set():
+                        c.get("/", headers={"x-client": "steady"})
+
+            with ThreadPoolExecutor(4) as pool:
+                for _ in range(4):
+                    pool.submit(load)
+                time.sleep(0.3)
+                g.master.stop()
+                g.master = run_smockron(
+                    master_args(g.acc, g.ctl, rules=("api:5/s:5",)),
+                    tmp_path / f"master{round_}.log",
+                )
+                time.sleep(0.5)
+                stop.set()
+            wait_for(lambda: g.stats()["master_connected"] == 1)
+            wanted = g.stats()["accounting_sent_total"] + 5
+            for i in range(5):
+                decide(g.client, f"after{round_}-{i}")
+            wait_for(functools.partial(sent_at_least, g, wanted))
+        g.master.stop()
