@@ -41,7 +41,7 @@ from smockron.observe import ObserveServer, Readiness
 from smockron.observe.throttled import TopThrottled
 from smockron.ratelog import RateLimitedLog
 from smockron.wire.accounting import drain_accounting
-from smockron.wire.batchio import wait_readable
+from smockron.wire.batchio import Readable
 from smockron.wire.codec import encode_published, encode_rules
 
 log = logging.getLogger("smockron.master")
@@ -344,19 +344,23 @@ class Master:
         limit = self.settings.batch
         engine = self.engine
         monitor = self.monitor
-        while not self._stopping.is_set():
-            # decoded while received; topics and limits are read per batch: SIGHUP
-            # may change them
-            decoded, raw = drain_accounting(sub, limit, engine.topics, engine.limits)
-            # connections after the drain: a backlog drained before its connection's
-            # event was read is still judged as one
-            if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
-                self._connections(monitor)
-            if decoded or raw:
-                self._enqueue((decoded, raw, time.time() * 1000.0))
-                await asyncio.sleep(0)
-            else:
-                await wait_readable(sub, 0.25)
+        readable = Readable(sub, asyncio.get_running_loop())
+        try:
+            while not self._stopping.is_set():
+                # decoded while received; topics and limits are read per batch: SIGHUP
+                # may change them
+                decoded, raw = drain_accounting(sub, limit, engine.topics, engine.limits)
+                # connections after the drain: a backlog drained before its connection's
+                # event was read is still judged as one
+                if monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+                    self._connections(monitor)
+                if decoded or raw:
+                    self._enqueue((decoded, raw, time.time() * 1000.0))
+                    await asyncio.sleep(0)
+                else:
+                    await readable.wait(0.25)
+        finally:
+            readable.close()
 
     def _connections(self, monitor: zmq.Socket[bytes]) -> None:
         """Tell the engine a gatekeeper connected, so it knows the backlog for what it is."""
@@ -395,6 +399,7 @@ class Master:
         """One loop for every store: ``Store`` says what to load and when to write."""
         store = self.store
         idle_s = FLUSH_IDLE_S if store.writes_behind else IDLE_TICK_S
+        loop = asyncio.get_running_loop()
         while True:
             while self.pending:
                 fast, raw, arrived = self.pending.popleft()
@@ -406,11 +411,16 @@ class Master:
                 await asyncio.sleep(0)
             if self._stopping.is_set():
                 return
+            # idle: what changed is written after at most one interval, and states still
+            # expire and are released (memory goes back). The interval's end sets the
+            # event too: no task and timeout per wait, as wait_for makes (one a batch)
             self._work.clear()
-            try:  # idle: what changed is written after at most one interval, and
-                # states still expire and are released (memory goes back)
-                await asyncio.wait_for(self._work.wait(), idle_s)
-            except TimeoutError:
+            timer = loop.call_later(idle_s, self._work.set)
+            try:
+                await self._work.wait()
+            finally:
+                timer.cancel()
+            if not self.pending and not self._stopping.is_set():  # the interval passed
                 store.tick(time.time() * 1000.0)
                 await store.flush(wait=False)
 

@@ -192,5 +192,45 @@ async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:
         loop.remove_reader(fd)
 
 
+class Readable:
+    """:func:`wait_readable` for a loop that waits after every drain (the master's
+    receive loop: hundreds of times a second under a trickle of accounting): the FD is
+    looked up once and watched for good, where each wait would add and remove a reader
+    (two ``epoll_ctl`` calls) and ask ZMQ_EVENTS twice.
+
+    The loop watches the FD between waits too, which costs nothing while it is not
+    ready: libzmq clears it whenever the socket is read or its ZMQ_EVENTS asked, and
+    the owner drains the socket before each wait. :meth:`close` before the socket."""
+
+    def __init__(self, sock: zmq.Socket[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self.sock = sock
+        self.loop = loop
+        self.fd = cast(int, sock.getsockopt(zmq.FD))
+        self.waiter: asyncio.Future[None] | None = None
+        loop.add_reader(self.fd, self._wake)
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Until the socket may have a message, or ``timeout``. The FD also signals
+        libzmq's own commands (a connection attached, say), so it may return with none:
+        the caller drains, finds nothing and waits again, as after a timeout."""
+        if _has_message(self.sock):  # (also clears the FD: a signal after it wakes us)
+            return
+        waiter = self.waiter = self.loop.create_future()
+        timer = self.loop.call_later(timeout, self._wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+
+
 def _has_message(sock: zmq.Socket[bytes]) -> bool:
     return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from smockron.wire.accounting import (
 )
 from smockron.wire.batchio import (
     Drain,
+    Readable,
     SendAll,
     drain_compiled,
     drain_python,
@@ -109,6 +111,37 @@ async def test_wait_readable(pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]]) 
     push.send(b"x")
     await wait_readable(pull, 5.0)
     assert drain_python(pull, 5) == [[b"x"]]
+
+
+async def test_readable_waits_after_each_drain(
+    pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+) -> None:
+    """The master's receive loop: drain, wait, a message comes, drain, wait again; the
+    FD stays watched in between."""
+    push, pull = pair
+    loop = asyncio.get_running_loop()
+    readable = Readable(pull, loop)
+    try:
+        started = loop.time()
+        while loop.time() - started < 0.05:  # nothing: times out quietly (or wakes for
+            await readable.wait(0.05)  # libzmq's commands, the connection's first)
+            assert drain_python(pull, 5) == []
+        for i in range(3):
+            waiting = asyncio.create_task(readable.wait(5.0))
+            await asyncio.sleep(0.02)
+            assert not waiting.done()
+            push.send(b"m%d" % i)
+            await asyncio.wait_for(waiting, 2.0)
+            assert drain_python(pull, 5) == [[b"m%d" % i]]
+        push.send(b"early")  # there before the wait: no waiting at all
+        await asyncio.sleep(0.02)
+        started = loop.time()
+        await readable.wait(5.0)
+        assert loop.time() - started < 1.0
+        assert drain_python(pull, 5) == [[b"early"]]
+    finally:
+        readable.close()
+    assert not loop.remove_reader(readable.fd)  # closed: no longer watched
 
 
 @pytest.mark.parametrize("send_all", SENDERS)
