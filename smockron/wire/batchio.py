@@ -198,9 +198,10 @@ class Readable:
     looked up once and watched for good, where each wait would add and remove a reader
     (two ``epoll_ctl`` calls) and ask ZMQ_EVENTS twice.
 
-    The loop watches the FD between waits too, which costs nothing while it is not
-    ready: libzmq clears it whenever the socket is read or its ZMQ_EVENTS asked, and
-    the owner drains the socket before each wait. :meth:`close` before the socket."""
+    The loop watches the FD between waits too: while it is ready and the owner has not
+    drained yet, each turn of the loop makes a call that finds no waiter (libzmq
+    clears the FD whenever the socket is read or its ZMQ_EVENTS asked, and the owner
+    drains before each wait). :meth:`close` before the socket."""
 
     def __init__(self, sock: zmq.Socket[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self.sock = sock
