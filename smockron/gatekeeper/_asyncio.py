@@ -16,7 +16,7 @@ import zmq.asyncio
 from smockron.gatekeeper._base import _POLL_MS, SWEEP_INTERVAL_S, _GatekeeperBase
 from smockron.gatekeeper._decider import REJECT, Decision, Verdict, Waiting
 from smockron.gatekeeper._link import CONTROL_BATCH, CONTROL_SLICE, _batch_io_thread, now_ms
-from smockron.wire.batchio import send_all, wait_readable
+from smockron.wire.batchio import Readable, send_all, wait_readable
 from smockron.wire.codec import DEFAULT_LIMITS
 from smockron.wire.control import drain_control
 
@@ -179,15 +179,19 @@ class AsyncGatekeeper(_GatekeeperBase):
     async def _read_control(self, sub: zmq.Socket[bytes], link: int = 0) -> None:
         """Control messages in batches (one compiled call each), so a gatekeeper keeps
         up with a master publishing at full rate; the loop runs requests in between."""
-        while True:
-            batch = drain_control(sub, CONTROL_BATCH, self._control_topics, DEFAULT_LIMITS)
-            if not batch:
-                await wait_readable(sub, 0.25)
-                continue
-            self.watch.heard(now_ms())
-            for start in range(0, len(batch), CONTROL_SLICE):
-                self._apply_batch(batch[start : start + CONTROL_SLICE], now_ms(), link)
-                await asyncio.sleep(0)
+        readable = Readable(sub, asyncio.get_running_loop())  # a wait after each batch
+        try:
+            while True:
+                batch = drain_control(sub, CONTROL_BATCH, self._control_topics, DEFAULT_LIMITS)
+                if not batch:
+                    await readable.wait(0.25)
+                    continue
+                self.watch.heard(now_ms())
+                for start in range(0, len(batch), CONTROL_SLICE):
+                    self._apply_batch(batch[start : start + CONTROL_SLICE], now_ms(), link)
+                    await asyncio.sleep(0)
+        finally:
+            readable.close()
 
     async def _read_xpub(self, pub: zmq.Socket[bytes]) -> None:
         """The masters' subscriptions, as they come: a connection counts for sending
