@@ -73,7 +73,7 @@ from smockron.master.upstream import _ControlRelay, _Upstream
 from smockron.observe import CountersCollector, ObserveServer, Readiness, serve
 from smockron.observe.layouts import ROUTER
 from smockron.ratelog import RateLimitedLog
-from smockron.wire.batchio import drain, send_all, wait_readable
+from smockron.wire.batchio import Readable, drain, send_all
 from smockron.wire.codec import (
     MAX_FRAMES,
     RESYNC,
@@ -320,7 +320,10 @@ class Router(_ControlRelay):
             if handle_signals:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, self.stop)
-        accounting = self._by_identifier() if self.to_fleet is not None else self._by_domain()
+        # the frontend is waited on after every batch: watched for the router's life
+        frontend = Readable(self.frontend, loop)
+        by = self._by_identifier if self.to_fleet is not None else self._by_domain
+        accounting = by(frontend)
         tasks = [
             asyncio.create_task(accounting),
             asyncio.create_task(self._publish_counts()),
@@ -333,6 +336,7 @@ class Router(_ControlRelay):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            frontend.close()
             for sig in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.remove_signal_handler(sig)
@@ -374,11 +378,11 @@ class Router(_ControlRelay):
             return "on a topic of the masters' own"
         return None
 
-    async def _by_domain(self) -> None:
+    async def _by_domain(self, frontend: Readable) -> None:
         while True:
             batch = drain(self.frontend, self.batch)
             if not batch:
-                await wait_readable(self.frontend, 0.25)
+                await frontend.wait(0.25)
                 continue
             by_owner: dict[zmq.Socket[bytes], list[list[bytes]]] = {}
             for frames in batch:
@@ -396,7 +400,7 @@ class Router(_ControlRelay):
                 self.forwarded += send_all(sock, group)
             await asyncio.sleep(0)
 
-    async def _by_identifier(self) -> None:
+    async def _by_identifier(self, frontend: Readable) -> None:
         """Each message on its identifier's shard topic, all through one PUB connected to
         every master; RESYNCs (and messages on a shard topic already) as they came."""
         pub = self.to_fleet
@@ -406,7 +410,7 @@ class Router(_ControlRelay):
         while True:
             batch = drain(self.frontend, self.batch)
             if not batch:
-                await wait_readable(self.frontend, 0.25)
+                await frontend.wait(0.25)
                 continue
             out: list[list[bytes]] = []
             for frames in batch:
