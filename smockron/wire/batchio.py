@@ -165,38 +165,26 @@ send_controls_c: SendControlsC | None = _compiled.send_controls if _compiled els
 
 
 async def wait_readable(sock: zmq.Socket[bytes], timeout: float) -> None:
-    """Wait until ``sock`` has a message (or ``timeout``). ZeroMQ's FD is edge-triggered,
-    so ZMQ_EVENTS is checked after registering the reader, not only before.
-
-    The timeout is a timer on the same future, not ``asyncio.wait_for``: on Python 3.11
-    that returns the result instead of raising when a cancellation comes together with
-    the readiness (a loop that had not run for a while), and the reader task never ended."""
-    if _has_message(sock):
-        return
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    fd = cast(int, sock.getsockopt(zmq.FD))
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(fd, wake)
-    timer = loop.call_later(timeout, wake)
+    """Wait until ``sock`` may have a message (or ``timeout``), once: a :class:`Readable`
+    for one wait. A loop that waits after every drain keeps its own :class:`Readable`."""
+    readable = Readable(sock, asyncio.get_running_loop())
     try:
-        if _has_message(sock):
-            return
-        await ready
+        await readable.wait(timeout)
     finally:
-        timer.cancel()
-        loop.remove_reader(fd)
+        readable.close()
 
 
 class Readable:
-    """:func:`wait_readable` for a loop that waits after every drain (the master's
-    receive loop: hundreds of times a second under a trickle of accounting): the FD is
-    looked up once and watched for good, where each wait would add and remove a reader
-    (two ``epoll_ctl`` calls) and ask ZMQ_EVENTS twice.
+    """Waits for a socket's messages on its FD, watched from construction to
+    :meth:`close`: a loop that waits after every drain (the master's receive loop:
+    hundreds of times a second under a trickle of accounting) looks the FD up once and
+    adds no reader per wait (two ``epoll_ctl`` calls each).
+
+    ZeroMQ's FD is edge-triggered: ZMQ_EVENTS is asked after the FD is watched, so a
+    message that came before is not missed. The timeout is a timer on the same future,
+    not ``asyncio.wait_for``: on Python 3.11 that returns the result instead of raising
+    when a cancellation comes together with the readiness (a loop that had not run for
+    a while), and the reader task never ended.
 
     The loop watches the FD between waits too: while it is ready and the owner has not
     drained yet, each turn of the loop makes a call that finds no waiter (libzmq
