@@ -55,6 +55,9 @@ def gatekeeper_sockets(
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pub, sub = ctx.socket(zmq.XPUB), ctx.socket(zmq.SUB)  # an XPUB sends as a PUB does
     pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+    # no high-water mark: a test's burst (2,000 messages) must not be dropped here when a
+    # loaded machine runs this socket's I/O thread late (at the default 1,000 it was)
+    pub.setsockopt(zmq.SNDHWM, 0)
     for sock in (pub, sub):
         sock.setsockopt(zmq.LINGER, 0)
     for t in topics:
